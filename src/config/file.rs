@@ -1,0 +1,487 @@
+//! The `--config` file: a `KubeletConfiguration` (kubelet.config.k8s.io/v1beta1) in YAML or JSON.
+//!
+//! Only the fields Deckhand understands are modelled. Everything else is kept out of the way:
+//! unknown fields are collected (with their dotted path) and reported as warnings rather than
+//! failing the load, so a file written for the upstream kubelet still starts Deckhand.
+//!
+//! Values are kept close to their textual form here (durations as strings, ports as wide
+//! integers) so that validation in [`super::validate`] can name the field and say what was
+//! wrong, instead of the YAML layer failing with a generic type error.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::ConfigError;
+
+/// The only `apiVersion` accepted in a config file.
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+/// The only `kind` accepted in a config file.
+pub const KIND: &str = "KubeletConfiguration";
+/// Config files larger than this are refused before parsing.
+pub const MAX_CONFIG_FILE_BYTES: usize = 1024 * 1024;
+
+/// The subset of upstream's `KubeletConfiguration` (v1beta1) that Deckhand reads.
+/// Field names follow upstream exactly; every field is optional ("not set" → the default).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfigurationFile {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+
+    pub enable_server: Option<bool>,
+    pub static_pod_path: Option<String>,
+    #[serde(rename = "staticPodURL")]
+    pub static_pod_url: Option<String>,
+    #[serde(rename = "staticPodURLHeader")]
+    pub static_pod_url_header: Option<BTreeMap<String, Vec<String>>>,
+    pub sync_frequency: Option<String>,
+    pub file_check_frequency: Option<String>,
+    pub http_check_frequency: Option<String>,
+    pub address: Option<String>,
+    pub port: Option<i64>,
+    pub read_only_port: Option<i64>,
+    pub healthz_port: Option<i64>,
+    pub healthz_bind_address: Option<String>,
+    pub cluster_domain: Option<String>,
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Option<Vec<String>>,
+    pub runtime_request_timeout: Option<String>,
+    pub cgroup_driver: Option<String>,
+    pub cgroup_root: Option<String>,
+    #[serde(rename = "cgroupsPerQOS")]
+    pub cgroups_per_qos: Option<bool>,
+    pub resolv_conf: Option<String>,
+    pub max_pods: Option<i64>,
+    pub pod_pids_limit: Option<i64>,
+    pub pod_logs_dir: Option<String>,
+    pub container_runtime_endpoint: Option<String>,
+    pub image_service_endpoint: Option<String>,
+    pub node_status_update_frequency: Option<String>,
+    pub node_status_report_frequency: Option<String>,
+    pub node_lease_duration_seconds: Option<i64>,
+    pub serialize_image_pulls: Option<bool>,
+    pub max_parallel_image_pulls: Option<i64>,
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    pub eviction_soft: Option<BTreeMap<String, String>>,
+    pub eviction_pressure_transition_period: Option<String>,
+    pub container_log_max_size: Option<String>,
+    pub container_log_max_files: Option<i64>,
+    pub shutdown_grace_period: Option<String>,
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    pub fail_swap_on: Option<bool>,
+    pub crash_loop_back_off: Option<CrashLoopBackOffConfig>,
+}
+
+/// `crashLoopBackOff` (upstream ≥ 1.32, behind KubeletCrashLoopBackOffMax there).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CrashLoopBackOffConfig {
+    pub max_container_restart_period: Option<String>,
+}
+
+/// A parsed config file plus the paths of fields it contained that Deckhand does not know.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedConfigFile {
+    pub config: KubeletConfigurationFile,
+    /// Dotted paths of ignored fields, in document order, e.g. `staticPodPth`,
+    /// `crashLoopBackOff.maxRestart`, `authentication`.
+    pub unknown_fields: Vec<String>,
+}
+
+/// Parses the text of a config file named `path` (the path is only used in errors).
+///
+/// Errors: [`ConfigError::Parse`] for oversized, empty or malformed documents and type
+/// mismatches; [`ConfigError::WrongKind`] when `apiVersion`/`kind` are missing or not
+/// `kubelet.config.k8s.io/v1beta1` / `KubeletConfiguration`.
+pub fn parse_config_file(path: &Path, text: &str) -> Result<ParsedConfigFile, ConfigError> {
+    let parse_err = |message: String| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message,
+    };
+    if text.len() > MAX_CONFIG_FILE_BYTES {
+        return Err(parse_err(format!(
+            "file is {} bytes, larger than the {MAX_CONFIG_FILE_BYTES}-byte limit",
+            text.len()
+        )));
+    }
+    if text.trim().is_empty() {
+        return Err(parse_err(format!(
+            "file is empty; expected apiVersion: {API_VERSION} and kind: {KIND}"
+        )));
+    }
+
+    match parse_yaml_document::<KubeletConfigurationFile>(text) {
+        Ok((config, unknown_fields)) => {
+            check_type_meta(path, config.api_version.as_deref(), config.kind.as_deref())?;
+            Ok(ParsedConfigFile {
+                config,
+                unknown_fields,
+            })
+        }
+        Err(full_error) => {
+            // A document of another kind often fails on some field's type before we get to
+            // look at apiVersion/kind; report the wrong kind in that case, it is the real cause.
+            if let Ok((meta, _)) = parse_yaml_document::<TypeMeta>(text) {
+                check_type_meta(path, meta.api_version.as_deref(), meta.kind.as_deref())?;
+            }
+            Err(parse_err(full_error))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypeMeta {
+    api_version: Option<String>,
+    kind: Option<String>,
+}
+
+fn check_type_meta(
+    path: &Path,
+    api_version: Option<&str>,
+    kind: Option<&str>,
+) -> Result<(), ConfigError> {
+    if api_version == Some(API_VERSION) && kind == Some(KIND) {
+        return Ok(());
+    }
+    Err(ConfigError::WrongKind {
+        path: PathBuf::from(path),
+        api_version: api_version.unwrap_or_default().to_string(),
+        kind: kind.unwrap_or_default().to_string(),
+    })
+}
+
+/// Renders a `serde_ignored` path as `a.b.0.c`, leaving out the `?` segments it adds for
+/// `Option` and newtype layers (which mean nothing to someone editing the file).
+fn dotted_path(path: &serde_ignored::Path<'_>) -> String {
+    fn push(path: &serde_ignored::Path<'_>, out: &mut Vec<String>) {
+        use serde_ignored::Path as P;
+        match path {
+            P::Root => {}
+            P::Seq { parent, index } => {
+                push(parent, out);
+                out.push(index.to_string());
+            }
+            P::Map { parent, key } => {
+                push(parent, out);
+                out.push(key.clone());
+            }
+            P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+                push(parent, out)
+            }
+        }
+    }
+    let mut segments = Vec::new();
+    push(path, &mut segments);
+    segments.join(".")
+}
+
+// TODO(yaml): move behind crate::yaml
+/// Deserializes exactly one YAML (or JSON) document into `T`, returning the dotted paths of
+/// fields `T` did not know. Input size, nesting depth, node count and alias expansion are
+/// bounded so a hostile file cannot exhaust memory or stack. Errors are one-line messages
+/// that end in `at line L, column C` when the parser knows the position.
+fn parse_yaml_document<T: DeserializeOwned>(text: &str) -> Result<(T, Vec<String>), String> {
+    if text.len() > MAX_CONFIG_FILE_BYTES {
+        return Err(format!(
+            "document is larger than the {MAX_CONFIG_FILE_BYTES}-byte limit"
+        ));
+    }
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = Some(MAX_CONFIG_FILE_BYTES);
+    budget.max_depth = 32;
+    budget.max_documents = 1;
+    budget.max_nodes = 50_000;
+    budget.max_events = 200_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_total_scalar_bytes = 2 * MAX_CONFIG_FILE_BYTES;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.alias_limits.max_total_replayed_events = 100_000;
+    options.alias_limits.max_replay_stack_depth = 16;
+    options.with_snippet = false;
+
+    let mut unknown = Vec::new();
+    let result = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+        serde_ignored::deserialize(de, |path| unknown.push(dotted_path(&path)))
+    });
+    match result {
+        Ok(value) => Ok((value, unknown)),
+        Err(err) => Err(render_yaml_error(&err, text)),
+    }
+}
+
+fn render_yaml_error(err: &serde_saphyr::Error, text: &str) -> String {
+    let plain = err.without_snippet().to_string();
+    let mut message = plain.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+    // Library advice that means nothing to someone editing a kubelet config file.
+    message = message.replace(", set DuplicateKeyPolicy in Options if acceptable", "");
+    if let Some(loc) = err.location()
+        && loc.line() > 0
+    {
+        if !message.contains(&format!("line {}", loc.line())) {
+            message.push_str(&format!(" at line {}, column {}", loc.line(), loc.column()));
+        }
+        // Quote the offending line so the message stands on its own in a log.
+        let source_line = usize::try_from(loc.line() - 1)
+            .ok()
+            .and_then(|i| text.lines().nth(i))
+            .map(str::trim)
+            .unwrap_or_default();
+        if !source_line.is_empty() {
+            let shown: String = source_line.chars().take(80).collect();
+            let ellipsis = if shown.len() < source_line.len() {
+                "..."
+            } else {
+                ""
+            };
+            message.push_str(&format!(" (`{shown}{ellipsis}`)"));
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ParsedConfigFile, ConfigError> {
+        parse_config_file(Path::new("/etc/deckhand/config.yaml"), text)
+    }
+
+    const HEADER: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+    #[test]
+    fn parses_every_field() {
+        let text = format!(
+            "{HEADER}\
+enableServer: false
+staticPodPath: /etc/kubernetes/manifests
+staticPodURL: https://example.com/pods
+staticPodURLHeader:
+  Authorization: [\"Bearer abc\"]
+  X-Multi: [a, b]
+syncFrequency: 30s
+fileCheckFrequency: 10s
+httpCheckFrequency: 15s
+address: 10.0.0.1
+port: 10250
+readOnlyPort: 10255
+healthzPort: 10248
+healthzBindAddress: 127.0.0.1
+clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]
+runtimeRequestTimeout: 2m
+cgroupDriver: systemd
+cgroupRoot: /
+cgroupsPerQOS: true
+resolvConf: /run/systemd/resolve/resolv.conf
+maxPods: 64
+podPidsLimit: 4096
+podLogsDir: /var/log/pods
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+imageServiceEndpoint: unix:///run/containerd/containerd.sock
+nodeStatusUpdateFrequency: 10s
+nodeStatusReportFrequency: 5m
+nodeLeaseDurationSeconds: 40
+serializeImagePulls: false
+maxParallelImagePulls: 3
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: \"10%\"
+evictionSoft:
+  memory.available: 200Mi
+evictionPressureTransitionPeriod: 5m
+containerLogMaxSize: 20Mi
+containerLogMaxFiles: 3
+shutdownGracePeriod: 30s
+shutdownGracePeriodCriticalPods: 10s
+failSwapOn: false
+crashLoopBackOff:
+  maxContainerRestartPeriod: 60s
+"
+        );
+        let parsed = parse(&text).unwrap();
+        assert_eq!(parsed.unknown_fields, Vec::<String>::new());
+        let c = parsed.config;
+        assert_eq!(c.enable_server, Some(false));
+        assert_eq!(
+            c.static_pod_path.as_deref(),
+            Some("/etc/kubernetes/manifests")
+        );
+        assert_eq!(
+            c.static_pod_url.as_deref(),
+            Some("https://example.com/pods")
+        );
+        let headers = c.static_pod_url_header.unwrap();
+        assert_eq!(headers["Authorization"], vec!["Bearer abc".to_string()]);
+        assert_eq!(headers["X-Multi"], vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(c.sync_frequency.as_deref(), Some("30s"));
+        assert_eq!(c.address.as_deref(), Some("10.0.0.1"));
+        assert_eq!(c.read_only_port, Some(10255));
+        assert_eq!(c.cluster_dns, Some(vec!["10.96.0.10".to_string()]));
+        assert_eq!(c.runtime_request_timeout.as_deref(), Some("2m"));
+        assert_eq!(c.cgroups_per_qos, Some(true));
+        assert_eq!(c.max_pods, Some(64));
+        assert_eq!(c.pod_pids_limit, Some(4096));
+        assert_eq!(c.node_lease_duration_seconds, Some(40));
+        assert_eq!(c.max_parallel_image_pulls, Some(3));
+        assert_eq!(
+            c.eviction_hard.unwrap()["nodefs.available"],
+            "10%".to_string()
+        );
+        assert_eq!(c.container_log_max_files, Some(3));
+        assert_eq!(c.fail_swap_on, Some(false));
+        assert_eq!(
+            c.crash_loop_back_off
+                .unwrap()
+                .max_container_restart_period
+                .as_deref(),
+            Some("60s")
+        );
+    }
+
+    #[test]
+    fn json_is_accepted() {
+        let text = r#"{
+  "apiVersion": "kubelet.config.k8s.io/v1beta1",
+  "kind": "KubeletConfiguration",
+  "maxPods": 12,
+  "clusterDNS": ["10.0.0.10"],
+  "runtimeRequestTimeout": "3m",
+  "bogus": {"x": 1}
+}"#;
+        let parsed = parse(text).unwrap();
+        assert_eq!(parsed.config.max_pods, Some(12));
+        assert_eq!(parsed.config.runtime_request_timeout.as_deref(), Some("3m"));
+        assert_eq!(parsed.unknown_fields, vec!["bogus".to_string()]);
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_with_dotted_paths() {
+        let text = format!(
+            "{HEADER}\
+staticPodPth: /etc/kubernetes/manifests
+authentication:
+  anonymous:
+    enabled: false
+crashLoopBackOff:
+  maxContainerRestartPeriod: 10s
+  maxRestart: 1
+maxPods: 5
+"
+        );
+        let parsed = parse(&text).unwrap();
+        assert_eq!(
+            parsed.unknown_fields,
+            vec![
+                "staticPodPth".to_string(),
+                "authentication".to_string(),
+                "crashLoopBackOff.maxRestart".to_string()
+            ]
+        );
+        assert_eq!(parsed.config.max_pods, Some(5));
+        assert_eq!(parsed.config.static_pod_path, None);
+    }
+
+    #[test]
+    fn wrong_or_missing_type_meta() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "apiVersion: kubelet.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+                "kubelet.config.k8s.io/v1alpha1",
+                "KubeletConfiguration",
+            ),
+            (
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
+                "kubelet.config.k8s.io/v1beta1",
+                "KubeProxyConfiguration",
+            ),
+            ("maxPods: 10\n", "", ""),
+            // A Pod manifest: fails on field types, still reported as the wrong kind.
+            (
+                "apiVersion: v1\nkind: Pod\nport: [1, 2]\nspec: {}\n",
+                "v1",
+                "Pod",
+            ),
+        ];
+        for (text, want_version, want_kind) in cases {
+            match parse(text) {
+                Err(ConfigError::WrongKind {
+                    api_version, kind, ..
+                }) => {
+                    assert_eq!(api_version, *want_version, "{text}");
+                    assert_eq!(kind, *want_kind, "{text}");
+                }
+                other => panic!("{text}: expected WrongKind, got {other:?}"),
+            }
+        }
+        let err = parse("apiVersion: v1\nkind: Pod\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"v1\"") && err.contains("\"Pod\""), "{err}");
+        assert!(err.contains(API_VERSION) && err.contains(KIND), "{err}");
+    }
+
+    #[test]
+    fn parse_errors_carry_a_position() {
+        let cases = [
+            format!("{HEADER}maxPods: [1, 2\n"),
+            format!("{HEADER}maxPods: lots\n"),
+            format!("{HEADER}clusterDNS:\n  - a\n bad-indent: 1\n"),
+        ];
+        for text in &cases {
+            match parse(text) {
+                Err(ConfigError::Parse { path, message }) => {
+                    assert_eq!(path, Path::new("/etc/deckhand/config.yaml"));
+                    assert!(message.contains("line"), "{text:?}: {message}");
+                    assert!(!message.contains('\n'), "{message:?}");
+                }
+                other => panic!("{text:?}: expected Parse, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn empty_oversized_and_multi_document_files_are_refused() {
+        for text in ["", "  \n# just a comment\n"] {
+            // A comment-only file is not caught by the emptiness check but by the type meta.
+            let err = parse(text).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::Parse { .. } | ConfigError::WrongKind { .. }
+                ),
+                "{err:?}"
+            );
+        }
+        let big = format!("{HEADER}# {}\n", "x".repeat(MAX_CONFIG_FILE_BYTES));
+        assert!(matches!(parse(&big), Err(ConfigError::Parse { .. })));
+        let two = format!("{HEADER}---\n{HEADER}");
+        assert!(matches!(parse(&two), Err(ConfigError::Parse { .. })));
+    }
+
+    #[test]
+    fn alias_bombs_are_bounded() {
+        let mut text = String::from(HEADER);
+        text.push_str("evictionHard: &a0 {k: v}\n");
+        text.push_str("x0: &b0 [*a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0]\n");
+        for i in 1..9 {
+            let prev = i - 1;
+            text.push_str(&format!(
+                "x{i}: &b{i} [*b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}, *b{prev}]\n"
+            ));
+        }
+        assert!(matches!(parse(&text), Err(ConfigError::Parse { .. })));
+    }
+
+    #[test]
+    fn deep_nesting_is_bounded() {
+        let text = format!("{HEADER}deep: {}{}\n", "[".repeat(200), "]".repeat(200));
+        assert!(matches!(parse(&text), Err(ConfigError::Parse { .. })));
+    }
+}

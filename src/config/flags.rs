@@ -1,0 +1,381 @@
+//! Command-line flags, named and interpreted like the upstream kubelet's.
+//!
+//! Every flag is optional so that "not given" can be told apart from "given with the default
+//! value": a flag on the command line overrides the `--config` file, and the file overrides
+//! the built-in defaults, which is upstream's precedence.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::duration::parse_go_duration;
+
+/// Deckhand's command line.
+#[derive(Debug, Clone, Default, PartialEq, Parser)]
+#[command(
+    name = "deckhand",
+    version,
+    about = "Deckhand: a kubelet-compatible node agent that runs pods on containerd over CRI v1",
+    long_about = None
+)]
+pub struct Flags {
+    /// Path to a KubeletConfiguration file (apiVersion kubelet.config.k8s.io/v1beta1, YAML or
+    /// JSON). Flags given on the command line take precedence over values in this file.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// CRI runtime endpoint: unix:///path/to/socket or an absolute socket path.
+    /// [default: unix:///run/containerd/containerd.sock]
+    #[arg(long, value_name = "ENDPOINT")]
+    pub container_runtime_endpoint: Option<String>,
+
+    /// CRI image service endpoint; defaults to the runtime endpoint.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub image_service_endpoint: Option<String>,
+
+    /// Directory (or single file) of static pod manifests to run (staticPodPath); "" for none.
+    #[arg(long, value_name = "PATH", value_parser = parse_path_or_empty)]
+    pub pod_manifest_path: Option<PathBuf>,
+
+    /// http(s) URL to fetch static pod manifests from (staticPodURL).
+    #[arg(long, value_name = "URL")]
+    pub manifest_url: Option<String>,
+
+    /// HTTP headers for --manifest-url requests, as comma-separated key:value pairs. May be
+    /// repeated; repeated keys add values in order. Example: --manifest-url-header 'a:hello,b:again'
+    /// --manifest-url-header 'b:beautiful'. Replaces staticPodURLHeader from the config file.
+    #[arg(long, value_name = "KEY:VALUE", value_delimiter = ',', value_parser = parse_header_pair)]
+    pub manifest_url_header: Option<Vec<(String, String)>>,
+
+    /// Use this name as the node name instead of the machine's hostname.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// IP address of the node (a single address).
+    #[arg(long, value_name = "IP")]
+    pub node_ip: Option<IpAddr>,
+
+    /// Directory for Deckhand's state (pods, volumes, plugins). [default: /var/lib/kubelet]
+    #[arg(long, value_name = "DIR")]
+    pub root_dir: Option<PathBuf>,
+
+    /// Path to a kubeconfig file for talking to an API server.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Log verbosity, 0 (quiet) to 10 (everything). [default: 0]
+    #[arg(long = "v", short = 'v', value_name = "LEVEL",
+          value_parser = clap::value_parser!(u8).range(0..=10))]
+    pub verbosity: Option<u8>,
+
+    /// Port of the localhost healthz endpoint; 0 disables it. [default: 10248]
+    #[arg(long, value_name = "PORT")]
+    pub healthz_port: Option<u16>,
+
+    /// Address for the healthz server to listen on. [default: 127.0.0.1]
+    #[arg(long, value_name = "IP")]
+    pub healthz_bind_address: Option<IpAddr>,
+
+    /// Read-only port without authentication; 0 disables it. [default: 0]
+    #[arg(long, value_name = "PORT")]
+    pub read_only_port: Option<u16>,
+
+    /// IP address for the node server to listen on. [default: 0.0.0.0]
+    #[arg(long, value_name = "IP")]
+    pub address: Option<IpAddr>,
+
+    /// Port of the node server. [default: 10250]
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
+
+    /// Maximum period between syncs of running containers and config. [default: 1m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub sync_frequency: Option<Duration>,
+
+    /// How often to check the static pod path for new manifests. [default: 20s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub file_check_frequency: Option<Duration>,
+
+    /// How often to poll the manifest URL. [default: 20s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub http_check_frequency: Option<Duration>,
+
+    /// Timeout for CRI requests other than long-running ones. [default: 2m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub runtime_request_timeout: Option<Duration>,
+
+    /// Cgroup driver: cgroupfs or systemd; must match the runtime's. [default: cgroupfs]
+    #[arg(long, value_name = "DRIVER")]
+    pub cgroup_driver: Option<String>,
+
+    /// Root cgroup for pods. [default: /]
+    #[arg(long, value_name = "CGROUP")]
+    pub cgroup_root: Option<String>,
+
+    /// Create the QoS cgroup hierarchy (true/false). [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = parse_go_bool)]
+    pub cgroups_per_qos: Option<bool>,
+
+    /// Cluster DNS domain; containers search it in addition to the host's domains.
+    #[arg(long, value_name = "DOMAIN")]
+    pub cluster_domain: Option<String>,
+
+    /// Comma-separated list of DNS server IPs for containers.
+    #[arg(long, value_name = "IP,...", value_delimiter = ',')]
+    pub cluster_dns: Option<Vec<IpAddr>>,
+
+    /// Resolver configuration file used as the basis for container DNS; "" for none.
+    /// [default: /etc/resolv.conf]
+    #[arg(long, value_name = "PATH", value_parser = parse_path_or_empty)]
+    pub resolv_conf: Option<PathBuf>,
+
+    /// Maximum number of pods on this node. [default: 110]
+    #[arg(long, value_name = "N")]
+    pub max_pods: Option<u32>,
+
+    /// Directory for container logs (podLogsDir). Upstream kubelet only has this in the config
+    /// file; Deckhand accepts it as a flag too. [default: /var/log/pods]
+    #[arg(long, value_name = "DIR")]
+    pub pod_logs_dir: Option<PathBuf>,
+
+    /// How often to post node status. [default: 10s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub node_status_update_frequency: Option<Duration>,
+
+    /// Pause (sandbox) image hint. Deprecated upstream; informational only in Deckhand, the
+    /// runtime's own sandbox image setting wins.
+    #[arg(long, value_name = "IMAGE")]
+    pub pod_infra_container_image: Option<String>,
+
+    /// Pull images one at a time (true/false). [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = parse_go_bool)]
+    pub serialize_image_pulls: Option<bool>,
+}
+
+/// Parses one `key:value` item of `--manifest-url-header`. The key is trimmed and must be
+/// non-empty; the value is everything after the first colon, trimmed, and may be empty.
+pub fn parse_header_pair(item: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = item.split_once(':') else {
+        return Err(format!("{item:?} is not a key:value pair"));
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(format!("{item:?} has an empty header name"));
+    }
+    if !key
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+    {
+        return Err(format!("{key:?} is not a valid HTTP header name"));
+    }
+    Ok((key.to_string(), value.trim().to_string()))
+}
+
+/// Booleans as Go's `strconv.ParseBool` reads them (what `--flag=value` accepts upstream).
+pub fn parse_go_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("{value:?} is not a boolean (use true or false)")),
+    }
+}
+
+/// Paths where an empty value is meaningful ("none"); clap's own path parser refuses "".
+fn parse_path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
+}
+
+fn parse_duration_arg(value: &str) -> Result<Duration, String> {
+    parse_go_duration(value).map_err(|e| format!("invalid duration {value:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Flags::command().debug_assert();
+    }
+
+    #[test]
+    fn no_arguments_means_nothing_given() {
+        let flags = Flags::try_parse_from(["deckhand"]).unwrap();
+        assert_eq!(flags, Flags::default());
+    }
+
+    #[test]
+    fn parses_every_flag() {
+        let flags = Flags::try_parse_from([
+            "deckhand",
+            "--config=/etc/deckhand/config.yaml",
+            "--container-runtime-endpoint",
+            "unix:///run/crio/crio.sock",
+            "--image-service-endpoint=unix:///run/img.sock",
+            "--pod-manifest-path=/etc/kubernetes/manifests",
+            "--manifest-url=http://example.com/pods",
+            "--manifest-url-header=a:1,b:2",
+            "--hostname-override=Node-A",
+            "--node-ip=10.0.0.5",
+            "--root-dir=/srv/kubelet",
+            "--kubeconfig=/etc/kubeconfig",
+            "--v=4",
+            "--healthz-port=0",
+            "--healthz-bind-address=0.0.0.0",
+            "--read-only-port=10255",
+            "--address=::",
+            "--port=11250",
+            "--sync-frequency=30s",
+            "--file-check-frequency=5s",
+            "--http-check-frequency=1m",
+            "--runtime-request-timeout=1m30s",
+            "--cgroup-driver=systemd",
+            "--cgroup-root=/kubepods",
+            "--cgroups-per-qos=false",
+            "--cluster-domain=cluster.local",
+            "--cluster-dns=10.96.0.10,fd00::a",
+            "--resolv-conf=",
+            "--max-pods=50",
+            "--pod-logs-dir=/logs",
+            "--node-status-update-frequency=4s",
+            "--pod-infra-container-image=registry.k8s.io/pause:3.10",
+            "--serialize-image-pulls=false",
+        ])
+        .unwrap();
+        assert_eq!(
+            flags,
+            Flags {
+                config: Some("/etc/deckhand/config.yaml".into()),
+                container_runtime_endpoint: Some("unix:///run/crio/crio.sock".into()),
+                image_service_endpoint: Some("unix:///run/img.sock".into()),
+                pod_manifest_path: Some("/etc/kubernetes/manifests".into()),
+                manifest_url: Some("http://example.com/pods".into()),
+                manifest_url_header: Some(vec![("a".into(), "1".into()), ("b".into(), "2".into())]),
+                hostname_override: Some("Node-A".into()),
+                node_ip: Some("10.0.0.5".parse().unwrap()),
+                root_dir: Some("/srv/kubelet".into()),
+                kubeconfig: Some("/etc/kubeconfig".into()),
+                verbosity: Some(4),
+                healthz_port: Some(0),
+                healthz_bind_address: Some("0.0.0.0".parse().unwrap()),
+                read_only_port: Some(10255),
+                address: Some("::".parse().unwrap()),
+                port: Some(11250),
+                sync_frequency: Some(Duration::from_secs(30)),
+                file_check_frequency: Some(Duration::from_secs(5)),
+                http_check_frequency: Some(Duration::from_secs(60)),
+                runtime_request_timeout: Some(Duration::from_secs(90)),
+                cgroup_driver: Some("systemd".into()),
+                cgroup_root: Some("/kubepods".into()),
+                cgroups_per_qos: Some(false),
+                cluster_domain: Some("cluster.local".into()),
+                cluster_dns: Some(vec![
+                    "10.96.0.10".parse().unwrap(),
+                    "fd00::a".parse().unwrap()
+                ]),
+                resolv_conf: Some("".into()),
+                max_pods: Some(50),
+                pod_logs_dir: Some("/logs".into()),
+                node_status_update_frequency: Some(Duration::from_secs(4)),
+                pod_infra_container_image: Some("registry.k8s.io/pause:3.10".into()),
+                serialize_image_pulls: Some(false),
+            }
+        );
+    }
+
+    #[test]
+    fn boolean_flags() {
+        let cases: &[(&[&str], Option<bool>)] = &[
+            (&[], None),
+            (&["--cgroups-per-qos"], Some(true)),
+            (&["--cgroups-per-qos=true"], Some(true)),
+            (&["--cgroups-per-qos=false"], Some(false)),
+            (&["--cgroups-per-qos=0"], Some(false)),
+            (&["--cgroups-per-qos=T"], Some(true)),
+            (&["--cgroups-per-qos", "false"], Some(false)),
+            (&["--cgroups-per-qos", "--max-pods=3"], Some(true)),
+        ];
+        for (args, want) in cases {
+            let flags =
+                Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))
+                    .unwrap();
+            assert_eq!(flags.cgroups_per_qos, *want, "args {args:?}");
+        }
+        assert!(Flags::try_parse_from(["deckhand", "--serialize-image-pulls=maybe"]).is_err());
+    }
+
+    #[test]
+    fn verbosity_short_and_long() {
+        for args in [&["-v", "3"][..], &["-v3"], &["--v=3"], &["--v", "3"]] {
+            let flags =
+                Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))
+                    .unwrap();
+            assert_eq!(flags.verbosity, Some(3), "args {args:?}");
+        }
+        assert!(Flags::try_parse_from(["deckhand", "--v=11"]).is_err());
+    }
+
+    #[test]
+    fn manifest_url_header_items() {
+        let flags = Flags::try_parse_from([
+            "deckhand",
+            "--manifest-url-header",
+            "a:hello,b:again,c:world",
+            "--manifest-url-header",
+            "b:beautiful",
+            "--manifest-url-header=Authorization: Bearer x:y",
+        ])
+        .unwrap();
+        let want: Vec<(String, String)> = [
+            ("a", "hello"),
+            ("b", "again"),
+            ("c", "world"),
+            ("b", "beautiful"),
+            ("Authorization", "Bearer x:y"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(flags.manifest_url_header, Some(want));
+
+        type Expected<'a> = Result<(&'a str, &'a str), ()>;
+        let cases: &[(&str, Expected)] = &[
+            ("a:b", Ok(("a", "b"))),
+            (" X-Token : abc ", Ok(("X-Token", "abc"))),
+            ("empty:", Ok(("empty", ""))),
+            ("no-colon", Err(())),
+            (":value", Err(())),
+            ("bad name:v", Err(())),
+        ];
+        for (item, want) in cases {
+            let got = parse_header_pair(item);
+            match want {
+                Ok((k, v)) => assert_eq!(got, Ok((k.to_string(), v.to_string())), "{item:?}"),
+                Err(()) => assert!(got.is_err(), "{item:?} accepted: {got:?}"),
+            }
+        }
+        assert!(Flags::try_parse_from(["deckhand", "--manifest-url-header=oops"]).is_err());
+    }
+
+    #[test]
+    fn bad_flag_values_name_the_flag() {
+        let cases: &[(&str, &str)] = &[
+            ("--sync-frequency=1 minute", "--sync-frequency"),
+            ("--port=70000", "--port"),
+            ("--node-ip=not-an-ip", "--node-ip"),
+            ("--cluster-dns=10.0.0.1,bogus", "--cluster-dns"),
+        ];
+        for (arg, flag) in cases {
+            let err = Flags::try_parse_from(["deckhand", arg]).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(flag), "{arg}: {msg}");
+        }
+        let err = Flags::try_parse_from(["deckhand", "--sync-frequency=10"]).unwrap_err();
+        assert!(err.to_string().contains("missing unit"), "{err}");
+    }
+}

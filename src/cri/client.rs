@@ -1,0 +1,326 @@
+//! The real CRI client: tonic over the runtime's Unix socket.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use super::proto::image_service_client::ImageServiceClient;
+use super::proto::runtime_service_client::RuntimeServiceClient;
+use super::proto::*;
+use super::service::{CriResult, ImageService, RuntimeService};
+use super::{CriError, RuntimeEndpoint};
+
+/// Upstream's limit for CRI messages; a node with many containers exceeds tonic's 4 MiB default.
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// One connection to a CRI runtime; cheap to clone (the channel is shared).
+///
+/// The channel reconnects by itself, so a runtime restart shows up as a few `Unavailable`
+/// errors, not as a dead client.
+#[derive(Clone)]
+pub struct CriClient {
+    runtime: RuntimeServiceClient<Channel>,
+    image: ImageServiceClient<Channel>,
+    timeout: Duration,
+    endpoint: RuntimeEndpoint,
+}
+
+impl CriClient {
+    /// Connects to `endpoint`, failing at once when nothing listens there.
+    ///
+    /// `timeout` is the deadline of each call (`runtimeRequestTimeout`).
+    pub async fn connect(endpoint: &RuntimeEndpoint, timeout: Duration) -> Result<Self, CriError> {
+        let channel = Self::endpoint(endpoint, timeout)?
+            .connect()
+            .await
+            .map_err(|err| CriError::Connect {
+                endpoint: endpoint.original.clone(),
+                reason: error_chain(&err),
+            })?;
+        Ok(Self::from_channel(channel, endpoint, timeout))
+    }
+
+    /// Builds a client that connects on first use, for callers that handle an absent runtime
+    /// themselves (the daemon keeps retrying while containerd restarts).
+    pub fn connect_lazy(endpoint: &RuntimeEndpoint, timeout: Duration) -> Result<Self, CriError> {
+        let channel = Self::endpoint(endpoint, timeout)?.connect_lazy();
+        Ok(Self::from_channel(channel, endpoint, timeout))
+    }
+
+    fn endpoint(endpoint: &RuntimeEndpoint, _timeout: Duration) -> Result<Endpoint, CriError> {
+        Endpoint::from_shared(endpoint.uri())
+            .map(|e| e.connect_timeout(Duration::from_secs(5)))
+            .map_err(|err| CriError::Endpoint {
+                endpoint: endpoint.original.clone(),
+                reason: err.to_string(),
+            })
+    }
+
+    fn from_channel(channel: Channel, endpoint: &RuntimeEndpoint, timeout: Duration) -> Self {
+        CriClient {
+            runtime: RuntimeServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            image: ImageServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            timeout,
+            endpoint: endpoint.clone(),
+        }
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint_info(&self) -> &RuntimeEndpoint {
+        &self.endpoint
+    }
+
+    /// The per-call deadline.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// Runs one call under a deadline, turning tonic's status into a [`CriError`] that names it.
+async fn call<T>(
+    method: &'static str,
+    deadline: Option<Duration>,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> CriResult<T> {
+    let result = match deadline {
+        Some(timeout) => match tokio::time::timeout(timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => return Err(CriError::Timeout { method, timeout }),
+        },
+        None => fut.await,
+    };
+    result
+        .map(tonic::Response::into_inner)
+        .map_err(|status| CriError::rpc(method, status))
+}
+
+/// Flattens an error and its sources into one line ("transport error: No such file or directory").
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        let next = inner.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+impl RuntimeService for CriClient {
+    async fn version(&self) -> CriResult<VersionResponse> {
+        let req = VersionRequest {
+            version: "v1".into(),
+        };
+        call("Version", Some(self.timeout), self.runtime.clone().version(req)).await
+    }
+
+    async fn status(&self, verbose: bool) -> CriResult<StatusResponse> {
+        call(
+            "Status",
+            Some(self.timeout),
+            self.runtime.clone().status(StatusRequest { verbose }),
+        )
+        .await
+    }
+
+    async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {
+        call(
+            "RunPodSandbox",
+            Some(self.timeout),
+            self.runtime.clone().run_pod_sandbox(req),
+        )
+        .await
+    }
+
+    async fn stop_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
+        let req = StopPodSandboxRequest { pod_sandbox_id };
+        call(
+            "StopPodSandbox",
+            Some(self.timeout),
+            self.runtime.clone().stop_pod_sandbox(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn remove_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
+        let req = RemovePodSandboxRequest { pod_sandbox_id };
+        call(
+            "RemovePodSandbox",
+            Some(self.timeout),
+            self.runtime.clone().remove_pod_sandbox(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn pod_sandbox_status(&self, pod_sandbox_id: String) -> CriResult<PodSandboxStatusResponse> {
+        let req = PodSandboxStatusRequest {
+            pod_sandbox_id,
+            verbose: false,
+        };
+        call(
+            "PodSandboxStatus",
+            Some(self.timeout),
+            self.runtime.clone().pod_sandbox_status(req),
+        )
+        .await
+    }
+
+    async fn list_pod_sandbox(&self, filter: Option<PodSandboxFilter>) -> CriResult<Vec<PodSandbox>> {
+        let req = ListPodSandboxRequest { filter };
+        call(
+            "ListPodSandbox",
+            Some(self.timeout),
+            self.runtime.clone().list_pod_sandbox(req),
+        )
+        .await
+        .map(|r| r.items)
+    }
+
+    async fn create_container(&self, req: CreateContainerRequest) -> CriResult<String> {
+        call(
+            "CreateContainer",
+            Some(self.timeout),
+            self.runtime.clone().create_container(req),
+        )
+        .await
+        .map(|r| r.container_id)
+    }
+
+    async fn start_container(&self, container_id: String) -> CriResult<()> {
+        let req = StartContainerRequest { container_id };
+        call(
+            "StartContainer",
+            Some(self.timeout),
+            self.runtime.clone().start_container(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn stop_container(&self, container_id: String, timeout_seconds: i64) -> CriResult<()> {
+        let req = StopContainerRequest {
+            container_id,
+            timeout: timeout_seconds,
+        };
+        let deadline = self.timeout + Duration::from_secs(timeout_seconds.max(0) as u64);
+        call(
+            "StopContainer",
+            Some(deadline),
+            self.runtime.clone().stop_container(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn remove_container(&self, container_id: String) -> CriResult<()> {
+        let req = RemoveContainerRequest { container_id };
+        call(
+            "RemoveContainer",
+            Some(self.timeout),
+            self.runtime.clone().remove_container(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
+        let req = ListContainersRequest { filter };
+        call(
+            "ListContainers",
+            Some(self.timeout),
+            self.runtime.clone().list_containers(req),
+        )
+        .await
+        .map(|r| r.containers)
+    }
+
+    async fn container_status(&self, container_id: String) -> CriResult<ContainerStatusResponse> {
+        let req = ContainerStatusRequest {
+            container_id,
+            verbose: false,
+        };
+        call(
+            "ContainerStatus",
+            Some(self.timeout),
+            self.runtime.clone().container_status(req),
+        )
+        .await
+    }
+
+    async fn exec_sync(
+        &self,
+        container_id: String,
+        cmd: Vec<String>,
+        timeout_seconds: i64,
+    ) -> CriResult<ExecSyncResponse> {
+        let req = ExecSyncRequest {
+            container_id,
+            cmd,
+            timeout: timeout_seconds,
+        };
+        let deadline = self.timeout + Duration::from_secs(timeout_seconds.max(0) as u64);
+        call("ExecSync", Some(deadline), self.runtime.clone().exec_sync(req)).await
+    }
+}
+
+impl ImageService for CriClient {
+    async fn image_status(&self, image: String) -> CriResult<Option<Image>> {
+        let req = ImageStatusRequest {
+            image: Some(ImageSpec {
+                image,
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        let resp = call("ImageStatus", Some(self.timeout), self.image.clone().image_status(req)).await?;
+        Ok(resp.image.filter(|img| !img.id.is_empty()))
+    }
+
+    async fn pull_image(
+        &self,
+        image: String,
+        sandbox_config: Option<PodSandboxConfig>,
+    ) -> CriResult<String> {
+        let req = PullImageRequest {
+            image: Some(ImageSpec {
+                image,
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config,
+        };
+        // Pulls take as long as the network needs; upstream sets no deadline either.
+        call("PullImage", None, self.image.clone().pull_image(req))
+            .await
+            .map(|r| r.image_ref)
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<Image>> {
+        let req = ListImagesRequest { filter: None };
+        call("ListImages", Some(self.timeout), self.image.clone().list_images(req))
+            .await
+            .map(|r| r.images)
+    }
+
+    async fn remove_image(&self, image: String) -> CriResult<()> {
+        let req = RemoveImageRequest {
+            image: Some(ImageSpec {
+                image,
+                ..Default::default()
+            }),
+        };
+        call("RemoveImage", Some(self.timeout), self.image.clone().remove_image(req))
+            .await
+            .map(drop)
+    }
+}

@@ -1,0 +1,74 @@
+//! The narrow traits through which Deckhand talks to a CRI runtime.
+//!
+//! They take and return the CRI messages themselves: the protocol is already the vocabulary of
+//! this domain, and a second set of types would only add translation bugs. The real
+//! implementation is [`super::CriClient`]; unit tests may supply their own.
+
+use std::future::Future;
+
+use super::CriError;
+use super::proto::*;
+
+/// Result of one CRI call.
+pub type CriResult<T> = Result<T, CriError>;
+
+/// Pod sandboxes and containers (`runtime.v1.RuntimeService`).
+pub trait RuntimeService: Clone + Send + Sync + 'static {
+    fn version(&self) -> impl Future<Output = CriResult<VersionResponse>> + Send;
+    fn status(&self, verbose: bool) -> impl Future<Output = CriResult<StatusResponse>> + Send;
+    fn run_pod_sandbox(
+        &self,
+        req: RunPodSandboxRequest,
+    ) -> impl Future<Output = CriResult<RunPodSandboxResponse>> + Send;
+    fn stop_pod_sandbox(&self, pod_sandbox_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    fn remove_pod_sandbox(&self, pod_sandbox_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    fn pod_sandbox_status(
+        &self,
+        pod_sandbox_id: String,
+    ) -> impl Future<Output = CriResult<PodSandboxStatusResponse>> + Send;
+    fn list_pod_sandbox(
+        &self,
+        filter: Option<PodSandboxFilter>,
+    ) -> impl Future<Output = CriResult<Vec<PodSandbox>>> + Send;
+    fn create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> impl Future<Output = CriResult<String>> + Send;
+    fn start_container(&self, container_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    /// Stops with SIGTERM, then SIGKILL after `timeout_seconds`; the call's own deadline is
+    /// extended by that much so a long grace period is not cut short.
+    fn stop_container(
+        &self,
+        container_id: String,
+        timeout_seconds: i64,
+    ) -> impl Future<Output = CriResult<()>> + Send;
+    fn remove_container(&self, container_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    fn list_containers(
+        &self,
+        filter: Option<ContainerFilter>,
+    ) -> impl Future<Output = CriResult<Vec<Container>>> + Send;
+    fn container_status(
+        &self,
+        container_id: String,
+    ) -> impl Future<Output = CriResult<ContainerStatusResponse>> + Send;
+    fn exec_sync(
+        &self,
+        container_id: String,
+        cmd: Vec<String>,
+        timeout_seconds: i64,
+    ) -> impl Future<Output = CriResult<ExecSyncResponse>> + Send;
+}
+
+/// Images (`runtime.v1.ImageService`).
+pub trait ImageService: Clone + Send + Sync + 'static {
+    /// `None` when the image is not present (containerd answers with an empty image, no error).
+    fn image_status(&self, image: String) -> impl Future<Output = CriResult<Option<Image>>> + Send;
+    /// Returns the image reference the runtime stored.
+    fn pull_image(
+        &self,
+        image: String,
+        sandbox_config: Option<PodSandboxConfig>,
+    ) -> impl Future<Output = CriResult<String>> + Send;
+    fn list_images(&self) -> impl Future<Output = CriResult<Vec<Image>>> + Send;
+    fn remove_image(&self, image: String) -> impl Future<Output = CriResult<()>> + Send;
+}

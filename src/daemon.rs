@@ -1,0 +1,224 @@
+//! Wires Deckhand together and runs it until asked to stop.
+//!
+//! Order of start: runtime handshake (fail fast and clearly), HTTP endpoints, PLEG, sources,
+//! sync loop, then readiness to systemd. On shutdown every task ends; containers keep running,
+//! so a restarted agent adopts them (upstream behaviour).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::cri::{self, CriClient, CriError};
+use crate::health::Health;
+use crate::pleg::{self, PlegConfig, RuntimeCache};
+use crate::pod_state::PodStates;
+use crate::pod_workers::{PodWorkers, WorkerDeps};
+use crate::runtime::backoff::BackoffPolicy;
+use crate::runtime::executor::{Executor, NodeContext};
+use crate::runtime::inspect::DetailCache;
+use crate::runtime::translate::{HostDns, parse_resolv_conf};
+use crate::server::{self, ServeError};
+use crate::source::{self, SourceConfig};
+use crate::sync_loop::SyncLoop;
+
+/// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.
+pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long shutdown waits for tasks to end.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Runtime(#[from] CriError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// Knobs that are not part of the upstream configuration; tests shorten them.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    pub backoff: BackoffPolicy,
+    pub pleg: PlegConfig,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            backoff: BackoffPolicy::default(),
+            pleg: PlegConfig::default(),
+        }
+    }
+}
+
+/// A test knob given in the environment is malformed.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {name}: {reason}")]
+pub struct TuningError {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+fn env_duration(name: &'static str) -> Result<Option<Duration>, TuningError> {
+    match std::env::var(name) {
+        Ok(v) => crate::config::duration::parse_go_duration(&v)
+            .map(Some)
+            .map_err(|e| TuningError {
+                name,
+                reason: e.to_string(),
+            }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl Tuning {
+    /// Upstream's values, with `crashLoopBackOff.maxContainerRestartPeriod` from the config and
+    /// three knobs for tests that upstream does not expose: `DECKHAND_BACKOFF_INITIAL`,
+    /// `DECKHAND_BACKOFF_MAX` and `DECKHAND_RELIST_PERIOD` (Go durations).
+    pub fn from_config_and_env(config: &Config) -> Result<Tuning, TuningError> {
+        let mut t = Tuning::default();
+        t.backoff.max = config.crash_loop_max_backoff;
+        if let Some(d) = env_duration("DECKHAND_BACKOFF_INITIAL")? {
+            t.backoff.initial = d;
+        }
+        if let Some(d) = env_duration("DECKHAND_BACKOFF_MAX")? {
+            t.backoff.max = d;
+        }
+        if let Some(d) = env_duration("DECKHAND_RELIST_PERIOD")? {
+            if d.is_zero() {
+                return Err(TuningError {
+                    name: "DECKHAND_RELIST_PERIOD",
+                    reason: "must be more than zero".into(),
+                });
+            }
+            t.pleg.period = d;
+        }
+        Ok(t)
+    }
+}
+
+fn host_dns(config: &Config) -> HostDns {
+    if config.resolv_conf.as_os_str().is_empty() {
+        return HostDns::default();
+    }
+    match std::fs::read_to_string(&config.resolv_conf) {
+        Ok(text) => parse_resolv_conf(&text),
+        Err(err) => {
+            tracing::warn!(path = %config.resolv_conf.display(), error = %err, "cannot read resolvConf; pods get no DNS servers from the node");
+            HostDns::default()
+        }
+    }
+}
+
+/// Runs the agent until `cancel` fires.
+pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> Result<(), DaemonError> {
+    tracing::info!("starting: {}", config.summary());
+    for warning in &config.warnings {
+        tracing::warn!("configuration: {warning}");
+    }
+
+    let endpoint = cri::parse_endpoint(&config.container_runtime_endpoint)?;
+    if let Some(image_ep) = &config.image_service_endpoint {
+        if image_ep != &config.container_runtime_endpoint {
+            tracing::warn!(%image_ep, "a separate image service endpoint is not supported yet; using the runtime endpoint for images");
+        }
+    }
+    let client = CriClient::connect(&endpoint, config.runtime_request_timeout).await?;
+    cri::handshake(&client, &endpoint.original, RUNTIME_READY_TIMEOUT).await?;
+
+    let health = Health::default();
+    let states = PodStates::default();
+    let tracker = TaskTracker::new();
+    let mut servers = Vec::new();
+    if config.healthz_port != 0 {
+        let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
+        servers.push(server::serve_healthz(addr, health.clone(), states.clone(), cancel.clone()).await?);
+    }
+    if config.read_only_port != 0 {
+        let addr = SocketAddr::new(config.address, config.read_only_port);
+        servers.push(server::serve_read_only(addr, health.clone(), states.clone(), cancel.clone()).await?);
+    }
+
+    let host_ip = crate::node::detect_host_ip(config.node_ip);
+    let node = Arc::new(NodeContext {
+        node_name: config.node_name.clone(),
+        host_ip: host_ip.map(|ip| ip.to_string()),
+        root_dir: config.root_dir.clone(),
+        pod_logs_dir: config.pod_logs_dir.clone(),
+        host_dns: host_dns(&config),
+        cluster_domain: config.cluster_domain.clone(),
+        cluster_dns: config.cluster_dns.iter().map(ToString::to_string).collect(),
+        cgroup_driver: config.cgroup_driver,
+        cgroup_root: config.cgroup_root.clone(),
+        cgroups_per_qos: config.cgroups_per_qos,
+        cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
+        node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo")).unwrap_or(0),
+    });
+    tracing::info!(host_ip = ?host_ip, node = %config.node_name, "node facts");
+
+    let details = DetailCache::default();
+    let runtime_cache = RuntimeCache::default();
+    let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+    tracker.spawn(pleg::run(
+        client.clone(),
+        details.clone(),
+        runtime_cache.clone(),
+        pleg_tx,
+        health.clone(),
+        tuning.pleg,
+        cancel.clone(),
+    ));
+
+    let (changes_rx, sources_ready, _problems) = source::spawn_sources(
+        SourceConfig {
+            node_name: config.node_name.clone(),
+            static_pod_path: config.static_pod_path.clone(),
+            file_check_frequency: config.file_check_frequency,
+            static_pod_url: config.static_pod_url.clone(),
+            static_pod_url_header: config.static_pod_url_header.clone(),
+            http_check_frequency: config.http_check_frequency,
+        },
+        cancel.clone(),
+    );
+
+    let executor = Executor::new(client.clone(), node.clone(), details, tuning.backoff);
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let workers = PodWorkers::new(
+        WorkerDeps {
+            executor,
+            states: states.clone(),
+            runtime_cache: runtime_cache.clone(),
+            sync_frequency: config.sync_frequency,
+            host_ip: node.host_ip.clone(),
+        },
+        tracker.clone(),
+        cancel.clone(),
+        done_tx,
+    );
+    let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache);
+    tracker.spawn(sync_loop.run(changes_rx, pleg_rx, done_rx, cancel.clone()));
+
+    // Tell systemd we are up (a no-op when not started by systemd).
+    if let Err(err) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::debug!(error = %err, "sd_notify failed");
+    }
+    tracing::info!("deckhand is running");
+
+    cancel.cancelled().await;
+    tracing::info!("shutting down; containers keep running");
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_TIMEOUT, tracker.wait()).await.is_err() {
+        tracing::warn!("some tasks did not end in time");
+    }
+    for s in servers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), s).await;
+    }
+    Ok(())
+}

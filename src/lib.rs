@@ -1,0 +1,20 @@
+//! Deckhand: a kubelet-compatible node agent that runs pods on containerd over CRI v1.
+//!
+//! The library holds everything; `main.rs` only parses flags, builds a [`config::Config`] and
+//! hands it to [`daemon::run`]. See the README for the module map.
+
+pub mod cm;
+pub mod config;
+pub mod cri;
+pub mod daemon;
+pub mod health;
+pub mod node;
+pub mod pleg;
+pub mod pod_state;
+pub mod pod_workers;
+pub mod runtime;
+pub mod server;
+pub mod source;
+pub mod status;
+pub mod sync_loop;
+pub mod yaml;

@@ -1,0 +1,70 @@
+//! The pods Deckhand runs and their latest computed status, shared with the HTTP endpoints.
+//!
+//! Pod workers publish here after every sync; readers take a snapshot. One lock, held only to
+//! copy a map entry in or out, never across an await.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::List;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+
+/// Desired pod plus status, by UID.
+#[derive(Clone, Default)]
+pub struct PodStates {
+    inner: Arc<RwLock<BTreeMap<String, (Arc<Pod>, PodStatus)>>>,
+}
+
+impl PodStates {
+    /// Records the newest status of a pod.
+    pub fn publish(&self, pod: Arc<Pod>, status: PodStatus) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.inner
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid, (pod, status));
+    }
+
+    /// Forgets a pod that is gone from the node.
+    pub fn forget(&self, uid: &str) {
+        self.inner
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    /// The last published status of a pod.
+    pub fn status(&self, uid: &str) -> Option<PodStatus> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// Every pod with its status, as the read-only API's `/pods` serves them.
+    pub fn pod_list(&self) -> List<Pod> {
+        let map = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let items = map
+            .values()
+            .map(|(pod, status)| {
+                let mut pod = (**pod).clone();
+                pod.status = Some(status.clone());
+                pod
+            })
+            .collect();
+        List {
+            items,
+            metadata: Default::default(),
+        }
+    }
+
+    /// How many pods are known.
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,401 @@
+//! `compute_pod_actions`: given the pod we want and what the runtime shows, decide what to do.
+//!
+//! Pure: the time, the back-off state and the spec hashes are arguments, so every case is a row
+//! in a table test. The executor carries the decision out; nothing here talks to the runtime.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
+use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+
+/// Which list of the spec a container comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerKind {
+    Init,
+    App,
+}
+
+/// A container instance to create and start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartContainer {
+    pub kind: ContainerKind,
+    /// Index in `spec.initContainers` or `spec.containers`.
+    pub index: usize,
+    pub name: String,
+    /// The new instance's restart count (its CRI attempt).
+    pub restart_count: u32,
+    /// Back-off state to record when this start is a restart after an exit.
+    pub backoff: Option<BackoffEntry>,
+}
+
+/// A running container instance to stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KillContainer {
+    pub id: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// A container that should restart but must wait out its back-off first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackoffWait {
+    pub name: String,
+    pub remaining: Duration,
+    pub message: String,
+}
+
+/// Everything to do for one pod in one sync, in the order the executor does it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodActions {
+    /// Stop every container and sandbox of the pod first (sandbox gone bad, pod finished).
+    pub kill_pod: Option<String>,
+    /// Create a new sandbox with this attempt number.
+    pub create_sandbox: Option<u32>,
+    /// The sandbox to start containers in, when an existing one is kept.
+    pub sandbox_id: Option<String>,
+    pub kill_containers: Vec<KillContainer>,
+    pub start_containers: Vec<StartContainer>,
+    pub waiting: Vec<BackoffWait>,
+    /// Exited instances and dead sandboxes no longer needed for status or logs.
+    pub remove_containers: Vec<String>,
+    pub remove_sandboxes: Vec<String>,
+    /// The pod's init containers failed under restartPolicy Never, or every app container has
+    /// exited for good: nothing will run again.
+    pub terminal: bool,
+}
+
+impl PodActions {
+    /// When the worker should look again even if nothing else happens (a back-off ends).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.waiting.iter().map(|w| w.remaining).min()
+    }
+}
+
+/// Inputs besides the pod and the runtime's view.
+pub struct DecisionContext<'a> {
+    pub now: SystemTime,
+    pub backoff: &'a BackoffTable,
+    pub policy: BackoffPolicy,
+    /// The spec hash of a container, as recorded on the instances Deckhand creates.
+    pub spec_hash: &'a dyn Fn(&Container) -> String,
+}
+
+/// Should a container that exited with `exit_code` run again under `restart_policy`?
+pub fn should_restart(restart_policy: &str, exit_code: i32) -> bool {
+    match restart_policy {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    }
+}
+
+fn restart_policy(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always")
+}
+
+/// The next restart count for a container: one more than any instance seen.
+fn next_restart_count(observed: &ObservedPod, name: &str) -> u32 {
+    observed
+        .instances(name)
+        .first()
+        .map(|c| c.attempt + 1)
+        .unwrap_or(0)
+}
+
+/// True when every app container has exited and none will run again.
+fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
+    let spec = match &pod.spec {
+        Some(s) => s,
+        None => return false,
+    };
+    let policy = restart_policy(pod);
+    !spec.containers.is_empty()
+        && spec.containers.iter().all(|c| match observed.latest(&c.name) {
+            Some(inst) => {
+                inst.state == ContainerState::Exited && !should_restart(policy, inst.exit_code)
+            }
+            None => false,
+        })
+}
+
+/// Has an init container failed for good (restartPolicy Never)?
+fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
+    let spec = match &pod.spec {
+        Some(s) => s,
+        None => return false,
+    };
+    restart_policy(pod) == "Never"
+        && spec.init_containers.iter().flatten().any(|c| {
+            observed
+                .latest(&c.name)
+                .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
+        })
+}
+
+/// Decides what to do for `pod` given what the runtime shows.
+pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionContext) -> PodActions {
+    let mut actions = PodActions::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return actions;
+    };
+    let policy = restart_policy(pod);
+    let host_network = spec.host_network.unwrap_or(false);
+
+    let newest = observed.newest_sandbox();
+    let ready_sandboxes = observed
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .count();
+    let terminal = init_failed_for_good(pod, observed) || app_containers_finished(pod, observed);
+    actions.terminal = terminal;
+
+    // Dead sandboxes other than the newest are garbage, and so are their containers.
+    for sandbox in &observed.sandboxes {
+        if Some(sandbox.id.as_str()) != newest.map(|s| s.id.as_str())
+            && sandbox.state == SandboxState::NotReady
+        {
+            actions.remove_sandboxes.push(sandbox.id.clone());
+        }
+    }
+
+    let sandbox_changed = match newest {
+        None => true,
+        Some(s) => {
+            s.state != SandboxState::Ready || s.host_network != host_network || ready_sandboxes > 1
+        }
+    };
+
+    if terminal {
+        // Nothing will run again: make sure nothing is left running.
+        if observed.is_running() {
+            actions.kill_pod = Some(if init_failed_for_good(pod, observed) {
+                "an init container failed and restartPolicy is Never".into()
+            } else {
+                "all containers have exited and none will restart".into()
+            });
+        }
+        return actions;
+    }
+
+    if sandbox_changed {
+        // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
+        if policy == "Never" && newest.is_some() && !observed.containers.is_empty() {
+            if observed.is_running() {
+                actions.kill_pod = Some("the pod sandbox is gone and restartPolicy is Never".into());
+            }
+            actions.terminal = true;
+            return actions;
+        }
+        if observed.is_running() {
+            actions.kill_pod = Some(match newest {
+                Some(s) if s.state == SandboxState::Ready && s.host_network != host_network => {
+                    "the pod's network mode changed".into()
+                }
+                Some(_) if ready_sandboxes > 1 => "more than one ready sandbox".into(),
+                _ => "the pod sandbox is not ready".into(),
+            });
+        }
+        let attempt = newest.map(|s| s.attempt + 1).unwrap_or(0);
+        actions.create_sandbox = Some(attempt);
+        // Everything starts again in a new sandbox: the first init container, or every app
+        // container when there are none.
+        match spec.init_containers.as_deref().unwrap_or_default().first() {
+            Some(first) => actions.start_containers.push(StartContainer {
+                kind: ContainerKind::Init,
+                index: 0,
+                name: first.name.clone(),
+                restart_count: next_restart_count(observed, &first.name),
+                backoff: None,
+            }),
+            None => {
+                for (index, c) in spec.containers.iter().enumerate() {
+                    actions.start_containers.push(StartContainer {
+                        kind: ContainerKind::App,
+                        index,
+                        name: c.name.clone(),
+                        restart_count: next_restart_count(observed, &c.name),
+                        backoff: None,
+                    });
+                }
+            }
+        }
+        return actions;
+    }
+
+    let sandbox = newest.expect("a ready sandbox exists when it has not changed");
+    actions.sandbox_id = Some(sandbox.id.clone());
+    let in_sandbox = |c: &&ObservedContainer| c.sandbox_id == sandbox.id;
+
+    // Init containers: one at a time, each to success, in order.
+    let mut init_done = true;
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
+        match latest.map(|i| (i.state, i.exit_code)) {
+            Some((ContainerState::Exited, 0)) => continue,
+            Some((ContainerState::Running | ContainerState::Unknown, _)) => {
+                init_done = false;
+                break;
+            }
+            Some((ContainerState::Exited, _)) => {
+                // Failed: retried with back-off (Never was handled as terminal above).
+                let inst = latest.expect("matched Some");
+                plan_restart(&mut actions, ctx, ContainerKind::Init, index, c, inst, observed);
+                init_done = false;
+                break;
+            }
+            Some((ContainerState::Created, _)) | None => {
+                if let Some(stale) = latest {
+                    actions.remove_containers.push(stale.id.clone());
+                }
+                actions.start_containers.push(StartContainer {
+                    kind: ContainerKind::Init,
+                    index,
+                    name: c.name.clone(),
+                    restart_count: next_restart_count(observed, &c.name),
+                    backoff: None,
+                });
+                init_done = false;
+                break;
+            }
+        }
+    }
+    if !init_done {
+        collect_garbage(&mut actions, observed);
+        return actions;
+    }
+
+    for (index, c) in spec.containers.iter().enumerate() {
+        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
+        let Some(inst) = latest else {
+            actions.start_containers.push(StartContainer {
+                kind: ContainerKind::App,
+                index,
+                name: c.name.clone(),
+                restart_count: next_restart_count(observed, &c.name),
+                backoff: None,
+            });
+            continue;
+        };
+        match inst.state {
+            ContainerState::Running | ContainerState::Unknown => {
+                let want = (ctx.spec_hash)(c);
+                if inst.hash.as_deref().is_some_and(|h| h != want) {
+                    actions.kill_containers.push(KillContainer {
+                        id: inst.id.clone(),
+                        name: c.name.clone(),
+                        reason: "the container's spec changed; it will be restarted".into(),
+                    });
+                    actions.start_containers.push(StartContainer {
+                        kind: ContainerKind::App,
+                        index,
+                        name: c.name.clone(),
+                        restart_count: next_restart_count(observed, &c.name),
+                        backoff: None,
+                    });
+                }
+            }
+            ContainerState::Exited => {
+                if should_restart(policy, inst.exit_code) {
+                    plan_restart(&mut actions, ctx, ContainerKind::App, index, c, inst, observed);
+                }
+            }
+            ContainerState::Created => {
+                // Created but never started (Deckhand died in between): replace it.
+                actions.remove_containers.push(inst.id.clone());
+                actions.start_containers.push(StartContainer {
+                    kind: ContainerKind::App,
+                    index,
+                    name: c.name.clone(),
+                    restart_count: next_restart_count(observed, &c.name),
+                    backoff: None,
+                });
+            }
+        }
+    }
+    collect_garbage(&mut actions, observed);
+    actions
+}
+
+/// Restarts an exited container now, or records that it must wait out its back-off.
+fn plan_restart(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    kind: ContainerKind,
+    index: usize,
+    container: &Container,
+    exited: &ObservedContainer,
+    observed: &ObservedPod,
+) {
+    let finished = exited.finished_time().unwrap_or(ctx.now);
+    let entry = ctx.backoff.get(&container.name);
+    match ctx.policy.remaining(entry, finished, ctx.now) {
+        Some(remaining) => actions.waiting.push(BackoffWait {
+            name: container.name.clone(),
+            remaining,
+            message: format!(
+                "back-off {} restarting failed container={} pod={}",
+                format_delay(entry.map(|e| e.delay).unwrap_or(remaining)),
+                container.name,
+                observed_pod_label(observed)
+            ),
+        }),
+        None => actions.start_containers.push(StartContainer {
+            kind,
+            index,
+            name: container.name.clone(),
+            restart_count: next_restart_count(observed, &container.name),
+            backoff: Some(ctx.policy.next(entry, finished)),
+        }),
+    }
+}
+
+fn observed_pod_label(observed: &ObservedPod) -> String {
+    observed
+        .newest_sandbox()
+        .map(|s| s.id.chars().take(12).collect())
+        .unwrap_or_default()
+}
+
+/// Upstream writes back-off delays like Go durations: `10s`, `1m20s`, `5m0s`.
+pub fn format_delay(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else if d.subsec_millis() > 0 && secs < 10 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// Keeps the newest instance of each container name (for `lastState` and logs); older exited
+/// instances go.
+fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
+    let mut names: HashSet<&str> = HashSet::new();
+    let mut keep: HashSet<&str> = HashSet::new();
+    for c in &observed.containers {
+        names.insert(&c.name);
+    }
+    for name in names {
+        // The newest instance, and the one before it (it is the `lastState` users see).
+        let instances = observed.instances(name);
+        for inst in instances.iter().take(2) {
+            keep.insert(&inst.id);
+        }
+    }
+    let removing_sandbox: HashSet<&str> = actions.remove_sandboxes.iter().map(String::as_str).collect();
+    for c in &observed.containers {
+        let dead = c.state == ContainerState::Exited;
+        let stale = !keep.contains(c.id.as_str()) || removing_sandbox.contains(c.sandbox_id.as_str());
+        if dead && stale && !actions.remove_containers.contains(&c.id) {
+            actions.remove_containers.push(c.id.clone());
+        }
+    }
+}

@@ -1,0 +1,645 @@
+//! Carries out [`PodActions`] against the runtime: sandboxes, images, containers, teardown.
+//!
+//! Each step that fails is turned into the reason users know from upstream (`ErrImagePull`,
+//! `CreateContainerConfigError`, `CreateContainerError`, `RunContainerError`) and recorded for the
+//! status; one failing container never stops the others from being tried.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+
+use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
+use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::status::WaitingReason;
+
+use super::actions::{self, ContainerKind, DecisionContext, PodActions, StartContainer};
+use super::backoff::{BackoffPolicy, BackoffTable};
+use super::hosts::render_hosts_file;
+use super::inspect::{self, DetailCache};
+use super::observed::{ContainerState, ObservedPod, SandboxState};
+use super::translate::{self, ContainerContext, HostDns, QosClass, SandboxContext};
+
+/// Facts about the node that translation needs; fixed for the agent's lifetime.
+#[derive(Clone, Debug)]
+pub struct NodeContext {
+    pub node_name: String,
+    pub host_ip: Option<String>,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub host_dns: HostDns,
+    pub cluster_domain: Option<String>,
+    pub cluster_dns: Vec<String>,
+    pub cgroup_driver: crate::config::CgroupDriver,
+    pub cgroup_root: String,
+    pub cgroups_per_qos: bool,
+    /// Where the cgroup hierarchies are mounted (for removing pod cgroups).
+    pub cgroup_fs: PathBuf,
+    pub node_memory_bytes: u64,
+}
+
+impl NodeContext {
+    /// `<root>/pods/<uid>`: the pod's own files (hosts file, termination logs).
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.root_dir.join("pods").join(uid)
+    }
+
+    /// `<podLogsDir>/<namespace>_<name>_<uid>`, upstream's pod log directory.
+    pub fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
+        self.pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+    }
+}
+
+/// What a worker keeps between syncs of one pod.
+#[derive(Default)]
+pub struct PodSyncState {
+    pub backoff: BackoffTable,
+    pub waiting: HashMap<String, WaitingReason>,
+    pub status: Option<PodStatus>,
+}
+
+/// The result of one sync.
+pub struct SyncOutcome {
+    pub observed: ObservedPod,
+    /// Sync again after this long even without events (a back-off ends, an error to retry).
+    pub retry_after: Option<Duration>,
+    /// Nothing of the pod will run again.
+    pub terminal: bool,
+}
+
+/// Errors of a teardown; the worker retries.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("{0}")]
+    Runtime(#[from] CriError),
+    #[error("removing {path}: {source}")]
+    Files {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Upstream never gives a container less than this to stop.
+const MIN_GRACE_SECONDS: i64 = 2;
+/// How soon a sync that hit an error is retried.
+const ERROR_RETRY: Duration = Duration::from_secs(2);
+
+/// Carries out decisions for pods on one runtime.
+#[derive(Clone)]
+pub struct Executor<R> {
+    rt: R,
+    node: Arc<NodeContext>,
+    details: DetailCache,
+    policy: BackoffPolicy,
+}
+
+fn pod_uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+fn pod_name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn pod_namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// The grace period for stopping a pod's containers.
+pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
+    let from_spec = pod
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30);
+    override_seconds.unwrap_or(from_spec).max(MIN_GRACE_SECONDS)
+}
+
+/// The spec hash in the form recorded on containers.
+pub fn spec_hash(container: &Container) -> String {
+    translate::hash::format_hash(translate::container_hash(container))
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    pub fn new(rt: R, node: Arc<NodeContext>, details: DetailCache, policy: BackoffPolicy) -> Self {
+        Executor {
+            rt,
+            node,
+            details,
+            policy,
+        }
+    }
+
+    pub fn node(&self) -> &NodeContext {
+        &self.node
+    }
+
+    /// Reads the pod's current state from the runtime.
+    pub async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
+        inspect::observe_pod(&self.rt, &self.details, uid).await
+    }
+
+    fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<PodSandboxConfig, translate::TranslateError> {
+        let qos = translate::qos_class(pod);
+        let ctx = SandboxContext {
+            pod_logs_dir: self.node.pod_logs_dir.clone(),
+            host_dns: self.node.host_dns.clone(),
+            cluster_dns: self.node.cluster_dns.clone(),
+            cluster_domain: self.node.cluster_domain.clone().unwrap_or_default(),
+            cgroup_parent: crate::cm::pod_cgroup_parent(
+                self.node.cgroup_driver,
+                &self.node.cgroup_root,
+                self.node.cgroups_per_qos,
+                qos,
+                pod_uid(pod),
+            ),
+            node_name: self.node.node_name.clone(),
+        };
+        translate::pod_sandbox_config(pod, &ctx, attempt)
+    }
+
+    /// Brings the pod one step closer to its spec.
+    pub async fn sync_pod(&self, pod: &Pod, state: &mut PodSyncState) -> SyncOutcome {
+        let uid = pod_uid(pod).to_string();
+        let observed = match self.observe(&uid).await {
+            Ok(o) => o,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
+                return SyncOutcome {
+                    observed: ObservedPod::default(),
+                    retry_after: Some(ERROR_RETRY),
+                    terminal: false,
+                };
+            }
+        };
+        let hash = |c: &Container| spec_hash(c);
+        let decision = actions::compute_pod_actions(
+            pod,
+            &observed,
+            &DecisionContext {
+                now: SystemTime::now(),
+                backoff: &state.backoff,
+                policy: self.policy,
+                spec_hash: &hash,
+            },
+        );
+        let mut retry = decision.retry_after();
+        let changed = decision != PodActions {
+            sandbox_id: decision.sandbox_id.clone(),
+            terminal: decision.terminal,
+            ..Default::default()
+        };
+        if changed {
+            tracing::debug!(?decision, "pod actions");
+        }
+        // Back-off waits are shown as CrashLoopBackOff until the container starts again.
+        for w in &decision.waiting {
+            state.waiting.insert(
+                w.name.clone(),
+                WaitingReason {
+                    reason: "CrashLoopBackOff".into(),
+                    message: w.message.clone(),
+                },
+            );
+        }
+        if let Err(err) = self.execute(pod, &observed, &decision, state).await {
+            tracing::warn!(error = %err, "sync failed; will retry");
+            retry = Some(retry.map_or(ERROR_RETRY, |r| r.min(ERROR_RETRY)));
+        }
+        if state
+            .waiting
+            .values()
+            .any(|w| w.reason != "CrashLoopBackOff")
+        {
+            retry = Some(retry.map_or(ERROR_RETRY, |r| r.min(ERROR_RETRY)));
+        }
+        let observed = if changed {
+            self.observe(&uid).await.unwrap_or(observed)
+        } else {
+            observed
+        };
+        SyncOutcome {
+            observed,
+            retry_after: retry,
+            terminal: decision.terminal,
+        }
+    }
+
+    async fn execute(
+        &self,
+        pod: &Pod,
+        observed: &ObservedPod,
+        decision: &PodActions,
+        state: &mut PodSyncState,
+    ) -> Result<(), CriError> {
+        let uid = pod_uid(pod);
+        if let Some(reason) = &decision.kill_pod {
+            tracing::info!(%reason, "stopping the pod");
+            self.stop_everything(observed, grace_period(Some(pod), None)).await?;
+        }
+        for id in &decision.remove_containers {
+            self.remove_container(id).await;
+        }
+        for id in &decision.remove_sandboxes {
+            if let Err(err) = self.rt.remove_pod_sandbox(id.clone()).await {
+                if !err.is_not_found() {
+                    tracing::warn!(sandbox = %id, error = %err, "cannot remove an old sandbox");
+                }
+            }
+        }
+        for kill in &decision.kill_containers {
+            tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
+            self.stop_container(&kill.id, grace_period(Some(pod), None)).await?;
+        }
+
+        let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
+            (Some(attempt), _) => (self.create_sandbox(pod, attempt).await?, attempt),
+            (None, Some(id)) => {
+                let attempt = observed
+                    .sandboxes
+                    .iter()
+                    .find(|s| &s.id == id)
+                    .map(|s| s.attempt)
+                    .unwrap_or(0);
+                (id.clone(), attempt)
+            }
+            (None, None) => return Ok(()),
+        };
+        if decision.start_containers.is_empty() {
+            return Ok(());
+        }
+        let sandbox_config = match self.sandbox_config(pod, attempt) {
+            Ok(c) => c,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot build the sandbox config");
+                return Ok(());
+            }
+        };
+        let pod_ip = self
+            .observe(uid)
+            .await
+            .ok()
+            .and_then(|o| o.sandboxes.into_iter().find(|s| s.id == sandbox_id))
+            .and_then(|s| s.ip);
+        for start in &decision.start_containers {
+            self.start_container(pod, start, &sandbox_id, &sandbox_config, pod_ip.as_deref(), state)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Creates the pod's sandbox, its log directory and its managed files.
+    async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, CriError> {
+        let uid = pod_uid(pod);
+        let config = match self.sandbox_config(pod, attempt) {
+            Ok(c) => c,
+            Err(err) => {
+                return Err(CriError::Rpc {
+                    method: "RunPodSandbox",
+                    code: tonic::Code::InvalidArgument,
+                    message: format!("cannot build the sandbox config: {err}"),
+                });
+            }
+        };
+        let log_dir = self.node.pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
+        if let Err(err) = std::fs::create_dir_all(&log_dir) {
+            tracing::warn!(dir = %log_dir.display(), error = %err, "cannot create the pod log directory");
+        }
+        tracing::info!(attempt, "creating the pod sandbox");
+        let resp = self
+            .rt
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await?;
+        Ok(resp.pod_sandbox_id)
+    }
+
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        start: &StartContainer,
+        sandbox_id: &str,
+        sandbox_config: &PodSandboxConfig,
+        pod_ip: Option<&str>,
+        state: &mut PodSyncState,
+    ) {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let container = match start.kind {
+            ContainerKind::Init => spec.init_containers.as_ref().and_then(|v| v.get(start.index)),
+            ContainerKind::App => spec.containers.get(start.index),
+        };
+        let Some(container) = container else { return };
+        let name = container.name.as_str();
+        let span = tracing::info_span!("container", container = %name);
+        let _enter = span.enter();
+
+        // A restart after an exit updates the back-off, whether or not the start succeeds.
+        if let Some(entry) = start.backoff {
+            state.backoff.insert(name.to_string(), entry);
+        }
+
+        if let Err(waiting) = self.ensure_image(container, sandbox_config, state).await {
+            tracing::warn!(reason = %waiting.reason, message = %waiting.message, "image not available");
+            state.waiting.insert(name.to_string(), waiting);
+            return;
+        }
+
+        let files = match self.prepare_container_files(pod, name, start.restart_count, pod_ip) {
+            Ok(f) => f,
+            Err(err) => {
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message: err,
+                    },
+                );
+                return;
+            }
+        };
+        let ctx = ContainerContext {
+            restart_count: start.restart_count,
+            pod_ip: pod_ip.map(str::to_string),
+            host_ip: self.node.host_ip.clone(),
+            node_name: self.node.node_name.clone(),
+            etc_hosts_path: files.hosts,
+            termination_log_path: Some(files.termination_log),
+            extra_mounts: Vec::new(),
+            node_memory_capacity: self.node.node_memory_bytes,
+        };
+        let config = match translate::container_config(pod, container, &ctx) {
+            Ok(c) => c,
+            Err(err) => {
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message: err.to_string(),
+                    },
+                );
+                return;
+            }
+        };
+        let log_dir = Path::new(&sandbox_config.log_directory).join(name);
+        let _ = std::fs::create_dir_all(&log_dir);
+
+        let created = self
+            .rt
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.to_string(),
+                config: Some(config),
+                sandbox_config: Some(sandbox_config.clone()),
+            })
+            .await;
+        let id = match created {
+            Ok(id) => id,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot create the container");
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerError".into(),
+                        message: err.to_string(),
+                    },
+                );
+                return;
+            }
+        };
+        if let Err(err) = self.rt.start_container(id.clone()).await {
+            tracing::warn!(error = %err, "cannot start the container");
+            state.waiting.insert(
+                name.to_string(),
+                WaitingReason {
+                    reason: "RunContainerError".into(),
+                    message: err.to_string(),
+                },
+            );
+            return;
+        }
+        state.waiting.remove(name);
+        tracing::info!(id = %id, restart_count = start.restart_count, "container started");
+    }
+
+    /// Makes sure the image is present, as the container's pull policy says.
+    async fn ensure_image(
+        &self,
+        container: &Container,
+        sandbox_config: &PodSandboxConfig,
+        state: &mut PodSyncState,
+    ) -> Result<(), WaitingReason> {
+        let image = container.image.clone().unwrap_or_default();
+        let policy = container.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+        let present = match self.rt.image_status(image.clone()).await {
+            Ok(found) => found.is_some(),
+            Err(err) => {
+                return Err(WaitingReason {
+                    reason: "ErrImagePull".into(),
+                    message: format!("cannot check image {image:?}: {err}"),
+                });
+            }
+        };
+        if policy == "Never" {
+            return if present {
+                Ok(())
+            } else {
+                Err(WaitingReason {
+                    reason: "ErrImageNeverPull".into(),
+                    message: format!(
+                        "Container image {image:?} is not present with pull policy of Never"
+                    ),
+                })
+            };
+        }
+        if present && policy != "Always" {
+            return Ok(());
+        }
+        // Pull failures back off per image, like crash loops.
+        let key = format!("image:{image}");
+        let now = SystemTime::now();
+        if let Some(entry) = state.backoff.get(&key) {
+            if self.policy.remaining(Some(entry), entry.last_update, now).is_some() {
+                return Err(WaitingReason {
+                    reason: "ImagePullBackOff".into(),
+                    message: format!("Back-off pulling image {image:?}"),
+                });
+            }
+        }
+        tracing::info!(%image, "pulling image");
+        match self.rt.pull_image(image.clone(), Some(sandbox_config.clone())).await {
+            Ok(_) => {
+                state.backoff.remove(&key);
+                Ok(())
+            }
+            Err(err) => {
+                let entry = self.policy.next(state.backoff.get(&key), now);
+                state.backoff.insert(key, entry);
+                Err(WaitingReason {
+                    reason: "ErrImagePull".into(),
+                    message: format!("failed to pull image {image:?}: {err}"),
+                })
+            }
+        }
+    }
+
+    /// Writes the files the kubelet provides to a container: `/etc/hosts` (own network only)
+    /// and an empty termination-message file.
+    fn prepare_container_files(
+        &self,
+        pod: &Pod,
+        container: &str,
+        restart_count: u32,
+        pod_ip: Option<&str>,
+    ) -> Result<ContainerFiles, String> {
+        let dir = self.node.pod_dir(pod_uid(pod));
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let hosts = if host_network {
+            None
+        } else {
+            let path = dir.join("etc-hosts");
+            let text = render_hosts_file(pod, pod_ip, self.node.cluster_domain.as_deref());
+            write_atomically(&path, text.as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Some(path)
+        };
+        let term_dir = dir.join("containers").join(container);
+        std::fs::create_dir_all(&term_dir)
+            .map_err(|e| format!("cannot create {}: {e}", term_dir.display()))?;
+        let termination_log = term_dir.join(restart_count.to_string());
+        std::fs::write(&termination_log, b"")
+            .map_err(|e| format!("cannot create {}: {e}", termination_log.display()))?;
+        Ok(ContainerFiles {
+            hosts,
+            termination_log,
+        })
+    }
+
+    async fn stop_container(&self, id: &str, grace: i64) -> Result<(), CriError> {
+        match self.rt.stop_container(id.to_string(), grace).await {
+            Err(err) if !err.is_not_found() => Err(err),
+            _ => {
+                self.details.forget_container(id);
+                Ok(())
+            }
+        }
+    }
+
+    async fn remove_container(&self, id: &str) {
+        if let Err(err) = self.rt.remove_container(id.to_string()).await {
+            if !err.is_not_found() {
+                tracing::warn!(container_id = %id, error = %err, "cannot remove an old container");
+            }
+        }
+        self.details.forget_container(id);
+    }
+
+    /// Stops every running container (all at once, each with the grace period), then every
+    /// sandbox.
+    async fn stop_everything(&self, observed: &ObservedPod, grace: i64) -> Result<(), CriError> {
+        let running: Vec<_> = observed
+            .containers
+            .iter()
+            .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Created | ContainerState::Unknown))
+            .map(|c| {
+                let grace = c.grace_period.map(|g| g.max(MIN_GRACE_SECONDS)).unwrap_or(grace).min(grace.max(MIN_GRACE_SECONDS));
+                self.stop_container(&c.id, grace)
+            })
+            .collect();
+        for result in futures::future::join_all(running).await {
+            result?;
+        }
+        for sandbox in &observed.sandboxes {
+            if sandbox.state == SandboxState::Ready {
+                if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await {
+                    if !err.is_not_found() {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops and removes everything of a pod, then its log directory, files and cgroup.
+    /// `pod` is absent for orphans found in the runtime; their names come from the labels.
+    pub async fn terminate_pod(
+        &self,
+        uid: &str,
+        pod: Option<&Pod>,
+        grace_override: Option<i64>,
+    ) -> Result<(), TeardownError> {
+        let observed = self.observe(uid).await?;
+        let grace = match pod {
+            Some(p) => grace_period(Some(p), grace_override),
+            // Orphans: each container's own recorded grace period applies (see stop_everything).
+            None => grace_override.unwrap_or(30),
+        };
+        self.stop_everything(&observed, grace).await?;
+        for c in &observed.containers {
+            self.remove_container(&c.id).await;
+        }
+        for s in &observed.sandboxes {
+            match self.rt.remove_pod_sandbox(s.id.clone()).await {
+                Err(err) if !err.is_not_found() => return Err(err.into()),
+                _ => {}
+            }
+        }
+        // Logs and pod files go with the pod, as upstream's garbage collector would do later.
+        let names = pod
+            .map(|p| (pod_namespace(p).to_string(), pod_name(p).to_string()))
+            .or_else(|| observed.names.clone());
+        if let Some((ns, name)) = names {
+            remove_dir_if_present(&self.node.pod_log_dir(&ns, &name, uid))?;
+        }
+        remove_dir_if_present(&self.node.pod_dir(uid))?;
+        // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
+        for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+            let parent = crate::cm::pod_cgroup_parent(
+                self.node.cgroup_driver,
+                &self.node.cgroup_root,
+                self.node.cgroups_per_qos,
+                qos,
+                uid,
+            );
+            for problem in parent
+                .map(|p| crate::cm::remove_pod_cgroup(&self.node.cgroup_fs, &p))
+                .unwrap_or_default()
+            {
+                tracing::warn!(%problem, "cannot remove the pod's cgroup");
+            }
+        }
+        Ok(())
+    }
+}
+
+struct ContainerFiles {
+    hosts: Option<PathBuf>,
+    termination_log: PathBuf,
+}
+
+fn remove_dir_if_present(path: &Path) -> Result<(), TeardownError> {
+    match std::fs::remove_dir_all(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(TeardownError::Files {
+            path: path.to_path_buf(),
+            source: err,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Writes a file through a temporary name and a rename, so readers never see half of it.
+pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}

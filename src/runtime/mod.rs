@@ -1,0 +1,10 @@
+//! The runtime manager: decide what a pod needs (pure), translate it for CRI (pure), carry it out.
+
+pub mod actions;
+pub mod backoff;
+pub mod executor;
+pub mod hosts;
+pub mod inspect;
+pub mod labels;
+pub mod observed;
+pub mod translate;

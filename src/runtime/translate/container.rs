@@ -1,0 +1,857 @@
+//! Pod + container → `ContainerConfig`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::cri::proto::{
+    Capability, ContainerConfig, ContainerMetadata, ImageSpec, Int64Value, LinuxContainerConfig,
+    LinuxContainerResources, LinuxContainerSecurityContext, Mount,
+};
+use crate::runtime::labels;
+
+use super::hash::{container_hash, format_hash};
+use super::qos::{QosClass, qos_class};
+use super::quantity::{self, Quantity};
+use super::sandbox::is_host_network;
+use super::{PodMeta, TranslateError, env, namespace_options, seccomp_profile, selinux_option};
+
+/// Per-container facts the translation needs. Everything is passed in; nothing is read here.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerContext {
+    /// Restarts so far; becomes the CRI attempt number and the log file name.
+    pub restart_count: u32,
+    /// The sandbox's IP (for `status.podIP` env vars).
+    pub pod_ip: Option<String>,
+    /// The node's IP (for `status.hostIP` env vars).
+    pub host_ip: Option<String>,
+    /// This node's name (for `spec.nodeName` when the pod does not carry it).
+    pub node_name: String,
+    /// Node memory capacity in bytes, for the Burstable OOM score. 0 means unknown.
+    pub node_memory_capacity: u64,
+    /// The kubelet-managed hosts file, mounted at `/etc/hosts` (ignored on the host network).
+    pub etc_hosts_path: Option<PathBuf>,
+    /// Host file mounted at the container's terminationMessagePath.
+    pub termination_log_path: Option<PathBuf>,
+    /// Volume mounts prepared by the volume manager.
+    pub extra_mounts: Vec<Mount>,
+}
+
+/// Where a container writes its termination message unless the spec says otherwise.
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+/// Default terminationMessagePolicy.
+pub const DEFAULT_TERMINATION_MESSAGE_POLICY: &str = "File";
+
+/// OOM score adjustments, as upstream.
+const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
+const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
+
+/// CFS period used with every CPU limit (100 ms).
+pub const CPU_PERIOD_US: i64 = 100_000;
+const MIN_CPU_QUOTA_US: i64 = 1_000;
+const MIN_CPU_SHARES: i64 = 2;
+const MAX_CPU_SHARES: i64 = 262_144;
+
+/// The log file of one container instance, relative to the sandbox log directory.
+pub fn container_log_path(container_name: &str, restart_count: u32) -> String {
+    format!("{container_name}/{restart_count}.log")
+}
+
+/// Labels of a runtime container: its pod's identity, its name, Deckhand's marker.
+pub fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (labels::POD_NAME_LABEL.to_string(), meta.name.clone()),
+        (labels::POD_NAMESPACE_LABEL.to_string(), meta.namespace.clone()),
+        (labels::POD_UID_LABEL.to_string(), meta.uid.clone()),
+        (labels::CONTAINER_NAME_LABEL.to_string(), container_name.to_string()),
+        (labels::MANAGED_LABEL.to_string(), labels::MANAGED_VALUE.to_string()),
+    ])
+}
+
+fn is_init_container(pod: &Pod, name: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == name))
+}
+
+fn termination_message_path(c: &Container) -> &str {
+    c.termination_message_path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .unwrap_or(DEFAULT_TERMINATION_MESSAGE_PATH)
+}
+
+fn container_annotations(
+    pod: &Pod,
+    c: &Container,
+    restart_count: u32,
+) -> Result<HashMap<String, String>, TranslateError> {
+    let mut out = HashMap::from([
+        (
+            labels::CONTAINER_HASH_ANNOTATION.to_string(),
+            format_hash(container_hash(c)),
+        ),
+        (
+            labels::CONTAINER_RESTART_COUNT_ANNOTATION.to_string(),
+            restart_count.to_string(),
+        ),
+        (
+            labels::CONTAINER_TERMINATION_MESSAGE_PATH_ANNOTATION.to_string(),
+            termination_message_path(c).to_string(),
+        ),
+        (
+            labels::CONTAINER_TERMINATION_MESSAGE_POLICY_ANNOTATION.to_string(),
+            c.termination_message_policy
+                .clone()
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| DEFAULT_TERMINATION_MESSAGE_POLICY.to_string()),
+        ),
+        (
+            labels::CONTAINER_TYPE_ANNOTATION.to_string(),
+            if is_init_container(pod, &c.name) {
+                labels::CONTAINER_TYPE_INIT
+            } else {
+                labels::CONTAINER_TYPE_REGULAR
+            }
+            .to_string(),
+        ),
+    ]);
+    if let Some(grace) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+    {
+        out.insert(
+            labels::POD_TERMINATION_GRACE_PERIOD_ANNOTATION.to_string(),
+            grace.to_string(),
+        );
+    }
+    if let Some(grace) = pod.metadata.deletion_grace_period_seconds {
+        out.insert(
+            labels::POD_DELETION_GRACE_PERIOD_ANNOTATION.to_string(),
+            grace.to_string(),
+        );
+    }
+    let json_err = |what: &'static str| {
+        move |e: serde_json::Error| TranslateError::Json {
+            container: c.name.clone(),
+            what,
+            message: e.to_string(),
+        }
+    };
+    if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        out.insert(
+            labels::CONTAINER_PRE_STOP_HANDLER_ANNOTATION.to_string(),
+            serde_json::to_string(pre_stop).map_err(json_err("the preStop handler"))?,
+        );
+    }
+    if let Some(ports) = c.ports.as_ref().filter(|p| !p.is_empty()) {
+        out.insert(
+            labels::CONTAINER_PORTS_ANNOTATION.to_string(),
+            serde_json::to_string(ports).map_err(json_err("the ports"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// A non-zero quantity from `resources.<section>[name]`, or None when absent or zero.
+fn resource(
+    c: &Container,
+    section: &'static str,
+    name: &str,
+) -> Result<Option<Quantity>, TranslateError> {
+    let res = c.resources.as_ref();
+    let map = match section {
+        "limits" => res.and_then(|r| r.limits.as_ref()),
+        _ => res.and_then(|r| r.requests.as_ref()),
+    };
+    let Some(raw) = map.and_then(|m| m.get(name)) else {
+        return Ok(None);
+    };
+    let q = quantity::parse(&raw.0).map_err(|e| TranslateError::InvalidQuantity {
+        container: c.name.clone(),
+        field: format!("resources.{section}.{name}"),
+        value: raw.0.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok((!q.is_zero()).then_some(q))
+}
+
+/// cpu.shares for a CPU request in millicores (the kernel's floor of 2 when none).
+pub fn milli_cpu_to_shares(milli: i64) -> i64 {
+    if milli <= 0 {
+        return MIN_CPU_SHARES;
+    }
+    (milli.saturating_mul(1024) / 1000).clamp(MIN_CPU_SHARES, MAX_CPU_SHARES)
+}
+
+/// CFS quota for a CPU limit in millicores over [`CPU_PERIOD_US`] (at least 1 ms).
+pub fn milli_cpu_to_quota(milli: i64) -> i64 {
+    (milli.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US)
+}
+
+/// OOM score adjustment of a container, by its pod's QoS class. A Burstable container scores
+/// `1000 - 1000 × memory request / node capacity`, kept within 3..=999 so it always ranks
+/// between Guaranteed and BestEffort containers.
+pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64) -> i64 {
+    let node_critical = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.priority_class_name.as_deref())
+        == Some("system-node-critical");
+    if node_critical {
+        return GUARANTEED_OOM_SCORE_ADJ;
+    }
+    match qos_class(pod) {
+        QosClass::Guaranteed => GUARANTEED_OOM_SCORE_ADJ,
+        QosClass::BestEffort => BEST_EFFORT_OOM_SCORE_ADJ,
+        QosClass::Burstable => {
+            let request = resource(c, "requests", "memory")
+                .ok()
+                .flatten()
+                .or_else(|| resource(c, "limits", "memory").ok().flatten())
+                .map(|q| i128::from(q.value().max(0)))
+                .unwrap_or(0);
+            let capacity = i128::from(node_memory_capacity);
+            let adj = if capacity > 0 {
+                1000 - (1000 * request) / capacity
+            } else {
+                // Unknown capacity: treat the request as negligible.
+                1000
+            };
+            let floor = 1000 + i128::from(GUARANTEED_OOM_SCORE_ADJ);
+            adj.clamp(floor, i128::from(BEST_EFFORT_OOM_SCORE_ADJ) - 1) as i64
+        }
+    }
+}
+
+/// cgroup settings of a container from its requests and limits.
+pub fn linux_resources(
+    pod: &Pod,
+    c: &Container,
+    node_memory_capacity: u64,
+) -> Result<LinuxContainerResources, TranslateError> {
+    let cpu_limit = resource(c, "limits", "cpu")?;
+    // A missing request defaults to the limit, as API-server defaulting would have done.
+    let cpu_request = resource(c, "requests", "cpu")?.or(cpu_limit);
+    let memory_limit = resource(c, "limits", "memory")?;
+    resource(c, "requests", "memory")?; // validate it even though only the OOM score uses it
+
+    let mut out = LinuxContainerResources {
+        cpu_shares: milli_cpu_to_shares(cpu_request.map_or(0, |q| q.milli_value())),
+        memory_limit_in_bytes: memory_limit.map_or(0, |q| q.value()),
+        oom_score_adj: oom_score_adj(pod, c, node_memory_capacity),
+        ..Default::default()
+    };
+    if let Some(limit) = cpu_limit {
+        out.cpu_period = CPU_PERIOD_US;
+        out.cpu_quota = milli_cpu_to_quota(limit.milli_value());
+    }
+    Ok(out)
+}
+
+/// The container's security settings: its own securityContext over the pod's.
+pub fn linux_security_context(
+    pod: &Pod,
+    c: &Container,
+) -> Result<LinuxContainerSecurityContext, TranslateError> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = c.security_context.as_ref();
+
+    let run_as_user = sc
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod_sc.and_then(|p| p.run_as_user));
+    let run_as_group = sc
+        .and_then(|s| s.run_as_group)
+        .or_else(|| pod_sc.and_then(|p| p.run_as_group));
+
+    let mut supplemental_groups: Vec<i64> = pod_sc
+        .and_then(|p| p.supplemental_groups.clone())
+        .unwrap_or_default();
+    if let Some(fs_group) = pod_sc.and_then(|p| p.fs_group) {
+        if !supplemental_groups.contains(&fs_group) {
+            supplemental_groups.push(fs_group);
+        }
+    }
+
+    let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|caps| Capability {
+        add_capabilities: caps.add.clone().unwrap_or_default(),
+        drop_capabilities: caps.drop.clone().unwrap_or_default(),
+        add_ambient_capabilities: Vec::new(),
+    });
+
+    let seccomp = match sc
+        .and_then(|s| s.seccomp_profile.as_ref())
+        .or_else(|| pod_sc.and_then(|p| p.seccomp_profile.as_ref()))
+    {
+        Some(p) => Some(
+            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
+                container: Some(c.name.clone()),
+                kind: p.type_.clone(),
+            })?,
+        ),
+        None => None,
+    };
+
+    Ok(LinuxContainerSecurityContext {
+        capabilities,
+        privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
+        namespace_options: Some(namespace_options(pod)),
+        selinux_options: sc
+            .and_then(|s| s.se_linux_options.as_ref())
+            .or_else(|| pod_sc.and_then(|p| p.se_linux_options.as_ref()))
+            .map(selinux_option),
+        run_as_user: run_as_user.map(|value| Int64Value { value }),
+        run_as_group: run_as_group.map(|value| Int64Value { value }),
+        readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        supplemental_groups,
+        // Only an explicit `allowPrivilegeEscalation: false` sets no_new_privs.
+        no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        seccomp,
+        ..Default::default()
+    })
+}
+
+/// Volume mounts first, then the managed /etc/hosts, then the termination-message file; a
+/// managed file is skipped when a volume already covers its path.
+fn container_mounts(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Vec<Mount> {
+    let mut mounts = ctx.extra_mounts.clone();
+    let taken = |mounts: &[Mount], path: &str| mounts.iter().any(|m| m.container_path == path);
+
+    if let Some(hosts) = &ctx.etc_hosts_path {
+        if !is_host_network(pod) && !taken(&mounts, "/etc/hosts") {
+            mounts.push(Mount {
+                container_path: "/etc/hosts".into(),
+                host_path: hosts.to_string_lossy().into_owned(),
+                ..Default::default()
+            });
+        }
+    }
+    if let Some(log) = &ctx.termination_log_path {
+        let path = termination_message_path(c);
+        if !taken(&mounts, path) {
+            mounts.push(Mount {
+                container_path: path.to_string(),
+                host_path: log.to_string_lossy().into_owned(),
+                ..Default::default()
+            });
+        }
+    }
+    mounts
+}
+
+/// Builds the CRI config that creates `container` of `pod`.
+pub fn container_config(
+    pod: &Pod,
+    container: &Container,
+    ctx: &ContainerContext,
+) -> Result<ContainerConfig, TranslateError> {
+    let meta = PodMeta::of(pod)?;
+    let image = container
+        .image
+        .clone()
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| TranslateError::MissingImage {
+            container: container.name.clone(),
+        })?;
+
+    let envs = env::container_env(pod, container, ctx)?;
+    let env_map: HashMap<String, String> = envs.iter().cloned().collect();
+    let command = env::expand_all(container.command.as_deref().unwrap_or_default(), &env_map);
+    let args = env::expand_all(container.args.as_deref().unwrap_or_default(), &env_map);
+
+    Ok(ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: container.name.clone(),
+            attempt: ctx.restart_count,
+        }),
+        image: Some(ImageSpec {
+            image: image.clone(),
+            user_specified_image: image,
+            ..Default::default()
+        }),
+        command,
+        args,
+        working_dir: container.working_dir.clone().unwrap_or_default(),
+        envs: envs
+            .into_iter()
+            .map(|(key, value)| crate::cri::proto::KeyValue { key, value })
+            .collect(),
+        mounts: container_mounts(pod, container, ctx),
+        devices: Vec::new(),
+        labels: container_labels(&meta, &container.name),
+        annotations: container_annotations(pod, container, ctx.restart_count)?,
+        log_path: container_log_path(&container.name, ctx.restart_count),
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
+        linux: Some(LinuxContainerConfig {
+            resources: Some(linux_resources(pod, container, ctx.node_memory_capacity)?),
+            security_context: Some(linux_security_context(pod, container)?),
+        }),
+        windows: None,
+        cdi_devices: Vec::new(),
+        stop_signal: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::proto::{KeyValue, NamespaceMode, SecurityProfile};
+    use k8s_openapi::api::core::v1::{
+        Capabilities, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
+        LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
+        ResourceRequirements, SeccompProfile, SecurityContext,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    const GI: u64 = 1 << 30;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn quantities(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Q>> {
+        (!pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Q(v.to_string())))
+                .collect()
+        })
+    }
+
+    fn resources(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> ResourceRequirements {
+        ResourceRequirements {
+            requests: quantities(requests),
+            limits: quantities(limits),
+            ..Default::default()
+        }
+    }
+
+    fn env(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        }
+    }
+
+    fn nginx() -> Container {
+        Container {
+            name: "nginx".into(),
+            image: Some("nginx:1.25".into()),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                "echo $(GREETING) $$(HOME) $(NOPE)".into(),
+            ]),
+            args: Some(vec!["--port=$(PORT)".into(), "--ip=$(MY_IP)".into()]),
+            working_dir: Some("/srv".into()),
+            env: Some(vec![
+                env("GREETING", "hello"),
+                env("PORT", "8080"),
+                EnvVar {
+                    name: "MY_IP".into(),
+                    value: None,
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            api_version: None,
+                            field_path: "status.podIP".into(),
+                        }),
+                        ..Default::default()
+                    }),
+                },
+            ]),
+            ports: Some(vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            resources: Some(resources(
+                &[("cpu", "250m"), ("memory", "64Mi")],
+                &[("cpu", "500m"), ("memory", "64Mi")],
+            )),
+            lifecycle: Some(Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction {
+                        command: Some(vec!["nginx".into(), "-s".into(), "quit".into()]),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            security_context: Some(SecurityContext {
+                run_as_group: Some(101),
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    add: Some(vec!["NET_BIND_SERVICE".into()]),
+                    drop: Some(vec!["ALL".into()]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn web_pod(containers: Vec<Container>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                uid: Some("0b7e4c2a".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers,
+                termination_grace_period_seconds: Some(30),
+                security_context: Some(PodSecurityContext {
+                    run_as_user: Some(1000),
+                    run_as_group: Some(1000),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ctx() -> ContainerContext {
+        ContainerContext {
+            restart_count: 3,
+            pod_ip: Some("10.88.0.7".into()),
+            host_ip: Some("192.168.1.10".into()),
+            node_name: "node-a".into(),
+            node_memory_capacity: 4 * GI,
+            etc_hosts_path: Some("/var/lib/deckhand/pods/0b7e4c2a/etc-hosts".into()),
+            termination_log_path: Some(
+                "/var/lib/deckhand/pods/0b7e4c2a/containers/nginx/3".into(),
+            ),
+            extra_mounts: vec![Mount {
+                container_path: "/usr/share/nginx/html".into(),
+                host_path: "/srv/www".into(),
+                readonly: true,
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn golden_nginx_container() {
+        let c = nginx();
+        let pod = web_pod(vec![c.clone()]);
+        let cfg = container_config(&pod, &c, &ctx()).unwrap();
+
+        assert_eq!(
+            cfg.metadata,
+            Some(ContainerMetadata {
+                name: "nginx".into(),
+                attempt: 3
+            })
+        );
+        assert_eq!(cfg.image.as_ref().unwrap().image, "nginx:1.25");
+        assert_eq!(
+            cfg.command,
+            vec!["sh", "-c", "echo hello $(HOME) $(NOPE)"]
+        );
+        assert_eq!(cfg.args, vec!["--port=8080", "--ip=10.88.0.7"]);
+        assert_eq!(cfg.working_dir, "/srv");
+        assert_eq!(
+            cfg.envs,
+            vec![
+                KeyValue {
+                    key: "GREETING".into(),
+                    value: "hello".into()
+                },
+                KeyValue {
+                    key: "PORT".into(),
+                    value: "8080".into()
+                },
+                KeyValue {
+                    key: "MY_IP".into(),
+                    value: "10.88.0.7".into()
+                },
+            ]
+        );
+        assert_eq!(cfg.log_path, "nginx/3.log");
+        assert_eq!(
+            cfg.labels,
+            map(&[
+                ("io.kubernetes.pod.name", "web"),
+                ("io.kubernetes.pod.namespace", "shop"),
+                ("io.kubernetes.pod.uid", "0b7e4c2a"),
+                ("io.kubernetes.container.name", "nginx"),
+                ("deckhand.io/managed", "true"),
+            ])
+        );
+        let hash = format!("{:x}", container_hash(&c));
+        assert_eq!(
+            cfg.annotations,
+            map(&[
+                ("io.kubernetes.container.hash", hash.as_str()),
+                ("io.kubernetes.container.restartCount", "3"),
+                (
+                    "io.kubernetes.container.terminationMessagePath",
+                    "/dev/termination-log"
+                ),
+                ("io.kubernetes.container.terminationMessagePolicy", "File"),
+                ("io.kubernetes.container.type", "container"),
+                ("io.kubernetes.pod.terminationGracePeriod", "30"),
+                (
+                    "io.kubernetes.container.preStopHandler",
+                    r#"{"exec":{"command":["nginx","-s","quit"]}}"#
+                ),
+                (
+                    "io.kubernetes.container.ports",
+                    r#"[{"containerPort":80,"name":"http","protocol":"TCP"}]"#
+                ),
+            ])
+        );
+        assert_eq!(
+            cfg.mounts,
+            vec![
+                Mount {
+                    container_path: "/usr/share/nginx/html".into(),
+                    host_path: "/srv/www".into(),
+                    readonly: true,
+                    ..Default::default()
+                },
+                Mount {
+                    container_path: "/etc/hosts".into(),
+                    host_path: "/var/lib/deckhand/pods/0b7e4c2a/etc-hosts".into(),
+                    ..Default::default()
+                },
+                Mount {
+                    container_path: "/dev/termination-log".into(),
+                    host_path: "/var/lib/deckhand/pods/0b7e4c2a/containers/nginx/3".into(),
+                    ..Default::default()
+                },
+            ]
+        );
+
+        let linux = cfg.linux.unwrap();
+        // Burstable (cpu request below limit): 1000 - 1000 * 64Mi / 4Gi = 1000 - 15.
+        assert_eq!(
+            linux.resources,
+            Some(LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                cpu_shares: 256,
+                memory_limit_in_bytes: 67_108_864,
+                oom_score_adj: 985,
+                ..Default::default()
+            })
+        );
+        let sc = linux.security_context.unwrap();
+        assert_eq!(sc.run_as_user, Some(Int64Value { value: 1000 }));
+        assert_eq!(sc.run_as_group, Some(Int64Value { value: 101 }));
+        assert!(sc.no_new_privs);
+        assert!(sc.readonly_rootfs);
+        assert!(!sc.privileged);
+        assert_eq!(
+            sc.capabilities,
+            Some(Capability {
+                add_capabilities: vec!["NET_BIND_SERVICE".into()],
+                drop_capabilities: vec!["ALL".into()],
+                add_ambient_capabilities: vec![],
+            })
+        );
+        let ns = sc.namespace_options.unwrap();
+        assert_eq!(ns.network, NamespaceMode::Pod as i32);
+        assert_eq!(ns.pid, NamespaceMode::Container as i32);
+        assert_eq!(sc.seccomp, None);
+    }
+
+    #[test]
+    fn host_network_skips_etc_hosts_and_a_volume_wins_over_managed_files() {
+        let c = nginx();
+        let mut pod = web_pod(vec![c.clone()]);
+        pod.spec.as_mut().unwrap().host_network = Some(true);
+        let cfg = container_config(&pod, &c, &ctx()).unwrap();
+        assert!(!cfg.mounts.iter().any(|m| m.container_path == "/etc/hosts"));
+
+        let pod = web_pod(vec![c.clone()]);
+        let mut context = ctx();
+        context.extra_mounts.push(Mount {
+            container_path: "/etc/hosts".into(),
+            host_path: "/custom/hosts".into(),
+            ..Default::default()
+        });
+        let cfg = container_config(&pod, &c, &context).unwrap();
+        let hosts: Vec<_> = cfg
+            .mounts
+            .iter()
+            .filter(|m| m.container_path == "/etc/hosts")
+            .collect();
+        assert_eq!(hosts.len(), 1);
+        assert_eq!(hosts[0].host_path, "/custom/hosts");
+    }
+
+    #[test]
+    fn custom_termination_message_path_and_init_type() {
+        let mut c = nginx();
+        c.termination_message_path = Some("/tmp/why".into());
+        c.termination_message_policy = Some("FallbackToLogsOnError".into());
+        let mut pod = web_pod(vec![nginx()]);
+        pod.spec.as_mut().unwrap().init_containers = Some(vec![c.clone()]);
+        let cfg = container_config(&pod, &c, &ctx()).unwrap();
+        assert_eq!(
+            cfg.annotations["io.kubernetes.container.terminationMessagePath"],
+            "/tmp/why"
+        );
+        assert_eq!(
+            cfg.annotations["io.kubernetes.container.terminationMessagePolicy"],
+            "FallbackToLogsOnError"
+        );
+        assert_eq!(cfg.annotations["io.kubernetes.container.type"], "init");
+        assert!(cfg.mounts.iter().any(|m| m.container_path == "/tmp/why"));
+    }
+
+    fn with_resources(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
+        Container {
+            name: "app".into(),
+            image: Some("busybox".into()),
+            resources: Some(resources(requests, limits)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn resources_table() {
+        // (requests, limits, shares, quota, period, memory, oom)
+        type Row = (
+            &'static [(&'static str, &'static str)],
+            &'static [(&'static str, &'static str)],
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        );
+        let rows: &[Row] = &[
+            // BestEffort: minimum shares, no limits.
+            (&[], &[], 2, 0, 0, 0, 1000),
+            // Guaranteed through limits only (requests default to them).
+            (&[], &[("cpu", "1"), ("memory", "128Mi")], 1024, 100_000, 100_000, 134_217_728, -997),
+            // Guaranteed, fractional CPU.
+            (
+                &[("cpu", "1500m"), ("memory", "1Gi")],
+                &[("cpu", "1.5"), ("memory", "1Gi")],
+                1536,
+                150_000,
+                100_000,
+                1 << 30,
+                -997,
+            ),
+            // Tiny CPU: shares floor 2, quota floor 1000.
+            (&[("cpu", "1m")], &[("cpu", "1m")], 2, 1000, 100_000, 0, 999),
+            // Burstable, request only: a quarter of the node's memory.
+            (&[("memory", "1Gi")], &[], 2, 0, 0, 0, 750),
+            // Burstable requesting all memory: floor 3.
+            (&[("cpu", "100m"), ("memory", "4Gi")], &[], 102, 0, 0, 0, 3),
+        ];
+        for (i, (req, lim, shares, quota, period, memory, oom)) in rows.iter().enumerate() {
+            let c = with_resources(req, lim);
+            let pod = web_pod(vec![c.clone()]);
+            let got = linux_resources(&pod, &c, 4 * GI).unwrap();
+            assert_eq!(
+                (
+                    got.cpu_shares,
+                    got.cpu_quota,
+                    got.cpu_period,
+                    got.memory_limit_in_bytes,
+                    got.oom_score_adj
+                ),
+                (*shares, *quota, *period, *memory, *oom),
+                "row {i}: requests {req:?} limits {lim:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn node_critical_pods_get_the_guaranteed_score() {
+        let c = with_resources(&[], &[]);
+        let mut pod = web_pod(vec![c.clone()]);
+        pod.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+        assert_eq!(oom_score_adj(&pod, &c, 4 * GI), -997);
+    }
+
+    #[test]
+    fn bad_quantity_names_container_and_field() {
+        let c = with_resources(&[("memory", "lots")], &[]);
+        let pod = web_pod(vec![c.clone()]);
+        let err = container_config(&pod, &c, &ctx()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"app\": invalid quantity \"lots\" for resources.requests.memory: no digits in quantity"
+        );
+    }
+
+    #[test]
+    fn missing_image_is_an_error() {
+        let mut c = with_resources(&[], &[]);
+        c.image = None;
+        let pod = web_pod(vec![c.clone()]);
+        assert_eq!(
+            container_config(&pod, &c, &ctx()).unwrap_err(),
+            TranslateError::MissingImage {
+                container: "app".into()
+            }
+        );
+    }
+
+    #[test]
+    fn seccomp_and_privileged() {
+        let mut c = with_resources(&[], &[]);
+        c.security_context = Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        });
+        let mut pod = web_pod(vec![c.clone()]);
+        pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        });
+        let sc = linux_security_context(&pod, &c).unwrap();
+        assert!(sc.privileged);
+        assert!(!sc.no_new_privs);
+        assert_eq!(
+            sc.seccomp,
+            Some(SecurityProfile {
+                profile_type: 0,
+                localhost_ref: String::new()
+            })
+        );
+
+        c.security_context.as_mut().unwrap().seccomp_profile = Some(SeccompProfile {
+            type_: "Localhost".into(),
+            localhost_profile: Some("profiles/audit.json".into()),
+        });
+        let err = linux_security_context(&pod, &c).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"app\": unsupported seccomp profile type \"Localhost\""
+        );
+    }
+
+    #[test]
+    fn shares_and_quota_helpers() {
+        assert_eq!(milli_cpu_to_shares(0), 2);
+        assert_eq!(milli_cpu_to_shares(250), 256);
+        assert_eq!(milli_cpu_to_shares(1_000_000), 262_144);
+        assert_eq!(milli_cpu_to_quota(500), 50_000);
+        assert_eq!(milli_cpu_to_quota(5), 1_000);
+    }
+}

@@ -1,0 +1,184 @@
+//! Pure translation of a Pod into CRI requests: `PodSandboxConfig`, `ContainerConfig`, plus the
+//! pieces they need (QoS class, spec hash, quantities, DNS, environment).
+//!
+//! Nothing here does I/O: every node fact (log root, resolv.conf contents, cgroup parent, IPs,
+//! mount sources) comes in through [`SandboxContext`] / [`ContainerContext`], so each function
+//! is covered by golden tests.
+
+pub mod container;
+pub mod dns;
+pub mod env;
+pub mod hash;
+pub mod qos;
+pub mod quantity;
+pub mod sandbox;
+
+use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
+use thiserror::Error;
+
+use crate::cri::proto::{NamespaceMode, NamespaceOption, SecurityProfile, SeLinuxOption};
+use crate::cri::proto::security_profile::ProfileType;
+
+pub use container::{ContainerContext, container_config, container_labels, oom_score_adj};
+pub use dns::{HostDns, parse_resolv_conf};
+pub use hash::container_hash;
+pub use qos::{QosClass, qos_class};
+pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
+
+/// Why a pod or container could not be turned into a CRI config. Every variant about a
+/// container names it; the pod worker reports these as `CreateContainerConfigError`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TranslateError {
+    #[error("pod has no {0}")]
+    MissingPodField(&'static str),
+
+    #[error("container {container:?} has no image")]
+    MissingImage { container: String },
+
+    #[error(
+        "container {container:?}: env var {var:?} uses {kind}, which this node cannot resolve (no API server access)"
+    )]
+    UnsupportedEnvSource {
+        container: String,
+        var: String,
+        kind: &'static str,
+    },
+
+    #[error(
+        "container {container:?}: envFrom {kind} {name:?} cannot be resolved on this node (no API server access)"
+    )]
+    UnsupportedEnvFrom {
+        container: String,
+        kind: &'static str,
+        name: String,
+    },
+
+    #[error("container {container:?}: env var {var:?}: unsupported fieldRef path {path:?}")]
+    UnsupportedFieldPath {
+        container: String,
+        var: String,
+        path: String,
+    },
+
+    #[error("container {container:?}: invalid quantity {value:?} for {field}: {reason}")]
+    InvalidQuantity {
+        container: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+
+    #[error("container {container:?}: unsupported port protocol {protocol:?}")]
+    InvalidProtocol { container: String, protocol: String },
+
+    #[error("{}: unsupported seccomp profile type {kind:?}", who(.container))]
+    UnsupportedSeccomp {
+        container: Option<String>,
+        kind: String,
+    },
+
+    #[error("container {container:?}: cannot encode {what} as JSON: {message}")]
+    Json {
+        container: String,
+        what: &'static str,
+        message: String,
+    },
+}
+
+fn who(container: &Option<String>) -> String {
+    match container {
+        Some(c) => format!("container {c:?}"),
+        None => "pod".to_string(),
+    }
+}
+
+impl TranslateError {
+    /// The waiting reason users see for this error.
+    pub fn reason(&self) -> &'static str {
+        "CreateContainerConfigError"
+    }
+}
+
+/// A pod's identity, checked present once so the rest can use plain strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodMeta {
+    pub name: String,
+    /// `default` when unset.
+    pub namespace: String,
+    pub uid: String,
+}
+
+impl PodMeta {
+    pub fn of(pod: &Pod) -> Result<PodMeta, TranslateError> {
+        let name = pod
+            .metadata
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or(TranslateError::MissingPodField("metadata.name"))?;
+        let uid = pod
+            .metadata
+            .uid
+            .clone()
+            .filter(|u| !u.is_empty())
+            .ok_or(TranslateError::MissingPodField("metadata.uid"))?;
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        Ok(PodMeta {
+            name,
+            namespace,
+            uid,
+        })
+    }
+}
+
+/// Namespace sharing for the pod's sandbox and containers: network and IPC are per pod unless
+/// the host's are asked for; PID is per container unless shared in the pod or the host's.
+pub(crate) fn namespace_options(pod: &Pod) -> NamespaceOption {
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| {
+        spec.and_then(f).unwrap_or(false)
+    };
+    let mode = |host: bool, otherwise: NamespaceMode| {
+        let m = if host { NamespaceMode::Node } else { otherwise };
+        m as i32
+    };
+    let pid_default = if flag(|s| s.share_process_namespace) {
+        NamespaceMode::Pod
+    } else {
+        NamespaceMode::Container
+    };
+    NamespaceOption {
+        network: mode(flag(|s| s.host_network), NamespaceMode::Pod),
+        pid: mode(flag(|s| s.host_pid), pid_default),
+        ipc: mode(flag(|s| s.host_ipc), NamespaceMode::Pod),
+        ..Default::default()
+    }
+}
+
+/// CRI form of a seccomp profile; None for types we cannot serve (Localhost needs a profile
+/// root directory this layer does not know).
+pub(crate) fn seccomp_profile(p: &SeccompProfile) -> Option<SecurityProfile> {
+    let profile_type = match p.type_.as_str() {
+        "RuntimeDefault" => ProfileType::RuntimeDefault,
+        "Unconfined" => ProfileType::Unconfined,
+        _ => return None,
+    };
+    Some(SecurityProfile {
+        profile_type: profile_type as i32,
+        localhost_ref: String::new(),
+    })
+}
+
+pub(crate) fn selinux_option(o: &SELinuxOptions) -> SeLinuxOption {
+    SeLinuxOption {
+        user: o.user.clone().unwrap_or_default(),
+        role: o.role.clone().unwrap_or_default(),
+        r#type: o.type_.clone().unwrap_or_default(),
+        level: o.level.clone().unwrap_or_default(),
+    }
+}

@@ -1,0 +1,351 @@
+//! Pod status: one pure computation from the spec, the runtime's view and the worker's notes.
+//!
+//! The read-only API serves exactly what this produces. Keeping it pure means every waiting and
+//! terminated reason and every condition transition is a table row in the tests.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::runtime::actions::should_restart;
+use crate::runtime::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
+
+/// Why a container is not running, as recorded by the pod worker (image pull failed, back-off…).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitingReason {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Inputs to the status computation besides the pod and the runtime's view.
+pub struct StatusInputs<'a> {
+    pub now: SystemTime,
+    pub host_ip: Option<String>,
+    /// Waiting reasons by container name.
+    pub waiting: &'a HashMap<String, WaitingReason>,
+    /// The status computed last time, whose transition times and start time are kept.
+    pub previous: Option<&'a PodStatus>,
+    /// The pod is being torn down (deleted or replaced).
+    pub terminating: bool,
+}
+
+/// Container ID as the Kubernetes API writes it.
+pub fn container_id(id: &str) -> String {
+    format!("containerd://{id}")
+}
+
+fn time(t: SystemTime) -> Time {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let ts = Timestamp::new(since.as_secs() as i64, since.subsec_nanos() as i32)
+        .unwrap_or(Timestamp::UNIX_EPOCH);
+    Time(ts)
+}
+
+fn nanos_time(nanos: i64) -> Option<Time> {
+    observed::nanos_to_time(nanos).map(time)
+}
+
+fn terminated_state(inst: &ObservedContainer) -> ContainerStateTerminated {
+    let reason = if !inst.reason.is_empty() {
+        inst.reason.clone()
+    } else if inst.exit_code == 0 {
+        "Completed".to_string()
+    } else {
+        "Error".to_string()
+    };
+    ContainerStateTerminated {
+        container_id: Some(container_id(&inst.id)),
+        exit_code: inst.exit_code,
+        reason: Some(reason),
+        message: (!inst.message.is_empty()).then(|| inst.message.clone()),
+        started_at: nanos_time(inst.started_at),
+        finished_at: nanos_time(inst.finished_at),
+        signal: None,
+    }
+}
+
+fn waiting(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_string()),
+            message,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The status of one container of the spec.
+fn container_status(
+    container: &Container,
+    observed: &ObservedPod,
+    inputs: &StatusInputs,
+    restart_policy: &str,
+    default_waiting: &str,
+) -> ContainerStatus {
+    let instances = observed.instances(&container.name);
+    let latest = instances.first().copied();
+    let previous = instances.get(1).copied();
+    let noted = inputs.waiting.get(&container.name);
+    let mut status = ContainerStatus {
+        name: container.name.clone(),
+        image: container.image.clone().unwrap_or_default(),
+        image_id: String::new(),
+        restart_count: latest.map(|c| c.attempt as i32).unwrap_or(0),
+        ready: false,
+        started: Some(false),
+        ..Default::default()
+    };
+    if let Some(inst) = latest {
+        status.container_id = Some(container_id(&inst.id));
+        status.image_id = inst.image_ref.clone();
+    }
+    match latest.map(|i| i.state) {
+        Some(RtState::Running) => {
+            let inst = latest.expect("matched");
+            status.state = Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: nanos_time(inst.started_at),
+                }),
+                ..Default::default()
+            });
+            status.ready = !inputs.terminating;
+            status.started = Some(true);
+            status.last_state = previous
+                .filter(|p| p.state == RtState::Exited)
+                .map(|p| ContainerState {
+                    terminated: Some(terminated_state(p)),
+                    ..Default::default()
+                });
+        }
+        Some(RtState::Exited) => {
+            let inst = latest.expect("matched");
+            let restarting = should_restart(restart_policy, inst.exit_code) && !inputs.terminating;
+            match noted {
+                Some(w) if restarting => {
+                    status.state = Some(waiting(&w.reason, Some(w.message.clone())));
+                    status.last_state = Some(ContainerState {
+                        terminated: Some(terminated_state(inst)),
+                        ..Default::default()
+                    });
+                }
+                _ => {
+                    status.state = Some(ContainerState {
+                        terminated: Some(terminated_state(inst)),
+                        ..Default::default()
+                    });
+                    status.last_state = previous
+                        .filter(|p| p.state == RtState::Exited)
+                        .map(|p| ContainerState {
+                            terminated: Some(terminated_state(p)),
+                            ..Default::default()
+                        });
+                }
+            }
+        }
+        Some(RtState::Created) | Some(RtState::Unknown) | None => {
+            status.state = Some(match noted {
+                Some(w) => waiting(&w.reason, Some(w.message.clone())),
+                None => waiting(default_waiting, None),
+            });
+            status.last_state = latest
+                .filter(|p| p.state == RtState::Exited)
+                .or(previous.filter(|p| p.state == RtState::Exited))
+                .map(|p| ContainerState {
+                    terminated: Some(terminated_state(p)),
+                    ..Default::default()
+                });
+        }
+    }
+    status
+}
+
+/// Upstream's phase rules (`getPhase`), over the computed container statuses.
+fn phase(
+    restart_policy: &str,
+    init: &[ContainerStatus],
+    app: &[ContainerStatus],
+    has_sandbox_history: bool,
+) -> &'static str {
+    // Init containers: any failure under Never fails the pod; anything unfinished keeps it pending.
+    let mut init_pending = false;
+    for s in init {
+        let st = s.state.as_ref();
+        match st.and_then(|st| st.terminated.as_ref()) {
+            Some(t) if t.exit_code == 0 => {}
+            Some(_) if restart_policy == "Never" => return "Failed",
+            _ => init_pending = true,
+        }
+    }
+    if init_pending {
+        return "Pending";
+    }
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in app {
+        let st = s.state.as_ref();
+        if st.and_then(|st| st.running.as_ref()).is_some() {
+            running += 1;
+        } else if let Some(t) = st.and_then(|st| st.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s
+            .last_state
+            .as_ref()
+            .and_then(|l| l.terminated.as_ref())
+            .is_some()
+        {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    let _ = has_sandbox_history;
+    if waiting > 0 {
+        return "Pending";
+    }
+    if running > 0 {
+        return "Running";
+    }
+    if stopped > 0 {
+        if restart_policy == "Always" {
+            return "Running";
+        }
+        if stopped == succeeded {
+            return "Succeeded";
+        }
+        if restart_policy == "Never" {
+            return "Failed";
+        }
+        return "Running";
+    }
+    "Pending"
+}
+
+/// Keeps a condition's transition time when its status has not changed.
+fn condition(
+    previous: Option<&PodStatus>,
+    now: SystemTime,
+    type_: &str,
+    ok: bool,
+    reason: Option<&str>,
+) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    let kept = previous
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone());
+    PodCondition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        last_transition_time: Some(kept.unwrap_or_else(|| time(now))),
+        reason: reason.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+/// Computes the pod's status.
+pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInputs) -> PodStatus {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let restart_policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    let inits: Vec<ContainerStatus> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| container_status(c, observed, inputs, restart_policy_for_init(restart_policy), "PodInitializing"))
+        .collect();
+    let init_done = inits.iter().all(|s| {
+        s.state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    });
+    let app_default = if init_done { "ContainerCreating" } else { "PodInitializing" };
+    let apps: Vec<ContainerStatus> = spec
+        .containers
+        .iter()
+        .map(|c| container_status(c, observed, inputs, restart_policy, app_default))
+        .collect();
+
+    let sandbox = observed.newest_sandbox();
+    let sandbox_ready =
+        sandbox.is_some_and(|s| s.state == crate::runtime::observed::SandboxState::Ready);
+    let phase = phase(restart_policy, &inits, &apps, sandbox.is_some());
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready);
+    let previous = inputs.previous;
+
+    let mut conditions = vec![
+        condition(previous, inputs.now, "PodReadyToStartContainers", sandbox_ready, None),
+        condition(
+            previous,
+            inputs.now,
+            "Initialized",
+            init_done,
+            (!init_done).then_some("ContainersNotInitialized"),
+        ),
+        condition(
+            previous,
+            inputs.now,
+            "Ready",
+            containers_ready && !terminal,
+            (!containers_ready || terminal).then_some(if terminal { "PodCompleted" } else { "ContainersNotReady" }),
+        ),
+        condition(
+            previous,
+            inputs.now,
+            "ContainersReady",
+            containers_ready && !terminal,
+            (!containers_ready || terminal).then_some(if terminal { "PodCompleted" } else { "ContainersNotReady" }),
+        ),
+        condition(previous, inputs.now, "PodScheduled", true, None),
+    ];
+    if init_done && !spec.init_containers.as_deref().unwrap_or_default().is_empty() && terminal {
+        // Upstream reports a finished pod's Initialized condition with reason PodCompleted.
+        conditions[1].reason = Some("PodCompleted".into());
+    }
+
+    let pod_ip = sandbox.and_then(|s| {
+        if s.host_network {
+            inputs.host_ip.clone()
+        } else {
+            s.ip.clone()
+        }
+    });
+    let pod_ips = pod_ip.as_ref().map(|ip| {
+        let mut ips = vec![PodIP { ip: ip.clone() }];
+        if let Some(s) = sandbox.filter(|s| !s.host_network) {
+            ips.extend(s.additional_ips.iter().map(|ip| PodIP { ip: ip.clone() }));
+        }
+        ips
+    });
+    let start_time = previous
+        .and_then(|p| p.start_time.clone())
+        .unwrap_or_else(|| time(inputs.now));
+
+    PodStatus {
+        phase: Some(phase.to_string()),
+        conditions: Some(conditions),
+        host_ip: inputs.host_ip.clone(),
+        host_ips: inputs.host_ip.as_ref().map(|ip| vec![HostIP { ip: ip.clone() }]),
+        pod_ip,
+        pod_ips,
+        start_time: Some(start_time),
+        qos_class: Some(crate::runtime::translate::qos_class(pod).as_str().to_string()),
+        init_container_statuses: (!inits.is_empty()).then_some(inits),
+        container_statuses: Some(apps),
+        ..Default::default()
+    }
+}
+
+/// Init containers restart on failure unless the pod says Never.
+fn restart_policy_for_init(pod_policy: &str) -> &'static str {
+    if pod_policy == "Never" { "Never" } else { "OnFailure" }
+}

@@ -1,0 +1,156 @@
+//! The sync loop: the one place where pod source changes, runtime events and housekeeping meet.
+//!
+//! It owns the set of desired pods and the pod workers. Periodic resyncs are the workers' own
+//! timers (each knows when its pod next needs a look: a back-off ending, `syncFrequency`), so the
+//! loop only routes events and runs housekeeping every two seconds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use crate::cri::{ImageService, RuntimeService};
+use crate::pleg::{PlegEvent, RuntimeCache};
+use crate::pod_workers::{PodWorkers, Work, full_name};
+use crate::source::{PodChange, SourcesReady};
+
+/// How often orphans are looked for.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// The loop's state.
+pub struct SyncLoop<R> {
+    workers: PodWorkers<R>,
+    desired: HashMap<String, Arc<Pod>>,
+    /// New UIDs of a static pod waiting for the old UID's teardown, by full name.
+    waiting_for_name: HashMap<String, Arc<Pod>>,
+    sources_ready: SourcesReady,
+    runtime_cache: RuntimeCache,
+}
+
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+impl<R: RuntimeService + ImageService> SyncLoop<R> {
+    pub fn new(workers: PodWorkers<R>, sources_ready: SourcesReady, runtime_cache: RuntimeCache) -> Self {
+        SyncLoop {
+            workers,
+            desired: HashMap::new(),
+            waiting_for_name: HashMap::new(),
+            sources_ready,
+            runtime_cache,
+        }
+    }
+
+    /// Applies one batch of source changes.
+    pub fn handle_changes(&mut self, changes: Vec<PodChange>) {
+        // Removals first: an edited static pod arrives as Remove(old) + Add(new), and the new
+        // one must see the old one terminating.
+        let (removes, others): (Vec<_>, Vec<_>) =
+            changes.into_iter().partition(|c| matches!(c, PodChange::Remove(_)));
+        for change in removes.into_iter().chain(others) {
+            match change {
+                PodChange::Add(pod) | PodChange::Update(pod) => {
+                    let uid = uid_of(&pod);
+                    let name = full_name(&pod);
+                    self.desired.insert(uid.clone(), pod.clone());
+                    if self.workers.terminating_other(&uid, &name) {
+                        tracing::info!(pod = %name, pod_uid = %uid, "waiting for the previous instance of the pod to stop");
+                        self.waiting_for_name.insert(name, pod);
+                    } else {
+                        self.workers.dispatch(&uid, Work::Sync(pod));
+                    }
+                }
+                PodChange::Remove(pod) => {
+                    let uid = uid_of(&pod);
+                    let name = full_name(&pod);
+                    self.desired.remove(&uid);
+                    if self
+                        .waiting_for_name
+                        .get(&name)
+                        .is_some_and(|p| uid_of(p) == uid)
+                    {
+                        self.waiting_for_name.remove(&name);
+                    }
+                    tracing::info!(pod = %name, pod_uid = %uid, "pod removed from its source; terminating");
+                    self.workers.dispatch(
+                        &uid,
+                        Work::Terminate {
+                            pod: Some(pod),
+                            grace_override: None,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// A worker finished tearing its pod down.
+    pub fn handle_done(&mut self, uid: &str) {
+        self.workers.finished(uid);
+        let ready: Vec<String> = self
+            .waiting_for_name
+            .iter()
+            .filter(|(name, pod)| !self.workers.terminating_other(&uid_of(pod), name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in ready {
+            if let Some(pod) = self.waiting_for_name.remove(&name) {
+                let uid = uid_of(&pod);
+                if self.desired.contains_key(&uid) {
+                    self.workers.dispatch(&uid, Work::Sync(pod));
+                }
+            }
+        }
+    }
+
+    /// The runtime changed for a pod: its worker looks again.
+    pub fn handle_pleg(&mut self, event: PlegEvent) {
+        self.workers.poke(&event.pod_uid);
+    }
+
+    /// Tears down what runs in the runtime for pods no source has, once every source has
+    /// spoken (before that, a missing pod may just not have been read yet).
+    pub fn housekeeping(&mut self) {
+        if !self.sources_ready.all_ready() || !self.runtime_cache.has_relisted() {
+            return;
+        }
+        for uid in self.runtime_cache.pod_uids() {
+            if !self.desired.contains_key(&uid) && !self.workers.has(&uid) {
+                tracing::info!(pod_uid = %uid, "found a pod that no source has; removing it");
+                self.workers.dispatch(
+                    &uid,
+                    Work::Terminate {
+                        pod: None,
+                        grace_override: None,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires or every input closes.
+    pub async fn run(
+        mut self,
+        mut config: mpsc::UnboundedReceiver<Vec<PodChange>>,
+        mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
+        mut done: mpsc::UnboundedReceiver<String>,
+        cancel: CancellationToken,
+    ) {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                Some(changes) = config.recv() => self.handle_changes(changes),
+                Some(event) = pleg.recv() => self.handle_pleg(event),
+                Some(uid) = done.recv() => self.handle_done(&uid),
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+        }
+    }
+}

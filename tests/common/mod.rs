@@ -1,0 +1,351 @@
+//! Shared harness for the end-to-end tests: a real containerd (the private testbed that
+//! `scripts/test` starts), a real `deckhand` process per test with its own node name, ports and
+//! directories, and waits with deadlines instead of sleeps.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deckhand::cri::proto::{ContainerFilter, PodSandboxFilter};
+use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
+
+/// The runtime endpoint of the private testbed, or a failure that says how to get one.
+pub fn runtime_endpoint() -> String {
+    match std::env::var("DECKHAND_TEST_RUNTIME") {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!(
+            "end-to-end tests need the private containerd: run `scripts/test`, or start it with \
+             `scripts/testbed up DIR` and export DECKHAND_TEST_RUNTIME=unix://DIR/containerd.sock"
+        ),
+    }
+}
+
+/// A CRI client on the testbed, failing clearly when it does not answer.
+pub async fn cri() -> CriClient {
+    let endpoint = parse_endpoint(&runtime_endpoint()).expect("DECKHAND_TEST_RUNTIME is a unix endpoint");
+    match CriClient::connect(&endpoint, Duration::from_secs(30)).await {
+        Ok(c) => c,
+        Err(err) => panic!(
+            "the private containerd at {} does not answer ({err}); start it with `scripts/testbed up DIR`",
+            endpoint.original
+        ),
+    }
+}
+
+/// The deckhand binary under test.
+pub fn deckhand_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_deckhand"))
+}
+
+/// A free TCP port on loopback (bound and released; good enough for tests on one machine).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// Polls `check` until it returns `Some`, or fails the test with `what` after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One `deckhand` process with its own node name, ports and directories.
+pub struct Agent {
+    pub node: String,
+    pub dir: tempfile::TempDir,
+    pub healthz_port: u16,
+    pub read_only_port: u16,
+    pub child: Option<Child>,
+    pub extra_args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Agent {
+    /// Prepares (does not start) an agent whose node name is `node` (unique per test).
+    pub fn new(node: &str) -> Agent {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("deckhand-{node}-"))
+            .tempdir()
+            .expect("a temp dir");
+        for sub in ["manifests", "root", "logs"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        Agent {
+            node: node.to_string(),
+            dir,
+            healthz_port: free_port(),
+            read_only_port: free_port(),
+            child: None,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+    pub fn logs_dir(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.path().join("deckhand.log")
+    }
+
+    /// The full name a static pod gets on this node.
+    pub fn pod_name(&self, name: &str) -> String {
+        format!("{name}-{}", self.node)
+    }
+
+    /// The command line the agent runs with.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--container-runtime-endpoint={}", runtime_endpoint()),
+            format!("--hostname-override={}", self.node),
+            format!("--pod-manifest-path={}", self.manifests().display()),
+            format!("--root-dir={}", self.root_dir().display()),
+            format!("--pod-logs-dir={}", self.logs_dir().display()),
+            format!("--healthz-port={}", self.healthz_port),
+            format!("--read-only-port={}", self.read_only_port),
+            "--address=127.0.0.1".to_string(),
+            "--v=4".to_string(),
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    /// Starts the process (logs go to `deckhand.log` in the agent's dir).
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .unwrap();
+        let mut cmd = Command::new(deckhand_bin());
+        cmd.args(self.args())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .env("DECKHAND_RELIST_PERIOD", "1s");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn deckhand"));
+    }
+
+    /// The agent's log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_file()).unwrap_or_default()
+    }
+
+    /// Waits until `/healthz` answers `ok`.
+    pub async fn wait_healthy(&mut self, timeout: Duration) {
+        let url = format!("http://127.0.0.1:{}/healthz", self.healthz_port);
+        let start = Instant::now();
+        loop {
+            if let Some((200, body)) = http_get(&url).await {
+                if body == "ok" {
+                    return;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("deckhand exited early with {status}; log:\n{}", self.log());
+                }
+            }
+            if start.elapsed() > timeout {
+                panic!("deckhand not healthy after {timeout:?}; log:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process with SIGKILL (as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Writes a manifest into the static pod directory (through a rename, as editors do).
+    pub fn write_manifest(&self, file: &str, text: &str) {
+        let tmp = self.dir.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.manifests().join(file)).unwrap();
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        let _ = std::fs::remove_file(self.manifests().join(file));
+    }
+
+    /// `GET /pods` on the read-only port.
+    pub async fn pods(&self) -> Option<serde_json::Value> {
+        let url = format!("http://127.0.0.1:{}/pods", self.read_only_port);
+        let (code, body) = http_get(&url).await?;
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// One pod from `/pods` by its name on this node.
+    pub async fn pod(&self, name: &str) -> Option<serde_json::Value> {
+        let full = self.pod_name(name);
+        let list = self.pods().await?;
+        list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == full.as_str())
+            .cloned()
+    }
+}
+
+impl Drop for Agent {
+    /// Stops the agent and removes every sandbox of its node from the runtime, even when the
+    /// test failed half-way.
+    fn drop(&mut self) {
+        self.kill();
+        let node = self.node.clone();
+        let cleanup = async move {
+            let Ok(endpoint) = parse_endpoint(&runtime_endpoint()) else { return };
+            let Ok(cri) = CriClient::connect(&endpoint, Duration::from_secs(30)).await else { return };
+            remove_node_pods(&cri, &node).await;
+        };
+        let handle = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(cleanup)
+        });
+        let _ = handle.join();
+    }
+}
+
+/// Stops and removes every sandbox (and its containers) whose pod name ends with `-<node>`.
+pub async fn remove_node_pods(cri: &CriClient, node: &str) {
+    let suffix = format!("-{node}");
+    let Ok(sandboxes) = cri.list_pod_sandbox(None).await else { return };
+    for sb in sandboxes {
+        let name = sb.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        if !name.ends_with(&suffix) {
+            continue;
+        }
+        let containers = cri
+            .list_containers(Some(ContainerFilter {
+                pod_sandbox_id: sb.id.clone(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_or_default();
+        for c in containers {
+            let _ = cri.stop_container(c.id.clone(), 0).await;
+            let _ = cri.remove_container(c.id).await;
+        }
+        let _ = cri.stop_pod_sandbox(sb.id.clone()).await;
+        let _ = cri.remove_pod_sandbox(sb.id).await;
+    }
+}
+
+/// Sandboxes of the pod named `full_name` (any state).
+pub async fn sandboxes_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cri::proto::PodSandbox> {
+    cri.list_pod_sandbox(Some(PodSandboxFilter {
+        label_selector: HashMap::from([("io.kubernetes.pod.name".to_string(), full_name.to_string())]),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_or_default()
+}
+
+/// Containers of the pod named `full_name` (any state).
+pub async fn containers_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cri::proto::Container> {
+    cri.list_containers(Some(ContainerFilter {
+        label_selector: HashMap::from([("io.kubernetes.pod.name".to_string(), full_name.to_string())]),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_or_default()
+}
+
+/// A tiny HTTP/1.1 GET over a plain TCP stream: status code and body.
+pub async fn http_get(url: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let connect = tokio::net::TcpStream::connect(host);
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some((code, body))
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Reads a file if it exists.
+pub fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
