@@ -208,7 +208,7 @@ mod tests {
         let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 1..10 {
             let prev = format!("*a{}", i - 1);
-            let list = vec![prev.as_str(); 10].join(", ");
+            let list = [prev.as_str(); 10].join(", ");
             text.push_str(&format!("a{i}: &a{i} [{list}]\n"));
         }
         text.push_str("name: boom\n");

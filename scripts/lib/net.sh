@@ -134,13 +134,13 @@ owned_netns() {
     done
 }
 
-# record_owned KIND VALUE...: remember a netns name or container id ("netns", "id") that
-# belongs to us, in DIR/owned, which down keeps so that leftovers can still check it.
+# record_owned KIND VALUE...: remember a netns name, container id or cgroup path ("netns",
+# "id", "cgroup") that belongs to us, in DIR/owned, which down keeps for leftovers.
 record_owned() {
     local kind=$1 value
     shift
     for value in "$@"; do
-        [[ $value =~ ^[A-Za-z0-9_.-]+$ ]] || continue
+        [[ $value =~ ^[A-Za-z0-9_./-]+$ && $value != *..* ]] || continue
         grep -qxF -- "$kind $value" "$TB_OWNED" 2>/dev/null || echo "$kind $value" >>"$TB_OWNED"
     done
 }

@@ -399,3 +399,7 @@ fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "actions_tests.rs"]
+mod tests;

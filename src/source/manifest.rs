@@ -251,10 +251,18 @@ mod tests {
         }
     }
 
+    /// (input, allow_list, expected field, expected line, text the reason contains)
+    type ErrorCase = (
+        &'static str,
+        bool,
+        Option<&'static str>,
+        Option<usize>,
+        &'static str,
+    );
+
     #[test]
     fn error_table() {
-        // (input, allow_list, expected field, expected line, text the reason contains)
-        let cases: &[(&str, bool, Option<&str>, Option<usize>, &str)] = &[
+        let cases: &[ErrorCase] = &[
             (
                 "apiVersion: v1\nkind: Pod\nspec: [oops\n",
                 false,

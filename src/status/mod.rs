@@ -349,3 +349,6 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
 fn restart_policy_for_init(pod_policy: &str) -> &'static str {
     if pod_policy == "Never" { "Never" } else { "OnFailure" }
 }
+
+#[cfg(test)]
+mod tests;
