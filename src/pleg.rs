@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn diff_reports_pods_that_vanish() {
-        let old = BTreeMap::from([("u".to_string(), pod(vec![container("a", Running)], Some(SandboxState::Ready)))]);
+        let old = BTreeMap::from([("u".to_string(), pod(vec![container("a", ContainerState::Running)], Some(SandboxState::Ready)))]);
         let events = diff(&old, &BTreeMap::new());
         assert_eq!(events.len(), 2);
         assert!(events.iter().all(|e| e.pod_uid == "u"));

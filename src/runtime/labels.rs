@@ -46,7 +46,8 @@ pub const CONTAINER_PORTS_ANNOTATION: &str = "io.kubernetes.container.ports";
 /// `init`, `container` or `ephemeral`.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.container.type";
 /// Pod's terminationGracePeriodSeconds.
-pub const POD_TERMINATION_GRACE_PERIOD_ANNOTATION: &str = "io.kubernetes.pod.terminationGracePeriod";
+pub const POD_TERMINATION_GRACE_PERIOD_ANNOTATION: &str =
+    "io.kubernetes.pod.terminationGracePeriod";
 /// Pod's metadata.deletionGracePeriodSeconds, when set.
 pub const POD_DELETION_GRACE_PERIOD_ANNOTATION: &str = "io.kubernetes.pod.deletionGracePeriod";
 
@@ -212,7 +213,10 @@ mod tests {
             (CONTAINER_HASH_ANNOTATION, "1f2e3d"),
             (CONTAINER_RESTART_COUNT_ANNOTATION, "4"),
             (CONTAINER_TYPE_ANNOTATION, "init"),
-            (CONTAINER_TERMINATION_MESSAGE_PATH_ANNOTATION, "/dev/termination-log"),
+            (
+                CONTAINER_TERMINATION_MESSAGE_PATH_ANNOTATION,
+                "/dev/termination-log",
+            ),
             (CONTAINER_TERMINATION_MESSAGE_POLICY_ANNOTATION, "File"),
             (POD_TERMINATION_GRACE_PERIOD_ANNOTATION, "30"),
             (
@@ -228,7 +232,10 @@ mod tests {
         assert_eq!(id.hash, 0x1f2e3d);
         assert_eq!(id.restart_count, 4);
         assert!(id.is_init());
-        assert_eq!(id.termination_message_path.as_deref(), Some("/dev/termination-log"));
+        assert_eq!(
+            id.termination_message_path.as_deref(),
+            Some("/dev/termination-log")
+        );
         assert_eq!(id.termination_message_policy.as_deref(), Some("File"));
         assert_eq!(id.pod_termination_grace_period, Some(30));
         assert_eq!(id.pod_deletion_grace_period, None);

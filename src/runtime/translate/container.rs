@@ -62,10 +62,19 @@ pub fn container_log_path(container_name: &str, restart_count: u32) -> String {
 pub fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String, String> {
     HashMap::from([
         (labels::POD_NAME_LABEL.to_string(), meta.name.clone()),
-        (labels::POD_NAMESPACE_LABEL.to_string(), meta.namespace.clone()),
+        (
+            labels::POD_NAMESPACE_LABEL.to_string(),
+            meta.namespace.clone(),
+        ),
         (labels::POD_UID_LABEL.to_string(), meta.uid.clone()),
-        (labels::CONTAINER_NAME_LABEL.to_string(), container_name.to_string()),
-        (labels::MANAGED_LABEL.to_string(), labels::MANAGED_VALUE.to_string()),
+        (
+            labels::CONTAINER_NAME_LABEL.to_string(),
+            container_name.to_string(),
+        ),
+        (
+            labels::MANAGED_LABEL.to_string(),
+            labels::MANAGED_VALUE.to_string(),
+        ),
     ])
 }
 
@@ -270,17 +279,19 @@ pub fn linux_security_context(
     let mut supplemental_groups: Vec<i64> = pod_sc
         .and_then(|p| p.supplemental_groups.clone())
         .unwrap_or_default();
-    if let Some(fs_group) = pod_sc.and_then(|p| p.fs_group) {
-        if !supplemental_groups.contains(&fs_group) {
-            supplemental_groups.push(fs_group);
-        }
+    if let Some(fs_group) = pod_sc.and_then(|p| p.fs_group)
+        && !supplemental_groups.contains(&fs_group)
+    {
+        supplemental_groups.push(fs_group);
     }
 
-    let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|caps| Capability {
-        add_capabilities: caps.add.clone().unwrap_or_default(),
-        drop_capabilities: caps.drop.clone().unwrap_or_default(),
-        add_ambient_capabilities: Vec::new(),
-    });
+    let capabilities = sc
+        .and_then(|s| s.capabilities.as_ref())
+        .map(|caps| Capability {
+            add_capabilities: caps.add.clone().unwrap_or_default(),
+            drop_capabilities: caps.drop.clone().unwrap_or_default(),
+            add_ambient_capabilities: Vec::new(),
+        });
 
     let seccomp = match sc
         .and_then(|s| s.seccomp_profile.as_ref())
@@ -305,7 +316,9 @@ pub fn linux_security_context(
             .map(selinux_option),
         run_as_user: run_as_user.map(|value| Int64Value { value }),
         run_as_group: run_as_group.map(|value| Int64Value { value }),
-        readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        readonly_rootfs: sc
+            .and_then(|s| s.read_only_root_filesystem)
+            .unwrap_or(false),
         supplemental_groups,
         // Only an explicit `allowPrivilegeEscalation: false` sets no_new_privs.
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
@@ -320,14 +333,15 @@ fn container_mounts(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Vec<Mou
     let mut mounts = ctx.extra_mounts.clone();
     let taken = |mounts: &[Mount], path: &str| mounts.iter().any(|m| m.container_path == path);
 
-    if let Some(hosts) = &ctx.etc_hosts_path {
-        if !is_host_network(pod) && !taken(&mounts, "/etc/hosts") {
-            mounts.push(Mount {
-                container_path: "/etc/hosts".into(),
-                host_path: hosts.to_string_lossy().into_owned(),
-                ..Default::default()
-            });
-        }
+    if let Some(hosts) = &ctx.etc_hosts_path
+        && !is_host_network(pod)
+        && !taken(&mounts, "/etc/hosts")
+    {
+        mounts.push(Mount {
+            container_path: "/etc/hosts".into(),
+            host_path: hosts.to_string_lossy().into_owned(),
+            ..Default::default()
+        });
     }
     if let Some(log) = &ctx.termination_log_path {
         let path = termination_message_path(c);
@@ -402,9 +416,9 @@ mod tests {
     use super::*;
     use crate::cri::proto::{KeyValue, NamespaceMode, SecurityProfile};
     use k8s_openapi::api::core::v1::{
-        Capabilities, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
-        LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
-        ResourceRequirements, SeccompProfile, SecurityContext,
+        Capabilities, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
+        ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
+        SecurityContext,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -533,9 +547,7 @@ mod tests {
             node_name: "node-a".into(),
             node_memory_capacity: 4 * GI,
             etc_hosts_path: Some("/var/lib/deckhand/pods/0b7e4c2a/etc-hosts".into()),
-            termination_log_path: Some(
-                "/var/lib/deckhand/pods/0b7e4c2a/containers/nginx/3".into(),
-            ),
+            termination_log_path: Some("/var/lib/deckhand/pods/0b7e4c2a/containers/nginx/3".into()),
             extra_mounts: vec![Mount {
                 container_path: "/usr/share/nginx/html".into(),
                 host_path: "/srv/www".into(),
@@ -559,10 +571,7 @@ mod tests {
             })
         );
         assert_eq!(cfg.image.as_ref().unwrap().image, "nginx:1.25");
-        assert_eq!(
-            cfg.command,
-            vec!["sh", "-c", "echo hello $(HOME) $(NOPE)"]
-        );
+        assert_eq!(cfg.command, vec!["sh", "-c", "echo hello $(HOME) $(NOPE)"]);
         assert_eq!(cfg.args, vec!["--port=8080", "--ip=10.88.0.7"]);
         assert_eq!(cfg.working_dir, "/srv");
         assert_eq!(
@@ -741,7 +750,15 @@ mod tests {
             // BestEffort: minimum shares, no limits.
             (&[], &[], 2, 0, 0, 0, 1000),
             // Guaranteed through limits only (requests default to them).
-            (&[], &[("cpu", "1"), ("memory", "128Mi")], 1024, 100_000, 100_000, 134_217_728, -997),
+            (
+                &[],
+                &[("cpu", "1"), ("memory", "128Mi")],
+                1024,
+                100_000,
+                100_000,
+                134_217_728,
+                -997,
+            ),
             // Guaranteed, fractional CPU.
             (
                 &[("cpu", "1500m"), ("memory", "1Gi")],

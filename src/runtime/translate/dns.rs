@@ -255,12 +255,27 @@ mod tests {
         let host_cfg = cfg(&["192.168.1.1"], &["lan"], &["edns0"]);
         let cluster_cfg = cfg(
             &["10.96.0.10"],
-            &["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "lan"],
+            &[
+                "shop.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local",
+                "lan",
+            ],
             &["ndots:5"],
         );
         let cases: Vec<(&str, Pod, &Vec<String>, DnsConfig)> = vec![
-            ("Default", pod(Some("Default"), false, None), &cluster, host_cfg.clone()),
-            ("unset = ClusterFirst", pod(None, false, None), &cluster, cluster_cfg.clone()),
+            (
+                "Default",
+                pod(Some("Default"), false, None),
+                &cluster,
+                host_cfg.clone(),
+            ),
+            (
+                "unset = ClusterFirst",
+                pod(None, false, None),
+                &cluster,
+                cluster_cfg.clone(),
+            ),
             (
                 "ClusterFirst",
                 pod(Some("ClusterFirst"), false, None),
@@ -285,7 +300,12 @@ mod tests {
                 &cluster,
                 cluster_cfg.clone(),
             ),
-            ("None without dnsConfig", pod(Some("None"), false, None), &cluster, cfg(&[], &[], &[])),
+            (
+                "None without dnsConfig",
+                pod(Some("None"), false, None),
+                &cluster,
+                cfg(&[], &[], &[]),
+            ),
         ];
         for (what, pod, cluster_dns, want) in cases {
             assert_eq!(
@@ -313,8 +333,17 @@ mod tests {
             ]),
         };
         assert_eq!(
-            pod_dns_config(&pod(Some("None"), false, Some(dns.clone())), &host(), &[], ""),
-            cfg(&["1.1.1.1", "192.168.1.1"], &["my.example", "lan"], &["ndots:2", "single-request"])
+            pod_dns_config(
+                &pod(Some("None"), false, Some(dns.clone())),
+                &host(),
+                &[],
+                ""
+            ),
+            cfg(
+                &["1.1.1.1", "192.168.1.1"],
+                &["my.example", "lan"],
+                &["ndots:2", "single-request"]
+            )
         );
         assert_eq!(
             pod_dns_config(&pod(Some("Default"), false, Some(dns)), &host(), &[], ""),

@@ -73,23 +73,23 @@ pub fn container_env(
     ctx: &ContainerContext,
 ) -> Result<Vec<(String, String)>, TranslateError> {
     for source in container.env_from.iter().flatten() {
-        if let Some(cm) = &source.config_map_ref {
-            if cm.optional != Some(true) {
-                return Err(TranslateError::UnsupportedEnvFrom {
-                    container: container.name.clone(),
-                    kind: "configMapRef",
-                    name: cm.name.clone(),
-                });
-            }
+        if let Some(cm) = &source.config_map_ref
+            && cm.optional != Some(true)
+        {
+            return Err(TranslateError::UnsupportedEnvFrom {
+                container: container.name.clone(),
+                kind: "configMapRef",
+                name: cm.name.clone(),
+            });
         }
-        if let Some(secret) = &source.secret_ref {
-            if secret.optional != Some(true) {
-                return Err(TranslateError::UnsupportedEnvFrom {
-                    container: container.name.clone(),
-                    kind: "secretRef",
-                    name: secret.name.clone(),
-                });
-            }
+        if let Some(secret) = &source.secret_ref
+            && secret.optional != Some(true)
+        {
+            return Err(TranslateError::UnsupportedEnvFrom {
+                container: container.name.clone(),
+                kind: "secretRef",
+                name: secret.name.clone(),
+            });
         }
     }
 
@@ -269,10 +269,7 @@ mod tests {
                 namespace: Some("shop".into()),
                 uid: Some("1234-abcd".into()),
                 labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
-                annotations: Some(BTreeMap::from([(
-                    "team".to_string(),
-                    "blue".to_string(),
-                )])),
+                annotations: Some(BTreeMap::from([("team".to_string(), "blue".to_string())])),
                 ..Default::default()
             },
             spec: Some(PodSpec {
@@ -421,12 +418,23 @@ mod tests {
             err.to_string(),
             "container \"app\": env var \"CM\" uses configMapKeyRef, which this node cannot resolve (no API server access)"
         );
-        let err = container_env(&test_pod(), &container(vec![secret(Some(false))]), &ctx())
-            .unwrap_err();
-        assert!(matches!(err, TranslateError::UnsupportedEnvSource { kind: "secretKeyRef", .. }));
         let err =
-            container_env(&test_pod(), &container(vec![resource]), &ctx()).unwrap_err();
-        assert!(matches!(err, TranslateError::UnsupportedEnvSource { kind: "resourceFieldRef", .. }));
+            container_env(&test_pod(), &container(vec![secret(Some(false))]), &ctx()).unwrap_err();
+        assert!(matches!(
+            err,
+            TranslateError::UnsupportedEnvSource {
+                kind: "secretKeyRef",
+                ..
+            }
+        ));
+        let err = container_env(&test_pod(), &container(vec![resource]), &ctx()).unwrap_err();
+        assert!(matches!(
+            err,
+            TranslateError::UnsupportedEnvSource {
+                kind: "resourceFieldRef",
+                ..
+            }
+        ));
 
         let ok = container_env(
             &test_pod(),
@@ -448,7 +456,13 @@ mod tests {
             ..Default::default()
         }]);
         let err = container_env(&test_pod(), &c, &ctx()).unwrap_err();
-        assert!(matches!(err, TranslateError::UnsupportedEnvFrom { kind: "configMapRef", .. }));
+        assert!(matches!(
+            err,
+            TranslateError::UnsupportedEnvFrom {
+                kind: "configMapRef",
+                ..
+            }
+        ));
         c.env_from.as_mut().unwrap()[0]
             .config_map_ref
             .as_mut()

@@ -16,8 +16,8 @@ pub mod sandbox;
 use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
 use thiserror::Error;
 
-use crate::cri::proto::{NamespaceMode, NamespaceOption, SecurityProfile, SeLinuxOption};
 use crate::cri::proto::security_profile::ProfileType;
+use crate::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
 pub use container::{ContainerContext, container_config, container_labels, oom_score_adj};
 pub use dns::{HostDns, parse_resolv_conf};

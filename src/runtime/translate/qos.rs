@@ -40,7 +40,10 @@ impl std::fmt::Display for QosClass {
 const QOS_RESOURCES: [&str; 2] = ["cpu", "memory"];
 
 /// A resource amount in thousandths, or None when absent, zero or unparseable.
-fn amount(map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, name: &str) -> Option<i128> {
+fn amount(
+    map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    name: &str,
+) -> Option<i128> {
     let q = quantity::parse(&map?.get(name)?.0).ok()?;
     (!q.is_zero()).then(|| i128::from(q.milli_value()))
 }
@@ -103,7 +106,12 @@ mod tests {
         if pairs.is_empty() {
             return None;
         }
-        Some(pairs.iter().map(|(k, v)| (k.to_string(), Q(v.to_string()))).collect())
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Q(v.to_string())))
+                .collect(),
+        )
     }
 
     fn c(name: &str, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
@@ -133,7 +141,11 @@ mod tests {
     fn qos_table() {
         let both = [("cpu", "500m"), ("memory", "64Mi")];
         let cases: Vec<(&str, Pod, QosClass)> = vec![
-            ("nothing set", pod(vec![], vec![c("a", &[], &[])]), QosClass::BestEffort),
+            (
+                "nothing set",
+                pod(vec![], vec![c("a", &[], &[])]),
+                QosClass::BestEffort,
+            ),
             ("no spec at all", Pod::default(), QosClass::BestEffort),
             (
                 "requests equal limits",
@@ -147,12 +159,18 @@ mod tests {
             ),
             (
                 "same amount, different spelling",
-                pod(vec![], vec![c("a", &[("cpu", "0.5"), ("memory", "67108864")], &both)]),
+                pod(
+                    vec![],
+                    vec![c("a", &[("cpu", "0.5"), ("memory", "67108864")], &both)],
+                ),
                 QosClass::Guaranteed,
             ),
             (
                 "request below limit",
-                pod(vec![], vec![c("a", &[("cpu", "250m"), ("memory", "64Mi")], &both)]),
+                pod(
+                    vec![],
+                    vec![c("a", &[("cpu", "250m"), ("memory", "64Mi")], &both)],
+                ),
                 QosClass::Burstable,
             ),
             (
@@ -178,7 +196,10 @@ mod tests {
             ),
             (
                 "init container with a bare request",
-                pod(vec![c("init", &[("memory", "1Mi")], &[])], vec![c("a", &both, &both)]),
+                pod(
+                    vec![c("init", &[("memory", "1Mi")], &[])],
+                    vec![c("a", &both, &both)],
+                ),
                 QosClass::Burstable,
             ),
             (
@@ -196,5 +217,4 @@ mod tests {
             assert_eq!(qos_class(&pod), want, "{what}");
         }
     }
-
 }

@@ -213,13 +213,13 @@ mod tests {
             ("1M", 1_000_000, 1_000_000_000),
             ("1G", 1_000_000_000, 1_000_000_000_000),
             ("1T", 1_000_000_000_000, 1_000_000_000_000_000),
-            ("1P", 1_000_000_000_000_000, i64::MAX),
+            ("1P", 1_000_000_000_000_000, 1_000_000_000_000_000_000),
             ("2E", 2_000_000_000_000_000_000, i64::MAX),
             ("1Ki", 1024, 1_024_000),
             ("64Mi", 67_108_864, 67_108_864_000),
             ("1.5Gi", 1_610_612_736, 1_610_612_736_000),
             ("1Ti", 1 << 40, (1i64 << 40) * 1000),
-            ("1Pi", 1 << 50, i64::MAX),
+            ("1Pi", 1 << 50, (1i64 << 50) * 1000),
             ("1Ei", 1 << 60, i64::MAX),
             ("1e3", 1000, 1_000_000),
             ("1E3", 1000, 1_000_000),
@@ -252,10 +252,16 @@ mod tests {
         assert_eq!(parse("Mi"), Err(QuantityError::NoDigits));
         assert_eq!(parse("."), Err(QuantityError::NoDigits));
         assert!(matches!(parse("1KB"), Err(QuantityError::UnknownSuffix(_))));
-        assert!(matches!(parse("1 Mi"), Err(QuantityError::UnknownSuffix(_))));
+        assert!(matches!(
+            parse("1 Mi"),
+            Err(QuantityError::UnknownSuffix(_))
+        ));
         assert!(matches!(parse("1e"), Err(QuantityError::UnknownSuffix(_))));
         assert!(matches!(parse("1e+"), Err(QuantityError::UnknownSuffix(_))));
-        assert!(matches!(parse("1.2.3"), Err(QuantityError::UnknownSuffix(_))));
+        assert!(matches!(
+            parse("1.2.3"),
+            Err(QuantityError::UnknownSuffix(_))
+        ));
         assert!(matches!(parse("1ki"), Err(QuantityError::UnknownSuffix(_))));
         assert_eq!(
             parse("1234567890123456789012345678901234567890"),

@@ -152,17 +152,19 @@ pub fn pod_sandbox_config(
     let mut supplemental_groups: Vec<i64> = pod_sc
         .and_then(|sc| sc.supplemental_groups.clone())
         .unwrap_or_default();
-    if let Some(fs_group) = pod_sc.and_then(|sc| sc.fs_group) {
-        if !supplemental_groups.contains(&fs_group) {
-            supplemental_groups.push(fs_group);
-        }
+    if let Some(fs_group) = pod_sc.and_then(|sc| sc.fs_group)
+        && !supplemental_groups.contains(&fs_group)
+    {
+        supplemental_groups.push(fs_group);
     }
 
     let seccomp = match pod_sc.and_then(|sc| sc.seccomp_profile.as_ref()) {
-        Some(p) => Some(seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
-            container: None,
-            kind: p.type_.clone(),
-        })?),
+        Some(p) => Some(
+            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
+                container: None,
+                kind: p.type_.clone(),
+            })?,
+        ),
         None => None,
     };
 
@@ -343,7 +345,10 @@ mod tests {
                 ("deckhand.io/managed", "true"),
             ])
         );
-        assert_eq!(cfg.annotations, map(&[("kubernetes.io/config.source", "file")]));
+        assert_eq!(
+            cfg.annotations,
+            map(&[("kubernetes.io/config.source", "file")])
+        );
         // No cluster DNS configured: ClusterFirst falls back to the host's resolver.
         assert_eq!(
             cfg.dns_config,
@@ -472,8 +477,11 @@ mod tests {
         );
 
         let mut pod = web_pod();
-        pod.spec.as_mut().unwrap().containers[0].ports.as_mut().unwrap()[0].protocol =
-            Some("ICMP".into());
+        pod.spec.as_mut().unwrap().containers[0]
+            .ports
+            .as_mut()
+            .unwrap()[0]
+            .protocol = Some("ICMP".into());
         let err = pod_sandbox_config(&pod, &ctx(), 0).unwrap_err();
         assert_eq!(
             err.to_string(),
