@@ -92,6 +92,14 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// A worker finished tearing its pod down.
     pub fn handle_done(&mut self, uid: &str) {
         self.workers.finished(uid);
+        // The same UID came back while it was being torn down (a manifest restored to the
+        // content it had): it starts afresh now.
+        if let Some(pod) = self.desired.get(uid).cloned() {
+            let name = full_name(&pod);
+            if !self.waiting_for_name.contains_key(&name) {
+                self.workers.dispatch(uid, Work::Sync(pod));
+            }
+        }
         let ready: Vec<String> = self
             .waiting_for_name
             .iter()

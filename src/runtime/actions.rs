@@ -108,6 +108,13 @@ fn next_restart_count(observed: &ObservedPod, name: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// True when the newest instance of the container exited with code 0.
+fn succeeded(observed: &ObservedPod, name: &str) -> bool {
+    observed
+        .latest(name)
+        .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+}
+
 /// True when every app container has exited and none will run again.
 fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
     let spec = match &pod.spec {
@@ -156,10 +163,16 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     let terminal = init_failed_for_good(pod, observed) || app_containers_finished(pod, observed);
     actions.terminal = terminal;
 
-    // Dead sandboxes other than the newest are garbage, and so are their containers.
+    // Dead sandboxes other than the newest are garbage, unless they still hold an instance kept
+    // for `lastState` and the restart count (removing a sandbox removes its containers).
+    let kept = kept_instances(observed);
     for sandbox in &observed.sandboxes {
         if Some(sandbox.id.as_str()) != newest.map(|s| s.id.as_str())
             && sandbox.state == SandboxState::NotReady
+            && !observed
+                .containers
+                .iter()
+                .any(|c| c.sandbox_id == sandbox.id && kept.contains(c.id.as_str()))
         {
             actions.remove_sandboxes.push(sandbox.id.clone());
         }
@@ -216,6 +229,9 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             }),
             None => {
                 for (index, c) in spec.containers.iter().enumerate() {
+                    if policy == "OnFailure" && succeeded(observed, &c.name) {
+                        continue;
+                    }
                     actions.start_containers.push(StartContainer {
                         kind: ContainerKind::App,
                         index,
@@ -246,7 +262,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             Some((ContainerState::Exited, _)) => {
                 // Failed: retried with back-off (Never was handled as terminal above).
                 let inst = latest.expect("matched Some");
-                plan_restart(&mut actions, ctx, ContainerKind::Init, index, c, inst, observed);
+                plan_restart(&mut actions, ctx, pod, (ContainerKind::Init, index), c, inst, observed);
                 init_done = false;
                 break;
             }
@@ -274,6 +290,12 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     for (index, c) in spec.containers.iter().enumerate() {
         let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
         let Some(inst) = latest else {
+            // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
+            if observed.latest(&c.name).is_some_and(|i| {
+                i.state == ContainerState::Exited && !should_restart(policy, i.exit_code)
+            }) {
+                continue;
+            }
             actions.start_containers.push(StartContainer {
                 kind: ContainerKind::App,
                 index,
@@ -303,7 +325,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             }
             ContainerState::Exited => {
                 if should_restart(policy, inst.exit_code) {
-                    plan_restart(&mut actions, ctx, ContainerKind::App, index, c, inst, observed);
+                    plan_restart(&mut actions, ctx, pod, (ContainerKind::App, index), c, inst, observed);
                 }
             }
             ContainerState::Created => {
@@ -327,8 +349,8 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
 fn plan_restart(
     actions: &mut PodActions,
     ctx: &DecisionContext,
-    kind: ContainerKind,
-    index: usize,
+    pod: &Pod,
+    (kind, index): (ContainerKind, usize),
     container: &Container,
     exited: &ObservedContainer,
     observed: &ObservedPod,
@@ -343,7 +365,7 @@ fn plan_restart(
                 "back-off {} restarting failed container={} pod={}",
                 format_delay(entry.map(|e| e.delay).unwrap_or(remaining)),
                 container.name,
-                observed_pod_label(observed)
+                pod_label(pod)
             ),
         }),
         None => actions.start_containers.push(StartContainer {
@@ -356,11 +378,15 @@ fn plan_restart(
     }
 }
 
-fn observed_pod_label(observed: &ObservedPod) -> String {
-    observed
-        .newest_sandbox()
-        .map(|s| s.id.chars().take(12).collect())
-        .unwrap_or_default()
+/// The pod as upstream names it in messages: `name_namespace(uid)`.
+fn pod_label(pod: &Pod) -> String {
+    let meta = &pod.metadata;
+    format!(
+        "{}_{}({})",
+        meta.name.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default()
+    )
 }
 
 /// Upstream writes back-off delays like Go durations: `10s`, `1m20s`, `5m0s`.
@@ -378,18 +404,7 @@ pub fn format_delay(d: Duration) -> String {
 /// Keeps the newest instance of each container name (for `lastState` and logs); older exited
 /// instances go.
 fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
-    let mut names: HashSet<&str> = HashSet::new();
-    let mut keep: HashSet<&str> = HashSet::new();
-    for c in &observed.containers {
-        names.insert(&c.name);
-    }
-    for name in names {
-        // The newest instance, and the one before it (it is the `lastState` users see).
-        let instances = observed.instances(name);
-        for inst in instances.iter().take(2) {
-            keep.insert(&inst.id);
-        }
-    }
+    let keep = kept_instances(observed);
     let removing_sandbox: HashSet<&str> = actions.remove_sandboxes.iter().map(String::as_str).collect();
     for c in &observed.containers {
         let dead = c.state == ContainerState::Exited;
@@ -398,6 +413,19 @@ fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
             actions.remove_containers.push(c.id.clone());
         }
     }
+}
+
+/// The newest instance of each container name and the one before it (it is the `lastState`
+/// users see, and carries the restart count).
+fn kept_instances(observed: &ObservedPod) -> HashSet<&str> {
+    let names: HashSet<&str> = observed.containers.iter().map(|c| c.name.as_str()).collect();
+    let mut keep = HashSet::new();
+    for name in names {
+        for inst in observed.instances(name).into_iter().take(2) {
+            keep.insert(inst.id.as_str());
+        }
+    }
+    keep
 }
 
 #[cfg(test)]

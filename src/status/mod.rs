@@ -261,13 +261,19 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         .flatten()
         .map(|c| container_status(c, observed, inputs, restart_policy_for_init(restart_policy), "PodInitializing"))
         .collect();
-    let init_done = inits.iter().all(|s| {
-        s.state
+    let mut inits = inits;
+    for s in &mut inits {
+        // Upstream reports an init container that completed successfully as ready.
+        s.ready = s
+            .state
             .as_ref()
             .and_then(|st| st.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)
-    });
-    let app_default = if init_done { "ContainerCreating" } else { "PodInitializing" };
+            .is_some_and(|t| t.exit_code == 0);
+    }
+    let init_done = inits.iter().all(|s| s.ready);
+    // Upstream's default waiting reason is PodInitializing for every container of a pod that has
+    // init containers, even once they are done.
+    let app_default = if inits.is_empty() { "ContainerCreating" } else { "PodInitializing" };
     let apps: Vec<ContainerStatus> = spec
         .containers
         .iter()
@@ -277,40 +283,64 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     let sandbox = observed.newest_sandbox();
     let sandbox_ready =
         sandbox.is_some_and(|s| s.state == crate::runtime::observed::SandboxState::Ready);
-    let phase = phase(restart_policy, &inits, &apps, sandbox.is_some());
+    let previous = inputs.previous;
+    let mut phase = phase(restart_policy, &inits, &apps, sandbox.is_some());
+    // Like upstream, a pod never leaves a terminal phase once reported.
+    if let Some(kept) = previous
+        .and_then(|p| p.phase.as_deref())
+        .filter(|p| *p == "Succeeded" || *p == "Failed")
+    {
+        phase = if kept == "Succeeded" { "Succeeded" } else { "Failed" };
+    }
     let terminal = phase == "Succeeded" || phase == "Failed";
     let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready);
-    let previous = inputs.previous;
 
-    let mut conditions = vec![
+    // Upstream: a finished pod's readiness reason says how it finished; otherwise it lists the
+    // containers that are not ready, formatted like Go prints a string slice.
+    let unready: Vec<&str> = apps.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    let (ready_reason, ready_message) = match phase {
+        "Succeeded" => (Some("PodCompleted"), None),
+        "Failed" => (Some("PodFailed"), None),
+        _ if containers_ready => (None, None),
+        _ => (
+            Some("ContainersNotReady"),
+            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+        ),
+    };
+    let incomplete: Vec<&str> = inits.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    let (init_ok, init_reason, init_message) = if phase == "Succeeded" {
+        (true, Some("PodCompleted"), None)
+    } else if init_done {
+        (true, None, None)
+    } else {
+        (
+            false,
+            Some("ContainersNotInitialized"),
+            Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+        )
+    };
+    let ready_ok = containers_ready && !terminal;
+    let with_message = |mut c: PodCondition, message: &Option<String>| {
+        c.message = message.clone();
+        c
+    };
+
+    let conditions = vec![
         condition(previous, inputs.now, "PodReadyToStartContainers", sandbox_ready, None),
-        condition(
-            previous,
-            inputs.now,
-            "Initialized",
-            init_done,
-            (!init_done).then_some("ContainersNotInitialized"),
+        with_message(
+            condition(previous, inputs.now, "Initialized", init_ok, init_reason),
+            &init_message,
         ),
-        condition(
-            previous,
-            inputs.now,
-            "Ready",
-            containers_ready && !terminal,
-            (!containers_ready || terminal).then_some(if terminal { "PodCompleted" } else { "ContainersNotReady" }),
+        with_message(
+            condition(previous, inputs.now, "Ready", ready_ok, ready_reason),
+            &ready_message,
         ),
-        condition(
-            previous,
-            inputs.now,
-            "ContainersReady",
-            containers_ready && !terminal,
-            (!containers_ready || terminal).then_some(if terminal { "PodCompleted" } else { "ContainersNotReady" }),
+        with_message(
+            condition(previous, inputs.now, "ContainersReady", ready_ok, ready_reason),
+            &ready_message,
         ),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
-    if init_done && !spec.init_containers.as_deref().unwrap_or_default().is_empty() && terminal {
-        // Upstream reports a finished pod's Initialized condition with reason PodCompleted.
-        conditions[1].reason = Some("PodCompleted".into());
-    }
 
     let pod_ip = sandbox.and_then(|s| {
         if s.host_network {
