@@ -17,4 +17,5 @@ pub mod server;
 pub mod source;
 pub mod status;
 pub mod sync_loop;
+pub mod volume;
 pub mod yaml;

@@ -154,95 +154,13 @@ fn check_type_meta(
     })
 }
 
-/// Renders a `serde_ignored` path as `a.b.0.c`, leaving out the `?` segments it adds for
-/// `Option` and newtype layers (which mean nothing to someone editing the file).
-fn dotted_path(path: &serde_ignored::Path<'_>) -> String {
-    fn push(path: &serde_ignored::Path<'_>, out: &mut Vec<String>) {
-        use serde_ignored::Path as P;
-        match path {
-            P::Root => {}
-            P::Seq { parent, index } => {
-                push(parent, out);
-                out.push(index.to_string());
-            }
-            P::Map { parent, key } => {
-                push(parent, out);
-                out.push(key.clone());
-            }
-            P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
-                push(parent, out)
-            }
-        }
-    }
-    let mut segments = Vec::new();
-    push(path, &mut segments);
-    segments.join(".")
-}
 
-// TODO(yaml): move behind crate::yaml
-/// Deserializes exactly one YAML (or JSON) document into `T`, returning the dotted paths of
-/// fields `T` did not know. Input size, nesting depth, node count and alias expansion are
-/// bounded so a hostile file cannot exhaust memory or stack. Errors are one-line messages
-/// that end in `at line L, column C` when the parser knows the position.
+/// Deserializes exactly one YAML (or JSON) document into `T` through the project's one YAML
+/// module (input limits live there), returning the dotted paths of fields `T` did not know.
 fn parse_yaml_document<T: DeserializeOwned>(text: &str) -> Result<(T, Vec<String>), String> {
-    if text.len() > MAX_CONFIG_FILE_BYTES {
-        return Err(format!(
-            "document is larger than the {MAX_CONFIG_FILE_BYTES}-byte limit"
-        ));
-    }
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_reader_input_bytes = Some(MAX_CONFIG_FILE_BYTES);
-    budget.max_depth = 32;
-    budget.max_documents = 1;
-    budget.max_nodes = 50_000;
-    budget.max_events = 200_000;
-    budget.max_aliases = 1_000;
-    budget.max_anchors = 1_000;
-    budget.max_total_scalar_bytes = 2 * MAX_CONFIG_FILE_BYTES;
-    let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget);
-    options.alias_limits.max_total_replayed_events = 100_000;
-    options.alias_limits.max_replay_stack_depth = 16;
-    options.with_snippet = false;
-
-    let mut unknown = Vec::new();
-    let result = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
-        serde_ignored::deserialize(de, |path| unknown.push(dotted_path(&path)))
-    });
-    match result {
-        Ok(value) => Ok((value, unknown)),
-        Err(err) => Err(render_yaml_error(&err, text)),
-    }
-}
-
-fn render_yaml_error(err: &serde_saphyr::Error, text: &str) -> String {
-    let plain = err.without_snippet().to_string();
-    let mut message = plain.lines().map(str::trim).collect::<Vec<_>>().join(" ");
-    // Library advice that means nothing to someone editing a kubelet config file.
-    message = message.replace(", set DuplicateKeyPolicy in Options if acceptable", "");
-    if let Some(loc) = err.location()
-        && loc.line() > 0
-    {
-        if !message.contains(&format!("line {}", loc.line())) {
-            message.push_str(&format!(" at line {}, column {}", loc.line(), loc.column()));
-        }
-        // Quote the offending line so the message stands on its own in a log.
-        let source_line = usize::try_from(loc.line() - 1)
-            .ok()
-            .and_then(|i| text.lines().nth(i))
-            .map(str::trim)
-            .unwrap_or_default();
-        if !source_line.is_empty() {
-            let shown: String = source_line.chars().take(80).collect();
-            let ellipsis = if shown.len() < source_line.len() {
-                "..."
-            } else {
-                ""
-            };
-            message.push_str(&format!(" (`{shown}{ellipsis}`)"));
-        }
-    }
-    message
+    crate::yaml::from_str_reporting_unknown::<T>(text)
+        .map(|(value, unknown)| (value, unknown.iter().map(|p| p.replace('[', ".").replace(']', "")).collect()))
+        .map_err(|err| err.to_string())
 }
 
 #[cfg(test)]

@@ -123,12 +123,15 @@ fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
     };
     let policy = restart_policy(pod);
     !spec.containers.is_empty()
-        && spec.containers.iter().all(|c| match observed.latest(&c.name) {
-            Some(inst) => {
-                inst.state == ContainerState::Exited && !should_restart(policy, inst.exit_code)
-            }
-            None => false,
-        })
+        && spec
+            .containers
+            .iter()
+            .all(|c| match observed.latest(&c.name) {
+                Some(inst) => {
+                    inst.state == ContainerState::Exited && !should_restart(policy, inst.exit_code)
+                }
+                None => false,
+            })
 }
 
 /// Has an init container failed for good (restartPolicy Never)?
@@ -201,7 +204,8 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
         // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
         if policy == "Never" && newest.is_some() && !observed.containers.is_empty() {
             if observed.is_running() {
-                actions.kill_pod = Some("the pod sandbox is gone and restartPolicy is Never".into());
+                actions.kill_pod =
+                    Some("the pod sandbox is gone and restartPolicy is Never".into());
             }
             actions.terminal = true;
             return actions;
@@ -262,7 +266,15 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             Some((ContainerState::Exited, _)) => {
                 // Failed: retried with back-off (Never was handled as terminal above).
                 let inst = latest.expect("matched Some");
-                plan_restart(&mut actions, ctx, pod, (ContainerKind::Init, index), c, inst, observed);
+                plan_restart(
+                    &mut actions,
+                    ctx,
+                    pod,
+                    (ContainerKind::Init, index),
+                    c,
+                    inst,
+                    observed,
+                );
                 init_done = false;
                 break;
             }
@@ -325,7 +337,15 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             }
             ContainerState::Exited => {
                 if should_restart(policy, inst.exit_code) {
-                    plan_restart(&mut actions, ctx, pod, (ContainerKind::App, index), c, inst, observed);
+                    plan_restart(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::App, index),
+                        c,
+                        inst,
+                        observed,
+                    );
                 }
             }
             ContainerState::Created => {
@@ -405,10 +425,15 @@ pub fn format_delay(d: Duration) -> String {
 /// instances go.
 fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
     let keep = kept_instances(observed);
-    let removing_sandbox: HashSet<&str> = actions.remove_sandboxes.iter().map(String::as_str).collect();
+    let removing_sandbox: HashSet<&str> = actions
+        .remove_sandboxes
+        .iter()
+        .map(String::as_str)
+        .collect();
     for c in &observed.containers {
         let dead = c.state == ContainerState::Exited;
-        let stale = !keep.contains(c.id.as_str()) || removing_sandbox.contains(c.sandbox_id.as_str());
+        let stale =
+            !keep.contains(c.id.as_str()) || removing_sandbox.contains(c.sandbox_id.as_str());
         if dead && stale && !actions.remove_containers.contains(&c.id) {
             actions.remove_containers.push(c.id.clone());
         }
@@ -418,7 +443,11 @@ fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
 /// The newest instance of each container name and the one before it (it is the `lastState`
 /// users see, and carries the restart count).
 fn kept_instances(observed: &ObservedPod) -> HashSet<&str> {
-    let names: HashSet<&str> = observed.containers.iter().map(|c| c.name.as_str()).collect();
+    let names: HashSet<&str> = observed
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
     let mut keep = HashSet::new();
     for name in names {
         for inst in observed.instances(name).into_iter().take(2) {

@@ -116,12 +116,13 @@ fn container_status(
             });
             status.ready = !inputs.terminating;
             status.started = Some(true);
-            status.last_state = previous
-                .filter(|p| p.state == RtState::Exited)
-                .map(|p| ContainerState {
-                    terminated: Some(terminated_state(p)),
-                    ..Default::default()
-                });
+            status.last_state =
+                previous
+                    .filter(|p| p.state == RtState::Exited)
+                    .map(|p| ContainerState {
+                        terminated: Some(terminated_state(p)),
+                        ..Default::default()
+                    });
         }
         Some(RtState::Exited) => {
             let inst = latest.expect("matched");
@@ -139,12 +140,13 @@ fn container_status(
                         terminated: Some(terminated_state(inst)),
                         ..Default::default()
                     });
-                    status.last_state = previous
-                        .filter(|p| p.state == RtState::Exited)
-                        .map(|p| ContainerState {
-                            terminated: Some(terminated_state(p)),
-                            ..Default::default()
-                        });
+                    status.last_state =
+                        previous
+                            .filter(|p| p.state == RtState::Exited)
+                            .map(|p| ContainerState {
+                                terminated: Some(terminated_state(p)),
+                                ..Default::default()
+                            });
                 }
             }
         }
@@ -259,7 +261,15 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         .init_containers
         .iter()
         .flatten()
-        .map(|c| container_status(c, observed, inputs, restart_policy_for_init(restart_policy), "PodInitializing"))
+        .map(|c| {
+            container_status(
+                c,
+                observed,
+                inputs,
+                restart_policy_for_init(restart_policy),
+                "PodInitializing",
+            )
+        })
         .collect();
     let mut inits = inits;
     for s in &mut inits {
@@ -273,7 +283,11 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     let init_done = inits.iter().all(|s| s.ready);
     // Upstream's default waiting reason is PodInitializing for every container of a pod that has
     // init containers, even once they are done.
-    let app_default = if inits.is_empty() { "ContainerCreating" } else { "PodInitializing" };
+    let app_default = if inits.is_empty() {
+        "ContainerCreating"
+    } else {
+        "PodInitializing"
+    };
     let apps: Vec<ContainerStatus> = spec
         .containers
         .iter()
@@ -290,24 +304,39 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         .and_then(|p| p.phase.as_deref())
         .filter(|p| *p == "Succeeded" || *p == "Failed")
     {
-        phase = if kept == "Succeeded" { "Succeeded" } else { "Failed" };
+        phase = if kept == "Succeeded" {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
     }
     let terminal = phase == "Succeeded" || phase == "Failed";
     let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready);
 
     // Upstream: a finished pod's readiness reason says how it finished; otherwise it lists the
     // containers that are not ready, formatted like Go prints a string slice.
-    let unready: Vec<&str> = apps.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    let unready: Vec<&str> = apps
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
     let (ready_reason, ready_message) = match phase {
         "Succeeded" => (Some("PodCompleted"), None),
         "Failed" => (Some("PodFailed"), None),
         _ if containers_ready => (None, None),
         _ => (
             Some("ContainersNotReady"),
-            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
         ),
     };
-    let incomplete: Vec<&str> = inits.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    let incomplete: Vec<&str> = inits
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
     let (init_ok, init_reason, init_message) = if phase == "Succeeded" {
         (true, Some("PodCompleted"), None)
     } else if init_done {
@@ -316,7 +345,10 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         (
             false,
             Some("ContainersNotInitialized"),
-            Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                incomplete.join(" ")
+            )),
         )
     };
     let ready_ok = containers_ready && !terminal;
@@ -326,7 +358,13 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     };
 
     let conditions = vec![
-        condition(previous, inputs.now, "PodReadyToStartContainers", sandbox_ready, None),
+        condition(
+            previous,
+            inputs.now,
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+        ),
         with_message(
             condition(previous, inputs.now, "Initialized", init_ok, init_reason),
             &init_message,
@@ -336,7 +374,13 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
             &ready_message,
         ),
         with_message(
-            condition(previous, inputs.now, "ContainersReady", ready_ok, ready_reason),
+            condition(
+                previous,
+                inputs.now,
+                "ContainersReady",
+                ready_ok,
+                ready_reason,
+            ),
             &ready_message,
         ),
         condition(previous, inputs.now, "PodScheduled", true, None),
@@ -364,11 +408,18 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         phase: Some(phase.to_string()),
         conditions: Some(conditions),
         host_ip: inputs.host_ip.clone(),
-        host_ips: inputs.host_ip.as_ref().map(|ip| vec![HostIP { ip: ip.clone() }]),
+        host_ips: inputs
+            .host_ip
+            .as_ref()
+            .map(|ip| vec![HostIP { ip: ip.clone() }]),
         pod_ip,
         pod_ips,
         start_time: Some(start_time),
-        qos_class: Some(crate::runtime::translate::qos_class(pod).as_str().to_string()),
+        qos_class: Some(
+            crate::runtime::translate::qos_class(pod)
+                .as_str()
+                .to_string(),
+        ),
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(apps),
         ..Default::default()
@@ -377,7 +428,11 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
 
 /// Init containers restart on failure unless the pod says Never.
 fn restart_policy_for_init(pod_policy: &str) -> &'static str {
-    if pod_policy == "Never" { "Never" } else { "OnFailure" }
+    if pod_policy == "Never" {
+        "Never"
+    } else {
+        "OnFailure"
+    }
 }
 
 #[cfg(test)]

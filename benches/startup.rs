@@ -1,0 +1,1572 @@
+//! Startup benchmark: how fast Deckhand turns a directory of static pods into running
+//! containers, measured against the floor of raw CRI calls on the same containerd, plus what it
+//! costs at rest and how quickly it follows edits and deletions.
+//!
+//! Run through `scripts/bench-startup [N]`, which builds, brings up a private testbed and passes
+//! the runtime socket here. By hand:
+//!
+//! ```text
+//! target/release/deps/startup-<hash> --endpoint unix://DIR/containerd.sock --pods 30 \
+//!     --deckhand target/release/deckhand --work-dir .testbed/bench-run [--strace /usr/bin/strace]
+//! ```
+//!
+//! Phases (each bounded by a deadline; the whole run by a budget):
+//! 1. floor: N pods by direct CRI calls, all at once (RunPodSandbox, CreateContainer,
+//!    StartContainer), then all removed at once (StopPodSandbox, RemovePodSandbox);
+//! 2. Deckhand start: N manifests dropped at once, each pod's container RUNNING over CRI;
+//! 3. /pods lag: a few pods added one by one, RUNNING over CRI versus `state.running` in `/pods`;
+//! 4. idle: RSS and CPU of the agent at rest, with 0 and with N pods;
+//! 5. edit: one manifest changed, time to the new container RUNNING, and stop-before-start;
+//! 6. delete: one manifest, then all the others at once, time to the sandbox removed;
+//! 7. DNS: a separate short run under strace, counting connects and sends to port 53.
+//!
+//! The report goes to stdout as a table, then one JSON line; progress goes to stderr.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Parser;
+use deckhand::cri::proto::{
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStateValue,
+    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxFilter, PodSandboxMetadata, PodSandboxState, RunPodSandboxRequest,
+};
+use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
+use serde_json::{Map, Value, json};
+
+const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
+const NODE: &str = "bench";
+const DNS_NODE: &str = "benchdns";
+const SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+const EDITED_SCRIPT: &str = "trap 'exit 0' TERM; sleep 3601 & wait";
+const POD_NAME: &str = "io.kubernetes.pod.name";
+const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+const POD_UID: &str = "io.kubernetes.pod.uid";
+const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// How often the start, edit and delete phases list the runtime's state.
+const CRI_POLL: Duration = Duration::from_millis(20);
+/// How often the /pods lag phase polls both sides.
+const LAG_POLL: Duration = Duration::from_millis(10);
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Deckhand startup benchmark (see scripts/bench-startup)")]
+struct Args {
+    /// The testbed's CRI endpoint (unix://DIR/containerd.sock).
+    #[arg(long)]
+    endpoint: String,
+    /// How many pods to start at once.
+    #[arg(long, default_value_t = 50)]
+    pods: usize,
+    /// The deckhand binary to measure.
+    #[arg(long)]
+    deckhand: PathBuf,
+    /// A scratch directory (emptied first); the agent's log stays there afterwards.
+    #[arg(long)]
+    work_dir: PathBuf,
+    /// Seconds of each idle sample (0 pods, N pods).
+    #[arg(long, default_value_t = 30)]
+    idle_secs: u64,
+    /// Pods added one by one to measure the /pods lag.
+    #[arg(long, default_value_t = 3)]
+    lag_pods: usize,
+    /// strace, for the DNS phase (skipped without it).
+    #[arg(long)]
+    strace: Option<PathBuf>,
+    /// Pods in the DNS phase.
+    #[arg(long, default_value_t = 5)]
+    dns_pods: usize,
+    /// The agent's --v.
+    #[arg(long, default_value_t = 4)]
+    verbosity: u8,
+    /// Ignored: `cargo bench` passes it to harness-less benches.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.pods < 2 || args.pods > 240 {
+        bail!("--pods must be between 2 and 240 (the testbed's /24 holds 250 pods)");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(args))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers
+
+/// Nearest-rank percentiles of a set of samples (milliseconds).
+#[derive(Clone, Copy, Debug, Default)]
+struct Dist {
+    n: usize,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn dist(values: &[f64]) -> Dist {
+    if values.is_empty() {
+        return Dist::default();
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    Dist {
+        n: v.len(),
+        p50: rank(0.5),
+        p99: rank(0.99),
+        max: v[v.len() - 1],
+    }
+}
+
+impl Dist {
+    fn text(&self) -> String {
+        if self.n == 0 {
+            return "no samples".into();
+        }
+        format!(
+            "p50 {:>7.0} ms   p99 {:>7.0} ms   max {:>7.0} ms   (n={})",
+            self.p50, self.p99, self.max, self.n
+        )
+    }
+    fn json(&self) -> Value {
+        json!({"n": self.n, "p50_ms": r1(self.p50), "p99_ms": r1(self.p99), "max_ms": r1(self.max)})
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn r1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
+}
+
+fn max_of(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::NAN, f64::max)
+}
+
+fn unix_ns(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+/// The report: rows of text grouped in sections, and the same numbers as JSON.
+#[derive(Default)]
+struct Report {
+    rows: Vec<(String, String)>,
+    json: Map<String, Value>,
+    notes: Vec<String>,
+}
+
+impl Report {
+    fn section(&mut self, title: &str) {
+        self.rows.push((String::new(), String::new()));
+        self.rows.push((format!("== {title}"), String::new()));
+    }
+    fn row(&mut self, label: &str, value: impl Into<String>) {
+        self.rows.push((label.to_string(), value.into()));
+    }
+    fn set(&mut self, path: &str, value: Value) {
+        let mut parts: Vec<&str> = path.split('.').collect();
+        let last = parts.pop().unwrap_or(path);
+        let mut map = &mut self.json;
+        for p in parts {
+            let entry = map.entry(p.to_string()).or_insert_with(|| Value::Object(Map::new()));
+            if !entry.is_object() {
+                *entry = Value::Object(Map::new());
+            }
+            map = entry.as_object_mut().expect("an object");
+        }
+        map.insert(last.to_string(), value);
+    }
+    fn note(&mut self, text: impl Into<String>) {
+        let text = text.into();
+        eprintln!("[bench] note: {text}");
+        self.notes.push(text);
+    }
+    fn print(&mut self) {
+        let width = self.rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0).min(48);
+        let mut out = String::new();
+        for (label, value) in &self.rows {
+            if value.is_empty() {
+                let _ = writeln!(out, "{label}");
+            } else {
+                let _ = writeln!(out, "  {label:<width$}  {value}");
+            }
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(out, "\n== Notes");
+            for n in &self.notes {
+                let _ = writeln!(out, "  - {n}");
+            }
+        }
+        self.json.insert("notes".into(), json!(self.notes));
+        print!("{out}");
+        println!("{}", Value::Object(self.json.clone()));
+    }
+}
+
+fn progress(text: impl AsRef<str>) {
+    eprintln!("[bench] {}", text.as_ref());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent's process
+
+/// RSS and CPU of one process from /proc.
+#[derive(Clone, Copy, Debug)]
+struct ProcSample {
+    rss_kib: u64,
+    hwm_kib: u64,
+    cpu_s: f64,
+}
+
+fn proc_sample(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let after = stat.get(stat.rfind(')')? + 1..)?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ProcSample {
+        rss_kib: kib("VmRSS:")?,
+        hwm_kib: kib("VmHWM:")?,
+        cpu_s: (utime + stime) as f64 / ticks,
+    })
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 1..)?;
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The child of `parent` running `exe` (the agent under strace).
+fn find_child_running(parent: u32, exe: &Path) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if parent_of(pid) != Some(parent) {
+            continue;
+        }
+        if std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(exe) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Idle cost over a window.
+#[derive(Clone, Copy, Debug)]
+struct Idle {
+    secs: f64,
+    rss_avg_mib: f64,
+    rss_max_mib: f64,
+    cpu_s: f64,
+}
+
+impl Idle {
+    fn cpu_per_30s(&self) -> f64 {
+        self.cpu_s * 30.0 / self.secs.max(0.001)
+    }
+    fn text(&self) -> String {
+        format!(
+            "RSS avg {:.1} MiB, max {:.1} MiB;  CPU {:.3} s over {:.0} s = {:.3} CPU-s per 30 s",
+            self.rss_avg_mib,
+            self.rss_max_mib,
+            self.cpu_s,
+            self.secs,
+            self.cpu_per_30s()
+        )
+    }
+    fn json(&self) -> Value {
+        json!({
+            "secs": r1(self.secs),
+            "rss_avg_mib": r1(self.rss_avg_mib),
+            "rss_max_mib": r1(self.rss_max_mib),
+            "cpu_s": r3(self.cpu_s),
+            "cpu_s_per_30s": r3(self.cpu_per_30s()),
+        })
+    }
+}
+
+async fn sample_idle(pid: u32, secs: u64) -> Result<Idle> {
+    let start = Instant::now();
+    let first = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) is gone"))?;
+    let mut rss = vec![first.rss_kib as f64 / 1024.0];
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    for _ in 0..secs {
+        ticker.tick().await;
+        let s = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) exited while idle"))?;
+        rss.push(s.rss_kib as f64 / 1024.0);
+    }
+    let last = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) is gone"))?;
+    Ok(Idle {
+        secs: start.elapsed().as_secs_f64(),
+        rss_avg_mib: rss.iter().sum::<f64>() / rss.len() as f64,
+        rss_max_mib: max_of(&rss),
+        cpu_s: last.cpu_s - first.cpu_s,
+    })
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One running agent with its own node name, ports and directories.
+struct Agent {
+    /// What was spawned: deckhand itself, or strace running it.
+    child: Child,
+    /// The deckhand process (differs from the child's under strace).
+    pid: u32,
+    node: String,
+    dir: PathBuf,
+    healthz_port: u16,
+    read_only_port: u16,
+}
+
+impl Agent {
+    fn start(args: &Args, node: &str, dir: &Path, strace_out: Option<(&Path, &Path)>) -> Result<Agent> {
+        for sub in ["manifests", "root", "logs", "staging"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let healthz_port = free_port()?;
+        let read_only_port = free_port()?;
+        let deckhand = std::fs::canonicalize(&args.deckhand)
+            .with_context(|| format!("the deckhand binary {}", args.deckhand.display()))?;
+        let agent_args = vec![
+            format!("--container-runtime-endpoint={}", args.endpoint),
+            format!("--hostname-override={node}"),
+            format!("--pod-manifest-path={}", dir.join("manifests").display()),
+            format!("--root-dir={}", dir.join("root").display()),
+            format!("--pod-logs-dir={}", dir.join("logs").display()),
+            format!("--healthz-port={healthz_port}"),
+            format!("--read-only-port={read_only_port}"),
+            "--address=127.0.0.1".to_string(),
+            format!("--v={}", args.verbosity),
+        ];
+        let log = std::fs::File::create(dir.join("deckhand.log"))?;
+        let mut cmd = match strace_out {
+            None => Command::new(&deckhand),
+            Some((strace, out)) => {
+                let mut c = Command::new(strace);
+                c.args(["-f", "--seccomp-bpf", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o"])
+                    .arg(out)
+                    .arg("--")
+                    .arg(&deckhand);
+                c
+            }
+        };
+        cmd.args(&agent_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env_remove("RUST_LOG");
+        let mut child = cmd.spawn().context("spawning deckhand")?;
+        let pid = if strace_out.is_some() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(pid) = find_child_running(child.id(), &deckhand) {
+                    break pid;
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    bail!("strace exited early with {status}");
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("deckhand did not appear under strace within 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            child.id()
+        };
+        Ok(Agent {
+            child,
+            pid,
+            node: node.to_string(),
+            dir: dir.to_path_buf(),
+            healthz_port,
+            read_only_port,
+        })
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
+    fn logs(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+    fn full(&self, name: &str) -> String {
+        format!("{name}-{}", self.node)
+    }
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.join("deckhand.log")).unwrap_or_default()
+    }
+
+    /// Writes a manifest under a temporary name outside the watched directory.
+    fn stage(&self, file: &str, text: &str) -> Result<()> {
+        std::fs::write(self.dir.join("staging").join(file), text)?;
+        Ok(())
+    }
+    /// Moves a staged manifest into the watched directory (an atomic rename).
+    fn publish(&self, file: &str) -> Result<()> {
+        std::fs::rename(self.dir.join("staging").join(file), self.manifests().join(file))?;
+        Ok(())
+    }
+    fn remove(&self, file: &str) -> Result<()> {
+        std::fs::remove_file(self.manifests().join(file))?;
+        Ok(())
+    }
+
+    async fn wait_healthy(&mut self, timeout: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        let url = format!("127.0.0.1:{}", self.healthz_port);
+        loop {
+            if let Some((200, body)) = http_get(&url, "/healthz").await {
+                if body.trim() == "ok" {
+                    return Ok(start.elapsed());
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                bail!("deckhand exited early with {status}; log:\n{}", self.log_text());
+            }
+            if start.elapsed() > timeout {
+                bail!("deckhand not healthy after {timeout:?}; log:\n{}", self.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn pods(&self) -> Option<Value> {
+        let (code, body) = http_get(&format!("127.0.0.1:{}", self.read_only_port), "/pods").await?;
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL after 30 s).
+    async fn stop(&mut self) -> (Duration, Option<ExitStatus>) {
+        let start = Instant::now();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return (start.elapsed(), Some(status));
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                self.kill();
+                return (start.elapsed(), None);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        if self.pid != self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    /// An agent left behind by a failed or timed-out phase is killed, never orphaned.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+/// A tiny HTTP/1.1 GET over plain TCP to 127.0.0.1: status code and body.
+async fn http_get(host: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    Some((code, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Whether `/pods` shows the pod named `full` with a running container, and its UID.
+fn pod_running_in(list: &Value, full: &str) -> Option<String> {
+    list["items"].as_array()?.iter().find_map(|p| {
+        let running = p["metadata"]["name"] == full
+            && p["status"]["containerStatuses"]
+                .as_array()
+                .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object()));
+        running.then(|| p["metadata"]["uid"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+fn manifest(name: &str, script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["sh", "-c", "{script}"]
+"#
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// CRI helpers
+
+fn running_filter(labels: HashMap<String, String>) -> ContainerFilter {
+    ContainerFilter {
+        state: Some(ContainerStateValue {
+            state: ContainerState::ContainerRunning as i32,
+        }),
+        label_selector: labels,
+        ..Default::default()
+    }
+}
+
+fn name_selector(full: &str) -> HashMap<String, String> {
+    HashMap::from([(POD_NAME.to_string(), full.to_string())])
+}
+
+/// Polls running containers until every pod in `want` has one; returns the time since `t0`
+/// each was first seen (pods never seen are missing from the map).
+async fn poll_running(
+    cri: &CriClient,
+    t0: Instant,
+    want: &HashSet<String>,
+    period: Duration,
+    deadline: Duration,
+) -> HashMap<String, Duration> {
+    let mut seen = HashMap::new();
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while seen.len() < want.len() && t0.elapsed() < deadline {
+        ticker.tick().await;
+        let Ok(list) = cri.list_containers(Some(running_filter(HashMap::new()))).await else {
+            continue;
+        };
+        let now = t0.elapsed();
+        for c in list {
+            if let Some(name) = c.labels.get(POD_NAME) {
+                if want.contains(name) && !seen.contains_key(name) {
+                    seen.insert(name.clone(), now);
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// Polls sandboxes until none of the pods in `want` has one left; returns the time since `t0`
+/// each pod's last sandbox was first seen gone.
+async fn poll_sandboxes_gone(
+    cri: &CriClient,
+    t0: Instant,
+    want: &HashSet<String>,
+    deadline: Duration,
+) -> HashMap<String, Duration> {
+    let mut gone = HashMap::new();
+    let mut ticker = tokio::time::interval(CRI_POLL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while gone.len() < want.len() && t0.elapsed() < deadline {
+        ticker.tick().await;
+        let Ok(list) = cri.list_pod_sandbox(None).await else { continue };
+        let now = t0.elapsed();
+        let present: HashSet<&str> = list
+            .iter()
+            .filter_map(|s| s.metadata.as_ref().map(|m| m.name.as_str()))
+            .collect();
+        for name in want {
+            if !present.contains(name.as_str()) && !gone.contains_key(name) {
+                gone.insert(name.clone(), now);
+            }
+        }
+    }
+    gone
+}
+
+/// Stops and removes every sandbox whose name `matches`; how many there were.
+async fn remove_sandboxes(cri: &CriClient, matches: impl Fn(&str) -> bool) -> usize {
+    let Ok(list) = cri.list_pod_sandbox(None).await else { return 0 };
+    let mut removed = 0;
+    for sb in list {
+        let name = sb.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        if !matches(&name) {
+            continue;
+        }
+        let containers = cri
+            .list_containers(Some(ContainerFilter {
+                pod_sandbox_id: sb.id.clone(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_or_default();
+        for c in containers {
+            let _ = cri.stop_container(c.id.clone(), 0).await;
+            let _ = cri.remove_container(c.id).await;
+        }
+        let _ = cri.stop_pod_sandbox(sb.id.clone()).await;
+        let _ = cri.remove_pod_sandbox(sb.id).await;
+        removed += 1;
+    }
+    removed
+}
+
+fn ours(name: &str) -> bool {
+    name.starts_with("floor-")
+        || name.starts_with("warmup-")
+        || name.ends_with(&format!("-{NODE}"))
+        || name.ends_with(&format!("-{DNS_NODE}"))
+}
+
+/// `rmdir` a pod cgroup in every v1 hierarchy (and v2); runc leaves them behind.
+fn remove_pod_cgroup(parent: &str) {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    for e in entries.flatten() {
+        let _ = std::fs::remove_dir(e.path().join(parent.trim_start_matches('/')));
+    }
+    let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent.trim_start_matches('/')));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The floor: raw CRI calls
+
+struct FloorPod {
+    uid: String,
+    sandbox: String,
+    container: String,
+    running_at: Duration,
+    run: Duration,
+    create: Duration,
+    start: Duration,
+}
+
+fn fake_uid(i: usize) -> String {
+    let nanos = unix_ns(SystemTime::now()) as u64;
+    format!("{nanos:016x}{:016x}", (i as u64) ^ 0xbe_0000)
+}
+
+fn floor_cgroup(uid: &str) -> String {
+    format!("/kubepods/besteffort/pod{uid}")
+}
+
+fn floor_sandbox_config(name: &str, uid: &str, logs: &Path) -> PodSandboxConfig {
+    let labels = HashMap::from([
+        (POD_NAME.to_string(), name.to_string()),
+        (POD_NAMESPACE.to_string(), "default".to_string()),
+        (POD_UID.to_string(), uid.to_string()),
+    ]);
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: "default".to_string(),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: logs.join(format!("default_{name}_{uid}")).to_string_lossy().into_owned(),
+        labels,
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: floor_cgroup(uid),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Pod as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn floor_container_config(name: &str, uid: &str) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: "main".into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: BUSYBOX.into(),
+            user_specified_image: BUSYBOX.into(),
+            ..Default::default()
+        }),
+        command: vec!["sh".into(), "-c".into(), SCRIPT.into()],
+        log_path: "main/0.log".into(),
+        labels: HashMap::from([
+            (POD_NAME.to_string(), name.to_string()),
+            (POD_NAMESPACE.to_string(), "default".to_string()),
+            (POD_UID.to_string(), uid.to_string()),
+            (CONTAINER_NAME.to_string(), "main".to_string()),
+        ]),
+        linux: Some(LinuxContainerConfig::default()),
+        ..Default::default()
+    }
+}
+
+async fn floor_pod(cri: CriClient, name: String, uid: String, logs: PathBuf, t0: Instant) -> Result<FloorPod> {
+    let config = floor_sandbox_config(&name, &uid, &logs);
+    std::fs::create_dir_all(Path::new(&config.log_directory).join("main"))?;
+    let a = Instant::now();
+    let sandbox = cri
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .pod_sandbox_id;
+    let run = a.elapsed();
+    let b = Instant::now();
+    let container = cri
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(floor_container_config(&name, &uid)),
+            sandbox_config: Some(config),
+        })
+        .await?;
+    let create = b.elapsed();
+    let c = Instant::now();
+    cri.start_container(container.clone()).await?;
+    Ok(FloorPod {
+        uid,
+        sandbox,
+        container,
+        running_at: t0.elapsed(),
+        run,
+        create,
+        start: c.elapsed(),
+    })
+}
+
+/// Stop then remove one sandbox; the time since `t0` it was gone.
+async fn floor_remove(cri: CriClient, sandbox: String, t0: Instant) -> Result<(Duration, Duration, Duration)> {
+    let a = Instant::now();
+    cri.stop_pod_sandbox(sandbox.clone()).await?;
+    let stop = a.elapsed();
+    let b = Instant::now();
+    cri.remove_pod_sandbox(sandbox).await?;
+    Ok((t0.elapsed(), stop, b.elapsed()))
+}
+
+/// Wall-clock `started_at` of each container, relative to `t0_wall` (ms).
+async fn started_offsets(cri: &CriClient, ids: &[String], t0_wall: SystemTime) -> Vec<f64> {
+    let base = unix_ns(t0_wall);
+    let mut out = Vec::new();
+    for id in ids {
+        if let Ok(resp) = cri.container_status(id.clone()).await {
+            if let Some(st) = resp.status {
+                if st.started_at > 0 {
+                    out.push((st.started_at - base) as f64 / 1e6);
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+struct Bench {
+    args: Args,
+    cri: CriClient,
+    agent: Option<Agent>,
+    report: Report,
+    floor_cgroups: Vec<String>,
+    floor: Option<(Dist, Dist)>,
+}
+
+async fn run(args: Args) -> Result<()> {
+    let endpoint = parse_endpoint(&args.endpoint)?;
+    let cri = CriClient::connect(&endpoint, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("connecting to {}", args.endpoint))?;
+    if cri.image_status(BUSYBOX.to_string()).await?.is_none() {
+        bail!("{BUSYBOX} is not in the testbed (scripts/testbed up imports it)");
+    }
+    if args.work_dir.exists() {
+        std::fs::remove_dir_all(&args.work_dir)
+            .with_context(|| format!("emptying {}", args.work_dir.display()))?;
+    }
+    std::fs::create_dir_all(&args.work_dir)?;
+    let stale = remove_sandboxes(&cri, ours).await;
+    if stale > 0 {
+        progress(format!("removed {stale} sandbox(es) left by an earlier run"));
+    }
+
+    let mut bench = Bench {
+        args: args.clone(),
+        cri,
+        agent: None,
+        report: Report::default(),
+        floor_cgroups: Vec::new(),
+        floor: None,
+    };
+    bench.header().await;
+    let budget = Duration::from_secs(900 + 10 * args.pods as u64 + 2 * args.idle_secs);
+    let outcome = tokio::time::timeout(budget, bench.phases()).await;
+    bench.cleanup().await;
+    let result = match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => {
+            bench.report.note(format!("the run stopped early: {err:#}"));
+            Err(err)
+        }
+        Err(_) => {
+            bench.report.note(format!("the run exceeded its budget of {budget:?}"));
+            Err(anyhow!("the run exceeded its budget of {budget:?}"))
+        }
+    };
+    bench.report.set("ok", json!(result.is_ok()));
+    bench.report.print();
+    result
+}
+
+impl Bench {
+    async fn header(&mut self) {
+        let n = self.args.pods;
+        let version = self
+            .cri
+            .version()
+            .await
+            .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
+            .unwrap_or_else(|_| "unknown".into());
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        self.report.rows.push((format!("Deckhand startup bench: N = {n} pods"), String::new()));
+        self.report.row("runtime", version.clone());
+        self.report.row("CPUs / load average at start", format!("{cpus} / {load}"));
+        self.report.row("agent", format!("{} --v={}", self.args.deckhand.display(), self.args.verbosity));
+        self.report.set("n", json!(n));
+        self.report.set("runtime", json!(version));
+        self.report.set("cpus", json!(cpus));
+        self.report.set("loadavg_start", json!(load));
+    }
+
+    async fn phases(&mut self) -> Result<()> {
+        self.warm_up().await?;
+        self.floor_phase().await?;
+        self.deckhand_phases().await?;
+        if let Some(strace) = self.args.strace.clone() {
+            self.dns_phase(&strace).await?;
+        } else {
+            self.report.note("DNS phase skipped: no --strace");
+        }
+        self.targets();
+        Ok(())
+    }
+
+    /// One pod created and removed before anything is timed, so the floor is not a cold start.
+    async fn warm_up(&mut self) -> Result<()> {
+        progress("warm-up: one pod by raw CRI calls");
+        let logs = self.args.work_dir.join("floor-logs");
+        let uid = fake_uid(9999);
+        self.floor_cgroups.push(floor_cgroup(&uid));
+        let pod = floor_pod(self.cri.clone(), "warmup-0".into(), uid, logs, Instant::now()).await?;
+        floor_remove(self.cri.clone(), pod.sandbox, Instant::now()).await?;
+        Ok(())
+    }
+
+    async fn floor_phase(&mut self) -> Result<()> {
+        let n = self.args.pods;
+        progress(format!("floor: {n} pods by raw CRI calls, all at once"));
+        let logs = self.args.work_dir.join("floor-logs");
+        let uids: Vec<String> = (0..n).map(fake_uid).collect();
+        self.floor_cgroups.extend(uids.iter().map(|u| floor_cgroup(u)));
+        let t0 = Instant::now();
+        let t0_wall = SystemTime::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, uid) in uids.iter().enumerate() {
+            tasks.spawn(floor_pod(self.cri.clone(), format!("floor-{i}"), uid.clone(), logs.clone(), t0));
+        }
+        let mut pods = Vec::new();
+        let mut errors = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(p)) => pods.push(p),
+                Ok(Err(e)) => errors.push(format!("{e:#}")),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            self.report.note(format!("floor: {} of {n} pods failed; first: {}", errors.len(), errors[0]));
+        }
+        if pods.is_empty() {
+            bail!("no floor pod started");
+        }
+        let running: Vec<f64> = pods.iter().map(|p| ms(p.running_at)).collect();
+        let run: Vec<f64> = pods.iter().map(|p| ms(p.run)).collect();
+        let create: Vec<f64> = pods.iter().map(|p| ms(p.create)).collect();
+        let start: Vec<f64> = pods.iter().map(|p| ms(p.start)).collect();
+        let ids: Vec<String> = pods.iter().map(|p| p.container.clone()).collect();
+        let started = started_offsets(&self.cri, &ids, t0_wall).await;
+
+        progress(format!("floor: removing {} pods, all at once", pods.len()));
+        let t1 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for p in &pods {
+            tasks.spawn(floor_remove(self.cri.clone(), p.sandbox.clone(), t1));
+        }
+        let mut removed = Vec::new();
+        let mut stops = Vec::new();
+        let mut removes = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok((at, stop, remove))) => {
+                    removed.push(ms(at));
+                    stops.push(ms(stop));
+                    removes.push(ms(remove));
+                }
+                Ok(Err(e)) => self.report.note(format!("floor removal failed: {e:#}")),
+                Err(e) => self.report.note(format!("floor removal task failed: {e}")),
+            }
+        }
+        for p in &pods {
+            remove_pod_cgroup(&floor_cgroup(&p.uid));
+        }
+        let _ = std::fs::remove_dir_all(&logs);
+
+        let r = &mut self.report;
+        r.section(&format!("1. Floor: {} pods by raw CRI calls, all at once", pods.len()));
+        let d_running = dist(&running);
+        let d_started = dist(&started);
+        r.row("batch start -> StartContainer returned", d_running.text());
+        r.row("batch start -> started_at (containerd)", d_started.text());
+        r.row("  RunPodSandbox call", dist(&run).text());
+        r.row("  CreateContainer call", dist(&create).text());
+        r.row("  StartContainer call", dist(&start).text());
+        r.row("batch start -> sandbox removed", dist(&removed).text());
+        r.row("  StopPodSandbox call", dist(&stops).text());
+        r.row("  RemovePodSandbox call", dist(&removes).text());
+        r.set("floor.start", d_running.json());
+        r.set("floor.started_at", d_started.json());
+        r.set("floor.run_pod_sandbox", dist(&run).json());
+        r.set("floor.create_container", dist(&create).json());
+        r.set("floor.start_container", dist(&start).json());
+        r.set("floor.remove", dist(&removed).json());
+        r.set("floor.stop_pod_sandbox", dist(&stops).json());
+        r.set("floor.remove_pod_sandbox", dist(&removes).json());
+        r.set("floor.failed", json!(errors.len()));
+        self.floor = Some((d_running, d_started));
+        Ok(())
+    }
+
+    async fn deckhand_phases(&mut self) -> Result<()> {
+        let n = self.args.pods;
+        let dir = self.args.work_dir.join("agent");
+        progress(format!("deckhand: starting (log in {})", dir.join("deckhand.log").display()));
+        let agent = self.agent.insert(Agent::start(&self.args, NODE, &dir, None)?);
+        let healthy = agent.wait_healthy(Duration::from_secs(60)).await?;
+        let pid = agent.pid;
+        self.report.section("2. Deckhand start");
+        self.report.row("process start -> /healthz ok", format!("{:.0} ms", ms(healthy)));
+        self.report.set("deckhand.healthy_ms", json!(r1(ms(healthy))));
+
+        // Idle with no pods.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        progress(format!("deckhand: idle with 0 pods for {} s", self.args.idle_secs));
+        let idle0 = sample_idle(pid, self.args.idle_secs).await?;
+
+        self.start_phase(n).await?;
+
+        progress(format!("deckhand: idle with {n} pods for {} s", self.args.idle_secs));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let idle_n = sample_idle(pid, self.args.idle_secs).await?;
+        {
+            let r = &mut self.report;
+            r.section("4. Idle");
+            r.row("0 pods", idle0.text());
+            r.row(&format!("{n} pods"), idle_n.text());
+            r.set("idle.zero_pods", idle0.json());
+            r.set("idle.n_pods", idle_n.json());
+        }
+
+        self.lag_phase().await?;
+        self.edit_phase().await?;
+        self.delete_phases(n).await?;
+
+        let agent = self.agent.as_mut().expect("the agent");
+        let last = proc_sample(agent.pid).ok_or_else(|| anyhow!("deckhand exited before the end"))?;
+        let (stop_took, status) = agent.stop().await;
+        let left = remove_sandboxes(&self.cri, |name| name.ends_with(&format!("-{NODE}"))).await;
+        let leftover_logs = std::fs::read_dir(dir.join("logs")).map(|d| d.count()).unwrap_or(0);
+        self.agent = None;
+        let r = &mut self.report;
+        r.section("Whole run of the agent");
+        r.row("peak RSS (VmHWM)", format!("{:.1} MiB", last.hwm_kib as f64 / 1024.0));
+        r.row("total CPU (utime+stime)", format!("{:.2} s", last.cpu_s));
+        r.row(
+            "SIGTERM -> exit",
+            format!("{:.0} ms ({})", ms(stop_took), status.map(|s| s.to_string()).unwrap_or("killed".into())),
+        );
+        r.row("sandboxes / log dirs left after the run", format!("{left} / {leftover_logs}"));
+        r.set("deckhand.peak_rss_mib", json!(r1(last.hwm_kib as f64 / 1024.0)));
+        r.set("deckhand.cpu_total_s", json!(r3(last.cpu_s)));
+        r.set("deckhand.stop_ms", json!(r1(ms(stop_took))));
+        r.set("deckhand.left_sandboxes", json!(left));
+        r.set("deckhand.left_log_dirs", json!(leftover_logs));
+        Ok(())
+    }
+
+    fn agent(&self) -> &Agent {
+        self.agent.as_ref().expect("the agent is running")
+    }
+
+    async fn start_phase(&mut self, n: usize) -> Result<()> {
+        progress(format!("deckhand: dropping {n} manifests at once"));
+        let agent = self.agent();
+        let names: Vec<String> = (0..n).map(|i| format!("b-{i}")).collect();
+        for name in &names {
+            agent.stage(&format!("{name}.yaml"), &manifest(name, SCRIPT))?;
+        }
+        let want: HashSet<String> = names.iter().map(|n| agent.full(n)).collect();
+        let t0 = Instant::now();
+        let t0_wall = SystemTime::now();
+        for name in &names {
+            agent.publish(&format!("{name}.yaml"))?;
+        }
+        let drop_took = t0.elapsed();
+        let deadline = Duration::from_secs(60 + 2 * n as u64);
+        let seen = poll_running(&self.cri, t0, &want, CRI_POLL, deadline).await;
+        let running: Vec<f64> = seen.values().map(|d| ms(*d)).collect();
+        // containerd's own start times, read after the fact (no load during the phase).
+        let mut ids = Vec::new();
+        for c in self.cri.list_containers(Some(running_filter(HashMap::new()))).await.unwrap_or_default() {
+            if c.labels.get(POD_NAME).is_some_and(|n| want.contains(n)) {
+                ids.push(c.id);
+            }
+        }
+        let started = started_offsets(&self.cri, &ids, t0_wall).await;
+
+        let d = dist(&running);
+        let d_started = dist(&started);
+        let r = &mut self.report;
+        r.row(&format!("drop of {n} manifests (renames) took"), format!("{:.1} ms", ms(drop_took)));
+        r.row("drop -> container RUNNING (CRI poll 20 ms)", d.text());
+        r.row("drop -> started_at (containerd)", d_started.text());
+        r.set("deckhand.drop_ms", json!(r3(ms(drop_took))));
+        r.set("deckhand.start", d.json());
+        r.set("deckhand.started_at", d_started.json());
+        if let Some((floor, floor_started)) = self.floor {
+            let p50 = d.p50 / floor.p50;
+            let max = d.max / floor.max;
+            r.row("ratio Deckhand / floor (poll vs StartContainer)", format!("p50 {p50:.2}x   max {max:.2}x"));
+            let sp50 = d_started.p50 / floor_started.p50;
+            let smax = d_started.max / floor_started.max;
+            r.row("ratio Deckhand / floor (started_at both)", format!("p50 {sp50:.2}x   max {smax:.2}x"));
+            r.set("ratio.p50", json!(r3(p50)));
+            r.set("ratio.max", json!(r3(max)));
+            r.set("ratio.started_at_p50", json!(r3(sp50)));
+            r.set("ratio.started_at_max", json!(r3(smax)));
+        }
+        if seen.len() < n {
+            bail!("only {} of {n} pods were running after {deadline:?}", seen.len());
+        }
+        Ok(())
+    }
+
+    /// A few pods added one at a time: RUNNING over CRI, then `state.running` in /pods.
+    async fn lag_phase(&mut self) -> Result<()> {
+        let k = self.args.lag_pods;
+        if k == 0 {
+            return Ok(());
+        }
+        progress(format!("deckhand: /pods lag over {k} pods added one by one"));
+        let mut lags = Vec::new();
+        let mut lags_started = Vec::new();
+        let mut files = Vec::new();
+        for i in 0..k {
+            let agent = self.agent();
+            let name = format!("l-{i}");
+            let file = format!("{name}.yaml");
+            let full = agent.full(&name);
+            agent.stage(&file, &manifest(&name, SCRIPT))?;
+            let t0 = Instant::now();
+            agent.publish(&file)?;
+            files.push(file);
+            let deadline = Duration::from_secs(60);
+            let cri = self.cri.clone();
+            let cri_side = async {
+                let mut ticker = tokio::time::interval(LAG_POLL);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while t0.elapsed() < deadline {
+                    ticker.tick().await;
+                    if let Ok(list) = cri.list_containers(Some(running_filter(name_selector(&full)))).await {
+                        if let Some(c) = list.first() {
+                            return Some((t0.elapsed(), c.id.clone()));
+                        }
+                    }
+                }
+                None
+            };
+            let pods_side = async {
+                let mut ticker = tokio::time::interval(LAG_POLL);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while t0.elapsed() < deadline {
+                    ticker.tick().await;
+                    if let Some(list) = agent.pods().await {
+                        if pod_running_in(&list, &full).is_some() {
+                            return Some((t0.elapsed(), SystemTime::now()));
+                        }
+                    }
+                }
+                None
+            };
+            let (cri_seen, pods_seen) = tokio::join!(cri_side, pods_side);
+            let (Some((t_cri, id)), Some((t_pods, pods_wall))) = (cri_seen, pods_seen) else {
+                bail!("pod {full} not running in both CRI and /pods within {deadline:?}");
+            };
+            lags.push(ms(t_pods) - ms(t_cri));
+            if let Ok(Some(st)) = self.cri.container_status(id).await.map(|r| r.status) {
+                lags_started.push((unix_ns(pods_wall) - st.started_at) as f64 / 1e6);
+            }
+        }
+        // Remove them again (not part of the delete measurements).
+        let agent = self.agent();
+        let want: HashSet<String> = (0..k).map(|i| agent.full(&format!("l-{i}"))).collect();
+        let t0 = Instant::now();
+        for f in &files {
+            agent.remove(f)?;
+        }
+        let gone = poll_sandboxes_gone(&self.cri, t0, &want, Duration::from_secs(60)).await;
+        let gone_ms: Vec<f64> = gone.values().map(|d| ms(*d)).collect();
+
+        let r = &mut self.report;
+        r.section("3. /pods lag (pods added one at a time, both sides polled every 10 ms)");
+        r.row(
+            "RUNNING over CRI -> running in /pods",
+            format!("median {:.0} ms   max {:.0} ms   (n={})", median(&lags), max_of(&lags), lags.len()),
+        );
+        r.row(
+            "containerd started_at -> running in /pods",
+            format!(
+                "median {:.0} ms   max {:.0} ms   (n={})",
+                median(&lags_started),
+                max_of(&lags_started),
+                lags_started.len()
+            ),
+        );
+        r.row(&format!("(cleanup: {k} lag pods deleted -> removed)"), dist(&gone_ms).text());
+        r.set("pods_lag.median_ms", json!(r1(median(&lags))));
+        r.set("pods_lag.max_ms", json!(r1(max_of(&lags))));
+        r.set("pods_lag.samples_ms", json!(lags.iter().map(|x| r1(*x)).collect::<Vec<_>>()));
+        r.set("pods_lag.from_started_at_median_ms", json!(r1(median(&lags_started))));
+        r.set("pods_lag.from_started_at_max_ms", json!(r1(max_of(&lags_started))));
+        if gone.len() < k {
+            bail!("the lag pods were not all removed within 60 s");
+        }
+        Ok(())
+    }
+
+    /// One manifest changed: the new container RUNNING, and the old one stopped before it.
+    async fn edit_phase(&mut self) -> Result<()> {
+        progress("deckhand: editing b-1");
+        let agent = self.agent();
+        let full = agent.full("b-1");
+        let old = self
+            .cri
+            .list_containers(Some(running_filter(name_selector(&full))))
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow!("b-1 has no running container before the edit"))?;
+        let old_uid = old.labels.get(POD_UID).cloned().unwrap_or_default();
+        agent.stage("b-1.yaml", &manifest("b-1", EDITED_SCRIPT))?;
+        let t0 = Instant::now();
+        agent.publish("b-1.yaml")?;
+        let deadline = Duration::from_secs(60);
+        let mut old_finished: Option<i64> = None;
+        let mut old_gone_before_exit_seen = false;
+        let mut old_stopped_seen: Option<Duration> = None;
+        let mut new: Option<(Duration, String, String)> = None;
+        let mut ticker = tokio::time::interval(CRI_POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while new.is_none() && t0.elapsed() < deadline {
+            ticker.tick().await;
+            let list = self
+                .cri
+                .list_containers(Some(ContainerFilter {
+                    label_selector: name_selector(&full),
+                    ..Default::default()
+                }))
+                .await
+                .unwrap_or_default();
+            let now = t0.elapsed();
+            if let Some(c) = list.iter().find(|c| {
+                c.state == ContainerState::ContainerRunning as i32
+                    && c.labels.get(POD_UID).is_some_and(|u| *u != old_uid)
+            }) {
+                let uid = c.labels.get(POD_UID).cloned().unwrap_or_default();
+                new = Some((now, c.id.clone(), uid));
+            }
+            if old_finished.is_none() && !old_gone_before_exit_seen {
+                match self.cri.container_status(old.id.clone()).await {
+                    Ok(resp) => {
+                        if let Some(st) = resp.status {
+                            if st.state == ContainerState::ContainerExited as i32 {
+                                old_finished = Some(st.finished_at);
+                                old_stopped_seen = Some(t0.elapsed());
+                            }
+                        }
+                    }
+                    Err(e) if e.is_not_found() => old_gone_before_exit_seen = true,
+                    Err(_) => {}
+                }
+            }
+        }
+        let Some((t_new, new_id, new_uid)) = new else {
+            bail!("the edited pod b-1 had no new running container within {deadline:?}");
+        };
+        let new_status = self.cri.container_status(new_id).await?.status.unwrap_or_default();
+        let r = &mut self.report;
+        r.section("5. Edit (one manifest's command changed)");
+        r.row("write -> new container RUNNING (CRI poll 20 ms)", format!("{:.0} ms", ms(t_new)));
+        r.row("pod UID changed", format!("{} ({old_uid} -> {new_uid})", old_uid != new_uid));
+        r.set("edit.new_running_ms", json!(r1(ms(t_new))));
+        r.set("edit.uid_changed", json!(old_uid != new_uid));
+        match old_finished {
+            Some(fin) => {
+                let gap = (new_status.created_at - fin) as f64 / 1e6;
+                let gap_started = (new_status.started_at - fin) as f64 / 1e6;
+                let ok = fin <= new_status.created_at;
+                r.row(
+                    "old finished -> new created / started",
+                    format!("{gap:+.0} ms / {gap_started:+.0} ms  ({})", if ok { "stopped first: yes" } else { "OVERLAP" }),
+                );
+                if let Some(seen) = old_stopped_seen {
+                    r.row("write -> old container seen exited", format!("{:.0} ms", ms(seen)));
+                }
+                r.set("edit.old_finished_to_new_created_ms", json!(r1(gap)));
+                r.set("edit.old_finished_to_new_started_ms", json!(r1(gap_started)));
+                r.set("edit.stopped_before_start", json!(ok));
+            }
+            None => {
+                r.row(
+                    "old finished -> new created",
+                    "unknown (the old container was removed before it was seen exited)",
+                );
+                r.set("edit.stopped_before_start", Value::Null);
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_phases(&mut self, n: usize) -> Result<()> {
+        progress("deckhand: deleting b-0");
+        let agent = self.agent();
+        let full = agent.full("b-0");
+        let uid = self
+            .cri
+            .list_pod_sandbox(Some(PodSandboxFilter {
+                label_selector: name_selector(&full),
+                ..Default::default()
+            }))
+            .await?
+            .first()
+            .and_then(|s| s.metadata.as_ref().map(|m| m.uid.clone()))
+            .ok_or_else(|| anyhow!("b-0 has no sandbox before the delete"))?;
+        let log_dir = agent.logs().join(format!("default_{full}_{uid}"));
+        if !log_dir.exists() {
+            self.report.note(format!("b-0's log dir {} did not exist before the delete", log_dir.display()));
+        }
+        let t0 = Instant::now();
+        agent.remove("b-0.yaml")?;
+        let deadline = Duration::from_secs(60);
+        let (mut stopped, mut removed, mut logs_gone) = (None, None, None);
+        let mut ticker = tokio::time::interval(CRI_POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while (removed.is_none() || logs_gone.is_none()) && t0.elapsed() < deadline {
+            ticker.tick().await;
+            let list = self
+                .cri
+                .list_pod_sandbox(Some(PodSandboxFilter {
+                    label_selector: name_selector(&full),
+                    ..Default::default()
+                }))
+                .await;
+            let now = t0.elapsed();
+            if let Ok(list) = list {
+                if stopped.is_none() && list.iter().all(|s| s.state != PodSandboxState::SandboxReady as i32) {
+                    stopped = Some(now);
+                }
+                if removed.is_none() && list.is_empty() {
+                    removed = Some(now);
+                }
+            }
+            if logs_gone.is_none() && !log_dir.exists() {
+                logs_gone = Some(t0.elapsed());
+            }
+        }
+        let show = |d: Option<Duration>| d.map(|d| format!("{:.0} ms", ms(d))).unwrap_or("not within 60 s".into());
+        let fmt_json = |d: Option<Duration>| d.map(|d| json!(r1(ms(d)))).unwrap_or(Value::Null);
+        {
+            let r = &mut self.report;
+            r.section("6. Delete");
+            r.row("one manifest: delete -> sandbox not ready", show(stopped));
+            r.row("one manifest: delete -> sandbox removed", show(removed));
+            r.row("one manifest: delete -> log dir removed", show(logs_gone));
+            r.set("delete_one.stopped_ms", fmt_json(stopped));
+            r.set("delete_one.removed_ms", fmt_json(removed));
+            r.set("delete_one.log_dir_removed_ms", fmt_json(logs_gone));
+        }
+
+        progress(format!("deckhand: deleting the other {} manifests at once", n - 1));
+        let agent = self.agent();
+        let names: Vec<String> = (1..n).map(|i| format!("b-{i}")).collect();
+        let want: HashSet<String> = names.iter().map(|n| agent.full(n)).collect();
+        let t0 = Instant::now();
+        for name in &names {
+            agent.remove(&format!("{name}.yaml"))?;
+        }
+        let deadline = Duration::from_secs(60 + n as u64);
+        let gone = poll_sandboxes_gone(&self.cri, t0, &want, deadline).await;
+        let gone_ms: Vec<f64> = gone.values().map(|d| ms(*d)).collect();
+        // Log dirs: wait (bounded) until none is left.
+        let logs = agent.logs();
+        let mut logs_left = usize::MAX;
+        let mut logs_gone_at = None;
+        while t0.elapsed() < deadline {
+            logs_left = std::fs::read_dir(&logs).map(|d| d.count()).unwrap_or(0);
+            if logs_left == 0 {
+                logs_gone_at = Some(t0.elapsed());
+                break;
+            }
+            tokio::time::sleep(CRI_POLL).await;
+        }
+        let d = dist(&gone_ms);
+        let r = &mut self.report;
+        r.row(&format!("{} at once: delete -> sandbox removed", n - 1), d.text());
+        r.row(
+            &format!("{} at once: delete -> all log dirs removed", n - 1),
+            match logs_gone_at {
+                Some(t) => format!("{:.0} ms", ms(t)),
+                None => format!("{logs_left} still there after {deadline:?}"),
+            },
+        );
+        r.set("delete_all.removed", d.json());
+        r.set("delete_all.log_dirs_removed_ms", logs_gone_at.map(|t| json!(r1(ms(t)))).unwrap_or(Value::Null));
+        if gone.len() < want.len() {
+            bail!("{} of {} sandboxes still there after {deadline:?}", want.len() - gone.len(), want.len());
+        }
+        Ok(())
+    }
+
+    /// A separate short run under strace: connects and sends to port 53.
+    async fn dns_phase(&mut self, strace: &Path) -> Result<()> {
+        let k = self.args.dns_pods;
+        progress(format!("dns: deckhand under strace with {k} pods"));
+        let dir = self.args.work_dir.join("dns");
+        let trace = dir.join("strace.out");
+        std::fs::create_dir_all(&dir)?;
+        let mut agent = Agent::start(&self.args, DNS_NODE, &dir, Some((strace, &trace)))?;
+        let outcome = async {
+            agent.wait_healthy(Duration::from_secs(60)).await?;
+            let names: Vec<String> = (0..k).map(|i| format!("d-{i}")).collect();
+            for name in &names {
+                agent.stage(&format!("{name}.yaml"), &manifest(name, SCRIPT))?;
+            }
+            let want: HashSet<String> = names.iter().map(|n| agent.full(n)).collect();
+            let t0 = Instant::now();
+            for name in &names {
+                agent.publish(&format!("{name}.yaml"))?;
+            }
+            let seen = poll_running(&self.cri, t0, &want, CRI_POLL, Duration::from_secs(90)).await;
+            let start_max = max_of(&seen.values().map(|d| ms(*d)).collect::<Vec<_>>());
+            let _ = agent.pods().await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let t1 = Instant::now();
+            for name in &names {
+                agent.remove(&format!("{name}.yaml"))?;
+            }
+            poll_sandboxes_gone(&self.cri, t1, &want, Duration::from_secs(60)).await;
+            anyhow::Ok((seen.len(), start_max))
+        }
+        .await;
+        let _ = agent.stop().await;
+        remove_sandboxes(&self.cri, |name| name.ends_with(&format!("-{DNS_NODE}"))).await;
+        let (running, start_max) = outcome?;
+
+        let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {}", trace.display()))?;
+        let mut by_call: BTreeMap<String, usize> = BTreeMap::new();
+        let mut inet: BTreeMap<String, usize> = BTreeMap::new();
+        let mut unix_connects = 0;
+        for line in text.lines() {
+            let Some(call) = ["connect(", "sendto(", "sendmsg(", "sendmmsg("]
+                .iter()
+                .find(|c| line.contains(*c))
+            else {
+                continue;
+            };
+            if line.contains("htons(53)") {
+                *by_call.entry(call.trim_end_matches('(').to_string()).or_default() += 1;
+            }
+            if call == &"connect(" {
+                if line.contains("AF_UNIX") {
+                    unix_connects += 1;
+                } else if let Some(pos) = line.find("_port=htons(") {
+                    let port: String = line[pos + 12..].chars().take_while(|c| c.is_ascii_digit()).collect();
+                    let addr = line
+                        .split("inet_addr(\"")
+                        .nth(1)
+                        .or_else(|| line.split("inet_pton(AF_INET6, \"").nth(1))
+                        .and_then(|s| s.split('"').next())
+                        .unwrap_or("?");
+                    *inet.entry(format!("{addr}:{port}")).or_default() += 1;
+                }
+            }
+        }
+        let dns_connects = by_call.get("connect").copied().unwrap_or(0);
+        let dns_total: usize = by_call.values().sum();
+        let r = &mut self.report;
+        r.section(&format!("7. DNS (separate run under strace -f --seccomp-bpf, {k} pods started and deleted)"));
+        r.row("connect() to port 53", format!("{dns_connects}"));
+        r.row(
+            "all syscalls naming port 53",
+            if by_call.is_empty() {
+                "0".to_string()
+            } else {
+                by_call.iter().map(|(c, n)| format!("{c} {n}")).collect::<Vec<_>>().join(", ")
+            },
+        );
+        r.row("connect() over AF_UNIX (CRI socket etc.)", format!("{unix_connects}"));
+        r.row(
+            "connect() over IP (destination: count)",
+            if inet.is_empty() {
+                "none".to_string()
+            } else {
+                inet.iter().map(|(a, n)| format!("{a}: {n}")).collect::<Vec<_>>().join(", ")
+            },
+        );
+        r.row("(under strace: pods running / drop -> all RUNNING)", format!("{running}/{k} / {start_max:.0} ms"));
+        r.set("dns.connects_port_53", json!(dns_connects));
+        r.set("dns.syscalls_port_53", json!(dns_total));
+        r.set("dns.unix_connects", json!(unix_connects));
+        r.set("dns.inet_connects", json!(inet));
+        Ok(())
+    }
+
+    /// The issue's targets (stated for 30 pods).
+    fn targets(&mut self) {
+        let j = Value::Object(self.report.json.clone());
+        let num = |path: &str| -> Option<f64> {
+            let mut v = &j;
+            for p in path.split('.') {
+                v = v.get(p)?;
+            }
+            v.as_f64()
+        };
+        let checks: Vec<(&str, Option<f64>, f64, &str)> = vec![
+            ("start ratio p50 (Deckhand / floor)", num("ratio.p50"), 1.05, "x"),
+            ("start ratio max (Deckhand / floor)", num("ratio.max"), 1.05, "x"),
+            ("edit -> new RUNNING", num("edit.new_running_ms"), 1500.0, "ms"),
+            ("delete one -> sandbox removed", num("delete_one.removed_ms"), 3000.0, "ms"),
+            ("delete all -> sandbox removed (max)", num("delete_all.removed.max_ms"), 3000.0, "ms"),
+            ("RUNNING -> /pods (max)", num("pods_lag.max_ms"), 100.0, "ms"),
+            ("idle RSS, 0 pods (max)", num("idle.zero_pods.rss_max_mib"), 18.0, "MiB"),
+            ("idle RSS, N pods (max)", num("idle.n_pods.rss_max_mib"), 20.0, "MiB"),
+            ("idle CPU, N pods", num("idle.n_pods.cpu_s_per_30s"), 0.15, "CPU-s/30s"),
+        ];
+        let n = self.args.pods;
+        self.report.section(&format!("Targets (stated for 30 pods; this run has {n})"));
+        for (label, value, limit, unit) in checks {
+            let verdict = match value {
+                Some(v) if v <= limit => format!("{v:.3} {unit} <= {limit} {unit}   ok"),
+                Some(v) => format!("{v:.3} {unit} >  {limit} {unit}   MISSED"),
+                None => "not measured".to_string(),
+            };
+            self.report.set(
+                &format!("targets.{}", label.replace(['.', ' ', '(', ')', '/', '>', '-', ','], "_")),
+                json!(value.map(|v| v <= limit)),
+            );
+            self.report.row(label, verdict);
+        }
+    }
+
+    /// Stops the agent if a phase failed and removes whatever the run left in the runtime.
+    async fn cleanup(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let _ = agent.stop().await;
+        }
+        let n = remove_sandboxes(&self.cri, ours).await;
+        if n > 0 {
+            progress(format!("cleanup: removed {n} sandbox(es)"));
+        }
+        for cg in &self.floor_cgroups {
+            remove_pod_cgroup(cg);
+        }
+    }
+}
