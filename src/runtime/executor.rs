@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::status::WaitingReason;
+use crate::volume::{PodVolumes, VolumeManager};
 
 use super::actions::{self, ContainerKind, DecisionContext, PodActions, StartContainer};
 use super::backoff::{BackoffPolicy, BackoffTable};
@@ -74,6 +75,8 @@ pub struct SyncOutcome {
 pub enum TeardownError {
     #[error("{0}")]
     Runtime(#[from] CriError),
+    #[error("{0}")]
+    Volumes(String),
     #[error("removing {path}: {source}")]
     Files {
         path: PathBuf,
@@ -94,6 +97,7 @@ pub struct Executor<R> {
     node: Arc<NodeContext>,
     details: DetailCache,
     policy: BackoffPolicy,
+    volumes: VolumeManager,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -124,11 +128,13 @@ pub fn spec_hash(container: &Container) -> String {
 
 impl<R: RuntimeService + ImageService> Executor<R> {
     pub fn new(rt: R, node: Arc<NodeContext>, details: DetailCache, policy: BackoffPolicy) -> Self {
+        let volumes = VolumeManager::new(node.root_dir.clone(), node.node_memory_bytes);
         Executor {
             rt,
             node,
             details,
             policy,
+            volumes,
         }
     }
 
@@ -254,6 +260,31 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             self.stop_container(&kill.id, grace_period(Some(pod), None)).await?;
         }
 
+        if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
+            if decision.sandbox_id.is_some() {
+                if let Err(err) = self.volumes.refresh(pod) {
+                    tracing::warn!(error = %err, "cannot refresh the pod's volumes");
+                }
+            }
+            return Ok(());
+        }
+        // Volumes come first, as upstream: no sandbox and no container until they are ready.
+        let volumes = match self.volumes.setup(pod) {
+            Ok(v) => v,
+            Err(err) => {
+                tracing::warn!(error = %err, "volumes are not ready");
+                for start in &decision.start_containers {
+                    state.waiting.insert(
+                        start.name.clone(),
+                        WaitingReason {
+                            reason: "ContainerCreating".into(),
+                            message: err.to_string(),
+                        },
+                    );
+                }
+                return Ok(());
+            }
+        };
         let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
             (Some(attempt), _) => (self.create_sandbox(pod, attempt).await?, attempt),
             (None, Some(id)) => {
@@ -284,8 +315,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .and_then(|o| o.sandboxes.into_iter().find(|s| s.id == sandbox_id))
             .and_then(|s| s.ip);
         for start in &decision.start_containers {
-            self.start_container(pod, start, &sandbox_id, &sandbox_config, pod_ip.as_deref(), state)
-                .await;
+            self.start_container(
+                pod,
+                start,
+                &sandbox_id,
+                &sandbox_config,
+                pod_ip.as_deref(),
+                &volumes,
+                state,
+            )
+            .await;
         }
         Ok(())
     }
@@ -325,6 +364,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         sandbox_id: &str,
         sandbox_config: &PodSandboxConfig,
         pod_ip: Option<&str>,
+        volumes: &PodVolumes,
         state: &mut PodSyncState,
     ) {
         let spec = pod.spec.clone().unwrap_or_default();
@@ -361,7 +401,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 return;
             }
         };
-        let ctx = ContainerContext {
+        let mut ctx = ContainerContext {
             restart_count: start.restart_count,
             pod_ip: pod_ip.map(str::to_string),
             host_ip: self.node.host_ip.clone(),
@@ -371,6 +411,27 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             extra_mounts: Vec::new(),
             node_memory_capacity: self.node.node_memory_bytes,
         };
+        let mounts = translate::env::container_env(pod, container, &ctx)
+            .map_err(|e| e.to_string())
+            .and_then(|env| {
+                let env: HashMap<String, String> = env.into_iter().collect();
+                self.volumes
+                    .container_mounts(pod, container, volumes, &env)
+                    .map_err(|e| e.to_string())
+            });
+        match mounts {
+            Ok(m) => ctx.extra_mounts = m,
+            Err(message) => {
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message,
+                    },
+                );
+                return;
+            }
+        }
         let config = match translate::container_config(pod, container, &ctx) {
             Ok(c) => c,
             Err(err) => {
@@ -597,6 +658,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .or_else(|| observed.names.clone());
         if let Some((ns, name)) = names {
             remove_dir_if_present(&self.node.pod_log_dir(&ns, &name, uid))?;
+        }
+        if let Err(err) = self.volumes.teardown(uid) {
+            tracing::warn!(error = %err, "volume teardown failed; will retry");
+            return Err(TeardownError::Volumes(err.to_string()));
         }
         remove_dir_if_present(&self.node.pod_dir(uid))?;
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.

@@ -67,6 +67,13 @@ impl VolumeManager {
         Ok(Vec::new())
     }
 
+    /// Brings volumes whose content follows the pod (downwardAPI, projected) up to date; called
+    /// on every sync of a running pod, cheap when nothing changed.
+    pub fn refresh(&self, pod: &Pod) -> Result<(), VolumeError> {
+        let _ = pod;
+        Ok(())
+    }
+
     /// Unmounts and removes every volume of the pod.
     pub fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
         let _ = uid;
