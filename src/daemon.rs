@@ -19,6 +19,8 @@ use crate::health::Health;
 use crate::pleg::{self, PlegConfig, RuntimeCache};
 use crate::pod_state::PodStates;
 use crate::pod_workers::{PodWorkers, WorkerDeps};
+use crate::prober::ProbeManager;
+use crate::server::Metrics;
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::executor::{Executor, NodeContext};
 use crate::runtime::inspect::DetailCache;
@@ -134,6 +136,7 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
 
     let health = Health::default();
     let states = PodStates::default();
+    let metrics = Metrics::default();
     let tracker = TaskTracker::new();
     let mut servers = Vec::new();
     if config.healthz_port != 0 {
@@ -142,7 +145,7 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
     }
     if config.read_only_port != 0 {
         let addr = SocketAddr::new(config.address, config.read_only_port);
-        servers.push(server::serve_read_only(addr, health.clone(), states.clone(), cancel.clone()).await?);
+        servers.push(server::serve_read_only(addr, health.clone(), states.clone(), metrics.clone(), cancel.clone()).await?);
     }
 
     let host_ip = crate::node::detect_host_ip(config.node_ip);
@@ -188,10 +191,17 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
     );
 
     let executor = Executor::new(client.clone(), node.clone(), details, tuning.backoff);
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+    let prober = ProbeManager::new(client.clone(), probe_tx, node.host_ip.clone(), cancel.clone());
+    {
+        let prober = prober.clone();
+        metrics.register("/metrics/probes", move || prober.render_metrics());
+    }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(
         WorkerDeps {
             executor,
+            prober,
             states: states.clone(),
             runtime_cache: runtime_cache.clone(),
             sync_frequency: config.sync_frequency,
@@ -202,7 +212,7 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
         done_tx,
     );
     let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache);
-    tracker.spawn(sync_loop.run(changes_rx, pleg_rx, done_rx, cancel.clone()));
+    tracker.spawn(sync_loop.run(changes_rx, pleg_rx, done_rx, probe_rx, cancel.clone()));
 
     // Tell systemd we are up (a no-op when not started by systemd).
     if let Err(err) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {

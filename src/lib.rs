@@ -12,6 +12,7 @@ pub mod node;
 pub mod pleg;
 pub mod pod_state;
 pub mod pod_workers;
+pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod source;

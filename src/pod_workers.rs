@@ -19,6 +19,7 @@ use tracing::Instrument;
 use crate::cri::{ImageService, RuntimeService};
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
+use crate::prober::ProbeManager;
 use crate::runtime::executor::{Executor, PodSyncState};
 use crate::runtime::observed::ObservedPod;
 use crate::status::{StatusInputs, compute_pod_status};
@@ -47,6 +48,7 @@ struct Handle {
 #[derive(Clone)]
 pub struct WorkerDeps<R> {
     pub executor: Executor<R>,
+    pub prober: ProbeManager<R>,
     pub states: PodStates,
     pub runtime_cache: RuntimeCache,
     pub sync_frequency: Duration,
@@ -189,11 +191,14 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     "sync",
                     pod = %full_name(&pod),
                 );
+                let unhealthy = deps.prober.unhealthy(&uid);
                 let outcome = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    outcome = deps.executor.sync_pod(&pod, &mut state).instrument(span) => outcome,
+                    outcome = deps.executor.sync_pod(&pod, &mut state, &unhealthy).instrument(span) => outcome,
                 };
                 deps.runtime_cache.update_pod(&uid, outcome.observed.clone());
+                deps.prober.sync_pod(&pod, &outcome.observed);
+                let probes = deps.prober.results(&uid);
                 let status = compute_pod_status(
                     &pod,
                     &outcome.observed,
@@ -203,6 +208,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                         waiting: &state.waiting,
                         previous: state.status.as_ref(),
                         terminating: false,
+                        probes: &probes,
                     },
                 );
                 state.status = Some(status.clone());
@@ -215,6 +221,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 grace_override,
             } => {
                 deps.states.forget(&uid);
+                deps.prober.remove_pod(&uid);
                 let span = tracing::info_span!(
                     "terminate",
                     pod = %pod.as_deref().map(full_name).unwrap_or_else(|| "(orphan)".into()),

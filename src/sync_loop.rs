@@ -147,6 +147,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         mut config: mpsc::UnboundedReceiver<Vec<PodChange>>,
         mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
         mut done: mpsc::UnboundedReceiver<String>,
+        mut probe_results: mpsc::UnboundedReceiver<String>,
         cancel: CancellationToken,
     ) {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
@@ -157,6 +158,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 Some(changes) = config.recv() => self.handle_changes(changes),
                 Some(event) = pleg.recv() => self.handle_pleg(event),
                 Some(uid) = done.recv() => self.handle_done(&uid),
+                Some(uid) = probe_results.recv() => self.workers.poke(&uid),
                 _ = housekeeping.tick() => self.housekeeping(),
             }
         }

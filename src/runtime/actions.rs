@@ -3,12 +3,13 @@
 //! Pure: the time, the back-off state and the spec hashes are arguments, so every case is a row
 //! in a table test. The executor carries the decision out; nothing here talks to the runtime.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
+use crate::prober::Unhealthy;
 use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
 
 /// Which list of the spec a container comes from.
@@ -37,6 +38,8 @@ pub struct KillContainer {
     pub id: String,
     pub name: String,
     pub reason: String,
+    /// A probe's own `terminationGracePeriodSeconds`, which beats the pod's.
+    pub grace_override: Option<i64>,
 }
 
 /// A container that should restart but must wait out its back-off first.
@@ -81,6 +84,8 @@ pub struct DecisionContext<'a> {
     pub policy: BackoffPolicy,
     /// The spec hash of a container, as recorded on the instances Deckhand creates.
     pub spec_hash: &'a dyn Fn(&Container) -> String,
+    /// Running instances (by container ID) that failed their liveness or startup probe.
+    pub unhealthy: &'a HashMap<String, Unhealthy>,
 }
 
 /// Should a container that exited with `exit_code` run again under `restart_policy`?
@@ -320,11 +325,21 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
         match inst.state {
             ContainerState::Running | ContainerState::Unknown => {
                 let want = (ctx.spec_hash)(c);
-                if inst.hash.as_deref().is_some_and(|h| h != want) {
+                if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                    // Killed now; the next sync sees it exited and restarts it per the
+                    // restart policy and back-off, like any other exit.
+                    actions.kill_containers.push(KillContainer {
+                        id: inst.id.clone(),
+                        name: c.name.clone(),
+                        reason: bad.message.clone(),
+                        grace_override: bad.grace_override,
+                    });
+                } else if inst.hash.as_deref().is_some_and(|h| h != want) {
                     actions.kill_containers.push(KillContainer {
                         id: inst.id.clone(),
                         name: c.name.clone(),
                         reason: "the container's spec changed; it will be restarted".into(),
+                        grace_override: None,
                     });
                     actions.start_containers.push(StartContainer {
                         kind: ContainerKind::App,

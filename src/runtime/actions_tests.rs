@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use std::collections::HashMap;
 use crate::runtime::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use crate::runtime::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
@@ -212,6 +213,7 @@ fn kill(id: &str, name: &str) -> KillContainer {
         id: id.into(),
         name: name.into(),
         reason: "the container's spec changed; it will be restarted".into(),
+        grace_override: None,
     }
 }
 
@@ -265,6 +267,7 @@ fn run(rows: Vec<Row>) {
             backoff: &table,
             policy: BackoffPolicy::default(),
             spec_hash: &hash_of,
+            unhealthy: &HashMap::new(),
         };
         let got = compute_pod_actions(&r.pod, &r.observed, &ctx);
         if got != r.want {
@@ -703,6 +706,7 @@ fn backoff_remaining_is_exact_below_a_second() {
         backoff: &table,
         policy: BackoffPolicy::default(),
         spec_hash: &hash_of,
+        unhealthy: &HashMap::new(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::prober::Unhealthy;
 use crate::status::WaitingReason;
 use crate::volume::{PodVolumes, VolumeManager};
 
@@ -167,7 +168,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Brings the pod one step closer to its spec.
-    pub async fn sync_pod(&self, pod: &Pod, state: &mut PodSyncState) -> SyncOutcome {
+    pub async fn sync_pod(
+        &self,
+        pod: &Pod,
+        state: &mut PodSyncState,
+        unhealthy: &HashMap<String, Unhealthy>,
+    ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
         let observed = match self.observe(&uid).await {
             Ok(o) => o,
@@ -189,6 +195,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 backoff: &state.backoff,
                 policy: self.policy,
                 spec_hash: &hash,
+                unhealthy,
             },
         );
         let mut retry = decision.retry_after();
@@ -257,7 +264,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         for kill in &decision.kill_containers {
             tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
-            self.stop_container(&kill.id, grace_period(Some(pod), None)).await?;
+            self.stop_container(&kill.id, grace_period(Some(pod), kill.grace_override))
+                .await?;
         }
 
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {

@@ -4,7 +4,9 @@
 //! upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status) and
 //! `/healthz`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -27,10 +29,39 @@ pub struct ServeError {
     pub source: std::io::Error,
 }
 
+/// Metric pages by path, each rendered on request in Prometheus' text format.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pages: Arc<RwLock<BTreeMap<String, Renderer>>>,
+}
+
+type Renderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+impl Metrics {
+    /// Serves `render()` at `path` (e.g. `/metrics/probes`).
+    pub fn register(&self, path: &str, render: impl Fn() -> String + Send + Sync + 'static) {
+        self.pages
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path.to_string(), Arc::new(render));
+    }
+
+    fn render(&self, path: &str) -> Option<String> {
+        let page = self
+            .pages
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .cloned()?;
+        Some(page())
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     health: Health,
     pods: PodStates,
+    metrics: Metrics,
 }
 
 #[derive(serde::Deserialize)]
@@ -54,6 +85,18 @@ async fn list_pods(State(state): State<AppState>) -> Response {
     match serde_json::to_vec(&list) {
         Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    match state.metrics.render(uri.path()) {
+        Some(text) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            text,
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
@@ -86,21 +129,31 @@ pub async fn serve_healthz(
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let router = Router::new()
         .route("/healthz", get(healthz))
-        .with_state(AppState { health, pods });
+        .with_state(AppState {
+            health,
+            pods,
+            metrics: Metrics::default(),
+        });
     serve("healthz endpoint", addr, router, cancel).await
 }
 
-/// Serves the read-only API: `GET /pods`, `GET /healthz`.
+/// Serves the read-only API: `GET /pods`, `GET /healthz`, `GET /metrics/...`.
 pub async fn serve_read_only(
     addr: SocketAddr,
     health: Health,
     pods: PodStates,
+    metrics: Metrics,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/pods", get(list_pods))
         .route("/pods/", get(list_pods))
-        .with_state(AppState { health, pods });
+        .route("/metrics/{*rest}", get(metrics_page))
+        .with_state(AppState {
+            health,
+            pods,
+            metrics,
+        });
     serve("read-only API", addr, router, cancel).await
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::prober::ProbeView;
 use crate::runtime::actions::should_restart;
 use crate::runtime::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 
@@ -33,6 +34,9 @@ pub struct StatusInputs<'a> {
     pub previous: Option<&'a PodStatus>,
     /// The pod is being torn down (deleted or replaced).
     pub terminating: bool,
+    /// Probe results by container name; a container with a readiness or startup probe and no
+    /// result yet is not ready / not started.
+    pub probes: &'a HashMap<String, ProbeView>,
 }
 
 /// Container ID as the Kubernetes API writes it.
@@ -114,8 +118,11 @@ fn container_status(
                 }),
                 ..Default::default()
             });
-            status.ready = !inputs.terminating;
-            status.started = Some(true);
+            let view = inputs.probes.get(&container.name).copied().unwrap_or_default();
+            let ready_by_probe = container.readiness_probe.is_none() || view.ready == Some(true);
+            let started_by_probe = container.startup_probe.is_none() || view.started == Some(true);
+            status.ready = !inputs.terminating && ready_by_probe && started_by_probe;
+            status.started = Some(started_by_probe);
             status.last_state =
                 previous
                     .filter(|p| p.state == RtState::Exited)

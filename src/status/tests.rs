@@ -11,6 +11,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+
+static NO_PROBES: std::sync::LazyLock<HashMap<String, ProbeView>> = std::sync::LazyLock::new(HashMap::new);
 use crate::runtime::observed::{
     ContainerState as Rt, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
@@ -266,6 +268,7 @@ fn compute(r: &Row) -> PodStatus {
         waiting: &waiting,
         previous: previous.as_ref(),
         terminating: r.terminating,
+        probes: &NO_PROBES,
     };
     compute_pod_status(&r.pod, &r.observed, &inputs)
 }
@@ -681,6 +684,7 @@ fn inputs<'a>(
         waiting,
         previous,
         terminating: false,
+        probes: &NO_PROBES,
     }
 }
 
