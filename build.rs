@@ -1,16 +1,20 @@
-//! Build script: compiles the CRI v1 proto into Rust (client and server) without a system protoc.
+//! Build script: compiles Deckhand's protos into Rust (client and server) without a system protoc.
 //!
-//! `protox` parses `proto/runtime/v1/api.proto` into a descriptor set in pure Rust, and
-//! `tonic-prost-build` turns that into `$OUT_DIR/runtime.v1.rs`, which `src/cri` includes with
-//! `tonic::include_proto!("runtime.v1")`.
+//! `protox` parses `proto/runtime/v1/api.proto` (CRI v1) and `proto/grpc/health/v1/health.proto`
+//! (the gRPC health protocol that `grpc` probes speak) into one descriptor set in pure Rust, and
+//! `tonic-prost-build` turns that into `$OUT_DIR/runtime.v1.rs` and `$OUT_DIR/grpc.health.v1.rs`,
+//! which `src/cri` and `src/prober` include with `tonic::include_proto!`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
 
-    let fds = protox::compile(["runtime/v1/api.proto"], ["proto"])?;
+    let fds = protox::compile(
+        ["runtime/v1/api.proto", "grpc/health/v1/health.proto"],
+        ["proto"],
+    )?;
 
     tonic_prost_build::configure()
-        // The server half lets tests stand up a fake CRI runtime.
+        // The server half lets tests stand up a fake CRI runtime and a health-serving target.
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

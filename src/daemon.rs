@@ -162,8 +162,14 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
         cgroups_per_qos: config.cgroups_per_qos,
         cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
         node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo")).unwrap_or(0),
+        runtime_request_timeout: config.runtime_request_timeout,
     });
     tracing::info!(host_ip = ?host_ip, node = %config.node_name, "node facts");
+    if config.cluster_dns.is_empty() {
+        tracing::warn!(
+            "no clusterDNS is configured: pods with dnsPolicy \"ClusterFirst\" get the node's DNS settings (upstream's \"Default\")"
+        );
+    }
 
     let details = DetailCache::default();
     let runtime_cache = RuntimeCache::default();
@@ -174,7 +180,10 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
         runtime_cache.clone(),
         pleg_tx,
         health.clone(),
-        tuning.pleg,
+        PlegConfig {
+            node_name: config.node_name.clone(),
+            ..tuning.pleg.clone()
+        },
         cancel.clone(),
     ));
 

@@ -139,8 +139,10 @@ pub fn diff(old: &BTreeMap<String, ObservedPod>, new: &BTreeMap<String, Observed
 }
 
 /// Timing of the relist loop.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PlegConfig {
+    /// The node whose pods are relisted (objects carry it as a label).
+    pub node_name: String,
     pub period: Duration,
     /// `/healthz` fails when no relist completed for this long (upstream: 3 minutes).
     pub unhealthy_after: Duration,
@@ -149,6 +151,7 @@ pub struct PlegConfig {
 impl Default for PlegConfig {
     fn default() -> Self {
         PlegConfig {
+            node_name: String::new(),
             period: Duration::from_secs(1),
             unhealthy_after: Duration::from_secs(180),
         }
@@ -209,7 +212,7 @@ pub async fn run<R: RuntimeService>(
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        match inspect::observe_all(&rt, &details).await {
+        match inspect::observe_all(&rt, &details, &config.node_name).await {
             Ok(current) => {
                 let changes = diff(&previous, &current);
                 {
@@ -266,6 +269,8 @@ mod tests {
             image: String::new(),
             image_ref: String::new(),
             grace_period: None,
+            is_init: false,
+            pre_stop: None,
         }
     }
 

@@ -20,7 +20,7 @@ use crate::cri::{ImageService, RuntimeService};
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
 use crate::prober::ProbeManager;
-use crate::runtime::executor::{Executor, PodSyncState};
+use crate::runtime::executor::Executor;
 use crate::runtime::observed::ObservedPod;
 use crate::status::{StatusInputs, compute_pod_status};
 
@@ -171,7 +171,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     cancel: CancellationToken,
     done: mpsc::UnboundedSender<String>,
 ) {
-    let mut state = PodSyncState::default();
+    let mut state = deps.executor.load_state(&uid);
     let mut next = Instant::now();
     let mut first = true;
     loop {
@@ -192,10 +192,16 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     pod = %full_name(&pod),
                 );
                 let unhealthy = deps.prober.unhealthy(&uid);
+                let probes_before = deps.prober.results(&uid);
                 let outcome = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    outcome = deps.executor.sync_pod(&pod, &mut state, &unhealthy).instrument(span) => outcome,
+                    outcome = deps.executor.sync_pod(&pod, &mut state, &unhealthy, &probes_before).instrument(span) => outcome,
                 };
+                if outcome.runtime_unreachable {
+                    // Keep the last status while the runtime cannot be read.
+                    next = Instant::now() + outcome.retry_after.unwrap_or(deps.sync_frequency);
+                    continue;
+                }
                 deps.runtime_cache.update_pod(&uid, outcome.observed.clone());
                 deps.prober.sync_pod(&pod, &outcome.observed);
                 let probes = deps.prober.results(&uid);

@@ -1,21 +1,37 @@
-//! Probes: one worker per running container and probe kind (startup, liveness, readiness).
-//!
-//! (Interface in place; the workers and handlers are being written.)
+//! Probes: one worker per running container instance and probe kind (startup, liveness,
+//! readiness).
 //!
 //! The pod worker tells the manager after every sync which containers run
-//! ([`ProbeManager::sync_pod`]); the manager keeps the results, wakes the pod's worker through
-//! `wake` when a result changes, and reports liveness and startup failures
-//! ([`ProbeManager::unhealthy`]) for the decision logic to kill and restart the container.
+//! ([`ProbeManager::sync_pod`]); the manager starts a tokio task per probe of every running
+//! instance that has none yet and stops the tasks of instances that stopped running. A task
+//! probes on its own schedule (initial delay, period, timeout), counts consecutive outcomes
+//! against the thresholds and reports a verdict when one is reached: ready or not, started, or
+//! unhealthy. The manager keeps the verdicts, wakes the pod's worker through `wake` when one
+//! changes, and reports liveness and startup failures ([`ProbeManager::unhealthy`]) for the
+//! decision logic to kill and restart the container.
+//!
+//! The modules: [`worker`] is the per-probe state machine, independent of how a probe is
+//! carried out; [`handlers`] are `exec` (CRI `ExecSync`), `httpGet`, `tcpSocket` and `grpc`;
+//! [`manager`] holds the workers of every pod, their verdicts and the wiring to the pod
+//! worker; [`metrics`] counts runs in `prober_probe_total`.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+#[cfg(test)]
+pub(crate) mod fake_runtime;
+pub mod handlers;
+pub mod manager;
+pub mod metrics;
+pub mod worker;
 
-use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+pub use manager::ProbeManager;
 
-use crate::cri::RuntimeService;
-use crate::runtime::observed::ObservedPod;
+/// The generated gRPC health protocol (`grpc.health.v1`), for `grpc` probes and their tests.
+pub mod health_proto {
+    tonic::include_proto!("grpc.health.v1");
+}
+
+/// The User-Agent of HTTP and gRPC probes, as upstream sends it (`kube-probe/<major>.<minor>`
+/// of the Kubernetes version the agent implements).
+pub const PROBE_USER_AGENT: &str = "kube-probe/1.33";
 
 /// What the probes say about one container's current instance. `None` = no such probe.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,56 +52,56 @@ pub struct Unhealthy {
     pub grace_override: Option<i64>,
 }
 
-/// Runs the probes of every pod on the node.
-#[derive(Clone)]
-pub struct ProbeManager<R> {
-    rt: R,
-    wake: mpsc::UnboundedSender<String>,
-    cancel: CancellationToken,
-    host_ip: Option<String>,
+/// The three kinds of probe a container may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    Startup,
+    Liveness,
+    Readiness,
 }
 
-impl<R: RuntimeService> ProbeManager<R> {
-    /// `wake` receives a pod UID whenever a probe result of that pod changes.
-    pub fn new(
-        rt: R,
-        wake: mpsc::UnboundedSender<String>,
-        host_ip: Option<String>,
-        cancel: CancellationToken,
-    ) -> Self {
-        ProbeManager {
-            rt,
-            wake,
-            cancel,
-            host_ip,
+impl ProbeKind {
+    /// The name upstream uses in metrics and messages (`Liveness`, `Readiness`, `Startup`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::Startup => "Startup",
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Readiness => "Readiness",
         }
     }
 
-    /// Starts workers for running containers of `pod` that have probes, and stops the workers
-    /// of containers that no longer run.
-    pub fn sync_pod(&self, pod: &Arc<Pod>, observed: &ObservedPod) {
-        let _ = (pod, observed, &self.rt, &self.wake, &self.cancel, &self.host_ip);
+    /// Lower-case, as in upstream's kill message (`failed liveness probe`).
+    pub fn lower(self) -> &'static str {
+        match self {
+            ProbeKind::Startup => "startup",
+            ProbeKind::Liveness => "liveness",
+            ProbeKind::Readiness => "readiness",
+        }
     }
+}
 
-    /// Stops every worker of a pod that is gone.
-    pub fn remove_pod(&self, uid: &str) {
-        let _ = uid;
-    }
+/// The outcome of one probe run, as a handler reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The check passed.
+    Success,
+    /// The check passed with something worth a warning (an HTTP redirect not followed); it
+    /// counts as a success, as upstream.
+    Warning(String),
+    /// The check failed: wrong status or exit code, refused connection, timeout.
+    Failure(String),
+    /// The probe could not be carried out (the runtime failed, the port name is unknown): the
+    /// run says nothing about the container and is not counted toward a threshold.
+    Error(String),
+}
 
-    /// Probe results by container name, for the pod's status.
-    pub fn results(&self, uid: &str) -> HashMap<String, ProbeView> {
-        let _ = uid;
-        HashMap::new()
-    }
-
-    /// Running container instances (by container ID) that failed liveness or startup.
-    pub fn unhealthy(&self, uid: &str) -> HashMap<String, Unhealthy> {
-        let _ = uid;
-        HashMap::new()
-    }
-
-    /// Prometheus text for `/metrics/probes` (`prober_probe_total`).
-    pub fn render_metrics(&self) -> String {
-        String::new()
+impl ProbeOutcome {
+    /// The metric label of this outcome.
+    pub fn metric_result(&self) -> metrics::ProbeResult {
+        match self {
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => metrics::ProbeResult::Successful,
+            ProbeOutcome::Failure(_) => metrics::ProbeResult::Failed,
+            ProbeOutcome::Error(_) => metrics::ProbeResult::Unknown,
+        }
     }
 }

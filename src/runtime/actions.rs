@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use crate::prober::Unhealthy;
+use crate::prober::{ProbeView, Unhealthy};
 use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
 
 /// Which list of the spec a container comes from.
@@ -86,6 +86,14 @@ pub struct DecisionContext<'a> {
     pub spec_hash: &'a dyn Fn(&Container) -> String,
     /// Running instances (by container ID) that failed their liveness or startup probe.
     pub unhealthy: &'a HashMap<String, Unhealthy>,
+    /// Probe results by container name (a sidecar with a startup probe counts as started only
+    /// once the probe succeeded).
+    pub probes: &'a HashMap<String, ProbeView>,
+}
+
+/// An init container with `restartPolicy: Always` is a sidecar.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// Should a container that exited with `exit_code` run again under `restart_policy`?
@@ -146,7 +154,7 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
         None => return false,
     };
     restart_policy(pod) == "Never"
-        && spec.init_containers.iter().flatten().any(|c| {
+        && spec.init_containers.iter().flatten().filter(|c| !is_sidecar(c)).any(|c| {
             observed
                 .latest(&c.name)
                 .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
@@ -262,6 +270,57 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     let mut init_done = true;
     for (index, c) in spec.init_containers.iter().flatten().enumerate() {
         let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
+        if is_sidecar(c) {
+            // A sidecar (restartable init container) keeps running beside the app; the next
+            // init container waits only until it has started.
+            match latest.map(|i| i.state) {
+                Some(ContainerState::Running | ContainerState::Unknown) => {
+                    let inst = latest.expect("matched Some");
+                    if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                        actions.kill_containers.push(KillContainer {
+                            id: inst.id.clone(),
+                            name: c.name.clone(),
+                            reason: bad.message.clone(),
+                            grace_override: bad.grace_override,
+                        });
+                    }
+                    let started = c.startup_probe.is_none()
+                        || ctx.probes.get(&c.name).and_then(|v| v.started) == Some(true);
+                    if started {
+                        continue;
+                    }
+                    init_done = false;
+                    break;
+                }
+                Some(ContainerState::Exited) => {
+                    let inst = latest.expect("matched Some");
+                    plan_restart(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::Init, index),
+                        c,
+                        inst,
+                        observed,
+                    );
+                    continue;
+                }
+                Some(ContainerState::Created) | None => {
+                    if let Some(stale) = latest {
+                        actions.remove_containers.push(stale.id.clone());
+                    }
+                    actions.start_containers.push(StartContainer {
+                        kind: ContainerKind::Init,
+                        index,
+                        name: c.name.clone(),
+                        restart_count: next_restart_count(observed, &c.name),
+                        backoff: None,
+                    });
+                    init_done = false;
+                    break;
+                }
+            }
+        }
         match latest.map(|i| (i.state, i.exit_code)) {
             Some((ContainerState::Exited, 0)) => continue,
             Some((ContainerState::Running | ContainerState::Unknown, _)) => {

@@ -120,6 +120,8 @@ fn instance(
         image: format!("img-{name}:1"),
         image_ref: format!("sha256:{name}"),
         grace_period: Some(30),
+        is_init: false,
+        pre_stop: None,
     }
 }
 
@@ -268,6 +270,7 @@ fn run(rows: Vec<Row>) {
             policy: BackoffPolicy::default(),
             spec_hash: &hash_of,
             unhealthy: &HashMap::new(),
+            probes: &HashMap::new(),
         };
         let got = compute_pod_actions(&r.pod, &r.observed, &ctx);
         if got != r.want {
@@ -707,6 +710,7 @@ fn backoff_remaining_is_exact_below_a_second() {
         policy: BackoffPolicy::default(),
         spec_hash: &hash_of,
         unhealthy: &HashMap::new(),
+            probes: &HashMap::new(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),

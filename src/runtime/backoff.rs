@@ -25,7 +25,7 @@ impl Default for BackoffPolicy {
 }
 
 /// Back-off state of one container.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BackoffEntry {
     /// The wait that applies to the next exit.
     pub delay: Duration,

@@ -13,15 +13,16 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
-use crate::prober::Unhealthy;
+use crate::prober::{ProbeView, Unhealthy};
 use crate::status::WaitingReason;
 use crate::volume::{PodVolumes, VolumeManager};
 
 use super::actions::{self, ContainerKind, DecisionContext, PodActions, StartContainer};
 use super::backoff::{BackoffPolicy, BackoffTable};
+use super::hooks::{HookKind, run_hook};
 use super::hosts::render_hosts_file;
 use super::inspect::{self, DetailCache};
-use super::observed::{ContainerState, ObservedPod, SandboxState};
+use super::observed::{ContainerState, ObservedPod};
 use super::translate::{self, ContainerContext, HostDns, QosClass, SandboxContext};
 
 /// Facts about the node that translation needs; fixed for the agent's lifetime.
@@ -40,6 +41,8 @@ pub struct NodeContext {
     /// Where the cgroup hierarchies are mounted (for removing pod cgroups).
     pub cgroup_fs: PathBuf,
     pub node_memory_bytes: u64,
+    /// `runtimeRequestTimeout`, also the bound of a postStart hook.
+    pub runtime_request_timeout: Duration,
 }
 
 impl NodeContext {
@@ -60,15 +63,38 @@ pub struct PodSyncState {
     pub backoff: BackoffTable,
     pub waiting: HashMap<String, WaitingReason>,
     pub status: Option<PodStatus>,
+    /// Termination messages already read, by container ID.
+    pub messages: HashMap<String, String>,
 }
+
+/// Where a pod's back-off state is kept, so a restarted agent continues it.
+const BACKOFF_FILE: &str = "backoff.json";
 
 /// The result of one sync.
 pub struct SyncOutcome {
     pub observed: ObservedPod,
+    /// The runtime could not be read: `observed` means nothing, keep the last status.
+    pub runtime_unreachable: bool,
     /// Sync again after this long even without events (a back-off ends, an error to retry).
     pub retry_after: Option<Duration>,
     /// Nothing of the pod will run again.
     pub terminal: bool,
+}
+
+/// True when a regular init container of the pod runs in its newest sandbox.
+fn init_running(pod: &Pod, observed: &ObservedPod) -> bool {
+    let Some(sandbox) = observed.newest_sandbox() else {
+        return false;
+    };
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| !actions::is_sidecar(c))
+        .any(|c| {
+            observed.containers.iter().any(|i| {
+                i.name == c.name && i.sandbox_id == sandbox.id && i.state == ContainerState::Running
+            })
+        })
 }
 
 /// Errors of a teardown; the worker retries.
@@ -87,18 +113,20 @@ pub enum TeardownError {
 }
 
 /// Upstream never gives a container less than this to stop.
-const MIN_GRACE_SECONDS: i64 = 2;
+pub(super) const MIN_GRACE_SECONDS: i64 = 2;
+/// How often a pod is looked at while one of its init containers runs.
+const INIT_POLL: Duration = Duration::from_millis(100);
 /// How soon a sync that hit an error is retried.
 const ERROR_RETRY: Duration = Duration::from_secs(2);
 
 /// Carries out decisions for pods on one runtime.
 #[derive(Clone)]
 pub struct Executor<R> {
-    rt: R,
-    node: Arc<NodeContext>,
-    details: DetailCache,
-    policy: BackoffPolicy,
-    volumes: VolumeManager,
+    pub(super) rt: R,
+    pub(super) node: Arc<NodeContext>,
+    pub(super) details: DetailCache,
+    pub(super) policy: BackoffPolicy,
+    pub(super) volumes: VolumeManager,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -145,7 +173,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
     /// Reads the pod's current state from the runtime.
     pub async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
-        inspect::observe_pod(&self.rt, &self.details, uid).await
+        inspect::observe_pod(&self.rt, &self.details, &self.node.node_name, uid).await
     }
 
     fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<PodSandboxConfig, translate::TranslateError> {
@@ -173,6 +201,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: &Pod,
         state: &mut PodSyncState,
         unhealthy: &HashMap<String, Unhealthy>,
+        probes: &HashMap<String, ProbeView>,
     ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
         let observed = match self.observe(&uid).await {
@@ -181,11 +210,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
                 return SyncOutcome {
                     observed: ObservedPod::default(),
+                    runtime_unreachable: true,
                     retry_after: Some(ERROR_RETRY),
                     terminal: false,
                 };
             }
         };
+        let backoff_before = state.backoff.clone();
         let hash = |c: &Container| spec_hash(c);
         let decision = actions::compute_pod_actions(
             pod,
@@ -196,6 +227,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 policy: self.policy,
                 spec_hash: &hash,
                 unhealthy,
+                probes,
             },
         );
         let mut retry = decision.retry_after();
@@ -228,15 +260,56 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         {
             retry = Some(retry.map_or(ERROR_RETRY, |r| r.min(ERROR_RETRY)));
         }
-        let observed = if changed {
+        let mut observed = if changed {
             self.observe(&uid).await.unwrap_or(observed)
         } else {
             observed
         };
+        if state.backoff != backoff_before {
+            self.save_backoff(&uid, &state.backoff);
+        }
+        // Upstream notices an init container's exit one relist later; Deckhand looks again
+        // soon while one runs, so the next one starts as soon as it is done.
+        if init_running(pod, &observed) {
+            retry = Some(retry.map_or(INIT_POLL, |r| r.min(INIT_POLL)));
+        }
+        let log_dir = self.node.pod_log_dir(pod_namespace(pod), pod_name(pod), &uid);
+        super::termination_message::fill_messages(
+            &mut observed,
+            pod,
+            &self.node.pod_dir(&uid),
+            &log_dir,
+            &mut state.messages,
+        );
         SyncOutcome {
             observed,
+            runtime_unreachable: false,
             retry_after: retry,
             terminal: decision.terminal,
+        }
+    }
+
+    /// The sync state of a pod this agent may have run before it restarted: the back-off
+    /// entries are read back from the pod's directory.
+    pub fn load_state(&self, uid: &str) -> PodSyncState {
+        let path = self.node.pod_dir(uid).join(BACKOFF_FILE);
+        let backoff = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<BackoffTable>(&bytes).ok())
+            .unwrap_or_default();
+        PodSyncState {
+            backoff,
+            ..Default::default()
+        }
+    }
+
+    fn save_backoff(&self, uid: &str, table: &BackoffTable) {
+        let path = self.node.pod_dir(uid).join(BACKOFF_FILE);
+        let result = serde_json::to_vec(table)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| write_atomically(&path, &bytes));
+        if let Err(err) = result {
+            tracing::warn!(path = %path.display(), error = %err, "cannot save the back-off state");
         }
     }
 
@@ -250,7 +323,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let uid = pod_uid(pod);
         if let Some(reason) = &decision.kill_pod {
             tracing::info!(%reason, "stopping the pod");
-            self.stop_everything(observed, grace_period(Some(pod), None)).await?;
+            self.stop_pod(Some(pod), observed, grace_period(Some(pod), None))
+                .await?;
         }
         for id in &decision.remove_containers {
             self.remove_container(id).await;
@@ -264,8 +338,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         for kill in &decision.kill_containers {
             tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
-            self.stop_container(&kill.id, grace_period(Some(pod), kill.grace_override))
+            if let Some(inst) = observed.containers.iter().find(|c| c.id == kill.id) {
+                let pod_ip = super::stop::pod_ip(observed, self.node.host_ip.as_deref());
+                self.stop_container_gracefully(
+                    Some(pod),
+                    inst,
+                    grace_period(Some(pod), kill.grace_override),
+                    pod_ip.as_deref(),
+                )
                 .await?;
+            }
         }
 
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
@@ -491,6 +573,38 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         state.waiting.remove(name);
         tracing::info!(id = %id, restart_count = start.restart_count, "container started");
+
+        // postStart runs right after the start, and the worker waits for it, as upstream.
+        if let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let result = run_hook(
+                &self.rt,
+                HookKind::PostStart,
+                hook,
+                container,
+                &id,
+                pod_ip,
+                self.rt_timeout(),
+            )
+            .await;
+            if let Err(message) = result {
+                tracing::warn!(%message, "FailedPostStartHook: killing the container");
+                if let Err(err) = self.stop_container(&id, grace_period(Some(pod), None)).await {
+                    tracing::warn!(error = %err, "cannot kill the container after its postStart hook failed");
+                }
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "PostStartHookError".into(),
+                        message,
+                    },
+                );
+            }
+        }
+    }
+
+    /// How long a postStart hook may run (upstream bounds it by the runtime request timeout).
+    fn rt_timeout(&self) -> Duration {
+        self.node.runtime_request_timeout
     }
 
     /// Makes sure the image is present, as the container's pull policy says.
@@ -590,7 +704,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         })
     }
 
-    async fn stop_container(&self, id: &str, grace: i64) -> Result<(), CriError> {
+    pub(super) async fn stop_container(&self, id: &str, grace: i64) -> Result<(), CriError> {
         match self.rt.stop_container(id.to_string(), grace).await {
             Err(err) if !err.is_not_found() => Err(err),
             _ => {
@@ -609,33 +723,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         self.details.forget_container(id);
     }
 
-    /// Stops every running container (all at once, each with the grace period), then every
-    /// sandbox.
-    async fn stop_everything(&self, observed: &ObservedPod, grace: i64) -> Result<(), CriError> {
-        let running: Vec<_> = observed
-            .containers
-            .iter()
-            .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Created | ContainerState::Unknown))
-            .map(|c| {
-                let grace = c.grace_period.map(|g| g.max(MIN_GRACE_SECONDS)).unwrap_or(grace).min(grace.max(MIN_GRACE_SECONDS));
-                self.stop_container(&c.id, grace)
-            })
-            .collect();
-        for result in futures::future::join_all(running).await {
-            result?;
-        }
-        for sandbox in &observed.sandboxes {
-            if sandbox.state == SandboxState::Ready {
-                if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await {
-                    if !err.is_not_found() {
-                        return Err(err);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
     /// `pod` is absent for orphans found in the runtime; their names come from the labels.
     pub async fn terminate_pod(
@@ -647,10 +734,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let observed = self.observe(uid).await?;
         let grace = match pod {
             Some(p) => grace_period(Some(p), grace_override),
-            // Orphans: each container's own recorded grace period applies (see stop_everything).
+            // Orphans: each container's own recorded grace period applies (see stop_pod).
             None => grace_override.unwrap_or(30),
         };
-        self.stop_everything(&observed, grace).await?;
+        self.stop_pod(pod, &observed, grace).await?;
         for c in &observed.containers {
             self.remove_container(&c.id).await;
         }

@@ -2,8 +2,10 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// Renders the hosts file for `pod` with IP `pod_ip`, as upstream lays it out: the localhost
-/// block, the pod's own name, then `hostAliases`.
+/// Renders the hosts file for `pod` with IP `pod_ip`, laid out as upstream's
+/// `managedHostsFileContent`: a header, the localhost block, the pod's own line (`IP\thostname`,
+/// or `IP\tFQDN\thostname` when the pod has a `subdomain`), then a `hostAliases` section when
+/// there are aliases.
 pub fn render_hosts_file(pod: &Pod, pod_ip: Option<&str>, cluster_domain: Option<&str>) -> String {
     let mut text = String::from("# Kubernetes-managed hosts file.\n");
     text.push_str("127.0.0.1\tlocalhost\n");
@@ -12,26 +14,47 @@ pub fn render_hosts_file(pod: &Pod, pod_ip: Option<&str>, cluster_domain: Option
     text.push_str("fe00::0\tip6-mcastprefix\n");
     text.push_str("fe00::1\tip6-allnodes\n");
     text.push_str("fe00::2\tip6-allrouters\n");
-    let spec = pod.spec.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let hostname = spec.hostname.clone().unwrap_or_else(|| truncate_hostname(&name));
+    let spec = pod.spec.as_ref();
+    let (hostname, domain) = pod_hostname_and_domain(pod, cluster_domain);
     if let Some(ip) = pod_ip.filter(|ip| !ip.is_empty()) {
-        match (&spec.subdomain, cluster_domain) {
-            (Some(sub), Some(domain)) if !sub.is_empty() => {
-                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-                text.push_str(&format!("{ip}\t{hostname}.{sub}.{ns}.svc.{domain}\t{hostname}\n"));
-            }
-            _ => text.push_str(&format!("{ip}\t{hostname}\n")),
+        match domain {
+            Some(domain) => text.push_str(&format!("{ip}\t{hostname}.{domain}\t{hostname}\n")),
+            None => text.push_str(&format!("{ip}\t{hostname}\n")),
         }
     }
-    if let Some(aliases) = &spec.host_aliases {
+    let aliases = spec.and_then(|s| s.host_aliases.as_deref()).unwrap_or(&[]);
+    if !aliases.is_empty() {
         text.push_str("\n# Entries added by HostAliases.\n");
         for alias in aliases {
-            let names = alias.hostnames.clone().unwrap_or_default().join("\t");
+            let names = alias.hostnames.as_deref().unwrap_or(&[]).join("\t");
             text.push_str(&format!("{}\t{}\n", alias.ip, names));
         }
     }
     text
+}
+
+/// The pod's short hostname (`spec.hostname`, else its name, cut to 63 characters) and, when it
+/// has a `subdomain`, its domain `<subdomain>.<namespace>.svc.<clusterDomain>` (upstream builds
+/// it even when the cluster domain is empty).
+pub fn pod_hostname_and_domain(
+    pod: &Pod,
+    cluster_domain: Option<&str>,
+) -> (String, Option<String>) {
+    let spec = pod.spec.as_ref();
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let hostname = spec
+        .and_then(|s| s.hostname.as_deref())
+        .filter(|h| !h.is_empty())
+        .unwrap_or(name);
+    let hostname = truncate_hostname(hostname);
+    let domain = spec
+        .and_then(|s| s.subdomain.as_deref())
+        .filter(|s| !s.is_empty())
+        .map(|sub| {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            format!("{sub}.{ns}.svc.{}", cluster_domain.unwrap_or(""))
+        });
+    (hostname, domain)
 }
 
 /// Hostnames are DNS labels: at most 63 characters, not ending in `-` or `.`.
@@ -48,33 +71,107 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{HostAlias, PodSpec};
 
-    #[test]
-    fn hosts_file_has_pod_entry_and_aliases() {
-        let pod = Pod {
+    fn pod(
+        hostname: Option<&str>,
+        subdomain: Option<&str>,
+        aliases: Option<Vec<HostAlias>>,
+    ) -> Pod {
+        Pod {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some("web-node1".into()),
                 namespace: Some("prod".into()),
                 ..Default::default()
             },
             spec: Some(PodSpec {
-                host_aliases: Some(vec![HostAlias {
-                    ip: "10.1.2.3".into(),
-                    hostnames: Some(vec!["foo.local".into(), "bar.local".into()]),
-                }]),
+                hostname: hostname.map(str::to_string),
+                subdomain: subdomain.map(str::to_string),
+                host_aliases: aliases,
                 ..Default::default()
             }),
             ..Default::default()
-        };
-        let text = render_hosts_file(&pod, Some("10.88.0.5"), None);
-        assert!(text.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
-        assert!(text.contains("10.88.0.5\tweb-node1\n"), "{text}");
-        assert!(text.ends_with("# Entries added by HostAliases.\n10.1.2.3\tfoo.local\tbar.local\n"), "{text}");
+        }
+    }
 
-        let mut sub = pod.clone();
-        sub.spec.as_mut().unwrap().subdomain = Some("svc1".into());
-        sub.spec.as_mut().unwrap().hostname = Some("h".into());
-        let text = render_hosts_file(&sub, Some("10.88.0.5"), Some("cluster.local"));
-        assert!(text.contains("10.88.0.5\th.svc1.prod.svc.cluster.local\th\n"), "{text}");
+    const HEADER: &str = "# Kubernetes-managed hosts file.\n\
+        127.0.0.1\tlocalhost\n\
+        ::1\tlocalhost ip6-localhost ip6-loopback\n\
+        fe00::0\tip6-localnet\n\
+        fe00::0\tip6-mcastprefix\n\
+        fe00::1\tip6-allnodes\n\
+        fe00::2\tip6-allrouters\n";
+
+    #[test]
+    fn hosts_file_table() {
+        let aliases = vec![
+            HostAlias {
+                ip: "10.1.2.3".into(),
+                hostnames: Some(vec!["foo.local".into(), "bar.local".into()]),
+            },
+            HostAlias {
+                ip: "10.1.2.4".into(),
+                hostnames: Some(vec!["baz".into()]),
+            },
+        ];
+        let long = "x".repeat(62) + "-y";
+        // (what, pod, pod IP, cluster domain, expected file)
+        type Case<'a> = (&'a str, Pod, Option<&'a str>, Option<&'a str>, String);
+        let cases: Vec<Case> = vec![
+            (
+                "plain",
+                pod(None, None, None),
+                Some("10.88.0.5"),
+                Some("cluster.local"),
+                format!("{HEADER}10.88.0.5\tweb-node1\n"),
+            ),
+            (
+                "no IP yet: no pod line",
+                pod(None, None, None),
+                None,
+                None,
+                HEADER.to_string(),
+            ),
+            (
+                "hostname and subdomain",
+                pod(Some("h"), Some("svc1"), None),
+                Some("10.88.0.5"),
+                Some("cluster.local"),
+                format!("{HEADER}10.88.0.5\th.svc1.prod.svc.cluster.local\th\n"),
+            ),
+            (
+                "subdomain without a cluster domain",
+                pod(None, Some("svc1"), None),
+                Some("10.88.0.5"),
+                None,
+                format!("{HEADER}10.88.0.5\tweb-node1.svc1.prod.svc.\tweb-node1\n"),
+            ),
+            (
+                "long hostname is truncated",
+                pod(Some(&long), None, None),
+                Some("10.88.0.5"),
+                None,
+                format!("{HEADER}10.88.0.5\t{}\n", "x".repeat(62)),
+            ),
+            (
+                "aliases",
+                pod(None, None, Some(aliases)),
+                Some("10.88.0.5"),
+                None,
+                format!(
+                    "{HEADER}10.88.0.5\tweb-node1\n\n# Entries added by HostAliases.\n\
+                     10.1.2.3\tfoo.local\tbar.local\n10.1.2.4\tbaz\n"
+                ),
+            ),
+            (
+                "empty alias list: no section",
+                pod(None, None, Some(vec![])),
+                Some("10.88.0.5"),
+                None,
+                format!("{HEADER}10.88.0.5\tweb-node1\n"),
+            ),
+        ];
+        for (what, pod, ip, domain, want) in cases {
+            assert_eq!(render_hosts_file(&pod, ip, domain), want, "{what}");
+        }
     }
 
     #[test]

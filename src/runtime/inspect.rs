@@ -63,14 +63,17 @@ impl DetailCache {
     }
 }
 
-/// A label selector for objects Deckhand created.
-pub fn managed_selector() -> HashMap<String, String> {
-    HashMap::from([(labels::MANAGED_LABEL.to_string(), labels::MANAGED_VALUE.to_string())])
+/// A label selector for objects this agent (node `node`) created.
+pub fn managed_selector(node: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (labels::MANAGED_LABEL.to_string(), labels::MANAGED_VALUE.to_string()),
+        (labels::NODE_LABEL.to_string(), node.to_string()),
+    ])
 }
 
 /// A label selector for one pod's objects.
-pub fn pod_selector(uid: &str) -> HashMap<String, String> {
-    let mut sel = managed_selector();
+pub fn pod_selector(node: &str, uid: &str) -> HashMap<String, String> {
+    let mut sel = managed_selector(node);
     sel.insert(labels::POD_UID_LABEL.to_string(), uid.to_string());
     sel
 }
@@ -148,17 +151,19 @@ fn container_state(state: i32) -> ContainerState {
 pub async fn observe_all<R: RuntimeService>(
     rt: &R,
     cache: &DetailCache,
+    node: &str,
 ) -> CriResult<BTreeMap<String, ObservedPod>> {
-    observe(rt, cache, managed_selector(), true).await
+    observe(rt, cache, managed_selector(node), true).await
 }
 
 /// Reads one pod's sandboxes and containers.
 pub async fn observe_pod<R: RuntimeService>(
     rt: &R,
     cache: &DetailCache,
+    node: &str,
     uid: &str,
 ) -> CriResult<ObservedPod> {
-    let mut all = observe(rt, cache, pod_selector(uid), false).await?;
+    let mut all = observe(rt, cache, pod_selector(node, uid), false).await?;
     Ok(all.remove(uid).unwrap_or_default())
 }
 
@@ -244,6 +249,9 @@ async fn observe<R: RuntimeService>(
                 .annotations
                 .get(labels::POD_TERMINATION_GRACE_PERIOD_ANNOTATION)
                 .and_then(|g| g.parse().ok()),
+            is_init: c.annotations.get(labels::CONTAINER_TYPE_ANNOTATION).map(String::as_str)
+                == Some(labels::CONTAINER_TYPE_INIT),
+            pre_stop: c.annotations.get(labels::CONTAINER_PRE_STOP_HANDLER_ANNOTATION).cloned(),
             image: c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
             image_ref: c.image_ref.clone(),
         });

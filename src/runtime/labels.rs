@@ -26,6 +26,9 @@ pub const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
 pub const MANAGED_LABEL: &str = "deckhand.io/managed";
 /// Value of [`MANAGED_LABEL`].
 pub const MANAGED_VALUE: &str = "true";
+/// The node name of the agent that created the object: agents with different node names can
+/// share one runtime (as the tests do) without ever touching each other's pods.
+pub const NODE_LABEL: &str = "deckhand.io/node";
 
 // ---- annotations (containers)
 
@@ -90,7 +93,7 @@ impl SandboxIdentity {
             .filter(|(k, _)| {
                 !matches!(
                     k.as_str(),
-                    POD_NAME_LABEL | POD_NAMESPACE_LABEL | POD_UID_LABEL | MANAGED_LABEL
+                    POD_NAME_LABEL | POD_NAMESPACE_LABEL | POD_UID_LABEL | MANAGED_LABEL | NODE_LABEL
                 )
             })
             .map(|(k, v)| (k.clone(), v.clone()))

@@ -3,8 +3,11 @@
 pub mod actions;
 pub mod backoff;
 pub mod executor;
+pub mod hooks;
 pub mod hosts;
 pub mod inspect;
 pub mod labels;
 pub mod observed;
+pub mod stop;
+pub mod termination_message;
 pub mod translate;

@@ -60,6 +60,10 @@ pub struct ObservedContainer {
     pub image_ref: String,
     /// The pod's grace period recorded on the instance, for stopping orphans.
     pub grace_period: Option<i64>,
+    /// An init container (regular or sidecar), from the container-type annotation.
+    pub is_init: bool,
+    /// The preStop handler recorded on the instance (JSON), for stopping orphans.
+    pub pre_stop: Option<String>,
 }
 
 impl ObservedContainer {

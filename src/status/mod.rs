@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::prober::ProbeView;
-use crate::runtime::actions::should_restart;
+use crate::runtime::actions::{is_sidecar, should_restart};
 use crate::runtime::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 
 /// Why a container is not running, as recorded by the pod worker (image pull failed, back-off…).
@@ -269,25 +269,53 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         .iter()
         .flatten()
         .map(|c| {
-            container_status(
-                c,
-                observed,
-                inputs,
-                restart_policy_for_init(restart_policy),
-                "PodInitializing",
-            )
+            let policy = if is_sidecar(c) {
+                "Always"
+            } else {
+                restart_policy_for_init(restart_policy)
+            };
+            container_status(c, observed, inputs, policy, "PodInitializing")
         })
         .collect();
+    let sidecars: Vec<bool> = spec.init_containers.iter().flatten().map(is_sidecar).collect();
     let mut inits = inits;
-    for s in &mut inits {
-        // Upstream reports an init container that completed successfully as ready.
-        s.ready = s
-            .state
-            .as_ref()
-            .and_then(|st| st.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0);
+    for (s, sidecar) in inits.iter_mut().zip(&sidecars) {
+        // Upstream reports an init container that completed successfully as ready; a sidecar
+        // is ready like an app container is.
+        if !sidecar {
+            s.ready = s
+                .state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0);
+        }
     }
-    let init_done = inits.iter().all(|s| s.ready);
+    // A sidecar counts as initialized once it has started (and stays so while it restarts).
+    let initialized = |s: &ContainerStatus, sidecar: bool| {
+        if sidecar {
+            // It has run: started now, or terminated (stopped with the pod, or restarting).
+            s.started == Some(true)
+                || s.state.as_ref().and_then(|l| l.terminated.as_ref()).is_some()
+                || s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some()
+        } else {
+            s.ready
+        }
+    };
+    let init_done = inits
+        .iter()
+        .zip(&sidecars)
+        .all(|(s, sidecar)| initialized(s, *sidecar));
+    let regular_inits: Vec<ContainerStatus> = inits
+        .iter()
+        .zip(&sidecars)
+        .filter(|(_, sidecar)| !**sidecar)
+        .map(|(s, _)| s.clone())
+        .collect();
+    let sidecars_ready = inits
+        .iter()
+        .zip(&sidecars)
+        .filter(|(_, sidecar)| **sidecar)
+        .all(|(s, _)| s.ready);
     // Upstream's default waiting reason is PodInitializing for every container of a pod that has
     // init containers, even once they are done.
     let app_default = if inits.is_empty() {
@@ -305,7 +333,18 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     let sandbox_ready =
         sandbox.is_some_and(|s| s.state == crate::runtime::observed::SandboxState::Ready);
     let previous = inputs.previous;
-    let mut phase = phase(restart_policy, &inits, &apps, sandbox.is_some());
+    let mut phase = if init_done {
+        phase(restart_policy, &regular_inits, &apps, sandbox.is_some())
+    } else if inits
+        .iter()
+        .zip(&sidecars)
+        .any(|(s, sidecar)| !sidecar && s.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code != 0))
+        && restart_policy == "Never"
+    {
+        "Failed"
+    } else {
+        "Pending"
+    };
     // Like upstream, a pod never leaves a terminal phase once reported.
     if let Some(kept) = previous
         .and_then(|p| p.phase.as_deref())
@@ -318,7 +357,7 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         };
     }
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready);
+    let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready) && sidecars_ready;
 
     // Upstream: a finished pod's readiness reason says how it finished; otherwise it lists the
     // containers that are not ready, formatted like Go prints a string slice.

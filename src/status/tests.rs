@@ -93,6 +93,8 @@ fn instance(name: &str, attempt: u32, state: Rt) -> ObservedContainer {
         image: format!("img-{name}:1"),
         image_ref: format!("sha256:{name}"),
         grace_period: Some(30),
+        is_init: false,
+        pre_stop: None,
     }
 }
 

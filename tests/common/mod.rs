@@ -26,7 +26,8 @@ pub fn runtime_endpoint() -> String {
 
 /// A CRI client on the testbed, failing clearly when it does not answer.
 pub async fn cri() -> CriClient {
-    let endpoint = parse_endpoint(&runtime_endpoint()).expect("DECKHAND_TEST_RUNTIME is a unix endpoint");
+    let endpoint =
+        parse_endpoint(&runtime_endpoint()).expect("DECKHAND_TEST_RUNTIME is a unix endpoint");
     match CriClient::connect(&endpoint, Duration::from_secs(30)).await {
         Ok(c) => c,
         Err(err) => panic!(
@@ -76,6 +77,8 @@ pub struct Agent {
     pub child: Option<Child>,
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Another runtime endpoint than the shared testbed's.
+    pub runtime: Option<String>,
 }
 
 impl Agent {
@@ -96,6 +99,7 @@ impl Agent {
             child: None,
             extra_args: Vec::new(),
             env: Vec::new(),
+            runtime: None,
         }
     }
 
@@ -120,7 +124,10 @@ impl Agent {
     /// The command line the agent runs with.
     pub fn args(&self) -> Vec<String> {
         let mut args = vec![
-            format!("--container-runtime-endpoint={}", runtime_endpoint()),
+            format!(
+                "--container-runtime-endpoint={}",
+                self.runtime.clone().unwrap_or_else(runtime_endpoint)
+            ),
             format!("--hostname-override={}", self.node),
             format!("--pod-manifest-path={}", self.manifests().display()),
             format!("--root-dir={}", self.root_dir().display()),
@@ -174,7 +181,10 @@ impl Agent {
                 }
             }
             if start.elapsed() > timeout {
-                panic!("deckhand not healthy after {timeout:?}; log:\n{}", self.log());
+                panic!(
+                    "deckhand not healthy after {timeout:?}; log:\n{}",
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -244,10 +254,24 @@ impl Drop for Agent {
     /// test failed half-way.
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            // The agent's own account of what happened is the first thing to read on a failure.
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let from = lines.len().saturating_sub(80);
+            eprintln!("---- last lines of deckhand's log ({}) ----", self.node);
+            for line in &lines[from..] {
+                eprintln!("{line}");
+            }
+        }
         let node = self.node.clone();
         let cleanup = async move {
-            let Ok(endpoint) = parse_endpoint(&runtime_endpoint()) else { return };
-            let Ok(cri) = CriClient::connect(&endpoint, Duration::from_secs(30)).await else { return };
+            let Ok(endpoint) = parse_endpoint(&runtime_endpoint()) else {
+                return;
+            };
+            let Ok(cri) = CriClient::connect(&endpoint, Duration::from_secs(30)).await else {
+                return;
+            };
             remove_node_pods(&cri, &node).await;
         };
         let handle = std::thread::spawn(move || {
@@ -264,9 +288,15 @@ impl Drop for Agent {
 /// Stops and removes every sandbox (and its containers) whose pod name ends with `-<node>`.
 pub async fn remove_node_pods(cri: &CriClient, node: &str) {
     let suffix = format!("-{node}");
-    let Ok(sandboxes) = cri.list_pod_sandbox(None).await else { return };
+    let Ok(sandboxes) = cri.list_pod_sandbox(None).await else {
+        return;
+    };
     for sb in sandboxes {
-        let name = sb.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let name = sb
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         if !name.ends_with(&suffix) {
             continue;
         }
@@ -287,9 +317,15 @@ pub async fn remove_node_pods(cri: &CriClient, node: &str) {
 }
 
 /// Sandboxes of the pod named `full_name` (any state).
-pub async fn sandboxes_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cri::proto::PodSandbox> {
+pub async fn sandboxes_of(
+    cri: &CriClient,
+    full_name: &str,
+) -> Vec<deckhand::cri::proto::PodSandbox> {
     cri.list_pod_sandbox(Some(PodSandboxFilter {
-        label_selector: HashMap::from([("io.kubernetes.pod.name".to_string(), full_name.to_string())]),
+        label_selector: HashMap::from([(
+            "io.kubernetes.pod.name".to_string(),
+            full_name.to_string(),
+        )]),
         ..Default::default()
     }))
     .await
@@ -297,9 +333,15 @@ pub async fn sandboxes_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cri
 }
 
 /// Containers of the pod named `full_name` (any state).
-pub async fn containers_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cri::proto::Container> {
+pub async fn containers_of(
+    cri: &CriClient,
+    full_name: &str,
+) -> Vec<deckhand::cri::proto::Container> {
     cri.list_containers(Some(ContainerFilter {
-        label_selector: HashMap::from([("io.kubernetes.pod.name".to_string(), full_name.to_string())]),
+        label_selector: HashMap::from([(
+            "io.kubernetes.pod.name".to_string(),
+            full_name.to_string(),
+        )]),
         ..Default::default()
     }))
     .await
@@ -310,9 +352,15 @@ pub async fn containers_of(cri: &CriClient, full_name: &str) -> Vec<deckhand::cr
 pub async fn http_get(url: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap_or((rest, "/".into()));
     let connect = tokio::net::TcpStream::connect(host);
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()?;
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect)
+        .await
+        .ok()?
+        .ok()?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
@@ -323,7 +371,10 @@ pub async fn http_get(url: &str) -> Option<(u16, String)> {
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     let code: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
@@ -335,7 +386,9 @@ fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }

@@ -60,7 +60,7 @@ pub fn container_log_path(container_name: &str, restart_count: u32) -> String {
 
 /// Labels of a runtime container: its pod's identity, its name, Deckhand's marker.
 pub fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String, String> {
-    HashMap::from([
+    let mut out = HashMap::from([
         (labels::POD_NAME_LABEL.to_string(), meta.name.clone()),
         (
             labels::POD_NAMESPACE_LABEL.to_string(),
@@ -75,7 +75,11 @@ pub fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String,
             labels::MANAGED_LABEL.to_string(),
             labels::MANAGED_VALUE.to_string(),
         ),
-    ])
+    ]);
+    if !meta.node.is_empty() {
+        out.insert(labels::NODE_LABEL.to_string(), meta.node.clone());
+    }
+    out
 }
 
 fn is_init_container(pod: &Pod, name: &str) -> bool {

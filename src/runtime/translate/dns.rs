@@ -99,12 +99,23 @@ pub fn pod_dns_config(
         .filter(|p| !p.is_empty())
         .unwrap_or("ClusterFirst");
 
+    let wants_cluster = match policy {
+        "ClusterFirstWithHostNet" => true,
+        "ClusterFirst" => !host_network,
+        _ => false,
+    };
     let base = match policy {
         "None" => Base::Empty,
-        "Default" => Base::Host,
-        "ClusterFirstWithHostNet" if !cluster_dns.is_empty() => Base::Cluster,
-        "ClusterFirst" if !cluster_dns.is_empty() && !host_network => Base::Cluster,
-        // ClusterFirst without cluster DNS, or on the host network, or an unknown policy.
+        _ if wants_cluster && !cluster_dns.is_empty() => Base::Cluster,
+        _ if wants_cluster => {
+            // Said once at start-up by the daemon; per pod it would repeat on every sandbox.
+            tracing::debug!(
+                pod = pod.metadata.name.as_deref().unwrap_or(""),
+                "no clusterDNS configured: \"ClusterFirst\" falls back to \"Default\""
+            );
+            Base::Host
+        }
+        // Default, ClusterFirst on the host network, or an unknown policy.
         _ => Base::Host,
     };
 
@@ -155,8 +166,34 @@ pub fn pod_dns_config(
         config.options = merge_options(std::mem::take(&mut config.options), pod_options);
     }
     config.servers = dedup_keep_order(config.servers);
-    config.searches = dedup_keep_order(config.searches);
+    config.servers.truncate(MAX_NAMESERVERS);
+    config.searches = searches_within_limits(dedup_keep_order(config.searches));
     config
+}
+
+/// At most this many nameservers reach the pod (glibc's limit; the rest are dropped).
+const MAX_NAMESERVERS: usize = 3;
+/// At most this many search domains, and this many characters on the search line.
+const MAX_SEARCH_PATHS: usize = 32;
+const MAX_SEARCH_LINE_CHARS: usize = 2048;
+/// A search domain longer than a DNS name makes some resolvers abort: dropped.
+const MAX_SEARCH_DOMAIN_CHARS: usize = 253;
+
+/// Cuts the search list to the limits upstream enforces: the first 32 domains, without
+/// over-long ones, then whole domains off the end until the line fits 2048 characters.
+fn searches_within_limits(mut searches: Vec<String>) -> Vec<String> {
+    searches.truncate(MAX_SEARCH_PATHS);
+    searches.retain(|s| s.len() <= MAX_SEARCH_DOMAIN_CHARS);
+    let line_len = |s: &[String]| {
+        s.iter()
+            .map(|d| d.len() + 1)
+            .sum::<usize>()
+            .saturating_sub(1)
+    };
+    while line_len(&searches) > MAX_SEARCH_LINE_CHARS {
+        searches.pop();
+    }
+    searches
 }
 
 #[cfg(test)]
@@ -353,5 +390,69 @@ mod tests {
                 &["edns0", "ndots:2", "single-request"]
             )
         );
+    }
+
+    #[test]
+    fn more_policies() {
+        let cluster = strings(&["10.96.0.10", "10.96.0.11"]);
+        // ClusterFirstWithHostNet off the host network is ClusterFirst.
+        assert_eq!(
+            pod_dns_config(
+                &pod(Some("ClusterFirstWithHostNet"), false, None),
+                &host(),
+                &cluster,
+                "cluster.local"
+            )
+            .servers,
+            cluster
+        );
+        // ClusterFirstWithHostNet without cluster DNS falls back to the host's.
+        assert_eq!(
+            pod_dns_config(
+                &pod(Some("ClusterFirstWithHostNet"), true, None),
+                &host(),
+                &[],
+                "cluster.local"
+            ),
+            cfg(&["192.168.1.1"], &["lan"], &["edns0"])
+        );
+        // No cluster domain: only the host's searches.
+        assert_eq!(
+            pod_dns_config(&pod(None, false, None), &host(), &cluster, ""),
+            cfg(&["10.96.0.10", "10.96.0.11"], &["lan"], &["ndots:5"])
+        );
+        // A host search equal to a cluster one appears once.
+        let mut h = host();
+        h.searches = strings(&["cluster.local", "lan"]);
+        assert_eq!(
+            pod_dns_config(&pod(None, false, None), &h, &cluster, "cluster.local").searches,
+            strings(&[
+                "shop.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local",
+                "lan"
+            ])
+        );
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let dns = PodDNSConfig {
+            nameservers: Some(strings(&["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"])),
+            searches: Some((0..40).map(|i| format!("d{i}.example")).collect()),
+            options: None,
+        };
+        let got = pod_dns_config(&pod(Some("None"), false, Some(dns)), &host(), &[], "");
+        assert_eq!(got.servers, strings(&["1.1.1.1", "2.2.2.2", "3.3.3.3"]));
+        assert_eq!(got.searches.len(), 32);
+        assert_eq!(got.searches[31], "d31.example");
+
+        let long: Vec<String> = (0..20)
+            .map(|i| format!("{i:02}{}", "a".repeat(150)))
+            .collect();
+        let got = searches_within_limits(long.clone());
+        assert_eq!(got, long[..13].to_vec());
+        let too_long = vec!["ok".to_string(), "b".repeat(300)];
+        assert_eq!(searches_within_limits(too_long), strings(&["ok"]));
     }
 }

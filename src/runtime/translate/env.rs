@@ -1,16 +1,20 @@
 //! Container environment: literal values, the downward API (`fieldRef`) and `$(VAR)` expansion.
 //!
-//! Deckhand has no API-server objects to read from here, so `configMapKeyRef`, `secretKeyRef`,
-//! `resourceFieldRef` and `envFrom` are refused with an error naming the container and the
-//! variable (the pod then shows `CreateContainerConfigError`), unless marked optional, in which
-//! case they are skipped.
+//! `resourceFieldRef` reads the container's limits and requests, a missing CPU, memory or
+//! ephemeral-storage limit standing for the node's allocatable amount (as upstream does for the
+//! downward API).
+//!
+//! Deckhand has no API-server objects to read from here, so `configMapKeyRef`, `secretKeyRef`
+//! and `envFrom` are refused with an error naming the container and the variable (the pod then
+//! shows `CreateContainerConfigError`), unless marked optional, in which case they are skipped.
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 
 use super::TranslateError;
 use super::container::ContainerContext;
+use super::quantity;
 
 /// Expands `$(NAME)` references in `input` with `lookup`.
 ///
@@ -125,8 +129,16 @@ pub fn container_env(
                         continue;
                     }
                     return Err(unsupported("secretKeyRef"));
-                } else if from.resource_field_ref.is_some() {
-                    return Err(unsupported("resourceFieldRef"));
+                } else if let Some(selector) = &from.resource_field_ref {
+                    let node = NodeAllocatable::detect(ctx.node_memory_capacity);
+                    resource_field_value(pod, Some(container), selector, &node).map_err(
+                        |reason| TranslateError::InvalidQuantity {
+                            container: container.name.clone(),
+                            field: format!("env {:?} resourceFieldRef", var.name),
+                            value: selector.resource.clone(),
+                            reason,
+                        },
+                    )?
                 } else {
                     return Err(unsupported("an empty valueFrom"));
                 }
@@ -141,6 +153,157 @@ pub fn container_env(
         }
     }
     Ok(ordered)
+}
+
+/// What the node can give a container, standing in for a limit the container does not set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeAllocatable {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub ephemeral_storage_bytes: i64,
+}
+
+impl NodeAllocatable {
+    /// The node's CPUs (as this process may use them), the given memory and the size of the
+    /// root filesystem. No resources are reserved for system daemons yet, so allocatable equals
+    /// capacity.
+    pub fn detect(memory_bytes: u64) -> NodeAllocatable {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let storage = nix::sys::statvfs::statvfs("/")
+            .map(|s| (s.blocks() as u128) * (s.fragment_size() as u128))
+            .unwrap_or(0);
+        NodeAllocatable {
+            cpu_millis: i64::try_from(cpus).unwrap_or(i64::MAX / 1000) * 1000,
+            memory_bytes: i64::try_from(memory_bytes).unwrap_or(i64::MAX),
+            ephemeral_storage_bytes: i64::try_from(storage).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// The value of a `resourceFieldRef`, as upstream computes it: the amount divided by the
+/// divisor (default 1), rounded up; CPU in millicores before the division, the rest in bytes.
+/// A limit the container does not set (or sets to zero) is the node's allocatable amount.
+///
+/// `current` is the container the reference belongs to (env vars); `containerName` in the
+/// selector, when set, picks another container of the pod (volumes always name it).
+pub fn resource_field_value(
+    pod: &Pod,
+    current: Option<&Container>,
+    selector: &ResourceFieldSelector,
+    node: &NodeAllocatable,
+) -> Result<String, String> {
+    let container = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(name) => pod
+            .spec
+            .as_ref()
+            .and_then(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+                    .find(|c| c.name == name)
+            })
+            .ok_or_else(|| format!("container {name} not found"))?,
+        None => current.ok_or_else(|| "container  not found".to_string())?,
+    };
+    // An absent or zero divisor means 1.
+    let one = quantity::parse("1").expect("1 is a quantity");
+    let divisor = match &selector.divisor {
+        Some(q) if !q.0.is_empty() => {
+            let d = quantity::parse(&q.0).map_err(|e| format!("invalid divisor {:?}: {e}", q.0))?;
+            if d.is_zero() { one } else { d }
+        }
+        _ => one,
+    };
+    let resources = container.resources.as_ref();
+    let amount = |map: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+                  name: &str|
+     -> Result<Option<quantity::Quantity>, String> {
+        match map.and_then(|m| m.get(name)) {
+            Some(q) => quantity::parse(&q.0)
+                .map(Some)
+                .map_err(|e| format!("invalid {name} quantity {:?}: {e}", q.0)),
+            None => Ok(None),
+        }
+    };
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    // A limit that is absent or zero falls back to the node's allocatable amount.
+    let limit = |name: &str, node_amount: i64, milli: bool| -> Result<i64, String> {
+        Ok(match amount(limits, name)? {
+            Some(q) if !q.is_zero() => {
+                if milli {
+                    q.milli_value()
+                } else {
+                    q.value()
+                }
+            }
+            _ => node_amount,
+        })
+    };
+    let request = |name: &str, milli: bool| -> Result<i64, String> {
+        Ok(match amount(requests, name)? {
+            Some(q) if milli => q.milli_value(),
+            Some(q) => q.value(),
+            None => 0,
+        })
+    };
+    let (value, milli) = match selector.resource.as_str() {
+        "limits.cpu" => (limit("cpu", node.cpu_millis, true)?, true),
+        "limits.memory" => (limit("memory", node.memory_bytes, false)?, false),
+        "limits.ephemeral-storage" => (
+            limit("ephemeral-storage", node.ephemeral_storage_bytes, false)?,
+            false,
+        ),
+        "requests.cpu" => (request("cpu", true)?, true),
+        "requests.memory" => (request("memory", false)?, false),
+        "requests.ephemeral-storage" => (request("ephemeral-storage", false)?, false),
+        other => {
+            if let Some(name) = other.strip_prefix("limits.hugepages-") {
+                let name = format!("hugepages-{name}");
+                (
+                    amount(limits, &name)?.map(|q| q.value()).unwrap_or(0),
+                    false,
+                )
+            } else if let Some(name) = other.strip_prefix("requests.hugepages-") {
+                let name = format!("hugepages-{name}");
+                (
+                    amount(requests, &name)?.map(|q| q.value()).unwrap_or(0),
+                    false,
+                )
+            } else {
+                return Err(format!("unsupported container resource : {other}"));
+            }
+        }
+    };
+    let per = if milli {
+        divisor.milli_value()
+    } else {
+        divisor.value()
+    };
+    if per <= 0 {
+        return Err(format!(
+            "invalid divisor {:?}",
+            selector
+                .divisor
+                .as_ref()
+                .map(|q| q.0.as_str())
+                .unwrap_or("")
+        ));
+    }
+    Ok(ceil_div(value, per).to_string())
+}
+
+/// `a / b` rounded towards +∞ (b > 0).
+fn ceil_div(a: i64, b: i64) -> i64 {
+    let q = a / b;
+    if a % b != 0 && a > 0 { q + 1 } else { q }
 }
 
 /// Value of a downward-API field path, or None for paths we do not serve.
@@ -427,14 +590,11 @@ mod tests {
                 ..
             }
         ));
-        let err = container_env(&test_pod(), &container(vec![resource]), &ctx()).unwrap_err();
-        assert!(matches!(
-            err,
-            TranslateError::UnsupportedEnvSource {
-                kind: "resourceFieldRef",
-                ..
-            }
-        ));
+        // resourceFieldRef is served: with no limit it is the node's memory.
+        let mut node_ctx = ctx();
+        node_ctx.node_memory_capacity = 2 * 1024 * 1024 * 1024;
+        let ok = container_env(&test_pod(), &container(vec![resource]), &node_ctx).unwrap();
+        assert_eq!(ok, vec![("MEM".to_string(), "2147483648".to_string())]);
 
         let ok = container_env(
             &test_pod(),
@@ -469,5 +629,189 @@ mod tests {
             .unwrap()
             .optional = Some(true);
         assert_eq!(container_env(&test_pod(), &c, &ctx()).unwrap(), vec![]);
+    }
+
+    fn resources(limits: &[(&str, &str)], requests: &[(&str, &str)]) -> Container {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let map = |items: &[(&str, &str)]| {
+            Some(
+                items
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        Container {
+            name: "app".into(),
+            resources: Some(ResourceRequirements {
+                limits: map(limits),
+                requests: map(requests),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn selector(resource: &str, divisor: Option<&str>) -> ResourceFieldSelector {
+        ResourceFieldSelector {
+            resource: resource.into(),
+            divisor: divisor
+                .map(|d| k8s_openapi::apimachinery::pkg::api::resource::Quantity(d.into())),
+            container_name: None,
+        }
+    }
+
+    #[test]
+    fn resource_field_ref_table() {
+        let node = NodeAllocatable {
+            cpu_millis: 4000,
+            memory_bytes: 8 * 1024 * 1024 * 1024,
+            ephemeral_storage_bytes: 100_000_000_000,
+        };
+        let limited = resources(
+            &[
+                ("cpu", "250m"),
+                ("memory", "64Mi"),
+                ("ephemeral-storage", "1Gi"),
+            ],
+            &[("cpu", "100m"), ("memory", "32Mi")],
+        );
+        let unlimited = resources(&[], &[]);
+        let cases: &[(&str, &Container, &str, Option<&str>, &str)] = &[
+            (
+                "memory limit in bytes",
+                &limited,
+                "limits.memory",
+                None,
+                "67108864",
+            ),
+            (
+                "memory limit in Mi",
+                &limited,
+                "limits.memory",
+                Some("1Mi"),
+                "64",
+            ),
+            (
+                "memory limit in M rounds up",
+                &limited,
+                "limits.memory",
+                Some("1M"),
+                "68",
+            ),
+            (
+                "cpu limit rounds up to a core",
+                &limited,
+                "limits.cpu",
+                None,
+                "1",
+            ),
+            (
+                "cpu limit in millicores",
+                &limited,
+                "limits.cpu",
+                Some("1m"),
+                "250",
+            ),
+            ("cpu request", &limited, "requests.cpu", Some("1m"), "100"),
+            (
+                "cpu request in cores",
+                &limited,
+                "requests.cpu",
+                Some("1"),
+                "1",
+            ),
+            (
+                "memory request",
+                &limited,
+                "requests.memory",
+                Some("1Ki"),
+                "32768",
+            ),
+            (
+                "ephemeral limit",
+                &limited,
+                "limits.ephemeral-storage",
+                Some("1Mi"),
+                "1024",
+            ),
+            (
+                "zero divisor means 1",
+                &limited,
+                "limits.memory",
+                Some("0"),
+                "67108864",
+            ),
+            (
+                "no cpu limit: node cpus",
+                &unlimited,
+                "limits.cpu",
+                None,
+                "4",
+            ),
+            (
+                "no memory limit: node memory",
+                &unlimited,
+                "limits.memory",
+                Some("1Gi"),
+                "8",
+            ),
+            (
+                "no ephemeral limit: node disk",
+                &unlimited,
+                "limits.ephemeral-storage",
+                None,
+                "100000000000",
+            ),
+            ("no request: zero", &unlimited, "requests.memory", None, "0"),
+        ];
+        for (what, c, resource, divisor, want) in cases {
+            let got =
+                resource_field_value(&test_pod(), Some(c), &selector(resource, *divisor), &node);
+            assert_eq!(got.as_deref(), Ok(*want), "{what}");
+        }
+        let err = resource_field_value(
+            &test_pod(),
+            Some(&limited),
+            &selector("limits.gpu", None),
+            &node,
+        )
+        .unwrap_err();
+        assert_eq!(err, "unsupported container resource : limits.gpu");
+
+        // containerName picks another container of the pod.
+        let mut pod = test_pod();
+        let mut other = resources(&[("memory", "1Gi")], &[]);
+        other.name = "side".into();
+        pod.spec.as_mut().unwrap().containers = vec![limited.clone(), other];
+        let mut sel = selector("limits.memory", Some("1Mi"));
+        sel.container_name = Some("side".into());
+        assert_eq!(
+            resource_field_value(&pod, None, &sel, &node).as_deref(),
+            Ok("1024")
+        );
+        sel.container_name = Some("gone".into());
+        assert_eq!(
+            resource_field_value(&pod, None, &sel, &node).unwrap_err(),
+            "container gone not found"
+        );
+    }
+
+    #[test]
+    fn resource_field_ref_env_shows_the_limit() {
+        let mut c = resources(&[("memory", "64Mi")], &[]);
+        c.env = Some(vec![EnvVar {
+            name: "MEM".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                resource_field_ref: Some(selector("limits.memory", None)),
+                ..Default::default()
+            }),
+        }]);
+        assert_eq!(
+            container_env(&test_pod(), &c, &ctx()).unwrap(),
+            vec![("MEM".to_string(), "67108864".to_string())]
+        );
     }
 }

@@ -106,6 +106,8 @@ pub struct PodMeta {
     /// `default` when unset.
     pub namespace: String,
     pub uid: String,
+    /// `spec.nodeName`: the node the pod was given to (empty when unset).
+    pub node: String,
 }
 
 impl PodMeta {
@@ -128,10 +130,16 @@ impl PodMeta {
             .clone()
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".to_string());
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
         Ok(PodMeta {
             name,
             namespace,
             uid,
+            node,
         })
     }
 }

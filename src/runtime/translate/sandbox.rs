@@ -121,6 +121,9 @@ pub fn sandbox_labels(pod: &Pod, meta: &PodMeta) -> HashMap<String, String> {
     out.insert(labels::POD_NAMESPACE_LABEL.into(), meta.namespace.clone());
     out.insert(labels::POD_UID_LABEL.into(), meta.uid.clone());
     out.insert(labels::MANAGED_LABEL.into(), labels::MANAGED_VALUE.into());
+    if !meta.node.is_empty() {
+        out.insert(labels::NODE_LABEL.into(), meta.node.clone());
+    }
     out
 }
 

@@ -1,0 +1,153 @@
+//! Stopping containers the way upstream does: the preStop hook first, within the grace period,
+//! then `StopContainer` with what is left of it (at least two seconds); app containers before
+//! sidecars and other init containers, and the sandbox last.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use tokio::time::Instant;
+
+use crate::cri::{CriError, ImageService, RuntimeService};
+
+use super::executor::{Executor, MIN_GRACE_SECONDS};
+use super::hooks::{HookKind, run_hook};
+use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+
+/// The pod's IP as hooks should reach it: the sandbox's own, or the node's for hostNetwork.
+pub fn pod_ip(observed: &ObservedPod, host_ip: Option<&str>) -> Option<String> {
+    let sandbox = observed.newest_sandbox()?;
+    if sandbox.host_network {
+        host_ip.map(str::to_string)
+    } else {
+        sandbox.ip.clone()
+    }
+}
+
+/// The spec of the named container, init or app.
+fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+fn is_active(c: &ObservedContainer) -> bool {
+    matches!(
+        c.state,
+        ContainerState::Running | ContainerState::Created | ContainerState::Unknown
+    )
+}
+
+/// Seconds left of a grace period that started at `started`, never below the minimum.
+pub fn remaining_grace(grace: i64, started: Instant) -> i64 {
+    let spent = started.elapsed().as_secs() as i64;
+    (grace - spent).max(MIN_GRACE_SECONDS)
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    /// Runs the container's preStop hook (if any) and stops it with what is left of `grace`.
+    /// A failing preStop hook is logged, and the stop goes ahead (upstream does the same).
+    pub(super) async fn stop_container_gracefully(
+        &self,
+        pod: Option<&Pod>,
+        inst: &ObservedContainer,
+        grace: i64,
+        pod_ip: Option<&str>,
+    ) -> Result<(), CriError> {
+        let started = Instant::now();
+        let spec = pod.and_then(|p| spec_container(p, &inst.name)).cloned();
+        // An orphan's preStop comes from what Deckhand recorded on the container.
+        let handler: Option<LifecycleHandler> = match &spec {
+            Some(c) => c.lifecycle.as_ref().and_then(|l| l.pre_stop.clone()),
+            None => inst
+                .pre_stop
+                .as_deref()
+                .and_then(|json| serde_json::from_str(json).ok()),
+        };
+        if let Some(handler) = handler.filter(|_| inst.state == ContainerState::Running) {
+            let container = spec.unwrap_or_else(|| Container {
+                name: inst.name.clone(),
+                ..Default::default()
+            });
+            let timeout = Duration::from_secs(grace.max(0) as u64);
+            tracing::info!(container = %inst.name, grace, "running the preStop hook");
+            if let Err(err) = run_hook(
+                &self.rt,
+                HookKind::PreStop,
+                &handler,
+                &container,
+                &inst.id,
+                pod_ip,
+                timeout,
+            )
+            .await
+            {
+                tracing::warn!(container = %inst.name, error = %err, "FailedPreStopHook");
+            }
+        }
+        let left = remaining_grace(grace, started);
+        self.stop_container(&inst.id, left).await
+    }
+
+    /// Stops every running container of the pod, then its sandboxes. App containers go first,
+    /// all at once; sidecars and any running init containers follow with what is left of the
+    /// grace period.
+    pub(super) async fn stop_pod(
+        &self,
+        pod: Option<&Pod>,
+        observed: &ObservedPod,
+        grace: i64,
+    ) -> Result<(), CriError> {
+        let started = Instant::now();
+        let ip = pod_ip(observed, self.node.host_ip.as_deref());
+        // Orphans carry their own recorded grace period; a given one caps it.
+        let grace_for = |c: &ObservedContainer, total: i64| match pod {
+            Some(_) => total,
+            None => c.grace_period.unwrap_or(total).min(total),
+        };
+        let apps: Vec<_> = observed
+            .containers
+            .iter()
+            .filter(|c| is_active(c) && !c.is_init)
+            .map(|c| self.stop_container_gracefully(pod, c, grace_for(c, grace), ip.as_deref()))
+            .collect();
+        for result in join_all(apps).await {
+            result?;
+        }
+        let left = remaining_grace(grace, started);
+        let inits: Vec<_> = observed
+            .containers
+            .iter()
+            .filter(|c| is_active(c) && c.is_init)
+            .map(|c| self.stop_container_gracefully(pod, c, grace_for(c, left), ip.as_deref()))
+            .collect();
+        for result in join_all(inits).await {
+            result?;
+        }
+        for sandbox in &observed.sandboxes {
+            if sandbox.state == SandboxState::Ready {
+                if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await {
+                    if !err.is_not_found() {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remaining_grace_never_drops_below_the_minimum() {
+        let now = Instant::now();
+        assert_eq!(remaining_grace(30, now), 30);
+        assert_eq!(remaining_grace(1, now), MIN_GRACE_SECONDS);
+        assert_eq!(remaining_grace(0, now), MIN_GRACE_SECONDS);
+    }
+}

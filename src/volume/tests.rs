@@ -1,0 +1,520 @@
+use super::*;
+use k8s_openapi::api::core::v1::{
+    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
+    EmptyDirVolumeSource, HostPathVolumeSource, ObjectFieldSelector, PodSpec,
+    ProjectedVolumeSource, ResourceFieldSelector, SecurityContext, ServiceAccountTokenProjection,
+    VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+
+fn pod(uid: &str, volumes: Vec<Volume>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some("web-n1".into()),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
+            annotations: Some(BTreeMap::from([("a".to_string(), "x\ny".to_string())])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                ..Default::default()
+            }],
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str, medium: Option<&str>, size: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: medium.map(str::to_string),
+            size_limit: size.map(|s| Quantity(s.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+fn host_path(name: &str, path: &Path, kind: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.to_string_lossy().into_owned(),
+            type_: kind.map(str::to_string),
+        }),
+        ..Default::default()
+    }
+}
+
+fn field_item(path: &str, field: &str) -> DownwardAPIVolumeFile {
+    DownwardAPIVolumeFile {
+        path: path.into(),
+        field_ref: Some(ObjectFieldSelector {
+            api_version: None,
+            field_path: field.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn downward(name: &str, items: Vec<DownwardAPIVolumeFile>) -> Volume {
+    Volume {
+        name: name.into(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(items),
+            default_mode: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn manager(root: &Path) -> VolumeManager {
+    VolumeManager::new(root.to_path_buf(), 1 << 30)
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn layout_follows_upstream() {
+    let m = manager(Path::new("/var/lib/deckhand"));
+    assert_eq!(
+        m.volume_dir("u1", EMPTY_DIR_PLUGIN, "cache"),
+        Path::new("/var/lib/deckhand/pods/u1/volumes/kubernetes.io~empty-dir/cache")
+    );
+    assert_eq!(
+        m.volume_dir("u1", DOWNWARD_API_PLUGIN, "info"),
+        Path::new("/var/lib/deckhand/pods/u1/volumes/kubernetes.io~downward-api/info")
+    );
+    assert_eq!(
+        m.volume_dir("u1", PROJECTED_PLUGIN, "p"),
+        Path::new("/var/lib/deckhand/pods/u1/volumes/kubernetes.io~projected/p")
+    );
+}
+
+#[test]
+fn setup_creates_volumes_idempotently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let host_dir = tmp.path().join("host/data");
+    let m = manager(&root);
+    let p = pod(
+        "u1",
+        vec![
+            empty_dir("cache", None, None),
+            host_path("data", &host_dir, Some("DirectoryOrCreate")),
+            downward(
+                "info",
+                vec![
+                    field_item("labels", "metadata.labels"),
+                    field_item("annotations", "metadata.annotations"),
+                    field_item("meta/name", "metadata.name"),
+                ],
+            ),
+        ],
+    );
+    let vols = m.setup(&p).unwrap();
+    let cache = root.join("pods/u1/volumes/kubernetes.io~empty-dir/cache");
+    assert_eq!(vols.paths["cache"], cache);
+    assert_eq!(
+        std::fs::metadata(&cache).unwrap().permissions().mode() & 0o7777,
+        0o777
+    );
+    assert_eq!(vols.paths["data"], host_dir);
+    assert!(host_dir.is_dir());
+    assert!(
+        !root
+            .join("pods/u1/volumes/kubernetes.io~host-path")
+            .exists()
+    );
+    let info = root.join("pods/u1/volumes/kubernetes.io~downward-api/info");
+    assert_eq!(
+        std::fs::read_to_string(info.join("labels")).unwrap(),
+        "app=\"web\""
+    );
+    assert_eq!(
+        std::fs::read_to_string(info.join("annotations")).unwrap(),
+        "a=\"x\\ny\""
+    );
+    assert_eq!(
+        std::fs::read_to_string(info.join("meta/name")).unwrap(),
+        "web-n1"
+    );
+    assert!(vols.read_only.contains("info") && !vols.read_only.contains("cache"));
+
+    std::fs::write(cache.join("kept"), b"1").unwrap();
+    let data_link = std::fs::read_link(info.join("..data")).unwrap();
+    m.setup(&p).unwrap();
+    assert!(
+        cache.join("kept").exists(),
+        "a second setup keeps the content"
+    );
+    assert_eq!(std::fs::read_link(info.join("..data")).unwrap(), data_link);
+
+    // refresh rewrites when the pod's labels change.
+    let mut changed = p.clone();
+    changed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("tier".into(), "front".into());
+    m.refresh(&changed).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(info.join("labels")).unwrap(),
+        "app=\"web\"\ntier=\"front\""
+    );
+    assert_ne!(std::fs::read_link(info.join("..data")).unwrap(), data_link);
+
+    m.teardown("u1").unwrap();
+    assert!(!root.join("pods/u1/volumes").exists());
+    assert!(host_dir.is_dir(), "a hostPath is never deleted");
+    // A second teardown is a no-op.
+    m.teardown("u1").unwrap();
+}
+
+#[test]
+fn setup_errors_use_upstream_wording() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let missing = tmp.path().join("nope.txt");
+    let err = m
+        .setup(&pod("u2", vec![host_path("cfg", &missing, Some("File"))]))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "MountVolume.SetUp failed for volume \"cfg\" : hostPath type check failed: {} is not a file",
+            missing.display()
+        )
+    );
+
+    let projected = |source: VolumeProjection| Volume {
+        name: "p".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![source]),
+            default_mode: None,
+        }),
+        ..Default::default()
+    };
+    let token = projected(VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            path: "token".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let err = m.setup(&pod("u2", vec![token])).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"p\" : projected source serviceAccountToken is not supported without an apiserver"
+    );
+    let cm = |optional| {
+        projected(VolumeProjection {
+            config_map: Some(ConfigMapProjection {
+                name: "settings".into(),
+                optional,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    assert!(
+        m.setup(&pod("u2", vec![cm(None)]))
+            .unwrap_err()
+            .to_string()
+            .contains(
+                "projected source configMap \"settings\" is not supported without an apiserver"
+            )
+    );
+    assert!(m.setup(&pod("u2", vec![cm(Some(true))])).is_ok());
+
+    let bad_field = downward("d", vec![field_item("x", "spec.nodeName")]);
+    assert_eq!(
+        m.setup(&pod("u2", vec![bad_field]))
+            .unwrap_err()
+            .to_string(),
+        "MountVolume.SetUp failed for volume \"d\" : unsupported fieldPath: spec.nodeName"
+    );
+
+    let nfs = Volume {
+        name: "n".into(),
+        nfs: Some(Default::default()),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.setup(&pod("u2", vec![nfs])).unwrap_err().to_string(),
+        "MountVolume.SetUp failed for volume \"n\" : volume type nfs is not supported on this node"
+    );
+    let bad_name = empty_dir("../escape", None, None);
+    assert!(m.setup(&pod("u2", vec![bad_name])).is_err());
+    m.teardown("u2").unwrap();
+}
+
+#[test]
+fn projected_downward_sources_with_modes_and_resources() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let mut p = pod(
+        "u3",
+        vec![Volume {
+            name: "p".into(),
+            projected: Some(ProjectedVolumeSource {
+                default_mode: Some(0o440),
+                sources: Some(vec![VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![
+                            field_item("name", "metadata.name"),
+                            DownwardAPIVolumeFile {
+                                path: "mem".into(),
+                                resource_field_ref: Some(ResourceFieldSelector {
+                                    container_name: Some("app".into()),
+                                    resource: "limits.memory".into(),
+                                    divisor: Some(Quantity("1Mi".into())),
+                                }),
+                                mode: Some(0o600),
+                                ..Default::default()
+                            },
+                        ]),
+                    }),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        }],
+    );
+    p.spec.as_mut().unwrap().containers[0].resources =
+        Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("64Mi".into()),
+            )])),
+            ..Default::default()
+        });
+    let vols = m.setup(&p).unwrap();
+    let dir = &vols.paths["p"];
+    assert!(dir.ends_with("kubernetes.io~projected/p"));
+    assert_eq!(std::fs::read_to_string(dir.join("mem")).unwrap(), "64");
+    let mode = |f: &str| std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("name"), 0o440);
+    assert_eq!(mode("mem"), 0o600);
+    m.teardown("u3").unwrap();
+}
+
+#[test]
+fn container_mounts_map_volume_mounts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let host = tmp.path().join("logs");
+    let p = pod(
+        "u4",
+        vec![
+            empty_dir("cache", None, None),
+            host_path("logs", &host, Some("DirectoryOrCreate")),
+            downward("info", vec![field_item("labels", "metadata.labels")]),
+        ],
+    );
+    let vols = m.setup(&p).unwrap();
+    let env = HashMap::from([("POD".to_string(), "web-n1".to_string())]);
+    let mut c = Container {
+        name: "app".into(),
+        volume_mounts: Some(vec![
+            mount("cache", "/cache"),
+            VolumeMount {
+                read_only: Some(true),
+                mount_propagation: Some("HostToContainer".into()),
+                ..mount("logs", "/logs")
+            },
+            VolumeMount {
+                sub_path_expr: Some("pods/$(POD)".into()),
+                ..mount("logs", "/mine")
+            },
+            VolumeMount {
+                sub_path: Some("labels".into()),
+                ..mount("info", "/etc/labels")
+            },
+            mount("cache", "relative"),
+        ]),
+        ..Default::default()
+    };
+    let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
+    let info = vols.paths["info"].canonicalize().unwrap();
+    let want = [
+        (
+            "/cache",
+            vols.paths["cache"].clone(),
+            false,
+            MountPropagation::PropagationPrivate,
+        ),
+        (
+            "/logs",
+            host.clone(),
+            true,
+            MountPropagation::PropagationHostToContainer,
+        ),
+        (
+            "/mine",
+            host.canonicalize().unwrap().join("pods/web-n1"),
+            false,
+            MountPropagation::PropagationPrivate,
+        ),
+        (
+            "/etc/labels",
+            std::fs::canonicalize(info.join("labels")).unwrap(),
+            true,
+            MountPropagation::PropagationPrivate,
+        ),
+        (
+            "/relative",
+            vols.paths["cache"].clone(),
+            false,
+            MountPropagation::PropagationPrivate,
+        ),
+    ];
+    assert_eq!(mounts.len(), want.len());
+    for (got, (path, host_path, ro, prop)) in mounts.iter().zip(want) {
+        assert_eq!(got.container_path, path);
+        assert_eq!(Path::new(&got.host_path), host_path, "{path}");
+        assert_eq!(got.readonly, ro, "{path}");
+        assert_eq!(got.propagation, prop as i32, "{path}");
+        assert!(!got.selinux_relabel);
+    }
+    assert!(
+        host.join("pods/web-n1").is_dir(),
+        "subPathExpr directory created"
+    );
+    // The subPath of a downwardAPI file is the file of the current version.
+    assert!(
+        mounts[3].host_path.contains("..20"),
+        "{}",
+        mounts[3].host_path
+    );
+
+    let one = |vm: VolumeMount| {
+        let c = Container {
+            name: "app".into(),
+            volume_mounts: Some(vec![vm]),
+            ..Default::default()
+        };
+        m.container_mounts(&p, &c, &vols, &env)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        one(mount("ghost", "/x")).unwrap_err(),
+        "container \"app\": volumeMount \"ghost\": cannot find volume \"ghost\" to mount into container \"app\""
+    );
+    assert_eq!(
+        one(VolumeMount {
+            sub_path: Some("/etc".into()),
+            ..mount("cache", "/x")
+        })
+        .unwrap_err(),
+        "container \"app\": volumeMount \"cache\": error SubPath `/etc` must not be an absolute path"
+    );
+    assert_eq!(
+        one(VolumeMount {
+            sub_path: Some("a/../..".into()),
+            ..mount("cache", "/x")
+        })
+        .unwrap_err(),
+        "container \"app\": volumeMount \"cache\": unable to provision SubPath `a/../..`: must not contain '..'"
+    );
+    assert!(
+        one(VolumeMount {
+            sub_path_expr: Some("$(MISSING)".into()),
+            ..mount("cache", "/x")
+        })
+        .unwrap_err()
+        .ends_with("missing value for MISSING")
+    );
+    let bidi = VolumeMount {
+        mount_propagation: Some("Bidirectional".into()),
+        ..mount("logs", "/b")
+    };
+    assert!(
+        one(bidi.clone())
+            .unwrap_err()
+            .contains("only to privileged containers")
+    );
+    c.volume_mounts = Some(vec![bidi]);
+    c.security_context = Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    });
+    let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
+    assert_eq!(
+        mounts[0].propagation,
+        MountPropagation::PropagationBidirectional as i32
+    );
+    m.teardown("u4").unwrap();
+}
+
+#[test]
+fn teardown_never_follows_symlinks_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let outside = tmp.path().join("precious");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("file"), b"keep").unwrap();
+    let vols = m
+        .setup(&pod("u5", vec![empty_dir("cache", None, None)]))
+        .unwrap();
+    std::os::unix::fs::symlink(&outside, vols.paths["cache"].join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.join("file"), vols.paths["cache"].join("flink")).unwrap();
+    m.teardown("u5").unwrap();
+    assert!(!m.pod_volumes_dir("u5").exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.join("file")).unwrap(),
+        "keep"
+    );
+    assert!(m.teardown("../etc").is_err());
+}
+
+#[test]
+fn memory_empty_dir_is_a_sized_tmpfs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting tmpfs needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let p = pod("u6", vec![empty_dir("mem", Some("Memory"), Some("4Mi"))]);
+    let vols = m.setup(&p).unwrap();
+    let dir = vols.paths["mem"].canonicalize().unwrap();
+    let count = |dir: &Path| {
+        mountinfo::read()
+            .unwrap()
+            .iter()
+            .filter(|e| e.mount_point == dir)
+            .count()
+    };
+    let table = mountinfo::read().unwrap();
+    let entry = mountinfo::mount_at(&table, &dir).expect("a tmpfs is mounted");
+    assert_eq!(entry.fs_type, "tmpfs");
+    assert!(
+        entry.super_options.contains("size=4096k"),
+        "{}",
+        entry.super_options
+    );
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    // Idempotent: no second mount, content kept.
+    m.setup(&p).unwrap();
+    assert_eq!(count(&dir), 1);
+    assert!(dir.join("f").exists());
+    m.teardown("u6").unwrap();
+    assert_eq!(count(&dir), 0);
+    assert!(!m.pod_volumes_dir("u6").exists());
+}
