@@ -206,20 +206,30 @@ pub async fn run<R: RuntimeService>(
 
     let mut ticker = tokio::time::interval(config.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut previous: BTreeMap<String, ObservedPod> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        match inspect::observe_all(&rt, &details, &config.node_name).await {
+        let relist_started = Instant::now();
+        let result = inspect::observe_all(&rt, &details, &config.node_name).await;
+        let took = relist_started.elapsed();
+        if took > config.period * 5 {
+            tracing::warn!(took_ms = took.as_millis() as u64, "a relist was slow");
+        }
+        match result {
             Ok(current) => {
-                let changes = diff(&previous, &current);
-                {
+                tracing::trace!(pods = current.len(), took_us = took.as_micros() as u64, "relisted");
+                // Compare with the freshest known state, which includes what workers saw since
+                // the last relist: a container created and removed between two relists still
+                // shows up as a change.
+                let changes = {
                     let mut s = cache.inner.write().unwrap_or_else(|e| e.into_inner());
-                    s.pods = current.clone();
+                    let changes = diff(&s.pods, &current);
+                    s.pods = current;
                     s.relisted = true;
-                }
+                    changes
+                };
                 {
                     let mut p = progress.write().unwrap_or_else(|e| e.into_inner());
                     if p.last_error.take().is_some() {
@@ -233,7 +243,6 @@ pub async fn run<R: RuntimeService>(
                         return;
                     }
                 }
-                previous = current;
             }
             Err(err) => {
                 let mut p = progress.write().unwrap_or_else(|e| e.into_inner());

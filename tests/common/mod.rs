@@ -254,6 +254,9 @@ impl Drop for Agent {
     /// test failed half-way.
     fn drop(&mut self) {
         self.kill();
+        if let Ok(dir) = std::env::var("DECKHAND_TEST_KEEP_LOGS") {
+            let _ = std::fs::copy(self.log_file(), Path::new(&dir).join(format!("{}.log", self.node)));
+        }
         if std::thread::panicking() {
             // The agent's own account of what happened is the first thing to read on a failure.
             let log = self.log();
