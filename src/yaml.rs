@@ -123,6 +123,8 @@ fn options() -> serde_saphyr::Options {
     options.budget = Some(budget);
     options.alias_limits = alias_limits;
     options.with_snippet = false;
+    // Kubernetes manifests are YAML 1.1 as far as numbers go: `mode: 0644` is octal.
+    options.legacy_octal_numbers = true;
     options
 }
 
@@ -144,6 +146,21 @@ fn convert_error(err: serde_saphyr::Error) -> YamlError {
         line,
         column,
         message: message.trim().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod octal_tests {
+    #[test]
+    fn leading_zero_numbers_are_octal_like_kubernetes_reads_them() {
+        #[derive(serde::Deserialize)]
+        struct M {
+            mode: i32,
+            plain: i32,
+        }
+        let m: M = super::from_str("mode: 0644\nplain: 420\n").unwrap();
+        assert_eq!(m.mode, 0o644);
+        assert_eq!(m.plain, 420);
     }
 }
 

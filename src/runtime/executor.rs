@@ -116,6 +116,8 @@ pub enum TeardownError {
 pub(super) const MIN_GRACE_SECONDS: i64 = 2;
 /// How often a pod is looked at while one of its init containers runs.
 const INIT_POLL: Duration = Duration::from_millis(100);
+/// How soon a pod is looked at again after a step of its start-up went through.
+const PROGRESS_RETRY: Duration = Duration::from_millis(20);
 /// How soon a sync that hit an error is retried.
 const ERROR_RETRY: Duration = Duration::from_secs(2);
 
@@ -249,7 +251,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 },
             );
         }
-        if let Err(err) = self.execute(pod, &observed, &decision, state).await {
+        let executed = self.execute(pod, &observed, &decision, state).await;
+        if let Err(err) = &executed {
             tracing::warn!(error = %err, "sync failed; will retry");
             retry = Some(retry.map_or(ERROR_RETRY, |r| r.min(ERROR_RETRY)));
         }
@@ -265,6 +268,40 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         } else {
             observed
         };
+        // What the runtime shows now may already call for the next step (the next init
+        // container, a restart of a container that exited meanwhile). The decision is pure and
+        // cheap, so it is made again on the fresh view, and the worker comes back at once
+        // instead of waiting for a relist that may see nothing new.
+        if executed.is_ok() && changed {
+            let followup = actions::compute_pod_actions(
+                pod,
+                &observed,
+                &DecisionContext {
+                    now: SystemTime::now(),
+                    backoff: &state.backoff,
+                    policy: self.policy,
+                    spec_hash: &hash,
+                    unhealthy,
+                    probes,
+                },
+            );
+            let blocked = |name: &str| {
+                state
+                    .waiting
+                    .get(name)
+                    .is_some_and(|w| w.reason != "CrashLoopBackOff")
+            };
+            let more = followup.create_sandbox.is_some()
+                || followup.kill_pod.is_some()
+                || !followup.kill_containers.is_empty()
+                || followup.start_containers.iter().any(|s| !blocked(&s.name));
+            if more {
+                retry = Some(retry.map_or(PROGRESS_RETRY, |r| r.min(PROGRESS_RETRY)));
+            }
+            if let Some(wait) = followup.retry_after() {
+                retry = Some(retry.map_or(wait, |r| r.min(wait)));
+            }
+        }
         if state.backoff != backoff_before {
             self.save_backoff(&uid, &state.backoff);
         }
