@@ -865,3 +865,148 @@ fn format_delay_matches_go() {
         assert_eq!(format_delay(d), want, "{d:?}");
     }
 }
+
+/// A pod whose first init container is a sidecar (`restartPolicy: Always`), then a regular
+/// init container, then the app.
+fn with_sidecar(policy: &str) -> Pod {
+    let mut p = pod(policy, &["side", "i1"], &["a"]);
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy =
+        Some("Always".into());
+    p
+}
+
+#[test]
+fn sidecars() {
+    let s = || ready("s0", 0);
+    let mut with_startup = with_sidecar("Always");
+    with_startup.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].startup_probe =
+        Some(Default::default());
+    run(vec![
+        row(
+            "a new sandbox starts the sidecar first",
+            with_sidecar("Always"),
+            observed(vec![s()], vec![]),
+            PodActions {
+                start_containers: vec![init(0, "side", 0)],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "the next init container starts once the sidecar runs",
+            with_sidecar("Always"),
+            observed(vec![s()], vec![running("side-0", "s0", "side", 0)]),
+            PodActions {
+                start_containers: vec![init(1, "i1", 0)],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "a sidecar with a startup probe holds the next init container until it has started",
+            with_startup,
+            observed(vec![s()], vec![running("side-0", "s0", "side", 0)]),
+            keep("s0"),
+        ),
+        row(
+            "the app starts beside the running sidecar after the init container",
+            with_sidecar("Always"),
+            observed(
+                vec![s()],
+                vec![
+                    running("side-0", "s0", "side", 0),
+                    exited("i1-0", "s0", "i1", 0, 0, 990),
+                ],
+            ),
+            PodActions {
+                start_containers: vec![app(0, "a", 0)],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "an exited sidecar is restarted even under restartPolicy Never",
+            with_sidecar("Never"),
+            observed(
+                vec![s()],
+                vec![
+                    exited("side-0", "s0", "side", 0, 0, 990),
+                    exited("i1-0", "s0", "i1", 0, 0, 980),
+                    running("a-0", "s0", "a", 0),
+                ],
+            ),
+            PodActions {
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "a sidecar's failure never fails the pod under Never",
+            with_sidecar("Never"),
+            observed(
+                vec![s()],
+                vec![
+                    exited("side-0", "s0", "side", 0, 1, 990),
+                    exited("i1-0", "s0", "i1", 0, 0, 980),
+                    running("a-0", "s0", "a", 0),
+                ],
+            ),
+            PodActions {
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "the app finished under Never: the pod is done and the running sidecar is stopped",
+            with_sidecar("Never"),
+            observed(
+                vec![s()],
+                vec![
+                    running("side-0", "s0", "side", 0),
+                    exited("i1-0", "s0", "i1", 0, 0, 980),
+                    exited("a-0", "s0", "a", 0, 0, 990),
+                ],
+            ),
+            PodActions {
+                kill_pod: Some(ALL_DONE.into()),
+                terminal: true,
+                ..Default::default()
+            },
+        ),
+    ]);
+}
+
+#[test]
+fn liveness_failures_kill_the_instance() {
+    let unhealthy = HashMap::from([(
+        "a-0".to_string(),
+        crate::prober::Unhealthy {
+            container_name: "a".into(),
+            message: "Container a failed liveness probe, will be restarted".into(),
+            grace_override: Some(5),
+        },
+    )]);
+    let table = BackoffTable::new();
+    let ctx = DecisionContext {
+        now: t(1000),
+        backoff: &table,
+        policy: BackoffPolicy::default(),
+        spec_hash: &hash_of,
+        unhealthy: &unhealthy,
+        probes: &HashMap::new(),
+    };
+    let got = compute_pod_actions(
+        &always(&["a"]),
+        &observed(vec![ready("s0", 0)], vec![running("a-0", "s0", "a", 0)]),
+        &ctx,
+    );
+    assert_eq!(
+        got,
+        PodActions {
+            kill_containers: vec![KillContainer {
+                id: "a-0".into(),
+                name: "a".into(),
+                reason: "Container a failed liveness probe, will be restarted".into(),
+                grace_override: Some(5),
+            }],
+            ..keep("s0")
+        }
+    );
+}
