@@ -306,16 +306,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                     continue;
                 }
                 Some(ContainerState::Created) | None => {
-                    if let Some(stale) = latest {
-                        actions.remove_containers.push(stale.id.clone());
-                    }
-                    actions.start_containers.push(StartContainer {
-                        kind: ContainerKind::Init,
-                        index,
-                        name: c.name.clone(),
-                        restart_count: next_restart_count(observed, &c.name),
-                        backoff: None,
-                    });
+                    start_afresh(&mut actions, observed, (ContainerKind::Init, index), c, latest);
                     init_done = false;
                     break;
                 }
@@ -343,16 +334,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 break;
             }
             Some((ContainerState::Created, _)) | None => {
-                if let Some(stale) = latest {
-                    actions.remove_containers.push(stale.id.clone());
-                }
-                actions.start_containers.push(StartContainer {
-                    kind: ContainerKind::Init,
-                    index,
-                    name: c.name.clone(),
-                    restart_count: next_restart_count(observed, &c.name),
-                    backoff: None,
-                });
+                start_afresh(&mut actions, observed, (ContainerKind::Init, index), c, latest);
                 init_done = false;
                 break;
             }
@@ -423,20 +405,33 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 }
             }
             ContainerState::Created => {
-                // Created but never started (Deckhand died in between): replace it.
-                actions.remove_containers.push(inst.id.clone());
-                actions.start_containers.push(StartContainer {
-                    kind: ContainerKind::App,
-                    index,
-                    name: c.name.clone(),
-                    restart_count: next_restart_count(observed, &c.name),
-                    backoff: None,
-                });
+                start_afresh(&mut actions, observed, (ContainerKind::App, index), c, Some(inst));
             }
         }
     }
     collect_garbage(&mut actions, observed);
     actions
+}
+
+/// Starts a container that has no instance yet, or only one that was created and never
+/// started (the agent died in between): that one is removed and replaced.
+fn start_afresh(
+    actions: &mut PodActions,
+    observed: &ObservedPod,
+    (kind, index): (ContainerKind, usize),
+    container: &Container,
+    stale: Option<&ObservedContainer>,
+) {
+    if let Some(stale) = stale {
+        actions.remove_containers.push(stale.id.clone());
+    }
+    actions.start_containers.push(StartContainer {
+        kind,
+        index,
+        name: container.name.clone(),
+        restart_count: next_restart_count(observed, &container.name),
+        backoff: None,
+    });
 }
 
 /// Restarts an exited container now, or records that it must wait out its back-off.

@@ -220,18 +220,21 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let backoff_before = state.backoff.clone();
         let hash = |c: &Container| spec_hash(c);
-        let decision = actions::compute_pod_actions(
-            pod,
-            &observed,
-            &DecisionContext {
-                now: SystemTime::now(),
-                backoff: &state.backoff,
-                policy: self.policy,
-                spec_hash: &hash,
-                unhealthy,
-                probes,
-            },
-        );
+        let decide = |observed: &ObservedPod, backoff: &BackoffTable| {
+            actions::compute_pod_actions(
+                pod,
+                observed,
+                &DecisionContext {
+                    now: SystemTime::now(),
+                    backoff,
+                    policy: self.policy,
+                    spec_hash: &hash,
+                    unhealthy,
+                    probes,
+                },
+            )
+        };
+        let decision = decide(&observed, &state.backoff);
         let mut retry = decision.retry_after();
         let changed = decision != PodActions {
             sandbox_id: decision.sandbox_id.clone(),
@@ -273,18 +276,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         // cheap, so it is made again on the fresh view, and the worker comes back at once
         // instead of waiting for a relist that may see nothing new.
         if executed.is_ok() && changed {
-            let followup = actions::compute_pod_actions(
-                pod,
-                &observed,
-                &DecisionContext {
-                    now: SystemTime::now(),
-                    backoff: &state.backoff,
-                    policy: self.policy,
-                    spec_hash: &hash,
-                    unhealthy,
-                    probes,
-                },
-            );
+            let followup = decide(&observed, &state.backoff);
             let blocked = |name: &str| {
                 state
                     .waiting

@@ -21,7 +21,7 @@ use super::{SOURCE_FILE, SourceProblems, SourceSnapshot, full_name, load_static_
 
 /// Quiet time after the last inotify event before rescanning: editors write a file in
 /// several steps, and one rescan should see the end result.
-const COALESCE_QUIET: Duration = Duration::from_millis(50);
+const COALESCE_QUIET: Duration = Duration::from_millis(10);
 /// Longest a stream of events can postpone a rescan.
 const COALESCE_MAX: Duration = Duration::from_millis(500);
 
@@ -439,19 +439,7 @@ mod tests {
         fs::rename(&tmp, dir.join(file)).unwrap();
     }
 
-    fn describe(changes: &[PodChange]) -> Vec<String> {
-        changes
-            .iter()
-            .map(|c| {
-                let op = match c {
-                    PodChange::Add(_) => "add",
-                    PodChange::Update(_) => "update",
-                    PodChange::Remove(_) => "remove",
-                };
-                format!("{op} {}", c.pod().metadata.name.as_deref().unwrap())
-            })
-            .collect()
-    }
+    use crate::source::describe_changes as describe;
 
     async fn next(rx: &mut mpsc::UnboundedReceiver<Vec<PodChange>>) -> Vec<PodChange> {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())

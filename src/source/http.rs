@@ -329,19 +329,7 @@ mod tests {
         )
     }
 
-    fn describe(changes: &[PodChange]) -> Vec<String> {
-        changes
-            .iter()
-            .map(|c| {
-                let op = match c {
-                    PodChange::Add(_) => "add",
-                    PodChange::Update(_) => "update",
-                    PodChange::Remove(_) => "remove",
-                };
-                format!("{op} {}", c.pod().metadata.name.as_deref().unwrap())
-            })
-            .collect()
-    }
+    use crate::source::describe_changes as describe;
 
     async fn recv(rx: &mut mpsc::UnboundedReceiver<Vec<PodChange>>) -> Vec<PodChange> {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())

@@ -367,3 +367,19 @@ mod tests {
         assert!(rx.recv().await.is_none());
     }
 }
+
+/// `add <name>` / `update <name>` / `remove <name>` lines, for tests that compare batches.
+#[cfg(test)]
+pub(crate) fn describe_changes(changes: &[PodChange]) -> Vec<String> {
+    changes
+        .iter()
+        .map(|c| {
+            let op = match c {
+                PodChange::Add(_) => "add",
+                PodChange::Update(_) => "update",
+                PodChange::Remove(_) => "remove",
+            };
+            format!("{op} {}", c.pod().metadata.name.as_deref().unwrap_or_default())
+        })
+        .collect()
+}

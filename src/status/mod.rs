@@ -74,6 +74,14 @@ fn terminated_state(inst: &ObservedContainer) -> ContainerStateTerminated {
     }
 }
 
+/// The terminated state of an instance, when it has exited.
+fn exited_state(inst: Option<&ObservedContainer>) -> Option<ContainerState> {
+    inst.filter(|i| i.state == RtState::Exited).map(|i| ContainerState {
+        terminated: Some(terminated_state(i)),
+        ..Default::default()
+    })
+}
+
 fn waiting(reason: &str, message: Option<String>) -> ContainerState {
     ContainerState {
         waiting: Some(ContainerStateWaiting {
@@ -123,13 +131,7 @@ fn container_status(
             let started_by_probe = container.startup_probe.is_none() || view.started == Some(true);
             status.ready = !inputs.terminating && ready_by_probe && started_by_probe;
             status.started = Some(started_by_probe);
-            status.last_state =
-                previous
-                    .filter(|p| p.state == RtState::Exited)
-                    .map(|p| ContainerState {
-                        terminated: Some(terminated_state(p)),
-                        ..Default::default()
-                    });
+            status.last_state = exited_state(previous);
         }
         Some(RtState::Exited) => {
             let inst = latest.expect("matched");
@@ -137,23 +139,11 @@ fn container_status(
             match noted {
                 Some(w) if restarting => {
                     status.state = Some(waiting(&w.reason, Some(w.message.clone())));
-                    status.last_state = Some(ContainerState {
-                        terminated: Some(terminated_state(inst)),
-                        ..Default::default()
-                    });
+                    status.last_state = exited_state(Some(inst));
                 }
                 _ => {
-                    status.state = Some(ContainerState {
-                        terminated: Some(terminated_state(inst)),
-                        ..Default::default()
-                    });
-                    status.last_state =
-                        previous
-                            .filter(|p| p.state == RtState::Exited)
-                            .map(|p| ContainerState {
-                                terminated: Some(terminated_state(p)),
-                                ..Default::default()
-                            });
+                    status.state = exited_state(Some(inst));
+                    status.last_state = exited_state(previous);
                 }
             }
         }
@@ -162,13 +152,7 @@ fn container_status(
                 Some(w) => waiting(&w.reason, Some(w.message.clone())),
                 None => waiting(default_waiting, None),
             });
-            status.last_state = latest
-                .filter(|p| p.state == RtState::Exited)
-                .or(previous.filter(|p| p.state == RtState::Exited))
-                .map(|p| ContainerState {
-                    terminated: Some(terminated_state(p)),
-                    ..Default::default()
-                });
+            status.last_state = exited_state(latest).or_else(|| exited_state(previous));
         }
     }
     status
