@@ -248,6 +248,8 @@ async fn prestop_delays_the_stop_and_a_sigterm_ignorer_is_killed_at_the_grace_pe
     let mut agent = Agent::new("e2e-lc-stop");
     agent.start();
     agent.wait_healthy(WAIT).await;
+    let shared = agent.dir.path().join("prestop-out");
+    std::fs::create_dir_all(&shared).unwrap();
     agent.write_manifest(
         "prestop.yaml",
         &format!(
@@ -256,14 +258,19 @@ kind: Pod
 metadata: {{name: prestop}}
 spec:
   terminationGracePeriodSeconds: 20
+  volumes:
+  - name: out
+    hostPath: {{path: {shared}, type: Directory}}
   containers:
   - name: main
     image: {BUSYBOX}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    command: ["sh", "-c", "trap 'echo term >> /out/log; exit 0' TERM; sleep 3600 & wait"]
+    volumeMounts: [{{name: out, mountPath: /out}}]
     lifecycle:
       preStop:
-        exec: {{command: ["sh", "-c", "sleep 2"]}}
-"#
+        exec: {{command: ["sh", "-c", "echo prestop >> /out/log; sleep 2"]}}
+"#,
+            shared = shared.display()
         ),
     );
     agent.write_manifest(
@@ -305,6 +312,8 @@ spec:
     assert!(prestop >= Duration::from_secs(2), "the preStop hook (sleep 2) ran first: {prestop:?}");
     assert!(prestop < Duration::from_secs(15), "then the container stopped on SIGTERM: {prestop:?}");
     assert!(agent.log().contains("running the preStop hook"));
+    let written = std::fs::read_to_string(shared.join("log")).unwrap_or_default();
+    assert_eq!(written, "prestop\nterm\n", "preStop wrote into the hostPath before SIGTERM");
     assert!(stubborn >= Duration::from_millis(2800), "killed only at the 3s grace period: {stubborn:?}");
     assert!(stubborn < Duration::from_secs(10), "killed at the grace period: {stubborn:?}");
 }
@@ -598,4 +607,36 @@ spec:
     .unwrap();
     agent.kill();
     common::remove_node_pods(&client, &agent.node).await;
+}
+
+#[tokio::test]
+async fn a_container_over_its_memory_limit_is_oom_killed() {
+    let mut agent = Agent::new("e2e-lc-oom");
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    agent.write_manifest(
+        "oom.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: oom}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: hog
+    image: {BUSYBOX}
+    command: ["sh", "-c", "dd if=/dev/zero of=/dev/null bs=64M count=1"]
+    resources:
+      limits: {{memory: 16Mi}}
+"#
+        ),
+    );
+    let pod = wait_until("the memory hog to be OOM-killed", WAIT, || async {
+        let pod = agent.pod("oom").await?;
+        (phase(&pod) == "Failed").then_some(pod)
+    })
+    .await;
+    let t = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{t}");
+    assert_eq!(t["exitCode"], 137);
 }
