@@ -640,3 +640,35 @@ spec:
     assert_eq!(t["reason"], "OOMKilled", "{t}");
     assert_eq!(t["exitCode"], 137);
 }
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_backs_off() {
+    let mut agent = Agent::new("e2e-lc-pull");
+    agent.env.push(("DECKHAND_BACKOFF_INITIAL".into(), "2s".into()));
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    agent.write_manifest(
+        "nopull.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: nopull}
+spec:
+  containers:
+  - {name: main, image: "localhost/deckhand/no-such-image:1"}
+"#,
+    );
+    // The reason alternates between the two while the pull keeps failing; both must show.
+    let reasons = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    wait_until("ErrImagePull, then ImagePullBackOff", WAIT, || async {
+        let pod = agent.pod("nopull").await?;
+        let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+        let mut seen = reasons.lock().unwrap();
+        if let Some(r) = waiting["reason"].as_str() {
+            seen.insert(r.to_string());
+        }
+        (seen.contains("ErrImagePull") && seen.contains("ImagePullBackOff")).then_some(())
+    })
+    .await;
+    let pod = agent.pod("nopull").await.unwrap();
+    assert_eq!(phase(&pod), "Pending");
+}
