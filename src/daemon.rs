@@ -45,19 +45,12 @@ pub enum DaemonError {
 
 /// Knobs that are not part of the upstream configuration; tests shorten them.
 #[derive(Clone, Debug)]
+#[derive(Default)]
 pub struct Tuning {
     pub backoff: BackoffPolicy,
     pub pleg: PlegConfig,
 }
 
-impl Default for Tuning {
-    fn default() -> Self {
-        Tuning {
-            backoff: BackoffPolicy::default(),
-            pleg: PlegConfig::default(),
-        }
-    }
-}
 
 /// A test knob given in the environment is malformed.
 #[derive(Debug, thiserror::Error)]
@@ -126,11 +119,10 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
     }
 
     let endpoint = cri::parse_endpoint(&config.container_runtime_endpoint)?;
-    if let Some(image_ep) = &config.image_service_endpoint {
-        if image_ep != &config.container_runtime_endpoint {
+    if let Some(image_ep) = &config.image_service_endpoint
+        && image_ep != &config.container_runtime_endpoint {
             tracing::warn!(%image_ep, "a separate image service endpoint is not supported yet; using the runtime endpoint for images");
         }
-    }
     let client = CriClient::connect(&endpoint, config.runtime_request_timeout).await?;
     cri::handshake(&client, &endpoint.original, RUNTIME_READY_TIMEOUT).await?;
 

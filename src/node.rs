@@ -21,11 +21,10 @@ pub fn detect_host_ip(configured: Option<IpAddr>) -> Option<IpAddr> {
         })
         .filter(|(_, ip)| !ip.is_loopback())
         .collect();
-    if let Some(iface) = default_iface {
-        if let Some((_, ip)) = addrs.iter().find(|(name, _)| *name == iface) {
+    if let Some(iface) = default_iface
+        && let Some((_, ip)) = addrs.iter().find(|(name, _)| *name == iface) {
             return Some(*ip);
         }
-    }
     addrs.first().map(|(_, ip)| *ip)
 }
 

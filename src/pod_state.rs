@@ -9,10 +9,13 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::List;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
+/// Each pod with its latest status, by UID.
+type StatesByUid = BTreeMap<String, (Arc<Pod>, PodStatus)>;
+
 /// Desired pod plus status, by UID.
 #[derive(Clone, Default)]
 pub struct PodStates {
-    inner: Arc<RwLock<BTreeMap<String, (Arc<Pod>, PodStatus)>>>,
+    inner: Arc<RwLock<StatesByUid>>,
 }
 
 impl PodStates {

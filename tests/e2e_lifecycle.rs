@@ -218,14 +218,13 @@ spec:
                 seen.insert(attempt, (started, finished));
             }
         }
-        if backoff_status.is_none() {
-            if let Some(pod) = agent.pod("crash").await {
+        if backoff_status.is_none()
+            && let Some(pod) = agent.pod("crash").await {
                 let st = &pod["status"]["containerStatuses"][0];
                 if st["state"]["waiting"]["reason"] == "CrashLoopBackOff" {
                     backoff_status = Some(st.clone());
                 }
             }
-        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Delay before restart k+1, from the exit of instance k.

@@ -117,9 +117,12 @@ mod tests {
         }
     }
 
+    /// Conditions the runtime reports, and a fragment of the problem expected (`None`: ready).
+    type Row<'a> = (&'a [(&'a str, bool)], Option<&'a str>);
+
     #[test]
     fn readiness_table() {
-        let table: [(&[(&str, bool)], Option<&str>); 5] = [
+        let table: [Row; 5] = [
             (&[(RUNTIME_READY, true), (NETWORK_READY, true)], None),
             (&[(RUNTIME_READY, true), (NETWORK_READY, false)], Some("NetworkReady=false")),
             (&[(RUNTIME_READY, false), (NETWORK_READY, true)], Some("RuntimeReady=false")),

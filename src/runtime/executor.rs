@@ -359,11 +359,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             self.remove_container(id).await;
         }
         for id in &decision.remove_sandboxes {
-            if let Err(err) = self.rt.remove_pod_sandbox(id.clone()).await {
-                if !err.is_not_found() {
+            if let Err(err) = self.rt.remove_pod_sandbox(id.clone()).await
+                && !err.is_not_found() {
                     tracing::warn!(sandbox = %id, error = %err, "cannot remove an old sandbox");
                 }
-            }
         }
         for kill in &decision.kill_containers {
             tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
@@ -380,11 +379,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
 
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
-            if decision.sandbox_id.is_some() {
-                if let Err(err) = self.volumes.refresh(pod) {
+            if decision.sandbox_id.is_some()
+                && let Err(err) = self.volumes.refresh(pod) {
                     tracing::warn!(error = %err, "cannot refresh the pod's volumes");
                 }
-            }
             return Ok(());
         }
         // Volumes come first, as upstream: no sandbox and no container until they are ready.
@@ -434,16 +432,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .and_then(|o| o.sandboxes.into_iter().find(|s| s.id == sandbox_id))
             .and_then(|s| s.ip);
         for start in &decision.start_containers {
-            self.start_container(
-                pod,
-                start,
-                &sandbox_id,
-                &sandbox_config,
-                pod_ip.as_deref(),
-                &volumes,
-                state,
-            )
-            .await;
+            let target = StartTarget {
+                sandbox_id: &sandbox_id,
+                sandbox_config: &sandbox_config,
+                pod_ip: pod_ip.as_deref(),
+                volumes: &volumes,
+            };
+            self.start_container(pod, start, &target, state).await;
         }
         Ok(())
     }
@@ -480,12 +475,15 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         &self,
         pod: &Pod,
         start: &StartContainer,
-        sandbox_id: &str,
-        sandbox_config: &PodSandboxConfig,
-        pod_ip: Option<&str>,
-        volumes: &PodVolumes,
+        target: &StartTarget<'_>,
         state: &mut PodSyncState,
     ) {
+        let StartTarget {
+            sandbox_id,
+            sandbox_config,
+            pod_ip,
+            volumes,
+        } = *target;
         let spec = pod.spec.clone().unwrap_or_default();
         let container = match start.kind {
             ContainerKind::Init => spec.init_containers.as_ref().and_then(|v| v.get(start.index)),
@@ -672,14 +670,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         // Pull failures back off per image, like crash loops.
         let key = format!("image:{image}");
         let now = SystemTime::now();
-        if let Some(entry) = state.backoff.get(&key) {
-            if self.policy.remaining(Some(entry), entry.last_update, now).is_some() {
+        if let Some(entry) = state.backoff.get(&key)
+            && self.policy.remaining(Some(entry), entry.last_update, now).is_some() {
                 return Err(WaitingReason {
                     reason: "ImagePullBackOff".into(),
                     message: format!("Back-off pulling image {image:?}"),
                 });
             }
-        }
         tracing::info!(%image, "pulling image");
         match self.rt.pull_image(image.clone(), Some(sandbox_config.clone())).await {
             Ok(_) => {
@@ -744,11 +741,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     async fn remove_container(&self, id: &str) {
-        if let Err(err) = self.rt.remove_container(id.to_string()).await {
-            if !err.is_not_found() {
+        if let Err(err) = self.rt.remove_container(id.to_string()).await
+            && !err.is_not_found() {
                 tracing::warn!(container_id = %id, error = %err, "cannot remove an old container");
             }
-        }
         self.details.forget_container(id);
     }
 
@@ -806,6 +802,15 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         Ok(())
     }
+}
+
+/// Where a container is started: its sandbox, that sandbox's config and IP, the pod's volumes.
+#[derive(Clone, Copy)]
+struct StartTarget<'a> {
+    sandbox_id: &'a str,
+    sandbox_config: &'a PodSandboxConfig,
+    pod_ip: Option<&'a str>,
+    volumes: &'a PodVolumes,
 }
 
 struct ContainerFiles {

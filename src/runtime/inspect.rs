@@ -112,11 +112,10 @@ async fn container_detail<R: RuntimeService>(
     cache: &DetailCache,
     container: &proto::Container,
 ) -> CriResult<ContainerDetail> {
-    if let Some(d) = cache.containers.lock().unwrap_or_else(|e| e.into_inner()).get(&container.id) {
-        if d.state == container.state {
+    if let Some(d) = cache.containers.lock().unwrap_or_else(|e| e.into_inner()).get(&container.id)
+        && d.state == container.state {
             return Ok(d.clone());
         }
-    }
     let resp = rt.container_status(container.id.clone()).await?;
     let s = resp.status.unwrap_or_default();
     let detail = ContainerDetail {
@@ -206,14 +205,13 @@ async fn observe<R: RuntimeService>(
             SandboxState::NotReady
         };
         let entry = pods.entry(uid.clone()).or_default();
-        if entry.names.is_none() {
-            if let (Some(ns), Some(name)) = (
+        if entry.names.is_none()
+            && let (Some(ns), Some(name)) = (
                 sb.labels.get(labels::POD_NAMESPACE_LABEL),
                 sb.labels.get(labels::POD_NAME_LABEL),
             ) {
                 entry.names = Some((ns.clone(), name.clone()));
             }
-        }
         entry.sandboxes.push(ObservedSandbox {
             id: sb.id.clone(),
             attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),

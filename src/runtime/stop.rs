@@ -127,13 +127,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             result?;
         }
         for sandbox in &observed.sandboxes {
-            if sandbox.state == SandboxState::Ready {
-                if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await {
-                    if !err.is_not_found() {
+            if sandbox.state == SandboxState::Ready
+                && let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
+                    && !err.is_not_found() {
                         return Err(err);
                     }
-                }
-            }
         }
         Ok(())
     }

@@ -287,6 +287,22 @@ pub fn spawn_sources(
     (out_rx, ready, problems)
 }
 
+/// `add <name>` / `update <name>` / `remove <name>` lines, for tests that compare batches.
+#[cfg(test)]
+pub(crate) fn describe_changes(changes: &[PodChange]) -> Vec<String> {
+    changes
+        .iter()
+        .map(|c| {
+            let op = match c {
+                PodChange::Add(_) => "add",
+                PodChange::Update(_) => "update",
+                PodChange::Remove(_) => "remove",
+            };
+            format!("{op} {}", c.pod().metadata.name.as_deref().unwrap_or_default())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,20 +382,4 @@ mod tests {
         cancel.cancel();
         assert!(rx.recv().await.is_none());
     }
-}
-
-/// `add <name>` / `update <name>` / `remove <name>` lines, for tests that compare batches.
-#[cfg(test)]
-pub(crate) fn describe_changes(changes: &[PodChange]) -> Vec<String> {
-    changes
-        .iter()
-        .map(|c| {
-            let op = match c {
-                PodChange::Add(_) => "add",
-                PodChange::Update(_) => "update",
-                PodChange::Remove(_) => "remove",
-            };
-            format!("{op} {}", c.pod().metadata.name.as_deref().unwrap_or_default())
-        })
-        .collect()
 }

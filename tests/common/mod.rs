@@ -170,16 +170,14 @@ impl Agent {
         let url = format!("http://127.0.0.1:{}/healthz", self.healthz_port);
         let start = Instant::now();
         loop {
-            if let Some((200, body)) = http_get(&url).await {
-                if body == "ok" {
+            if let Some((200, body)) = http_get(&url).await
+                && body == "ok" {
                     return;
                 }
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait() {
                     panic!("deckhand exited early with {status}; log:\n{}", self.log());
                 }
-            }
             if start.elapsed() > timeout {
                 panic!(
                     "deckhand not healthy after {timeout:?}; log:\n{}",
