@@ -121,7 +121,8 @@ fn ms_ns(ns: i64) -> f64 {
 }
 
 fn show(d: Option<f64>) -> String {
-    d.map(|v| format!("{v:.0} ms")).unwrap_or_else(|| "not seen".into())
+    d.map(|v| format!("{v:.0} ms"))
+        .unwrap_or_else(|| "not seen".into())
 }
 
 fn opt_json(d: Option<f64>) -> Value {
@@ -151,7 +152,10 @@ struct PodIds {
 fn restart_counts(list: &Value) -> HashMap<String, i64> {
     let mut out = HashMap::new();
     for p in list["items"].as_array().into_iter().flatten() {
-        let name = p["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let max = p["status"]["containerStatuses"]
             .as_array()
             .into_iter()
@@ -187,7 +191,9 @@ async fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.work_dir)?;
     let stale = remove_sandboxes(&cri, ours).await;
     if stale > 0 {
-        progress(format!("removed {stale} sandbox(es) left by an earlier run"));
+        progress(format!(
+            "removed {stale} sandbox(es) left by an earlier run"
+        ));
     }
     let opts = AgentOpts {
         deckhand: args.deckhand.clone(),
@@ -202,7 +208,9 @@ async fn run(args: Args) -> Result<()> {
         report: Report::default(),
     };
     bench.header().await;
-    let budget = Duration::from_secs(600 + 6 * args.pods as u64 + 30 * args.init_runs as u64 + args.watch_secs);
+    let budget = Duration::from_secs(
+        600 + 6 * args.pods as u64 + 30 * args.init_runs as u64 + args.watch_secs,
+    );
     let outcome = tokio::time::timeout(budget, bench.phases()).await;
     bench.cleanup().await;
     let result = match outcome {
@@ -212,7 +220,9 @@ async fn run(args: Args) -> Result<()> {
             Err(err)
         }
         Err(_) => {
-            bench.report.note(format!("the run exceeded its budget of {budget:?}"));
+            bench
+                .report
+                .note(format!("the run exceeded its budget of {budget:?}"));
             Err(anyhow!("the run exceeded its budget of {budget:?}"))
         }
     };
@@ -230,14 +240,30 @@ impl Bench {
             .await
             .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
             .unwrap_or_else(|_| "unknown".into());
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        let load = load
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
         let r = &mut self.report;
-        r.rows.push((format!("Deckhand lifecycle bench: N = {n} pods to adopt"), String::new()));
+        r.rows.push((
+            format!("Deckhand lifecycle bench: N = {n} pods to adopt"),
+            String::new(),
+        ));
         r.row("runtime", version.clone());
         r.row("CPUs / load average at start", format!("{cpus} / {load}"));
-        r.row("agent", format!("{} --v={}", self.args.deckhand.display(), self.args.verbosity));
+        r.row(
+            "agent",
+            format!(
+                "{} --v={}",
+                self.args.deckhand.display(),
+                self.args.verbosity
+            ),
+        );
         r.set("n", json!(n));
         r.set("runtime", json!(version));
         r.set("cpus", json!(cpus));
@@ -250,12 +276,23 @@ impl Bench {
 
     async fn phases(&mut self) -> Result<()> {
         let dir = self.args.work_dir.join("agent");
-        progress(format!("deckhand: starting (log in {})", dir.join("deckhand.log").display()));
-        let agent = self.agent.insert(Agent::start(&self.opts, NODE, &dir, None)?);
-        agent.wait_healthy_every(Duration::from_secs(60), HEALTHZ_POLL).await?;
+        progress(format!(
+            "deckhand: starting (log in {})",
+            dir.join("deckhand.log").display()
+        ));
+        let agent = self
+            .agent
+            .insert(Agent::start(&self.opts, NODE, &dir, None)?);
+        agent
+            .wait_healthy_every(Duration::from_secs(60), HEALTHZ_POLL)
+            .await?;
         let healthy = agent.spawned.elapsed();
-        self.report.row("first start: process start -> /healthz ok", format!("{:.0} ms", ms(healthy)));
-        self.report.set("first_start.healthz_ms", json!(r1(ms(healthy))));
+        self.report.row(
+            "first start: process start -> /healthz ok",
+            format!("{:.0} ms", ms(healthy)),
+        );
+        self.report
+            .set("first_start.healthz_ms", json!(r1(ms(healthy))));
 
         self.init_phase().await?;
         self.adoption_phase().await?;
@@ -309,7 +346,9 @@ impl Bench {
             // containerd's timestamps of each container (the newest attempt of each name).
             let mut by_name: BTreeMap<String, (u32, String)> = BTreeMap::new();
             for c in pod_containers(&self.cri, &full).await {
-                let Some(cname) = c.labels.get(CONTAINER_NAME).cloned() else { continue };
+                let Some(cname) = c.labels.get(CONTAINER_NAME).cloned() else {
+                    continue;
+                };
                 let attempt = c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
                 if by_name.get(&cname).is_none_or(|(a, _)| attempt >= *a) {
                     by_name.insert(cname, (attempt, c.id.clone()));
@@ -324,7 +363,10 @@ impl Bench {
                     .with_context(|| format!("status of {full}/{cname}"))?
                     .status
                     .unwrap_or_default();
-                times.insert(cname.clone(), (st.started_at, st.finished_at, st.exit_code, *attempt));
+                times.insert(
+                    cname.clone(),
+                    (st.started_at, st.finished_at, st.exit_code, *attempt),
+                );
             }
             let base = unix_ns(t0_wall);
             let order: Vec<String> = (1..=INIT_CONTAINERS)
@@ -356,7 +398,10 @@ impl Bench {
                 .map(|(k, v)| format!("{k} (attempt {}, exit {})", v.3, v.2))
                 .collect();
             if !retried.is_empty() {
-                self.report.note(format!("{full}: init containers retried or failed: {}", retried.join(", ")));
+                self.report.note(format!(
+                    "{full}: init containers retried or failed: {}",
+                    retried.join(", ")
+                ));
             }
             let gap_sum: f64 = gaps.iter().sum();
             for (i, g) in gaps.iter().enumerate() {
@@ -365,7 +410,11 @@ impl Bench {
             to_running.push(ms(running));
             spans.push(span);
             gap_sums.push(gap_sum);
-            let gap_text = gaps.iter().map(|g| format!("{g:.0}")).collect::<Vec<_>>().join(" / ");
+            let gap_text = gaps
+                .iter()
+                .map(|g| format!("{g:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / ");
             self.report.row(
                 &format!("run {run}: drop -> app RUNNING"),
                 format!(
@@ -394,20 +443,42 @@ impl Bench {
             }
         }
         let r = &mut self.report;
-        r.row("median: drop -> app RUNNING (CRI poll 10 ms)", format!("{:.0} ms", median(&to_running)));
-        r.row("median: init-1 started -> app started", format!("{:.0} ms", median(&spans)));
+        r.row(
+            "median: drop -> app RUNNING (CRI poll 10 ms)",
+            format!("{:.0} ms", median(&to_running)),
+        );
+        r.row(
+            "median: init-1 started -> app started",
+            format!("{:.0} ms", median(&spans)),
+        );
         for (i, g) in all_gaps.iter().enumerate() {
             let label = if i + 1 < INIT_CONTAINERS {
-                format!("median gap: init-{} finished -> init-{} started", i + 1, i + 2)
+                format!(
+                    "median gap: init-{} finished -> init-{} started",
+                    i + 1,
+                    i + 2
+                )
             } else {
                 format!("median gap: init-{} finished -> app started", i + 1)
             };
-            r.row(&label, format!("{:.0} ms   (max {:.0} ms)", median(g), max_of(g)));
+            r.row(
+                &label,
+                format!("{:.0} ms   (max {:.0} ms)", median(g), max_of(g)),
+            );
         }
-        r.row("median: sum of the gaps", format!("{:.0} ms", median(&gap_sums)));
+        r.row(
+            "median: sum of the gaps",
+            format!("{:.0} ms", median(&gap_sums)),
+        );
         r.set("init.runs", json!(runs_json));
-        r.set("init.median_drop_to_app_running_ms", json!(r1(median(&to_running))));
-        r.set("init.median_init1_started_to_app_started_ms", json!(r1(median(&spans))));
+        r.set(
+            "init.median_drop_to_app_running_ms",
+            json!(r1(median(&to_running))),
+        );
+        r.set(
+            "init.median_init1_started_to_app_started_ms",
+            json!(r1(median(&spans))),
+        );
         r.set(
             "init.median_gaps_ms",
             json!(all_gaps.iter().map(|g| r1(median(g))).collect::<Vec<_>>()),
@@ -425,7 +496,9 @@ impl Bench {
         let containers = self.cri.list_containers(None).await?;
         let mut out: HashMap<String, PodIds> = HashMap::new();
         for sb in sandboxes {
-            let Some(name) = sb.metadata.as_ref().map(|m| m.name.clone()) else { continue };
+            let Some(name) = sb.metadata.as_ref().map(|m| m.name.clone()) else {
+                continue;
+            };
             if !names.contains(&name) {
                 continue;
             }
@@ -439,7 +512,9 @@ impl Bench {
             e.sandbox = sb.id;
         }
         for c in containers {
-            let Some(name) = c.labels.get(POD_NAME) else { continue };
+            let Some(name) = c.labels.get(POD_NAME) else {
+                continue;
+            };
             let Some(e) = out.get_mut(name) else { continue };
             if c.pod_sandbox_id != e.sandbox {
                 continue;
@@ -468,7 +543,10 @@ impl Bench {
         let deadline = Duration::from_secs(60 + 2 * n as u64);
         let seen = poll_running(&self.cri, t0, &want, CRI_POLL, deadline).await;
         if seen.len() < n {
-            bail!("only {} of {n} pods were running after {deadline:?}", seen.len());
+            bail!(
+                "only {} of {n} pods were running after {deadline:?}",
+                seen.len()
+            );
         }
         let all_running = max_of(&seen.values().map(|d| ms(*d)).collect::<Vec<_>>());
         // The first agent must know them all as running before it is killed.
@@ -492,9 +570,16 @@ impl Bench {
             .filter(|f| before.get(*f).is_none_or(|p| p.running.is_empty()))
             .collect();
         if !incomplete.is_empty() {
-            bail!("{} pod(s) without a ready sandbox and a running container before the kill", incomplete.len());
+            bail!(
+                "{} pod(s) without a ready sandbox and a running container before the kill",
+                incomplete.len()
+            );
         }
-        let counts_before = agent.pods().await.map(|l| restart_counts(&l)).unwrap_or_default();
+        let counts_before = agent
+            .pods()
+            .await
+            .map(|l| restart_counts(&l))
+            .unwrap_or_default();
         let mut before = before;
         for (name, p) in before.iter_mut() {
             p.restart_count = counts_before.get(name).copied().unwrap_or(0);
@@ -508,9 +593,14 @@ impl Bench {
         let old_pid = old.pid;
         old.kill();
         drop(old);
-        let agent = self
-            .agent
-            .insert(Agent::spawn(&self.opts, NODE, &dir, ports, "deckhand-restart.log", None)?);
+        let agent = self.agent.insert(Agent::spawn(
+            &self.opts,
+            NODE,
+            &dir,
+            ports,
+            "deckhand-restart.log",
+            None,
+        )?);
         let spawned = agent.spawned;
         let pid = agent.pid;
         let healthz_url = format!("127.0.0.1:{}", agent.healthz_port);
@@ -534,7 +624,10 @@ impl Bench {
                 pods_polls += 1;
                 if let Some(list) = agent.pods().await {
                     let now = spawned.elapsed();
-                    let k = want.iter().filter(|f| pod_running_in(&list, f).is_some()).count();
+                    let k = want
+                        .iter()
+                        .filter(|f| pod_running_in(&list, f).is_some())
+                        .count();
                     partial_best = partial_best.max(k);
                     if k == want.len() {
                         adopted_at = Some((now, proc_sample(pid)));
@@ -545,7 +638,10 @@ impl Bench {
                 rss_max_kib = rss_max_kib.max(s.rss_kib);
             }
             if let Ok(Some(status)) = agent.child.try_wait() {
-                bail!("the restarted deckhand exited with {status}; log:\n{}", agent.log_text());
+                bail!(
+                    "the restarted deckhand exited with {status}; log:\n{}",
+                    agent.log_text()
+                );
             }
             tokio::time::sleep(HEALTHZ_POLL).await;
         }
@@ -553,7 +649,9 @@ impl Bench {
             bail!("the restarted deckhand was not healthy within {deadline:?}");
         };
         let Some((adopted_at, adopted_sample)) = adopted_at else {
-            bail!("the restarted deckhand's /pods showed {partial_best} of {n} pods running after {deadline:?}");
+            bail!(
+                "the restarted deckhand's /pods showed {partial_best} of {n} pods running after {deadline:?}"
+            );
         };
 
         // Watch: IDs and restart counts against the snapshot before the kill.
@@ -570,18 +668,22 @@ impl Bench {
         let mut ticker = tokio::time::interval(WATCH_POLL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let all_sandboxes: HashSet<&String> = before.values().map(|p| &p.sandbox).collect();
-        let all_containers: HashSet<&String> = before.values().flat_map(|p| p.containers.iter()).collect();
+        let all_containers: HashSet<&String> =
+            before.values().flat_map(|p| p.containers.iter()).collect();
         while w0.elapsed() < watch {
             ticker.tick().await;
-            let (Ok(sandboxes), Ok(containers)) =
-                (self.cri.list_pod_sandbox(None).await, self.cri.list_containers(None).await)
-            else {
+            let (Ok(sandboxes), Ok(containers)) = (
+                self.cri.list_pod_sandbox(None).await,
+                self.cri.list_containers(None).await,
+            ) else {
                 list_errors += 1;
                 continue;
             };
             let mut ready: HashSet<String> = HashSet::new();
             for sb in &sandboxes {
-                let Some(name) = sb.metadata.as_ref().map(|m| m.name.as_str()) else { continue };
+                let Some(name) = sb.metadata.as_ref().map(|m| m.name.as_str()) else {
+                    continue;
+                };
                 if !want.contains(name) {
                     continue;
                 }
@@ -640,13 +742,14 @@ impl Bench {
                 }
             }
         }
-        let pods_with = |ids: &HashSet<String>, pick: &dyn Fn(&PodIds) -> Vec<String>| -> HashSet<String> {
-            before
-                .iter()
-                .filter(|(_, p)| pick(p).iter().any(|id| ids.contains(id)))
-                .map(|(n, _)| n.clone())
-                .collect()
-        };
+        let pods_with =
+            |ids: &HashSet<String>, pick: &dyn Fn(&PodIds) -> Vec<String>| -> HashSet<String> {
+                before
+                    .iter()
+                    .filter(|(_, p)| pick(p).iter().any(|id| ids.contains(id)))
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            };
         let restarted = pods_with(&not_running, &|p| vec![p.running.clone()]);
         let mut restart_pods: HashSet<String> = restarted;
         restart_pods.extend(count_rises.keys().cloned());
@@ -663,7 +766,9 @@ impl Bench {
         let restarts_caused = restart_pods.len();
 
         let r = &mut self.report;
-        r.section(&format!("2. Restart adoption: {n} pods running, deckhand SIGKILLed and started again"));
+        r.section(&format!(
+            "2. Restart adoption: {n} pods running, deckhand SIGKILLed and started again"
+        ));
         r.row(
             &format!("setup: drop of {n} manifests -> all RUNNING"),
             format!("{all_running:.0} ms (first agent, pid {old_pid})"),
@@ -671,44 +776,78 @@ impl Bench {
         if let Some(s) = first_sample {
             r.row(
                 "first agent before the kill",
-                format!("RSS {:.1} MiB, peak {:.1} MiB, CPU {:.2} s", mib(s.rss_kib), mib(s.hwm_kib), s.cpu_s),
+                format!(
+                    "RSS {:.1} MiB, peak {:.1} MiB, CPU {:.2} s",
+                    mib(s.rss_kib),
+                    mib(s.hwm_kib),
+                    s.cpu_s
+                ),
             );
             r.set("adoption.first_agent_rss_mib", json!(r1(mib(s.rss_kib))));
             r.set("adoption.first_agent_cpu_s", json!(r3(s.cpu_s)));
         }
-        r.row("new process start -> /healthz ok (poll 5 ms)", format!("{:.0} ms", ms(healthy_at)));
+        r.row(
+            "new process start -> /healthz ok (poll 5 ms)",
+            format!("{:.0} ms", ms(healthy_at)),
+        );
         r.row(
             &format!("new process start -> /pods shows all {n} running"),
-            format!("{:.0} ms   (/pods read every 20 ms, {pods_polls} reads)", ms(adopted_at)),
+            format!(
+                "{:.0} ms   (/pods read every 20 ms, {pods_polls} reads)",
+                ms(adopted_at)
+            ),
         );
         if let Some(s) = adopted_sample {
             r.row(
                 "at adoption: CPU (utime+stime) / RSS / peak",
-                format!("{:.3} s / {:.1} MiB / {:.1} MiB", s.cpu_s, mib(s.rss_kib), mib(s.hwm_kib)),
+                format!(
+                    "{:.3} s / {:.1} MiB / {:.1} MiB",
+                    s.cpu_s,
+                    mib(s.rss_kib),
+                    mib(s.hwm_kib)
+                ),
             );
             r.set("adoption.cpu_s", json!(r3(s.cpu_s)));
             r.set("adoption.rss_mib", json!(r1(mib(s.rss_kib))));
             r.set("adoption.peak_rss_mib", json!(r1(mib(s.hwm_kib))));
         }
-        r.row("RSS max sampled until adoption", format!("{:.1} MiB", mib(rss_max_kib)));
+        r.row(
+            "RSS max sampled until adoption",
+            format!("{:.1} MiB", mib(rss_max_kib)),
+        );
         if let (Some(a), Some(b)) = (adopted_sample, after_watch) {
             r.row(
-                &format!("during the {}-s watch: CPU / RSS at the end", self.args.watch_secs),
+                &format!(
+                    "during the {}-s watch: CPU / RSS at the end",
+                    self.args.watch_secs
+                ),
                 format!("{:.3} s / {:.1} MiB", b.cpu_s - a.cpu_s, mib(b.rss_kib)),
             );
             r.set("adoption.watch_cpu_s", json!(r3(b.cpu_s - a.cpu_s)));
             r.set("adoption.watch_end_rss_mib", json!(r1(mib(b.rss_kib))));
         }
         r.row(
-            &format!("watch ({} s, CRI every 100 ms, /pods every 500 ms)", self.args.watch_secs),
+            &format!(
+                "watch ({} s, CRI every 100 ms, /pods every 500 ms)",
+                self.args.watch_secs
+            ),
             format!("{} CRI list rounds failed", list_errors),
         );
         r.row("  restarts caused (pods)", format!("{restarts_caused}"));
         r.row("  new sandboxes", format!("{}", new_sandboxes.len()));
         r.row("  new containers", format!("{}", new_containers.len()));
-        r.row("  recorded containers seen not running", format!("{}", not_running.len()));
-        r.row("  recorded sandboxes seen not ready / gone", format!("{}", sandboxes_gone.len()));
-        r.row("  restartCount rose in /pods (pods)", format!("{}", count_rises.len()));
+        r.row(
+            "  recorded containers seen not running",
+            format!("{}", not_running.len()),
+        );
+        r.row(
+            "  recorded sandboxes seen not ready / gone",
+            format!("{}", sandboxes_gone.len()),
+        );
+        r.row(
+            "  restartCount rose in /pods (pods)",
+            format!("{}", count_rises.len()),
+        );
         r.set("adoption.pods", json!(n));
         r.set("adoption.setup_all_running_ms", json!(r1(all_running)));
         r.set("adoption.healthz_ms", json!(r1(ms(healthy_at))));
@@ -802,7 +941,11 @@ impl Bench {
                 .await
             {
                 let now = ms(t0.elapsed());
-                if not_ready.is_none() && list.iter().all(|s| s.state != PodSandboxState::SandboxReady as i32) {
+                if not_ready.is_none()
+                    && list
+                        .iter()
+                        .all(|s| s.state != PodSandboxState::SandboxReady as i32)
+                {
                     not_ready = Some(now);
                 }
                 if list.is_empty() {
@@ -815,9 +958,18 @@ impl Bench {
         r.section(&format!(
             "3. Graceful stop: one pod ignoring SIGTERM, terminationGracePeriodSeconds: {grace}"
         ));
-        r.row("delete -> container finished_at (containerd)", show(finished_at));
-        r.row("delete -> container seen exited (CRI poll 20 ms)", show(exited_seen));
-        r.row("container exit code", exit_code.map(|c| c.to_string()).unwrap_or("unknown".into()));
+        r.row(
+            "delete -> container finished_at (containerd)",
+            show(finished_at),
+        );
+        r.row(
+            "delete -> container seen exited (CRI poll 20 ms)",
+            show(exited_seen),
+        );
+        r.row(
+            "container exit code",
+            exit_code.map(|c| c.to_string()).unwrap_or("unknown".into()),
+        );
         r.row("delete -> sandbox not ready", show(not_ready));
         r.row("delete -> sandbox removed", show(removed));
         r.row(
@@ -830,7 +982,10 @@ impl Bench {
         r.set("graceful.exit_code", json!(exit_code));
         r.set("graceful.sandbox_not_ready_ms", opt_json(not_ready));
         r.set("graceful.sandbox_removed_ms", opt_json(removed));
-        r.set("graceful.removal_after_grace_ms", opt_json(removed.map(|v| v - grace_ms)));
+        r.set(
+            "graceful.removal_after_grace_ms",
+            opt_json(removed.map(|v| v - grace_ms)),
+        );
         if removed.is_none() {
             bail!("{full}'s sandbox was still there {deadline:?} after the delete");
         }
@@ -851,29 +1006,43 @@ impl Bench {
         let gone = poll_sandboxes_gone(&self.cri, t0, &want, deadline).await;
         let gone_ms: Vec<f64> = gone.values().map(|d| ms(*d)).collect();
         let agent = self.agent.as_mut().expect("the agent");
-        let last = proc_sample(agent.pid).ok_or_else(|| anyhow!("deckhand exited before the end"))?;
+        let last =
+            proc_sample(agent.pid).ok_or_else(|| anyhow!("deckhand exited before the end"))?;
         let (stop_took, status) = agent.stop().await;
         self.agent = None;
         let left = remove_sandboxes(&self.cri, ours).await;
         let r = &mut self.report;
         r.section("Teardown (restarted agent)");
-        r.row(&format!("{n} adopted pods deleted at once -> removed"), dist(&gone_ms).text());
+        r.row(
+            &format!("{n} adopted pods deleted at once -> removed"),
+            dist(&gone_ms).text(),
+        );
         r.row(
             "restarted agent: peak RSS / total CPU",
             format!("{:.1} MiB / {:.2} s", mib(last.hwm_kib), last.cpu_s),
         );
         r.row(
             "SIGTERM -> exit",
-            format!("{:.0} ms ({})", ms(stop_took), status.map(|s| s.to_string()).unwrap_or("killed".into())),
+            format!(
+                "{:.0} ms ({})",
+                ms(stop_took),
+                status.map(|s| s.to_string()).unwrap_or("killed".into())
+            ),
         );
         r.row("sandboxes left after the run", format!("{left}"));
         r.set("teardown.removed", dist(&gone_ms).json());
-        r.set("teardown.restarted_peak_rss_mib", json!(r1(mib(last.hwm_kib))));
+        r.set(
+            "teardown.restarted_peak_rss_mib",
+            json!(r1(mib(last.hwm_kib))),
+        );
         r.set("teardown.restarted_cpu_total_s", json!(r3(last.cpu_s)));
         r.set("teardown.stop_ms", json!(r1(ms(stop_took))));
         r.set("teardown.left_sandboxes", json!(left));
         if gone.len() < want.len() {
-            bail!("{} of {n} sandboxes still there after {deadline:?}", want.len() - gone.len());
+            bail!(
+                "{} of {n} sandboxes still there after {deadline:?}",
+                want.len() - gone.len()
+            );
         }
         Ok(())
     }
@@ -898,10 +1067,38 @@ impl Bench {
                 false,
                 "ms",
             ),
-            ("restart_healthz", "restart -> /healthz ok", num("adoption.healthz_ms"), 300.0, false, "ms"),
-            ("adoption", "restart -> all pods running in /pods", num("adoption.all_running_in_pods_ms"), 1000.0, false, "ms"),
-            ("restarts_caused", "restarts caused", num("adoption.restarts_caused"), 0.0, false, ""),
-            ("new_sandboxes", "new sandboxes", num("adoption.new_sandboxes"), 0.0, false, ""),
+            (
+                "restart_healthz",
+                "restart -> /healthz ok",
+                num("adoption.healthz_ms"),
+                300.0,
+                false,
+                "ms",
+            ),
+            (
+                "adoption",
+                "restart -> all pods running in /pods",
+                num("adoption.all_running_in_pods_ms"),
+                1000.0,
+                false,
+                "ms",
+            ),
+            (
+                "restarts_caused",
+                "restarts caused",
+                num("adoption.restarts_caused"),
+                0.0,
+                false,
+                "",
+            ),
+            (
+                "new_sandboxes",
+                "new sandboxes",
+                num("adoption.new_sandboxes"),
+                0.0,
+                false,
+                "",
+            ),
             (
                 "grace_honoured",
                 "delete -> container finished (grace honoured)",
@@ -920,7 +1117,9 @@ impl Bench {
             ),
         ];
         let n = self.args.pods;
-        self.report.section(&format!("Targets (adoption stated for 50 pods; this run has {n})"));
+        self.report.section(&format!(
+            "Targets (adoption stated for 50 pods; this run has {n})"
+        ));
         for (key, label, value, limit, at_least, unit) in checks {
             let ok = value.map(|v| if at_least { v >= limit } else { v <= limit });
             let (op_ok, op_bad) = if at_least { (">=", "< ") } else { ("<=", "> ") };

@@ -147,7 +147,10 @@ fn floor_sandbox_config(name: &str, uid: &str, logs: &Path) -> PodSandboxConfig 
             attempt: 0,
         }),
         hostname: name.to_string(),
-        log_directory: logs.join(format!("default_{name}_{uid}")).to_string_lossy().into_owned(),
+        log_directory: logs
+            .join(format!("default_{name}_{uid}"))
+            .to_string_lossy()
+            .into_owned(),
         labels,
         linux: Some(LinuxPodSandboxConfig {
             cgroup_parent: floor_cgroup(uid),
@@ -190,7 +193,13 @@ fn floor_container_config(name: &str, uid: &str) -> ContainerConfig {
     }
 }
 
-async fn floor_pod(cri: CriClient, name: String, uid: String, logs: PathBuf, t0: Instant) -> Result<FloorPod> {
+async fn floor_pod(
+    cri: CriClient,
+    name: String,
+    uid: String,
+    logs: PathBuf,
+    t0: Instant,
+) -> Result<FloorPod> {
     let config = floor_sandbox_config(&name, &uid, &logs);
     std::fs::create_dir_all(Path::new(&config.log_directory).join("main"))?;
     let a = Instant::now();
@@ -225,7 +234,11 @@ async fn floor_pod(cri: CriClient, name: String, uid: String, logs: PathBuf, t0:
 }
 
 /// Stop then remove one sandbox; the time since `t0` it was gone.
-async fn floor_remove(cri: CriClient, sandbox: String, t0: Instant) -> Result<(Duration, Duration, Duration)> {
+async fn floor_remove(
+    cri: CriClient,
+    sandbox: String,
+    t0: Instant,
+) -> Result<(Duration, Duration, Duration)> {
     let a = Instant::now();
     cri.stop_pod_sandbox(sandbox.clone()).await?;
     let stop = a.elapsed();
@@ -323,9 +336,15 @@ fn call_breakdown(log: &str, names: &HashSet<String>, t0_ns: i64) -> Breakdown {
     let ms_of = |ns: i64| ns as f64 / 1e6;
     let mut b = Breakdown::default();
     for (run_req, run_ret, sb) in run.values() {
-        let (Some(run_req), Some(run_ret)) = (run_req, run_ret) else { continue };
-        let Some((Some(c_req), Some(c_ret), cid)) = create.get(sb) else { continue };
-        let Some((Some(s_req), Some(s_ret))) = start.get(cid) else { continue };
+        let (Some(run_req), Some(run_ret)) = (run_req, run_ret) else {
+            continue;
+        };
+        let Some((Some(c_req), Some(c_ret), cid)) = create.get(sb) else {
+            continue;
+        };
+        let Some((Some(s_req), Some(s_ret))) = start.get(cid) else {
+            continue;
+        };
         b.pods += 1;
         b.to_run_req.push(ms_of(run_req - t0_ns));
         b.run.push(ms_of(run_ret - run_req));
@@ -364,7 +383,9 @@ async fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.work_dir)?;
     let stale = remove_sandboxes(&cri, ours).await;
     if stale > 0 {
-        progress(format!("removed {stale} sandbox(es) left by an earlier run"));
+        progress(format!(
+            "removed {stale} sandbox(es) left by an earlier run"
+        ));
     }
 
     let mut bench = Bench {
@@ -386,7 +407,9 @@ async fn run(args: Args) -> Result<()> {
             Err(err)
         }
         Err(_) => {
-            bench.report.note(format!("the run exceeded its budget of {budget:?}"));
+            bench
+                .report
+                .note(format!("the run exceeded its budget of {budget:?}"));
             Err(anyhow!("the run exceeded its budget of {budget:?}"))
         }
     };
@@ -404,13 +427,30 @@ impl Bench {
             .await
             .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
             .unwrap_or_else(|_| "unknown".into());
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-        self.report.rows.push((format!("Deckhand startup bench: N = {n} pods"), String::new()));
+        let load = load
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.report.rows.push((
+            format!("Deckhand startup bench: N = {n} pods"),
+            String::new(),
+        ));
         self.report.row("runtime", version.clone());
-        self.report.row("CPUs / load average at start", format!("{cpus} / {load}"));
-        self.report.row("agent", format!("{} --v={}", self.args.deckhand.display(), self.args.verbosity));
+        self.report
+            .row("CPUs / load average at start", format!("{cpus} / {load}"));
+        self.report.row(
+            "agent",
+            format!(
+                "{} --v={}",
+                self.args.deckhand.display(),
+                self.args.verbosity
+            ),
+        );
         self.report.set("n", json!(n));
         self.report.set("runtime", json!(version));
         self.report.set("cpus", json!(cpus));
@@ -436,7 +476,14 @@ impl Bench {
         let logs = self.args.work_dir.join("floor-logs");
         let uid = fake_uid(9999);
         self.floor_cgroups.push(floor_cgroup(&uid));
-        let pod = floor_pod(self.cri.clone(), "warmup-0".into(), uid, logs, Instant::now()).await?;
+        let pod = floor_pod(
+            self.cri.clone(),
+            "warmup-0".into(),
+            uid,
+            logs,
+            Instant::now(),
+        )
+        .await?;
         floor_remove(self.cri.clone(), pod.sandbox, Instant::now()).await?;
         Ok(())
     }
@@ -446,7 +493,8 @@ impl Bench {
         progress(format!("floor: {n} pods by raw CRI calls, all at once"));
         let logs = self.args.work_dir.join("floor-logs");
         let uids: Vec<String> = (0..n).map(fake_uid).collect();
-        self.floor_cgroups.extend(uids.iter().map(|u| floor_cgroup(u)));
+        self.floor_cgroups
+            .extend(uids.iter().map(|u| floor_cgroup(u)));
         // The same observer load as in Deckhand's batch: a ListContainers every 20 ms.
         let observer = {
             let cri = self.cri.clone();
@@ -455,7 +503,9 @@ impl Bench {
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticker.tick().await;
-                    let _ = cri.list_containers(Some(running_filter(HashMap::new()))).await;
+                    let _ = cri
+                        .list_containers(Some(running_filter(HashMap::new())))
+                        .await;
                 }
             })
         };
@@ -463,7 +513,13 @@ impl Bench {
         let t0_wall = SystemTime::now();
         let mut tasks = tokio::task::JoinSet::new();
         for (i, uid) in uids.iter().enumerate() {
-            tasks.spawn(floor_pod(self.cri.clone(), format!("floor-{i}"), uid.clone(), logs.clone(), t0));
+            tasks.spawn(floor_pod(
+                self.cri.clone(),
+                format!("floor-{i}"),
+                uid.clone(),
+                logs.clone(),
+                t0,
+            ));
         }
         let mut pods = Vec::new();
         let mut errors = Vec::new();
@@ -476,7 +532,11 @@ impl Bench {
         }
         observer.abort();
         if !errors.is_empty() {
-            self.report.note(format!("floor: {} of {n} pods failed; first: {}", errors.len(), errors[0]));
+            self.report.note(format!(
+                "floor: {} of {n} pods failed; first: {}",
+                errors.len(),
+                errors[0]
+            ));
         }
         if pods.is_empty() {
             bail!("no floor pod started");
@@ -549,23 +609,38 @@ impl Bench {
     async fn deckhand_phases(&mut self) -> Result<()> {
         let n = self.args.pods;
         let dir = self.args.work_dir.join("agent");
-        progress(format!("deckhand: starting (log in {})", dir.join("deckhand.log").display()));
-        let agent = self.agent.insert(Agent::start(&agent_opts(&self.args), NODE, &dir, None)?);
+        progress(format!(
+            "deckhand: starting (log in {})",
+            dir.join("deckhand.log").display()
+        ));
+        let agent = self
+            .agent
+            .insert(Agent::start(&agent_opts(&self.args), NODE, &dir, None)?);
         let healthy = agent.wait_healthy(Duration::from_secs(60)).await?;
         let pid = agent.pid;
         self.report.section("2. Deckhand start");
-        self.report.row("process start -> /healthz ok", format!("{:.0} ms", ms(healthy)));
-        self.report.set("deckhand.healthy_ms", json!(r1(ms(healthy))));
+        self.report.row(
+            "process start -> /healthz ok",
+            format!("{:.0} ms", ms(healthy)),
+        );
+        self.report
+            .set("deckhand.healthy_ms", json!(r1(ms(healthy))));
 
         // Idle with no pods.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        progress(format!("deckhand: idle with 0 pods for {} s", self.args.idle_secs));
+        progress(format!(
+            "deckhand: idle with 0 pods for {} s",
+            self.args.idle_secs
+        ));
         let idle0 = sample_idle(pid, self.args.idle_secs).await?;
 
         self.start_phase(n).await?;
         self.lag_phase().await?;
 
-        progress(format!("deckhand: idle with {n} pods for {} s", self.args.idle_secs));
+        progress(format!(
+            "deckhand: idle with {n} pods for {} s",
+            self.args.idle_secs
+        ));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let idle_n = sample_idle(pid, self.args.idle_secs).await?;
         {
@@ -581,21 +656,37 @@ impl Bench {
         self.delete_phases(n).await?;
 
         let agent = self.agent.as_mut().expect("the agent");
-        let last = proc_sample(agent.pid).ok_or_else(|| anyhow!("deckhand exited before the end"))?;
+        let last =
+            proc_sample(agent.pid).ok_or_else(|| anyhow!("deckhand exited before the end"))?;
         let (stop_took, status) = agent.stop().await;
         let left = remove_sandboxes(&self.cri, |name| name.ends_with(&format!("-{NODE}"))).await;
-        let leftover_logs = std::fs::read_dir(dir.join("logs")).map(|d| d.count()).unwrap_or(0);
+        let leftover_logs = std::fs::read_dir(dir.join("logs"))
+            .map(|d| d.count())
+            .unwrap_or(0);
         self.agent = None;
         let r = &mut self.report;
         r.section("Whole run of the agent");
-        r.row("peak RSS (VmHWM)", format!("{:.1} MiB", last.hwm_kib as f64 / 1024.0));
+        r.row(
+            "peak RSS (VmHWM)",
+            format!("{:.1} MiB", last.hwm_kib as f64 / 1024.0),
+        );
         r.row("total CPU (utime+stime)", format!("{:.2} s", last.cpu_s));
         r.row(
             "SIGTERM -> exit",
-            format!("{:.0} ms ({})", ms(stop_took), status.map(|s| s.to_string()).unwrap_or("killed".into())),
+            format!(
+                "{:.0} ms ({})",
+                ms(stop_took),
+                status.map(|s| s.to_string()).unwrap_or("killed".into())
+            ),
         );
-        r.row("sandboxes / log dirs left after the run", format!("{left} / {leftover_logs}"));
-        r.set("deckhand.peak_rss_mib", json!(r1(last.hwm_kib as f64 / 1024.0)));
+        r.row(
+            "sandboxes / log dirs left after the run",
+            format!("{left} / {leftover_logs}"),
+        );
+        r.set(
+            "deckhand.peak_rss_mib",
+            json!(r1(last.hwm_kib as f64 / 1024.0)),
+        );
         r.set("deckhand.cpu_total_s", json!(r3(last.cpu_s)));
         r.set("deckhand.stop_ms", json!(r1(ms(stop_took))));
         r.set("deckhand.left_sandboxes", json!(left));
@@ -609,7 +700,8 @@ impl Bench {
         match std::fs::read_to_string(path) {
             Ok(text) => Some(call_breakdown(&text, names, unix_ns(t0_wall))),
             Err(e) => {
-                self.report.note(format!("cannot read {}: {e}", path.display()));
+                self.report
+                    .note(format!("cannot read {}: {e}", path.display()));
                 None
             }
         }
@@ -617,13 +709,28 @@ impl Bench {
 
     fn breakdown_rows(&mut self, who: &str, key: &str, b: &Breakdown) {
         let r = &mut self.report;
-        r.row(&format!("{who}, per containerd's log:"), format!("(n={})", b.pods));
+        r.row(
+            &format!("{who}, per containerd's log:"),
+            format!("(n={})", b.pods),
+        );
         let rows: [(&str, &str, &Vec<f64>); 6] = [
-            ("batch start -> RunPodSandbox received", "to_run_req", &b.to_run_req),
+            (
+                "batch start -> RunPodSandbox received",
+                "to_run_req",
+                &b.to_run_req,
+            ),
             ("  RunPodSandbox inside containerd", "run", &b.run),
-            ("  sandbox returned -> CreateContainer received", "gap_create", &b.gap_create),
+            (
+                "  sandbox returned -> CreateContainer received",
+                "gap_create",
+                &b.gap_create,
+            ),
             ("  CreateContainer inside containerd", "create", &b.create),
-            ("  container created -> StartContainer received", "gap_start", &b.gap_start),
+            (
+                "  container created -> StartContainer received",
+                "gap_start",
+                &b.gap_start,
+            ),
             ("  StartContainer inside containerd", "start", &b.start),
         ];
         for (label, k, v) in rows {
@@ -656,7 +763,12 @@ impl Bench {
         let running: Vec<f64> = seen.values().map(|d| ms(*d)).collect();
         // containerd's own start times, read after the fact (no load during the phase).
         let mut ids = Vec::new();
-        for c in self.cri.list_containers(Some(running_filter(HashMap::new()))).await.unwrap_or_default() {
+        for c in self
+            .cri
+            .list_containers(Some(running_filter(HashMap::new())))
+            .await
+            .unwrap_or_default()
+        {
             if c.labels.get(POD_NAME).is_some_and(|n| want.contains(n)) {
                 ids.push(c.id);
             }
@@ -667,7 +779,10 @@ impl Bench {
         let d_started = dist(&started);
         let breakdown = self.breakdown(&want, t0_wall);
         let r = &mut self.report;
-        r.row(&format!("drop of {n} manifests (renames) took"), format!("{:.1} ms", ms(drop_took)));
+        r.row(
+            &format!("drop of {n} manifests (renames) took"),
+            format!("{:.1} ms", ms(drop_took)),
+        );
         r.row("drop -> container RUNNING (CRI poll 20 ms)", d.text());
         r.row("drop -> started_at (containerd)", d_started.text());
         r.set("deckhand.drop_ms", json!(r3(ms(drop_took))));
@@ -676,10 +791,16 @@ impl Bench {
         if let Some((floor, floor_started)) = self.floor {
             let p50 = d.p50 / floor.p50;
             let max = d.max / floor.max;
-            r.row("ratio Deckhand / floor (poll vs StartContainer)", format!("p50 {p50:.2}x   max {max:.2}x"));
+            r.row(
+                "ratio Deckhand / floor (poll vs StartContainer)",
+                format!("p50 {p50:.2}x   max {max:.2}x"),
+            );
             let sp50 = d_started.p50 / floor_started.p50;
             let smax = d_started.max / floor_started.max;
-            r.row("ratio Deckhand / floor (started_at both)", format!("p50 {sp50:.2}x   max {smax:.2}x"));
+            r.row(
+                "ratio Deckhand / floor (started_at both)",
+                format!("p50 {sp50:.2}x   max {smax:.2}x"),
+            );
             r.set("ratio.p50", json!(r3(p50)));
             r.set("ratio.max", json!(r3(max)));
             r.set("ratio.started_at_p50", json!(r3(sp50)));
@@ -689,7 +810,10 @@ impl Bench {
             self.breakdown_rows("Deckhand", "deckhand", &b);
         }
         if seen.len() < n {
-            bail!("only {} of {n} pods were running after {deadline:?}", seen.len());
+            bail!(
+                "only {} of {n} pods were running after {deadline:?}",
+                seen.len()
+            );
         }
         Ok(())
     }
@@ -700,7 +824,9 @@ impl Bench {
         if k == 0 {
             return Ok(());
         }
-        progress(format!("deckhand: /pods lag over {k} pods added one by one"));
+        progress(format!(
+            "deckhand: /pods lag over {k} pods added one by one"
+        ));
         let mut lags = Vec::new();
         let mut lags_started = Vec::new();
         let mut files = Vec::new();
@@ -720,7 +846,10 @@ impl Bench {
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while t0.elapsed() < deadline {
                     ticker.tick().await;
-                    if let Ok(list) = cri.list_containers(Some(running_filter(name_selector(&full)))).await {
+                    if let Ok(list) = cri
+                        .list_containers(Some(running_filter(name_selector(&full))))
+                        .await
+                    {
                         if let Some(c) = list.first() {
                             return Some((t0.elapsed(), c.id.clone()));
                         }
@@ -764,7 +893,12 @@ impl Bench {
         r.section("3. /pods lag (pods added one at a time, both sides polled every 10 ms)");
         r.row(
             "RUNNING over CRI -> running in /pods",
-            format!("median {:.0} ms   max {:.0} ms   (n={})", median(&lags), max_of(&lags), lags.len()),
+            format!(
+                "median {:.0} ms   max {:.0} ms   (n={})",
+                median(&lags),
+                max_of(&lags),
+                lags.len()
+            ),
         );
         r.row(
             "containerd started_at -> running in /pods",
@@ -775,12 +909,24 @@ impl Bench {
                 lags_started.len()
             ),
         );
-        r.row(&format!("(cleanup: {k} lag pods deleted -> removed)"), dist(&gone_ms).text());
+        r.row(
+            &format!("(cleanup: {k} lag pods deleted -> removed)"),
+            dist(&gone_ms).text(),
+        );
         r.set("pods_lag.median_ms", json!(r1(median(&lags))));
         r.set("pods_lag.max_ms", json!(r1(max_of(&lags))));
-        r.set("pods_lag.samples_ms", json!(lags.iter().map(|x| r1(*x)).collect::<Vec<_>>()));
-        r.set("pods_lag.from_started_at_median_ms", json!(r1(median(&lags_started))));
-        r.set("pods_lag.from_started_at_max_ms", json!(r1(max_of(&lags_started))));
+        r.set(
+            "pods_lag.samples_ms",
+            json!(lags.iter().map(|x| r1(*x)).collect::<Vec<_>>()),
+        );
+        r.set(
+            "pods_lag.from_started_at_median_ms",
+            json!(r1(median(&lags_started))),
+        );
+        r.set(
+            "pods_lag.from_started_at_max_ms",
+            json!(r1(max_of(&lags_started))),
+        );
         if gone.len() < k {
             bail!("the lag pods were not all removed within 60 s");
         }
@@ -846,11 +992,22 @@ impl Bench {
         let Some((t_new, new_id, new_uid)) = new else {
             bail!("the edited pod b-1 had no new running container within {deadline:?}");
         };
-        let new_status = self.cri.container_status(new_id).await?.status.unwrap_or_default();
+        let new_status = self
+            .cri
+            .container_status(new_id)
+            .await?
+            .status
+            .unwrap_or_default();
         let r = &mut self.report;
         r.section("5. Edit (one manifest's command changed)");
-        r.row("write -> new container RUNNING (CRI poll 20 ms)", format!("{:.0} ms", ms(t_new)));
-        r.row("pod UID changed", format!("{} ({old_uid} -> {new_uid})", old_uid != new_uid));
+        r.row(
+            "write -> new container RUNNING (CRI poll 20 ms)",
+            format!("{:.0} ms", ms(t_new)),
+        );
+        r.row(
+            "pod UID changed",
+            format!("{} ({old_uid} -> {new_uid})", old_uid != new_uid),
+        );
         r.set("edit.new_running_ms", json!(r1(ms(t_new))));
         r.set("edit.uid_changed", json!(old_uid != new_uid));
         match old_finished {
@@ -860,13 +1017,22 @@ impl Bench {
                 let ok = fin <= new_status.created_at;
                 r.row(
                     "old finished -> new created / started",
-                    format!("{gap:+.0} ms / {gap_started:+.0} ms  ({})", if ok { "stopped first: yes" } else { "OVERLAP" }),
+                    format!(
+                        "{gap:+.0} ms / {gap_started:+.0} ms  ({})",
+                        if ok { "stopped first: yes" } else { "OVERLAP" }
+                    ),
                 );
                 if let Some(seen) = old_stopped_seen {
-                    r.row("write -> old container seen exited", format!("{:.0} ms", ms(seen)));
+                    r.row(
+                        "write -> old container seen exited",
+                        format!("{:.0} ms", ms(seen)),
+                    );
                 }
                 r.set("edit.old_finished_to_new_created_ms", json!(r1(gap)));
-                r.set("edit.old_finished_to_new_started_ms", json!(r1(gap_started)));
+                r.set(
+                    "edit.old_finished_to_new_started_ms",
+                    json!(r1(gap_started)),
+                );
                 r.set("edit.stopped_before_start", json!(ok));
             }
             None => {
@@ -913,7 +1079,11 @@ impl Bench {
                 .await;
             let now = t0.elapsed();
             if let Ok(list) = list {
-                if stopped.is_none() && list.iter().all(|s| s.state != PodSandboxState::SandboxReady as i32) {
+                if stopped.is_none()
+                    && list
+                        .iter()
+                        .all(|s| s.state != PodSandboxState::SandboxReady as i32)
+                {
                     stopped = Some(now);
                 }
                 if removed.is_none() && list.is_empty() {
@@ -924,10 +1094,16 @@ impl Bench {
                 logs_gone = Some(t0.elapsed());
             }
         }
-        let show = |d: Option<Duration>| d.map(|d| format!("{:.0} ms", ms(d))).unwrap_or("not within 60 s".into());
+        let show = |d: Option<Duration>| {
+            d.map(|d| format!("{:.0} ms", ms(d)))
+                .unwrap_or("not within 60 s".into())
+        };
         let fmt_json = |d: Option<Duration>| d.map(|d| json!(r1(ms(d)))).unwrap_or(Value::Null);
         if !log_dir_existed {
-            self.report.note(format!("b-0's log dir {} did not exist before the delete", log_dir.display()));
+            self.report.note(format!(
+                "b-0's log dir {} did not exist before the delete",
+                log_dir.display()
+            ));
         }
         {
             let r = &mut self.report;
@@ -940,7 +1116,10 @@ impl Bench {
             r.set("delete_one.log_dir_removed_ms", fmt_json(logs_gone));
         }
 
-        progress(format!("deckhand: deleting the other {} manifests at once", n - 1));
+        progress(format!(
+            "deckhand: deleting the other {} manifests at once",
+            n - 1
+        ));
         let agent = self.agent();
         let names: Vec<String> = (1..n).map(|i| format!("b-{i}")).collect();
         let want: HashSet<String> = names.iter().map(|n| agent.full(n)).collect();
@@ -965,7 +1144,10 @@ impl Bench {
         }
         let d = dist(&gone_ms);
         let r = &mut self.report;
-        r.row(&format!("{} at once: delete -> sandbox removed", n - 1), d.text());
+        r.row(
+            &format!("{} at once: delete -> sandbox removed", n - 1),
+            d.text(),
+        );
         r.row(
             &format!("{} at once: delete -> all log dirs removed", n - 1),
             match logs_gone_at {
@@ -974,9 +1156,18 @@ impl Bench {
             },
         );
         r.set("delete_all.removed", d.json());
-        r.set("delete_all.log_dirs_removed_ms", logs_gone_at.map(|t| json!(r1(ms(t)))).unwrap_or(Value::Null));
+        r.set(
+            "delete_all.log_dirs_removed_ms",
+            logs_gone_at
+                .map(|t| json!(r1(ms(t))))
+                .unwrap_or(Value::Null),
+        );
         if gone.len() < want.len() {
-            bail!("{} of {} sandboxes still there after {deadline:?}", want.len() - gone.len(), want.len());
+            bail!(
+                "{} of {} sandboxes still there after {deadline:?}",
+                want.len() - gone.len(),
+                want.len()
+            );
         }
         Ok(())
     }
@@ -988,7 +1179,12 @@ impl Bench {
         let dir = self.args.work_dir.join("dns");
         let trace = dir.join("strace.out");
         std::fs::create_dir_all(&dir)?;
-        let mut agent = Agent::start(&agent_opts(&self.args), DNS_NODE, &dir, Some((strace, &trace)))?;
+        let mut agent = Agent::start(
+            &agent_opts(&self.args),
+            DNS_NODE,
+            &dir,
+            Some((strace, &trace)),
+        )?;
         let outcome = async {
             agent.wait_healthy(Duration::from_secs(60)).await?;
             let names: Vec<String> = (0..k).map(|i| format!("d-{i}")).collect();
@@ -1016,7 +1212,8 @@ impl Bench {
         remove_sandboxes(&self.cri, |name| name.ends_with(&format!("-{DNS_NODE}"))).await;
         let (running, start_max) = outcome?;
 
-        let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {}", trace.display()))?;
+        let text = std::fs::read_to_string(&trace)
+            .with_context(|| format!("reading {}", trace.display()))?;
         let mut by_call: BTreeMap<String, usize> = BTreeMap::new();
         let mut inet: BTreeMap<String, usize> = BTreeMap::new();
         let mut unix_connects = 0;
@@ -1028,13 +1225,18 @@ impl Bench {
                 continue;
             };
             if line.contains("htons(53)") {
-                *by_call.entry(call.trim_end_matches('(').to_string()).or_default() += 1;
+                *by_call
+                    .entry(call.trim_end_matches('(').to_string())
+                    .or_default() += 1;
             }
             if call == &"connect(" {
                 if line.contains("AF_UNIX") {
                     unix_connects += 1;
                 } else if let Some(pos) = line.find("_port=htons(") {
-                    let port: String = line[pos + 12..].chars().take_while(|c| c.is_ascii_digit()).collect();
+                    let port: String = line[pos + 12..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_digit())
+                        .collect();
                     let addr = line
                         .split("inet_addr(\"")
                         .nth(1)
@@ -1048,26 +1250,41 @@ impl Bench {
         let dns_connects = by_call.get("connect").copied().unwrap_or(0);
         let dns_total: usize = by_call.values().sum();
         let r = &mut self.report;
-        r.section(&format!("7. DNS (separate run under strace -f --seccomp-bpf, {k} pods started and deleted)"));
+        r.section(&format!(
+            "7. DNS (separate run under strace -f --seccomp-bpf, {k} pods started and deleted)"
+        ));
         r.row("connect() to port 53", format!("{dns_connects}"));
         r.row(
             "all syscalls naming port 53",
             if by_call.is_empty() {
                 "0".to_string()
             } else {
-                by_call.iter().map(|(c, n)| format!("{c} {n}")).collect::<Vec<_>>().join(", ")
+                by_call
+                    .iter()
+                    .map(|(c, n)| format!("{c} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
         );
-        r.row("connect() over AF_UNIX (CRI socket etc.)", format!("{unix_connects}"));
+        r.row(
+            "connect() over AF_UNIX (CRI socket etc.)",
+            format!("{unix_connects}"),
+        );
         r.row(
             "connect() over IP (destination: count)",
             if inet.is_empty() {
                 "none".to_string()
             } else {
-                inet.iter().map(|(a, n)| format!("{a}: {n}")).collect::<Vec<_>>().join(", ")
+                inet.iter()
+                    .map(|(a, n)| format!("{a}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
         );
-        r.row("(under strace: pods running / drop -> all RUNNING)", format!("{running}/{k} / {start_max:.0} ms"));
+        r.row(
+            "(under strace: pods running / drop -> all RUNNING)",
+            format!("{running}/{k} / {start_max:.0} ms"),
+        );
         r.set("dns.connects_port_53", json!(dns_connects));
         r.set("dns.syscalls_port_53", json!(dns_total));
         r.set("dns.unix_connects", json!(unix_connects));
@@ -1086,25 +1303,81 @@ impl Bench {
             v.as_f64()
         };
         let checks: Vec<(&str, &str, Option<f64>, f64, &str)> = vec![
-            ("start_ratio_p50", "start ratio p50 (Deckhand / floor)", num("ratio.p50"), 1.05, "x"),
-            ("start_ratio_max", "start ratio max (Deckhand / floor)", num("ratio.max"), 1.05, "x"),
-            ("edit", "edit -> new RUNNING", num("edit.new_running_ms"), 1500.0, "ms"),
-            ("delete_one", "delete one -> sandbox removed", num("delete_one.removed_ms"), 3000.0, "ms"),
-            ("delete_all_max", "delete all -> sandbox removed (max)", num("delete_all.removed.max_ms"), 3000.0, "ms"),
-            ("pods_lag_max", "RUNNING -> /pods (max)", num("pods_lag.max_ms"), 100.0, "ms"),
-            ("idle_rss_zero", "idle RSS, 0 pods (max)", num("idle.zero_pods.rss_max_mib"), 18.0, "MiB"),
-            ("idle_rss_n", "idle RSS, N pods (max)", num("idle.n_pods.rss_max_mib"), 20.0, "MiB"),
-            ("idle_cpu_n", "idle CPU, N pods", num("idle.n_pods.cpu_s_per_30s"), 0.15, "CPU-s/30s"),
+            (
+                "start_ratio_p50",
+                "start ratio p50 (Deckhand / floor)",
+                num("ratio.p50"),
+                1.05,
+                "x",
+            ),
+            (
+                "start_ratio_max",
+                "start ratio max (Deckhand / floor)",
+                num("ratio.max"),
+                1.05,
+                "x",
+            ),
+            (
+                "edit",
+                "edit -> new RUNNING",
+                num("edit.new_running_ms"),
+                1500.0,
+                "ms",
+            ),
+            (
+                "delete_one",
+                "delete one -> sandbox removed",
+                num("delete_one.removed_ms"),
+                3000.0,
+                "ms",
+            ),
+            (
+                "delete_all_max",
+                "delete all -> sandbox removed (max)",
+                num("delete_all.removed.max_ms"),
+                3000.0,
+                "ms",
+            ),
+            (
+                "pods_lag_max",
+                "RUNNING -> /pods (max)",
+                num("pods_lag.max_ms"),
+                100.0,
+                "ms",
+            ),
+            (
+                "idle_rss_zero",
+                "idle RSS, 0 pods (max)",
+                num("idle.zero_pods.rss_max_mib"),
+                18.0,
+                "MiB",
+            ),
+            (
+                "idle_rss_n",
+                "idle RSS, N pods (max)",
+                num("idle.n_pods.rss_max_mib"),
+                20.0,
+                "MiB",
+            ),
+            (
+                "idle_cpu_n",
+                "idle CPU, N pods",
+                num("idle.n_pods.cpu_s_per_30s"),
+                0.15,
+                "CPU-s/30s",
+            ),
         ];
         let n = self.args.pods;
-        self.report.section(&format!("Targets (stated for 30 pods; this run has {n})"));
+        self.report
+            .section(&format!("Targets (stated for 30 pods; this run has {n})"));
         for (key, label, value, limit, unit) in checks {
             let verdict = match value {
                 Some(v) if v <= limit => format!("{v:.3} {unit} <= {limit} {unit}   ok"),
                 Some(v) => format!("{v:.3} {unit} >  {limit} {unit}   MISSED"),
                 None => "not measured".to_string(),
             };
-            self.report.set(&format!("targets.{key}"), json!(value.map(|v| v <= limit)));
+            self.report
+                .set(&format!("targets.{key}"), json!(value.map(|v| v <= limit)));
             self.report.row(label, verdict);
         }
     }

@@ -32,7 +32,11 @@ pub fn pod_cgroup_parent(
     }
     match driver {
         CgroupDriver::Cgroupfs => {
-            let mut path = PathBuf::from(if cgroup_root.is_empty() { "/" } else { cgroup_root });
+            let mut path = PathBuf::from(if cgroup_root.is_empty() {
+                "/"
+            } else {
+                cgroup_root
+            });
             path.push("kubepods");
             if let Some(q) = qos_dir(qos) {
                 path.push(q);
@@ -104,13 +108,43 @@ mod tests {
         use CgroupDriver::*;
         use QosClass::*;
         let rows = [
-            (Cgroupfs, "/", true, Burstable, Some("/kubepods/burstable/poda-b")),
-            (Cgroupfs, "/", true, BestEffort, Some("/kubepods/besteffort/poda-b")),
+            (
+                Cgroupfs,
+                "/",
+                true,
+                Burstable,
+                Some("/kubepods/burstable/poda-b"),
+            ),
+            (
+                Cgroupfs,
+                "/",
+                true,
+                BestEffort,
+                Some("/kubepods/besteffort/poda-b"),
+            ),
             (Cgroupfs, "/", true, Guaranteed, Some("/kubepods/poda-b")),
-            (Cgroupfs, "/test", true, Guaranteed, Some("/test/kubepods/poda-b")),
+            (
+                Cgroupfs,
+                "/test",
+                true,
+                Guaranteed,
+                Some("/test/kubepods/poda-b"),
+            ),
             (Cgroupfs, "/", false, Guaranteed, None),
-            (Systemd, "/", true, Burstable, Some("kubepods-burstable-poda_b.slice")),
-            (Systemd, "/", true, Guaranteed, Some("kubepods-poda_b.slice")),
+            (
+                Systemd,
+                "/",
+                true,
+                Burstable,
+                Some("kubepods-burstable-poda_b.slice"),
+            ),
+            (
+                Systemd,
+                "/",
+                true,
+                Guaranteed,
+                Some("kubepods-poda_b.slice"),
+            ),
         ];
         for (driver, root, per_qos, qos, want) in rows {
             assert_eq!(
@@ -125,12 +159,19 @@ mod tests {
     fn removes_nested_dirs_in_every_hierarchy() {
         let root = tempfile::tempdir().unwrap();
         for h in ["cpu", "memory"] {
-            std::fs::create_dir_all(root.path().join(h).join("kubepods/besteffort/podx/c1")).unwrap();
+            std::fs::create_dir_all(root.path().join(h).join("kubepods/besteffort/podx/c1"))
+                .unwrap();
         }
         let problems = remove_pod_cgroup(root.path(), "/kubepods/besteffort/podx");
         assert!(problems.is_empty(), "{problems:?}");
         for h in ["cpu", "memory"] {
-            assert!(!root.path().join(h).join("kubepods/besteffort/podx").exists());
+            assert!(
+                !root
+                    .path()
+                    .join(h)
+                    .join("kubepods/besteffort/podx")
+                    .exists()
+            );
             assert!(root.path().join(h).join("kubepods/besteffort").exists());
         }
     }

@@ -20,11 +20,11 @@ use crate::pleg::{self, PlegConfig, RuntimeCache};
 use crate::pod_state::PodStates;
 use crate::pod_workers::{PodWorkers, WorkerDeps};
 use crate::prober::ProbeManager;
-use crate::server::Metrics;
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::executor::{Executor, NodeContext};
 use crate::runtime::inspect::DetailCache;
 use crate::runtime::translate::{HostDns, parse_resolv_conf};
+use crate::server::Metrics;
 use crate::server::{self, ServeError};
 use crate::source::{self, SourceConfig};
 use crate::sync_loop::SyncLoop;
@@ -44,13 +44,11 @@ pub enum DaemonError {
 }
 
 /// Knobs that are not part of the upstream configuration; tests shorten them.
-#[derive(Clone, Debug)]
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Tuning {
     pub backoff: BackoffPolicy,
     pub pleg: PlegConfig,
 }
-
 
 /// A test knob given in the environment is malformed.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +110,11 @@ fn host_dns(config: &Config) -> HostDns {
 }
 
 /// Runs the agent until `cancel` fires.
-pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> Result<(), DaemonError> {
+pub async fn run(
+    config: Config,
+    tuning: Tuning,
+    cancel: CancellationToken,
+) -> Result<(), DaemonError> {
     tracing::info!("starting: {}", config.summary());
     for warning in &config.warnings {
         tracing::warn!("configuration: {warning}");
@@ -120,9 +122,10 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
 
     let endpoint = cri::parse_endpoint(&config.container_runtime_endpoint)?;
     if let Some(image_ep) = &config.image_service_endpoint
-        && image_ep != &config.container_runtime_endpoint {
-            tracing::warn!(%image_ep, "a separate image service endpoint is not supported yet; using the runtime endpoint for images");
-        }
+        && image_ep != &config.container_runtime_endpoint
+    {
+        tracing::warn!(%image_ep, "a separate image service endpoint is not supported yet; using the runtime endpoint for images");
+    }
     let client = CriClient::connect(&endpoint, config.runtime_request_timeout).await?;
     cri::handshake(&client, &endpoint.original, RUNTIME_READY_TIMEOUT).await?;
 
@@ -133,11 +136,22 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
     let mut servers = Vec::new();
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
-        servers.push(server::serve_healthz(addr, health.clone(), states.clone(), cancel.clone()).await?);
+        servers.push(
+            server::serve_healthz(addr, health.clone(), states.clone(), cancel.clone()).await?,
+        );
     }
     if config.read_only_port != 0 {
         let addr = SocketAddr::new(config.address, config.read_only_port);
-        servers.push(server::serve_read_only(addr, health.clone(), states.clone(), metrics.clone(), cancel.clone()).await?);
+        servers.push(
+            server::serve_read_only(
+                addr,
+                health.clone(),
+                states.clone(),
+                metrics.clone(),
+                cancel.clone(),
+            )
+            .await?,
+        );
     }
 
     let host_ip = crate::node::detect_host_ip(config.node_ip);
@@ -153,7 +167,8 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
         cgroup_root: config.cgroup_root.clone(),
         cgroups_per_qos: config.cgroups_per_qos,
         cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
-        node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo")).unwrap_or(0),
+        node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo"))
+            .unwrap_or(0),
         runtime_request_timeout: config.runtime_request_timeout,
     });
     tracing::info!(host_ip = ?host_ip, node = %config.node_name, "node facts");
@@ -193,7 +208,12 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
 
     let executor = Executor::new(client.clone(), node.clone(), details, tuning.backoff);
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-    let prober = ProbeManager::new(client.clone(), probe_tx, node.host_ip.clone(), cancel.clone());
+    let prober = ProbeManager::new(
+        client.clone(),
+        probe_tx,
+        node.host_ip.clone(),
+        cancel.clone(),
+    );
     {
         let prober = prober.clone();
         metrics.register("/metrics/probes", move || prober.render_metrics());
@@ -225,7 +245,10 @@ pub async fn run(config: Config, tuning: Tuning, cancel: CancellationToken) -> R
     tracing::info!("shutting down; containers keep running");
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracker.close();
-    if tokio::time::timeout(SHUTDOWN_TIMEOUT, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_TIMEOUT, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("some tasks did not end in time");
     }
     for s in servers {

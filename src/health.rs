@@ -48,7 +48,11 @@ impl HealthReport {
 
 impl Health {
     /// Adds (or replaces) a named check.
-    pub fn register(&self, name: &str, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+    pub fn register(
+        &self,
+        name: &str,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) {
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
         checks.retain(|(n, _)| n != name);
         checks.push((name.to_string(), Arc::new(check)));
@@ -56,7 +60,11 @@ impl Health {
 
     /// Runs every check.
     pub fn report(&self) -> HealthReport {
-        let checks = self.checks.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let checks = self
+            .checks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let mut results = vec![("ping".to_string(), Ok(()))];
         results.extend(checks.iter().map(|(name, check)| (name.clone(), check())));
         HealthReport { results }
@@ -77,7 +85,10 @@ mod tests {
         assert!(!report.healthy());
         let text = report.render(false);
         assert!(text.contains("[+]pleg ok"), "{text}");
-        assert!(text.contains("[-]runtime failed: containerd is not answering"), "{text}");
+        assert!(
+            text.contains("[-]runtime failed: containerd is not answering"),
+            "{text}"
+        );
         assert!(text.ends_with("healthz check failed\n"), "{text}");
     }
 }

@@ -22,9 +22,10 @@ pub fn detect_host_ip(configured: Option<IpAddr>) -> Option<IpAddr> {
         .filter(|(_, ip)| !ip.is_loopback())
         .collect();
     if let Some(iface) = default_iface
-        && let Some((_, ip)) = addrs.iter().find(|(name, _)| *name == iface) {
-            return Some(*ip);
-        }
+        && let Some((_, ip)) = addrs.iter().find(|(name, _)| *name == iface)
+    {
+        return Some(*ip);
+    }
     addrs.first().map(|(_, ip)| *ip)
 }
 
@@ -66,7 +67,10 @@ mod tests {
 
     #[test]
     fn mem_total() {
-        assert_eq!(parse_mem_total("MemTotal:       1024 kB\nMemFree: 1 kB\n"), Some(1024 * 1024));
+        assert_eq!(
+            parse_mem_total("MemTotal:       1024 kB\nMemFree: 1 kB\n"),
+            Some(1024 * 1024)
+        );
         assert_eq!(parse_mem_total("nothing"), None);
     }
 }

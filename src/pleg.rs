@@ -64,7 +64,10 @@ impl RuntimeCache {
 
     /// True once a relist has completed.
     pub fn has_relisted(&self) -> bool {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).relisted
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .relisted
     }
 
     /// Replaces one pod's entry with a fresher view (a worker just inspected it).
@@ -79,17 +82,26 @@ impl RuntimeCache {
 }
 
 /// Compares two relists and lists the changes, pod by pod.
-pub fn diff(old: &BTreeMap<String, ObservedPod>, new: &BTreeMap<String, ObservedPod>) -> Vec<PlegEvent> {
+pub fn diff(
+    old: &BTreeMap<String, ObservedPod>,
+    new: &BTreeMap<String, ObservedPod>,
+) -> Vec<PlegEvent> {
     let empty = ObservedPod::default();
     let mut events = Vec::new();
     let uids: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     for uid in uids {
         let before = old.get(uid).unwrap_or(&empty);
         let after = new.get(uid).unwrap_or(&empty);
-        let old_c: HashMap<&str, ContainerState> =
-            before.containers.iter().map(|c| (c.id.as_str(), c.state)).collect();
-        let new_c: HashMap<&str, ContainerState> =
-            after.containers.iter().map(|c| (c.id.as_str(), c.state)).collect();
+        let old_c: HashMap<&str, ContainerState> = before
+            .containers
+            .iter()
+            .map(|c| (c.id.as_str(), c.state))
+            .collect();
+        let new_c: HashMap<&str, ContainerState> = after
+            .containers
+            .iter()
+            .map(|c| (c.id.as_str(), c.state))
+            .collect();
         for c in &after.containers {
             let kind = match (old_c.get(c.id.as_str()), c.state) {
                 (Some(prev), now) if *prev == now => continue,
@@ -112,10 +124,16 @@ pub fn diff(old: &BTreeMap<String, ObservedPod>, new: &BTreeMap<String, Observed
                 });
             }
         }
-        let old_s: HashMap<&str, SandboxState> =
-            before.sandboxes.iter().map(|s| (s.id.as_str(), s.state)).collect();
-        let new_s: HashMap<&str, SandboxState> =
-            after.sandboxes.iter().map(|s| (s.id.as_str(), s.state)).collect();
+        let old_s: HashMap<&str, SandboxState> = before
+            .sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), s.state))
+            .collect();
+        let new_s: HashMap<&str, SandboxState> = after
+            .sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), s.state))
+            .collect();
         for (id, state) in &new_s {
             if old_s.get(id) != Some(state) {
                 events.push(PlegEvent {
@@ -219,7 +237,11 @@ pub async fn run<R: RuntimeService>(
         }
         match result {
             Ok(current) => {
-                tracing::trace!(pods = current.len(), took_us = took.as_micros() as u64, "relisted");
+                tracing::trace!(
+                    pods = current.len(),
+                    took_us = took.as_micros() as u64,
+                    "relisted"
+                );
                 // Compare with the freshest known state, which includes what workers saw since
                 // the last relist: a container created and removed between two relists still
                 // shows up as a change.
@@ -315,12 +337,36 @@ mod tests {
         let ready = Some(SandboxState::Ready);
         let rows: Vec<(ObservedPod, ObservedPod, Vec<PlegEventKind>)> = vec![
             (pod(vec![], ready), pod(vec![], ready), vec![]),
-            (pod(vec![], ready), pod(vec![container("a", Running)], ready), vec![ContainerStarted]),
-            (pod(vec![container("a", Running)], ready), pod(vec![container("a", Exited)], ready), vec![ContainerDied]),
-            (pod(vec![container("a", Exited)], ready), pod(vec![], ready), vec![ContainerRemoved]),
-            (pod(vec![], ready), pod(vec![container("a", Created)], ready), vec![ContainerChanged]),
-            (pod(vec![container("a", Running)], ready), pod(vec![container("a", Running)], ready), vec![]),
-            (pod(vec![], ready), pod(vec![], Some(SandboxState::NotReady)), vec![SandboxChanged]),
+            (
+                pod(vec![], ready),
+                pod(vec![container("a", Running)], ready),
+                vec![ContainerStarted],
+            ),
+            (
+                pod(vec![container("a", Running)], ready),
+                pod(vec![container("a", Exited)], ready),
+                vec![ContainerDied],
+            ),
+            (
+                pod(vec![container("a", Exited)], ready),
+                pod(vec![], ready),
+                vec![ContainerRemoved],
+            ),
+            (
+                pod(vec![], ready),
+                pod(vec![container("a", Created)], ready),
+                vec![ContainerChanged],
+            ),
+            (
+                pod(vec![container("a", Running)], ready),
+                pod(vec![container("a", Running)], ready),
+                vec![],
+            ),
+            (
+                pod(vec![], ready),
+                pod(vec![], Some(SandboxState::NotReady)),
+                vec![SandboxChanged],
+            ),
             (pod(vec![], None), pod(vec![], ready), vec![SandboxChanged]),
             (pod(vec![], ready), pod(vec![], None), vec![SandboxChanged]),
         ];
@@ -331,7 +377,13 @@ mod tests {
 
     #[test]
     fn diff_reports_pods_that_vanish() {
-        let old = BTreeMap::from([("u".to_string(), pod(vec![container("a", ContainerState::Running)], Some(SandboxState::Ready)))]);
+        let old = BTreeMap::from([(
+            "u".to_string(),
+            pod(
+                vec![container("a", ContainerState::Running)],
+                Some(SandboxState::Ready),
+            ),
+        )]);
         let events = diff(&old, &BTreeMap::new());
         assert_eq!(events.len(), 2);
         assert!(events.iter().all(|e| e.pod_uid == "u"));

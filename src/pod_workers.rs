@@ -143,9 +143,9 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
 
     /// True when another UID with this full name is still being torn down.
     pub fn terminating_other(&self, uid: &str, full_name: &str) -> bool {
-        self.handles.iter().any(|(u, h)| {
-            u != uid && h.terminating && h.full_name.as_deref() == Some(full_name)
-        })
+        self.handles
+            .iter()
+            .any(|(u, h)| u != uid && h.terminating && h.full_name.as_deref() == Some(full_name))
     }
 
     /// Forgets a worker that reported it is done.
@@ -202,7 +202,8 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     next = Instant::now() + outcome.retry_after.unwrap_or(deps.sync_frequency);
                     continue;
                 }
-                deps.runtime_cache.update_pod(&uid, outcome.observed.clone());
+                deps.runtime_cache
+                    .update_pod(&uid, outcome.observed.clone());
                 deps.prober.sync_pod(&pod, &outcome.observed);
                 let probes = deps.prober.results(&uid);
                 let status = compute_pod_status(

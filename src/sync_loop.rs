@@ -36,7 +36,11 @@ fn uid_of(pod: &Pod) -> String {
 }
 
 impl<R: RuntimeService + ImageService> SyncLoop<R> {
-    pub fn new(workers: PodWorkers<R>, sources_ready: SourcesReady, runtime_cache: RuntimeCache) -> Self {
+    pub fn new(
+        workers: PodWorkers<R>,
+        sources_ready: SourcesReady,
+        runtime_cache: RuntimeCache,
+    ) -> Self {
         SyncLoop {
             workers,
             desired: HashMap::new(),
@@ -50,8 +54,9 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     pub fn handle_changes(&mut self, changes: Vec<PodChange>) {
         // Removals first: an edited static pod arrives as Remove(old) + Add(new), and the new
         // one must see the old one terminating.
-        let (removes, others): (Vec<_>, Vec<_>) =
-            changes.into_iter().partition(|c| matches!(c, PodChange::Remove(_)));
+        let (removes, others): (Vec<_>, Vec<_>) = changes
+            .into_iter()
+            .partition(|c| matches!(c, PodChange::Remove(_)));
         for change in removes.into_iter().chain(others) {
             match change {
                 PodChange::Add(pod) | PodChange::Update(pod) => {

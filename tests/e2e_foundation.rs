@@ -41,19 +41,31 @@ spec:
     agent.wait_healthy(Duration::from_secs(60)).await;
     let client = cri().await;
     let full = agent.pod_name("sleeper");
-    wait_until("the sleeper container to run", Duration::from_secs(60), || {
-        let client = client.clone();
-        let full = full.clone();
-        async move {
-            let cs = common::containers_of(&client, &full).await;
-            cs.iter().any(|c| c.state == 1).then_some(())
-        }
-    })
+    wait_until(
+        "the sleeper container to run",
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            let full = full.clone();
+            async move {
+                let cs = common::containers_of(&client, &full).await;
+                cs.iter().any(|c| c.state == 1).then_some(())
+            }
+        },
+    )
     .await;
 
     let status = agent.stop().expect("the agent was running");
-    assert!(status.success(), "exit status {status}; log:\n{}", agent.log());
-    assert!(agent.log().contains("shutting down; containers keep running"));
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        agent.log()
+    );
+    assert!(
+        agent
+            .log()
+            .contains("shutting down; containers keep running")
+    );
 
     // Upstream's promise: restarting the agent must not kill pods.
     let cs = common::containers_of(&client, &full).await;
@@ -68,10 +80,16 @@ async fn healthz_names_a_failing_check_with_500() {
     // A bound healthz with an unreachable read-only address is not a thing we can fail on
     // purpose, so this asserts the format through the library.
     let health = deckhand::health::Health::default();
-    health.register("runtime", || Err("the container runtime is not answering".into()));
+    health.register("runtime", || {
+        Err("the container runtime is not answering".into())
+    });
     let report = health.report();
     assert!(!report.healthy());
-    assert!(report.render(false).contains("[-]runtime failed: the container runtime is not answering"));
+    assert!(
+        report
+            .render(false)
+            .contains("[-]runtime failed: the container runtime is not answering")
+    );
 }
 
 #[test]
@@ -80,7 +98,10 @@ fn bad_runtime_endpoint_fails_fast_with_the_endpoint_named() {
     let sock = dir.path().join("nothing-here.sock");
     let started = Instant::now();
     let out = Command::new(deckhand_bin())
-        .arg(format!("--container-runtime-endpoint=unix://{}", sock.display()))
+        .arg(format!(
+            "--container-runtime-endpoint=unix://{}",
+            sock.display()
+        ))
         .arg(format!("--root-dir={}", dir.path().join("root").display()))
         .arg("--healthz-port=0")
         .output()
@@ -90,7 +111,8 @@ fn bad_runtime_endpoint_fails_fast_with_the_endpoint_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.lines().last().unwrap_or_default();
     assert!(
-        last.contains(&sock.display().to_string()) && last.contains("cannot connect to the container runtime"),
+        last.contains(&sock.display().to_string())
+            && last.contains("cannot connect to the container runtime"),
         "the last line should name the endpoint: {stderr}"
     );
     assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}");

@@ -24,9 +24,15 @@ async fn instance_times(full: &str) -> Vec<(String, u32, i64, i64, i32)> {
     let client = cri().await;
     let mut out = Vec::new();
     for c in containers_of(&client, full).await {
-        let Ok(resp) = client.container_status(c.id.clone()).await else { continue };
+        let Ok(resp) = client.container_status(c.id.clone()).await else {
+            continue;
+        };
         let s = resp.status.unwrap_or_default();
-        let name = c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let name = c
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         let attempt = c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
         out.push((name, attempt, s.started_at, s.finished_at, s.exit_code));
     }
@@ -70,10 +76,16 @@ spec:
 "#
         ),
     );
-    let pod = wait_until("the app to run after three init containers", WAIT, || async {
-        let pod = agent.pod("init").await?;
-        (phase(&pod) == "Running" && pod["status"]["containerStatuses"][0]["state"]["running"].is_object()).then_some(pod)
-    })
+    let pod = wait_until(
+        "the app to run after three init containers",
+        WAIT,
+        || async {
+            let pod = agent.pod("init").await?;
+            (phase(&pod) == "Running"
+                && pod["status"]["containerStatuses"][0]["state"]["running"].is_object())
+            .then_some(pod)
+        },
+    )
     .await;
     let inits = pod["status"]["initContainerStatuses"].as_array().unwrap();
     assert_eq!(inits.len(), 3);
@@ -82,25 +94,54 @@ spec:
         assert_eq!(s["state"]["terminated"]["reason"], "Completed");
     }
     let conditions = pod["status"]["conditions"].as_array().unwrap();
-    let initialized = conditions.iter().find(|c| c["type"] == "Initialized").unwrap();
+    let initialized = conditions
+        .iter()
+        .find(|c| c["type"] == "Initialized")
+        .unwrap();
     assert_eq!(initialized["status"], "True");
 
     // Order, from the runtime's own clock: each starts after the previous one finished.
     let times = instance_times(&agent.pod_name("init")).await;
-    let get = |n: &str| times.iter().find(|t| t.0 == n).cloned().unwrap_or_else(|| panic!("{n} in {times:?}"));
+    let get = |n: &str| {
+        times
+            .iter()
+            .find(|t| t.0 == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("{n} in {times:?}"))
+    };
     let (one, two, three, app) = (get("one"), get("two"), get("three"), get("app"));
     assert!(one.3 <= two.2, "one finished before two started: {times:?}");
-    assert!(two.3 <= three.2, "two finished before three started: {times:?}");
-    assert!(three.3 <= app.2, "three finished before the app started: {times:?}");
+    assert!(
+        two.3 <= three.2,
+        "two finished before three started: {times:?}"
+    );
+    assert!(
+        three.3 <= app.2,
+        "three finished before the app started: {times:?}"
+    );
 
-    let bad = wait_until("the pod with a failing init container to fail", WAIT, || async {
-        let pod = agent.pod("badinit").await?;
-        (phase(&pod) == "Failed").then_some(pod)
-    })
+    let bad = wait_until(
+        "the pod with a failing init container to fail",
+        WAIT,
+        || async {
+            let pod = agent.pod("badinit").await?;
+            (phase(&pod) == "Failed").then_some(pod)
+        },
+    )
     .await;
-    assert_eq!(bad["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 7);
-    let names: Vec<String> = instance_times(&agent.pod_name("badinit")).await.into_iter().map(|t| t.0).collect();
-    assert!(!names.contains(&"app".to_string()), "the app never started: {names:?}");
+    assert_eq!(
+        bad["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"],
+        7
+    );
+    let names: Vec<String> = instance_times(&agent.pod_name("badinit"))
+        .await
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
+    assert!(
+        !names.contains(&"app".to_string()),
+        "the app never started: {names:?}"
+    );
 }
 
 #[tokio::test]
@@ -137,12 +178,19 @@ spec:
         (side && app).then_some(())
     })
     .await;
-    let done = wait_until("the pod to succeed although its sidecar never exits on its own", WAIT, || async {
-        let pod = agent.pod("done").await?;
-        (phase(&pod) == "Succeeded").then_some(pod)
-    })
+    let done = wait_until(
+        "the pod to succeed although its sidecar never exits on its own",
+        WAIT,
+        || async {
+            let pod = agent.pod("done").await?;
+            (phase(&pod) == "Succeeded").then_some(pod)
+        },
+    )
     .await;
-    assert_eq!(done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
+    assert_eq!(
+        done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+        0
+    );
 
     // Stop order: both write the time they got SIGTERM into a host directory.
     agent.write_manifest(
@@ -173,7 +221,9 @@ spec:
     );
     wait_until("the ordering pod to run", WAIT, || async {
         let pod = agent.pod("order").await?;
-        pod["status"]["containerStatuses"][0]["state"]["running"].is_object().then_some(())
+        pod["status"]["containerStatuses"][0]["state"]["running"]
+            .is_object()
+            .then_some(())
     })
     .await;
     agent.remove_manifest("order.yaml");
@@ -190,7 +240,9 @@ spec:
 #[tokio::test]
 async fn a_crash_loop_backs_off_with_growing_delays() {
     let mut agent = Agent::new("e2e-lc-crash");
-    agent.env.push(("DECKHAND_BACKOFF_INITIAL".into(), "1s".into()));
+    agent
+        .env
+        .push(("DECKHAND_BACKOFF_INITIAL".into(), "1s".into()));
     agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "4s".into()));
     agent.start();
     agent.wait_healthy(WAIT).await;
@@ -219,12 +271,13 @@ spec:
             }
         }
         if backoff_status.is_none()
-            && let Some(pod) = agent.pod("crash").await {
-                let st = &pod["status"]["containerStatuses"][0];
-                if st["state"]["waiting"]["reason"] == "CrashLoopBackOff" {
-                    backoff_status = Some(st.clone());
-                }
+            && let Some(pod) = agent.pod("crash").await
+        {
+            let st = &pod["status"]["containerStatuses"][0];
+            if st["state"]["waiting"]["reason"] == "CrashLoopBackOff" {
+                backoff_status = Some(st.clone());
             }
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Delay before restart k+1, from the exit of instance k.
@@ -233,12 +286,23 @@ spec:
         .collect();
     let floors = [0.0, 1.0, 2.0, 4.0];
     for (k, (gap, floor)) in gaps.iter().zip(floors).enumerate() {
-        assert!(*gap >= floor - 0.2, "restart {k} came after {gap:.2}s, expected at least {floor}s: {gaps:?}");
-        assert!(*gap <= floor + 3.0, "restart {k} came after {gap:.2}s, expected about {floor}s: {gaps:?}");
+        assert!(
+            *gap >= floor - 0.2,
+            "restart {k} came after {gap:.2}s, expected at least {floor}s: {gaps:?}"
+        );
+        assert!(
+            *gap <= floor + 3.0,
+            "restart {k} came after {gap:.2}s, expected about {floor}s: {gaps:?}"
+        );
     }
     let st = backoff_status.expect("a CrashLoopBackOff status was shown");
-    let message = st["state"]["waiting"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("back-off") && message.contains("restarting failed container=crash"), "{message}");
+    let message = st["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("back-off") && message.contains("restarting failed container=crash"),
+        "{message}"
+    );
     assert_eq!(st["lastState"]["terminated"]["exitCode"], 1);
 }
 
@@ -288,7 +352,9 @@ spec:
     for name in ["prestop", "stubborn"] {
         wait_until(&format!("{name} to run"), WAIT, || async {
             let pod = agent.pod(name).await?;
-            pod["status"]["containerStatuses"][0]["state"]["running"].is_object().then_some(())
+            pod["status"]["containerStatuses"][0]["state"]["running"]
+                .is_object()
+                .then_some(())
         })
         .await;
     }
@@ -308,19 +374,36 @@ spec:
     agent.remove_manifest("prestop.yaml");
     agent.remove_manifest("stubborn.yaml");
     let (prestop, stubborn) = tokio::join!(stop_time("prestop"), stop_time("stubborn"));
-    assert!(prestop >= Duration::from_secs(2), "the preStop hook (sleep 2) ran first: {prestop:?}");
-    assert!(prestop < Duration::from_secs(15), "then the container stopped on SIGTERM: {prestop:?}");
+    assert!(
+        prestop >= Duration::from_secs(2),
+        "the preStop hook (sleep 2) ran first: {prestop:?}"
+    );
+    assert!(
+        prestop < Duration::from_secs(15),
+        "then the container stopped on SIGTERM: {prestop:?}"
+    );
     assert!(agent.log().contains("running the preStop hook"));
     let written = std::fs::read_to_string(shared.join("log")).unwrap_or_default();
-    assert_eq!(written, "prestop\nterm\n", "preStop wrote into the hostPath before SIGTERM");
-    assert!(stubborn >= Duration::from_millis(2800), "killed only at the 3s grace period: {stubborn:?}");
-    assert!(stubborn < Duration::from_secs(10), "killed at the grace period: {stubborn:?}");
+    assert_eq!(
+        written, "prestop\nterm\n",
+        "preStop wrote into the hostPath before SIGTERM"
+    );
+    assert!(
+        stubborn >= Duration::from_millis(2800),
+        "killed only at the 3s grace period: {stubborn:?}"
+    );
+    assert!(
+        stubborn < Duration::from_secs(10),
+        "killed at the grace period: {stubborn:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_failing_poststart_hook_restarts_the_container() {
     let mut agent = Agent::new("e2e-lc-poststart");
-    agent.env.push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
+    agent
+        .env
+        .push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
     agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "1s".into()));
     agent.start();
     agent.wait_healthy(WAIT).await;
@@ -342,10 +425,14 @@ spec:
 "#
         ),
     );
-    wait_until("the container to be restarted after its postStart hook failed", WAIT, || async {
-        let pod = agent.pod("hook").await?;
-        (pod["status"]["containerStatuses"][0]["restartCount"].as_i64()? >= 1).then_some(())
-    })
+    wait_until(
+        "the container to be restarted after its postStart hook failed",
+        WAIT,
+        || async {
+            let pod = agent.pod("hook").await?;
+            (pod["status"]["containerStatuses"][0]["restartCount"].as_i64()? >= 1).then_some(())
+        },
+    )
     .await;
     assert!(agent.log().contains("FailedPostStartHook"));
 }
@@ -386,8 +473,14 @@ spec:
             .cloned()
             .unwrap()
     };
-    assert_eq!(by_name("file")["state"]["terminated"]["message"], "bye from file");
-    let logs = by_name("logs")["state"]["terminated"]["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        by_name("file")["state"]["terminated"]["message"],
+        "bye from file"
+    );
+    let logs = by_name("logs")["state"]["terminated"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(logs.contains("something broke"), "{logs}");
 }
 
@@ -411,8 +504,16 @@ async fn runtime_ids(
     let mut ids = Vec::new();
     for i in 0..n {
         let full = agent.pod_name(&format!("p{i}"));
-        let mut sbs: Vec<String> = sandboxes_of(client, &full).await.into_iter().map(|s| s.id).collect();
-        let mut cs: Vec<String> = containers_of(client, &full).await.into_iter().map(|c| c.id).collect();
+        let mut sbs: Vec<String> = sandboxes_of(client, &full)
+            .await
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let mut cs: Vec<String> = containers_of(client, &full)
+            .await
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
         sbs.sort();
         cs.sort();
         ids.push((sbs, cs));
@@ -449,10 +550,17 @@ spec:
     agent.start();
     agent.wait_healthy(WAIT).await;
     let healthy_after = restarted.elapsed();
-    let items = wait_until("all ten pods adopted and Running", WAIT, || all_running(&agent, 10)).await;
+    let items = wait_until("all ten pods adopted and Running", WAIT, || {
+        all_running(&agent, 10)
+    })
+    .await;
     let adopted_after = restarted.elapsed();
     for p in &items {
-        assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "{}", p["metadata"]["name"]);
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["restartCount"], 0,
+            "{}",
+            p["metadata"]["name"]
+        );
     }
     // Watch a few relists: nothing may be restarted or recreated.
     let watch_until = Instant::now() + Duration::from_secs(3);
@@ -515,10 +623,21 @@ impl OwnTestbed {
 
     fn up(&self) {
         let out = Command::new(Self::script())
-            .args(["up", &self.tb(), "--bridge", "dhr0", "--subnet", "10.88.49.0/24"])
+            .args([
+                "up",
+                &self.tb(),
+                "--bridge",
+                "dhr0",
+                "--subnet",
+                "10.88.49.0/24",
+            ])
             .output()
             .expect("run scripts/testbed");
-        assert!(out.status.success(), "testbed up: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "testbed up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn tb(&self) -> String {
@@ -536,7 +655,9 @@ impl OwnTestbed {
 
 impl Drop for OwnTestbed {
     fn drop(&mut self) {
-        let _ = Command::new(Self::script()).args(["down", &self.tb()]).output();
+        let _ = Command::new(Self::script())
+            .args(["down", &self.tb()])
+            .output();
     }
 }
 
@@ -544,7 +665,10 @@ impl Drop for OwnTestbed {
 async fn containerd_restarts_under_deckhand_and_pods_keep_running() {
     let _ = common::runtime_endpoint();
     let tb = OwnTestbed {
-        dir: tempfile::Builder::new().prefix("deckhand-tbr-").tempdir().unwrap(),
+        dir: tempfile::Builder::new()
+            .prefix("deckhand-tbr-")
+            .tempdir()
+            .unwrap(),
     };
     tb.up();
     let endpoint = format!("unix://{}/containerd.sock", tb.tb());
@@ -568,7 +692,9 @@ spec:
     let before = wait_until("the pod to run", WAIT, || async {
         let pod = agent.pod("steady").await?;
         let cs = &pod["status"]["containerStatuses"][0];
-        cs["state"]["running"].is_object().then(|| cs["containerID"].clone())
+        cs["state"]["running"]
+            .is_object()
+            .then(|| cs["containerID"].clone())
     })
     .await;
 
@@ -584,15 +710,21 @@ spec:
     assert!(body.contains("[-]runtime failed"), "{body}");
 
     tb.up();
-    wait_until("healthz ok again after containerd is back", WAIT, || async {
-        let (code, _) = common::http_get(&url).await?;
-        (code == 200).then_some(())
-    })
+    wait_until(
+        "healthz ok again after containerd is back",
+        WAIT,
+        || async {
+            let (code, _) = common::http_get(&url).await?;
+            (code == 200).then_some(())
+        },
+    )
     .await;
     let after = wait_until("the pod to be seen running again", WAIT, || async {
         let pod = agent.pod("steady").await?;
         let cs = &pod["status"]["containerStatuses"][0];
-        cs["state"]["running"].is_object().then(|| (cs["containerID"].clone(), cs["restartCount"].clone()))
+        cs["state"]["running"]
+            .is_object()
+            .then(|| (cs["containerID"].clone(), cs["restartCount"].clone()))
     })
     .await;
     assert_eq!(after.0, before, "the same container keeps running");
@@ -643,7 +775,9 @@ spec:
 #[tokio::test]
 async fn an_image_that_cannot_be_pulled_backs_off() {
     let mut agent = Agent::new("e2e-lc-pull");
-    agent.env.push(("DECKHAND_BACKOFF_INITIAL".into(), "2s".into()));
+    agent
+        .env
+        .push(("DECKHAND_BACKOFF_INITIAL".into(), "2s".into()));
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(

@@ -37,7 +37,10 @@ fn phase(pod: &Value) -> &str {
 }
 
 fn uid(pod: &Value) -> String {
-    pod["metadata"]["uid"].as_str().unwrap_or_default().to_string()
+    pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Waits until `/pods` shows the pod Running with an IP and a running container.
@@ -62,15 +65,30 @@ async fn dropped_manifest_runs_and_is_reachable_on_its_ip() {
     let pod = wait_running(&agent, "web").await;
     let ip = pod["status"]["podIP"].as_str().unwrap().to_string();
     let pod_uid = uid(&pod);
-    assert_eq!(pod_uid.len(), 32, "static pod UIDs are 32 hex digits: {pod_uid}");
+    assert_eq!(
+        pod_uid.len(),
+        32,
+        "static pod UIDs are 32 hex digits: {pod_uid}"
+    );
     assert_eq!(pod["metadata"]["namespace"], "default");
-    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "file");
-    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.hash"], pod_uid.as_str());
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "file"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubernetes.io/config.hash"],
+        pod_uid.as_str()
+    );
     assert!(pod["status"]["hostIP"].is_string());
     assert!(pod["status"]["startTime"].is_string());
     let cs = &pod["status"]["containerStatuses"][0];
     assert_eq!(cs["restartCount"], 0);
-    assert!(cs["containerID"].as_str().unwrap().starts_with("containerd://"));
+    assert!(
+        cs["containerID"]
+            .as_str()
+            .unwrap()
+            .starts_with("containerd://")
+    );
     assert!(!cs["imageID"].as_str().unwrap_or_default().is_empty());
 
     // Over CRI: one ready sandbox and a running container with upstream's labels.
@@ -80,16 +98,27 @@ async fn dropped_manifest_runs_and_is_reachable_on_its_ip() {
     assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     assert_eq!(sandboxes[0].state, 0, "sandbox ready");
     assert_eq!(sandboxes[0].labels["io.kubernetes.pod.uid"], pod_uid);
-    assert_eq!(sandboxes[0].labels["io.kubernetes.pod.namespace"], "default");
+    assert_eq!(
+        sandboxes[0].labels["io.kubernetes.pod.namespace"],
+        "default"
+    );
     let containers = containers_of(&client, &full).await;
     assert_eq!(containers.len(), 1);
     assert_eq!(containers[0].state, 1, "container running");
-    assert_eq!(containers[0].labels["io.kubernetes.container.name"], "httpd");
+    assert_eq!(
+        containers[0].labels["io.kubernetes.container.name"],
+        "httpd"
+    );
 
     // Reachable from the host on its IP.
     let body = wait_until("the pod to answer HTTP on its IP", WAIT, || {
         let url = format!("http://{ip}:8080/");
-        async move { http_get(&url).await.filter(|(c, _)| *c == 200).map(|(_, b)| b) }
+        async move {
+            http_get(&url)
+                .await
+                .filter(|(c, _)| *c == 200)
+                .map(|(_, b)| b)
+        }
     })
     .await;
     assert_eq!(body.trim(), "hello-drop");
@@ -117,8 +146,10 @@ async fn edited_manifest_replaces_the_pod_and_deleted_manifest_removes_everythin
     agent.write_manifest("edit.yaml", &httpd_pod("edit", "v2"));
     let second = wait_until("the edited pod to run under a new UID", WAIT, || async {
         let pod = agent.pod("edit").await?;
-        (uid(&pod) != uid1 && phase(&pod) == "Running" && pod["status"]["containerStatuses"][0]["state"]["running"].is_object())
-            .then_some(pod)
+        (uid(&pod) != uid1
+            && phase(&pod) == "Running"
+            && pod["status"]["containerStatuses"][0]["state"]["running"].is_object())
+        .then_some(pod)
     })
     .await;
     let uid2 = uid(&second);
@@ -130,30 +161,46 @@ async fn edited_manifest_replaces_the_pod_and_deleted_manifest_removes_everythin
     })
     .await;
     assert!(
-        !agent.logs_dir().join(format!("default_{full}_{uid1}")).exists(),
+        !agent
+            .logs_dir()
+            .join(format!("default_{full}_{uid1}"))
+            .exists(),
         "the old pod's log directory is removed"
     );
 
     // The same content gives the same UID again: UIDs are derived, not random.
     agent.write_manifest("edit.yaml", &original);
-    wait_until("the original content to come back with its original UID", WAIT, || async {
-        let pod = agent.pod("edit").await?;
-        (uid(&pod) == uid1 && phase(&pod) == "Running").then_some(())
-    })
+    wait_until(
+        "the original content to come back with its original UID",
+        WAIT,
+        || async {
+            let pod = agent.pod("edit").await?;
+            (uid(&pod) == uid1 && phase(&pod) == "Running").then_some(())
+        },
+    )
     .await;
 
     // Delete: sandbox, containers, log directory and pod directory go.
     agent.remove_manifest("edit.yaml");
-    wait_until("the deleted pod to be gone from the runtime", WAIT, || async {
-        let gone = sandboxes_of(&client, &full).await.is_empty() && containers_of(&client, &full).await.is_empty();
-        gone.then_some(())
-    })
+    wait_until(
+        "the deleted pod to be gone from the runtime",
+        WAIT,
+        || async {
+            let gone = sandboxes_of(&client, &full).await.is_empty()
+                && containers_of(&client, &full).await.is_empty();
+            gone.then_some(())
+        },
+    )
     .await;
-    wait_until("the deleted pod's directories to be removed", WAIT, || async {
-        let log_dir = agent.logs_dir().join(format!("default_{full}_{uid1}"));
-        let pod_dir = agent.root_dir().join("pods").join(&uid1);
-        (!log_dir.exists() && !pod_dir.exists()).then_some(())
-    })
+    wait_until(
+        "the deleted pod's directories to be removed",
+        WAIT,
+        || async {
+            let log_dir = agent.logs_dir().join(format!("default_{full}_{uid1}"));
+            let pod_dir = agent.root_dir().join("pods").join(&uid1);
+            (!log_dir.exists() && !pod_dir.exists()).then_some(())
+        },
+    )
     .await;
     assert!(agent.pod("edit").await.is_none(), "the pod left /pods");
 }
@@ -161,7 +208,9 @@ async fn edited_manifest_replaces_the_pod_and_deleted_manifest_removes_everythin
 #[tokio::test]
 async fn restart_policy_always_restarts_and_never_keeps_the_container_exited() {
     let mut agent = Agent::new("e2e-sp-restart");
-    agent.env.push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
+    agent
+        .env
+        .push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
     agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "1s".into()));
     agent.start();
     agent.wait_healthy(WAIT).await;
@@ -196,13 +245,21 @@ spec:
         ),
     );
 
-    let crash = wait_until("the crashing container to be restarted at least twice", WAIT, || async {
-        let pod = agent.pod("crash").await?;
-        (pod["status"]["containerStatuses"][0]["restartCount"].as_i64()? >= 2).then_some(pod)
-    })
+    let crash = wait_until(
+        "the crashing container to be restarted at least twice",
+        WAIT,
+        || async {
+            let pod = agent.pod("crash").await?;
+            (pod["status"]["containerStatuses"][0]["restartCount"].as_i64()? >= 2).then_some(pod)
+        },
+    )
     .await;
     let cs = &crash["status"]["containerStatuses"][0];
-    assert_eq!(phase(&crash), "Running", "restartPolicy Always keeps the pod Running");
+    assert_eq!(
+        phase(&crash),
+        "Running",
+        "restartPolicy Always keeps the pod Running"
+    );
     assert_eq!(cs["lastState"]["terminated"]["exitCode"], 3, "{cs}");
     assert_eq!(cs["lastState"]["terminated"]["reason"], "Error");
 
@@ -216,16 +273,22 @@ spec:
     assert_eq!(cs["state"]["terminated"]["reason"], "Completed");
     // It stays exited: still one instance after the crash pod restarted twice more.
     let client = cri().await;
-    let before = agent.pod("crash").await.unwrap()["status"]["containerStatuses"][0]["restartCount"]
-        .as_i64()
-        .unwrap();
+    let before =
+        agent.pod("crash").await.unwrap()["status"]["containerStatuses"][0]["restartCount"]
+            .as_i64()
+            .unwrap();
     wait_until("two more restarts of the crashing pod", WAIT, || async {
-        let n = agent.pod("crash").await?["status"]["containerStatuses"][0]["restartCount"].as_i64()?;
+        let n =
+            agent.pod("crash").await?["status"]["containerStatuses"][0]["restartCount"].as_i64()?;
         (n >= before + 2).then_some(())
     })
     .await;
     let instances = containers_of(&client, &agent.pod_name("never")).await;
-    assert_eq!(instances.len(), 1, "the Never container was not restarted: {instances:?}");
+    assert_eq!(
+        instances.len(),
+        1,
+        "the Never container was not restarted: {instances:?}"
+    );
     assert_eq!(instances[0].state, 2, "exited");
 }
 
@@ -244,7 +307,9 @@ impl ManifestServer {
         let shared = body.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((mut stream, _)) = listener.accept().await else { return };
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 8192];
@@ -285,13 +350,19 @@ async fn http_source_adds_changes_and_removes_pods() {
     let server = ManifestServer::start().await;
     server.serve(200, &pod_list(&[httpd_pod("fromurl", "one")]));
     let mut agent = Agent::new("e2e-sp-http");
-    agent.extra_args.push(format!("--manifest-url=http://127.0.0.1:{}/pods", server.port));
+    agent.extra_args.push(format!(
+        "--manifest-url=http://127.0.0.1:{}/pods",
+        server.port
+    ));
     agent.extra_args.push("--http-check-frequency=1s".into());
     agent.start();
     agent.wait_healthy(WAIT).await;
 
     let first = wait_running(&agent, "fromurl").await;
-    assert_eq!(first["metadata"]["annotations"]["kubernetes.io/config.source"], "http");
+    assert_eq!(
+        first["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "http"
+    );
     let uid1 = uid(&first);
 
     // A server error keeps the last good set.
@@ -300,7 +371,10 @@ async fn http_source_adds_changes_and_removes_pods() {
         agent.log().contains("500").then_some(())
     })
     .await;
-    let still = agent.pod("fromurl").await.expect("the pod is kept while the URL fails");
+    let still = agent
+        .pod("fromurl")
+        .await
+        .expect("the pod is kept while the URL fails");
     assert_eq!(uid(&still), uid1);
 
     // A change replaces the pod.
@@ -316,7 +390,8 @@ async fn http_source_adds_changes_and_removes_pods() {
     let client = cri().await;
     let full = agent.pod_name("fromurl");
     wait_until("the pod removed from the URL to be gone", WAIT, || async {
-        (agent.pod("fromurl").await.is_none() && sandboxes_of(&client, &full).await.is_empty()).then_some(())
+        (agent.pod("fromurl").await.is_none() && sandboxes_of(&client, &full).await.is_empty())
+            .then_some(())
     })
     .await;
 }
@@ -356,24 +431,41 @@ spec:
     }
     agent.start();
     agent.wait_healthy(WAIT).await;
-    let pod = wait_until("the good pod to run beside ten bad manifests", WAIT, || async {
-        let pod = agent.pod("good").await?;
-        (phase(&pod) == "Running").then_some(pod)
-    })
+    let pod = wait_until(
+        "the good pod to run beside ten bad manifests",
+        WAIT,
+        || async {
+            let pod = agent.pod("good").await?;
+            (phase(&pod) == "Running").then_some(pod)
+        },
+    )
     .await;
     assert_eq!(
-        agent.pods().await.unwrap()["items"].as_array().unwrap().len(),
+        agent.pods().await.unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
         1,
         "only the good pod runs"
     );
-    assert!(pod["spec"]["hostNetwork"].is_null(), "the misspelt field is not applied");
-    wait_until("every bad manifest to be reported by file name", WAIT, || async {
-        let log = agent.log();
-        bad.iter().all(|(file, _)| log.contains(file)).then_some(())
-    })
+    assert!(
+        pod["spec"]["hostNetwork"].is_null(),
+        "the misspelt field is not applied"
+    );
+    wait_until(
+        "every bad manifest to be reported by file name",
+        WAIT,
+        || async {
+            let log = agent.log();
+            bad.iter().all(|(file, _)| log.contains(file)).then_some(())
+        },
+    )
     .await;
     let log = agent.log();
-    assert!(log.contains("hostNetwrk"), "the unknown field is warned about");
+    assert!(
+        log.contains("hostNetwrk"),
+        "the unknown field is warned about"
+    );
     // Reported once per change, not on every rescan.
     let mentions = log.matches("bad-port.yaml").count();
     assert!(mentions <= 2, "bad-port.yaml reported {mentions} times");
@@ -404,7 +496,11 @@ async fn orphans_left_while_the_agent_was_down_are_removed_at_start() {
     })
     .await;
     wait_until("the orphan's log directory to be removed", WAIT, || async {
-        (!agent.logs_dir().join(format!("default_{full}_{orphan_uid}")).exists()).then_some(())
+        (!agent
+            .logs_dir()
+            .join(format!("default_{full}_{orphan_uid}"))
+            .exists())
+        .then_some(())
     })
     .await;
     // The pod that is still wanted was adopted, not restarted.

@@ -16,7 +16,10 @@ use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 
 fn testbed(args: &[&str]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed");
-    Command::new(script).args(args).output().expect("run scripts/testbed")
+    Command::new(script)
+        .args(args)
+        .output()
+        .expect("run scripts/testbed")
 }
 
 fn mounts_under(dir: &Path) -> Vec<String> {
@@ -46,12 +49,19 @@ fn shims_naming(sock: &Path) -> Vec<String> {
 async fn teardown_leaves_no_mount_netns_shim_or_bridge() {
     // Fails clearly without the main testbed's tools; this test makes its own instance.
     let _ = common::runtime_endpoint();
-    let dir = tempfile::Builder::new().prefix("deckhand-tb2-").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("deckhand-tb2-")
+        .tempdir()
+        .unwrap();
     let tb = dir.path().join("tb");
     let tb_s = tb.display().to_string();
     let bridge = "dhz0";
     let up = testbed(&["up", &tb_s, "--bridge", bridge, "--subnet", "10.88.44.0/24"]);
-    assert!(up.status.success(), "testbed up failed: {}", String::from_utf8_lossy(&up.stderr));
+    assert!(
+        up.status.success(),
+        "testbed up failed: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
     let sock = tb.join("containerd.sock");
 
     let netns_before: Vec<String> = std::fs::read_dir("/var/run/netns")
@@ -111,16 +121,37 @@ async fn teardown_leaves_no_mount_netns_shim_or_bridge() {
         })
         .await
         .expect("CreateContainer");
-    client.start_container(container).await.expect("StartContainer");
-    assert!(!mounts_under(&tb).is_empty(), "a running pod should have mounts under the testbed");
-    assert!(!shims_naming(&sock).is_empty(), "a running pod should have a shim");
+    client
+        .start_container(container)
+        .await
+        .expect("StartContainer");
+    assert!(
+        !mounts_under(&tb).is_empty(),
+        "a running pod should have mounts under the testbed"
+    );
+    assert!(
+        !shims_naming(&sock).is_empty(),
+        "a running pod should have a shim"
+    );
     drop(client);
 
     let down = testbed(&["down", &tb_s]);
-    assert!(down.status.success(), "testbed down failed: {}", String::from_utf8_lossy(&down.stderr));
+    assert!(
+        down.status.success(),
+        "testbed down failed: {}",
+        String::from_utf8_lossy(&down.stderr)
+    );
 
-    assert_eq!(mounts_under(&tb), Vec::<String>::new(), "mounts left under the testbed");
-    assert_eq!(shims_naming(&sock), Vec::<String>::new(), "shims left running");
+    assert_eq!(
+        mounts_under(&tb),
+        Vec::<String>::new(),
+        "mounts left under the testbed"
+    );
+    assert_eq!(
+        shims_naming(&sock),
+        Vec::<String>::new(),
+        "shims left running"
+    );
     let bridge_exists = Command::new("ip")
         .args(["link", "show", bridge])
         .output()

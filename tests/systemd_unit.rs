@@ -8,8 +8,16 @@ use std::process::Command;
 fn systemd_unit_verifies_and_keeps_containers_on_restart() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let unit = std::fs::read_to_string(repo.join("systemd/deckhand.service")).unwrap();
-    for line in ["Type=notify", "KillMode=process", "Restart=always", "After=containerd.service network-online.target"] {
-        assert!(unit.lines().any(|l| l.trim() == line), "the unit should say {line}");
+    for line in [
+        "Type=notify",
+        "KillMode=process",
+        "Restart=always",
+        "After=containerd.service network-online.target",
+    ] {
+        assert!(
+            unit.lines().any(|l| l.trim() == line),
+            "the unit should say {line}"
+        );
     }
     assert!(unit.contains("--config=/etc/deckhand/config.yaml"));
 
@@ -29,5 +37,8 @@ fn systemd_unit_verifies_and_keeps_containers_on_restart() {
         .lines()
         .filter(|l| l.contains("deckhand.service"))
         .collect();
-    assert!(out.status.success() && problems.is_empty(), "systemd-analyze verify: {stderr}");
+    assert!(
+        out.status.success() && problems.is_empty(),
+        "systemd-analyze verify: {stderr}"
+    );
 }

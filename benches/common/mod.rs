@@ -84,7 +84,11 @@ pub fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     let mid = v.len() / 2;
-    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
 }
 
 pub fn max_of(values: &[f64]) -> f64 {
@@ -92,7 +96,9 @@ pub fn max_of(values: &[f64]) -> f64 {
 }
 
 pub fn unix_ns(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// The report: rows of text grouped in sections, and the same numbers as JSON.
@@ -116,7 +122,9 @@ impl Report {
         let last = parts.pop().unwrap_or(path);
         let mut map = &mut self.json;
         for p in parts {
-            let entry = map.entry(p.to_string()).or_insert_with(|| Value::Object(Map::new()));
+            let entry = map
+                .entry(p.to_string())
+                .or_insert_with(|| Value::Object(Map::new()));
             if !entry.is_object() {
                 *entry = Value::Object(Map::new());
             }
@@ -130,7 +138,13 @@ impl Report {
         self.notes.push(text);
     }
     pub fn print(&mut self) {
-        let width = self.rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0).min(48);
+        let width = self
+            .rows
+            .iter()
+            .map(|(l, _)| l.len())
+            .max()
+            .unwrap_or(0)
+            .min(48);
         let mut out = String::new();
         for (label, value) in &self.rows {
             if value.is_empty() {
@@ -198,13 +212,21 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// The child of `parent` running `exe` (the agent under strace).
 pub fn find_child_running(parent: u32, exe: &Path) -> Option<u32> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if parent_of(pid) != Some(parent) {
             continue;
         }
-        if std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(exe) {
+        if std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .as_deref()
+            == Some(exe)
+        {
             return Some(pid);
         }
     }
@@ -253,7 +275,8 @@ pub async fn sample_idle(pid: u32, secs: u64) -> Result<Idle> {
     ticker.tick().await;
     for _ in 0..secs {
         ticker.tick().await;
-        let s = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) exited while idle"))?;
+        let s =
+            proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) exited while idle"))?;
         rss.push(s.rss_kib as f64 / 1024.0);
     }
     let last = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) is gone"))?;
@@ -297,7 +320,12 @@ pub struct Agent {
 
 impl Agent {
     /// A new agent on two free ports, logging to `dir/deckhand.log`.
-    pub fn start(opts: &AgentOpts, node: &str, dir: &Path, strace_out: Option<(&Path, &Path)>) -> Result<Agent> {
+    pub fn start(
+        opts: &AgentOpts,
+        node: &str,
+        dir: &Path,
+        strace_out: Option<(&Path, &Path)>,
+    ) -> Result<Agent> {
         let ports = (free_port()?, free_port()?);
         Agent::spawn(opts, node, dir, ports, "deckhand.log", strace_out)
     }
@@ -334,10 +362,17 @@ impl Agent {
             None => Command::new(&deckhand),
             Some((strace, out)) => {
                 let mut c = Command::new(strace);
-                c.args(["-f", "--seccomp-bpf", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o"])
-                    .arg(out)
-                    .arg("--")
-                    .arg(&deckhand);
+                c.args([
+                    "-f",
+                    "--seccomp-bpf",
+                    "-qq",
+                    "-e",
+                    "trace=connect,sendto,sendmsg,sendmmsg",
+                    "-o",
+                ])
+                .arg(out)
+                .arg("--")
+                .arg(&deckhand);
                 c
             }
         };
@@ -399,7 +434,10 @@ impl Agent {
     }
     /// Moves a staged manifest into the watched directory (an atomic rename).
     pub fn publish(&self, file: &str) -> Result<()> {
-        std::fs::rename(self.dir.join("staging").join(file), self.manifests().join(file))?;
+        std::fs::rename(
+            self.dir.join("staging").join(file),
+            self.manifests().join(file),
+        )?;
         Ok(())
     }
     pub fn remove(&self, file: &str) -> Result<()> {
@@ -409,10 +447,15 @@ impl Agent {
 
     /// Polls `/healthz` every 20 ms until it says `ok`; the time since the call.
     pub async fn wait_healthy(&mut self, timeout: Duration) -> Result<Duration> {
-        self.wait_healthy_every(timeout, Duration::from_millis(20)).await
+        self.wait_healthy_every(timeout, Duration::from_millis(20))
+            .await
     }
 
-    pub async fn wait_healthy_every(&mut self, timeout: Duration, period: Duration) -> Result<Duration> {
+    pub async fn wait_healthy_every(
+        &mut self,
+        timeout: Duration,
+        period: Duration,
+    ) -> Result<Duration> {
         let start = Instant::now();
         let url = format!("127.0.0.1:{}", self.healthz_port);
         loop {
@@ -422,10 +465,16 @@ impl Agent {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                bail!("deckhand exited early with {status}; log:\n{}", self.log_text());
+                bail!(
+                    "deckhand exited early with {status}; log:\n{}",
+                    self.log_text()
+                );
             }
             if start.elapsed() > timeout {
-                bail!("deckhand not healthy after {timeout:?}; log:\n{}", self.log_text());
+                bail!(
+                    "deckhand not healthy after {timeout:?}; log:\n{}",
+                    self.log_text()
+                );
             }
             tokio::time::sleep(period).await;
         }
@@ -482,10 +531,11 @@ impl Drop for Agent {
 /// A tiny HTTP/1.1 GET over plain TCP to 127.0.0.1: status code and body.
 pub async fn http_get(host: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
-        .await
-        .ok()?
-        .ok()?;
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
+            .await
+            .ok()?
+            .ok()?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
@@ -496,14 +546,25 @@ pub async fn http_get(host: &str, path: &str) -> Option<(u16, String)> {
     let text = String::from_utf8_lossy(&buf);
     let (head, body) = text.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    Some((code, if chunked { dechunk(body) } else { body.to_string() }))
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Some((
+        code,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
 }
 
 pub fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }
@@ -519,8 +580,15 @@ pub fn pod_running_in(list: &Value, full: &str) -> Option<String> {
         let running = p["metadata"]["name"] == full
             && p["status"]["containerStatuses"]
                 .as_array()
-                .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object()));
-        running.then(|| p["metadata"]["uid"].as_str().unwrap_or_default().to_string())
+                .is_some_and(|cs| {
+                    !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object())
+                });
+        running.then(|| {
+            p["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
     })
 }
 
@@ -576,7 +644,10 @@ pub async fn poll_running(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while seen.len() < want.len() && t0.elapsed() < deadline {
         ticker.tick().await;
-        let Ok(list) = cri.list_containers(Some(running_filter(HashMap::new()))).await else {
+        let Ok(list) = cri
+            .list_containers(Some(running_filter(HashMap::new())))
+            .await
+        else {
             continue;
         };
         let now = t0.elapsed();
@@ -604,7 +675,9 @@ pub async fn poll_sandboxes_gone(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while gone.len() < want.len() && t0.elapsed() < deadline {
         ticker.tick().await;
-        let Ok(list) = cri.list_pod_sandbox(None).await else { continue };
+        let Ok(list) = cri.list_pod_sandbox(None).await else {
+            continue;
+        };
         let now = t0.elapsed();
         let present: HashSet<&str> = list
             .iter()
@@ -621,10 +694,16 @@ pub async fn poll_sandboxes_gone(
 
 /// Stops and removes every sandbox whose name `matches`; how many there were.
 pub async fn remove_sandboxes(cri: &CriClient, matches: impl Fn(&str) -> bool) -> usize {
-    let Ok(list) = cri.list_pod_sandbox(None).await else { return 0 };
+    let Ok(list) = cri.list_pod_sandbox(None).await else {
+        return 0;
+    };
     let mut removed = 0;
     for sb in list {
-        let name = sb.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let name = sb
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         if !matches(&name) {
             continue;
         }
@@ -648,7 +727,9 @@ pub async fn remove_sandboxes(cri: &CriClient, matches: impl Fn(&str) -> bool) -
 
 /// `rmdir` a pod cgroup in every v1 hierarchy (and v2); runc leaves them behind.
 pub fn remove_pod_cgroup(parent: &str) {
-    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
     for e in entries.flatten() {
         let _ = std::fs::remove_dir(e.path().join(parent.trim_start_matches('/')));
     }

@@ -154,12 +154,19 @@ fn check_type_meta(
     })
 }
 
-
 /// Deserializes exactly one YAML (or JSON) document into `T` through the project's one YAML
 /// module (input limits live there), returning the dotted paths of fields `T` did not know.
 fn parse_yaml_document<T: DeserializeOwned>(text: &str) -> Result<(T, Vec<String>), String> {
     crate::yaml::from_str_reporting_unknown::<T>(text)
-        .map(|(value, unknown)| (value, unknown.iter().map(|p| p.replace('[', ".").replace(']', "")).collect()))
+        .map(|(value, unknown)| {
+            (
+                value,
+                unknown
+                    .iter()
+                    .map(|p| p.replace('[', ".").replace(']', ""))
+                    .collect(),
+            )
+        })
         .map_err(|err| err.to_string())
 }
 

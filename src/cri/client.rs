@@ -119,7 +119,12 @@ impl RuntimeService for CriClient {
         let req = VersionRequest {
             version: "v1".into(),
         };
-        call("Version", Some(self.timeout), self.runtime.clone().version(req)).await
+        call(
+            "Version",
+            Some(self.timeout),
+            self.runtime.clone().version(req),
+        )
+        .await
     }
 
     async fn status(&self, verbose: bool) -> CriResult<StatusResponse> {
@@ -162,7 +167,10 @@ impl RuntimeService for CriClient {
         .map(drop)
     }
 
-    async fn pod_sandbox_status(&self, pod_sandbox_id: String) -> CriResult<PodSandboxStatusResponse> {
+    async fn pod_sandbox_status(
+        &self,
+        pod_sandbox_id: String,
+    ) -> CriResult<PodSandboxStatusResponse> {
         let req = PodSandboxStatusRequest {
             pod_sandbox_id,
             verbose: false,
@@ -175,7 +183,10 @@ impl RuntimeService for CriClient {
         .await
     }
 
-    async fn list_pod_sandbox(&self, filter: Option<PodSandboxFilter>) -> CriResult<Vec<PodSandbox>> {
+    async fn list_pod_sandbox(
+        &self,
+        filter: Option<PodSandboxFilter>,
+    ) -> CriResult<Vec<PodSandbox>> {
         let req = ListPodSandboxRequest { filter };
         call(
             "ListPodSandbox",
@@ -269,7 +280,12 @@ impl RuntimeService for CriClient {
             timeout: timeout_seconds,
         };
         let deadline = self.timeout + Duration::from_secs(timeout_seconds.max(0) as u64);
-        call("ExecSync", Some(deadline), self.runtime.clone().exec_sync(req)).await
+        call(
+            "ExecSync",
+            Some(deadline),
+            self.runtime.clone().exec_sync(req),
+        )
+        .await
     }
 }
 
@@ -282,7 +298,12 @@ impl ImageService for CriClient {
             }),
             verbose: false,
         };
-        let resp = call("ImageStatus", Some(self.timeout), self.image.clone().image_status(req)).await?;
+        let resp = call(
+            "ImageStatus",
+            Some(self.timeout),
+            self.image.clone().image_status(req),
+        )
+        .await?;
         Ok(resp.image.filter(|img| !img.id.is_empty()))
     }
 
@@ -307,9 +328,13 @@ impl ImageService for CriClient {
 
     async fn list_images(&self) -> CriResult<Vec<Image>> {
         let req = ListImagesRequest { filter: None };
-        call("ListImages", Some(self.timeout), self.image.clone().list_images(req))
-            .await
-            .map(|r| r.images)
+        call(
+            "ListImages",
+            Some(self.timeout),
+            self.image.clone().list_images(req),
+        )
+        .await
+        .map(|r| r.images)
     }
 
     async fn remove_image(&self, image: String) -> CriResult<()> {
@@ -319,8 +344,12 @@ impl ImageService for CriClient {
                 ..Default::default()
             }),
         };
-        call("RemoveImage", Some(self.timeout), self.image.clone().remove_image(req))
-            .await
-            .map(drop)
+        call(
+            "RemoveImage",
+            Some(self.timeout),
+            self.image.clone().remove_image(req),
+        )
+        .await
+        .map(drop)
     }
 }

@@ -54,7 +54,10 @@ mod tests {
     #[test]
     fn endpoint_forms() {
         let table = [
-            ("unix:///run/containerd/containerd.sock", Some("/run/containerd/containerd.sock")),
+            (
+                "unix:///run/containerd/containerd.sock",
+                Some("/run/containerd/containerd.sock"),
+            ),
             ("unix:/run/c.sock", Some("/run/c.sock")),
             ("/run/c.sock", Some("/run/c.sock")),
             ("  /run/c.sock ", Some("/run/c.sock")),

@@ -48,7 +48,13 @@ impl CriError {
 
     /// True when the runtime said the object does not exist (already removed, never created).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, CriError::Rpc { code: tonic::Code::NotFound, .. })
+        matches!(
+            self,
+            CriError::Rpc {
+                code: tonic::Code::NotFound,
+                ..
+            }
+        )
     }
 
     /// True when the runtime could not be reached at all (socket gone, runtime restarting).

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::CriError;
 use super::proto::StatusResponse;
 use super::service::RuntimeService;
-use super::CriError;
 
 /// Condition names from the CRI protocol.
 pub const RUNTIME_READY: &str = "RuntimeReady";
@@ -77,7 +77,10 @@ pub async fn handshake<R: RuntimeService>(
             Err(err) => Some(err.to_string()),
         };
         let Some(problem) = problem else {
-            tracing::info!(waited_ms = started.elapsed().as_millis() as u64, "container runtime is ready");
+            tracing::info!(
+                waited_ms = started.elapsed().as_millis() as u64,
+                "container runtime is ready"
+            );
             return Ok(info);
         };
         if started.elapsed() >= ready_timeout {
@@ -108,7 +111,11 @@ mod tests {
                     .map(|(t, s)| RuntimeCondition {
                         r#type: t.to_string(),
                         status: *s,
-                        reason: if *s { String::new() } else { "NetworkPluginNotReady".into() },
+                        reason: if *s {
+                            String::new()
+                        } else {
+                            "NetworkPluginNotReady".into()
+                        },
                         message: String::new(),
                     })
                     .collect(),
@@ -124,8 +131,14 @@ mod tests {
     fn readiness_table() {
         let table: [Row; 5] = [
             (&[(RUNTIME_READY, true), (NETWORK_READY, true)], None),
-            (&[(RUNTIME_READY, true), (NETWORK_READY, false)], Some("NetworkReady=false")),
-            (&[(RUNTIME_READY, false), (NETWORK_READY, true)], Some("RuntimeReady=false")),
+            (
+                &[(RUNTIME_READY, true), (NETWORK_READY, false)],
+                Some("NetworkReady=false"),
+            ),
+            (
+                &[(RUNTIME_READY, false), (NETWORK_READY, true)],
+                Some("RuntimeReady=false"),
+            ),
             (&[(RUNTIME_READY, true)], Some("NetworkReady not reported")),
             (&[], Some("RuntimeReady not reported")),
         ];

@@ -20,8 +20,14 @@ pub trait RuntimeService: Clone + Send + Sync + 'static {
         &self,
         req: RunPodSandboxRequest,
     ) -> impl Future<Output = CriResult<RunPodSandboxResponse>> + Send;
-    fn stop_pod_sandbox(&self, pod_sandbox_id: String) -> impl Future<Output = CriResult<()>> + Send;
-    fn remove_pod_sandbox(&self, pod_sandbox_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    fn stop_pod_sandbox(
+        &self,
+        pod_sandbox_id: String,
+    ) -> impl Future<Output = CriResult<()>> + Send;
+    fn remove_pod_sandbox(
+        &self,
+        pod_sandbox_id: String,
+    ) -> impl Future<Output = CriResult<()>> + Send;
     fn pod_sandbox_status(
         &self,
         pod_sandbox_id: String,

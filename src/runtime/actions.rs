@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use crate::prober::{ProbeView, Unhealthy};
 use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+use crate::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,11 +154,16 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
         None => return false,
     };
     restart_policy(pod) == "Never"
-        && spec.init_containers.iter().flatten().filter(|c| !is_sidecar(c)).any(|c| {
-            observed
-                .latest(&c.name)
-                .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
-        })
+        && spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| !is_sidecar(c))
+            .any(|c| {
+                observed
+                    .latest(&c.name)
+                    .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
+            })
 }
 
 /// Decides what to do for `pod` given what the runtime shows.
@@ -306,7 +311,13 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                     continue;
                 }
                 Some(ContainerState::Created) | None => {
-                    start_afresh(&mut actions, observed, (ContainerKind::Init, index), c, latest);
+                    start_afresh(
+                        &mut actions,
+                        observed,
+                        (ContainerKind::Init, index),
+                        c,
+                        latest,
+                    );
                     init_done = false;
                     break;
                 }
@@ -334,7 +345,13 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 break;
             }
             Some((ContainerState::Created, _)) | None => {
-                start_afresh(&mut actions, observed, (ContainerKind::Init, index), c, latest);
+                start_afresh(
+                    &mut actions,
+                    observed,
+                    (ContainerKind::Init, index),
+                    c,
+                    latest,
+                );
                 init_done = false;
                 break;
             }
@@ -405,7 +422,13 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 }
             }
             ContainerState::Created => {
-                start_afresh(&mut actions, observed, (ContainerKind::App, index), c, Some(inst));
+                start_afresh(
+                    &mut actions,
+                    observed,
+                    (ContainerKind::App, index),
+                    c,
+                    Some(inst),
+                );
             }
         }
     }

@@ -7,11 +7,11 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
-use std::collections::HashMap;
 use crate::runtime::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use crate::runtime::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
+use std::collections::HashMap;
 
 // ---- times -------------------------------------------------------------------------------
 
@@ -710,7 +710,7 @@ fn backoff_remaining_is_exact_below_a_second() {
         policy: BackoffPolicy::default(),
         spec_hash: &hash_of,
         unhealthy: &HashMap::new(),
-            probes: &HashMap::new(),
+        probes: &HashMap::new(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),
@@ -879,8 +879,14 @@ fn with_sidecar(policy: &str) -> Pod {
 fn sidecars() {
     let s = || ready("s0", 0);
     let mut with_startup = with_sidecar("Always");
-    with_startup.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].startup_probe =
-        Some(Default::default());
+    with_startup
+        .spec
+        .as_mut()
+        .unwrap()
+        .init_containers
+        .as_mut()
+        .unwrap()[0]
+        .startup_probe = Some(Default::default());
     run(vec![
         row(
             "a new sandbox starts the sidecar first",

@@ -88,7 +88,10 @@ mod tests {
         let e1 = p.next(None, t(0));
         assert_eq!(e1.delay, Duration::from_secs(10));
         // Second exit at 5s: must wait 10s from the exit.
-        assert_eq!(p.remaining(Some(&e1), t(5), t(6)), Some(Duration::from_secs(9)));
+        assert_eq!(
+            p.remaining(Some(&e1), t(5), t(6)),
+            Some(Duration::from_secs(9))
+        );
         assert_eq!(p.remaining(Some(&e1), t(5), t(15)), None);
         let e2 = p.next(Some(&e1), t(5));
         assert_eq!(e2.delay, Duration::from_secs(20));

@@ -115,7 +115,7 @@ pub enum TeardownError {
 /// Upstream never gives a container less than this to stop.
 pub(super) const MIN_GRACE_SECONDS: i64 = 2;
 /// How often a pod is looked at while one of its init containers runs.
-const INIT_POLL: Duration = Duration::from_millis(100);
+const INIT_POLL: Duration = Duration::from_millis(50);
 /// How soon a pod is looked at again after a step of its start-up went through.
 const PROGRESS_RETRY: Duration = Duration::from_millis(20);
 /// How soon a sync that hit an error is retried.
@@ -178,7 +178,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         inspect::observe_pod(&self.rt, &self.details, &self.node.node_name, uid).await
     }
 
-    fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<PodSandboxConfig, translate::TranslateError> {
+    fn sandbox_config(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+    ) -> Result<PodSandboxConfig, translate::TranslateError> {
         let qos = translate::qos_class(pod);
         let ctx = SandboxContext {
             pod_logs_dir: self.node.pod_logs_dir.clone(),
@@ -236,11 +240,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let decision = decide(&observed, &state.backoff);
         let mut retry = decision.retry_after();
-        let changed = decision != PodActions {
-            sandbox_id: decision.sandbox_id.clone(),
-            terminal: decision.terminal,
-            ..Default::default()
-        };
+        let changed = decision
+            != PodActions {
+                sandbox_id: decision.sandbox_id.clone(),
+                terminal: decision.terminal,
+                ..Default::default()
+            };
         if changed {
             tracing::debug!(?decision, "pod actions");
         }
@@ -302,7 +307,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if init_running(pod, &observed) {
             retry = Some(retry.map_or(INIT_POLL, |r| r.min(INIT_POLL)));
         }
-        let log_dir = self.node.pod_log_dir(pod_namespace(pod), pod_name(pod), &uid);
+        let log_dir = self
+            .node
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), &uid);
         super::termination_message::fill_messages(
             &mut observed,
             pod,
@@ -360,9 +367,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         for id in &decision.remove_sandboxes {
             if let Err(err) = self.rt.remove_pod_sandbox(id.clone()).await
-                && !err.is_not_found() {
-                    tracing::warn!(sandbox = %id, error = %err, "cannot remove an old sandbox");
-                }
+                && !err.is_not_found()
+            {
+                tracing::warn!(sandbox = %id, error = %err, "cannot remove an old sandbox");
+            }
         }
         for kill in &decision.kill_containers {
             tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
@@ -380,9 +388,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
             if decision.sandbox_id.is_some()
-                && let Err(err) = self.volumes.refresh(pod) {
-                    tracing::warn!(error = %err, "cannot refresh the pod's volumes");
-                }
+                && let Err(err) = self.volumes.refresh(pod)
+            {
+                tracing::warn!(error = %err, "cannot refresh the pod's volumes");
+            }
             return Ok(());
         }
         // Volumes come first, as upstream: no sandbox and no container until they are ready.
@@ -456,7 +465,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 });
             }
         };
-        let log_dir = self.node.pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
+        let log_dir = self
+            .node
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
         if let Err(err) = std::fs::create_dir_all(&log_dir) {
             tracing::warn!(dir = %log_dir.display(), error = %err, "cannot create the pod log directory");
         }
@@ -486,7 +497,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         } = *target;
         let spec = pod.spec.clone().unwrap_or_default();
         let container = match start.kind {
-            ContainerKind::Init => spec.init_containers.as_ref().and_then(|v| v.get(start.index)),
+            ContainerKind::Init => spec
+                .init_containers
+                .as_ref()
+                .and_then(|v| v.get(start.index)),
             ContainerKind::App => spec.containers.get(start.index),
         };
         let Some(container) = container else { return };
@@ -602,7 +616,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         tracing::info!(id = %id, restart_count = start.restart_count, "container started");
 
         // postStart runs right after the start, and the worker waits for it, as upstream.
-        if let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+        if let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        {
             let result = run_hook(
                 &self.rt,
                 HookKind::PostStart,
@@ -615,7 +633,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .await;
             if let Err(message) = result {
                 tracing::warn!(%message, "FailedPostStartHook: killing the container");
-                if let Err(err) = self.stop_container(&id, grace_period(Some(pod), None)).await {
+                if let Err(err) = self
+                    .stop_container(&id, grace_period(Some(pod), None))
+                    .await
+                {
                     tracing::warn!(error = %err, "cannot kill the container after its postStart hook failed");
                 }
                 state.waiting.insert(
@@ -642,7 +663,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         state: &mut PodSyncState,
     ) -> Result<(), WaitingReason> {
         let image = container.image.clone().unwrap_or_default();
-        let policy = container.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+        let policy = container
+            .image_pull_policy
+            .as_deref()
+            .unwrap_or("IfNotPresent");
         let present = match self.rt.image_status(image.clone()).await {
             Ok(found) => found.is_some(),
             Err(err) => {
@@ -671,14 +695,22 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let key = format!("image:{image}");
         let now = SystemTime::now();
         if let Some(entry) = state.backoff.get(&key)
-            && self.policy.remaining(Some(entry), entry.last_update, now).is_some() {
-                return Err(WaitingReason {
-                    reason: "ImagePullBackOff".into(),
-                    message: format!("Back-off pulling image {image:?}"),
-                });
-            }
+            && self
+                .policy
+                .remaining(Some(entry), entry.last_update, now)
+                .is_some()
+        {
+            return Err(WaitingReason {
+                reason: "ImagePullBackOff".into(),
+                message: format!("Back-off pulling image {image:?}"),
+            });
+        }
         tracing::info!(%image, "pulling image");
-        match self.rt.pull_image(image.clone(), Some(sandbox_config.clone())).await {
+        match self
+            .rt
+            .pull_image(image.clone(), Some(sandbox_config.clone()))
+            .await
+        {
             Ok(_) => {
                 state.backoff.remove(&key);
                 Ok(())
@@ -742,9 +774,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
     async fn remove_container(&self, id: &str) {
         if let Err(err) = self.rt.remove_container(id.to_string()).await
-            && !err.is_not_found() {
-                tracing::warn!(container_id = %id, error = %err, "cannot remove an old container");
-            }
+            && !err.is_not_found()
+        {
+            tracing::warn!(container_id = %id, error = %err, "cannot remove an old container");
+        }
         self.details.forget_container(id);
     }
 
@@ -785,7 +818,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         remove_dir_if_present(&self.node.pod_dir(uid))?;
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
-        for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+        for qos in [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ] {
             let parent = crate::cm::pod_cgroup_parent(
                 self.node.cgroup_driver,
                 &self.node.cgroup_root,

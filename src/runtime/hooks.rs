@@ -46,7 +46,12 @@ pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, St
                 .flatten()
                 .find(|p| p.name.as_deref() == Some(name.as_str()))
                 .and_then(|p| u16::try_from(p.container_port).ok())
-                .ok_or_else(|| format!("couldn't find port {name:?} in container {:?}", container.name))
+                .ok_or_else(|| {
+                    format!(
+                        "couldn't find port {name:?} in container {:?}",
+                        container.name
+                    )
+                })
         }
     }
 }
@@ -65,9 +70,18 @@ pub async fn run_hook<R: RuntimeService>(
         if let Some(exec) = &handler.exec {
             let cmd = exec.command.clone().unwrap_or_default();
             let resp = rt
-                .exec_sync(container_id.to_string(), cmd.clone(), timeout.as_secs() as i64)
+                .exec_sync(
+                    container_id.to_string(),
+                    cmd.clone(),
+                    timeout.as_secs() as i64,
+                )
                 .await
-                .map_err(|e| format!("Exec lifecycle hook ({cmd:?}) for Container {:?} failed - error: {e}", container.name))?;
+                .map_err(|e| {
+                    format!(
+                        "Exec lifecycle hook ({cmd:?}) for Container {:?} failed - error: {e}",
+                        container.name
+                    )
+                })?;
             if resp.exit_code != 0 {
                 let stderr = String::from_utf8_lossy(&resp.stderr);
                 let stdout = String::from_utf8_lossy(&resp.stdout);
@@ -91,9 +105,15 @@ pub async fn run_hook<R: RuntimeService>(
             let path = get.path.clone().unwrap_or_else(|| "/".into());
             let scheme = get.scheme.as_deref().unwrap_or("HTTP");
             if !scheme.eq_ignore_ascii_case("HTTP") {
-                return Err(format!("httpGet hooks with scheme {scheme} are not supported"));
+                return Err(format!(
+                    "httpGet hooks with scheme {scheme} are not supported"
+                ));
             }
-            let path = if path.starts_with('/') { path } else { format!("/{path}") };
+            let path = if path.starts_with('/') {
+                path
+            } else {
+                format!("/{path}")
+            };
             let url = format!("http://{host}:{port}{path}");
             let mut req = http::Request::get(&url).header("User-Agent", "kube-lifecycle/1.33");
             for h in get.http_headers.iter().flatten() {
@@ -101,10 +121,12 @@ pub async fn run_hook<R: RuntimeService>(
             }
             let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
             let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-            let resp = client
-                .request(req)
-                .await
-                .map_err(|e| format!("HTTP lifecycle hook ({path}) for Container {:?} failed - error: {e}", container.name))?;
+            let resp = client.request(req).await.map_err(|e| {
+                format!(
+                    "HTTP lifecycle hook ({path}) for Container {:?} failed - error: {e}",
+                    container.name
+                )
+            })?;
             let code = resp.status().as_u16();
             if !(200..400).contains(&code) {
                 return Err(format!(
@@ -118,7 +140,10 @@ pub async fn run_hook<R: RuntimeService>(
             tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
             return Ok(());
         }
-        Err(format!("{}: the handler has no exec, httpGet or sleep action", kind.as_str()))
+        Err(format!(
+            "{}: the handler has no exec, httpGet or sleep action",
+            kind.as_str()
+        ))
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(result) => result,
@@ -148,8 +173,14 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(resolve_port(&IntOrString::Int(80), &c), Ok(80));
-        assert_eq!(resolve_port(&IntOrString::String("http".into()), &c), Ok(8080));
-        assert_eq!(resolve_port(&IntOrString::String("9090".into()), &c), Ok(9090));
+        assert_eq!(
+            resolve_port(&IntOrString::String("http".into()), &c),
+            Ok(8080)
+        );
+        assert_eq!(
+            resolve_port(&IntOrString::String("9090".into()), &c),
+            Ok(9090)
+        );
         assert!(resolve_port(&IntOrString::String("nope".into()), &c).is_err());
         assert!(resolve_port(&IntOrString::Int(70000), &c).is_err());
     }

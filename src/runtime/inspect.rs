@@ -8,14 +8,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::cri::proto::{
-    self, ContainerFilter, NamespaceMode, PodSandboxFilter, PodSandboxState,
-};
-use crate::cri::service::CriResult;
 use crate::cri::RuntimeService;
+use crate::cri::proto::{self, ContainerFilter, NamespaceMode, PodSandboxFilter, PodSandboxState};
+use crate::cri::service::CriResult;
 
 use super::labels;
-use super::observed::{ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState};
+use super::observed::{
+    ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
+};
 
 #[derive(Clone, Debug)]
 struct SandboxDetail {
@@ -59,14 +59,20 @@ impl DetailCache {
 
     /// Forgets one container, so its next status is read afresh.
     pub fn forget_container(&self, id: &str) {
-        self.containers.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 }
 
 /// A label selector for objects this agent (node `node`) created.
 pub fn managed_selector(node: &str) -> HashMap<String, String> {
     HashMap::from([
-        (labels::MANAGED_LABEL.to_string(), labels::MANAGED_VALUE.to_string()),
+        (
+            labels::MANAGED_LABEL.to_string(),
+            labels::MANAGED_VALUE.to_string(),
+        ),
         (labels::NODE_LABEL.to_string(), node.to_string()),
     ])
 }
@@ -83,7 +89,12 @@ async fn sandbox_detail<R: RuntimeService>(
     cache: &DetailCache,
     sandbox: &proto::PodSandbox,
 ) -> CriResult<SandboxDetail> {
-    if let Some(d) = cache.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).get(&sandbox.id) {
+    if let Some(d) = cache
+        .sandboxes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&sandbox.id)
+    {
         return Ok(d.clone());
     }
     let resp = rt.pod_sandbox_status(sandbox.id.clone()).await?;
@@ -112,10 +123,15 @@ async fn container_detail<R: RuntimeService>(
     cache: &DetailCache,
     container: &proto::Container,
 ) -> CriResult<ContainerDetail> {
-    if let Some(d) = cache.containers.lock().unwrap_or_else(|e| e.into_inner()).get(&container.id)
-        && d.state == container.state {
-            return Ok(d.clone());
-        }
+    if let Some(d) = cache
+        .containers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&container.id)
+        && d.state == container.state
+    {
+        return Ok(d.clone());
+    }
     let resp = rt.container_status(container.id.clone()).await?;
     let s = resp.status.unwrap_or_default();
     let detail = ContainerDetail {
@@ -192,7 +208,9 @@ async fn observe<R: RuntimeService>(
 
     let mut pods: BTreeMap<String, ObservedPod> = BTreeMap::new();
     for sb in &sandboxes {
-        let Some(uid) = sb.labels.get(labels::POD_UID_LABEL) else { continue };
+        let Some(uid) = sb.labels.get(labels::POD_UID_LABEL) else {
+            continue;
+        };
         let detail = match sandbox_detail(rt, cache, sb).await {
             Ok(d) => d,
             // Removed between the list and the status call: it is simply gone.
@@ -209,9 +227,10 @@ async fn observe<R: RuntimeService>(
             && let (Some(ns), Some(name)) = (
                 sb.labels.get(labels::POD_NAMESPACE_LABEL),
                 sb.labels.get(labels::POD_NAME_LABEL),
-            ) {
-                entry.names = Some((ns.clone(), name.clone()));
-            }
+            )
+        {
+            entry.names = Some((ns.clone(), name.clone()));
+        }
         entry.sandboxes.push(ObservedSandbox {
             id: sb.id.clone(),
             attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
@@ -223,36 +242,56 @@ async fn observe<R: RuntimeService>(
         });
     }
     for c in &containers {
-        let Some(uid) = c.labels.get(labels::POD_UID_LABEL) else { continue };
-        let Some(name) = c.labels.get(labels::CONTAINER_NAME_LABEL) else { continue };
+        let Some(uid) = c.labels.get(labels::POD_UID_LABEL) else {
+            continue;
+        };
+        let Some(name) = c.labels.get(labels::CONTAINER_NAME_LABEL) else {
+            continue;
+        };
         let detail = match container_detail(rt, cache, c).await {
             Ok(d) => d,
             Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e),
         };
-        pods.entry(uid.clone()).or_default().containers.push(ObservedContainer {
-            id: c.id.clone(),
-            sandbox_id: c.pod_sandbox_id.clone(),
-            name: name.clone(),
-            attempt: c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-            state: container_state(detail.state),
-            created_at: c.created_at,
-            started_at: detail.started_at,
-            finished_at: detail.finished_at,
-            exit_code: detail.exit_code,
-            reason: detail.reason,
-            message: detail.message,
-            hash: c.annotations.get(labels::CONTAINER_HASH_ANNOTATION).cloned(),
-            grace_period: c
-                .annotations
-                .get(labels::POD_TERMINATION_GRACE_PERIOD_ANNOTATION)
-                .and_then(|g| g.parse().ok()),
-            is_init: c.annotations.get(labels::CONTAINER_TYPE_ANNOTATION).map(String::as_str)
-                == Some(labels::CONTAINER_TYPE_INIT),
-            pre_stop: c.annotations.get(labels::CONTAINER_PRE_STOP_HANDLER_ANNOTATION).cloned(),
-            image: c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
-            image_ref: c.image_ref.clone(),
-        });
+        pods.entry(uid.clone())
+            .or_default()
+            .containers
+            .push(ObservedContainer {
+                id: c.id.clone(),
+                sandbox_id: c.pod_sandbox_id.clone(),
+                name: name.clone(),
+                attempt: c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+                state: container_state(detail.state),
+                created_at: c.created_at,
+                started_at: detail.started_at,
+                finished_at: detail.finished_at,
+                exit_code: detail.exit_code,
+                reason: detail.reason,
+                message: detail.message,
+                hash: c
+                    .annotations
+                    .get(labels::CONTAINER_HASH_ANNOTATION)
+                    .cloned(),
+                grace_period: c
+                    .annotations
+                    .get(labels::POD_TERMINATION_GRACE_PERIOD_ANNOTATION)
+                    .and_then(|g| g.parse().ok()),
+                is_init: c
+                    .annotations
+                    .get(labels::CONTAINER_TYPE_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(labels::CONTAINER_TYPE_INIT),
+                pre_stop: c
+                    .annotations
+                    .get(labels::CONTAINER_PRE_STOP_HANDLER_ANNOTATION)
+                    .cloned(),
+                image: c
+                    .image
+                    .as_ref()
+                    .map(|i| i.image.clone())
+                    .unwrap_or_default(),
+                image_ref: c.image_ref.clone(),
+            });
     }
     Ok(pods)
 }

@@ -93,7 +93,11 @@ impl SandboxIdentity {
             .filter(|(k, _)| {
                 !matches!(
                     k.as_str(),
-                    POD_NAME_LABEL | POD_NAMESPACE_LABEL | POD_UID_LABEL | MANAGED_LABEL | NODE_LABEL
+                    POD_NAME_LABEL
+                        | POD_NAMESPACE_LABEL
+                        | POD_UID_LABEL
+                        | MANAGED_LABEL
+                        | NODE_LABEL
                 )
             })
             .map(|(k, v)| (k.clone(), v.clone()))

@@ -119,7 +119,9 @@ impl ObservedPod {
 
     /// True when some container runs or some sandbox is ready.
     pub fn is_running(&self) -> bool {
-        self.sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+        self.sandboxes
+            .iter()
+            .any(|s| s.state == SandboxState::Ready)
             || self
                 .containers
                 .iter()

@@ -129,9 +129,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         for sandbox in &observed.sandboxes {
             if sandbox.state == SandboxState::Ready
                 && let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
-                    && !err.is_not_found() {
-                        return Err(err);
-                    }
+                && !err.is_not_found()
+            {
+                return Err(err);
+            }
         }
         Ok(())
     }

@@ -77,13 +77,23 @@ async fn healthz(State(state): State<AppState>, Query(q): Query<HealthQuery>) ->
         StatusCode::INTERNAL_SERVER_ERROR
     };
     let body = report.render(q.verbose.is_some());
-    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }
 
 async fn list_pods(State(state): State<AppState>) -> Response {
     let list = state.pods.pod_list();
     match serde_json::to_vec(&list) {
-        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
     }
 }
@@ -92,7 +102,10 @@ async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Re
     match state.metrics.render(uri.path()) {
         Some(text) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             text,
         )
             .into_response(),
@@ -107,14 +120,18 @@ async fn serve(
     router: Router,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError { what, addr, source })?;
+    let listener =
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError { what, addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     tracing::info!(%local, "serving the {what}");
     Ok(tokio::spawn(async move {
         let shutdown = cancel.cancelled_owned();
-        if let Err(err) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+        if let Err(err) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
             tracing::error!(%err, "the {what} stopped");
         }
     }))

@@ -298,7 +298,10 @@ pub(crate) fn describe_changes(changes: &[PodChange]) -> Vec<String> {
                 PodChange::Update(_) => "update",
                 PodChange::Remove(_) => "remove",
             };
-            format!("{op} {}", c.pod().metadata.name.as_deref().unwrap_or_default())
+            format!(
+                "{op} {}",
+                c.pod().metadata.name.as_deref().unwrap_or_default()
+            )
         })
         .collect()
 }

@@ -76,10 +76,11 @@ fn terminated_state(inst: &ObservedContainer) -> ContainerStateTerminated {
 
 /// The terminated state of an instance, when it has exited.
 fn exited_state(inst: Option<&ObservedContainer>) -> Option<ContainerState> {
-    inst.filter(|i| i.state == RtState::Exited).map(|i| ContainerState {
-        terminated: Some(terminated_state(i)),
-        ..Default::default()
-    })
+    inst.filter(|i| i.state == RtState::Exited)
+        .map(|i| ContainerState {
+            terminated: Some(terminated_state(i)),
+            ..Default::default()
+        })
 }
 
 fn waiting(reason: &str, message: Option<String>) -> ContainerState {
@@ -126,7 +127,11 @@ fn container_status(
                 }),
                 ..Default::default()
             });
-            let view = inputs.probes.get(&container.name).copied().unwrap_or_default();
+            let view = inputs
+                .probes
+                .get(&container.name)
+                .copied()
+                .unwrap_or_default();
             let ready_by_probe = container.readiness_probe.is_none() || view.ready == Some(true);
             let started_by_probe = container.startup_probe.is_none() || view.started == Some(true);
             status.ready = !inputs.terminating && ready_by_probe && started_by_probe;
@@ -261,7 +266,12 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
             container_status(c, observed, inputs, policy, "PodInitializing")
         })
         .collect();
-    let sidecars: Vec<bool> = spec.init_containers.iter().flatten().map(is_sidecar).collect();
+    let sidecars: Vec<bool> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(is_sidecar)
+        .collect();
     let mut inits = inits;
     for (s, sidecar) in inits.iter_mut().zip(&sidecars) {
         // Upstream reports an init container that completed successfully as ready; a sidecar
@@ -279,8 +289,14 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         if sidecar {
             // It has run: started now, or terminated (stopped with the pod, or restarting).
             s.started == Some(true)
-                || s.state.as_ref().and_then(|l| l.terminated.as_ref()).is_some()
-                || s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some()
+                || s.state
+                    .as_ref()
+                    .and_then(|l| l.terminated.as_ref())
+                    .is_some()
+                || s.last_state
+                    .as_ref()
+                    .and_then(|l| l.terminated.as_ref())
+                    .is_some()
         } else {
             s.ready
         }
@@ -319,11 +335,13 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     let previous = inputs.previous;
     let mut phase = if init_done {
         phase(restart_policy, &regular_inits, &apps, sandbox.is_some())
-    } else if inits
-        .iter()
-        .zip(&sidecars)
-        .any(|(s, sidecar)| !sidecar && s.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code != 0))
-        && restart_policy == "Never"
+    } else if inits.iter().zip(&sidecars).any(|(s, sidecar)| {
+        !sidecar
+            && s.state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code != 0)
+    }) && restart_policy == "Never"
     {
         "Failed"
     } else {

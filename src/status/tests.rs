@@ -12,7 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 
-static NO_PROBES: std::sync::LazyLock<HashMap<String, ProbeView>> = std::sync::LazyLock::new(HashMap::new);
+static NO_PROBES: std::sync::LazyLock<HashMap<String, ProbeView>> =
+    std::sync::LazyLock::new(HashMap::new);
 use crate::runtime::observed::{
     ContainerState as Rt, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };

@@ -171,13 +171,15 @@ impl Agent {
         let start = Instant::now();
         loop {
             if let Some((200, body)) = http_get(&url).await
-                && body == "ok" {
-                    return;
-                }
+                && body == "ok"
+            {
+                return;
+            }
             if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait() {
-                    panic!("deckhand exited early with {status}; log:\n{}", self.log());
-                }
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("deckhand exited early with {status}; log:\n{}", self.log());
+            }
             if start.elapsed() > timeout {
                 panic!(
                     "deckhand not healthy after {timeout:?}; log:\n{}",
@@ -253,7 +255,10 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
         if let Ok(dir) = std::env::var("DECKHAND_TEST_KEEP_LOGS") {
-            let _ = std::fs::copy(self.log_file(), Path::new(&dir).join(format!("{}.log", self.node)));
+            let _ = std::fs::copy(
+                self.log_file(),
+                Path::new(&dir).join(format!("{}.log", self.node)),
+            );
         }
         if std::thread::panicking() {
             // The agent's own account of what happened is the first thing to read on a failure.
