@@ -240,10 +240,7 @@ spec:
 #[tokio::test]
 async fn a_crash_loop_backs_off_with_growing_delays() {
     let mut agent = Agent::new("e2e-lc-crash");
-    agent
-        .env
-        .push(("DECKHAND_BACKOFF_INITIAL".into(), "1s".into()));
-    agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "4s".into()));
+    agent.backoff("1s", "4s");
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(
@@ -401,10 +398,7 @@ spec:
 #[tokio::test]
 async fn a_failing_poststart_hook_restarts_the_container() {
     let mut agent = Agent::new("e2e-lc-poststart");
-    agent
-        .env
-        .push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
-    agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "1s".into()));
+    agent.backoff("200ms", "1s");
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(

@@ -208,10 +208,7 @@ async fn edited_manifest_replaces_the_pod_and_deleted_manifest_removes_everythin
 #[tokio::test]
 async fn restart_policy_always_restarts_and_never_keeps_the_container_exited() {
     let mut agent = Agent::new("e2e-sp-restart");
-    agent
-        .env
-        .push(("DECKHAND_BACKOFF_INITIAL".into(), "200ms".into()));
-    agent.env.push(("DECKHAND_BACKOFF_MAX".into(), "1s".into()));
+    agent.backoff("200ms", "1s");
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(

@@ -356,7 +356,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
-        let uid = pod_uid(pod);
         if let Some(reason) = &decision.kill_pod {
             tracing::info!(%reason, "stopping the pod");
             self.stop_pod(Some(pod), observed, grace_period(Some(pod), None))
@@ -434,12 +433,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 return Ok(());
             }
         };
-        let pod_ip = self
-            .observe(uid)
-            .await
-            .ok()
-            .and_then(|o| o.sandboxes.into_iter().find(|s| s.id == sandbox_id))
-            .and_then(|s| s.ip);
+        let pod_ip = self.pod_ip(pod, observed, &sandbox_id).await;
         for start in &decision.start_containers {
             let target = StartTarget {
                 sandbox_id: &sandbox_id,
@@ -450,6 +444,29 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             self.start_container(pod, start, &target, state).await;
         }
         Ok(())
+    }
+
+    /// The pod's IP: the node's for hostNetwork pods, else the sandbox's — already known for an
+    /// existing sandbox, asked for once for a new one.
+    async fn pod_ip(&self, pod: &Pod, observed: &ObservedPod, sandbox_id: &str) -> Option<String> {
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        if host_network {
+            return self.node.host_ip.clone();
+        }
+        if let Some(known) = observed.sandboxes.iter().find(|s| s.id == sandbox_id) {
+            return known.ip.clone();
+        }
+        let status = self
+            .rt
+            .pod_sandbox_status(sandbox_id.to_string())
+            .await
+            .ok()?
+            .status?;
+        status.network.map(|n| n.ip).filter(|ip| !ip.is_empty())
     }
 
     /// Creates the pod's sandbox, its log directory and its managed files.

@@ -7,14 +7,15 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Empty;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cri::RuntimeService;
+use crate::prober::ProbeOutcome;
+use crate::prober::handlers::http::HttpProbe;
+use crate::prober::handlers::resolve_port;
+
+/// Upstream's User-Agent for lifecycle hook requests.
+const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
 
 /// Which hook is running, for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,30 +29,6 @@ impl HookKind {
         match self {
             HookKind::PostStart => "PostStartHook",
             HookKind::PreStop => "PreStopHook",
-        }
-    }
-}
-
-/// Resolves a hook's port: a number, or the name of one of the container's ports.
-pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
-    match port {
-        IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("invalid port {n}")),
-        IntOrString::String(name) => {
-            if let Ok(n) = name.parse::<u16>() {
-                return Ok(n);
-            }
-            container
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .and_then(|p| u16::try_from(p.container_port).ok())
-                .ok_or_else(|| {
-                    format!(
-                        "couldn't find port {name:?} in container {:?}",
-                        container.name
-                    )
-                })
         }
     }
 }
@@ -95,6 +72,8 @@ pub async fn run_hook<R: RuntimeService>(
             return Ok(());
         }
         if let Some(get) = &handler.http_get {
+            // The same HTTP client as httpGet probes (HTTPS without certificate checks,
+            // same-host redirects), with upstream's lifecycle User-Agent unless the hook sets one.
             let host = get
                 .host
                 .clone()
@@ -103,38 +82,31 @@ pub async fn run_hook<R: RuntimeService>(
                 .ok_or_else(|| "the pod has no IP for an httpGet hook".to_string())?;
             let port = resolve_port(&get.port, container)?;
             let path = get.path.clone().unwrap_or_else(|| "/".into());
-            let scheme = get.scheme.as_deref().unwrap_or("HTTP");
-            if !scheme.eq_ignore_ascii_case("HTTP") {
-                return Err(format!(
-                    "httpGet hooks with scheme {scheme} are not supported"
-                ));
-            }
-            let path = if path.starts_with('/') {
-                path
-            } else {
-                format!("/{path}")
+            let https = get
+                .scheme
+                .as_deref()
+                .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
+            let mut headers = vec![("User-Agent".to_string(), LIFECYCLE_USER_AGENT.to_string())];
+            headers.retain(|(name, _)| {
+                !get.http_headers
+                    .iter()
+                    .flatten()
+                    .any(|h| h.name.eq_ignore_ascii_case(name))
+            });
+            headers.extend(
+                get.http_headers
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+            );
+            let request = HttpProbe::new(https, &host, port, &path, headers, timeout)?;
+            return match request.run().await {
+                ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
+                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(format!(
+                    "HTTP lifecycle hook ({path}) for Container {:?} failed - error: {why}",
+                    container.name
+                )),
             };
-            let url = format!("http://{host}:{port}{path}");
-            let mut req = http::Request::get(&url).header("User-Agent", "kube-lifecycle/1.33");
-            for h in get.http_headers.iter().flatten() {
-                req = req.header(h.name.as_str(), h.value.as_str());
-            }
-            let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
-            let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-            let resp = client.request(req).await.map_err(|e| {
-                format!(
-                    "HTTP lifecycle hook ({path}) for Container {:?} failed - error: {e}",
-                    container.name
-                )
-            })?;
-            let code = resp.status().as_u16();
-            if !(200..400).contains(&code) {
-                return Err(format!(
-                    "HTTP lifecycle hook ({url}) for Container {:?} failed - status {code}",
-                    container.name
-                ));
-            }
-            return Ok(());
         }
         if let Some(sleep) = &handler.sleep {
             tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
@@ -153,35 +125,5 @@ pub async fn run_hook<R: RuntimeService>(
             container.name,
             timeout.as_secs()
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::ContainerPort;
-
-    #[test]
-    fn port_resolution() {
-        let c = Container {
-            name: "web".into(),
-            ports: Some(vec![ContainerPort {
-                name: Some("http".into()),
-                container_port: 8080,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        };
-        assert_eq!(resolve_port(&IntOrString::Int(80), &c), Ok(80));
-        assert_eq!(
-            resolve_port(&IntOrString::String("http".into()), &c),
-            Ok(8080)
-        );
-        assert_eq!(
-            resolve_port(&IntOrString::String("9090".into()), &c),
-            Ok(9090)
-        );
-        assert!(resolve_port(&IntOrString::String("nope".into()), &c).is_err());
-        assert!(resolve_port(&IntOrString::Int(70000), &c).is_err());
     }
 }

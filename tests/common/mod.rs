@@ -103,6 +103,14 @@ impl Agent {
         }
     }
 
+    /// Shortens the crash-loop back-off (initial and maximum delay, Go durations) so restarts
+    /// happen within a test's patience.
+    pub fn backoff(&mut self, initial: &str, max: &str) {
+        self.env
+            .push(("DECKHAND_BACKOFF_INITIAL".into(), initial.into()));
+        self.env.push(("DECKHAND_BACKOFF_MAX".into(), max.into()));
+    }
+
     pub fn manifests(&self) -> PathBuf {
         self.dir.path().join("manifests")
     }
