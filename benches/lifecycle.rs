@@ -213,61 +213,23 @@ async fn run(args: Args) -> Result<()> {
     );
     let outcome = tokio::time::timeout(budget, bench.phases()).await;
     bench.cleanup().await;
-    let result = match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(err)) => {
-            bench.report.note(format!("the run stopped early: {err:#}"));
-            Err(err)
-        }
-        Err(_) => {
-            bench
-                .report
-                .note(format!("the run exceeded its budget of {budget:?}"));
-            Err(anyhow!("the run exceeded its budget of {budget:?}"))
-        }
-    };
-    bench.report.set("ok", json!(result.is_ok()));
-    bench.report.print();
-    result
+    conclude(&mut bench.report, outcome, budget)
 }
 
 impl Bench {
     async fn header(&mut self) {
-        let n = self.args.pods;
-        let version = self
-            .cri
-            .version()
-            .await
-            .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
-            .unwrap_or_else(|_| "unknown".into());
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0);
-        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let load = load
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ");
-        let r = &mut self.report;
-        r.rows.push((
-            format!("Deckhand lifecycle bench: N = {n} pods to adopt"),
-            String::new(),
-        ));
-        r.row("runtime", version.clone());
-        r.row("CPUs / load average at start", format!("{cpus} / {load}"));
-        r.row(
-            "agent",
+        report_header(
+            &mut self.report,
+            &self.cri,
             format!(
-                "{} --v={}",
-                self.args.deckhand.display(),
-                self.args.verbosity
+                "Deckhand lifecycle bench: N = {} pods to adopt",
+                self.args.pods
             ),
-        );
-        r.set("n", json!(n));
-        r.set("runtime", json!(version));
-        r.set("cpus", json!(cpus));
-        r.set("loadavg_start", json!(load));
+            self.args.pods,
+            &self.args.deckhand,
+            self.args.verbosity,
+        )
+        .await;
     }
 
     fn agent(&self) -> &Agent {

@@ -400,61 +400,20 @@ async fn run(args: Args) -> Result<()> {
     let budget = Duration::from_secs(900 + 10 * args.pods as u64 + 2 * args.idle_secs);
     let outcome = tokio::time::timeout(budget, bench.phases()).await;
     bench.cleanup().await;
-    let result = match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(err)) => {
-            bench.report.note(format!("the run stopped early: {err:#}"));
-            Err(err)
-        }
-        Err(_) => {
-            bench
-                .report
-                .note(format!("the run exceeded its budget of {budget:?}"));
-            Err(anyhow!("the run exceeded its budget of {budget:?}"))
-        }
-    };
-    bench.report.set("ok", json!(result.is_ok()));
-    bench.report.print();
-    result
+    conclude(&mut bench.report, outcome, budget)
 }
 
 impl Bench {
     async fn header(&mut self) {
-        let n = self.args.pods;
-        let version = self
-            .cri
-            .version()
-            .await
-            .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
-            .unwrap_or_else(|_| "unknown".into());
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0);
-        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let load = load
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ");
-        self.report.rows.push((
-            format!("Deckhand startup bench: N = {n} pods"),
-            String::new(),
-        ));
-        self.report.row("runtime", version.clone());
-        self.report
-            .row("CPUs / load average at start", format!("{cpus} / {load}"));
-        self.report.row(
-            "agent",
-            format!(
-                "{} --v={}",
-                self.args.deckhand.display(),
-                self.args.verbosity
-            ),
-        );
-        self.report.set("n", json!(n));
-        self.report.set("runtime", json!(version));
-        self.report.set("cpus", json!(cpus));
-        self.report.set("loadavg_start", json!(load));
+        report_header(
+            &mut self.report,
+            &self.cri,
+            format!("Deckhand startup bench: N = {} pods", self.args.pods),
+            self.args.pods,
+            &self.args.deckhand,
+            self.args.verbosity,
+        )
+        .await;
     }
 
     async fn phases(&mut self) -> Result<()> {

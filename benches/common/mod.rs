@@ -735,3 +735,60 @@ pub fn remove_pod_cgroup(parent: &str) {
     }
     let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent.trim_start_matches('/')));
 }
+
+/// Opens a report with the facts every bench states first: the title, the runtime's version,
+/// the machine's CPUs and load average, and the agent binary with its verbosity.
+pub async fn report_header(
+    report: &mut Report,
+    cri: &CriClient,
+    title: String,
+    n: usize,
+    agent: &Path,
+    verbosity: u8,
+) {
+    let version = cri
+        .version()
+        .await
+        .map(|v| format!("{} {}", v.runtime_name, v.runtime_version))
+        .unwrap_or_else(|_| "unknown".into());
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    report.rows.push((title, String::new()));
+    report.row("runtime", version.clone());
+    report.row("CPUs / load average at start", format!("{cpus} / {load}"));
+    report.row("agent", format!("{} --v={verbosity}", agent.display()));
+    report.set("n", json!(n));
+    report.set("runtime", json!(version));
+    report.set("cpus", json!(cpus));
+    report.set("loadavg_start", json!(load));
+}
+
+/// Ends a run made under a time budget: notes why it stopped early, if it did, records `ok`,
+/// prints the report, and passes the outcome on.
+pub fn conclude(
+    report: &mut Report,
+    outcome: std::result::Result<Result<()>, tokio::time::error::Elapsed>,
+    budget: Duration,
+) -> Result<()> {
+    let result = match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => {
+            report.note(format!("the run stopped early: {err:#}"));
+            Err(err)
+        }
+        Err(_) => {
+            report.note(format!("the run exceeded its budget of {budget:?}"));
+            Err(anyhow!("the run exceeded its budget of {budget:?}"))
+        }
+    };
+    report.set("ok", json!(result.is_ok()));
+    report.print();
+    result
+}
