@@ -473,3 +473,71 @@ async fn grpc_probe_of_a_host_network_pod_reaches_a_health_server_on_the_host() 
     );
     assert_eq!(pod_ready(&pod).as_deref(), Some("False"));
 }
+
+#[tokio::test]
+async fn sidecar_startup_probe_runs_and_lets_the_pod_start() {
+    let (_serial, agent) = agent("e2e-probe-sidecar").await;
+    agent.write_manifest(
+        "side.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: side
+spec:
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - name: proxy
+    image: {BUSYBOX}
+    restartPolicy: Always
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 1; touch /tmp/up; sleep 600 & wait"]
+    startupProbe:
+      exec:
+        command: ["test", "-f", "/tmp/up"]
+      periodSeconds: 1
+      failureThreshold: 30
+    readinessProbe:
+      exec:
+        command: ["true"]
+      periodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+"#
+        ),
+    );
+    // The app container starts only once the sidecar's startup probe has succeeded; before the
+    // fix the probe never ran and the pod stayed in Init forever.
+    let pod = wait_until(
+        "the app container running after the sidecar started",
+        WAIT,
+        || async {
+            let pod = agent.pod("side").await?;
+            running(&pod, "app").then_some(pod)
+        },
+    )
+    .await;
+    let proxy = pod["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == "proxy"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(proxy["started"], true, "{pod}");
+    wait_until("the sidecar ready by its readiness probe", WAIT, || async {
+        let pod = agent.pod("side").await?;
+        let proxy = pod["status"]["initContainerStatuses"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "proxy")?
+            .clone();
+        (proxy["ready"] == true).then_some(())
+    })
+    .await;
+    let text = metrics(&agent).await;
+    assert!(
+        text.contains(r#"container="proxy""#)
+            && text.contains(r#"probe_type="Startup",result="successful""#),
+        "{text}"
+    );
+}

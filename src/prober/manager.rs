@@ -20,6 +20,7 @@ use super::metrics::{ProbeCounters, SeriesKey};
 use super::worker::{Report, StartupGate, Verdict, WorkerConfig, random_below, run_worker};
 use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
 use crate::cri::RuntimeService;
+use crate::runtime::actions::is_sidecar;
 use crate::runtime::observed::{ContainerState, ObservedContainer, ObservedPod};
 
 /// Runs the probes of every pod on the node.
@@ -105,7 +106,17 @@ impl<R: RuntimeService> ProbeManager<R> {
                 if instances.contains_key(&c.id) {
                     continue;
                 }
-                let Some(container) = spec.containers.iter().find(|s| s.name == c.name) else {
+                // App containers and sidecars (restartable init containers) are probed; a
+                // regular init container runs to completion and has no probes.
+                let container = if c.is_init {
+                    spec.init_containers
+                        .iter()
+                        .flatten()
+                        .find(|s| s.name == c.name && is_sidecar(s))
+                } else {
+                    spec.containers.iter().find(|s| s.name == c.name)
+                };
+                let Some(container) = container else {
                     continue;
                 };
                 if container.startup_probe.is_none()

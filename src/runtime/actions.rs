@@ -228,7 +228,10 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             actions.terminal = true;
             return actions;
         }
-        if observed.is_running() {
+        // Upstream kills the pod whenever it needs a new sandbox: besides running containers,
+        // a NotReady sandbox may still hold its network (IP, veth, host ports) until it is
+        // stopped, so it is stopped too before the new one is made.
+        if observed.is_running() || newest.is_some() {
             actions.kill_pod = Some(match newest {
                 Some(s) if s.state == SandboxState::Ready && s.host_network != host_network => {
                     "the pod's network mode changed".into()
@@ -240,27 +243,31 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
         let attempt = newest.map(|s| s.attempt + 1).unwrap_or(0);
         actions.create_sandbox = Some(attempt);
         // Everything starts again in a new sandbox: the first init container, or every app
-        // container when there are none.
+        // container when there are none. A container whose last instance exited keeps its
+        // crash-loop back-off across the new sandbox, as upstream (a sandbox that keeps dying
+        // must not turn a crash loop into a tight loop).
         match spec.init_containers.as_deref().unwrap_or_default().first() {
-            Some(first) => actions.start_containers.push(StartContainer {
-                kind: ContainerKind::Init,
-                index: 0,
-                name: first.name.clone(),
-                restart_count: next_restart_count(observed, &first.name),
-                backoff: None,
-            }),
+            Some(first) => start_in_new_sandbox(
+                &mut actions,
+                ctx,
+                pod,
+                (ContainerKind::Init, 0),
+                first,
+                observed,
+            ),
             None => {
                 for (index, c) in spec.containers.iter().enumerate() {
                     if policy == "OnFailure" && succeeded(observed, &c.name) {
                         continue;
                     }
-                    actions.start_containers.push(StartContainer {
-                        kind: ContainerKind::App,
-                        index,
-                        name: c.name.clone(),
-                        restart_count: next_restart_count(observed, &c.name),
-                        backoff: None,
-                    });
+                    start_in_new_sandbox(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::App, index),
+                        c,
+                        observed,
+                    );
                 }
             }
         }
@@ -381,6 +388,24 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             continue;
         };
         match inst.state {
+            ContainerState::Unknown if policy != "Never" => {
+                // Nobody knows whether it runs: kill it before starting a new instance, so two
+                // never run at once (upstream does the same). Under Never it is left alone, as
+                // upstream does not restart it either.
+                actions.kill_containers.push(KillContainer {
+                    id: inst.id.clone(),
+                    name: c.name.clone(),
+                    reason: UNKNOWN_STATE.into(),
+                    grace_override: None,
+                });
+                actions.start_containers.push(StartContainer {
+                    kind: ContainerKind::App,
+                    index,
+                    name: c.name.clone(),
+                    restart_count: next_restart_count(observed, &c.name),
+                    backoff: None,
+                });
+            }
             ContainerState::Running | ContainerState::Unknown => {
                 let want = (ctx.spec_hash)(c);
                 if let Some(bad) = ctx.unhealthy.get(&inst.id) {
@@ -434,6 +459,33 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     }
     collect_garbage(&mut actions, observed);
     actions
+}
+
+/// Why an instance in state Unknown is stopped (upstream's wording).
+pub const UNKNOWN_STATE: &str = "Container is in \"unknown\" state, try killing it before restart";
+
+/// Plans a container's start in a new sandbox: a restart with back-off when its newest
+/// instance (in any older sandbox) exited, a plain start otherwise.
+fn start_in_new_sandbox(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    (kind, index): (ContainerKind, usize),
+    container: &Container,
+    observed: &ObservedPod,
+) {
+    match observed.latest(&container.name) {
+        Some(inst) if inst.state == ContainerState::Exited => {
+            plan_restart(actions, ctx, pod, (kind, index), container, inst, observed)
+        }
+        _ => actions.start_containers.push(StartContainer {
+            kind,
+            index,
+            name: container.name.clone(),
+            restart_count: next_restart_count(observed, &container.name),
+            backoff: None,
+        }),
+    }
 }
 
 /// Starts a container that has no instance yet, or only one that was created and never

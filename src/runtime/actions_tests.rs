@@ -332,18 +332,41 @@ fn sandbox_lifecycle() {
             },
         ),
         row(
-            "sandbox not ready, containers exited: nothing to kill, new sandbox attempt+1",
+            "sandbox not ready, containers exited: the dead sandbox is stopped (network), new \
+             sandbox attempt+1, the restart recorded for back-off",
             always(&["a"]),
             observed(
                 vec![dead("s3", 3)],
                 vec![exited("a2", "s3", "a", 2, 137, 990)],
             ),
             PodActions {
+                kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(4),
-                start_containers: vec![app(0, "a", 3)],
+                start_containers: vec![backed_off(app(0, "a", 3), 10, 990)],
                 ..Default::default()
             },
         ),
+        row(
+            "sandbox not ready while the container is in back-off: new sandbox, the container \
+             waits out its back-off there",
+            always(&["a"]),
+            observed(
+                vec![dead("s3", 3)],
+                vec![exited("a2", "s3", "a", 2, 1, 990)],
+            ),
+            PodActions {
+                kill_pod: Some(NOT_READY.into()),
+                create_sandbox: Some(4),
+                waiting: vec![BackoffWait {
+                    name: "a".into(),
+                    remaining: secs(10),
+                    message: "back-off 20s restarting failed container=a pod=web_default(uid-1)"
+                        .into(),
+                }],
+                ..Default::default()
+            },
+        )
+        .backoff("a", entry(20, 980)),
         row(
             "sandbox not ready under OnFailure: a succeeded container is not run again",
             pod("OnFailure", &[], &["a", "b"]),
@@ -355,8 +378,9 @@ fn sandbox_lifecycle() {
                 ],
             ),
             PodActions {
+                kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![app(1, "b", 1)],
+                start_containers: vec![backed_off(app(1, "b", 1), 10, 990)],
                 ..Default::default()
             },
         ),
@@ -381,6 +405,7 @@ fn sandbox_lifecycle() {
             pod("Never", &[], &["a"]),
             observed(vec![dead("s0", 0)], vec![]),
             PodActions {
+                kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
                 start_containers: vec![app(0, "a", 0)],
                 ..Default::default()
@@ -424,9 +449,35 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![init(0, "i1", 1)],
+                start_containers: vec![backed_off(init(0, "i1", 1), 10, 900)],
                 ..Default::default()
             },
+        ),
+        row(
+            "an app container in state Unknown: killed, then a new instance",
+            always(&["a"]),
+            observed(
+                vec![ready("s0", 0)],
+                vec![instance("a0", "s0", "a", 0, ContainerState::Unknown)],
+            ),
+            PodActions {
+                sandbox_id: Some("s0".into()),
+                kill_containers: vec![KillContainer {
+                    reason: UNKNOWN_STATE.into(),
+                    ..kill("a0", "a")
+                }],
+                start_containers: vec![app(0, "a", 1)],
+                ..Default::default()
+            },
+        ),
+        row(
+            "an app container in state Unknown under Never: left alone, as upstream",
+            pod("Never", &[], &["a"]),
+            observed(
+                vec![ready("s0", 0)],
+                vec![instance("a0", "s0", "a", 0, ContainerState::Unknown)],
+            ),
+            keep("s0"),
         ),
     ]);
 }

@@ -12,7 +12,7 @@ use crate::cri::{CriError, ImageService, RuntimeService};
 
 use super::executor::{Executor, MIN_GRACE_SECONDS};
 use super::hooks::{HookKind, run_hook};
-use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+use super::observed::{ContainerState, ObservedContainer, ObservedPod};
 
 /// The pod's IP as hooks should reach it: the sandbox's own, or the node's for hostNetwork.
 pub fn pod_ip(observed: &ObservedPod, host_ip: Option<&str>) -> Option<String> {
@@ -126,9 +126,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         for result in join_all(inits).await {
             result?;
         }
+        // NotReady sandboxes are stopped too: a sandbox whose pause process died still holds
+        // its network (IP lease, veth, host ports) until StopPodSandbox releases it.
         for sandbox in &observed.sandboxes {
-            if sandbox.state == SandboxState::Ready
-                && let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
+            if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
                 && !err.is_not_found()
             {
                 return Err(err);
