@@ -5,6 +5,9 @@
 //! so a restarted agent adopts them (upstream behaviour).
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +21,7 @@ use crate::cri::{self, CriClient, CriError};
 use crate::health::Health;
 use crate::pleg::{self, PlegConfig, RuntimeCache};
 use crate::pod_state::PodStates;
-use crate::pod_workers::{PodWorkers, WorkerDeps};
+use crate::pod_workers::{PodWorkers, WorkerDeps, WorkerStats, panic_message};
 use crate::prober::ProbeManager;
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::executor::{Executor, NodeContext};
@@ -27,7 +30,7 @@ use crate::runtime::translate::{HostDns, parse_resolv_conf};
 use crate::server::Metrics;
 use crate::server::{self, ServeError};
 use crate::source::{self, SourceConfig};
-use crate::sync_loop::SyncLoop;
+use crate::sync_loop::{SyncLoop, SyncLoopHealth};
 
 /// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.
 pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,6 +44,10 @@ pub enum DaemonError {
     Runtime(#[from] CriError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// The sync loop died: nothing would sync pods any more, so the agent stops (its service
+    /// manager starts it again, and the new agent adopts the pods, which keep running).
+    #[error("the sync loop ended unexpectedly: {0}")]
+    SyncLoopEnded(String),
 }
 
 /// Knobs that are not part of the upstream configuration; tests shorten them.
@@ -48,6 +55,9 @@ pub enum DaemonError {
 pub struct Tuning {
     pub backoff: BackoffPolicy,
     pub pleg: PlegConfig,
+    /// `DECKHAND_TEST_PANIC_POD`: a pod name whose first sync panics (fault injection for the
+    /// end-to-end tests of worker supervision; never set in production).
+    pub panic_pod: Option<String>,
 }
 
 /// A test knob given in the environment is malformed.
@@ -92,6 +102,9 @@ impl Tuning {
             }
             t.pleg.period = d;
         }
+        t.panic_pod = std::env::var("DECKHAND_TEST_PANIC_POD")
+            .ok()
+            .filter(|v| !v.is_empty());
         Ok(t)
     }
 }
@@ -148,6 +161,7 @@ pub async fn run(
                 health.clone(),
                 states.clone(),
                 metrics.clone(),
+                server::ListenerLimits::default(),
                 cancel.clone(),
             )
             .await?,
@@ -219,6 +233,11 @@ pub async fn run(
         metrics.register("/metrics/probes", move || prober.render_metrics());
     }
     let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let worker_stats = WorkerStats::default();
+    {
+        let stats = worker_stats.clone();
+        metrics.register("/metrics", move || stats.render());
+    }
     let workers = PodWorkers::new(
         WorkerDeps {
             executor,
@@ -227,13 +246,44 @@ pub async fn run(
             runtime_cache: runtime_cache.clone(),
             sync_frequency: config.sync_frequency,
             host_ip: node.host_ip.clone(),
+            stats: worker_stats.clone(),
+            panic_pod: tuning.panic_pod.clone(),
         },
         tracker.clone(),
         cancel.clone(),
         done_tx,
     );
     let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache);
-    tracker.spawn(sync_loop.run(changes_rx, pleg_rx, done_rx, probe_rx, cancel.clone()));
+    let loop_health = SyncLoopHealth::default();
+    {
+        let loop_health = loop_health.clone();
+        health.register("syncloop", move || loop_health.check());
+    }
+    // The sync loop is supervised: if it panics or returns while the agent runs, the health
+    // check says so and the agent stops with an error, to be restarted by its service manager.
+    let (loop_ended_tx, mut loop_ended_rx) = tokio::sync::oneshot::channel::<String>();
+    {
+        let cancel = cancel.clone();
+        let loop_health = loop_health.clone();
+        let run = sync_loop.run(
+            changes_rx,
+            pleg_rx,
+            done_rx,
+            probe_rx,
+            loop_health.clone(),
+            cancel.clone(),
+        );
+        tracker.spawn(async move {
+            let why = match AssertUnwindSafe(run).catch_unwind().await {
+                _ if cancel.is_cancelled() => return,
+                Ok(()) => "it returned".to_string(),
+                Err(payload) => format!("it panicked: {}", panic_message(payload.as_ref())),
+            };
+            tracing::error!(reason = %why, "the sync loop ended; the agent stops");
+            loop_health.ended(why.clone());
+            let _ = loop_ended_tx.send(why);
+        });
+    }
 
     // Tell systemd we are up (a no-op when not started by systemd).
     if let Err(err) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
@@ -241,7 +291,14 @@ pub async fn run(
     }
     tracing::info!("deckhand is running");
 
-    cancel.cancelled().await;
+    let mut failure = None;
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        why = &mut loop_ended_rx => {
+            failure = why.ok();
+            cancel.cancel();
+        }
+    }
     tracing::info!("shutting down; containers keep running");
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracker.close();
@@ -254,5 +311,8 @@ pub async fn run(
     for s in servers {
         let _ = tokio::time::timeout(Duration::from_secs(2), s).await;
     }
-    Ok(())
+    match failure {
+        Some(why) => Err(DaemonError::SyncLoopEnded(why)),
+        None => Ok(()),
+    }
 }

@@ -5,9 +5,14 @@
 //! the pod, reports that it is done, and ends. The agent shutting down ends workers without
 //! touching their containers: a restarted agent adopts them.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
+
+use futures::FutureExt;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{Notify, mpsc, watch};
@@ -20,7 +25,7 @@ use crate::cri::{ImageService, RuntimeService};
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
 use crate::prober::ProbeManager;
-use crate::runtime::executor::Executor;
+use crate::runtime::executor::{Executor, PodSyncState};
 use crate::runtime::observed::ObservedPod;
 use crate::status::{StatusInputs, compute_pod_status};
 
@@ -53,6 +58,74 @@ pub struct WorkerDeps<R> {
     pub runtime_cache: RuntimeCache,
     pub sync_frequency: Duration,
     pub host_ip: Option<String>,
+    pub stats: WorkerStats,
+    /// Test-only fault injection (`DECKHAND_TEST_PANIC_POD`): the first sync of the pod with
+    /// this name panics, so the end-to-end tests can show that a panic is caught and retried.
+    pub panic_pod: Option<String>,
+}
+
+/// What the workers report about themselves on `/metrics`.
+#[derive(Clone, Default)]
+pub struct WorkerStats {
+    panics: Arc<AtomicU64>,
+    syncs_interrupted: Arc<AtomicU64>,
+}
+
+impl WorkerStats {
+    /// Panics caught in workers so far.
+    pub fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    /// Syncs abandoned because the pod was to be terminated.
+    pub fn syncs_interrupted(&self) -> u64 {
+        self.syncs_interrupted.load(Ordering::Relaxed)
+    }
+
+    /// The counters in Prometheus' text format.
+    pub fn render(&self) -> String {
+        format!(
+            "# HELP deckhand_pod_worker_panics_total Panics caught in pod workers; each pod is synced again after a back-off.\n\
+             # TYPE deckhand_pod_worker_panics_total counter\n\
+             deckhand_pod_worker_panics_total {}\n\
+             # HELP deckhand_pod_worker_syncs_interrupted_total Syncs abandoned because their pod was to be terminated.\n\
+             # TYPE deckhand_pod_worker_syncs_interrupted_total counter\n\
+             deckhand_pod_worker_syncs_interrupted_total {}\n",
+            self.panics(),
+            self.syncs_interrupted()
+        )
+    }
+}
+
+/// The wait before a worker tries again after its `n`th panic in a row: 1 s, doubling, at
+/// most a minute (a bug that always panics must not spin).
+pub fn panic_backoff(n: u32) -> Duration {
+    let secs = 1u64 << n.saturating_sub(1).min(6);
+    Duration::from_secs(secs.min(60))
+}
+
+/// The text of a panic's payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".to_string()
+    }
+}
+
+/// Waits until the newest work for the pod is a termination. A sync in progress is abandoned
+/// for it: whatever the sync was doing (a slow pull, a hook) no longer matters.
+async fn terminate_requested(rx: &mut watch::Receiver<Work>) {
+    if rx
+        .wait_for(|w| matches!(w, Work::Terminate { .. }))
+        .await
+        .is_err()
+    {
+        // The sender is gone: only shutdown ends the worker now.
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The set of pod workers.
@@ -173,9 +246,12 @@ async fn worker_loop<R: RuntimeService + ImageService>(
 ) {
     let mut state = deps.executor.load_state(&uid);
     let mut next = Instant::now();
-    let mut first = true;
+    // Look at the work at once (first round, or a terminate that interrupted a sync).
+    let mut immediate = true;
+    let mut panics_in_a_row = 0u32;
+    let mut injected_panic = false;
     loop {
-        if !first {
+        if !immediate {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 changed = rx.changed() => if changed.is_err() { return },
@@ -183,45 +259,43 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 _ = tokio::time::sleep_until(next) => {},
             }
         }
-        first = false;
+        immediate = false;
         let work = rx.borrow_and_update().clone();
         match work {
             Work::Sync(pod) => {
-                let span = tracing::info_span!(
-                    "sync",
-                    pod = %full_name(&pod),
-                );
-                let unhealthy = deps.prober.unhealthy(&uid);
-                let probes_before = deps.prober.results(&uid);
-                let outcome = tokio::select! {
+                let span = tracing::info_span!("sync", pod = %full_name(&pod));
+                let inject =
+                    !injected_panic && deps.panic_pod.as_deref() == pod.metadata.name.as_deref();
+                injected_panic |= inject;
+                let sync = sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span);
+                let result = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    outcome = deps.executor.sync_pod(&pod, &mut state, &unhealthy, &probes_before).instrument(span) => outcome,
+                    _ = terminate_requested(&mut rx) => {
+                        deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("the pod is to be terminated; the sync in progress is abandoned");
+                        immediate = true;
+                        continue;
+                    }
+                    r = AssertUnwindSafe(sync).catch_unwind() => r,
                 };
-                if outcome.runtime_unreachable {
-                    // Keep the last status while the runtime cannot be read.
-                    next = Instant::now() + outcome.retry_after.unwrap_or(deps.sync_frequency);
-                    continue;
+                match result {
+                    Ok(wait) => {
+                        panics_in_a_row = 0;
+                        next = Instant::now() + wait;
+                    }
+                    Err(payload) => {
+                        panics_in_a_row += 1;
+                        deps.stats.panics.fetch_add(1, Ordering::Relaxed);
+                        let wait = panic_backoff(panics_in_a_row);
+                        tracing::error!(
+                            pod = %full_name(&pod),
+                            panic = %panic_message(payload.as_ref()),
+                            retry_in_ms = wait.as_millis() as u64,
+                            "the pod worker panicked while syncing; it will try again"
+                        );
+                        next = Instant::now() + wait;
+                    }
                 }
-                deps.runtime_cache
-                    .update_pod(&uid, outcome.observed.clone());
-                deps.prober.sync_pod(&pod, &outcome.observed);
-                let probes = deps.prober.results(&uid);
-                let status = compute_pod_status(
-                    &pod,
-                    &outcome.observed,
-                    &StatusInputs {
-                        now: SystemTime::now(),
-                        host_ip: deps.host_ip.clone(),
-                        waiting: &state.waiting,
-                        previous: state.status.as_ref(),
-                        terminating: false,
-                        probes: &probes,
-                    },
-                );
-                state.status = Some(status.clone());
-                deps.states.publish(pod.clone(), status);
-                let wait = outcome.retry_after.unwrap_or(deps.sync_frequency);
-                next = Instant::now() + wait.min(deps.sync_frequency);
             }
             Work::Terminate {
                 pod,
@@ -234,12 +308,16 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     pod = %pod.as_deref().map(full_name).unwrap_or_else(|| "(orphan)".into()),
                 );
                 let started = Instant::now();
+                let teardown = deps
+                    .executor
+                    .terminate_pod(&uid, pod.as_deref(), grace_override)
+                    .instrument(span);
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    r = deps.executor.terminate_pod(&uid, pod.as_deref(), grace_override).instrument(span) => r,
+                    r = AssertUnwindSafe(teardown).catch_unwind() => r,
                 };
                 match result {
-                    Ok(()) => {
+                    Ok(Ok(())) => {
                         tracing::info!(
                             elapsed_ms = started.elapsed().as_millis() as u64,
                             "pod terminated and removed"
@@ -248,12 +326,251 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                         let _ = done.send(uid);
                         return;
                     }
-                    Err(err) => {
+                    Ok(Err(err)) => {
                         tracing::warn!(error = %err, "tearing the pod down failed; will retry");
                         next = Instant::now() + Duration::from_secs(2);
+                    }
+                    Err(payload) => {
+                        panics_in_a_row += 1;
+                        deps.stats.panics.fetch_add(1, Ordering::Relaxed);
+                        let wait = panic_backoff(panics_in_a_row);
+                        tracing::error!(
+                            panic = %panic_message(payload.as_ref()),
+                            retry_in_ms = wait.as_millis() as u64,
+                            "the pod worker panicked while tearing the pod down; it will try again"
+                        );
+                        next = Instant::now() + wait;
                     }
                 }
             }
         }
+    }
+}
+
+/// One sync of a pod: act, then publish the status. Returns when to look again.
+async fn sync_once<R: RuntimeService + ImageService>(
+    uid: &str,
+    pod: &Arc<Pod>,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+    inject_panic: bool,
+) -> Duration {
+    if inject_panic {
+        panic!(
+            "DECKHAND_TEST_PANIC_POD: injected panic for {}",
+            full_name(pod)
+        );
+    }
+    let unhealthy = deps.prober.unhealthy(uid);
+    let probes_before = deps.prober.results(uid);
+    let outcome = deps
+        .executor
+        .sync_pod(pod, state, &unhealthy, &probes_before)
+        .await;
+    if outcome.runtime_unreachable {
+        // Keep the last status while the runtime cannot be read.
+        return outcome.retry_after.unwrap_or(deps.sync_frequency);
+    }
+    deps.runtime_cache.update_pod(uid, outcome.observed.clone());
+    deps.prober.sync_pod(pod, &outcome.observed);
+    let probes = deps.prober.results(uid);
+    let status = compute_pod_status(
+        pod,
+        &outcome.observed,
+        &StatusInputs {
+            now: SystemTime::now(),
+            host_ip: deps.host_ip.clone(),
+            waiting: &state.waiting,
+            previous: state.status.as_ref(),
+            terminating: false,
+            probes: &probes,
+        },
+    );
+    state.status = Some(status.clone());
+    deps.states.publish(pod.clone(), status);
+    outcome
+        .retry_after
+        .unwrap_or(deps.sync_frequency)
+        .min(deps.sync_frequency)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::config::CgroupDriver;
+    use crate::cri::fake::{FakeCri, Script};
+    use crate::runtime::backoff::BackoffPolicy;
+    use crate::runtime::executor::NodeContext;
+    use crate::runtime::inspect::DetailCache;
+    use crate::runtime::translate::HostDns;
+
+    const IMAGE: &str = "example.test/app:1";
+
+    struct Harness {
+        rt: FakeCri,
+        workers: PodWorkers<FakeCri>,
+        stats: WorkerStats,
+        states: PodStates,
+        done: mpsc::UnboundedReceiver<String>,
+        cancel: CancellationToken,
+        _dir: tempfile::TempDir,
+    }
+
+    fn harness(rt: FakeCri) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Arc::new(NodeContext {
+            node_name: "node-a".into(),
+            host_ip: Some("192.0.2.10".into()),
+            root_dir: dir.path().join("root"),
+            pod_logs_dir: dir.path().join("logs"),
+            host_dns: HostDns::default(),
+            cluster_domain: None,
+            cluster_dns: vec![],
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_root: "/".into(),
+            cgroups_per_qos: true,
+            cgroup_fs: dir.path().join("cgroup"),
+            node_memory_bytes: 1 << 30,
+            runtime_request_timeout: Duration::from_secs(5),
+        });
+        let cancel = CancellationToken::new();
+        let (probe_tx, _probe_rx) = mpsc::unbounded_channel();
+        let stats = WorkerStats::default();
+        let states = PodStates::default();
+        let (done_tx, done) = mpsc::unbounded_channel();
+        let deps = WorkerDeps {
+            executor: Executor::new(
+                rt.clone(),
+                node,
+                DetailCache::default(),
+                BackoffPolicy::default(),
+            ),
+            prober: ProbeManager::new(rt.clone(), probe_tx, None, cancel.clone()),
+            states: states.clone(),
+            runtime_cache: RuntimeCache::default(),
+            sync_frequency: Duration::from_secs(60),
+            host_ip: Some("192.0.2.10".into()),
+            stats: stats.clone(),
+            panic_pod: None,
+        };
+        Harness {
+            rt,
+            workers: PodWorkers::new(deps, TaskTracker::new(), cancel.clone(), done_tx),
+            stats,
+            states,
+            done,
+            cancel,
+            _dir: dir,
+        }
+    }
+
+    fn pod(uid: &str) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                // As the sources set it: the objects' node label comes from it.
+                node_name: Some("node-a".into()),
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some(IMAGE.into()),
+                    image_pull_policy: Some("IfNotPresent".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// Waits (in the paused clock's time) until `check` holds.
+    async fn eventually<F, Fut>(what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_sync_is_caught_counted_and_retried() {
+        let rt = FakeCri::with_images(&[IMAGE]);
+        rt.script("ListPodSandbox", Script::Panic);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-1", Work::Sync(pod("uid-1")));
+        eventually("the container started after the panic", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        assert_eq!(h.stats.panics(), 1);
+        eventually("a status published", || async {
+            h.states.status("uid-1").is_some()
+        })
+        .await;
+        assert!(
+            h.stats
+                .render()
+                .contains("deckhand_pod_worker_panics_total 1\n")
+        );
+        // The worker is still alive and serves a terminate.
+        h.workers.dispatch(
+            "uid-1",
+            Work::Terminate {
+                pod: Some(pod("uid-1")),
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-1"));
+        assert!(h.rt.sandboxes().is_empty() && h.rt.containers().is_empty());
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminate_interrupts_a_sync_that_hangs() {
+        // The image is missing, and its pull never ends (PullImage has no deadline).
+        let rt = FakeCri::default();
+        rt.script("PullImage", Script::Hang);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-2", Work::Sync(pod("uid-2")));
+        eventually("the pull started", || async {
+            h.rt.count("PullImage") == 1
+        })
+        .await;
+        h.workers.dispatch(
+            "uid-2",
+            Work::Terminate {
+                pod: Some(pod("uid-2")),
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(
+            done.ok().flatten().as_deref(),
+            Some("uid-2"),
+            "the pod was not torn down while its sync hung"
+        );
+        assert_eq!(h.stats.syncs_interrupted(), 1);
+        assert!(h.rt.sandboxes().is_empty(), "{:?}", h.rt.sandboxes());
+        h.cancel.cancel();
+    }
+
+    #[test]
+    fn panic_backoff_doubles_to_a_minute() {
+        let secs: Vec<u64> = (1..=9).map(|n| panic_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
     }
 }

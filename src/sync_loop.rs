@@ -5,8 +5,8 @@
 //! loop only routes events and runs housekeeping every two seconds.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
@@ -20,6 +20,70 @@ use crate::source::{PodChange, SourcesReady};
 
 /// How often orphans are looked for.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// How long the loop may go without turning before `/healthz` says so. It turns at least
+/// every [`HOUSEKEEPING_PERIOD`]; upstream waits for twice `syncFrequency` (at least five
+/// minutes), which hides a stuck loop far too long.
+pub const STALL_THRESHOLD: Duration = Duration::from_secs(30);
+
+/// The loop's liveness as the `syncloop` health check sees it.
+#[derive(Clone)]
+pub struct SyncLoopHealth {
+    inner: Arc<Mutex<LoopLiveness>>,
+}
+
+struct LoopLiveness {
+    last_turn: Instant,
+    ended: Option<String>,
+}
+
+impl Default for SyncLoopHealth {
+    fn default() -> Self {
+        SyncLoopHealth {
+            inner: Arc::new(Mutex::new(LoopLiveness {
+                last_turn: Instant::now(),
+                ended: None,
+            })),
+        }
+    }
+}
+
+impl SyncLoopHealth {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LoopLiveness> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The loop went round once.
+    pub fn turned(&self) {
+        self.lock().last_turn = Instant::now();
+    }
+
+    /// The loop is gone for good (it panicked or returned while the agent runs).
+    pub fn ended(&self, why: String) {
+        self.lock().ended = Some(why);
+    }
+
+    /// The `syncloop` health check, evaluated at `now`.
+    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+        let l = self.lock();
+        if let Some(why) = &l.ended {
+            return Err(format!("the sync loop has ended: {why}"));
+        }
+        let idle = now.saturating_duration_since(l.last_turn);
+        if idle > STALL_THRESHOLD {
+            return Err(format!(
+                "the sync loop has not turned for {}s (expected at least every {}s)",
+                idle.as_secs(),
+                HOUSEKEEPING_PERIOD.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        self.check_at(Instant::now())
+    }
+}
 
 /// The loop's state.
 pub struct SyncLoop<R> {
@@ -146,18 +210,21 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         }
     }
 
-    /// Runs until `cancel` fires or every input closes.
+    /// Runs until `cancel` fires. An input that closes is simply no longer read (the
+    /// housekeeping tick keeps the loop going); `health` hears of every turn.
     pub async fn run(
         mut self,
         mut config: mpsc::UnboundedReceiver<Vec<PodChange>>,
         mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
         mut done: mpsc::UnboundedReceiver<String>,
         mut probe_results: mpsc::UnboundedReceiver<String>,
+        health: SyncLoopHealth,
         cancel: CancellationToken,
     ) {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
+            health.turned();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 Some(changes) = config.recv() => self.handle_changes(changes),
@@ -167,5 +234,24 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 _ = housekeeping.tick() => self.housekeeping(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    #[test]
+    fn syncloop_check_fails_when_the_loop_stalls_or_ends() {
+        let h = SyncLoopHealth::default();
+        let start = Instant::now();
+        h.turned();
+        assert_eq!(h.check_at(start), Ok(()));
+        let later = Instant::now() + STALL_THRESHOLD + Duration::from_secs(1);
+        let err = h.check_at(later).unwrap_err();
+        assert!(err.contains("has not turned for"), "{err}");
+        h.ended("it panicked: boom".into());
+        let err = h.check_at(Instant::now()).unwrap_err();
+        assert_eq!(err, "the sync loop has ended: it panicked: boom");
     }
 }

@@ -11,6 +11,9 @@ pub mod error;
 pub mod handshake;
 pub mod service;
 
+#[cfg(test)]
+pub mod fake;
+
 /// Types and clients generated from the CRI v1 protocol.
 #[allow(clippy::all, missing_docs)]
 pub mod proto {

@@ -7,14 +7,20 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::health::Health;
 use crate::pod_state::PodStates;
@@ -113,11 +119,34 @@ async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Re
     }
 }
 
+/// Limits every listener applies, so a slow or hostile client cannot hold the agent's
+/// sockets or memory: a request's headers must arrive within `header_read_timeout` (this also
+/// ends a kept-alive connection idle for that long), and at most `max_connections` are served
+/// at once; further clients wait in the kernel's listen backlog until one ends.
+#[derive(Clone, Copy, Debug)]
+pub struct ListenerLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+    /// The longest any one connection is served, however busy.
+    pub max_connection_age: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 256,
+            max_connection_age: Duration::from_secs(300),
+        }
+    }
+}
+
 /// Binds `addr` and serves `router` until `cancel` fires. Binding errors come back at once.
 async fn serve(
     what: &'static str,
     addr: SocketAddr,
     router: Router,
+    limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let listener =
@@ -126,15 +155,77 @@ async fn serve(
             .map_err(|source| ServeError { what, addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     tracing::info!(%local, "serving the {what}");
-    Ok(tokio::spawn(async move {
-        let shutdown = cancel.cancelled_owned();
-        if let Err(err) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(%err, "the {what} stopped");
-        }
-    }))
+    Ok(tokio::spawn(accept_loop(
+        what, listener, router, limits, cancel,
+    )))
+}
+
+/// Accepts connections while a slot is free and serves each on its own task.
+async fn accept_loop(
+    what: &'static str,
+    listener: TcpListener,
+    router: Router,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let connections = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    // Out of file descriptors, for instance: wait a little rather than spin.
+                    tracing::warn!(error = %err, "the {what} cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(64 * 1024);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let deadline = tokio::time::sleep(limits.max_connection_age);
+            tokio::pin!(deadline);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    result = conn.as_mut() => {
+                        if let Err(err) = result {
+                            tracing::debug!(%peer, error = %err, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = cancel.cancelled(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = &mut deadline, if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            }
+        });
+    }
+    connections.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
 }
 
 /// Serves `GET /healthz` on the healthz address.
@@ -151,7 +242,14 @@ pub async fn serve_healthz(
             pods,
             metrics: Metrics::default(),
         });
-    serve("healthz endpoint", addr, router, cancel).await
+    serve(
+        "healthz endpoint",
+        addr,
+        router,
+        ListenerLimits::default(),
+        cancel,
+    )
+    .await
 }
 
 /// Serves the read-only API: `GET /pods`, `GET /healthz`, `GET /metrics/...`.
@@ -160,17 +258,158 @@ pub async fn serve_read_only(
     health: Health,
     pods: PodStates,
     metrics: Metrics,
+    limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/pods", get(list_pods))
         .route("/pods/", get(list_pods))
+        .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
         .with_state(AppState {
             health,
             pods,
             metrics,
         });
-    serve("read-only API", addr, router, cancel).await
+    serve("read-only API", addr, router, limits, cancel).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    fn quick_limits(max_connections: usize) -> ListenerLimits {
+        ListenerLimits {
+            header_read_timeout: Duration::from_millis(300),
+            max_connections,
+            max_connection_age: Duration::from_secs(60),
+        }
+    }
+
+    async fn serve_on(limits: ListenerLimits) -> (SocketAddr, CancellationToken) {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let cancel = CancellationToken::new();
+        serve_read_only(
+            addr,
+            Health::default(),
+            PodStates::default(),
+            Metrics::default(),
+            limits,
+            cancel.clone(),
+        )
+        .await
+        .expect("listening");
+        (addr, cancel)
+    }
+
+    /// Reads until the peer closes; returns what was read.
+    async fn read_to_close(stream: &mut TcpStream, within: Duration) -> Option<String> {
+        let mut buf = Vec::new();
+        tokio::time::timeout(within, stream.read_to_end(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_headers_is_cut_off() {
+        let (addr, cancel) = serve_on(quick_limits(8)).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let began = Instant::now();
+        let got = read_to_close(&mut silent, Duration::from_secs(10)).await;
+        assert!(got.is_some(), "the server never closed a silent connection");
+        assert!(began.elapsed() < Duration::from_secs(10));
+
+        // Half a request line, then nothing: also closed.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HT").await.unwrap();
+        assert!(
+            read_to_close(&mut slow, Duration::from_secs(10))
+                .await
+                .is_some()
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed() {
+        let (addr, cancel) = serve_on(quick_limits(8)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut s, Duration::from_secs(10))
+            .await
+            .expect("the idle connection is closed after the answer");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.ends_with("ok"), "{got}");
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+        let (addr, cancel) = serve_on(ListenerLimits {
+            header_read_timeout: Duration::from_secs(2),
+            max_connections: 1,
+            max_connection_age: Duration::from_secs(60),
+        })
+        .await;
+        // The first connection holds the only slot (it sends nothing yet).
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        second
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(500), second.read(&mut buf)).await;
+        assert!(early.is_err(), "served beyond the cap: {early:?}");
+        // Once the first is cut off (no headers within 2 s), the second is served.
+        let got = read_to_close(&mut second, Duration::from_secs(10))
+            .await
+            .expect("served once a slot is free");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(
+            read_to_close(&mut first, Duration::from_secs(10))
+                .await
+                .is_some()
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn metrics_root_page_is_served() {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let cancel = CancellationToken::new();
+        let metrics = Metrics::default();
+        metrics.register("/metrics", || "deckhand_up 1\n".to_string());
+        serve_read_only(
+            addr,
+            Health::default(),
+            PodStates::default(),
+            metrics,
+            quick_limits(4),
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut s, Duration::from_secs(5)).await.unwrap();
+        assert!(got.ends_with("deckhand_up 1\n"), "{got}");
+        cancel.cancel();
+    }
 }

@@ -1,0 +1,349 @@
+//! An in-memory container runtime for unit tests of the layers above CRI (pod workers, the
+//! executor, the sync loop).
+//!
+//! It keeps sandboxes and containers the way containerd reports them (labels, states, attempts),
+//! records every call by method name, and can be scripted per method to fail, to panic, or to
+//! hang until released. End-to-end tests use the real containerd; this fake exists so that the
+//! worker's own rules (retry, cancellation, panics) can be tested in milliseconds under a paused
+//! clock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::proto::*;
+use super::service::CriResult;
+use super::{CriError, ImageService, RuntimeService};
+
+/// What a scripted method does on its next call.
+#[derive(Clone, Debug)]
+pub enum Script {
+    /// Fails with this gRPC code.
+    Fail(tonic::Code),
+    /// Panics (a bug somewhere below the worker).
+    Panic,
+    /// Never answers until [`FakeCri::release`] is called.
+    Hang,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    sandboxes: Vec<PodSandbox>,
+    containers: Vec<Container>,
+    images: HashSet<String>,
+    calls: Vec<&'static str>,
+    /// Scripted behaviour, consumed one per call, by method name.
+    scripts: HashMap<&'static str, Vec<Script>>,
+}
+
+/// The fake runtime; clones share one state.
+#[derive(Clone, Default)]
+pub struct FakeCri {
+    state: Arc<Mutex<State>>,
+    released: Arc<Notify>,
+}
+
+fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+impl FakeCri {
+    /// A runtime that has these images.
+    pub fn with_images(images: &[&str]) -> Self {
+        let fake = FakeCri::default();
+        fake.lock().images = images.iter().map(|s| s.to_string()).collect();
+        fake
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the next call of `method` behave as `script` (several queue up in order).
+    pub fn script(&self, method: &'static str, script: Script) {
+        self.lock().scripts.entry(method).or_default().push(script);
+    }
+
+    /// Lets every hanging call go on.
+    pub fn release(&self) {
+        self.released.notify_waiters();
+    }
+
+    /// The methods called so far, in order.
+    pub fn calls(&self) -> Vec<&'static str> {
+        self.lock().calls.clone()
+    }
+
+    /// How often `method` was called.
+    pub fn count(&self, method: &str) -> usize {
+        self.lock().calls.iter().filter(|m| **m == method).count()
+    }
+
+    /// The sandboxes the runtime holds now.
+    pub fn sandboxes(&self) -> Vec<PodSandbox> {
+        self.lock().sandboxes.clone()
+    }
+
+    /// The containers the runtime holds now.
+    pub fn containers(&self) -> Vec<Container> {
+        self.lock().containers.clone()
+    }
+
+    /// Records the call and runs its script, if any.
+    async fn enter(&self, method: &'static str) -> CriResult<()> {
+        let script = {
+            let mut st = self.lock();
+            st.calls.push(method);
+            st.scripts.get_mut(method).and_then(|q| {
+                if q.is_empty() {
+                    None
+                } else {
+                    Some(q.remove(0))
+                }
+            })
+        };
+        match script {
+            None => Ok(()),
+            Some(Script::Fail(code)) => Err(CriError::Rpc {
+                method,
+                code,
+                message: "scripted failure".into(),
+            }),
+            Some(Script::Panic) => panic!("scripted panic in {method}"),
+            Some(Script::Hang) => {
+                self.released.notified().await;
+                Ok(())
+            }
+        }
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        let mut st = self.lock();
+        st.next_id += 1;
+        format!("{prefix}{}", st.next_id)
+    }
+
+    fn not_found(method: &'static str, id: &str) -> CriError {
+        CriError::Rpc {
+            method,
+            code: tonic::Code::NotFound,
+            message: format!("{id} not found"),
+        }
+    }
+}
+
+impl RuntimeService for FakeCri {
+    async fn version(&self) -> CriResult<VersionResponse> {
+        self.enter("Version").await?;
+        Ok(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+        })
+    }
+
+    async fn status(&self, _verbose: bool) -> CriResult<StatusResponse> {
+        self.enter("Status").await?;
+        Ok(StatusResponse::default())
+    }
+
+    async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {
+        self.enter("RunPodSandbox").await?;
+        let config = req.config.unwrap_or_default();
+        let id = self.new_id("sb");
+        self.lock().sandboxes.push(PodSandbox {
+            id: id.clone(),
+            metadata: config.metadata.clone(),
+            state: PodSandboxState::SandboxReady as i32,
+            created_at: 1,
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            runtime_handler: String::new(),
+        });
+        Ok(RunPodSandboxResponse { pod_sandbox_id: id })
+    }
+
+    async fn stop_pod_sandbox(&self, id: String) -> CriResult<()> {
+        self.enter("StopPodSandbox").await?;
+        let mut st = self.lock();
+        for c in st.containers.iter_mut().filter(|c| c.pod_sandbox_id == id) {
+            c.state = ContainerState::ContainerExited as i32;
+        }
+        if let Some(s) = st.sandboxes.iter_mut().find(|s| s.id == id) {
+            s.state = PodSandboxState::SandboxNotready as i32;
+        }
+        Ok(())
+    }
+
+    async fn remove_pod_sandbox(&self, id: String) -> CriResult<()> {
+        self.enter("RemovePodSandbox").await?;
+        let mut st = self.lock();
+        st.containers.retain(|c| c.pod_sandbox_id != id);
+        st.sandboxes.retain(|s| s.id != id);
+        Ok(())
+    }
+
+    async fn pod_sandbox_status(&self, id: String) -> CriResult<PodSandboxStatusResponse> {
+        self.enter("PodSandboxStatus").await?;
+        let st = self.lock();
+        let sb = st
+            .sandboxes
+            .iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| Self::not_found("PodSandboxStatus", &id))?;
+        Ok(PodSandboxStatusResponse {
+            status: Some(PodSandboxStatus {
+                id: sb.id.clone(),
+                metadata: sb.metadata.clone(),
+                state: sb.state,
+                network: Some(PodSandboxNetworkStatus {
+                    ip: "10.0.0.2".into(),
+                    ..Default::default()
+                }),
+                labels: sb.labels.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    async fn list_pod_sandbox(&self, f: Option<PodSandboxFilter>) -> CriResult<Vec<PodSandbox>> {
+        self.enter("ListPodSandbox").await?;
+        let selector = f.map(|f| f.label_selector).unwrap_or_default();
+        Ok(self
+            .lock()
+            .sandboxes
+            .iter()
+            .filter(|s| matches(&s.labels, &selector))
+            .cloned()
+            .collect())
+    }
+
+    async fn create_container(&self, req: CreateContainerRequest) -> CriResult<String> {
+        self.enter("CreateContainer").await?;
+        let config = req.config.unwrap_or_default();
+        let id = self.new_id("c");
+        self.lock().containers.push(Container {
+            id: id.clone(),
+            pod_sandbox_id: req.pod_sandbox_id,
+            metadata: config.metadata.clone(),
+            image: config.image.clone(),
+            image_ref: "sha256:fake".into(),
+            state: ContainerState::ContainerCreated as i32,
+            created_at: 1,
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            ..Default::default()
+        });
+        Ok(id)
+    }
+
+    async fn start_container(&self, id: String) -> CriResult<()> {
+        self.enter("StartContainer").await?;
+        let mut st = self.lock();
+        let c = st
+            .containers
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Self::not_found("StartContainer", &id))?;
+        c.state = ContainerState::ContainerRunning as i32;
+        Ok(())
+    }
+
+    async fn stop_container(&self, id: String, _timeout: i64) -> CriResult<()> {
+        self.enter("StopContainer").await?;
+        let mut st = self.lock();
+        if let Some(c) = st.containers.iter_mut().find(|c| c.id == id) {
+            c.state = ContainerState::ContainerExited as i32;
+        }
+        Ok(())
+    }
+
+    async fn remove_container(&self, id: String) -> CriResult<()> {
+        self.enter("RemoveContainer").await?;
+        self.lock().containers.retain(|c| c.id != id);
+        Ok(())
+    }
+
+    async fn list_containers(&self, f: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
+        self.enter("ListContainers").await?;
+        let selector = f.map(|f| f.label_selector).unwrap_or_default();
+        Ok(self
+            .lock()
+            .containers
+            .iter()
+            .filter(|c| matches(&c.labels, &selector))
+            .cloned()
+            .collect())
+    }
+
+    async fn container_status(&self, id: String) -> CriResult<ContainerStatusResponse> {
+        self.enter("ContainerStatus").await?;
+        let st = self.lock();
+        let c = st
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Self::not_found("ContainerStatus", &id))?;
+        Ok(ContainerStatusResponse {
+            status: Some(ContainerStatus {
+                id: c.id.clone(),
+                metadata: c.metadata.clone(),
+                state: c.state,
+                created_at: c.created_at,
+                started_at: 2,
+                image: c.image.clone(),
+                image_ref: c.image_ref.clone(),
+                labels: c.labels.clone(),
+                annotations: c.annotations.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    async fn exec_sync(
+        &self,
+        _container_id: String,
+        _cmd: Vec<String>,
+        _timeout_seconds: i64,
+    ) -> CriResult<ExecSyncResponse> {
+        self.enter("ExecSync").await?;
+        Ok(ExecSyncResponse::default())
+    }
+}
+
+impl ImageService for FakeCri {
+    async fn image_status(&self, image: String) -> CriResult<Option<Image>> {
+        self.enter("ImageStatus").await?;
+        Ok(self.lock().images.contains(&image).then(|| Image {
+            id: format!("sha256:{image}"),
+            repo_tags: vec![image.clone()],
+            ..Default::default()
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        image: String,
+        _sandbox_config: Option<PodSandboxConfig>,
+    ) -> CriResult<String> {
+        self.enter("PullImage").await?;
+        self.lock().images.insert(image.clone());
+        Ok(format!("sha256:{image}"))
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<Image>> {
+        self.enter("ListImages").await?;
+        Ok(Vec::new())
+    }
+
+    async fn remove_image(&self, image: String) -> CriResult<()> {
+        self.enter("RemoveImage").await?;
+        self.lock().images.remove(&image);
+        Ok(())
+    }
+}
