@@ -13,6 +13,7 @@ fn systemd_unit_verifies_and_keeps_containers_on_restart() {
         "KillMode=process",
         "Restart=always",
         "After=containerd.service network-online.target",
+        "LimitNOFILE=1048576",
     ] {
         assert!(
             unit.lines().any(|l| l.trim() == line),
@@ -20,6 +21,14 @@ fn systemd_unit_verifies_and_keeps_containers_on_restart() {
         );
     }
     assert!(unit.contains("--config=/etc/deckhand/config.yaml"));
+
+    // The shipped configuration keeps the unauthenticated read-only port off, as upstream.
+    let config = std::fs::read_to_string(repo.join("systemd/config.yaml")).unwrap();
+    let read_only: Vec<&str> = config
+        .lines()
+        .filter(|l| l.trim_start().starts_with("readOnlyPort:"))
+        .collect();
+    assert_eq!(read_only, vec!["readOnlyPort: 0"], "{config}");
 
     // systemd-analyze checks that ExecStart exists: point it at the binary under test.
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,73 @@
+//! End to end, against the private containerd: a pod worker that panics is caught, counted on
+//! `/metrics` and retried, while the agent's other pods and its health stay as they were.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, http_get, wait_until};
+
+const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn manifest(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+"#
+    )
+}
+
+fn running(pod: &serde_json::Value) -> bool {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|a| a.first())
+        .is_some_and(|c| c["state"]["running"].is_object())
+}
+
+#[tokio::test]
+async fn a_panicking_pod_worker_is_retried_and_counted() {
+    let mut agent = Agent::new("e2e-supervise-panic");
+    // Fault injection: the first sync of this pod panics inside its worker.
+    agent.env.push((
+        "DECKHAND_TEST_PANIC_POD".into(),
+        agent.pod_name("boom"),
+    ));
+    agent.write_manifest("calm.yaml", &manifest("calm"));
+    agent.write_manifest("boom.yaml", &manifest("boom"));
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+
+    for name in ["calm", "boom"] {
+        wait_until(&format!("{name} running"), WAIT, || async {
+            let pod = agent.pod(name).await?;
+            running(&pod).then_some(())
+        })
+        .await;
+    }
+    let log = agent.log();
+    assert!(
+        log.contains("the pod worker panicked while syncing; it will try again")
+            && log.contains("injected panic"),
+        "the panic is logged with its message"
+    );
+    let metrics = format!("http://127.0.0.1:{}/metrics", agent.read_only_port);
+    let (code, body) = http_get(&metrics).await.expect("/metrics answers");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("deckhand_pod_worker_panics_total 1\n"),
+        "{body}"
+    );
+    let healthz = format!("http://127.0.0.1:{}/healthz?verbose", agent.healthz_port);
+    let (code, body) = http_get(&healthz).await.expect("/healthz answers");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("[+]syncloop ok"), "{body}");
+}
