@@ -27,7 +27,8 @@ pub fn pod_cgroup_parent(
     qos: QosClass,
     uid: &str,
 ) -> Option<String> {
-    if !cgroups_per_qos {
+    // No cgroup path is ever built from a UID that could climb out of the pod's own.
+    if !cgroups_per_qos || crate::paths::component_problem(uid).is_some() {
         return None;
     }
     match driver {
@@ -102,6 +103,19 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_cgroup_path_from_a_uid_that_climbs_out() {
+        for uid in ["../../x", "a/b", "..", ""] {
+            for driver in [CgroupDriver::Cgroupfs, CgroupDriver::Systemd] {
+                assert_eq!(
+                    pod_cgroup_parent(driver, "/", true, QosClass::Burstable, uid),
+                    None,
+                    "{uid:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn cgroup_parent_table() {

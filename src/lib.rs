@@ -9,6 +9,7 @@ pub mod cri;
 pub mod daemon;
 pub mod health;
 pub mod node;
+pub mod paths;
 pub mod pleg;
 pub mod pod_state;
 pub mod pod_workers;

@@ -170,6 +170,12 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
             Work::Sync(p) => Some(full_name(p)),
             Work::Terminate { pod, .. } => pod.as_deref().map(full_name),
         };
+        // Nothing is ever run for a UID that cannot be a path component (the sources refuse
+        // such pods; this guards every other way in). Tearing one down is still allowed.
+        if !terminating && let Some(problem) = crate::paths::component_problem(uid) {
+            tracing::error!(pod_uid = %uid, pod = ?name, problem, "refusing to run a pod whose UID cannot be a path component");
+            return;
+        }
         if let Some(handle) = self.handles.get_mut(uid) {
             if handle.terminating && !terminating {
                 // A pod being torn down is not brought back by a late update.
@@ -565,6 +571,27 @@ mod tests {
         );
         assert_eq!(h.stats.syncs_interrupted(), 1);
         assert!(h.rt.sandboxes().is_empty(), "{:?}", h.rt.sandboxes());
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_worker_runs_a_uid_that_is_not_one_path_component() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let bad = "x/../../../../tmp/victim";
+        h.workers.dispatch(bad, Work::Sync(pod(bad)));
+        assert!(!h.workers.has(bad));
+        assert!(h.rt.calls().is_empty());
+        // Tearing down what the runtime holds under such a UID is still allowed, and touches
+        // no file.
+        h.workers.dispatch(
+            bad,
+            Work::Terminate {
+                pod: None,
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some(bad));
         h.cancel.cancel();
     }
 

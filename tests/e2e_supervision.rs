@@ -37,10 +37,9 @@ fn running(pod: &serde_json::Value) -> bool {
 async fn a_panicking_pod_worker_is_retried_and_counted() {
     let mut agent = Agent::new("e2e-supervise-panic");
     // Fault injection: the first sync of this pod panics inside its worker.
-    agent.env.push((
-        "DECKHAND_TEST_PANIC_POD".into(),
-        agent.pod_name("boom"),
-    ));
+    agent
+        .env
+        .push(("DECKHAND_TEST_PANIC_POD".into(), agent.pod_name("boom")));
     agent.write_manifest("calm.yaml", &manifest("calm"));
     agent.write_manifest("boom.yaml", &manifest("boom"));
     agent.start();

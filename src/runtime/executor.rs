@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::paths::{PathError, component_problem, remove_tree_within};
 use crate::prober::{ProbeView, Unhealthy};
 use crate::status::WaitingReason;
 use crate::volume::{PodVolumes, VolumeManager};
@@ -104,12 +105,8 @@ pub enum TeardownError {
     Runtime(#[from] CriError),
     #[error("{0}")]
     Volumes(String),
-    #[error("removing {path}: {source}")]
-    Files {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("removing the pod's files: {0}")]
+    Files(#[from] PathError),
 }
 
 /// Upstream never gives a container less than this to stop.
@@ -822,18 +819,28 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 _ => {}
             }
         }
+        // A UID that is not one safe path component (only possible for objects someone else
+        // labelled as ours: the sources refuse such manifests) has its runtime objects removed
+        // above, and no path is ever built from it.
+        if let Some(problem) = component_problem(uid) {
+            tracing::warn!(pod_uid = %uid, problem, "not touching any file for a pod whose UID cannot be a path component");
+            return Ok(());
+        }
         // Logs and pod files go with the pod, as upstream's garbage collector would do later.
         let names = pod
             .map(|p| (pod_namespace(p).to_string(), pod_name(p).to_string()))
             .or_else(|| observed.names.clone());
         if let Some((ns, name)) = names {
-            remove_dir_if_present(&self.node.pod_log_dir(&ns, &name, uid))?;
+            remove_tree_within(
+                &self.node.pod_logs_dir,
+                &self.node.pod_log_dir(&ns, &name, uid),
+            )?;
         }
         if let Err(err) = self.volumes.teardown(uid) {
             tracing::warn!(error = %err, "volume teardown failed; will retry");
             return Err(TeardownError::Volumes(err.to_string()));
         }
-        remove_dir_if_present(&self.node.pod_dir(uid))?;
+        remove_tree_within(&self.node.root_dir.join("pods"), &self.node.pod_dir(uid))?;
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
         for qos in [
             QosClass::Guaranteed,
@@ -870,16 +877,6 @@ struct StartTarget<'a> {
 struct ContainerFiles {
     hosts: Option<PathBuf>,
     termination_log: PathBuf,
-}
-
-fn remove_dir_if_present(path: &Path) -> Result<(), TeardownError> {
-    match std::fs::remove_dir_all(path) {
-        Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(TeardownError::Files {
-            path: path.to_path_buf(),
-            source: err,
-        }),
-        _ => Ok(()),
-    }
 }
 
 /// Writes a file through a temporary name and a rename, so readers never see half of it.
