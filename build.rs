@@ -3,13 +3,19 @@
 //! `protox` parses `proto/runtime/v1/api.proto` (CRI v1) and `proto/grpc/health/v1/health.proto`
 //! (the gRPC health protocol that `grpc` probes speak) into one descriptor set in pure Rust, and
 //! `tonic-prost-build` turns that into `$OUT_DIR/runtime.v1.rs` and `$OUT_DIR/grpc.health.v1.rs`,
-//! which `src/cri` and `src/prober` include with `tonic::include_proto!`.
+//! which `src/cri` and `src/prober` include with `tonic::include_proto!`. A small subset of
+//! containerd's content service (`proto/containerd/...`) lets `src/cri/pull_progress.rs` see
+//! whether an image pull is still receiving bytes.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
 
     let fds = protox::compile(
-        ["runtime/v1/api.proto", "grpc/health/v1/health.proto"],
+        [
+            "runtime/v1/api.proto",
+            "grpc/health/v1/health.proto",
+            "containerd/services/content/v1/content.proto",
+        ],
         ["proto"],
     )?;
 

@@ -184,6 +184,7 @@ pub async fn run(
         node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo"))
             .unwrap_or(0),
         runtime_request_timeout: config.runtime_request_timeout,
+        image_pull_progress_deadline: config.image_pull_progress_deadline,
     });
     tracing::info!(host_ip = ?host_ip, node = %config.node_name, "node facts");
     if config.cluster_dns.is_empty() {

@@ -443,6 +443,7 @@ mod tests {
             cgroup_fs: dir.path().join("cgroup"),
             node_memory_bytes: 1 << 30,
             runtime_request_timeout: Duration::from_secs(5),
+            image_pull_progress_deadline: Some(Duration::from_secs(60)),
         });
         let cancel = CancellationToken::new();
         let (probe_tx, _probe_rx) = mpsc::unbounded_channel();

@@ -70,3 +70,78 @@ async fn a_panicking_pod_worker_is_retried_and_counted() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("[+]syncloop ok"), "{body}");
 }
+
+/// A "registry" on loopback that accepts connections and never answers.
+struct SilentRegistry {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentRegistry {
+    fn start() -> SilentRegistry {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => held.push(s),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        SilentRegistry { port, stop }
+    }
+}
+
+impl Drop for SilentRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn a_pull_that_receives_nothing_is_abandoned_at_its_progress_deadline() {
+    let registry = SilentRegistry::start();
+    let mut agent = Agent::new("e2e-supervise-pull");
+    agent
+        .extra_args
+        .push("--image-pull-progress-deadline=2s".into());
+    agent.write_manifest(
+        "silent.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: silent
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: 127.0.0.1:{}/deckhand/silent:1
+"#,
+            registry.port
+        ),
+    );
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    // Without the deadline the pull hangs as long as the registry holds the connection.
+    let waiting = wait_until("the stalled pull reported", WAIT, || async {
+        let pod = agent.pod("silent").await?;
+        let w = pod["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImagePull").then_some(w)
+    })
+    .await;
+    let message = waiting["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no progress for 2s"), "{waiting}");
+    wait_until("then ImagePullBackOff", WAIT, || async {
+        let pod = agent.pod("silent").await?;
+        let w = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+        (w["reason"] == "ImagePullBackOff").then_some(())
+    })
+    .await;
+    drop(registry);
+}

@@ -106,6 +106,12 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub runtime_request_timeout: Option<Duration>,
 
+    /// An image pull that receives nothing for this long is abandoned and reported as
+    /// ErrImagePull (the old dockershim flag, applied through containerd's content service);
+    /// 0 disables it. [default: 1m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub image_pull_progress_deadline: Option<Duration>,
+
     /// Cgroup driver: cgroupfs or systemd; must match the runtime's. [default: cgroupfs]
     #[arg(long, value_name = "DRIVER")]
     pub cgroup_driver: Option<String>,
@@ -245,6 +251,7 @@ mod tests {
             "--node-status-update-frequency=4s",
             "--pod-infra-container-image=registry.k8s.io/pause:3.10",
             "--serialize-image-pulls=false",
+            "--image-pull-progress-deadline=30s",
         ])
         .unwrap();
         assert_eq!(
@@ -270,6 +277,7 @@ mod tests {
                 file_check_frequency: Some(Duration::from_secs(5)),
                 http_check_frequency: Some(Duration::from_secs(60)),
                 runtime_request_timeout: Some(Duration::from_secs(90)),
+                image_pull_progress_deadline: Some(Duration::from_secs(30)),
                 cgroup_driver: Some("systemd".into()),
                 cgroup_root: Some("/kubepods".into()),
                 cgroups_per_qos: Some(false),

@@ -45,6 +45,8 @@ pub struct Config {
     /// Normalized like the runtime endpoint; `None` means "use the runtime endpoint".
     pub image_service_endpoint: Option<String>,
     pub runtime_request_timeout: Duration,
+    /// `--image-pull-progress-deadline`; `None` when disabled (0).
+    pub image_pull_progress_deadline: Option<Duration>,
     pub static_pod_path: Option<PathBuf>,
     pub file_check_frequency: Duration,
     pub static_pod_url: Option<String>,

@@ -45,6 +45,7 @@ fn defaults() -> Config {
         container_runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
         image_service_endpoint: None,
         runtime_request_timeout: secs(120),
+        image_pull_progress_deadline: Some(secs(60)),
         static_pod_path: None,
         file_check_frequency: secs(20),
         static_pod_url: None,

@@ -18,6 +18,8 @@ pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
 pub const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 pub const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The old dockershim default for `--image-pull-progress-deadline`.
+pub const DEFAULT_IMAGE_PULL_PROGRESS_DEADLINE: Duration = Duration::from_secs(60);
 pub const DEFAULT_FILE_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
 pub const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
 pub const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
@@ -521,6 +523,12 @@ pub(super) fn build(
         container_runtime_endpoint,
         image_service_endpoint,
         runtime_request_timeout,
+        image_pull_progress_deadline: Some(
+            flags
+                .image_pull_progress_deadline
+                .unwrap_or(DEFAULT_IMAGE_PULL_PROGRESS_DEADLINE),
+        )
+        .filter(|d| !d.is_zero()),
         static_pod_path,
         file_check_frequency,
         static_pod_url,

@@ -8,6 +8,9 @@ use tonic::transport::{Channel, Endpoint};
 use super::proto::image_service_client::ImageServiceClient;
 use super::proto::runtime_service_client::RuntimeServiceClient;
 use super::proto::*;
+use super::pull_progress::content_proto::ListStatusesRequest;
+use super::pull_progress::content_proto::content_client::ContentClient;
+use super::pull_progress::{CRI_NAMESPACE, NAMESPACE_HEADER, PullProgress};
 use super::service::{CriResult, ImageService, RuntimeService};
 use super::{CriError, RuntimeEndpoint};
 
@@ -22,6 +25,8 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub struct CriClient {
     runtime: RuntimeServiceClient<Channel>,
     image: ImageServiceClient<Channel>,
+    /// containerd's content service on the same socket, only to watch pulls progress.
+    content: ContentClient<Channel>,
     timeout: Duration,
     endpoint: RuntimeEndpoint,
 }
@@ -62,9 +67,10 @@ impl CriClient {
             runtime: RuntimeServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            image: ImageServiceClient::new(channel)
+            image: ImageServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            content: ContentClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
             endpoint: endpoint.clone(),
         }
@@ -324,6 +330,20 @@ impl ImageService for CriClient {
         call("PullImage", None, self.image.clone().pull_image(req))
             .await
             .map(|r| r.image_ref)
+    }
+
+    async fn pull_progress(&self) -> Option<PullProgress> {
+        let mut req = tonic::Request::new(ListStatusesRequest::default());
+        req.metadata_mut()
+            .insert(NAMESPACE_HEADER, CRI_NAMESPACE.parse().ok()?);
+        match tokio::time::timeout(self.timeout, self.content.clone().list_statuses(req)).await {
+            Ok(Ok(resp)) => Some(PullProgress::from_statuses(resp.into_inner().statuses)),
+            Ok(Err(status)) => {
+                tracing::debug!(code = ?status.code(), message = %status.message(), "the runtime's content service gives no pull progress");
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     async fn list_images(&self) -> CriResult<Vec<Image>> {

@@ -24,6 +24,9 @@ pub enum CriError {
         method: &'static str,
         timeout: Duration,
     },
+    /// An image pull received nothing for the whole progress deadline and was abandoned.
+    #[error("PullImage: no progress for {deadline:?}; the pull was abandoned")]
+    PullStalled { deadline: Duration },
     /// The runtime speaks another CRI version.
     #[error("the runtime at {endpoint} speaks CRI {version:?}; Deckhand needs v1")]
     Version { endpoint: String, version: String },

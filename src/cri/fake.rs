@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::proto::*;
+use super::pull_progress::PullProgress;
 use super::service::CriResult;
 use super::{CriError, ImageService, RuntimeService};
 
@@ -33,6 +34,7 @@ struct State {
     sandboxes: Vec<PodSandbox>,
     containers: Vec<Container>,
     images: HashSet<String>,
+    progress: Option<PullProgress>,
     calls: Vec<&'static str>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
@@ -64,6 +66,11 @@ impl FakeCri {
     /// Makes the next call of `method` behave as `script` (several queue up in order).
     pub fn script(&self, method: &'static str, script: Script) {
         self.lock().scripts.entry(method).or_default().push(script);
+    }
+
+    /// What `pull_progress` reports from now on.
+    pub fn set_progress(&self, progress: Option<PullProgress>) {
+        self.lock().progress = progress;
     }
 
     /// Lets every hanging call go on.
@@ -334,6 +341,10 @@ impl ImageService for FakeCri {
         self.enter("PullImage").await?;
         self.lock().images.insert(image.clone());
         Ok(format!("sha256:{image}"))
+    }
+
+    async fn pull_progress(&self) -> Option<PullProgress> {
+        self.lock().progress.clone()
     }
 
     async fn list_images(&self) -> CriResult<Vec<Image>> {

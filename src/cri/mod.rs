@@ -9,6 +9,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod handshake;
+pub mod pull_progress;
 pub mod service;
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::future::Future;
 
 use super::CriError;
 use super::proto::*;
+use super::pull_progress::PullProgress;
 
 /// Result of one CRI call.
 pub type CriResult<T> = Result<T, CriError>;
@@ -76,5 +77,8 @@ pub trait ImageService: Clone + Send + Sync + 'static {
         sandbox_config: Option<PodSandboxConfig>,
     ) -> impl Future<Output = CriResult<String>> + Send;
     fn list_images(&self) -> impl Future<Output = CriResult<Vec<Image>>> + Send;
+    /// What the runtime shows of the image pulls in flight (for the pull progress deadline);
+    /// `None` when it cannot say.
+    fn pull_progress(&self) -> impl Future<Output = Option<PullProgress>> + Send;
     fn remove_image(&self, image: String) -> impl Future<Output = CriResult<()>> + Send;
 }

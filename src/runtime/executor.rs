@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 use crate::cri::proto::{CreateContainerRequest, PodSandboxConfig, RunPodSandboxRequest};
+use crate::cri::pull_progress::pull_with_progress_deadline;
 use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::paths::{PathError, component_problem, remove_tree_within};
 use crate::prober::{ProbeView, Unhealthy};
@@ -44,6 +45,8 @@ pub struct NodeContext {
     pub node_memory_bytes: u64,
     /// `runtimeRequestTimeout`, also the bound of a postStart hook.
     pub runtime_request_timeout: Duration,
+    /// `--image-pull-progress-deadline` (`None`: pulls wait as long as they take).
+    pub image_pull_progress_deadline: Option<Duration>,
 }
 
 impl NodeContext {
@@ -720,10 +723,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             });
         }
         tracing::info!(%image, "pulling image");
-        match self
-            .rt
-            .pull_image(image.clone(), Some(sandbox_config.clone()))
-            .await
+        match pull_with_progress_deadline(
+            &self.rt,
+            image.clone(),
+            Some(sandbox_config.clone()),
+            self.node.image_pull_progress_deadline,
+        )
+        .await
         {
             Ok(_) => {
                 state.backoff.remove(&key);
