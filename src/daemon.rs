@@ -227,6 +227,7 @@ pub async fn run(
         client.clone(),
         probe_tx,
         node.host_ip.clone(),
+        tracker.clone(),
         cancel.clone(),
     );
     {

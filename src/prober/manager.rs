@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, Probe as ProbeSpec};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::handlers;
 use super::metrics::{ProbeCounters, SeriesKey};
@@ -30,6 +31,8 @@ pub struct ProbeManager<R> {
     shared: Arc<Shared>,
     cancel: CancellationToken,
     host_ip: Option<String>,
+    /// Every probe worker is tracked, so shutdown waits for them to end.
+    tracker: TaskTracker,
 }
 
 struct Shared {
@@ -63,6 +66,7 @@ impl<R: RuntimeService> ProbeManager<R> {
         rt: R,
         wake: mpsc::UnboundedSender<String>,
         host_ip: Option<String>,
+        tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
         ProbeManager {
@@ -74,6 +78,7 @@ impl<R: RuntimeService> ProbeManager<R> {
             }),
             cancel,
             host_ip,
+            tracker,
         }
     }
 
@@ -207,7 +212,8 @@ impl<R: RuntimeService> ProbeManager<R> {
                 first_in_ms = cfg.first_wait().as_millis() as u64,
                 "starting probe worker"
             );
-            tokio::spawn(run_worker(cfg, handler, report, gate, stop.clone()));
+            self.tracker
+                .spawn(run_worker(cfg, handler, report, gate, stop.clone()));
         }
     }
 
@@ -440,7 +446,13 @@ mod tests {
     fn manager(rt: FakeRuntime) -> (ProbeManager<FakeRuntime>, mpsc::UnboundedReceiver<String>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (
-            ProbeManager::new(rt, tx, Some("192.0.2.1".into()), CancellationToken::new()),
+            ProbeManager::new(
+                rt,
+                tx,
+                Some("192.0.2.1".into()),
+                TaskTracker::new(),
+                CancellationToken::new(),
+            ),
             rx,
         )
     }
