@@ -6,7 +6,24 @@
 
 use std::sync::{Arc, RwLock};
 
-type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Why a check fails, in words for `/healthz`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CheckFailure(pub String);
+
+impl From<String> for CheckFailure {
+    fn from(reason: String) -> Self {
+        CheckFailure(reason)
+    }
+}
+
+impl From<&str> for CheckFailure {
+    fn from(reason: &str) -> Self {
+        CheckFailure(reason.to_string())
+    }
+}
+
+type Check = Arc<dyn Fn() -> Result<(), CheckFailure> + Send + Sync>;
 
 /// The set of checks; cheap to clone.
 #[derive(Clone, Default)]
@@ -17,7 +34,7 @@ pub struct Health {
 /// The outcome of every check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthReport {
-    pub results: Vec<(String, Result<(), String>)>,
+    pub results: Vec<(String, Result<(), CheckFailure>)>,
 }
 
 impl HealthReport {
@@ -51,7 +68,7 @@ impl Health {
     pub fn register(
         &self,
         name: &str,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn() -> Result<(), CheckFailure> + Send + Sync + 'static,
     ) {
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
         checks.retain(|(n, _)| n != name);

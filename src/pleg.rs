@@ -205,7 +205,8 @@ pub async fn run<R: RuntimeService>(
                     "PLEG has not completed a relist for {}s (limit {}s)",
                     since.as_secs(),
                     limit.as_secs()
-                ))
+                )
+                .into())
             } else {
                 Ok(())
             }
@@ -216,7 +217,7 @@ pub async fn run<R: RuntimeService>(
         health.register("runtime", move || {
             let p = progress.read().unwrap_or_else(|e| e.into_inner());
             match &p.last_error {
-                Some(err) => Err(format!("the container runtime is not answering: {err}")),
+                Some(err) => Err(format!("the container runtime is not answering: {err}").into()),
                 None => Ok(()),
             }
         });

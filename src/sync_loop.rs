@@ -14,6 +14,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::{ImageService, RuntimeService};
+use crate::health::CheckFailure;
 use crate::pleg::{PlegEvent, RuntimeCache};
 use crate::pod_workers::{PodWorkers, Work, full_name};
 use crate::source::{PodChange, SourcesReady};
@@ -64,10 +65,10 @@ impl SyncLoopHealth {
     }
 
     /// The `syncloop` health check, evaluated at `now`.
-    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+    pub fn check_at(&self, now: Instant) -> Result<(), CheckFailure> {
         let l = self.lock();
         if let Some(why) = &l.ended {
-            return Err(format!("the sync loop has ended: {why}"));
+            return Err(format!("the sync loop has ended: {why}").into());
         }
         let idle = now.saturating_duration_since(l.last_turn);
         if idle > STALL_THRESHOLD {
@@ -75,12 +76,13 @@ impl SyncLoopHealth {
                 "the sync loop has not turned for {}s (expected at least every {}s)",
                 idle.as_secs(),
                 HOUSEKEEPING_PERIOD.as_secs()
-            ));
+            )
+            .into());
         }
         Ok(())
     }
 
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CheckFailure> {
         self.check_at(Instant::now())
     }
 }
@@ -248,10 +250,10 @@ mod health_tests {
         h.turned();
         assert_eq!(h.check_at(start), Ok(()));
         let later = Instant::now() + STALL_THRESHOLD + Duration::from_secs(1);
-        let err = h.check_at(later).unwrap_err();
+        let err = h.check_at(later).unwrap_err().to_string();
         assert!(err.contains("has not turned for"), "{err}");
         h.ended("it panicked: boom".into());
-        let err = h.check_at(Instant::now()).unwrap_err();
+        let err = h.check_at(Instant::now()).unwrap_err().to_string();
         assert_eq!(err, "the sync loop has ended: it panicked: boom");
     }
 }

@@ -648,7 +648,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 self.rt_timeout(),
             )
             .await;
-            if let Err(message) = result {
+            if let Err(err) = result {
+                let message = err.to_string();
                 tracing::warn!(%message, "FailedPostStartHook: killing the container");
                 if let Err(err) = self
                     .stop_container(&id, grace_period(Some(pod), None))

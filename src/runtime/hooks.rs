@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
 
-use crate::cri::RuntimeService;
+use crate::cri::{CriError, RuntimeService};
 use crate::prober::ProbeOutcome;
-use crate::prober::handlers::http::HttpProbe;
-use crate::prober::handlers::resolve_port;
+use crate::prober::handlers::http::{HttpError, HttpProbe};
+use crate::prober::handlers::{PortError, resolve_port};
 
 /// Upstream's User-Agent for lifecycle hook requests.
 const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
@@ -33,6 +33,55 @@ impl HookKind {
     }
 }
 
+/// Why a hook failed; the text is upstream's, as users see it in events and logs.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("Exec lifecycle hook ({cmd:?}) for Container {container:?} failed - error: {source}")]
+    Exec {
+        cmd: Vec<String>,
+        container: String,
+        #[source]
+        source: CriError,
+    },
+    #[error(
+        "Exec lifecycle hook ({cmd:?}) for Container {container:?} failed - error: command exited with {code}, message: {output:?}"
+    )]
+    ExecExit {
+        cmd: Vec<String>,
+        container: String,
+        code: i32,
+        output: String,
+    },
+    #[error("the pod has no IP for an httpGet hook")]
+    NoPodIp,
+    #[error("HTTP lifecycle hook for Container {container:?}: {source}")]
+    Port {
+        container: String,
+        #[source]
+        source: PortError,
+    },
+    #[error("HTTP lifecycle hook for Container {container:?}: {source}")]
+    Request {
+        container: String,
+        #[source]
+        source: HttpError,
+    },
+    #[error("HTTP lifecycle hook ({path}) for Container {container:?} failed - error: {why}")]
+    Http {
+        path: String,
+        container: String,
+        why: String,
+    },
+    #[error("{kind}: the handler has no exec, httpGet or sleep action")]
+    NoAction { kind: &'static str },
+    #[error("{kind} for Container {container:?} did not finish within {seconds}s")]
+    Timeout {
+        kind: &'static str,
+        container: String,
+        seconds: u64,
+    },
+}
+
 /// Runs one hook handler to completion or until `timeout`.
 pub async fn run_hook<R: RuntimeService>(
     rt: &R,
@@ -42,7 +91,8 @@ pub async fn run_hook<R: RuntimeService>(
     container_id: &str,
     pod_ip: Option<&str>,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), HookError> {
+    let name = || container.name.clone();
     let work = async {
         if let Some(exec) = &handler.exec {
             let cmd = exec.command.clone().unwrap_or_default();
@@ -53,21 +103,20 @@ pub async fn run_hook<R: RuntimeService>(
                     timeout.as_secs() as i64,
                 )
                 .await
-                .map_err(|e| {
-                    format!(
-                        "Exec lifecycle hook ({cmd:?}) for Container {:?} failed - error: {e}",
-                        container.name
-                    )
+                .map_err(|source| HookError::Exec {
+                    cmd: cmd.clone(),
+                    container: name(),
+                    source,
                 })?;
             if resp.exit_code != 0 {
                 let stderr = String::from_utf8_lossy(&resp.stderr);
                 let stdout = String::from_utf8_lossy(&resp.stdout);
-                return Err(format!(
-                    "Exec lifecycle hook ({cmd:?}) for Container {:?} failed - error: command exited with {}, message: {:?}",
-                    container.name,
-                    resp.exit_code,
-                    format!("{stdout}{stderr}").trim()
-                ));
+                return Err(HookError::ExecExit {
+                    cmd,
+                    container: name(),
+                    code: resp.exit_code,
+                    output: format!("{stdout}{stderr}").trim().to_string(),
+                });
             }
             return Ok(());
         }
@@ -79,8 +128,11 @@ pub async fn run_hook<R: RuntimeService>(
                 .clone()
                 .filter(|h| !h.is_empty())
                 .or_else(|| pod_ip.map(str::to_string))
-                .ok_or_else(|| "the pod has no IP for an httpGet hook".to_string())?;
-            let port = resolve_port(&get.port, container)?;
+                .ok_or(HookError::NoPodIp)?;
+            let port = resolve_port(&get.port, container).map_err(|source| HookError::Port {
+                container: name(),
+                source,
+            })?;
             let path = get.path.clone().unwrap_or_else(|| "/".into());
             let https = get
                 .scheme
@@ -99,31 +151,36 @@ pub async fn run_hook<R: RuntimeService>(
                     .flatten()
                     .map(|h| (h.name.clone(), h.value.clone())),
             );
-            let request = HttpProbe::new(https, &host, port, &path, headers, timeout)?;
+            let request =
+                HttpProbe::new(https, &host, port, &path, headers, timeout).map_err(|source| {
+                    HookError::Request {
+                        container: name(),
+                        source,
+                    }
+                })?;
             return match request.run().await {
                 ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
-                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(format!(
-                    "HTTP lifecycle hook ({path}) for Container {:?} failed - error: {why}",
-                    container.name
-                )),
+                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(HookError::Http {
+                    path,
+                    container: name(),
+                    why,
+                }),
             };
         }
         if let Some(sleep) = &handler.sleep {
             tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
             return Ok(());
         }
-        Err(format!(
-            "{}: the handler has no exec, httpGet or sleep action",
-            kind.as_str()
-        ))
+        Err(HookError::NoAction {
+            kind: kind.as_str(),
+        })
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(result) => result,
-        Err(_) => Err(format!(
-            "{} for Container {:?} did not finish within {}s",
-            kind.as_str(),
-            container.name,
-            timeout.as_secs()
-        )),
+        Err(_) => Err(HookError::Timeout {
+            kind: kind.as_str(),
+            container: name(),
+            seconds: timeout.as_secs(),
+        }),
     }
 }

@@ -51,14 +51,14 @@ impl Target {
     }
 
     /// Parses an absolute `http://` or `https://` URL.
-    fn parse_absolute(url: &str) -> Result<Target, String> {
+    fn parse_absolute(url: &str) -> Result<Target, HttpError> {
         let (scheme, rest) = url
             .split_once("://")
-            .ok_or_else(|| format!("not an absolute URL: {url:?}"))?;
+            .ok_or_else(|| HttpError::NotAbsolute(url.to_string()))?;
         let https = match scheme.to_ascii_lowercase().as_str() {
             "http" => false,
             "https" => true,
-            other => return Err(format!("unsupported protocol scheme {other:?}")),
+            other => return Err(HttpError::Scheme(other.to_string())),
         };
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(end);
@@ -70,9 +70,9 @@ impl Target {
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (host, after) = v6
                 .split_once(']')
-                .ok_or_else(|| format!("bad host in {url:?}"))?;
+                .ok_or_else(|| HttpError::BadHost(url.to_string()))?;
             let port = match after.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+                Some(p) => p.parse().map_err(|_| HttpError::BadPort(url.to_string()))?,
                 None => default_port,
             };
             (host.to_string(), port)
@@ -80,13 +80,13 @@ impl Target {
             match authority.rsplit_once(':') {
                 Some((h, p)) => (
                     h.to_string(),
-                    p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+                    p.parse().map_err(|_| HttpError::BadPort(url.to_string()))?,
                 ),
                 None => (authority.to_string(), default_port),
             }
         };
         if host.is_empty() {
-            return Err(format!("no host in {url:?}"));
+            return Err(HttpError::NoHost(url.to_string()));
         }
         Ok(Target {
             https,
@@ -97,7 +97,7 @@ impl Target {
     }
 
     /// Where a `Location` header sends a request that went to `self`.
-    fn follow(&self, location: &str) -> Result<Target, String> {
+    fn follow(&self, location: &str) -> Result<Target, HttpError> {
         let location = location.split('#').next().unwrap_or_default();
         if location.contains("://") {
             return Target::parse_absolute(location);
@@ -144,6 +144,37 @@ fn normalize_path(path: &str) -> String {
     out
 }
 
+/// Why an HTTP probe or hook request could not be made or answered.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("not an absolute URL: {0:?}")]
+    NotAbsolute(String),
+    #[error("unsupported protocol scheme {0:?}")]
+    Scheme(String),
+    #[error("bad host in {0:?}")]
+    BadHost(String),
+    #[error("bad port in {0:?}")]
+    BadPort(String),
+    #[error("no host in {0:?}")]
+    NoHost(String),
+    #[error("invalid header name {0:?}")]
+    HeaderName(String),
+    #[error("invalid value of header {0}")]
+    HeaderValue(String),
+    #[error("dial tcp: {0}")]
+    Dial(#[source] std::io::Error),
+    #[error("bad TLS server name {0:?}")]
+    ServerName(String),
+    #[error("TLS handshake: {0}")]
+    Tls(#[source] std::io::Error),
+    #[error("{0}")]
+    Hyper(#[from] hyper::Error),
+    #[error("{0}")]
+    Request(#[from] http::Error),
+    #[error("{0}")]
+    InvalidHost(#[from] http::header::InvalidHeaderValue),
+}
+
 pub struct HttpProbe {
     target: Target,
     /// The probe's headers, with the defaults applied.
@@ -169,14 +200,14 @@ impl HttpProbe {
         path: &str,
         headers: Vec<(String, String)>,
         timeout: Duration,
-    ) -> Result<HttpProbe, String> {
+    ) -> Result<HttpProbe, HttpError> {
         let mut map = HeaderMap::new();
         let mut host_header = None;
         for (name, value) in headers {
             let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("invalid header name {name:?}"))?;
+                .map_err(|_| HttpError::HeaderName(name.clone()))?;
             let value = HeaderValue::from_str(&value)
-                .map_err(|_| format!("invalid value of header {name}"))?;
+                .map_err(|_| HttpError::HeaderValue(name.to_string()))?;
             if name == HOST {
                 host_header = Some(value);
             } else {
@@ -283,29 +314,27 @@ impl HttpProbe {
         &self,
         target: &Target,
         host_header: Option<&HeaderValue>,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, HttpError> {
         let tcp = TcpStream::connect(target.authority())
             .await
-            .map_err(|e| format!("dial tcp: {e}"))?;
+            .map_err(HttpError::Dial)?;
         let _ = tcp.set_nodelay(true);
         let host = match host_header {
             Some(h) => h.clone(),
-            None => HeaderValue::from_str(&target.authority()).map_err(|e| e.to_string())?,
+            None => HeaderValue::from_str(&target.authority())?,
         };
         let mut builder = Request::get(target.path.as_str()).header(HOST, host);
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        let req = builder
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
+        let req = builder.body(Empty::<Bytes>::new())?;
         if target.https {
             let name = rustls::pki_types::ServerName::try_from(target.host.clone())
-                .map_err(|e| format!("bad TLS server name {:?}: {e}", target.host))?;
+                .map_err(|_| HttpError::ServerName(target.host.clone()))?;
             let tls = tokio_rustls::TlsConnector::from(tls_config())
                 .connect(name, tcp)
                 .await
-                .map_err(|e| format!("TLS handshake: {e}"))?;
+                .map_err(HttpError::Tls)?;
             exchange(tls, req).await
         } else {
             exchange(tcp, req).await
@@ -314,15 +343,13 @@ impl HttpProbe {
 }
 
 /// Sends one request over `io` and reads the answer (body up to [`MAX_OUTPUT`]).
-async fn exchange<T>(io: T, req: Request<Empty<Bytes>>) -> Result<Answer, String>
+async fn exchange<T>(io: T, req: Request<Empty<Bytes>>) -> Result<Answer, HttpError>
 where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     let request = async move {
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await?;
         let status = resp.status();
         let location = resp
             .headers()

@@ -84,7 +84,7 @@ pub fn build<R: RuntimeService>(
     if let Some(action) = &spec.http_get {
         let port = match resolve_port(&action.port, container) {
             Ok(p) => p,
-            Err(e) => return Handler::Invalid(e),
+            Err(e) => return Handler::Invalid(e.to_string()),
         };
         let host = match action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip) {
             Some(h) => h.to_string(),
@@ -103,13 +103,13 @@ pub fn build<R: RuntimeService>(
         let path = action.path.clone().unwrap_or_default();
         return match http::HttpProbe::new(https, &host, port, &path, headers, timeout) {
             Ok(p) => Handler::Http(p),
-            Err(e) => Handler::Invalid(e),
+            Err(e) => Handler::Invalid(e.to_string()),
         };
     }
     if let Some(action) = &spec.tcp_socket {
         let port = match resolve_port(&action.port, container) {
             Ok(p) => p,
-            Err(e) => return Handler::Invalid(e),
+            Err(e) => return Handler::Invalid(e.to_string()),
         };
         let host = match action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip) {
             Some(h) => h.to_string(),
@@ -136,9 +136,18 @@ pub fn build<R: RuntimeService>(
     Handler::Invalid("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into())
 }
 
+/// A probe's or hook's port cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    #[error("couldn't find port {0:?} in the container's ports")]
+    NoSuchName(String),
+    #[error("invalid port number: {0}")]
+    OutOfRange(i32),
+}
+
 /// A probe's port: a number, or the name of one of the container's ports (or a number written
 /// as a string).
-pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, PortError> {
     let number = match port {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => {
@@ -152,13 +161,13 @@ pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, St
                 Some(n) => n,
                 None => name
                     .parse::<i32>()
-                    .map_err(|_| format!("couldn't find port {name:?} in the container's ports"))?,
+                    .map_err(|_| PortError::NoSuchName(name.clone()))?,
             }
         }
     };
     match u16::try_from(number) {
         Ok(p) if p > 0 => Ok(p),
-        _ => Err(format!("invalid port number: {number}")),
+        _ => Err(PortError::OutOfRange(number)),
     }
 }
 
@@ -216,15 +225,16 @@ mod tests {
         assert!(
             resolve_port(&IntOrString::String("grpc".into()), &c)
                 .unwrap_err()
+                .to_string()
                 .contains("\"grpc\"")
         );
         assert_eq!(
-            resolve_port(&IntOrString::Int(0), &c),
+            resolve_port(&IntOrString::Int(0), &c).map_err(|e| e.to_string()),
             Err("invalid port number: 0".into())
         );
         assert_eq!(
             resolve_port(&IntOrString::Int(70000), &c),
-            Err("invalid port number: 70000".into())
+            Err(PortError::OutOfRange(70000))
         );
     }
 
