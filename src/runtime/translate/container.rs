@@ -15,7 +15,9 @@ use super::hash::{container_hash, format_hash};
 use super::qos::{QosClass, qos_class};
 use super::quantity::{self, Quantity};
 use super::sandbox::is_host_network;
-use super::{PodMeta, TranslateError, env, namespace_options, seccomp_profile, selinux_option};
+use super::{
+    PodMeta, TranslateError, env, namespace_options, seccomp_profile, security, selinux_option,
+};
 
 /// Per-container facts the translation needs. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
@@ -265,29 +267,18 @@ pub fn linux_resources(
     Ok(out)
 }
 
-/// The container's security settings: its own securityContext over the pod's.
+/// The container's security settings: its own securityContext over the pod's, as upstream's
+/// kubelet passes them to the runtime. Settings the node cannot honour never get here: they
+/// are refused when the pod is loaded (`source::validate_security`).
+// The deprecated `apparmor_profile` string is still what containerd 1.6 reads; upstream sets
+// both forms for that reason.
+#[allow(deprecated)]
 pub fn linux_security_context(
     pod: &Pod,
     c: &Container,
 ) -> Result<LinuxContainerSecurityContext, TranslateError> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = c.security_context.as_ref();
-
-    let run_as_user = sc
-        .and_then(|s| s.run_as_user)
-        .or_else(|| pod_sc.and_then(|p| p.run_as_user));
-    let run_as_group = sc
-        .and_then(|s| s.run_as_group)
-        .or_else(|| pod_sc.and_then(|p| p.run_as_group));
-
-    let mut supplemental_groups: Vec<i64> = pod_sc
-        .and_then(|p| p.supplemental_groups.clone())
-        .unwrap_or_default();
-    if let Some(fs_group) = pod_sc.and_then(|p| p.fs_group)
-        && !supplemental_groups.contains(&fs_group)
-    {
-        supplemental_groups.push(fs_group);
-    }
 
     let capabilities = sc
         .and_then(|s| s.capabilities.as_ref())
@@ -310,6 +301,13 @@ pub fn linux_security_context(
         None => None,
     };
 
+    let apparmor =
+        security::apparmor_profile(pod, c).map_err(|source| TranslateError::AppArmor {
+            container: c.name.clone(),
+            source,
+        })?;
+    let (masked_paths, readonly_paths) = security::proc_mount_paths(c);
+
     Ok(LinuxContainerSecurityContext {
         capabilities,
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
@@ -318,15 +316,23 @@ pub fn linux_security_context(
             .and_then(|s| s.se_linux_options.as_ref())
             .or_else(|| pod_sc.and_then(|p| p.se_linux_options.as_ref()))
             .map(selinux_option),
-        run_as_user: run_as_user.map(|value| Int64Value { value }),
-        run_as_group: run_as_group.map(|value| Int64Value { value }),
+        run_as_user: security::effective_run_as_user(pod, c).map(|value| Int64Value { value }),
+        run_as_group: security::effective_run_as_group(pod, c).map(|value| Int64Value { value }),
         readonly_rootfs: sc
             .and_then(|s| s.read_only_root_filesystem)
             .unwrap_or(false),
-        supplemental_groups,
+        supplemental_groups: security::supplemental_groups(pod),
+        supplemental_groups_policy: security::supplemental_groups_policy(pod),
         // Only an explicit `allowPrivilegeEscalation: false` sets no_new_privs.
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        masked_paths,
+        readonly_paths,
         seccomp,
+        apparmor_profile: apparmor
+            .as_ref()
+            .map(|a| a.deprecated.clone())
+            .unwrap_or_default(),
+        apparmor: apparmor.map(|a| a.profile),
         ..Default::default()
     })
 }

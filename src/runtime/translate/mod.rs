@@ -12,6 +12,8 @@ pub mod hash;
 pub mod qos;
 pub mod quantity;
 pub mod sandbox;
+pub mod security;
+pub mod sysctl;
 
 use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
 use thiserror::Error;
@@ -77,6 +79,13 @@ pub enum TranslateError {
         kind: String,
     },
 
+    #[error("container {container:?}: {source}")]
+    AppArmor {
+        container: String,
+        #[source]
+        source: security::AppArmorError,
+    },
+
     #[error("container {container:?}: cannot encode {what} as JSON: {message}")]
     Json {
         container: String,
@@ -98,6 +107,8 @@ impl TranslateError {
         "CreateContainerConfigError"
     }
 }
+
+pub use security::{SecurityError, needs_image_user, verify_run_as_non_root};
 
 /// A pod's identity, checked present once so the rest can use plain strings.
 #[derive(Debug, Clone, PartialEq, Eq)]
