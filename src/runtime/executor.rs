@@ -535,6 +535,34 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             state.waiting.insert(name.to_string(), waiting);
             return;
         }
+        // runAsNonRoot is checked against the user the image runs as, as upstream does.
+        if translate::needs_image_user(pod, container) {
+            let image = container.image.clone().unwrap_or_default();
+            let checked = match self.rt.image_status(image.clone()).await {
+                Ok(Some(img)) => translate::verify_run_as_non_root(
+                    pod,
+                    container,
+                    img.uid.map(|u| u.value),
+                    &img.username,
+                )
+                .map_err(|e| e.to_string()),
+                Ok(None) => Err(format!(
+                    "cannot read the user of image {image:?}: not present"
+                )),
+                Err(err) => Err(format!("cannot read the user of image {image:?}: {err}")),
+            };
+            if let Err(message) = checked {
+                tracing::warn!(%message, "CreateContainerConfigError");
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message,
+                    },
+                );
+                return;
+            }
+        }
 
         let files = match self.prepare_container_files(pod, name, start.restart_count, pod_ip) {
             Ok(f) => f,

@@ -74,6 +74,21 @@ pub fn configure(node: NodeSecurity) -> bool {
     set
 }
 
+/// Reads the node's facts and sets them for this process: called once at start with the
+/// validated `allowedUnsafeSysctls`. An entry that is somehow invalid leaves only the safe set.
+pub fn configure_from(allowed_unsafe_sysctls: &[String]) {
+    let node = NodeSecurity::detect(allowed_unsafe_sysctls).unwrap_or_else(|err| {
+        tracing::error!(error = %err, "allowedUnsafeSysctls ignored: only the safe sysctls are allowed");
+        NodeSecurity {
+            apparmor_enabled: apparmor_enabled(APPARMOR_ENABLED_PATH),
+            ..NodeSecurity::default()
+        }
+    });
+    if !configure(node) {
+        tracing::warn!("pod security checks were configured already; keeping the first setting");
+    }
+}
+
 /// The configured node facts, or the strict default (with AppArmor read from the host).
 fn node() -> &'static NodeSecurity {
     NODE.get_or_init(|| NodeSecurity {
