@@ -539,13 +539,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if translate::needs_image_user(pod, container) {
             let image = container.image.clone().unwrap_or_default();
             let checked = match self.rt.image_status(image.clone()).await {
-                Ok(Some(img)) => translate::verify_run_as_non_root(
-                    pod,
-                    container,
-                    img.uid.map(|u| u.value),
-                    &img.username,
-                )
-                .map_err(|e| e.to_string()),
+                Ok(Some(img)) => {
+                    let (uid, username) = translate::image_user(&img);
+                    translate::verify_run_as_non_root(pod, container, uid, &username)
+                        .map_err(|e| e.to_string())
+                }
                 Ok(None) => Err(format!(
                     "cannot read the user of image {image:?}: not present"
                 )),

@@ -108,7 +108,7 @@ impl TranslateError {
     }
 }
 
-pub use security::{SecurityError, needs_image_user, verify_run_as_non_root};
+pub use security::{SecurityError, image_user, needs_image_user, verify_run_as_non_root};
 
 /// A pod's identity, checked present once so the rest can use plain strings.
 #[derive(Debug, Clone, PartialEq, Eq)]

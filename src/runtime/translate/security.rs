@@ -171,6 +171,17 @@ pub fn verify_run_as_non_root(
     }
 }
 
+/// The user an image runs as, from the CRI image status, as upstream reads it: the numeric
+/// `uid` when the runtime gives one, else the `username`; an image that names no user at all
+/// runs as root (uid 0).
+pub fn image_user(image: &crate::cri::proto::Image) -> (Option<i64>, String) {
+    match (&image.uid, image.username.as_str()) {
+        (Some(uid), _) => (Some(uid.value), String::new()),
+        (None, name) if !name.is_empty() => (None, name.to_string()),
+        _ => (Some(0), String::new()),
+    }
+}
+
 /// An AppArmor profile in the two forms the CRI carries: the typed field and the deprecated
 /// string (`runtime/default`, `unconfined`, `localhost/<name>`) older runtimes read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -479,6 +490,29 @@ mod tests {
         assert!(matches!(
             verify_run_as_non_root(&p, &c, Some(1 << 40), ""),
             Err(SecurityError::InvalidImageUid { .. })
+        ));
+    }
+
+    #[test]
+    fn image_user_as_upstream_reads_it() {
+        use crate::cri::proto::{Image, Int64Value};
+        let img = |uid: Option<i64>, name: &str| Image {
+            uid: uid.map(|value| Int64Value { value }),
+            username: name.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            image_user(&img(Some(1000), "")),
+            (Some(1000), String::new())
+        );
+        assert_eq!(image_user(&img(None, "nginx")), (None, "nginx".to_string()));
+        // No user in the image: root, so runAsNonRoot refuses it.
+        assert_eq!(image_user(&img(None, "")), (Some(0), String::new()));
+        let (p, c) = pod(psc(Some(true), None), None);
+        let (uid, name) = image_user(&img(None, ""));
+        assert!(matches!(
+            verify_run_as_non_root(&p, &c, uid, &name),
+            Err(SecurityError::ImageRunsAsRoot { .. })
         ));
     }
 
