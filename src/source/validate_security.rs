@@ -365,8 +365,8 @@ pub fn validate_pod_security(pod: &Pod, node: &NodeSecurity) -> Vec<ValidationEr
     if !host_users {
         errors.push(
             "spec.hostUsers",
-            "false (a user namespace per pod) is not supported: the container runtime \
-             (containerd 1.6, CRI without user-namespace mappings) cannot create one",
+            "false (a user namespace per pod) is not supported: Deckhand does not allocate \
+             user-namespace ID mappings, and containerd 1.6 cannot create them",
         );
     }
     if let Some(sc) = spec.security_context.as_ref() {

@@ -1,5 +1,6 @@
 //! Pure translation of a Pod into CRI requests: `PodSandboxConfig`, `ContainerConfig`, plus the
-//! pieces they need (QoS class, spec hash, quantities, DNS, environment).
+//! pieces they need (QoS class, spec hash, quantities, DNS, environment, security settings,
+//! the sysctl allow-list).
 //!
 //! Nothing here does I/O: every node fact (log root, resolv.conf contents, cgroup parent, IPs,
 //! mount sources) comes in through [`SandboxContext`] / [`ContainerContext`], so each function
