@@ -74,16 +74,36 @@ pub fn configure(node: NodeSecurity) -> bool {
     set
 }
 
+/// Whether the runtime says it applies `supplementalGroupsPolicy: Strict` (CRI
+/// `RuntimeFeatures`, which containerd 1.6 does not send).
+pub fn strict_groups_supported(status: &crate::cri::proto::StatusResponse) -> bool {
+    status
+        .features
+        .as_ref()
+        .is_some_and(|f| f.supplemental_groups_policy)
+}
+
 /// Reads the node's facts and sets them for this process: called once at start with the
-/// validated `allowedUnsafeSysctls`. An entry that is somehow invalid leaves only the safe set.
-pub fn configure_from(allowed_unsafe_sysctls: &[String]) {
-    let node = NodeSecurity::detect(allowed_unsafe_sysctls).unwrap_or_else(|err| {
+/// validated `allowedUnsafeSysctls` and the runtime (asked for its features). An entry that is
+/// somehow invalid leaves only the safe set; an unanswered status leaves `Strict` refused.
+pub async fn configure_from<R: crate::cri::RuntimeService>(
+    allowed_unsafe_sysctls: &[String],
+    runtime: &R,
+) {
+    let mut node = NodeSecurity::detect(allowed_unsafe_sysctls).unwrap_or_else(|err| {
         tracing::error!(error = %err, "allowedUnsafeSysctls ignored: only the safe sysctls are allowed");
         NodeSecurity {
             apparmor_enabled: apparmor_enabled(APPARMOR_ENABLED_PATH),
             ..NodeSecurity::default()
         }
     });
+    match runtime.status(false).await {
+        Ok(status) => node.supplemental_groups_policy_strict = strict_groups_supported(&status),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "cannot read the runtime's features; supplementalGroupsPolicy Strict is refused"
+        ),
+    }
     if !configure(node) {
         tracing::warn!("pod security checks were configured already; keeping the first setting");
     }
@@ -609,6 +629,29 @@ mod tests {
         let errs = validate_pod_security(&bad, &node(&[], true));
         assert_eq!(errs.len(), 1);
         assert!(errs[0].reason.contains("unsupported value"), "{errs:?}");
+    }
+
+    #[test]
+    fn strict_groups_follow_the_runtime_features() {
+        use crate::cri::proto::{RuntimeFeatures, StatusResponse};
+        assert!(!strict_groups_supported(&StatusResponse::default()));
+        let with = |on| StatusResponse {
+            features: Some(RuntimeFeatures {
+                supplemental_groups_policy: on,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!strict_groups_supported(&with(false)));
+        assert!(strict_groups_supported(&with(true)));
+
+        let p = pod(
+            "metadata: {name: p}\nspec:\n  securityContext: {supplementalGroupsPolicy: Strict}\n  containers: [{name: a, image: x}]\n",
+        );
+        let mut n = node(&[], false);
+        assert_eq!(validate_pod_security(&p, &n).len(), 1);
+        n.supplemental_groups_policy_strict = true;
+        assert_eq!(validate_pod_security(&p, &n), vec![]);
     }
 
     #[test]
