@@ -2,7 +2,8 @@
 //! never dropped. `runAsNonRoot` against a root image waits with `CreateContainerConfigError`;
 //! `runAsUser` takes effect; safe and allow-listed sysctls reach the pod's kernel namespaces
 //! while others, AppArmor on a node without it and user namespaces are refused like any
-//! invalid manifest; a read-only root filesystem is read-only.
+//! invalid manifest; a read-only root filesystem is read-only; a Localhost seccomp profile
+//! from `<root-dir>/seccomp` is enforced.
 
 mod common;
 
@@ -66,7 +67,7 @@ async fn exec(client: &CriClient, agent: &Agent, name: &str, cmd: &str) -> (i32,
 }
 
 #[tokio::test]
-async fn run_as_non_root_user_and_read_only_root() {
+async fn run_as_non_root_run_as_user_read_only_root_and_seccomp() {
     let mut agent = Agent::new("e2e-sec-user");
     agent.write_manifest(
         "root.yaml",
@@ -78,6 +79,22 @@ async fn run_as_non_root_user_and_read_only_root() {
             "user",
             "  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 3000}\n",
             "    securityContext: {readOnlyRootFilesystem: true}\n",
+        ),
+    );
+    // A Localhost seccomp profile is read from <root-dir>/seccomp, as upstream.
+    let profiles = agent.root_dir().join("seccomp");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("deny-mkdir.json"),
+        r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}"#,
+    )
+    .unwrap();
+    agent.write_manifest(
+        "seccomp.yaml",
+        &pod_yaml(
+            "seccomp",
+            "",
+            "    securityContext: {seccompProfile: {type: Localhost, localhostProfile: deny-mkdir.json}}\n",
         ),
     );
     agent.start();
@@ -119,6 +136,16 @@ async fn run_as_non_root_user_and_read_only_root() {
     let (code, out) = exec(&client, &agent, "user", "touch /probe-file").await;
     assert_ne!(code, 0, "writing to / succeeded: {out}");
     assert!(out.contains("Read-only file system"), "{out}");
+
+    let (code, out) = exec(&client, &agent, "seccomp", "mkdir /tmp/d").await;
+    assert_ne!(
+        code, 0,
+        "mkdir succeeded under a profile that denies it: {out}"
+    );
+    assert_eq!(
+        exec(&client, &agent, "seccomp", "touch /tmp/f && echo ok").await,
+        (0, "ok".to_string())
+    );
 }
 
 #[tokio::test]

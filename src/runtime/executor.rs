@@ -197,6 +197,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 pod_uid(pod),
             ),
             node_name: self.node.node_name.clone(),
+            seccomp_profile_root: self.node.root_dir.join("seccomp"),
         };
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
@@ -584,6 +585,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             termination_log_path: Some(files.termination_log),
             extra_mounts: Vec::new(),
             node_memory_capacity: self.node.node_memory_bytes,
+            seccomp_profile_root: self.node.root_dir.join("seccomp"),
         };
         let mounts = translate::env::container_env(pod, container, &ctx)
             .map_err(|e| e.to_string())

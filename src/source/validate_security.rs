@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{
     WindowsSecurityContextOptions,
 };
 
+use crate::runtime::translate::is_local_descending_path;
 use crate::runtime::translate::security::{APPARMOR_ANNOTATION_PREFIX, apparmor_profile};
 use crate::runtime::translate::sysctl::{SysctlAllowlist, SysctlError};
 use crate::source::validate::ValidationError;
@@ -163,11 +164,20 @@ fn seccomp(errors: &mut Errors, field: String, p: Option<&SeccompProfile>) {
                 );
             }
         }
-        "Localhost" => errors.push(
-            format!("{field}.type"),
-            "Localhost seccomp profiles are not supported by Deckhand yet (no seccomp profile \
-             root); use RuntimeDefault or Unconfined",
-        ),
+        "Localhost" => match p.localhost_profile.as_deref() {
+            None | Some("") => errors.push(
+                format!("{field}.localhostProfile"),
+                "required when type is Localhost",
+            ),
+            Some(path) if !is_local_descending_path(path) => errors.push(
+                format!("{field}.localhostProfile"),
+                format!(
+                    "{path:?} must be a relative path below the seccomp profile root \
+                     (<root-dir>/seccomp), without '..'"
+                ),
+            ),
+            Some(_) => {}
+        },
         other => errors.push(
             format!("{field}.type"),
             format!("{other:?} is not one of [\"RuntimeDefault\", \"Unconfined\", \"Localhost\"]"),
@@ -551,11 +561,15 @@ mod tests {
         ),
         (
             "malformed apparmor and seccomp",
-            "containers: [{name: a, image: x, securityContext: {appArmorProfile: {type: Localhost}, seccompProfile: {type: Localhost, localhostProfile: p.json}}}]",
+            "securityContext: {seccompProfile: {type: Localhost, localhostProfile: ../../etc/evil.json}}\n  containers: [{name: a, image: x, securityContext: {appArmorProfile: {type: Localhost}, seccompProfile: {type: Localhost}}}, {name: b, image: x, securityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/audit.json}}}]",
             &[
                 (
-                    "spec.containers[0].securityContext.seccompProfile.type",
-                    "not supported",
+                    "spec.securityContext.seccompProfile.localhostProfile",
+                    "without '..'",
+                ),
+                (
+                    "spec.containers[0].securityContext.seccompProfile.localhostProfile",
+                    "required",
                 ),
                 (
                     "spec.containers[0].securityContext.appArmorProfile.localhostProfile",

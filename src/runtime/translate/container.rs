@@ -1,7 +1,7 @@
 //! Pod + container → `ContainerConfig`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -38,6 +38,8 @@ pub struct ContainerContext {
     pub termination_log_path: Option<PathBuf>,
     /// Volume mounts prepared by the volume manager.
     pub extra_mounts: Vec<Mount>,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// Where a container writes its termination message unless the spec says otherwise.
@@ -276,6 +278,7 @@ pub fn linux_resources(
 pub fn linux_security_context(
     pod: &Pod,
     c: &Container,
+    seccomp_root: &Path,
 ) -> Result<LinuxContainerSecurityContext, TranslateError> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = c.security_context.as_ref();
@@ -292,12 +295,12 @@ pub fn linux_security_context(
         .and_then(|s| s.seccomp_profile.as_ref())
         .or_else(|| pod_sc.and_then(|p| p.seccomp_profile.as_ref()))
     {
-        Some(p) => Some(
-            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
+        Some(p) => Some(seccomp_profile(p, seccomp_root).ok_or_else(|| {
+            TranslateError::UnsupportedSeccomp {
                 container: Some(c.name.clone()),
                 kind: p.type_.clone(),
-            })?,
-        ),
+            }
+        })?),
         None => None,
     };
 
@@ -413,7 +416,11 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, ctx.node_memory_capacity)?),
-            security_context: Some(linux_security_context(pod, container)?),
+            security_context: Some(linux_security_context(
+                pod,
+                container,
+                &ctx.seccomp_profile_root,
+            )?),
         }),
         windows: None,
         cdi_devices: Vec::new(),
@@ -425,10 +432,11 @@ pub fn container_config(
 mod tests {
     use super::*;
     use crate::cri::proto::{KeyValue, NamespaceMode, SecurityProfile};
+    use k8s_openapi::api::core::v1::AppArmorProfile;
     use k8s_openapi::api::core::v1::{
         Capabilities, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
-        ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
-        SecurityContext,
+        ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceRequirements, SELinuxOptions,
+        SeccompProfile, SecurityContext,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -564,6 +572,7 @@ mod tests {
                 readonly: true,
                 ..Default::default()
             }],
+            seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
         }
     }
 
@@ -851,7 +860,8 @@ mod tests {
             }),
             ..Default::default()
         });
-        let sc = linux_security_context(&pod, &c).unwrap();
+        let root = Path::new("/var/lib/deckhand/seccomp");
+        let sc = linux_security_context(&pod, &c, root).unwrap();
         assert!(sc.privileged);
         assert!(!sc.no_new_privs);
         assert_eq!(
@@ -862,15 +872,80 @@ mod tests {
             })
         );
 
+        // Localhost profiles are files under the node's seccomp root.
         c.security_context.as_mut().unwrap().seccomp_profile = Some(SeccompProfile {
             type_: "Localhost".into(),
             localhost_profile: Some("profiles/audit.json".into()),
         });
-        let err = linux_security_context(&pod, &c).unwrap_err();
+        let sc = linux_security_context(&pod, &c, root).unwrap();
+        assert_eq!(
+            sc.seccomp,
+            Some(SecurityProfile {
+                profile_type: 2,
+                localhost_ref: "/var/lib/deckhand/seccomp/profiles/audit.json".into()
+            })
+        );
+        // Without a root, or escaping it, it cannot be served.
+        let err = linux_security_context(&pod, &c, Path::new("")).unwrap_err();
         assert_eq!(
             err.to_string(),
             "container \"app\": unsupported seccomp profile type \"Localhost\""
         );
+        c.security_context.as_mut().unwrap().seccomp_profile = Some(SeccompProfile {
+            type_: "Localhost".into(),
+            localhost_profile: Some("../escape.json".into()),
+        });
+        assert!(linux_security_context(&pod, &c, root).is_err());
+    }
+
+    #[test]
+    fn every_container_field_reaches_the_runtime() {
+        let mut c = with_resources(&[], &[]);
+        c.security_context = Some(SecurityContext {
+            run_as_user: Some(1001),
+            run_as_non_root: Some(true),
+            proc_mount: Some("Default".into()),
+            app_armor_profile: Some(AppArmorProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some("k8s-app".into()),
+            }),
+            se_linux_options: Some(SELinuxOptions {
+                level: Some("s0:c1,c2".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut pod = web_pod(vec![c.clone()]);
+        pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            run_as_group: Some(2000),
+            fs_group: Some(3000),
+            supplemental_groups: Some(vec![4000]),
+            supplemental_groups_policy: Some("Strict".into()),
+            se_linux_options: Some(SELinuxOptions {
+                level: Some("s0:c9".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let sc = linux_security_context(&pod, &c, Path::new("")).unwrap();
+        assert_eq!(sc.run_as_user, Some(Int64Value { value: 1001 }));
+        assert_eq!(sc.run_as_group, Some(Int64Value { value: 2000 }));
+        assert_eq!(sc.supplemental_groups, vec![3000, 4000]);
+        assert_eq!(sc.supplemental_groups_policy, 1);
+        assert_eq!(sc.selinux_options.unwrap().level, "s0:c1,c2");
+        assert_eq!(
+            sc.apparmor,
+            Some(SecurityProfile {
+                profile_type: 2,
+                localhost_ref: "k8s-app".into()
+            })
+        );
+        #[allow(deprecated)]
+        let deprecated = sc.apparmor_profile.clone();
+        assert_eq!(deprecated, "localhost/k8s-app");
+        assert_eq!(sc.masked_paths.len(), 11);
+        assert_eq!(sc.readonly_paths.len(), 5);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct SandboxContext {
     pub cgroup_parent: Option<String>,
     /// This node's name.
     pub node_name: String,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// Maximum hostname length (a DNS label).
@@ -156,9 +158,11 @@ pub fn pod_sandbox_config(
 
     let seccomp = match pod_sc.and_then(|sc| sc.seccomp_profile.as_ref()) {
         Some(p) => Some(
-            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
-                container: None,
-                kind: p.type_.clone(),
+            seccomp_profile(p, &ctx.seccomp_profile_root).ok_or_else(|| {
+                TranslateError::UnsupportedSeccomp {
+                    container: None,
+                    kind: p.type_.clone(),
+                }
             })?,
         ),
         None => None,
@@ -263,6 +267,7 @@ mod tests {
             cluster_domain: "cluster.local".into(),
             cgroup_parent: Some("/kubepods/besteffort/pod0b7e4c2a".into()),
             node_name: "node-a".into(),
+            seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
         }
     }
 
