@@ -68,9 +68,17 @@ static NODE: OnceLock<NodeSecurity> = OnceLock::new();
 
 /// Sets this process's node facts, once, at start. Returns false if they were already set.
 pub fn configure(node: NodeSecurity) -> bool {
+    let (apparmor, strict) = (
+        node.apparmor_enabled,
+        node.supplemental_groups_policy_strict,
+    );
     let set = NODE.set(node).is_ok();
     if set {
-        tracing::info!(node = ?NODE.get(), "pod security checks configured");
+        tracing::info!(
+            apparmor,
+            supplemental_groups_strict = strict,
+            "pod security checks configured"
+        );
     }
     set
 }
