@@ -209,6 +209,8 @@ pub async fn run(
         cancel.clone(),
     ));
 
+    source::validate::validate_security::configure_from(&config.allowed_unsafe_sysctls, &client)
+        .await;
     let (changes_rx, sources_ready, _problems) = source::spawn_sources(
         SourceConfig {
             node_name: config.node_name.clone(),

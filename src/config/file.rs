@@ -48,6 +48,7 @@ pub struct KubeletConfigurationFile {
     pub cluster_domain: Option<String>,
     #[serde(rename = "clusterDNS")]
     pub cluster_dns: Option<Vec<String>>,
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
     pub runtime_request_timeout: Option<String>,
     pub cgroup_driver: Option<String>,
     pub cgroup_root: Option<String>,

@@ -133,6 +133,11 @@ pub struct Flags {
     #[arg(long, value_name = "IP,...", value_delimiter = ',')]
     pub cluster_dns: Option<Vec<IpAddr>>,
 
+    /// Comma-separated unsafe sysctls or patterns (ending in `*`) pods may set beyond the safe
+    /// set, e.g. `kernel.msg*,net.core.somaxconn`. Only namespaced sysctls can be listed.
+    #[arg(long, value_name = "SYSCTL,...", value_delimiter = ',')]
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
+
     /// Resolver configuration file used as the basis for container DNS; "" for none.
     /// [default: /etc/resolv.conf]
     #[arg(long, value_name = "PATH", value_parser = parse_path_or_empty)]
@@ -252,6 +257,7 @@ mod tests {
             "--pod-infra-container-image=registry.k8s.io/pause:3.10",
             "--serialize-image-pulls=false",
             "--image-pull-progress-deadline=30s",
+            "--allowed-unsafe-sysctls=kernel.msg*,net.core.somaxconn",
         ])
         .unwrap();
         assert_eq!(
@@ -292,6 +298,10 @@ mod tests {
                 node_status_update_frequency: Some(Duration::from_secs(4)),
                 pod_infra_container_image: Some("registry.k8s.io/pause:3.10".into()),
                 serialize_image_pulls: Some(false),
+                allowed_unsafe_sysctls: Some(vec![
+                    "kernel.msg*".into(),
+                    "net.core.somaxconn".into()
+                ]),
             }
         );
     }

@@ -66,6 +66,9 @@ pub struct Config {
     pub cgroups_per_qos: bool,
     pub cluster_domain: Option<String>,
     pub cluster_dns: Vec<IpAddr>,
+    /// `allowedUnsafeSysctls`: sysctls (or `prefix*` patterns) pods may set beyond the safe set;
+    /// each is known to be namespaced (checked at load).
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// Empty path = no resolver file (containers get no host DNS configuration).
     pub resolv_conf: PathBuf,
     pub max_pods: u32,

@@ -63,6 +63,7 @@ fn defaults() -> Config {
         cgroups_per_qos: true,
         cluster_domain: None,
         cluster_dns: vec![],
+        allowed_unsafe_sysctls: vec![],
         resolv_conf: "/etc/resolv.conf".into(),
         max_pods: 110,
         pod_pids_limit: -1,
@@ -356,6 +357,28 @@ fn flags_beat_file_beats_defaults() {
             check: |c| assert_eq!(c.cluster_dns, vec![ip("10.9.9.9")]),
         },
         Row {
+            name: "allowedUnsafeSysctls: file list, trimmed",
+            file: Some("allowedUnsafeSysctls: [kernel.msg*, ' net.core.somaxconn']\n"),
+            args: &[],
+            check: |c| {
+                assert_eq!(
+                    c.allowed_unsafe_sysctls,
+                    vec!["kernel.msg*".to_string(), "net.core.somaxconn".to_string()]
+                )
+            },
+        },
+        Row {
+            name: "allowedUnsafeSysctls: flag replaces file list",
+            file: Some("allowedUnsafeSysctls: [kernel.msg*]\n"),
+            args: &["--allowed-unsafe-sysctls=net.core.*,fs.mqueue.msg_max"],
+            check: |c| {
+                assert_eq!(
+                    c.allowed_unsafe_sysctls,
+                    vec!["net.core.*".to_string(), "fs.mqueue.msg_max".to_string()]
+                )
+            },
+        },
+        Row {
             name: "resolvConf: file empty means none",
             file: Some("resolvConf: \"\"\n"),
             args: &[],
@@ -576,6 +599,16 @@ fn validation_errors_name_the_field() {
             &[],
             Some("clusterDNS: [10.0.0.10, dns.local]\n"),
             "clusterDNS[1]: \"dns.local\" is not an IP address",
+        ),
+        (
+            &[],
+            Some("allowedUnsafeSysctls: [kernel.msg*, vm.swappiness]\n"),
+            "allowedUnsafeSysctls: \"vm.swappiness\" is not known to be namespaced: it would change the whole node",
+        ),
+        (
+            &["--allowed-unsafe-sysctls=net..x"],
+            None,
+            "--allowed-unsafe-sysctls: \"net..x\" is not a valid sysctl name (at most 253 characters of lowercase letters, digits, '-' and '_', in parts separated by '.' or '/')",
         ),
         (
             &[],

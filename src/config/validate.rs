@@ -426,6 +426,23 @@ pub(super) fn build(
         "clusterDNS",
         Vec::new,
     );
+    let (allowed_unsafe_sysctls, o) = pick(
+        flags.allowed_unsafe_sysctls.clone(),
+        "--allowed-unsafe-sysctls",
+        f.allowed_unsafe_sysctls.clone(),
+        "allowedUnsafeSysctls",
+        Vec::new,
+    );
+    let allowed_unsafe_sysctls: Vec<String> = allowed_unsafe_sysctls
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let Err(err) =
+        crate::runtime::translate::sysctl::SysctlAllowlist::new(&allowed_unsafe_sysctls)
+    {
+        return Err(invalid(o.name(), err.to_string()));
+    }
     let (resolv_conf, _) = pick(
         flags.resolv_conf.clone(),
         "--resolv-conf",
@@ -546,6 +563,7 @@ pub(super) fn build(
         cgroups_per_qos,
         cluster_domain,
         cluster_dns,
+        allowed_unsafe_sysctls,
         resolv_conf,
         max_pods,
         pod_pids_limit,

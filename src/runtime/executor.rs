@@ -197,6 +197,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 pod_uid(pod),
             ),
             node_name: self.node.node_name.clone(),
+            seccomp_profile_root: self.node.root_dir.join("seccomp"),
         };
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
@@ -535,6 +536,32 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             state.waiting.insert(name.to_string(), waiting);
             return;
         }
+        // runAsNonRoot is checked against the user the image runs as, as upstream does.
+        if translate::needs_image_user(pod, container) {
+            let image = container.image.clone().unwrap_or_default();
+            let checked = match self.rt.image_status(image.clone()).await {
+                Ok(Some(img)) => {
+                    let (uid, username) = translate::image_user(&img);
+                    translate::verify_run_as_non_root(pod, container, uid, &username)
+                        .map_err(|e| e.to_string())
+                }
+                Ok(None) => Err(format!(
+                    "cannot read the user of image {image:?}: not present"
+                )),
+                Err(err) => Err(format!("cannot read the user of image {image:?}: {err}")),
+            };
+            if let Err(message) = checked {
+                tracing::warn!(%message, "CreateContainerConfigError");
+                state.waiting.insert(
+                    name.to_string(),
+                    WaitingReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message,
+                    },
+                );
+                return;
+            }
+        }
 
         let files = match self.prepare_container_files(pod, name, start.restart_count, pod_ip) {
             Ok(f) => f,
@@ -558,6 +585,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             termination_log_path: Some(files.termination_log),
             extra_mounts: Vec::new(),
             node_memory_capacity: self.node.node_memory_bytes,
+            seccomp_profile_root: self.node.root_dir.join("seccomp"),
         };
         let mounts = translate::env::container_env(pod, container, &ctx)
             .map_err(|e| e.to_string())

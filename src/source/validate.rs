@@ -6,6 +6,9 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+#[path = "validate_security.rs"]
+pub mod validate_security;
+
 /// One problem with one field, e.g. `spec.containers[1].name: duplicate name "app"`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ValidationError {
@@ -208,6 +211,7 @@ pub fn validate_pod(pod: &Pod) -> Result<(), Vec<ValidationError>> {
             format!("{grace} must not be negative"),
         );
     }
+    errors.0.extend(validate_security::check(pod));
     if errors.0.is_empty() {
         Ok(())
     } else {

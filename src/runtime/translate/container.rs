@@ -1,7 +1,7 @@
 //! Pod + container → `ContainerConfig`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -15,7 +15,9 @@ use super::hash::{container_hash, format_hash};
 use super::qos::{QosClass, qos_class};
 use super::quantity::{self, Quantity};
 use super::sandbox::is_host_network;
-use super::{PodMeta, TranslateError, env, namespace_options, seccomp_profile, selinux_option};
+use super::{
+    PodMeta, TranslateError, env, namespace_options, seccomp_profile, security, selinux_option,
+};
 
 /// Per-container facts the translation needs. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +38,8 @@ pub struct ContainerContext {
     pub termination_log_path: Option<PathBuf>,
     /// Volume mounts prepared by the volume manager.
     pub extra_mounts: Vec<Mount>,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// Where a container writes its termination message unless the spec says otherwise.
@@ -265,29 +269,19 @@ pub fn linux_resources(
     Ok(out)
 }
 
-/// The container's security settings: its own securityContext over the pod's.
+/// The container's security settings: its own securityContext over the pod's, as upstream's
+/// kubelet passes them to the runtime. Settings the node cannot honour never get here: they
+/// are refused when the pod is loaded (`source::validate_security`).
+// The deprecated `apparmor_profile` string is still what containerd 1.6 reads; upstream sets
+// both forms for that reason.
+#[allow(deprecated)]
 pub fn linux_security_context(
     pod: &Pod,
     c: &Container,
+    seccomp_root: &Path,
 ) -> Result<LinuxContainerSecurityContext, TranslateError> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = c.security_context.as_ref();
-
-    let run_as_user = sc
-        .and_then(|s| s.run_as_user)
-        .or_else(|| pod_sc.and_then(|p| p.run_as_user));
-    let run_as_group = sc
-        .and_then(|s| s.run_as_group)
-        .or_else(|| pod_sc.and_then(|p| p.run_as_group));
-
-    let mut supplemental_groups: Vec<i64> = pod_sc
-        .and_then(|p| p.supplemental_groups.clone())
-        .unwrap_or_default();
-    if let Some(fs_group) = pod_sc.and_then(|p| p.fs_group)
-        && !supplemental_groups.contains(&fs_group)
-    {
-        supplemental_groups.push(fs_group);
-    }
 
     let capabilities = sc
         .and_then(|s| s.capabilities.as_ref())
@@ -301,14 +295,21 @@ pub fn linux_security_context(
         .and_then(|s| s.seccomp_profile.as_ref())
         .or_else(|| pod_sc.and_then(|p| p.seccomp_profile.as_ref()))
     {
-        Some(p) => Some(
-            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
+        Some(p) => Some(seccomp_profile(p, seccomp_root).ok_or_else(|| {
+            TranslateError::UnsupportedSeccomp {
                 container: Some(c.name.clone()),
                 kind: p.type_.clone(),
-            })?,
-        ),
+            }
+        })?),
         None => None,
     };
+
+    let apparmor =
+        security::apparmor_profile(pod, c).map_err(|source| TranslateError::AppArmor {
+            container: c.name.clone(),
+            source,
+        })?;
+    let (masked_paths, readonly_paths) = security::proc_mount_paths(c);
 
     Ok(LinuxContainerSecurityContext {
         capabilities,
@@ -318,15 +319,23 @@ pub fn linux_security_context(
             .and_then(|s| s.se_linux_options.as_ref())
             .or_else(|| pod_sc.and_then(|p| p.se_linux_options.as_ref()))
             .map(selinux_option),
-        run_as_user: run_as_user.map(|value| Int64Value { value }),
-        run_as_group: run_as_group.map(|value| Int64Value { value }),
+        run_as_user: security::effective_run_as_user(pod, c).map(|value| Int64Value { value }),
+        run_as_group: security::effective_run_as_group(pod, c).map(|value| Int64Value { value }),
         readonly_rootfs: sc
             .and_then(|s| s.read_only_root_filesystem)
             .unwrap_or(false),
-        supplemental_groups,
+        supplemental_groups: security::supplemental_groups(pod),
+        supplemental_groups_policy: security::supplemental_groups_policy(pod),
         // Only an explicit `allowPrivilegeEscalation: false` sets no_new_privs.
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        masked_paths,
+        readonly_paths,
         seccomp,
+        apparmor_profile: apparmor
+            .as_ref()
+            .map(|a| a.deprecated.clone())
+            .unwrap_or_default(),
+        apparmor: apparmor.map(|a| a.profile),
         ..Default::default()
     })
 }
@@ -407,7 +416,11 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, ctx.node_memory_capacity)?),
-            security_context: Some(linux_security_context(pod, container)?),
+            security_context: Some(linux_security_context(
+                pod,
+                container,
+                &ctx.seccomp_profile_root,
+            )?),
         }),
         windows: None,
         cdi_devices: Vec::new(),
@@ -419,10 +432,11 @@ pub fn container_config(
 mod tests {
     use super::*;
     use crate::cri::proto::{KeyValue, NamespaceMode, SecurityProfile};
+    use k8s_openapi::api::core::v1::AppArmorProfile;
     use k8s_openapi::api::core::v1::{
         Capabilities, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
-        ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
-        SecurityContext,
+        ObjectFieldSelector, PodSecurityContext, PodSpec, ResourceRequirements, SELinuxOptions,
+        SeccompProfile, SecurityContext,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -558,6 +572,7 @@ mod tests {
                 readonly: true,
                 ..Default::default()
             }],
+            seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
         }
     }
 
@@ -845,7 +860,8 @@ mod tests {
             }),
             ..Default::default()
         });
-        let sc = linux_security_context(&pod, &c).unwrap();
+        let root = Path::new("/var/lib/deckhand/seccomp");
+        let sc = linux_security_context(&pod, &c, root).unwrap();
         assert!(sc.privileged);
         assert!(!sc.no_new_privs);
         assert_eq!(
@@ -856,15 +872,80 @@ mod tests {
             })
         );
 
+        // Localhost profiles are files under the node's seccomp root.
         c.security_context.as_mut().unwrap().seccomp_profile = Some(SeccompProfile {
             type_: "Localhost".into(),
             localhost_profile: Some("profiles/audit.json".into()),
         });
-        let err = linux_security_context(&pod, &c).unwrap_err();
+        let sc = linux_security_context(&pod, &c, root).unwrap();
+        assert_eq!(
+            sc.seccomp,
+            Some(SecurityProfile {
+                profile_type: 2,
+                localhost_ref: "/var/lib/deckhand/seccomp/profiles/audit.json".into()
+            })
+        );
+        // Without a root, or escaping it, it cannot be served.
+        let err = linux_security_context(&pod, &c, Path::new("")).unwrap_err();
         assert_eq!(
             err.to_string(),
             "container \"app\": unsupported seccomp profile type \"Localhost\""
         );
+        c.security_context.as_mut().unwrap().seccomp_profile = Some(SeccompProfile {
+            type_: "Localhost".into(),
+            localhost_profile: Some("../escape.json".into()),
+        });
+        assert!(linux_security_context(&pod, &c, root).is_err());
+    }
+
+    #[test]
+    fn every_container_field_reaches_the_runtime() {
+        let mut c = with_resources(&[], &[]);
+        c.security_context = Some(SecurityContext {
+            run_as_user: Some(1001),
+            run_as_non_root: Some(true),
+            proc_mount: Some("Default".into()),
+            app_armor_profile: Some(AppArmorProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some("k8s-app".into()),
+            }),
+            se_linux_options: Some(SELinuxOptions {
+                level: Some("s0:c1,c2".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut pod = web_pod(vec![c.clone()]);
+        pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            run_as_group: Some(2000),
+            fs_group: Some(3000),
+            supplemental_groups: Some(vec![4000]),
+            supplemental_groups_policy: Some("Strict".into()),
+            se_linux_options: Some(SELinuxOptions {
+                level: Some("s0:c9".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let sc = linux_security_context(&pod, &c, Path::new("")).unwrap();
+        assert_eq!(sc.run_as_user, Some(Int64Value { value: 1001 }));
+        assert_eq!(sc.run_as_group, Some(Int64Value { value: 2000 }));
+        assert_eq!(sc.supplemental_groups, vec![3000, 4000]);
+        assert_eq!(sc.supplemental_groups_policy, 1);
+        assert_eq!(sc.selinux_options.unwrap().level, "s0:c1,c2");
+        assert_eq!(
+            sc.apparmor,
+            Some(SecurityProfile {
+                profile_type: 2,
+                localhost_ref: "k8s-app".into()
+            })
+        );
+        #[allow(deprecated)]
+        let deprecated = sc.apparmor_profile.clone();
+        assert_eq!(deprecated, "localhost/k8s-app");
+        assert_eq!(sc.masked_paths.len(), 11);
+        assert_eq!(sc.readonly_paths.len(), 5);
     }
 
     #[test]

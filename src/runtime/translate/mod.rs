@@ -1,5 +1,6 @@
 //! Pure translation of a Pod into CRI requests: `PodSandboxConfig`, `ContainerConfig`, plus the
-//! pieces they need (QoS class, spec hash, quantities, DNS, environment).
+//! pieces they need (QoS class, spec hash, quantities, DNS, environment, security settings,
+//! the sysctl allow-list).
 //!
 //! Nothing here does I/O: every node fact (log root, resolv.conf contents, cgroup parent, IPs,
 //! mount sources) comes in through [`SandboxContext`] / [`ContainerContext`], so each function
@@ -12,6 +13,8 @@ pub mod hash;
 pub mod qos;
 pub mod quantity;
 pub mod sandbox;
+pub mod security;
+pub mod sysctl;
 
 use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
 use thiserror::Error;
@@ -77,6 +80,13 @@ pub enum TranslateError {
         kind: String,
     },
 
+    #[error("container {container:?}: {source}")]
+    AppArmor {
+        container: String,
+        #[source]
+        source: security::AppArmorError,
+    },
+
     #[error("container {container:?}: cannot encode {what} as JSON: {message}")]
     Json {
         container: String,
@@ -98,6 +108,8 @@ impl TranslateError {
         "CreateContainerConfigError"
     }
 }
+
+pub use security::{SecurityError, image_user, needs_image_user, verify_run_as_non_root};
 
 /// A pod's identity, checked present once so the rest can use plain strings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,18 +180,42 @@ pub(crate) fn namespace_options(pod: &Pod) -> NamespaceOption {
     }
 }
 
-/// CRI form of a seccomp profile; None for types we cannot serve (Localhost needs a profile
-/// root directory this layer does not know).
-pub(crate) fn seccomp_profile(p: &SeccompProfile) -> Option<SecurityProfile> {
-    let profile_type = match p.type_.as_str() {
-        "RuntimeDefault" => ProfileType::RuntimeDefault,
-        "Unconfined" => ProfileType::Unconfined,
+/// CRI form of a seccomp profile. A `Localhost` profile is a file under the node's seccomp
+/// profile root (`<root-dir>/seccomp`, as upstream); None for an unknown type, a Localhost
+/// profile without a name or one that would leave the root, or no root configured.
+pub(crate) fn seccomp_profile(
+    p: &SeccompProfile,
+    root: &std::path::Path,
+) -> Option<SecurityProfile> {
+    let (profile_type, localhost_ref) = match p.type_.as_str() {
+        "RuntimeDefault" => (ProfileType::RuntimeDefault, String::new()),
+        "Unconfined" => (ProfileType::Unconfined, String::new()),
+        "Localhost" => {
+            let name = p.localhost_profile.as_deref().unwrap_or_default();
+            if root.as_os_str().is_empty() || !is_local_descending_path(name) {
+                return None;
+            }
+            (
+                ProfileType::Localhost,
+                root.join(name).to_string_lossy().into_owned(),
+            )
+        }
         _ => return None,
     };
     Some(SecurityProfile {
         profile_type: profile_type as i32,
-        localhost_ref: String::new(),
+        localhost_ref,
     })
+}
+
+/// A non-empty relative path that stays below its base (no `..` part), as upstream requires
+/// of `localhostProfile`.
+pub fn is_local_descending_path(path: &str) -> bool {
+    use std::path::Component;
+    !path.is_empty()
+        && std::path::Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
 pub(crate) fn selinux_option(o: &SELinuxOptions) -> SeLinuxOption {

@@ -12,7 +12,9 @@ use crate::cri::proto::{
 use crate::runtime::labels;
 
 use super::dns::{self, HostDns};
-use super::{PodMeta, TranslateError, namespace_options, seccomp_profile, selinux_option};
+use super::{
+    PodMeta, TranslateError, namespace_options, seccomp_profile, security, selinux_option,
+};
 
 /// Node facts a sandbox config depends on. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +31,8 @@ pub struct SandboxContext {
     pub cgroup_parent: Option<String>,
     /// This node's name.
     pub node_name: String,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// Maximum hostname length (a DNS label).
@@ -152,20 +156,13 @@ pub fn pod_sandbox_config(
             })
     });
 
-    let mut supplemental_groups: Vec<i64> = pod_sc
-        .and_then(|sc| sc.supplemental_groups.clone())
-        .unwrap_or_default();
-    if let Some(fs_group) = pod_sc.and_then(|sc| sc.fs_group)
-        && !supplemental_groups.contains(&fs_group)
-    {
-        supplemental_groups.push(fs_group);
-    }
-
     let seccomp = match pod_sc.and_then(|sc| sc.seccomp_profile.as_ref()) {
         Some(p) => Some(
-            seccomp_profile(p).ok_or_else(|| TranslateError::UnsupportedSeccomp {
-                container: None,
-                kind: p.type_.clone(),
+            seccomp_profile(p, &ctx.seccomp_profile_root).ok_or_else(|| {
+                TranslateError::UnsupportedSeccomp {
+                    container: None,
+                    kind: p.type_.clone(),
+                }
             })?,
         ),
         None => None,
@@ -182,7 +179,8 @@ pub fn pod_sandbox_config(
         run_as_group: pod_sc
             .and_then(|sc| sc.run_as_group)
             .map(|value| Int64Value { value }),
-        supplemental_groups,
+        supplemental_groups: security::supplemental_groups(pod),
+        supplemental_groups_policy: security::supplemental_groups_policy(pod),
         privileged,
         seccomp,
         ..Default::default()
@@ -269,6 +267,7 @@ mod tests {
             cluster_domain: "cluster.local".into(),
             cgroup_parent: Some("/kubepods/besteffort/pod0b7e4c2a".into()),
             node_name: "node-a".into(),
+            seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
         }
     }
 
@@ -450,7 +449,7 @@ mod tests {
         assert_eq!(sc.namespace_options.unwrap().pid, NamespaceMode::Pod as i32);
         assert_eq!(sc.run_as_user, Some(Int64Value { value: 1000 }));
         assert_eq!(sc.run_as_group, Some(Int64Value { value: 3000 }));
-        assert_eq!(sc.supplemental_groups, vec![4000, 2000]);
+        assert_eq!(sc.supplemental_groups, vec![2000, 4000]);
         assert!(sc.privileged);
     }
 
