@@ -352,6 +352,11 @@ fn container_mounts_map_volume_mounts() {
     };
     let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
     let info = vols.paths["info"].canonicalize().unwrap();
+    let subpaths = tmp
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("root/pods/u4/volume-subpaths");
     let want = [
         (
             "/cache",
@@ -367,13 +372,13 @@ fn container_mounts_map_volume_mounts() {
         ),
         (
             "/mine",
-            host.canonicalize().unwrap().join("pods/web-n1"),
+            subpaths.join("logs/app/2"),
             false,
             MountPropagation::PropagationPrivate,
         ),
         (
             "/etc/labels",
-            std::fs::canonicalize(info.join("labels")).unwrap(),
+            subpaths.join("info/app/3"),
             true,
             MountPropagation::PropagationPrivate,
         ),
@@ -396,12 +401,17 @@ fn container_mounts_map_volume_mounts() {
         host.join("pods/web-n1").is_dir(),
         "subPathExpr directory created"
     );
-    // The subPath of a downwardAPI file is the file of the current version.
-    assert!(
-        mounts[3].host_path.contains("..20"),
-        "{}",
-        mounts[3].host_path
-    );
+    // The subPaths are bind mounts of what they name: the subPathExpr directory, and for a
+    // downwardAPI file the file of the current version.
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a).unwrap(), std::fs::metadata(b).unwrap());
+        (a.dev(), a.ino()) == (b.dev(), b.ino())
+    };
+    assert!(same(Path::new(&mounts[2].host_path), &host.join("pods/web-n1")));
+    let version = std::fs::canonicalize(info.join("labels")).unwrap();
+    assert!(version.to_string_lossy().contains("..20"), "{version:?}");
+    assert!(same(Path::new(&mounts[3].host_path), &version));
 
     let one = |vm: VolumeMount| {
         let c = Container {
