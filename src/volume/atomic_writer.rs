@@ -74,11 +74,7 @@ pub fn validate_path(path: &str) -> Result<(), String> {
 /// With `fs_group`, the whole volume is given to that group (read-only masks) after the new
 /// version is written and before it becomes visible, as upstream's writer calls its
 /// `setPerms` hook.
-pub fn write(
-    target: &Path,
-    payload: &Payload,
-    fs_group: Option<FsGroup>,
-) -> Result<bool, String> {
+pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Result<bool, String> {
     let mut clean: BTreeMap<PathBuf, &FileProjection> = BTreeMap::new();
     for (path, file) in payload {
         validate_path(path)?;
@@ -186,8 +182,8 @@ fn differs(old: &Path, payload: &BTreeMap<PathBuf, &FileProjection>, grouped: bo
         } else {
             file.mode & 0o7777
         };
-        let same_mode = std::fs::symlink_metadata(&full)
-            .is_ok_and(|m| m.permissions().mode() & 0o7777 == want);
+        let same_mode =
+            std::fs::symlink_metadata(&full).is_ok_and(|m| m.permissions().mode() & 0o7777 == want);
         !same_mode || std::fs::read(&full).map_or(true, |data| data != file.data)
     })
 }

@@ -39,9 +39,9 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::cri::proto::{Mount, MountPropagation};
+use crate::runtime::translate::env::NodeAllocatable;
 use ownership::FsGroup;
 use safe_fs::SafeFsError;
-use crate::runtime::translate::env::NodeAllocatable;
 
 pub const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 pub const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
@@ -128,7 +128,12 @@ impl VolumeManager {
             match plan(volume).map_err(fail)? {
                 Plan::EmptyDir(source) => {
                     let dir = self
-                        .make_volume_dir(uid, EMPTY_DIR_PLUGIN, &volume.name, root_mode(fs_group, false))
+                        .make_volume_dir(
+                            uid,
+                            EMPTY_DIR_PLUGIN,
+                            &volume.name,
+                            root_mode(fs_group, false),
+                        )
                         .map_err(|e| fail(e.to_string()))?;
                     let mut size = 0;
                     if source.medium.as_deref() == Some("Memory") {
@@ -149,8 +154,7 @@ impl VolumeManager {
                     )
                     .map_err(fail)?;
                     if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, false, true)
-                            .map_err(fail)?;
+                        set_ownership(pod, &volume.name, &dir, group, false, true).map_err(fail)?;
                     }
                     out.paths.insert(volume.name.clone(), dir);
                 }
@@ -170,7 +174,8 @@ impl VolumeManager {
                     let dir = self
                         .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
                         .map_err(|e| fail(e.to_string()))?;
-                    self.write_files(pod, volume, &dir, fs_group).map_err(fail)?;
+                    self.write_files(pod, volume, &dir, fs_group)
+                        .map_err(fail)?;
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
                 }
@@ -179,8 +184,7 @@ impl VolumeManager {
                         .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
                         .map_err(|e| fail(e.to_string()))?;
                     if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, true, true)
-                            .map_err(fail)?;
+                        set_ownership(pod, &volume.name, &dir, group, true, true).map_err(fail)?;
                     }
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
@@ -409,8 +413,7 @@ impl VolumeManager {
         let pod_dir = self.make_pod_dir(uid)?;
         let pod_fd = safe_fs::open_dir_abs(&pod_dir)?;
         let plugin_rel = Path::new("volumes").join(plugin);
-        let plugin_fd =
-            safe_fs::open_beneath(pod_fd.as_fd(), &pod_dir, &plugin_rel, Some(0o750))?;
+        let plugin_fd = safe_fs::open_beneath(pod_fd.as_fd(), &pod_dir, &plugin_rel, Some(0o750))?;
         let shown = pod_dir.join(&plugin_rel).join(name);
         let dir = safe_fs::make_dir_at(plugin_fd.as_fd(), name.as_ref(), mode, &shown)?;
         let st = safe_fs::fstat(dir.as_fd(), &shown)?;

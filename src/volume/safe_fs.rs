@@ -185,14 +185,15 @@ pub fn make_dir_at(
     };
     let fd = match open_component(parent, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
         Ok(fd) => fd,
-        Err(Errno::ELOOP) => {
-            return Err(SafeFsError::Symlink {
-                path: shown.to_path_buf(),
-            });
-        }
-        Err(Errno::ENOTDIR) => {
-            return Err(SafeFsError::NotDir {
-                path: shown.to_path_buf(),
+        // Either is what the kernel says for a symlink here; tell the two apart for the message.
+        Err(Errno::ELOOP | Errno::ENOTDIR) => {
+            let path = shown.to_path_buf();
+            let link = nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| is_symlink(&st));
+            return Err(if link {
+                SafeFsError::Symlink { path }
+            } else {
+                SafeFsError::NotDir { path }
             });
         }
         Err(e) => return Err(sys(shown, e)),
@@ -344,7 +345,10 @@ mod tests {
 
         open_beneath(fd.as_fd(), &base, Path::new("x/y/z"), Some(0o2775)).unwrap();
         for p in ["x", "x/y", "x/y/z"] {
-            let mode = std::fs::metadata(base.join(p)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(base.join(p))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o7777, 0o2775, "{p}");
         }
         let err = open_beneath(fd.as_fd(), &base, Path::new("out/new"), Some(0o755)).unwrap_err();

@@ -91,7 +91,9 @@ pub const SUBPATHS_DIR: &str = "volume-subpaths";
 
 impl BindTarget<'_> {
     fn parent_rel(&self) -> PathBuf {
-        Path::new(SUBPATHS_DIR).join(self.volume).join(self.container)
+        Path::new(SUBPATHS_DIR)
+            .join(self.volume)
+            .join(self.container)
     }
 
     /// The path handed to the runtime.
@@ -181,7 +183,9 @@ fn evaluate(base: &Path, sub: &str) -> Result<(PathBuf, PathBuf), SafeFsError> {
 }
 
 fn strip(path: &Path, base: &Path) -> PathBuf {
-    path.strip_prefix(base).unwrap_or(Path::new("")).to_path_buf()
+    path.strip_prefix(base)
+        .unwrap_or(Path::new(""))
+        .to_path_buf()
 }
 
 /// Bind-mounts the file or directory `fd` holds onto the target (reusing a mount that is
@@ -225,8 +229,8 @@ fn bind(fd: &OwnedFd, target: &BindTarget<'_>) -> Result<PathBuf, SafeFsError> {
         Err(Errno::ENOENT) => create_target(parent.as_fd(), &name, want_dir).map_err(sys)?,
         Err(e) => return Err(sys(e)),
     }
-    let target_fd = safe_fs::open_component(parent.as_fd(), name.as_ref(), OFlag::O_PATH)
-        .map_err(sys)?;
+    let target_fd =
+        safe_fs::open_component(parent.as_fd(), name.as_ref(), OFlag::O_PATH).map_err(sys)?;
     let target_st = safe_fs::fstat(target_fd.as_fd(), &path)?;
     if safe_fs::is_symlink(&target_st) || safe_fs::is_dir(&target_st) != want_dir {
         return Err(SafeFsError::Symlink { path });
@@ -406,7 +410,10 @@ mod tests {
         let got = f.prepare("a/b", 0).unwrap();
         assert_eq!(got, f.pod.join("volume-subpaths/v/c/0"));
         for d in ["a", "a/b"] {
-            let mode = std::fs::metadata(f.vol.join(d)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(f.vol.join(d))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o7777, 0o777, "{d} has the volume's mode");
         }
         assert_eq!(ino(&got), ino(&f.vol.join("a/b")));
@@ -441,7 +448,10 @@ mod tests {
         clean(&f.pod).unwrap();
         assert!(f.mounts().is_empty());
         assert!(!f.pod.join("volume-subpaths").exists());
-        assert_eq!(std::fs::read_to_string(f.vol.join("file")).unwrap(), "in-volume");
+        assert_eq!(
+            std::fs::read_to_string(f.vol.join("file")).unwrap(),
+            "in-volume"
+        );
     }
 
     #[test]
@@ -452,7 +462,14 @@ mod tests {
         std::os::unix::fs::symlink("../host", f.vol.join("rel")).unwrap();
         std::os::unix::fs::symlink("../../../host", f.vol.join("d/e/up")).unwrap();
         std::os::unix::fs::symlink("/", f.vol.join("d/root")).unwrap();
-        for sub in ["abs", "rel", "d/e/up", "d/root", "abs/sentinel", "d/root/etc"] {
+        for sub in [
+            "abs",
+            "rel",
+            "d/e/up",
+            "d/root",
+            "abs/sentinel",
+            "d/root/etc",
+        ] {
             assert_eq!(f.prepare(sub, 0).unwrap_err(), PREPARE_ERR, "{sub}");
         }
         for sub in ["abs/new", "d/e/up/new/deeper"] {
@@ -526,7 +543,10 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         let swaps = swapper.join().unwrap();
         eprintln!("{bound} bound, {refused} refused, {swaps} swaps");
-        assert!(swaps > 0 && bound > 0 && refused > 0, "the race was not exercised");
+        assert!(
+            swaps > 0 && bound > 0 && refused > 0,
+            "the race was not exercised"
+        );
         assert!(!f.host.join("inside").exists());
         clean(&f.pod).unwrap();
         assert!(f.mounts().is_empty());
