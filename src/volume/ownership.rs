@@ -287,7 +287,12 @@ mod tests {
 
     #[test]
     fn settings_table() {
-        let cases: &[(Option<i64>, Option<&str>, Result<Option<FsGroup>, &str>)] = &[
+        type Case<'a> = (
+            Option<i64>,
+            Option<&'a str>,
+            Result<Option<FsGroup>, &'a str>,
+        );
+        let cases: &[Case] = &[
             (None, Some("Always"), Ok(None)),
             (
                 Some(2000),
