@@ -95,7 +95,19 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
 
     let data_link = target.join(DATA_DIR_NAME);
     let old_version = match std::fs::read_link(&data_link) {
-        Ok(name) => Some(target.join(name)),
+        // Only a version directory of ours (`..<stamp>`, one component) is ever compared with
+        // or removed later; a link that points anywhere else is treated as no version.
+        Ok(name)
+            if name.to_str().is_some_and(|n| {
+                n.starts_with("..") && super::check_component("version", n).is_ok()
+            }) =>
+        {
+            Some(target.join(name))
+        }
+        Ok(name) => {
+            tracing::warn!(link = %data_link.display(), target = %name.display(), "ignoring a ..data link that is not ours");
+            None
+        }
         Err(e) if e.kind() == ErrorKind::NotFound => None,
         Err(e) => return Err(format!("cannot read {}: {e}", data_link.display())),
     };
@@ -350,6 +362,19 @@ mod tests {
         );
         assert!(std::fs::symlink_metadata(dir.join("sub")).is_err());
         assert!(std::fs::symlink_metadata(dir.join("..data_tmp")).is_err());
+    }
+
+    #[test]
+    fn a_foreign_data_link_is_never_removed_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        let dir = tmp.path().join("vol");
+        std::fs::create_dir_all(outside.join("keep")).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink("../outside", dir.join("..data")).unwrap();
+        assert_eq!(write(&dir, &payload(&[("f", "x", 0o644)]), None), Ok(true));
+        assert!(outside.join("keep").is_dir());
+        assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "x");
     }
 
     #[test]
