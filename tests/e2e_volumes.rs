@@ -81,9 +81,26 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Unmounts (lazily) whatever a test left mounted under a directory (a tmpfs, subPath bind
+/// mounts of an agent that was killed), so that removing the test's temporary directory cannot
+/// reach into a volume or leave a mount behind. Declared after the agent, so it runs before
+/// the agent's directory is deleted.
+struct UnmountOnDrop(std::path::PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let mut left = mounts_under(&self.0);
+        left.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+        for point in left {
+            let _ = nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
 #[tokio::test]
 async fn empty_dirs_are_shared_memory_backed_and_removed_with_the_pod() {
     let mut agent = Agent::new("e2e-vol-empty");
+    let _unmount = UnmountOnDrop(agent.dir.path().to_path_buf());
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(
@@ -162,6 +179,7 @@ spec:
 #[tokio::test]
 async fn host_paths_are_checked_and_a_failing_one_only_holds_its_own_pod() {
     let mut agent = Agent::new("e2e-vol-host");
+    let _unmount = UnmountOnDrop(agent.dir.path().to_path_buf());
     let host = agent.dir.path().join("host");
     let created = host.join("made/by/agent");
     let missing = host.join("config.txt");
@@ -293,6 +311,7 @@ spec:
 #[tokio::test]
 async fn downward_api_volume_shows_labels_and_follows_a_new_manifest() {
     let mut agent = Agent::new("e2e-vol-down");
+    let _unmount = UnmountOnDrop(agent.dir.path().to_path_buf());
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest("info.yaml", &downward_pod("1"));
@@ -354,6 +373,7 @@ async fn downward_api_volume_shows_labels_and_follows_a_new_manifest() {
 #[tokio::test]
 async fn hosts_file_resource_env_and_sub_paths() {
     let mut agent = Agent::new("e2e-vol-misc");
+    let _unmount = UnmountOnDrop(agent.dir.path().to_path_buf());
     let host = agent.dir.path().join("conf");
     std::fs::create_dir_all(&host).unwrap();
     std::fs::write(host.join("app.conf"), "setting=1\n").unwrap();
@@ -444,4 +464,29 @@ spec:
         .join(&full)
         .join("f");
     assert_eq!(std::fs::read_to_string(&scratch).unwrap(), "mine\n");
+
+    // The subPaths are private bind mounts under the pod's directory, gone with the pod.
+    let subpaths = agent
+        .root_dir()
+        .join("pods")
+        .join(&pod_uid)
+        .join("volume-subpaths");
+    assert_eq!(
+        mounts_under(&subpaths).len(),
+        3,
+        "{:?}",
+        mounts_under(&subpaths)
+    );
+    agent.remove_manifest("misc.yaml");
+    let pod_dir = agent.root_dir().join("pods").join(&pod_uid);
+    wait_until("the pod directory to be removed", WAIT, || {
+        let gone = !pod_dir.exists();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert_eq!(mounts_under(&agent.root_dir()), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read_to_string(host.join("app.conf")).unwrap(),
+        "setting=1\n"
+    );
 }

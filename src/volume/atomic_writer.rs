@@ -13,11 +13,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const DATA_DIR_NAME: &str = "..data";
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::ownership::{self, FsGroup};
+use super::safe_fs;
+
 const NEW_DATA_DIR_NAME: &str = "..data_tmp";
 const MAX_PATH_LEN: usize = 4096;
 const MAX_NAME_LEN: usize = 255;
@@ -63,7 +70,11 @@ pub fn validate_path(path: &str) -> Result<(), String> {
 }
 
 /// Writes `payload` into `target` (which must exist). Returns whether a new version was written.
-pub fn write(target: &Path, payload: &Payload) -> Result<bool, String> {
+///
+/// With `fs_group`, the whole volume is given to that group (read-only masks) after the new
+/// version is written and before it becomes visible, as upstream's writer calls its
+/// `setPerms` hook.
+pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Result<bool, String> {
     let mut clean: BTreeMap<PathBuf, &FileProjection> = BTreeMap::new();
     for (path, file) in payload {
         validate_path(path)?;
@@ -84,19 +95,34 @@ pub fn write(target: &Path, payload: &Payload) -> Result<bool, String> {
 
     let data_link = target.join(DATA_DIR_NAME);
     let old_version = match std::fs::read_link(&data_link) {
-        Ok(name) => Some(target.join(name)),
+        // Only a version directory of ours (`..<stamp>`, one component) is ever compared with
+        // or removed later; a link that points anywhere else is treated as no version.
+        Ok(name)
+            if name.to_str().is_some_and(|n| {
+                n.starts_with("..") && super::check_component("version", n).is_ok()
+            }) =>
+        {
+            Some(target.join(name))
+        }
+        Ok(name) => {
+            tracing::warn!(link = %data_link.display(), target = %name.display(), "ignoring a ..data link that is not ours");
+            None
+        }
         Err(e) if e.kind() == ErrorKind::NotFound => None,
         Err(e) => return Err(format!("cannot read {}: {e}", data_link.display())),
     };
 
     let changed = match &old_version {
         None => true,
-        Some(old) => differs(old, &clean),
+        Some(old) => differs(old, &clean, fs_group.is_some()),
     };
     if changed {
         let version = make_version_dir(target)?;
         for (path, file) in &clean {
             write_file(&version.join(path), file)?;
+        }
+        if let Some(group) = fs_group {
+            ownership::apply(target, group, true).map_err(|e| e.to_string())?;
         }
         let tmp_link = target.join(NEW_DATA_DIR_NAME);
         let _ = std::fs::remove_file(&tmp_link);
@@ -152,7 +178,7 @@ fn symlink(to: &Path, at: &Path) -> Result<(), String> {
 
 /// Whether the version in `old` differs from the payload (a file's content or mode, or the set
 /// of files).
-fn differs(old: &Path, payload: &BTreeMap<PathBuf, &FileProjection>) -> bool {
+fn differs(old: &Path, payload: &BTreeMap<PathBuf, &FileProjection>, grouped: bool) -> bool {
     let mut existing = BTreeSet::new();
     if list_files(old, Path::new(""), &mut existing).is_err() {
         return true;
@@ -162,8 +188,14 @@ fn differs(old: &Path, payload: &BTreeMap<PathBuf, &FileProjection>) -> bool {
     }
     payload.iter().any(|(path, file)| {
         let full = old.join(path);
-        let same_mode = std::fs::symlink_metadata(&full)
-            .is_ok_and(|m| m.permissions().mode() & 0o7777 == file.mode & 0o7777);
+        // An fsGroup walk added the group read bits: expected, not a change.
+        let want = if grouped {
+            ownership::wanted_mode(file.mode, false, true)
+        } else {
+            file.mode & 0o7777
+        };
+        let same_mode =
+            std::fs::symlink_metadata(&full).is_ok_and(|m| m.permissions().mode() & 0o7777 == want);
         !same_mode || std::fs::read(&full).map_or(true, |data| data != file.data)
     })
 }
@@ -193,8 +225,14 @@ fn make_version_dir(target: &Path) -> Result<PathBuf, String> {
         let dir = target.join(format!("..{stamp}.{}", n % 10_000_000_000));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
-                    .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
+                // Through a descriptor opened without following symlinks, not by name.
+                let fd = nix::fcntl::open(
+                    &dir,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+                safe_fs::set_mode(fd.as_fd(), 0o755, &dir).map_err(|e| e.to_string())?;
                 return Ok(dir);
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
@@ -263,7 +301,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let first = payload(&[("labels", "a=\"1\"", 0o644), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &first), Ok(true));
+        assert_eq!(write(dir, &first, None), Ok(true));
 
         let data = std::fs::read_link(dir.join("..data")).unwrap();
         let data_name = data.to_string_lossy().into_owned();
@@ -301,17 +339,17 @@ mod tests {
         assert_eq!(mode("sub/name"), 0o600);
 
         // Same payload: nothing written, same version.
-        assert_eq!(write(dir, &first), Ok(false));
+        assert_eq!(write(dir, &first, None), Ok(false));
         assert_eq!(std::fs::read_link(dir.join("..data")).unwrap(), data);
 
         // A mode change alone is a change.
         let chmod = payload(&[("labels", "a=\"1\"", 0o400), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &chmod), Ok(true));
+        assert_eq!(write(dir, &chmod, None), Ok(true));
         assert_eq!(mode("labels"), 0o400);
 
         // New content and a removed file: new version, old one gone, stale link removed.
         let second = payload(&[("labels", "a=\"2\"", 0o644)]);
-        assert_eq!(write(dir, &second), Ok(true));
+        assert_eq!(write(dir, &second, None), Ok(true));
         let new_data = std::fs::read_link(dir.join("..data")).unwrap();
         assert_ne!(new_data, data);
         assert_eq!(
@@ -327,11 +365,24 @@ mod tests {
     }
 
     #[test]
+    fn a_foreign_data_link_is_never_removed_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        let dir = tmp.path().join("vol");
+        std::fs::create_dir_all(outside.join("keep")).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink("../outside", dir.join("..data")).unwrap();
+        assert_eq!(write(&dir, &payload(&[("f", "x", 0o644)]), None), Ok(true));
+        assert!(outside.join("keep").is_dir());
+        assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "x");
+    }
+
+    #[test]
     fn rejects_bad_paths() {
         let tmp = tempfile::tempdir().unwrap();
         for bad in ["", "/etc/passwd", "../x", "a/../../x", "..hidden", "a/.."] {
             assert!(
-                write(tmp.path(), &payload(&[(bad, "x", 0o644)])).is_err(),
+                write(tmp.path(), &payload(&[(bad, "x", 0o644)]), None).is_err(),
                 "{bad:?}"
             );
         }

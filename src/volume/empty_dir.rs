@@ -1,25 +1,26 @@
 //! emptyDir volumes: a directory on the node's disk, or a tmpfs for `medium: Memory`.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod};
 
-use super::mountinfo;
+use super::{mountinfo, safe_fs};
 use crate::runtime::translate::quantity;
 
 /// Permission bits of an emptyDir (everyone may write, as upstream).
 pub const EMPTY_DIR_MODE: u32 = 0o777;
 
-/// Creates the directory (mode 0777) and, for `medium: Memory`, mounts a tmpfs of
-/// `size_bytes` on it unless one is already there. `mounts` is the current mount table.
+/// For `medium: Memory`, mounts a tmpfs of `size_bytes` on the directory `dir` (which the
+/// volume manager created safely) unless one is already there, and gives its root `mode`.
+/// `mounts` is the current mount table.
 pub fn set_up(
     dir: &Path,
     source: &EmptyDirVolumeSource,
     size_bytes: u64,
+    mode: u32,
     mounts: &[mountinfo::MountEntry],
 ) -> Result<(), String> {
-    ensure_dir(dir, EMPTY_DIR_MODE)?;
     match source.medium.as_deref().unwrap_or("") {
         "" => Ok(()),
         "Memory" => {
@@ -37,31 +38,34 @@ pub fn set_up(
                 ));
             }
             let options = (size_bytes > 0).then(|| format!("size={size_bytes}"));
+            // Mounted through a descriptor of the directory opened without following symlinks.
+            let fd = safe_fs::open_dir_abs(&canonical).map_err(|e| e.to_string())?;
             nix::mount::mount(
                 Some("tmpfs"),
-                &canonical,
+                &safe_fs::proc_fd_path(fd.as_fd()),
                 Some("tmpfs"),
                 nix::mount::MsFlags::empty(),
                 options.as_deref(),
             )
-            .map_err(|e| format!("mount failed: {e}: mounting tmpfs on {}", dir.display()))
+            .map_err(|e| format!("mount failed: {e}: mounting tmpfs on {}", dir.display()))?;
+            // A new tmpfs root is 1777: give it the volume's mode, through a descriptor.
+            let root = safe_fs::open_dir_abs(&canonical).map_err(|e| e.to_string())?;
+            let root = nix::fcntl::openat(
+                root.as_fd(),
+                ".",
+                nix::fcntl::OFlag::O_RDONLY
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+            safe_fs::set_mode(root.as_fd(), mode, dir).map_err(|e| e.to_string())
         }
         other if other.starts_with("HugePages") => Err(format!(
             "emptyDir medium {other:?} is not supported on this node"
         )),
         other => Err(format!("unknown storage medium {other:?}")),
     }
-}
-
-/// Creates `dir` (and parents) and sets its mode to `mode` when it differs.
-pub fn ensure_dir(dir: &Path, mode: u32) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
-    if meta.permissions().mode() & 0o7777 != mode {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
-    }
-    Ok(())
 }
 
 /// Size of a memory-backed emptyDir: the smallest of the node's memory, the pod's memory limit
@@ -187,22 +191,5 @@ mod tests {
         for (what, src, pod, want) in cases {
             assert_eq!(memory_size(src, pod, node), *want, "{what}");
         }
-    }
-
-    #[test]
-    fn disk_dir_is_0777_and_idempotent() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp
-            .path()
-            .join("pods/u/volumes/kubernetes.io~empty-dir/cache");
-        let disk = EmptyDirVolumeSource::default();
-        set_up(&dir, &disk, 0, &[]).unwrap();
-        std::fs::write(dir.join("keep"), b"x").unwrap();
-        set_up(&dir, &disk, 0, &[]).unwrap();
-        assert_eq!(
-            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
-            0o777
-        );
-        assert!(dir.join("keep").exists());
     }
 }

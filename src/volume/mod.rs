@@ -11,6 +11,15 @@
 //! | `configMap` / `secret` marked optional | `kubernetes.io~configmap` / `~secret` | empty (no API server to read from) |
 //! | `hostPath` | none | the node's path is mounted directly, checked against `type` |
 //!
+//! With `securityContext.fsGroup` the emptyDir, downwardAPI, projected, configMap and secret
+//! volumes are given to that group (see [`ownership`]); hostPath volumes never are.
+//!
+//! A `subPath` is opened without following symlinks and bind-mounted under
+//! `<root>/pods/<uid>/volume-subpaths` (see [`subpath`]); the runtime mounts that private path.
+//! Everything set up or torn down here is reached from the canonical `<root>/pods` without
+//! following a symlink, so neither a hostile UID nor a container's symlink can make it touch
+//! anything outside the pod's own directory.
+//!
 //! Everything else (persistent volumes, non-optional configMaps and secrets, service account
 //! tokens) needs an API server or a storage plugin and fails to set up with a message saying so.
 
@@ -19,15 +28,20 @@ pub mod downward;
 pub mod empty_dir;
 pub mod host_path;
 pub mod mountinfo;
+pub mod ownership;
+pub mod safe_fs;
 pub mod subpath;
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::cri::proto::{Mount, MountPropagation};
 use crate::runtime::translate::env::NodeAllocatable;
+use ownership::FsGroup;
+use safe_fs::SafeFsError;
 
 pub const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 pub const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
@@ -110,9 +124,17 @@ impl VolumeManager {
             };
             check_component("pod UID", uid).map_err(fail)?;
             check_component("volume name", &volume.name).map_err(fail)?;
+            let fs_group = FsGroup::from_pod(pod).map_err(|e| fail(e.to_string()))?;
             match plan(volume).map_err(fail)? {
                 Plan::EmptyDir(source) => {
-                    let dir = self.volume_dir(uid, EMPTY_DIR_PLUGIN, &volume.name);
+                    let dir = self
+                        .make_volume_dir(
+                            uid,
+                            EMPTY_DIR_PLUGIN,
+                            &volume.name,
+                            root_mode(fs_group, false),
+                        )
+                        .map_err(|e| fail(e.to_string()))?;
                     let mut size = 0;
                     if source.medium.as_deref() == Some("Memory") {
                         size = empty_dir::memory_size(source, pod, self.node_memory_bytes);
@@ -123,8 +145,17 @@ impl VolumeManager {
                                 })?);
                         }
                     }
-                    empty_dir::set_up(&dir, source, size, mounts.as_deref().unwrap_or(&[]))
-                        .map_err(fail)?;
+                    empty_dir::set_up(
+                        &dir,
+                        source,
+                        size,
+                        root_mode(fs_group, false),
+                        mounts.as_deref().unwrap_or(&[]),
+                    )
+                    .map_err(fail)?;
+                    if let Some(group) = fs_group {
+                        set_ownership(pod, &volume.name, &dir, group, false, true).map_err(fail)?;
+                    }
                     out.paths.insert(volume.name.clone(), dir);
                 }
                 Plan::HostPath(source) => {
@@ -140,14 +171,21 @@ impl VolumeManager {
                     out.paths.insert(volume.name.clone(), path);
                 }
                 Plan::Files(plugin) => {
-                    let dir = self.volume_dir(uid, plugin, &volume.name);
-                    self.write_files(pod, volume, &dir).map_err(fail)?;
+                    let dir = self
+                        .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
+                        .map_err(|e| fail(e.to_string()))?;
+                    self.write_files(pod, volume, &dir, fs_group)
+                        .map_err(fail)?;
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
                 }
                 Plan::Empty(plugin) => {
-                    let dir = self.volume_dir(uid, plugin, &volume.name);
-                    empty_dir::ensure_dir(&dir, empty_dir::EMPTY_DIR_MODE).map_err(fail)?;
+                    let dir = self
+                        .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
+                        .map_err(|e| fail(e.to_string()))?;
+                    if let Some(group) = fs_group {
+                        set_ownership(pod, &volume.name, &dir, group, true, true).map_err(fail)?;
+                    }
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
                 }
@@ -156,8 +194,15 @@ impl VolumeManager {
         Ok(out)
     }
 
-    /// Writes the files of a downwardAPI or projected volume into `dir` (created when missing).
-    fn write_files(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<bool, String> {
+    /// Writes the files of a downwardAPI or projected volume into `dir` (which exists), given
+    /// to `fs_group` when set.
+    fn write_files(
+        &self,
+        pod: &Pod,
+        volume: &Volume,
+        dir: &Path,
+        fs_group: Option<FsGroup>,
+    ) -> Result<bool, String> {
         let node = NodeAllocatable::detect(self.node_memory_bytes);
         let mut payload = atomic_writer::Payload::new();
         let mut errors = Vec::new();
@@ -189,8 +234,12 @@ impl VolumeManager {
             1 => return Err(errors.remove(0)),
             _ => return Err(format!("[{}]", errors.join(", "))),
         }
-        empty_dir::ensure_dir(dir, empty_dir::EMPTY_DIR_MODE)?;
-        atomic_writer::write(dir, &payload)
+        // Upstream gives the whole volume to the group on every write, whatever the policy.
+        let group = fs_group.map(|g| FsGroup {
+            policy: ownership::ChangePolicy::Always,
+            ..g
+        });
+        atomic_writer::write(dir, &payload, group)
     }
 
     /// The CRI mounts for one container's `volumeMounts`; `env` is the container's resolved
@@ -202,9 +251,9 @@ impl VolumeManager {
         volumes: &PodVolumes,
         env: &HashMap<String, String>,
     ) -> Result<Vec<Mount>, VolumeError> {
-        let _ = pod;
         let mut out = Vec::new();
-        for vm in container.volume_mounts.iter().flatten() {
+        let mut pod_dir: Option<PathBuf> = None;
+        for (index, vm) in container.volume_mounts.iter().flatten().enumerate() {
             let fail = |reason: String| VolumeError::Mount {
                 container: container.name.clone(),
                 name: vm.name.clone(),
@@ -223,7 +272,20 @@ impl VolumeManager {
             let host_path = if sub.is_empty() {
                 volume_path.clone()
             } else {
-                subpath::resolve(volume_path, &sub, &vm.name, &container.name).map_err(fail)?
+                check_component("container name", &container.name).map_err(fail)?;
+                check_component("volume name", &vm.name).map_err(fail)?;
+                if pod_dir.is_none() {
+                    let uid = pod.metadata.uid.as_deref().unwrap_or("");
+                    pod_dir = Some(self.make_pod_dir(uid).map_err(|e| fail(e.to_string()))?);
+                }
+                let target = subpath::BindTarget {
+                    pod_dir: pod_dir.as_deref().unwrap_or(Path::new("/nonexistent")),
+                    volume: &vm.name,
+                    container: &container.name,
+                    index,
+                };
+                subpath::prepare(volume_path, &sub, &target, &vm.name)
+                    .map_err(|e| fail(e.to_string()))?
             };
             let propagation = match vm.mount_propagation.as_deref() {
                 None | Some("") | Some("None") => MountPropagation::PropagationPrivate,
@@ -279,11 +341,20 @@ impl VolumeManager {
                 continue;
             }
             let dir = self.volume_dir(uid, plugin, &volume.name);
-            // Not set up yet: setup will write it.
-            if !dir.is_dir() {
+            // Not set up yet (or not a plain directory of ours): setup will see to it.
+            if !safe_fs::lstat(&dir).is_ok_and(|m| m.is_some_and(|m| m.is_dir())) {
                 continue;
             }
-            match self.write_files(pod, volume, &dir) {
+            let fs_group = match FsGroup::from_pod(pod) {
+                Ok(g) => g,
+                Err(e) => {
+                    return Err(VolumeError::SetUp {
+                        volume: volume.name.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+            };
+            match self.write_files(pod, volume, &dir, fs_group) {
                 Ok(true) => tracing::info!(volume = %volume.name, "volume content updated"),
                 Ok(false) => {}
                 Err(reason) => {
@@ -297,49 +368,187 @@ impl VolumeManager {
         Ok(())
     }
 
-    /// Unmounts and removes every volume of the pod. Mounts below the pod's volume directory
+    /// Unmounts and removes the pod's subPath bind mounts and every volume of the pod. Mounts
     /// are unmounted first (lazily if busy); nothing is deleted while a mount is left, and the
     /// deletion never follows a symlink, so a hostPath or anything outside the pod directory is
-    /// never touched.
+    /// never touched. A UID that is not a single path component is refused.
     pub fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
         let fail = |reason: String| VolumeError::TearDown {
             uid: uid.to_string(),
             reason,
         };
-        check_component("pod UID", uid).map_err(fail)?;
-        let dir = self.pod_volumes_dir(uid);
-        match std::fs::symlink_metadata(&dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(fail(format!("cannot stat {}: {e}", dir.display()))),
-            // Not ours to follow: only the link goes.
-            Ok(m) if !m.is_dir() => {
-                return std::fs::remove_file(&dir)
-                    .map_err(|e| fail(format!("cannot remove {}: {e}", dir.display())));
+        let Some(pod_dir) = self.existing_pod_dir(uid).map_err(fail)? else {
+            return Ok(());
+        };
+        subpath::clean(&pod_dir).map_err(|e| fail(e.to_string()))?;
+        remove_checked(&pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.to_string()))
+    }
+
+    /// The canonical `<root>/pods`, created when missing (the root is the operator's).
+    fn pods_dir(&self) -> Result<PathBuf, SafeFsError> {
+        let pods = self.root_dir.join("pods");
+        std::fs::create_dir_all(&pods).map_err(|e| io_error(&pods, &e))?;
+        pods.canonicalize().map_err(|e| io_error(&pods, &e))
+    }
+
+    /// The canonical `<root>/pods/<uid>`, created (not through a symlink) when missing.
+    fn make_pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeSetupError> {
+        check_component("pod UID", uid).map_err(VolumeSetupError::Invalid)?;
+        let pods = self.pods_dir()?;
+        let pods_fd = safe_fs::open_dir_abs(&pods)?;
+        safe_fs::open_beneath(pods_fd.as_fd(), &pods, Path::new(uid), Some(0o750))?;
+        Ok(pods.join(uid))
+    }
+
+    /// Creates `<root>/pods/<uid>/volumes/<plugin>/<name>` component by component without
+    /// following a symlink, gives it `mode` when it differs, and returns its path.
+    fn make_volume_dir(
+        &self,
+        uid: &str,
+        plugin: &str,
+        name: &str,
+        mode: u32,
+    ) -> Result<PathBuf, VolumeSetupError> {
+        check_component("volume name", name).map_err(VolumeSetupError::Invalid)?;
+        let pod_dir = self.make_pod_dir(uid)?;
+        let pod_fd = safe_fs::open_dir_abs(&pod_dir)?;
+        let plugin_rel = Path::new("volumes").join(plugin);
+        let plugin_fd = safe_fs::open_beneath(pod_fd.as_fd(), &pod_dir, &plugin_rel, Some(0o750))?;
+        let shown = pod_dir.join(&plugin_rel).join(name);
+        let dir = safe_fs::make_dir_at(plugin_fd.as_fd(), name.as_ref(), mode, &shown)?;
+        let st = safe_fs::fstat(dir.as_fd(), &shown)?;
+        if st.st_mode & 0o7777 != mode {
+            safe_fs::set_mode(dir.as_fd(), mode, &shown)?;
+        }
+        Ok(self.volume_dir(uid, plugin, name))
+    }
+
+    /// The canonical `<root>/pods/<uid>` when it exists as a real directory. A symlink there
+    /// was not made by us and is not followed: there is nothing of ours to tear down.
+    fn existing_pod_dir(&self, uid: &str) -> Result<Option<PathBuf>, String> {
+        check_component("pod UID", uid)?;
+        let pods = self.root_dir.join("pods");
+        let pods = match pods.canonicalize() {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot resolve {}: {e}", pods.display())),
+        };
+        let pod = pods.join(uid);
+        match safe_fs::lstat(&pod).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some(m) if m.is_dir() => Ok(Some(pod)),
+            Some(_) => {
+                tracing::warn!(pod_uid = %uid, path = %pod.display(), "the pod directory is not a directory; not followed");
+                Ok(None)
             }
-            Ok(_) => {}
         }
-        let real = dir
-            .canonicalize()
-            .map_err(|e| fail(format!("cannot resolve {}: {e}", dir.display())))?;
-        let table =
-            mountinfo::read().map_err(|e| fail(format!("cannot read the mount table: {e}")))?;
-        for point in mountinfo::mounts_under(&table, &real) {
-            if let Err(err) = nix::mount::umount2(&point, nix::mount::MntFlags::empty()) {
-                tracing::warn!(path = %point.display(), error = %err, "unmount failed; detaching");
-                nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH)
-                    .map_err(|e| fail(format!("cannot unmount {}: {e}", point.display())))?;
-            }
+    }
+}
+
+/// A volume directory could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeSetupError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Fs(#[from] SafeFsError),
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> SafeFsError {
+    SafeFsError::Sys {
+        path: path.to_path_buf(),
+        errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// The mode of a volume's root: 0777, plus setgid when an fsGroup owns the volume (so that a
+/// later set-up does not take away what the ownership walk added).
+fn root_mode(fs_group: Option<FsGroup>, read_only: bool) -> u32 {
+    match fs_group {
+        Some(_) => ownership::wanted_mode(empty_dir::EMPTY_DIR_MODE, true, read_only),
+        None => empty_dir::EMPTY_DIR_MODE,
+    }
+}
+
+/// Gives a volume to the pod's fsGroup. `once`: only when its root does not carry the group
+/// yet (upstream walks an emptyDir once, when it is set up; the root is changed last, so an
+/// interrupted walk is done again).
+fn set_ownership(
+    pod: &Pod,
+    volume: &str,
+    dir: &Path,
+    group: FsGroup,
+    read_only: bool,
+    once: bool,
+) -> Result<(), String> {
+    let group = if once {
+        FsGroup {
+            policy: ownership::ChangePolicy::OnRootMismatch,
+            ..group
         }
-        let table =
-            mountinfo::read().map_err(|e| fail(format!("cannot read the mount table: {e}")))?;
-        if let Some(left) = mountinfo::mounts_under(&table, &real).first() {
-            return Err(fail(format!("{} is still mounted", left.display())));
+    } else {
+        group
+    };
+    let walked = ownership::apply(dir, group, read_only).map_err(|e| e.to_string())?;
+    if !walked.skipped {
+        tracing::info!(
+            pod = %pod.metadata.name.as_deref().unwrap_or(""),
+            %volume,
+            gid = group.gid,
+            entries = walked.entries,
+            errors = walked.errors,
+            "volume given to fsGroup"
+        );
+    }
+    Ok(())
+}
+
+/// Unmounts everything at or below `dir` and removes it, where `dir` must be a direct child of
+/// the canonical directory `parent`. A symlink (or any non-directory) at `dir` is removed
+/// itself, never followed; a `dir` whose canonical form is not `parent/<name>` is refused.
+pub(crate) fn remove_checked(dir: &Path, parent: &Path) -> Result<(), SafeFsError> {
+    let outside = || SafeFsError::Outside {
+        path: dir.to_path_buf(),
+        base: parent.to_path_buf(),
+    };
+    if dir.parent() != Some(parent) || !parent.is_absolute() {
+        return Err(outside());
+    }
+    match safe_fs::lstat(dir)? {
+        None => return Ok(()),
+        Some(m) if !m.is_dir() => {
+            return std::fs::remove_file(dir).map_err(|e| io_error(dir, &e));
         }
-        match std::fs::remove_dir_all(&real) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(fail(format!("cannot remove {}: {e}", real.display()))),
+        Some(_) => {}
+    }
+    let real = safe_fs::canonical_within(dir, parent)?;
+    if real != dir {
+        return Err(outside());
+    }
+    let table = mountinfo::read().map_err(|e| io_error(Path::new("/proc/self/mountinfo"), &e))?;
+    for point in mountinfo::mounts_under(&table, &real) {
+        let flags = nix::mount::MntFlags::UMOUNT_NOFOLLOW;
+        if let Err(err) = nix::mount::umount2(&point, flags) {
+            tracing::warn!(path = %point.display(), error = %err, "unmount failed; detaching");
+            nix::mount::umount2(&point, flags | nix::mount::MntFlags::MNT_DETACH).map_err(
+                |errno| SafeFsError::Sys {
+                    path: point.clone(),
+                    errno,
+                },
+            )?;
         }
+    }
+    let table = mountinfo::read().map_err(|e| io_error(Path::new("/proc/self/mountinfo"), &e))?;
+    if let Some(left) = mountinfo::mounts_under(&table, &real).first() {
+        return Err(SafeFsError::Sys {
+            path: left.clone(),
+            errno: nix::errno::Errno::EBUSY,
+        });
+    }
+    match std::fs::remove_dir_all(&real) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(&real, &e)),
     }
 }
 
@@ -403,9 +612,15 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, String> {
     Err(format!("volume type {kind} is not supported on this node"))
 }
 
-/// A single, harmless path component (a UID or a volume name becomes a directory name).
-fn check_component(what: &str, name: &str) -> Result<(), String> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+/// A single, harmless path component (a UID, a volume or container name becomes a directory
+/// name): not empty, not `.` or `..`, no `/` or NUL, at most 255 bytes.
+pub fn check_component(what: &str, name: &str) -> Result<(), String> {
+    let mut parts = Path::new(name).components();
+    let single = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(p)), None) if p == name
+    );
+    if !single || name.contains('/') || name.contains('\0') || name.len() > 255 {
         return Err(format!("invalid {what} {name:?}"));
     }
     Ok(())

@@ -352,6 +352,11 @@ fn container_mounts_map_volume_mounts() {
     };
     let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
     let info = vols.paths["info"].canonicalize().unwrap();
+    let subpaths = tmp
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("root/pods/u4/volume-subpaths");
     let want = [
         (
             "/cache",
@@ -367,13 +372,13 @@ fn container_mounts_map_volume_mounts() {
         ),
         (
             "/mine",
-            host.canonicalize().unwrap().join("pods/web-n1"),
+            subpaths.join("logs/app/2"),
             false,
             MountPropagation::PropagationPrivate,
         ),
         (
             "/etc/labels",
-            std::fs::canonicalize(info.join("labels")).unwrap(),
+            subpaths.join("info/app/3"),
             true,
             MountPropagation::PropagationPrivate,
         ),
@@ -396,12 +401,20 @@ fn container_mounts_map_volume_mounts() {
         host.join("pods/web-n1").is_dir(),
         "subPathExpr directory created"
     );
-    // The subPath of a downwardAPI file is the file of the current version.
-    assert!(
-        mounts[3].host_path.contains("..20"),
-        "{}",
-        mounts[3].host_path
-    );
+    // The subPaths are bind mounts of what they name: the subPathExpr directory, and for a
+    // downwardAPI file the file of the current version.
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (std::fs::metadata(a).unwrap(), std::fs::metadata(b).unwrap());
+        (a.dev(), a.ino()) == (b.dev(), b.ino())
+    };
+    assert!(same(
+        Path::new(&mounts[2].host_path),
+        &host.join("pods/web-n1")
+    ));
+    let version = std::fs::canonicalize(info.join("labels")).unwrap();
+    assert!(version.to_string_lossy().contains("..20"), "{version:?}");
+    assert!(same(Path::new(&mounts[3].host_path), &version));
 
     let one = |vm: VolumeMount| {
         let c = Container {
@@ -517,4 +530,185 @@ fn memory_empty_dir_is_a_sized_tmpfs() {
     m.teardown("u6").unwrap();
     assert_eq!(count(&dir), 0);
     assert!(!m.pod_volumes_dir("u6").exists());
+}
+
+#[test]
+fn hostile_uids_and_symlinked_pod_dirs_touch_nothing_outside() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let m = manager(&root);
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep"), b"keep").unwrap();
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&victim)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let vols = || vec![empty_dir("c", None, None)];
+
+    // UIDs that are not one plain path component are refused everywhere.
+    for uid in [
+        "",
+        ".",
+        "..",
+        "a/b",
+        "x/../../victim",
+        "../victim",
+        "a\0b",
+        "u/",
+    ] {
+        assert!(m.setup(&pod(uid, vols())).is_err(), "{uid:?}");
+        assert!(m.teardown(uid).is_err(), "{uid:?}");
+    }
+    assert!(m.teardown(&"u".repeat(256)).is_err());
+
+    // pods/<uid> is a symlink to the victim: set-up refuses, teardown leaves it alone.
+    std::fs::create_dir_all(root.join("pods")).unwrap();
+    std::os::unix::fs::symlink(&victim, root.join("pods/evil")).unwrap();
+    assert!(m.setup(&pod("evil", vols())).is_err());
+    m.teardown("evil").unwrap();
+
+    // pods/<uid>/volumes is a symlink: set-up refuses; teardown removes the link only.
+    std::fs::create_dir(root.join("pods/u7")).unwrap();
+    std::os::unix::fs::symlink(&victim, root.join("pods/u7/volumes")).unwrap();
+    assert!(m.setup(&pod("u7", vols())).is_err());
+    m.teardown("u7").unwrap();
+    assert!(std::fs::symlink_metadata(root.join("pods/u7/volumes")).is_err());
+
+    // pods/<uid>/volumes/<plugin> or the volume itself is a symlink: set-up refuses.
+    std::fs::create_dir_all(root.join("pods/u8/volumes/kubernetes.io~downward-api")).unwrap();
+    std::os::unix::fs::symlink(
+        &victim,
+        root.join("pods/u8/volumes/kubernetes.io~empty-dir"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        &victim,
+        root.join("pods/u8/volumes/kubernetes.io~downward-api/info"),
+    )
+    .unwrap();
+    let err = m.setup(&pod("u8", vols())).unwrap_err().to_string();
+    assert!(err.contains("is a symlink"), "{err}");
+    let err = m
+        .setup(&pod(
+            "u8",
+            vec![downward("info", vec![field_item("name", "metadata.name")])],
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a symlink"), "{err}");
+    // volume-subpaths is a symlink: teardown removes the link only.
+    std::os::unix::fs::symlink(&victim, root.join("pods/u8/volume-subpaths")).unwrap();
+    m.teardown("u8").unwrap();
+    assert!(std::fs::symlink_metadata(root.join("pods/u8/volume-subpaths")).is_err());
+
+    // A subPath of a pod whose UID is hostile is refused before anything is made.
+    let p = pod("../victim", vols());
+    let c = Container {
+        name: "app".into(),
+        volume_mounts: Some(vec![VolumeMount {
+            sub_path: Some("x".into()),
+            ..mount("c", "/x")
+        }]),
+        ..Default::default()
+    };
+    let fake = PodVolumes {
+        paths: HashMap::from([("c".to_string(), tmp.path().join("fake"))]),
+        ..Default::default()
+    };
+    std::fs::create_dir(tmp.path().join("fake")).unwrap();
+    assert!(m.container_mounts(&p, &c, &fake, &HashMap::new()).is_err());
+
+    assert_eq!(listing(), vec!["keep".to_string()]);
+    assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"keep");
+}
+
+#[test]
+fn fs_group_owns_empty_dir_and_downward_api_but_not_host_path() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let host = tmp.path().join("host");
+    let m = manager(&root);
+    let mut p = pod(
+        "u9",
+        vec![
+            empty_dir("cache", None, None),
+            host_path("data", &host, Some("DirectoryOrCreate")),
+            Volume {
+                name: "info".into(),
+                downward_api: Some(DownwardAPIVolumeSource {
+                    items: Some(vec![
+                        field_item("labels", "metadata.labels"),
+                        DownwardAPIVolumeFile {
+                            mode: Some(0o400),
+                            ..field_item("name", "metadata.name")
+                        },
+                    ]),
+                    default_mode: None,
+                }),
+                ..Default::default()
+            },
+        ],
+    );
+    p.spec.as_mut().unwrap().security_context =
+        Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            fs_group: Some(4321),
+            ..Default::default()
+        });
+    let vols = m.setup(&p).unwrap();
+    let meta = |p: &Path| std::fs::metadata(p).unwrap();
+    let cache = &vols.paths["cache"];
+    assert_eq!(meta(cache).gid(), 4321);
+    assert_eq!(meta(cache).mode() & 0o7777, 0o2777);
+    let info = &vols.paths["info"];
+    assert_eq!(meta(info).gid(), 4321);
+    assert_eq!(meta(&info.join("labels")).gid(), 4321);
+    assert_eq!(meta(&info.join("labels")).mode() & 0o7777, 0o644);
+    assert_eq!(meta(&info.join("name")).mode() & 0o7777, 0o440);
+    assert_ne!(
+        meta(&host).gid(),
+        4321,
+        "hostPath volumes are never given away"
+    );
+    assert_eq!(meta(&host).mode() & 0o2000, 0);
+
+    // The emptyDir is walked once: a file made later keeps its group on the next set-up.
+    std::fs::write(cache.join("later"), b"x").unwrap();
+    std::os::unix::fs::chown(cache.join("later"), None, Some(0)).unwrap();
+    let data = std::fs::read_link(info.join("..data")).unwrap();
+    m.setup(&p).unwrap();
+    m.refresh(&p).unwrap();
+    assert_eq!(meta(&cache.join("later")).gid(), 0);
+    assert_eq!(meta(cache).mode() & 0o7777, 0o2777);
+    // The group bits the walk added are not a change of the downwardAPI content.
+    assert_eq!(std::fs::read_link(info.join("..data")).unwrap(), data);
+
+    // A new label is a new version, owned again before it becomes visible.
+    p.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("v".into(), "2".into());
+    m.refresh(&p).unwrap();
+    assert_ne!(std::fs::read_link(info.join("..data")).unwrap(), data);
+    assert_eq!(meta(&info.join("labels")).gid(), 4321);
+    assert_eq!(meta(&info.join("name")).mode() & 0o7777, 0o440);
+
+    // An invalid fsGroup fails the set-up with a message.
+    p.spec
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .fs_group = Some(-5);
+    let err = m.setup(&p).unwrap_err().to_string();
+    assert!(err.contains("invalid securityContext.fsGroup -5"), "{err}");
+    m.teardown("u9").unwrap();
+    assert!(host.is_dir());
 }
