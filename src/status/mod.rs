@@ -17,11 +17,91 @@ use crate::prober::ProbeView;
 use crate::runtime::actions::{is_sidecar, should_restart};
 use crate::runtime::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 
+/// The reasons upstream shows for a container that is waiting, which the pod worker records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitReason {
+    /// Volumes are not ready yet.
+    ContainerCreating,
+    /// A restart waits out its crash-loop back-off.
+    CrashLoopBackOff,
+    ErrImagePull,
+    ImagePullBackOff,
+    ErrImageNeverPull,
+    CreateContainerConfigError,
+    CreateContainerError,
+    RunContainerError,
+    PostStartHookError,
+}
+
+impl WaitReason {
+    /// The reason as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::ContainerCreating => "ContainerCreating",
+            WaitReason::CrashLoopBackOff => "CrashLoopBackOff",
+            WaitReason::ErrImagePull => "ErrImagePull",
+            WaitReason::ImagePullBackOff => "ImagePullBackOff",
+            WaitReason::ErrImageNeverPull => "ErrImageNeverPull",
+            WaitReason::CreateContainerConfigError => "CreateContainerConfigError",
+            WaitReason::CreateContainerError => "CreateContainerError",
+            WaitReason::RunContainerError => "RunContainerError",
+            WaitReason::PostStartHookError => "PostStartHookError",
+        }
+    }
+
+    /// An error that the worker retries soon by itself (everything but a back-off wait, which
+    /// has its own end time).
+    pub fn retried_soon(self) -> bool {
+        self != WaitReason::CrashLoopBackOff
+    }
+}
+
+/// A text that is none of the waiting reasons Deckhand records.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a waiting reason Deckhand records")]
+pub struct UnknownWaitReason(pub String);
+
+impl std::str::FromStr for WaitReason {
+    type Err = UnknownWaitReason;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        const ALL: [WaitReason; 9] = [
+            WaitReason::ContainerCreating,
+            WaitReason::CrashLoopBackOff,
+            WaitReason::ErrImagePull,
+            WaitReason::ImagePullBackOff,
+            WaitReason::ErrImageNeverPull,
+            WaitReason::CreateContainerConfigError,
+            WaitReason::CreateContainerError,
+            WaitReason::RunContainerError,
+            WaitReason::PostStartHookError,
+        ];
+        ALL.into_iter()
+            .find(|r| r.as_str() == text)
+            .ok_or_else(|| UnknownWaitReason(text.to_string()))
+    }
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why a container is not running, as recorded by the pod worker (image pull failed, back-off…).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaitingReason {
-    pub reason: String,
+    pub reason: WaitReason,
     pub message: String,
+}
+
+impl WaitingReason {
+    pub fn new(reason: WaitReason, message: impl Into<String>) -> Self {
+        WaitingReason {
+            reason,
+            message: message.into(),
+        }
+    }
 }
 
 /// Inputs to the status computation besides the pod and the runtime's view.
@@ -143,7 +223,7 @@ fn container_status(
             let restarting = should_restart(restart_policy, inst.exit_code) && !inputs.terminating;
             match noted {
                 Some(w) if restarting => {
-                    status.state = Some(waiting(&w.reason, Some(w.message.clone())));
+                    status.state = Some(waiting(w.reason.as_str(), Some(w.message.clone())));
                     status.last_state = exited_state(Some(inst));
                 }
                 _ => {
@@ -154,7 +234,7 @@ fn container_status(
         }
         Some(RtState::Created) | Some(RtState::Unknown) | None => {
             status.state = Some(match noted {
-                Some(w) => waiting(&w.reason, Some(w.message.clone())),
+                Some(w) => waiting(w.reason.as_str(), Some(w.message.clone())),
                 None => waiting(default_waiting, None),
             });
             status.last_state = exited_state(latest).or_else(|| exited_state(previous));

@@ -255,7 +255,7 @@ fn compute(r: &Row) -> PodStatus {
             (
                 c.to_string(),
                 WaitingReason {
-                    reason: reason.to_string(),
+                    reason: reason.parse().expect("a known waiting reason"),
                     message: format!("{reason} for {c}"),
                 },
             )
@@ -736,7 +736,7 @@ fn container_status_fields() {
     let noted = HashMap::from([(
         "a".to_string(),
         WaitingReason {
-            reason: "CrashLoopBackOff".into(),
+            reason: WaitReason::CrashLoopBackOff,
             message: "back-off 10s restarting failed container=a pod=web_default(uid-1)".into(),
         },
     )]);

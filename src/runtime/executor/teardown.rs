@@ -1,6 +1,7 @@
 //! Stopping containers the way upstream does: the preStop hook first, within the grace period,
 //! then `StopContainer` with what is left of it (at least two seconds); app containers before
-//! sidecars and other init containers, and the sandbox last.
+//! sidecars and other init containers, and the sandboxes last. And removing everything of a
+//! pod once it is gone: containers, sandboxes, log directory, pod files, volumes, cgroups.
 
 use std::time::Duration;
 
@@ -9,10 +10,23 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use tokio::time::Instant;
 
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::paths::{PathError, component_problem, remove_tree_within};
 
-use super::executor::{Executor, MIN_GRACE_SECONDS};
-use super::hooks::{HookKind, run_hook};
-use super::observed::{ContainerState, ObservedContainer, ObservedPod};
+use super::super::hooks::{HookKind, run_hook};
+use super::super::observed::{ContainerState, ObservedContainer, ObservedPod};
+use super::super::translate::QosClass;
+use super::{Executor, MIN_GRACE_SECONDS, grace_period, pod_name, pod_namespace};
+
+/// Errors of a teardown; the worker retries.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("{0}")]
+    Runtime(#[from] CriError),
+    #[error("{0}")]
+    Volumes(String),
+    #[error("removing the pod's files: {0}")]
+    Files(#[from] PathError),
+}
 
 /// The pod's IP as hooks should reach it: the sandbox's own, or the node's for hostNetwork.
 pub fn pod_ip(observed: &ObservedPod, host_ip: Option<&str>) -> Option<String> {
@@ -133,6 +147,126 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 && !err.is_not_found()
             {
                 return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    pub(super) async fn stop_container(&self, id: &str, grace: i64) -> Result<(), CriError> {
+        match self.rt.stop_container(id.to_string(), grace).await {
+            Err(err) if !err.is_not_found() => Err(err),
+            _ => {
+                self.details.forget_container(id);
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) async fn remove_container(&self, id: &str) {
+        if let Err(err) = self.rt.remove_container(id.to_string()).await
+            && !err.is_not_found()
+        {
+            tracing::warn!(container_id = %id, error = %err, "cannot remove an old container");
+        }
+        self.details.forget_container(id);
+    }
+
+    /// Stops and removes everything of a pod, then its log directory, files and cgroup.
+    /// `pod` is absent for orphans found in the runtime; their names come from the labels.
+    pub async fn terminate_pod(
+        &self,
+        uid: &str,
+        pod: Option<&Pod>,
+        grace_override: Option<i64>,
+    ) -> Result<(), TeardownError> {
+        let observed = self.observe(uid).await?;
+        let grace = match pod {
+            Some(p) => grace_period(Some(p), grace_override),
+            // Orphans: each container's own recorded grace period applies (see stop_pod).
+            None => grace_override.unwrap_or(30),
+        };
+        self.stop_pod(pod, &observed, grace).await?;
+        for c in &observed.containers {
+            self.remove_container(&c.id).await;
+        }
+        for s in &observed.sandboxes {
+            match self.rt.remove_pod_sandbox(s.id.clone()).await {
+                Err(err) if !err.is_not_found() => return Err(err.into()),
+                _ => {}
+            }
+        }
+        // A UID that is not one safe path component (only possible for objects someone else
+        // labelled as ours: the sources refuse such manifests) has its runtime objects removed
+        // above, and no path is ever built from it.
+        if let Some(problem) = component_problem(uid) {
+            tracing::warn!(pod_uid = %uid, problem, "not touching any file for a pod whose UID cannot be a path component");
+            return Ok(());
+        }
+        let names = pod
+            .map(|p| (pod_namespace(p).to_string(), pod_name(p).to_string()))
+            .or_else(|| observed.names.clone());
+        let executor = self.clone_parts();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || executor.remove_files(&uid, names))
+            .await
+            .map_err(|join| {
+                TeardownError::Volumes(format!("the file teardown task failed: {join}"))
+            })?
+    }
+
+    fn clone_parts(&self) -> FileTeardown {
+        FileTeardown {
+            node: self.node.clone(),
+            volumes: self.volumes.clone(),
+        }
+    }
+}
+
+/// What removing a pod's files needs; moved to a blocking thread (the removals and unmounts
+/// are system calls that may take a while).
+struct FileTeardown {
+    node: std::sync::Arc<super::NodeContext>,
+    volumes: crate::volume::VolumeManager,
+}
+
+impl FileTeardown {
+    fn remove_files(
+        &self,
+        uid: &str,
+        names: Option<(String, String)>,
+    ) -> Result<(), TeardownError> {
+        // Logs and pod files go with the pod, as upstream's garbage collector would do later.
+        if let Some((ns, name)) = names {
+            remove_tree_within(
+                &self.node.pod_logs_dir,
+                &self.node.pod_log_dir(&ns, &name, uid),
+            )?;
+        }
+        if let Err(err) = self.volumes.teardown(uid) {
+            tracing::warn!(error = %err, "volume teardown failed; will retry");
+            return Err(TeardownError::Volumes(err.to_string()));
+        }
+        remove_tree_within(&self.node.root_dir.join("pods"), &self.node.pod_dir(uid))?;
+        // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
+        for qos in [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ] {
+            let parent = crate::cm::pod_cgroup_parent(
+                self.node.cgroup_driver,
+                &self.node.cgroup_root,
+                self.node.cgroups_per_qos,
+                qos,
+                uid,
+            );
+            for problem in parent
+                .map(|p| crate::cm::remove_pod_cgroup(&self.node.cgroup_fs, &p))
+                .unwrap_or_default()
+            {
+                tracing::warn!(%problem, "cannot remove the pod's cgroup");
             }
         }
         Ok(())

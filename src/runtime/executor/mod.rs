@@ -1,0 +1,333 @@
+//! Carries out [`PodActions`] against the runtime. One sync: observe the pod, decide (pure,
+//! [`actions::compute_pod_actions`]), act, observe again, and decide when to look next (pure,
+//! [`revisit::next_look`]).
+//!
+//! The acting is split by job: `start` (volumes, sandbox, image, container, postStart),
+//! `image_pull` (the image step and the pull), `teardown` (graceful stops, removal of
+//! everything of a pod). Each step that fails is turned into the reason users know from
+//! upstream (`ErrImagePull`, `CreateContainerConfigError`, …) and recorded for the status; one
+//! failing container never stops the others from being tried.
+
+mod image_pull;
+mod start;
+mod teardown;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+
+use crate::cri::proto::PodSandboxConfig;
+use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::prober::{ProbeView, Unhealthy};
+use crate::status::{WaitReason, WaitingReason};
+use crate::volume::VolumeManager;
+
+use super::actions::{self, DecisionContext, PodActions};
+use super::backoff::{BackoffPolicy, BackoffTable};
+use super::inspect::{self, DetailCache};
+use super::observed::ObservedPod;
+use super::pod_files;
+use super::revisit::{self, ERROR_RETRY, SyncFacts};
+use super::translate::{self, HostDns, SandboxContext};
+
+pub use teardown::{TeardownError, pod_ip, remaining_grace};
+
+/// Facts about the node that translation needs; fixed for the agent's lifetime.
+#[derive(Clone, Debug)]
+pub struct NodeContext {
+    pub node_name: String,
+    pub host_ip: Option<String>,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub host_dns: HostDns,
+    pub cluster_domain: Option<String>,
+    pub cluster_dns: Vec<String>,
+    pub cgroup_driver: crate::config::CgroupDriver,
+    pub cgroup_root: String,
+    pub cgroups_per_qos: bool,
+    /// Where the cgroup hierarchies are mounted (for removing pod cgroups).
+    pub cgroup_fs: PathBuf,
+    pub node_memory_bytes: u64,
+    /// `runtimeRequestTimeout`, also the bound of a postStart hook.
+    pub runtime_request_timeout: Duration,
+    /// `--image-pull-progress-deadline` (`None`: pulls wait as long as they take).
+    pub image_pull_progress_deadline: Option<Duration>,
+}
+
+impl NodeContext {
+    /// `<root>/pods/<uid>`: the pod's own files (hosts file, termination logs).
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.root_dir.join("pods").join(uid)
+    }
+
+    /// `<podLogsDir>/<namespace>_<name>_<uid>`, upstream's pod log directory.
+    pub fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
+        self.pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+    }
+
+    /// Where `Localhost` seccomp profiles are read from.
+    pub fn seccomp_profile_root(&self) -> PathBuf {
+        self.root_dir.join("seccomp")
+    }
+}
+
+/// What a worker keeps between syncs of one pod.
+#[derive(Default)]
+pub struct PodSyncState {
+    pub backoff: BackoffTable,
+    pub waiting: HashMap<String, WaitingReason>,
+    pub status: Option<PodStatus>,
+    /// Termination messages already read, by container ID.
+    pub messages: HashMap<String, String>,
+}
+
+/// The result of one sync.
+pub struct SyncOutcome {
+    pub observed: ObservedPod,
+    /// The runtime could not be read: `observed` means nothing, keep the last status.
+    pub runtime_unreachable: bool,
+    /// Sync again after this long even without events (a back-off ends, an error to retry).
+    pub retry_after: Option<Duration>,
+    /// Nothing of the pod will run again.
+    pub terminal: bool,
+}
+
+/// Upstream never gives a container less than this to stop.
+pub(crate) const MIN_GRACE_SECONDS: i64 = 2;
+
+/// Carries out decisions for pods on one runtime.
+#[derive(Clone)]
+pub struct Executor<R> {
+    rt: R,
+    node: Arc<NodeContext>,
+    details: DetailCache,
+    policy: BackoffPolicy,
+    volumes: VolumeManager,
+}
+
+fn pod_uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+fn pod_name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn pod_namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// The grace period for stopping a pod's containers.
+pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
+    let from_spec = pod
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30);
+    override_seconds.unwrap_or(from_spec).max(MIN_GRACE_SECONDS)
+}
+
+/// The spec hash in the form recorded on containers.
+pub fn spec_hash(container: &Container) -> String {
+    translate::hash::format_hash(translate::container_hash(container))
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    pub fn new(rt: R, node: Arc<NodeContext>, details: DetailCache, policy: BackoffPolicy) -> Self {
+        let volumes = VolumeManager::new(node.root_dir.clone(), node.node_memory_bytes);
+        Executor {
+            rt,
+            node,
+            details,
+            policy,
+            volumes,
+        }
+    }
+
+    pub fn node(&self) -> &NodeContext {
+        &self.node
+    }
+
+    /// Reads the pod's current state from the runtime.
+    pub async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
+        inspect::observe_pod(&self.rt, &self.details, &self.node.node_name, uid).await
+    }
+
+    fn sandbox_config(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+    ) -> Result<PodSandboxConfig, translate::TranslateError> {
+        let qos = translate::qos_class(pod);
+        let ctx = SandboxContext {
+            pod_logs_dir: self.node.pod_logs_dir.clone(),
+            host_dns: self.node.host_dns.clone(),
+            cluster_dns: self.node.cluster_dns.clone(),
+            cluster_domain: self.node.cluster_domain.clone().unwrap_or_default(),
+            cgroup_parent: crate::cm::pod_cgroup_parent(
+                self.node.cgroup_driver,
+                &self.node.cgroup_root,
+                self.node.cgroups_per_qos,
+                qos,
+                pod_uid(pod),
+            ),
+            node_name: self.node.node_name.clone(),
+            seccomp_profile_root: self.node.seccomp_profile_root(),
+        };
+        translate::pod_sandbox_config(pod, &ctx, attempt)
+    }
+
+    /// Brings the pod one step closer to its spec.
+    pub async fn sync_pod(
+        &self,
+        pod: &Pod,
+        state: &mut PodSyncState,
+        unhealthy: &HashMap<String, Unhealthy>,
+        probes: &HashMap<String, ProbeView>,
+    ) -> SyncOutcome {
+        let uid = pod_uid(pod).to_string();
+        let observed = match self.observe(&uid).await {
+            Ok(o) => o,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
+                return SyncOutcome {
+                    observed: ObservedPod::default(),
+                    runtime_unreachable: true,
+                    retry_after: Some(ERROR_RETRY),
+                    terminal: false,
+                };
+            }
+        };
+        let backoff_before = state.backoff.clone();
+        let hash = |c: &Container| spec_hash(c);
+        let decide = |observed: &ObservedPod, backoff: &BackoffTable| {
+            actions::compute_pod_actions(
+                pod,
+                observed,
+                &DecisionContext {
+                    now: SystemTime::now(),
+                    backoff,
+                    policy: self.policy,
+                    spec_hash: &hash,
+                    unhealthy,
+                    probes,
+                },
+            )
+        };
+        let decision = decide(&observed, &state.backoff);
+        let changed = revisit::changes_anything(&decision);
+        if changed {
+            tracing::debug!(?decision, "pod actions");
+        }
+        // Back-off waits are shown as CrashLoopBackOff until the container starts again.
+        for w in &decision.waiting {
+            state.waiting.insert(
+                w.name.clone(),
+                WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
+            );
+        }
+        let executed = self.execute(pod, &observed, &decision, state).await;
+        if let Err(err) = &executed {
+            tracing::warn!(error = %err, "sync failed; will retry");
+        }
+        let mut observed = if changed {
+            self.observe(&uid).await.unwrap_or(observed)
+        } else {
+            observed
+        };
+        // What the runtime shows now may already call for the next step (the next init
+        // container, a restart of a container that exited meanwhile): the pure decision is
+        // made again on the fresh view, and `next_look` brings the worker back at once.
+        let followup = (executed.is_ok() && changed).then(|| decide(&observed, &state.backoff));
+        let blocked = |name: &str| {
+            state
+                .waiting
+                .get(name)
+                .is_some_and(|w| w.reason.retried_soon())
+        };
+        let retry = revisit::next_look(&SyncFacts {
+            decision: &decision,
+            failed: executed.is_err(),
+            error_waiting: state.waiting.values().any(|w| w.reason.retried_soon()),
+            followup: followup.as_ref(),
+            blocked: &blocked,
+            init_running: revisit::init_running(pod, &observed),
+        });
+        if state.backoff != backoff_before {
+            let dir = self.node.pod_dir(&uid);
+            let table = state.backoff.clone();
+            let saved =
+                tokio::task::spawn_blocking(move || pod_files::save_backoff(&dir, &table)).await;
+            if let Ok(Err(err)) = saved {
+                tracing::warn!(error = %err, "cannot save the back-off state");
+            }
+        }
+        let log_dir = self
+            .node
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), &uid);
+        super::termination_message::fill_messages(
+            &mut observed,
+            pod,
+            &self.node.pod_dir(&uid),
+            &log_dir,
+            &mut state.messages,
+        );
+        SyncOutcome {
+            observed,
+            runtime_unreachable: false,
+            retry_after: retry,
+            terminal: decision.terminal,
+        }
+    }
+
+    /// The sync state of a pod this agent may have run before it restarted: the back-off
+    /// entries are read back from the pod's directory.
+    pub fn load_state(&self, uid: &str) -> PodSyncState {
+        PodSyncState {
+            backoff: pod_files::load_backoff(&self.node.pod_dir(uid)),
+            ..Default::default()
+        }
+    }
+
+    /// Carries out one decision, in upstream's order: stop what must stop, remove garbage,
+    /// then start (volumes, sandbox, containers).
+    async fn execute(
+        &self,
+        pod: &Pod,
+        observed: &ObservedPod,
+        decision: &PodActions,
+        state: &mut PodSyncState,
+    ) -> Result<(), CriError> {
+        if let Some(reason) = &decision.kill_pod {
+            tracing::info!(%reason, "stopping the pod");
+            self.stop_pod(Some(pod), observed, grace_period(Some(pod), None))
+                .await?;
+        }
+        for id in &decision.remove_containers {
+            self.remove_container(id).await;
+        }
+        for id in &decision.remove_sandboxes {
+            if let Err(err) = self.rt.remove_pod_sandbox(id.clone()).await
+                && !err.is_not_found()
+            {
+                tracing::warn!(sandbox = %id, error = %err, "cannot remove an old sandbox");
+            }
+        }
+        for kill in &decision.kill_containers {
+            tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
+            if let Some(inst) = observed.containers.iter().find(|c| c.id == kill.id) {
+                let ip = pod_ip(observed, self.node.host_ip.as_deref());
+                self.stop_container_gracefully(
+                    Some(pod),
+                    inst,
+                    grace_period(Some(pod), kill.grace_override),
+                    ip.as_deref(),
+                )
+                .await?;
+            }
+        }
+        self.start(pod, observed, decision, state).await
+    }
+}

@@ -1,0 +1,336 @@
+//! Starting a pod: its volumes first (as upstream: nothing runs until they are ready), then its
+//! sandbox, then each container (image, files, mounts, create, start, postStart).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tracing::Instrument;
+
+use crate::cri::proto::{CreateContainerRequest, Image, PodSandboxConfig, RunPodSandboxRequest};
+use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::status::{WaitReason, WaitingReason};
+use crate::volume::PodVolumes;
+
+use super::super::actions::{ContainerKind, PodActions, StartContainer};
+use super::super::hooks::{HookKind, run_hook};
+use super::super::observed::ObservedPod;
+use super::super::pod_files;
+use super::super::translate::{self, ContainerContext};
+use super::{Executor, PodSyncState, grace_period, pod_name, pod_namespace, pod_uid};
+
+/// Where a container is started: its sandbox, that sandbox's config and IP, the pod's volumes.
+#[derive(Clone, Copy)]
+struct StartTarget<'a> {
+    sandbox_id: &'a str,
+    sandbox_config: &'a PodSandboxConfig,
+    pod_ip: Option<&'a str>,
+    volumes: &'a PodVolumes,
+}
+
+fn config_error(message: impl Into<String>) -> WaitingReason {
+    WaitingReason::new(WaitReason::CreateContainerConfigError, message)
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    /// The start part of a decision: volumes, the sandbox, the containers to start.
+    pub(super) async fn start(
+        &self,
+        pod: &Pod,
+        observed: &ObservedPod,
+        decision: &PodActions,
+        state: &mut PodSyncState,
+    ) -> Result<(), CriError> {
+        if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
+            if decision.sandbox_id.is_some() {
+                let volumes = self.volumes.clone();
+                let owned = pod.clone();
+                let refreshed = tokio::task::spawn_blocking(move || volumes.refresh(&owned)).await;
+                if let Ok(Err(err)) = refreshed {
+                    tracing::warn!(error = %err, "cannot refresh the pod's volumes");
+                }
+            }
+            return Ok(());
+        }
+        // Volumes come first, as upstream: no sandbox and no container until they are ready.
+        let volumes = self.volumes.clone();
+        let owned = pod.clone();
+        let set_up = tokio::task::spawn_blocking(move || volumes.setup(&owned))
+            .await
+            .map_err(|join| join.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let volumes = match set_up {
+            Ok(v) => v,
+            Err(message) => {
+                tracing::warn!(error = %message, "volumes are not ready");
+                for start in &decision.start_containers {
+                    state.waiting.insert(
+                        start.name.clone(),
+                        WaitingReason::new(WaitReason::ContainerCreating, message.clone()),
+                    );
+                }
+                return Ok(());
+            }
+        };
+        let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
+            (Some(attempt), _) => (self.create_sandbox(pod, attempt).await?, attempt),
+            (None, Some(id)) => {
+                let attempt = observed
+                    .sandboxes
+                    .iter()
+                    .find(|s| &s.id == id)
+                    .map(|s| s.attempt)
+                    .unwrap_or(0);
+                (id.clone(), attempt)
+            }
+            (None, None) => return Ok(()),
+        };
+        if decision.start_containers.is_empty() {
+            return Ok(());
+        }
+        let sandbox_config = match self.sandbox_config(pod, attempt) {
+            Ok(c) => c,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot build the sandbox config");
+                return Ok(());
+            }
+        };
+        let pod_ip = self.pod_ip_for_start(pod, observed, &sandbox_id).await;
+        for start in &decision.start_containers {
+            let target = StartTarget {
+                sandbox_id: &sandbox_id,
+                sandbox_config: &sandbox_config,
+                pod_ip: pod_ip.as_deref(),
+                volumes: &volumes,
+            };
+            // A restart after an exit updates the back-off, whether or not the start succeeds.
+            if let Some(entry) = start.backoff {
+                state.backoff.insert(start.name.clone(), entry);
+            }
+            let span = tracing::info_span!("container", container = %start.name);
+            let result = self
+                .start_container(pod, start, &target, state)
+                .instrument(span)
+                .await;
+            match result {
+                Ok(()) => {
+                    state.waiting.remove(&start.name);
+                }
+                Err(waiting) => {
+                    tracing::warn!(container = %start.name, reason = %waiting.reason, message = %waiting.message, "the container is waiting");
+                    state.waiting.insert(start.name.clone(), waiting);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pod's IP: the node's for hostNetwork pods, else the sandbox's — already known for an
+    /// existing sandbox, asked for once for a new one.
+    async fn pod_ip_for_start(
+        &self,
+        pod: &Pod,
+        observed: &ObservedPod,
+        sandbox_id: &str,
+    ) -> Option<String> {
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        if host_network {
+            return self.node.host_ip.clone();
+        }
+        if let Some(known) = observed.sandboxes.iter().find(|s| s.id == sandbox_id) {
+            return known.ip.clone();
+        }
+        let status = self
+            .rt
+            .pod_sandbox_status(sandbox_id.to_string())
+            .await
+            .ok()?
+            .status?;
+        status.network.map(|n| n.ip).filter(|ip| !ip.is_empty())
+    }
+
+    /// Creates the pod's sandbox and its log directory.
+    async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, CriError> {
+        let uid = pod_uid(pod);
+        let config = match self.sandbox_config(pod, attempt) {
+            Ok(c) => c,
+            Err(err) => {
+                return Err(CriError::Rpc {
+                    method: "RunPodSandbox",
+                    code: tonic::Code::InvalidArgument,
+                    message: format!("cannot build the sandbox config: {err}"),
+                });
+            }
+        };
+        let log_dir = self
+            .node
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
+        if let Err(err) = std::fs::create_dir_all(&log_dir) {
+            tracing::warn!(dir = %log_dir.display(), error = %err, "cannot create the pod log directory");
+        }
+        tracing::info!(attempt, "creating the pod sandbox");
+        let resp = self
+            .rt
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await?;
+        Ok(resp.pod_sandbox_id)
+    }
+
+    /// Starts one container; on failure, says why it waits.
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        start: &StartContainer,
+        target: &StartTarget<'_>,
+        state: &mut PodSyncState,
+    ) -> Result<(), WaitingReason> {
+        let StartTarget {
+            sandbox_id,
+            sandbox_config,
+            pod_ip,
+            volumes,
+        } = *target;
+        let container = match start.kind {
+            ContainerKind::Init => pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.init_containers.as_ref())
+                .and_then(|v| v.get(start.index)),
+            ContainerKind::App => pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.get(start.index)),
+        };
+        let Some(container) = container else {
+            return Ok(());
+        };
+        let name = container.name.as_str();
+
+        let image = self
+            .ensure_image(container, sandbox_config, &mut state.backoff)
+            .await?;
+        self.check_run_as_non_root(pod, container, image).await?;
+
+        let dir = self.node.pod_dir(pod_uid(pod));
+        let files = pod_files::prepare_container_files(
+            &dir,
+            pod,
+            name,
+            start.restart_count,
+            pod_ip,
+            self.node.cluster_domain.as_deref(),
+        )
+        .map_err(|e| config_error(e.to_string()))?;
+        let mut ctx = ContainerContext {
+            restart_count: start.restart_count,
+            pod_ip: pod_ip.map(str::to_string),
+            host_ip: self.node.host_ip.clone(),
+            node_name: self.node.node_name.clone(),
+            etc_hosts_path: files.hosts,
+            termination_log_path: Some(files.termination_log),
+            extra_mounts: Vec::new(),
+            node_memory_capacity: self.node.node_memory_bytes,
+            seccomp_profile_root: self.node.seccomp_profile_root(),
+        };
+        let env: HashMap<String, String> = translate::env::container_env(pod, container, &ctx)
+            .map_err(|e| config_error(e.to_string()))?
+            .into_iter()
+            .collect();
+        ctx.extra_mounts = self
+            .volumes
+            .container_mounts(pod, container, volumes, &env)
+            .map_err(|e| config_error(e.to_string()))?;
+        let config = translate::container_config(pod, container, &ctx)
+            .map_err(|e| config_error(e.to_string()))?;
+        let log_dir = Path::new(&sandbox_config.log_directory).join(name);
+        let _ = std::fs::create_dir_all(&log_dir);
+
+        let id = self
+            .rt
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.to_string(),
+                config: Some(config),
+                sandbox_config: Some(sandbox_config.clone()),
+            })
+            .await
+            .map_err(|err| WaitingReason::new(WaitReason::CreateContainerError, err.to_string()))?;
+        self.rt
+            .start_container(id.clone())
+            .await
+            .map_err(|err| WaitingReason::new(WaitReason::RunContainerError, err.to_string()))?;
+        tracing::info!(id = %id, restart_count = start.restart_count, "container started");
+        self.post_start(pod, container, &id, pod_ip).await
+    }
+
+    /// runAsNonRoot is checked against the user the image runs as, as upstream does.
+    async fn check_run_as_non_root(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        seen: Option<Image>,
+    ) -> Result<(), WaitingReason> {
+        if !translate::needs_image_user(pod, container) {
+            return Ok(());
+        }
+        let image = container.image.clone().unwrap_or_default();
+        let found = match seen {
+            Some(img) => Some(img),
+            None => self.rt.image_status(image.clone()).await.map_err(|err| {
+                config_error(format!("cannot read the user of image {image:?}: {err}"))
+            })?,
+        };
+        let Some(img) = found else {
+            return Err(config_error(format!(
+                "cannot read the user of image {image:?}: not present"
+            )));
+        };
+        let (uid, username) = translate::image_user(&img);
+        translate::verify_run_as_non_root(pod, container, uid, &username)
+            .map_err(|e| config_error(e.to_string()))
+    }
+
+    /// postStart runs right after the start, and the worker waits for it, as upstream; when it
+    /// fails the container is killed.
+    async fn post_start(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        id: &str,
+        pod_ip: Option<&str>,
+    ) -> Result<(), WaitingReason> {
+        let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        else {
+            return Ok(());
+        };
+        let result = run_hook(
+            &self.rt,
+            HookKind::PostStart,
+            hook,
+            container,
+            id,
+            pod_ip,
+            // Upstream bounds a postStart hook by the runtime request timeout.
+            self.node.runtime_request_timeout,
+        )
+        .await;
+        let Err(err) = result else {
+            return Ok(());
+        };
+        let message = err.to_string();
+        tracing::warn!(%message, "FailedPostStartHook: killing the container");
+        if let Err(err) = self.stop_container(id, grace_period(Some(pod), None)).await {
+            tracing::warn!(error = %err, "cannot kill the container after its postStart hook failed");
+        }
+        Err(WaitingReason::new(WaitReason::PostStartHookError, message))
+    }
+}
