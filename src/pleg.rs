@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::RuntimeService;
 use crate::health::Health;
+use crate::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::runtime::inspect::{self, DetailCache};
-use crate::runtime::observed::{ContainerState, ObservedPod, SandboxState};
 
 /// What changed for one pod between two relists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,7 +282,7 @@ pub async fn run<R: RuntimeService>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::observed::{ObservedContainer, ObservedSandbox};
+    use crate::observed::{ObservedContainer, ObservedSandbox};
 
     fn container(id: &str, state: ContainerState) -> ObservedContainer {
         ObservedContainer {

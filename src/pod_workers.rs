@@ -22,11 +22,12 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::cri::{ImageService, RuntimeService};
+use crate::kube::full_name;
+use crate::observed::ObservedPod;
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
 use crate::prober::ProbeManager;
 use crate::runtime::executor::{Executor, PodSyncState};
-use crate::runtime::observed::ObservedPod;
 use crate::status::{StatusInputs, compute_pod_status};
 
 /// What a worker is asked to do.
@@ -135,15 +136,6 @@ pub struct PodWorkers<R> {
     tracker: TaskTracker,
     cancel: CancellationToken,
     done_tx: mpsc::UnboundedSender<String>,
-}
-
-/// `namespace/name` of a pod.
-pub fn full_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 impl<R: RuntimeService + ImageService> PodWorkers<R> {

@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::{ImageService, RuntimeService};
 use crate::health::CheckFailure;
+use crate::kube::full_name;
 use crate::pleg::{PlegEvent, RuntimeCache};
-use crate::pod_workers::{PodWorkers, Work, full_name};
+use crate::pod_workers::{PodWorkers, Work};
 use crate::source::{PodChange, SourcesReady};
 
 /// How often orphans are looked for.

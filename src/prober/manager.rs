@@ -21,8 +21,8 @@ use super::metrics::{ProbeCounters, SeriesKey};
 use super::worker::{Report, StartupGate, Verdict, WorkerConfig, random_below, run_worker};
 use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
 use crate::cri::RuntimeService;
-use crate::runtime::actions::is_sidecar;
-use crate::runtime::observed::{ContainerState, ObservedContainer, ObservedPod};
+use crate::kube::is_sidecar;
+use crate::observed::{ContainerState, ObservedContainer, ObservedPod};
 
 /// Runs the probes of every pod on the node.
 #[derive(Clone)]
@@ -373,9 +373,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::observed::{ObservedSandbox, SandboxState};
     use crate::prober::fake_runtime::{ExecReply, FakeRuntime};
     use crate::prober::metrics::ProbeResult;
-    use crate::runtime::observed::{ObservedSandbox, SandboxState};
 
     fn exec_probe(period: i32, failure: i32) -> ProbeSpec {
         named_exec_probe("true", period, failure)

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use super::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+use crate::kube::{RestartPolicy, is_sidecar};
+use crate::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
 use crate::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
@@ -91,27 +92,6 @@ pub struct DecisionContext<'a> {
     pub probes: &'a HashMap<String, ProbeView>,
 }
 
-/// An init container with `restartPolicy: Always` is a sidecar.
-pub fn is_sidecar(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
-/// Should a container that exited with `exit_code` run again under `restart_policy`?
-pub fn should_restart(restart_policy: &str, exit_code: i32) -> bool {
-    match restart_policy {
-        "Never" => false,
-        "OnFailure" => exit_code != 0,
-        _ => true,
-    }
-}
-
-fn restart_policy(pod: &Pod) -> &str {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-        .unwrap_or("Always")
-}
-
 /// The next restart count for a container: one more than any instance seen.
 fn next_restart_count(observed: &ObservedPod, name: &str) -> u32 {
     observed
@@ -134,14 +114,14 @@ fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
         Some(s) => s,
         None => return false,
     };
-    let policy = restart_policy(pod);
+    let policy = RestartPolicy::of(pod);
     !spec.containers.is_empty()
         && spec
             .containers
             .iter()
             .all(|c| match observed.latest(&c.name) {
                 Some(inst) => {
-                    inst.state == ContainerState::Exited && !should_restart(policy, inst.exit_code)
+                    inst.state == ContainerState::Exited && !policy.restarts_after(inst.exit_code)
                 }
                 None => false,
             })
@@ -153,7 +133,7 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
         Some(s) => s,
         None => return false,
     };
-    restart_policy(pod) == "Never"
+    RestartPolicy::of(pod) == RestartPolicy::Never
         && spec
             .init_containers
             .iter()
@@ -172,7 +152,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     let Some(spec) = pod.spec.as_ref() else {
         return actions;
     };
-    let policy = restart_policy(pod);
+    let policy = RestartPolicy::of(pod);
     let host_network = spec.host_network.unwrap_or(false);
 
     let newest = observed.newest_sandbox();
@@ -220,7 +200,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
 
     if sandbox_changed {
         // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
-        if policy == "Never" && newest.is_some() && !observed.containers.is_empty() {
+        if policy == RestartPolicy::Never && newest.is_some() && !observed.containers.is_empty() {
             if observed.is_running() {
                 actions.kill_pod =
                     Some("the pod sandbox is gone and restartPolicy is Never".into());
@@ -257,7 +237,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             ),
             None => {
                 for (index, c) in spec.containers.iter().enumerate() {
-                    if policy == "OnFailure" && succeeded(observed, &c.name) {
+                    if policy == RestartPolicy::OnFailure && succeeded(observed, &c.name) {
                         continue;
                     }
                     start_in_new_sandbox(
@@ -374,7 +354,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
         let Some(inst) = latest else {
             // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
             if observed.latest(&c.name).is_some_and(|i| {
-                i.state == ContainerState::Exited && !should_restart(policy, i.exit_code)
+                i.state == ContainerState::Exited && !policy.restarts_after(i.exit_code)
             }) {
                 continue;
             }
@@ -388,7 +368,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
             continue;
         };
         match inst.state {
-            ContainerState::Unknown if policy != "Never" => {
+            ContainerState::Unknown if policy != RestartPolicy::Never => {
                 // Nobody knows whether it runs: kill it before starting a new instance, so two
                 // never run at once (upstream does the same). Under Never it is left alone, as
                 // upstream does not restart it either.
@@ -434,7 +414,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 }
             }
             ContainerState::Exited => {
-                if should_restart(policy, inst.exit_code) {
+                if policy.restarts_after(inst.exit_code) {
                     plan_restart(
                         &mut actions,
                         ctx,

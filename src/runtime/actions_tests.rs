@@ -7,10 +7,10 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
-use crate::runtime::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use crate::runtime::observed::{
+use crate::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
+use crate::runtime::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use std::collections::HashMap;
 
 // ---- times -------------------------------------------------------------------------------

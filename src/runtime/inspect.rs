@@ -13,7 +13,7 @@ use crate::cri::proto::{self, ContainerFilter, NamespaceMode, PodSandboxFilter, 
 use crate::cri::service::CriResult;
 
 use super::labels;
-use super::observed::{
+use crate::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
 

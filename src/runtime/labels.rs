@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::LifecycleHandler;
 
-use crate::runtime::translate::hash::parse_hash;
+use crate::runtime::spec_hash::parse_hash;
 
 // ---- labels (sandboxes and containers)
 

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::actions::{PodActions, is_sidecar};
-use super::observed::{ContainerState, ObservedPod};
+use super::actions::PodActions;
+use crate::kube::is_sidecar;
+use crate::observed::{ContainerState, ObservedPod};
 
 /// How often a pod is looked at while one of its init containers runs.
 pub const INIT_POLL: Duration = Duration::from_millis(50);

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::observed::{ContainerState, ObservedPod};
+use crate::observed::{ContainerState, ObservedPod};
 
 /// Upstream's limits: the file is read up to 4096 bytes; the log fallback keeps the last 80
 /// lines and at most 2048 bytes.

@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::kube::{RestartPolicy, is_sidecar};
+use crate::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 use crate::prober::ProbeView;
-use crate::runtime::actions::{is_sidecar, should_restart};
-use crate::runtime::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,7 +178,7 @@ fn container_status(
     container: &Container,
     observed: &ObservedPod,
     inputs: &StatusInputs,
-    restart_policy: &str,
+    restart_policy: RestartPolicy,
     default_waiting: &str,
 ) -> ContainerStatus {
     let instances = observed.instances(&container.name);
@@ -220,7 +220,7 @@ fn container_status(
         }
         Some(RtState::Exited) => {
             let inst = latest.expect("matched");
-            let restarting = should_restart(restart_policy, inst.exit_code) && !inputs.terminating;
+            let restarting = restart_policy.restarts_after(inst.exit_code) && !inputs.terminating;
             match noted {
                 Some(w) if restarting => {
                     status.state = Some(waiting(w.reason.as_str(), Some(w.message.clone())));
@@ -245,7 +245,7 @@ fn container_status(
 
 /// Upstream's phase rules (`getPhase`), over the computed container statuses.
 fn phase(
-    restart_policy: &str,
+    restart_policy: RestartPolicy,
     init: &[ContainerStatus],
     app: &[ContainerStatus],
     has_sandbox_history: bool,
@@ -256,7 +256,7 @@ fn phase(
         let st = s.state.as_ref();
         match st.and_then(|st| st.terminated.as_ref()) {
             Some(t) if t.exit_code == 0 => {}
-            Some(_) if restart_policy == "Never" => return "Failed",
+            Some(_) if restart_policy == RestartPolicy::Never => return "Failed",
             _ => init_pending = true,
         }
     }
@@ -292,13 +292,13 @@ fn phase(
         return "Running";
     }
     if stopped > 0 {
-        if restart_policy == "Always" {
+        if restart_policy == RestartPolicy::Always {
             return "Running";
         }
         if stopped == succeeded {
             return "Succeeded";
         }
-        if restart_policy == "Never" {
+        if restart_policy == RestartPolicy::Never {
             return "Failed";
         }
         return "Running";
@@ -332,14 +332,14 @@ fn condition(
 /// Computes the pod's status.
 pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInputs) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
-    let restart_policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    let restart_policy = RestartPolicy::of(pod);
     let inits: Vec<ContainerStatus> = spec
         .init_containers
         .iter()
         .flatten()
         .map(|c| {
             let policy = if is_sidecar(c) {
-                "Always"
+                RestartPolicy::Always
             } else {
                 restart_policy_for_init(restart_policy)
             };
@@ -410,8 +410,7 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         .collect();
 
     let sandbox = observed.newest_sandbox();
-    let sandbox_ready =
-        sandbox.is_some_and(|s| s.state == crate::runtime::observed::SandboxState::Ready);
+    let sandbox_ready = sandbox.is_some_and(|s| s.state == crate::observed::SandboxState::Ready);
     let previous = inputs.previous;
     let mut phase = if init_done {
         phase(restart_policy, &regular_inits, &apps, sandbox.is_some())
@@ -421,7 +420,7 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
                 .as_ref()
                 .and_then(|st| st.terminated.as_ref())
                 .is_some_and(|t| t.exit_code != 0)
-    }) && restart_policy == "Never"
+    }) && restart_policy == RestartPolicy::Never
     {
         "Failed"
     } else {
@@ -555,11 +554,11 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
 }
 
 /// Init containers restart on failure unless the pod says Never.
-fn restart_policy_for_init(pod_policy: &str) -> &'static str {
-    if pod_policy == "Never" {
-        "Never"
+fn restart_policy_for_init(pod_policy: RestartPolicy) -> RestartPolicy {
+    if pod_policy == RestartPolicy::Never {
+        RestartPolicy::Never
     } else {
-        "OnFailure"
+        RestartPolicy::OnFailure
     }
 }
 

@@ -14,7 +14,7 @@ use super::*;
 
 static NO_PROBES: std::sync::LazyLock<HashMap<String, ProbeView>> =
     std::sync::LazyLock::new(HashMap::new);
-use crate::runtime::observed::{
+use crate::observed::{
     ContainerState as Rt, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
 

@@ -28,10 +28,10 @@ use crate::volume::VolumeManager;
 use super::actions::{self, DecisionContext, PodActions};
 use super::backoff::{BackoffPolicy, BackoffTable};
 use super::inspect::{self, DetailCache};
-use super::observed::ObservedPod;
 use super::pod_files;
 use super::revisit::{self, ERROR_RETRY, SyncFacts};
 use super::translate::{self, HostDns, SandboxContext};
+use crate::observed::ObservedPod;
 
 pub use teardown::{TeardownError, pod_ip, remaining_grace};
 
@@ -131,7 +131,7 @@ pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
 
 /// The spec hash in the form recorded on containers.
 pub fn spec_hash(container: &Container) -> String {
-    translate::hash::format_hash(translate::container_hash(container))
+    super::spec_hash::format_hash(super::spec_hash::container_hash(container))
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {

@@ -14,10 +14,10 @@ use crate::volume::PodVolumes;
 
 use super::super::actions::{ContainerKind, PodActions, StartContainer};
 use super::super::hooks::{HookKind, run_hook};
-use super::super::observed::ObservedPod;
 use super::super::pod_files;
 use super::super::translate::{self, ContainerContext};
 use super::{Executor, PodSyncState, grace_period, pod_name, pod_namespace, pod_uid};
+use crate::observed::ObservedPod;
 
 /// Where a container is started: its sandbox, that sandbox's config and IP, the pod's volumes.
 #[derive(Clone, Copy)]

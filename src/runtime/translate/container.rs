@@ -11,13 +11,13 @@ use crate::cri::proto::{
 };
 use crate::runtime::labels;
 
-use super::hash::{container_hash, format_hash};
 use super::qos::{QosClass, qos_class};
 use super::quantity::{self, Quantity};
 use super::sandbox::is_host_network;
 use super::{
     PodMeta, TranslateError, env, namespace_options, seccomp_profile, security, selinux_option,
 };
+use crate::runtime::spec_hash::{container_hash, format_hash};
 
 /// Per-container facts the translation needs. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]

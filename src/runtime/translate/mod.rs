@@ -9,7 +9,6 @@
 pub mod container;
 pub mod dns;
 pub mod env;
-pub mod hash;
 pub mod qos;
 pub mod quantity;
 pub mod sandbox;
@@ -22,9 +21,9 @@ use thiserror::Error;
 use crate::cri::proto::security_profile::ProfileType;
 use crate::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
+pub use super::spec_hash::container_hash;
 pub use container::{ContainerContext, container_config, container_labels, oom_score_adj};
 pub use dns::{HostDns, parse_resolv_conf};
-pub use hash::container_hash;
 pub use qos::{QosClass, qos_class};
 pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
 
