@@ -70,6 +70,15 @@ impl RuntimeCache {
             .relisted
     }
 
+    /// Takes a full relist in place of what was known, and returns what changed.
+    pub fn store_relist(&self, current: BTreeMap<String, ObservedPod>) -> Vec<PlegEvent> {
+        let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let changes = diff(&s.pods, &current);
+        s.pods = current;
+        s.relisted = true;
+        changes
+    }
+
     /// Replaces one pod's entry with a fresher view (a worker just inspected it).
     pub fn update_pod(&self, uid: &str, pod: ObservedPod) {
         let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
@@ -246,13 +255,7 @@ pub async fn run<R: RuntimeService>(
                 // Compare with the freshest known state, which includes what workers saw since
                 // the last relist: a container created and removed between two relists still
                 // shows up as a change.
-                let changes = {
-                    let mut s = cache.inner.write().unwrap_or_else(|e| e.into_inner());
-                    let changes = diff(&s.pods, &current);
-                    s.pods = current;
-                    s.relisted = true;
-                    changes
-                };
+                let changes = cache.store_relist(current);
                 {
                     let mut p = progress.write().unwrap_or_else(|e| e.into_inner());
                     if p.last_error.take().is_some() {

@@ -392,8 +392,9 @@ async fn sync_once<R: RuntimeService + ImageService>(
         .min(deps.sync_frequency)
 }
 
+/// A pod worker set on the in-memory runtime, for unit tests here and in the sync loop.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use std::future::Future;
 
     use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -401,25 +402,26 @@ mod tests {
 
     use super::*;
     use crate::config::CgroupDriver;
-    use crate::cri::fake::{FakeCri, Script};
+    use crate::cri::fake::FakeCri;
     use crate::runtime::backoff::BackoffPolicy;
     use crate::runtime::executor::NodeContext;
     use crate::runtime::inspect::DetailCache;
     use crate::runtime::translate::HostDns;
 
-    const IMAGE: &str = "example.test/app:1";
+    pub const IMAGE: &str = "example.test/app:1";
 
-    struct Harness {
-        rt: FakeCri,
-        workers: PodWorkers<FakeCri>,
-        stats: WorkerStats,
-        states: PodStates,
-        done: mpsc::UnboundedReceiver<String>,
-        cancel: CancellationToken,
-        _dir: tempfile::TempDir,
+    pub struct Harness {
+        pub rt: FakeCri,
+        pub workers: PodWorkers<FakeCri>,
+        pub stats: WorkerStats,
+        pub states: PodStates,
+        pub runtime_cache: RuntimeCache,
+        pub done: mpsc::UnboundedReceiver<String>,
+        pub cancel: CancellationToken,
+        pub dir: tempfile::TempDir,
     }
 
-    fn harness(rt: FakeCri) -> Harness {
+    pub fn harness(rt: FakeCri) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let node = Arc::new(NodeContext {
             node_name: "node-a".into(),
@@ -441,6 +443,7 @@ mod tests {
         let (probe_tx, _probe_rx) = mpsc::unbounded_channel();
         let stats = WorkerStats::default();
         let states = PodStates::default();
+        let runtime_cache = RuntimeCache::default();
         let (done_tx, done) = mpsc::unbounded_channel();
         let deps = WorkerDeps {
             executor: Executor::new(
@@ -457,7 +460,7 @@ mod tests {
                 cancel.clone(),
             ),
             states: states.clone(),
-            runtime_cache: RuntimeCache::default(),
+            runtime_cache: runtime_cache.clone(),
             sync_frequency: Duration::from_secs(60),
             host_ip: Some("192.0.2.10".into()),
             stats: stats.clone(),
@@ -468,13 +471,15 @@ mod tests {
             workers: PodWorkers::new(deps, TaskTracker::new(), cancel.clone(), done_tx),
             stats,
             states,
+            runtime_cache,
             done,
             cancel,
-            _dir: dir,
+            dir,
         }
     }
 
-    fn pod(uid: &str) -> Arc<Pod> {
+    /// A pod `web` with one container of [`IMAGE`].
+    pub fn pod(uid: &str) -> Arc<Pod> {
         Arc::new(Pod {
             metadata: ObjectMeta {
                 name: Some("web".into()),
@@ -498,7 +503,7 @@ mod tests {
     }
 
     /// Waits (in the paused clock's time) until `check` holds.
-    async fn eventually<F, Fut>(what: &str, mut check: F)
+    pub async fn eventually<F, Fut>(what: &str, mut check: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
@@ -509,6 +514,13 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use crate::cri::fake::{FakeCri, Script};
 
     #[tokio::test(start_paused = true)]
     async fn a_panicking_sync_is_caught_counted_and_retried() {
@@ -591,6 +603,91 @@ mod tests {
         );
         let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
         assert_eq!(done.ok().flatten().as_deref(), Some(bad));
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_newest_request_wins_and_stale_ones_are_skipped() {
+        let rt = FakeCri::with_images(&[IMAGE, "example.test/app:2", "example.test/app:3"]);
+        rt.script("RunPodSandbox", Script::Hang);
+        let mut h = harness(rt);
+        let version = |image: &str| {
+            let mut p = (*pod("uid-3")).clone();
+            p.spec.as_mut().unwrap().containers[0].image = Some(image.into());
+            Arc::new(p)
+        };
+        h.workers.dispatch("uid-3", Work::Sync(pod("uid-3")));
+        eventually("the first sync creating its sandbox", || async {
+            h.rt.count("RunPodSandbox") == 1
+        })
+        .await;
+        // Two updates while the worker is busy: only the last one is ever acted on.
+        h.workers
+            .dispatch("uid-3", Work::Sync(version("example.test/app:2")));
+        h.workers
+            .dispatch("uid-3", Work::Sync(version("example.test/app:3")));
+        h.rt.release();
+        eventually("the newest image running", || async {
+            h.rt.containers().iter().any(|c| {
+                c.image
+                    .as_ref()
+                    .is_some_and(|i| i.image == "example.test/app:3")
+                    && c.state == 1
+            })
+        })
+        .await;
+        assert!(
+            !h.rt
+                .created_images()
+                .iter()
+                .any(|i| i == "example.test/app:2"),
+            "a stale update was acted on: {:?}",
+            h.rt.created_images()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_step_is_retried_without_any_event() {
+        let rt = FakeCri::with_images(&[IMAGE]);
+        rt.script("RunPodSandbox", Script::Fail(tonic::Code::Unavailable));
+        let h = harness(rt);
+        let mut workers = h.workers;
+        workers.dispatch("uid-4", Work::Sync(pod("uid-4")));
+        eventually("the container started after the retry", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        assert_eq!(h.rt.count("RunPodSandbox"), 2);
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn teardown_stops_containers_before_sandboxes_and_removes_everything() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.workers.dispatch("uid-5", Work::Sync(pod("uid-5")));
+        eventually("running", || async { h.rt.count("StartContainer") == 1 }).await;
+        let pod_dir = h.dir.path().join("root/pods/uid-5");
+        assert!(pod_dir.exists());
+        h.workers.dispatch(
+            "uid-5",
+            Work::Terminate {
+                pod: Some(pod("uid-5")),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-5"));
+        let calls = h.rt.calls();
+        let at = |m: &str| calls.iter().position(|c| *c == m).unwrap_or(usize::MAX);
+        assert!(at("StopContainer") < at("StopPodSandbox"), "{calls:?}");
+        assert!(at("StopPodSandbox") < at("RemovePodSandbox"), "{calls:?}");
+        assert!(h.rt.sandboxes().is_empty() && h.rt.containers().is_empty());
+        assert!(!pod_dir.exists(), "the pod's files are removed");
+        assert!(
+            h.states.status("uid-5").is_none(),
+            "and its status is forgotten"
+        );
         h.cancel.cancel();
     }
 

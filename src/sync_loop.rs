@@ -258,3 +258,123 @@ mod health_tests {
         assert_eq!(err, "the sync loop has ended: it panicked: boom");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::cri::fake::FakeCri;
+    use crate::observed::{ObservedPod, ObservedSandbox, SandboxState};
+    use crate::pod_workers::test_support::{IMAGE, eventually, harness, pod};
+
+    fn sync_loop(h: crate::pod_workers::test_support::Harness) -> (SyncLoop<FakeCri>, Parts) {
+        let ready = SourcesReady::new(["file"]);
+        let parts = Parts {
+            rt: h.rt,
+            done: h.done,
+            ready: ready.clone(),
+            cache: h.runtime_cache.clone(),
+            cancel: h.cancel,
+            _dir: h.dir,
+        };
+        (SyncLoop::new(h.workers, ready, h.runtime_cache), parts)
+    }
+
+    struct Parts {
+        rt: FakeCri,
+        done: mpsc::UnboundedReceiver<String>,
+        ready: SourcesReady,
+        cache: RuntimeCache,
+        cancel: CancellationToken,
+        _dir: tempfile::TempDir,
+    }
+
+    fn orphan_relist(uid: &str) -> BTreeMap<String, ObservedPod> {
+        BTreeMap::from([(
+            uid.to_string(),
+            ObservedPod {
+                sandboxes: vec![ObservedSandbox {
+                    id: "sb-orphan".into(),
+                    attempt: 0,
+                    state: SandboxState::Ready,
+                    created_at: 1,
+                    ip: None,
+                    additional_ips: vec![],
+                    host_network: false,
+                }],
+                containers: vec![],
+                names: None,
+            },
+        )])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn housekeeping_waits_until_every_source_has_spoken() {
+        let (mut sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.cache.store_relist(orphan_relist("orphan-1"));
+        // The file source has not delivered its first snapshot: the pod may be one of its own.
+        sl.housekeeping();
+        assert!(!sl.workers.has("orphan-1"));
+        parts.ready.mark_seen("file");
+        sl.housekeeping();
+        assert!(sl.workers.has("orphan-1"), "the orphan is torn down");
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_from_a_source_runs_and_its_removal_tears_it_down() {
+        let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let p = pod("uid-a");
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        eventually("started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        // A relist that shows the pod is not an orphan: housekeeping leaves it alone.
+        parts.cache.store_relist(orphan_relist("uid-a"));
+        sl.housekeeping();
+        sl.handle_changes(vec![PodChange::Remove(p)]);
+        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(done.as_deref(), Some("uid-a"));
+        sl.handle_done("uid-a");
+        assert!(!sl.workers.has("uid-a"));
+        assert!(parts.rt.sandboxes().is_empty());
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_edited_static_pod_starts_after_the_old_instance_is_gone() {
+        let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let old = pod("uid-old");
+        sl.handle_changes(vec![PodChange::Add(old.clone())]);
+        eventually("the old one started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        // An edit arrives as Remove(old) + Add(new) with the same name and a new UID.
+        let new = pod("uid-new");
+        sl.handle_changes(vec![PodChange::Add(new), PodChange::Remove(old)]);
+        assert!(!sl.workers.has("uid-new"), "the new instance waits");
+        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(done.as_deref(), Some("uid-old"));
+        sl.handle_done("uid-old");
+        assert!(
+            sl.workers.has("uid-new"),
+            "and starts once the old one is gone"
+        );
+        eventually("the new one started", || async {
+            parts.rt.count("StartContainer") == 2
+        })
+        .await;
+        parts.cancel.cancel();
+    }
+}

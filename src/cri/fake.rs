@@ -35,6 +35,8 @@ struct State {
     containers: Vec<Container>,
     images: HashSet<String>,
     progress: Option<PullProgress>,
+    /// The image of every container created, in order.
+    created: Vec<String>,
     calls: Vec<&'static str>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
@@ -81,6 +83,11 @@ impl FakeCri {
     /// The methods called so far, in order.
     pub fn calls(&self) -> Vec<&'static str> {
         self.lock().calls.clone()
+    }
+
+    /// The image of every container created so far, in order.
+    pub fn created_images(&self) -> Vec<String> {
+        self.lock().created.clone()
     }
 
     /// How often `method` was called.
@@ -233,7 +240,14 @@ impl RuntimeService for FakeCri {
         self.enter("CreateContainer").await?;
         let config = req.config.unwrap_or_default();
         let id = self.new_id("c");
-        self.lock().containers.push(Container {
+        let image = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        let mut st = self.lock();
+        st.created.push(image);
+        st.containers.push(Container {
             id: id.clone(),
             pod_sandbox_id: req.pod_sandbox_id,
             metadata: config.metadata.clone(),

@@ -91,6 +91,16 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
     }
 
+    /// Name, policy, present, back-off entry, now, and a check of the step.
+    type Row<'a> = (
+        &'a str,
+        PullPolicy,
+        bool,
+        Option<&'a BackoffEntry>,
+        u64,
+        Box<dyn Fn(&ImageStep) -> bool>,
+    );
+
     #[test]
     fn policies_presence_and_back_off() {
         use ImageStep::*;
@@ -100,14 +110,7 @@ mod tests {
             last_update: at(100),
         };
         let wait = |reason: WaitReason| move |step: &ImageStep| matches!(step, ImageStep::Wait(w) if w.reason == reason);
-        let rows: Vec<(
-            &str,
-            PullPolicy,
-            bool,
-            Option<&BackoffEntry>,
-            u64,
-            Box<dyn Fn(&ImageStep) -> bool>,
-        )> = vec![
+        let rows: Vec<Row> = vec![
             (
                 "present, IfNotPresent",
                 IfNotPresent,
