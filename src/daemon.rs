@@ -22,6 +22,7 @@ use crate::health::Health;
 use crate::pleg::{self, PlegConfig, RuntimeCache};
 use crate::pod_state::PodStates;
 use crate::pod_workers::{PodWorkers, WorkerDeps, WorkerStats, panic_message};
+use crate::pokes::Pokes;
 use crate::prober::ProbeManager;
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::executor::{Executor, NodeContext};
@@ -195,12 +196,13 @@ pub async fn run(
 
     let details = DetailCache::default();
     let runtime_cache = RuntimeCache::default();
-    let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+    // The PLEG and the probe workers ask for looks at pods through one coalescing set.
+    let pokes = Pokes::default();
     tracker.spawn(pleg::run(
         client.clone(),
         details.clone(),
         runtime_cache.clone(),
-        pleg_tx,
+        pokes.clone(),
         health.clone(),
         PlegConfig {
             node_name: config.node_name.clone(),
@@ -224,10 +226,9 @@ pub async fn run(
     );
 
     let executor = Executor::new(client.clone(), node.clone(), details, tuning.backoff);
-    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let prober = ProbeManager::new(
         client.clone(),
-        probe_tx,
+        pokes.clone(),
         node.host_ip.clone(),
         tracker.clone(),
         cancel.clone(),
@@ -271,9 +272,8 @@ pub async fn run(
         let loop_health = loop_health.clone();
         let run = sync_loop.run(
             changes_rx,
-            pleg_rx,
+            pokes,
             done_rx,
-            probe_rx,
             loop_health.clone(),
             cancel.clone(),
         );

@@ -15,6 +15,7 @@ pub mod paths;
 pub mod pleg;
 pub mod pod_state;
 pub mod pod_workers;
+pub mod pokes;
 pub mod prober;
 pub mod runtime;
 pub mod server;

@@ -10,13 +10,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::RuntimeService;
 use crate::health::Health;
 use crate::observed::{ContainerState, ObservedPod, SandboxState};
+use crate::pokes::Pokes;
 use crate::runtime::inspect::{self, DetailCache};
 
 /// What changed for one pod between two relists.
@@ -196,7 +196,7 @@ pub async fn run<R: RuntimeService>(
     rt: R,
     details: DetailCache,
     cache: RuntimeCache,
-    events: mpsc::UnboundedSender<PlegEvent>,
+    pokes: Pokes,
     health: Health,
     config: PlegConfig,
     cancel: CancellationToken,
@@ -265,9 +265,7 @@ pub async fn run<R: RuntimeService>(
                 }
                 for event in changes {
                     tracing::debug!(pod_uid = %event.pod_uid, kind = ?event.kind, id = %event.id, "PLEG event");
-                    if events.send(event).is_err() {
-                        return;
-                    }
+                    pokes.poke(&event.pod_uid);
                 }
             }
             Err(err) => {

@@ -440,7 +440,6 @@ pub(crate) mod test_support {
             image_pull_progress_deadline: Some(Duration::from_secs(60)),
         });
         let cancel = CancellationToken::new();
-        let (probe_tx, _probe_rx) = mpsc::unbounded_channel();
         let stats = WorkerStats::default();
         let states = PodStates::default();
         let runtime_cache = RuntimeCache::default();
@@ -454,7 +453,7 @@ pub(crate) mod test_support {
             ),
             prober: ProbeManager::new(
                 rt.clone(),
-                probe_tx,
+                crate::pokes::Pokes::default(),
                 None,
                 TaskTracker::new(),
                 cancel.clone(),

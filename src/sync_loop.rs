@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::{ImageService, RuntimeService};
 use crate::health::CheckFailure;
 use crate::kube::full_name;
-use crate::pleg::{PlegEvent, RuntimeCache};
+use crate::pleg::RuntimeCache;
 use crate::pod_workers::{PodWorkers, Work};
+use crate::pokes::Pokes;
 use crate::source::{PodChange, SourcesReady};
 
 /// How often orphans are looked for.
@@ -188,11 +189,6 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         }
     }
 
-    /// The runtime changed for a pod: its worker looks again.
-    pub fn handle_pleg(&mut self, event: PlegEvent) {
-        self.workers.poke(&event.pod_uid);
-    }
-
     /// Tears down what runs in the runtime for pods no source has, once every source has
     /// spoken (before that, a missing pod may just not have been read yet).
     pub fn housekeeping(&mut self) {
@@ -218,9 +214,8 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     pub async fn run(
         mut self,
         mut config: mpsc::UnboundedReceiver<Vec<PodChange>>,
-        mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
+        pokes: Pokes,
         mut done: mpsc::UnboundedReceiver<String>,
-        mut probe_results: mpsc::UnboundedReceiver<String>,
         health: SyncLoopHealth,
         cancel: CancellationToken,
     ) {
@@ -231,9 +226,8 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 Some(changes) = config.recv() => self.handle_changes(changes),
-                Some(event) = pleg.recv() => self.handle_pleg(event),
+                uids = pokes.take() => for uid in uids { self.workers.poke(&uid) },
                 Some(uid) = done.recv() => self.handle_done(&uid),
-                Some(uid) = probe_results.recv() => self.workers.poke(&uid),
                 _ = housekeeping.tick() => self.housekeeping(),
             }
         }

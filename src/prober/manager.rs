@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe as ProbeSpec};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,6 +23,7 @@ use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
 use crate::cri::RuntimeService;
 use crate::kube::is_sidecar;
 use crate::observed::{ContainerState, ObservedContainer, ObservedPod};
+use crate::pokes::Pokes;
 
 /// Runs the probes of every pod on the node.
 #[derive(Clone)]
@@ -36,7 +37,7 @@ pub struct ProbeManager<R> {
 }
 
 struct Shared {
-    wake: mpsc::UnboundedSender<String>,
+    wake: Pokes,
     /// When the manager was made: workers that start within one period of it (adopted
     /// containers after an agent restart) wait a random part of the period first.
     created: Instant,
@@ -61,10 +62,10 @@ struct Instance {
 }
 
 impl<R: RuntimeService> ProbeManager<R> {
-    /// `wake` receives a pod UID whenever a probe result of that pod changes.
+    /// `wake` is poked with a pod UID whenever a probe result of that pod changes.
     pub fn new(
         rt: R,
-        wake: mpsc::UnboundedSender<String>,
+        wake: Pokes,
         host_ip: Option<String>,
         tracker: TaskTracker,
         cancel: CancellationToken,
@@ -362,7 +363,7 @@ impl Report for InstanceReport {
         };
         if changed {
             tracing::debug!(pod_uid = %self.uid, container_id = %self.container_id, probe = kind.as_str(), "probe result changed");
-            let _ = self.shared.wake.send(self.uid.clone());
+            self.shared.wake.poke(&self.uid);
         }
     }
 }
@@ -443,24 +444,24 @@ mod tests {
         }
     }
 
-    fn manager(rt: FakeRuntime) -> (ProbeManager<FakeRuntime>, mpsc::UnboundedReceiver<String>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    fn manager(rt: FakeRuntime) -> (ProbeManager<FakeRuntime>, Pokes) {
+        let pokes = Pokes::default();
         (
             ProbeManager::new(
                 rt,
-                tx,
+                pokes.clone(),
                 Some("192.0.2.1".into()),
                 TaskTracker::new(),
                 CancellationToken::new(),
             ),
-            rx,
+            pokes,
         )
     }
 
     #[tokio::test(start_paused = true)]
     async fn readiness_result_flows_to_results_and_wakes_the_pod() {
         let rt = FakeRuntime::with(vec![ExecReply::Exit(1, "not yet")]);
-        let (m, mut wake) = manager(rt.clone());
+        let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
             readiness_probe: Some(exec_probe(1, 1)),
@@ -474,10 +475,10 @@ mod tests {
                 started: None
             }
         );
-        let uid = tokio::time::timeout(Duration::from_secs(5), wake.recv())
+        let uid = tokio::time::timeout(Duration::from_secs(5), wake.take())
             .await
             .unwrap()
-            .unwrap();
+            .remove(0);
         assert_eq!(uid, "uid1");
         assert_eq!(m.results("uid1")["app"].ready, Some(true));
         assert!(m.unhealthy("uid1").is_empty());
@@ -509,7 +510,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn liveness_failure_marks_the_instance_until_it_stops() {
         let rt = FakeRuntime::with(vec![ExecReply::Exit(1, ""); 10]);
-        let (m, mut wake) = manager(rt.clone());
+        let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
             liveness_probe: Some(exec_probe(1, 2)),
@@ -517,10 +518,10 @@ mod tests {
         });
         m.sync_pod(&p, &observed("c1", ContainerState::Running, false));
         assert!(m.results("uid1")["app"] == ProbeView::default());
-        tokio::time::timeout(Duration::from_secs(5), wake.recv())
+        tokio::time::timeout(Duration::from_secs(5), wake.take())
             .await
             .unwrap()
-            .unwrap();
+            .remove(0);
         let bad = m.unhealthy("uid1");
         assert_eq!(
             bad["c1"],
@@ -557,7 +558,7 @@ mod tests {
     async fn startup_gates_liveness_and_readiness() {
         // Startup: fails twice, then succeeds. Readiness and liveness then run.
         let rt = FakeRuntime::with(vec![ExecReply::Exit(1, ""), ExecReply::Exit(1, "")]);
-        let (m, mut wake) = manager(rt.clone());
+        let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
             startup_probe: Some(named_exec_probe("startup", 1, 5)),
@@ -573,15 +574,17 @@ mod tests {
                 started: Some(false)
             }
         );
-        tokio::time::timeout(Duration::from_secs(5), wake.recv())
+        tokio::time::timeout(Duration::from_secs(5), wake.take())
             .await
             .unwrap()
-            .unwrap();
+            .remove(0);
         assert_eq!(m.results("uid1")["app"].started, Some(true));
-        tokio::time::timeout(Duration::from_secs(5), wake.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        // Pokes coalesce: the readiness change may have come with the first one.
+        while m.results("uid1")["app"].ready != Some(true) {
+            tokio::time::timeout(Duration::from_secs(5), wake.take())
+                .await
+                .unwrap();
+        }
         assert_eq!(
             m.results("uid1")["app"],
             ProbeView {
