@@ -311,18 +311,35 @@ mod tests {
             ("9223372036854775807", i64::MAX, i64::MAX, None),
             ("9223372036854775808", i64::MAX, i64::MAX, None),
             ("-9223372036854775808", i64::MIN, i64::MIN, None),
-            ("9223372036854775807m", 9_223_372_036_854_776, i64::MAX, Some(i64::MAX)),
+            (
+                "9223372036854775807m",
+                9_223_372_036_854_776,
+                i64::MAX,
+                Some(i64::MAX),
+            ),
             ("16Ei", i64::MAX, i64::MAX, None),
-            ("340282366920938463463374607431768211455Ei", i64::MAX, i64::MAX, None),
+            (
+                "340282366920938463463374607431768211455Ei",
+                i64::MAX,
+                i64::MAX,
+                None,
+            ),
             ("0.5e-2147483647", 1, 1, Some(1)),
         ];
         for (input, value, milli, checked_milli) in cases {
             let q = parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(q.value(), *value, "value of {input}");
             assert_eq!(q.milli_value(), *milli, "milli value of {input}");
-            assert_eq!(q.checked_milli_value(), *checked_milli, "checked milli of {input}");
+            assert_eq!(
+                q.checked_milli_value(),
+                *checked_milli,
+                "checked milli of {input}"
+            );
         }
-        assert_eq!(parse("1e2147483648"), Err(QuantityError::ExponentOutOfRange));
+        assert_eq!(
+            parse("1e2147483648"),
+            Err(QuantityError::ExponentOutOfRange)
+        );
         assert_eq!(parse("1.5e2147483647").unwrap().value(), i64::MAX);
         // The fraction moves the exponent below i32::MIN: rejected, not wrapped.
         assert_eq!(
