@@ -572,6 +572,11 @@ spec:
         for uid in bad {
             assert!(uid_problem(uid).is_some(), "{uid:?} was accepted");
         }
+        // Names and namespaces are DNS names: none of them can be a path step either.
+        for step in [".", "..", "a/b", "../x", "a/../b", "/x", ""] {
+            assert!(dns1123_subdomain_problem(step).is_some(), "{step:?}");
+            assert!(dns1123_label_problem(step).is_some(), "{step:?}");
+        }
         let p = pod(
             "metadata: {name: a, namespace: default, uid: x/../../../../tmp/victim}\nspec: {containers: [{name: a, image: x}]}\n",
         );
