@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use deckhand::source::defaults::ManifestOrigin;
-use deckhand::source::validate::{dns1123_label_problem, uid_problem};
 use deckhand::source::load_static_pods;
+use deckhand::source::validate::{dns1123_label_problem, uid_problem};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
