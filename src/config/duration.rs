@@ -115,8 +115,19 @@ pub fn parse_go_duration(input: &str) -> Result<Duration, DurationError> {
             // is 3.6e12 ns), so they are dropped, as Go effectively does.
             let kept = &frac_digits[..frac_digits.len().min(18)];
             let numerator = parse_digits(kept)?;
-            let denominator = 10u128.pow(kept.len() as u32);
-            component += numerator * scale / denominator;
+            // At most 10^18 - 1 times at most 3.6e12 and 10^18: all well inside u128, but
+            // checked all the same so that no input can reach an overflow.
+            let fraction = 10u128
+                .checked_pow(kept.len() as u32)
+                .and_then(|denominator| {
+                    numerator
+                        .checked_mul(scale)
+                        .map(|scaled| scaled / denominator)
+                })
+                .ok_or(DurationError::Overflow)?;
+            component = component
+                .checked_add(fraction)
+                .ok_or(DurationError::Overflow)?;
         }
         total = total
             .checked_add(component)
@@ -124,8 +135,9 @@ pub fn parse_go_duration(input: &str) -> Result<Duration, DurationError> {
             .ok_or(DurationError::Overflow)?;
     }
 
-    let secs = (total / NANOS_PER_SEC) as u64;
-    let nanos = (total % NANOS_PER_SEC) as u32;
+    // `total` is at most i64::MAX nanoseconds, so both parts fit their types.
+    let secs = u64::try_from(total / NANOS_PER_SEC).map_err(|_| DurationError::Overflow)?;
+    let nanos = u32::try_from(total % NANOS_PER_SEC).map_err(|_| DurationError::Overflow)?;
     Ok(Duration::new(secs, nanos))
 }
 
@@ -317,6 +329,40 @@ mod tests {
             Duration::from_secs(300),
         ] {
             assert_eq!(parse_go_duration(&format_go_duration(d)), Ok(d));
+        }
+    }
+
+    /// Edge cases a fuzzer would try first: the largest value Go accepts, one nanosecond
+    /// more, long fractions, many components and non-ASCII bytes. None may panic.
+    #[test]
+    fn overflow_and_odd_input_regressions() {
+        assert_eq!(
+            parse_go_duration("9223372036854775807ns"),
+            Ok(Duration::from_nanos(i64::MAX as u64))
+        );
+        assert_eq!(
+            parse_go_duration("9223372036854775808ns"),
+            Err(DurationError::Overflow)
+        );
+        assert_eq!(
+            parse_go_duration("2562047h47m16.854775807s"),
+            Ok(Duration::from_nanos(i64::MAX as u64))
+        );
+        assert_eq!(
+            parse_go_duration("2562047h47m16.854775808s"),
+            Err(DurationError::Overflow)
+        );
+        assert_eq!(
+            parse_go_duration(&format!("0.{}h", "9".repeat(400))),
+            Ok(Duration::from_nanos(3_599_999_999_999))
+        );
+        assert_eq!(
+            parse_go_duration(&"1000000h".repeat(3)),
+            Err(DurationError::Overflow)
+        );
+        assert_eq!(parse_go_duration("1.\u{b5}s"), Ok(Duration::from_micros(1)));
+        for odd in ["1\u{b5}", "1\u{3bc}", "\u{b5}s", "1é", "1s\u{0}"] {
+            assert!(parse_go_duration(odd).is_err(), "{odd:?} was accepted");
         }
     }
 }

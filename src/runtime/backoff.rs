@@ -4,9 +4,16 @@
 //! current delay (10s, doubling, capped at the maximum, 300s by default) counted from the exit;
 //! an entry older than twice the maximum is forgotten, so a container that ran cleanly for ten
 //! minutes starts again from the initial delay.
+//!
+//! The table is kept across restarts in the pod's `backoff.json`, a file anything with root on
+//! the node can edit. [`decode_table`] reads it back entry by entry and [`sanitize`] clamps what
+//! makes no sense (negative or huge delays, times in the future); the arithmetic below never
+//! panics whatever an entry holds.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
 
 /// The delays in force (configurable so tests can use short ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +48,7 @@ impl BackoffPolicy {
     fn expired(&self, entry: &BackoffEntry, event: SystemTime) -> bool {
         event
             .duration_since(entry.last_update)
-            .is_ok_and(|d| d > self.max * 2)
+            .is_ok_and(|d| d > self.max.saturating_mul(2))
     }
 
     /// How long a restart for an exit at `finished` must still wait at `now`; `None` = go.
@@ -55,14 +62,19 @@ impl BackoffPolicy {
         if self.expired(entry, finished) {
             return None;
         }
-        let ready_at = finished + entry.delay;
-        ready_at.duration_since(now).ok().filter(|d| !d.is_zero())
+        // Never wait longer than the policy allows, whatever the entry says.
+        let delay = entry.delay.min(self.max);
+        match finished.checked_add(delay) {
+            Some(ready_at) => ready_at.duration_since(now).ok().filter(|d| !d.is_zero()),
+            // Only reachable with an exit time at the end of representable time.
+            None => Some(delay).filter(|d| !d.is_zero()),
+        }
     }
 
     /// The entry to record when a restart for an exit at `finished` goes ahead.
     pub fn next(&self, entry: Option<&BackoffEntry>, finished: SystemTime) -> BackoffEntry {
         let delay = match entry {
-            Some(e) if !self.expired(e, finished) => (e.delay * 2).min(self.max),
+            Some(e) if !self.expired(e, finished) => e.delay.saturating_mul(2).min(self.max),
             _ => self.initial.min(self.max),
         };
         BackoffEntry {
@@ -70,6 +82,110 @@ impl BackoffPolicy {
             last_update: finished,
         }
     }
+}
+
+/// What [`sanitize`] or [`decode_table`] changed in a table read back from disk, per
+/// container name (for a log line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Repair {
+    /// The delay was negative or above the policy's maximum; it is the maximum now.
+    DelayClamped { container: String },
+    /// The last update lies in the future (a clock step, or an edited file): entry dropped.
+    FutureDropped { container: String },
+    /// The entry could not be read at all: dropped.
+    Unreadable { container: String },
+}
+
+/// Clamp every delay to `policy.max` and drop entries whose last update is after `now`.
+/// Returns what was changed, so the caller can log it with the pod's fields.
+pub fn sanitize(table: &mut BackoffTable, policy: &BackoffPolicy, now: SystemTime) -> Vec<Repair> {
+    let mut repairs = Vec::new();
+    table.retain(|name, entry| {
+        if entry.last_update > now {
+            repairs.push(Repair::FutureDropped {
+                container: name.clone(),
+            });
+            return false;
+        }
+        if entry.delay > policy.max {
+            entry.delay = policy.max;
+            repairs.push(Repair::DelayClamped {
+                container: name.clone(),
+            });
+        }
+        true
+    });
+    repairs.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    repairs
+}
+
+/// A span as written by serde for `Duration` / `SystemTime` (seconds and nanoseconds),
+/// read leniently: negative and oversized numbers are told apart instead of failing the
+/// whole file.
+enum Span {
+    Negative,
+    TooLarge,
+    Fits(Duration),
+}
+
+fn read_span(value: &Value, secs_key: &str, nanos_key: &str) -> Option<Span> {
+    let secs = value.get(secs_key)?;
+    let nanos = value.get(nanos_key).map_or(Some(0), Value::as_u64)?;
+    if secs.as_i64().is_some_and(|s| s < 0) || secs.as_f64().is_some_and(|s| s < 0.0) {
+        return Some(Span::Negative);
+    }
+    let Some(secs) = secs.as_u64() else {
+        // A non-negative number that is not a u64: a float or beyond 2^64.
+        return secs.as_f64().map(|_| Span::TooLarge);
+    };
+    Some(
+        Duration::from_secs(secs)
+            .checked_add(Duration::from_nanos(nanos))
+            .map_or(Span::TooLarge, Span::Fits),
+    )
+}
+
+/// Decode a `backoff.json` written by an earlier run, one entry at a time: an entry that
+/// cannot be read is dropped (the container then starts from the initial delay) instead of
+/// losing the whole table, a negative or huge delay becomes the policy's maximum, and an entry
+/// last updated in the future is dropped. Anything but a JSON object yields an empty table.
+pub fn decode_table(
+    bytes: &[u8],
+    policy: &BackoffPolicy,
+    now: SystemTime,
+) -> (BackoffTable, Vec<Repair>) {
+    let mut table = BackoffTable::new();
+    let mut repairs = Vec::new();
+    let Ok(Value::Object(entries)) = serde_json::from_slice::<Value>(bytes) else {
+        return (table, repairs);
+    };
+    for (name, raw) in entries {
+        let delay = raw.get("delay").and_then(|d| read_span(d, "secs", "nanos"));
+        let last_update = raw
+            .get("last_update")
+            .and_then(|t| read_span(t, "secs_since_epoch", "nanos_since_epoch"))
+            .and_then(|span| match span {
+                Span::Fits(d) => UNIX_EPOCH.checked_add(d),
+                Span::Negative | Span::TooLarge => None,
+            });
+        let (Some(delay), Some(last_update)) = (delay, last_update) else {
+            repairs.push(Repair::Unreadable { container: name });
+            continue;
+        };
+        let delay = match delay {
+            Span::Fits(d) => d,
+            Span::Negative | Span::TooLarge => {
+                repairs.push(Repair::DelayClamped {
+                    container: name.clone(),
+                });
+                policy.max
+            }
+        };
+        table.insert(name, BackoffEntry { delay, last_update });
+    }
+    repairs.extend(sanitize(&mut table, policy, now));
+    repairs.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    (table, repairs)
 }
 
 #[cfg(test)]
@@ -120,5 +236,149 @@ mod tests {
             seen.push(e.delay.as_millis());
         }
         assert_eq!(seen, vec![200, 400, 800, 800, 800]);
+    }
+
+    #[test]
+    fn round_trips_what_serde_writes() {
+        let p = BackoffPolicy::default();
+        let table: BackoffTable = [
+            ("a".to_string(), p.next(None, t(0))),
+            (
+                "b".to_string(),
+                BackoffEntry {
+                    delay: Duration::new(20, 5),
+                    last_update: t(3) + Duration::from_nanos(7),
+                },
+            ),
+        ]
+        .into();
+        let bytes = serde_json::to_vec(&table).unwrap();
+        let (back, repairs) = decode_table(&bytes, &p, t(100));
+        assert_eq!(back, table);
+        assert!(repairs.is_empty(), "{repairs:?}");
+    }
+
+    /// Hand-edited or corrupted `backoff.json` entries: (json, expected entry for "c", repairs).
+    #[test]
+    fn hostile_files_are_clamped_or_dropped() {
+        let p = BackoffPolicy::default();
+        let now = t(100);
+        let at = |secs: u64| {
+            format!(
+                r#"{{"secs_since_epoch":{},"nanos_since_epoch":0}}"#,
+                1_000_000 + secs
+            )
+        };
+        let max = BackoffEntry {
+            delay: p.max,
+            last_update: t(50),
+        };
+        let clamped = || {
+            vec![Repair::DelayClamped {
+                container: "c".into(),
+            }]
+        };
+        let dropped = || {
+            vec![Repair::Unreadable {
+                container: "c".into(),
+            }]
+        };
+        let cases: Vec<(String, Option<BackoffEntry>, Vec<Repair>)> = vec![
+            (
+                format!(r#"{{"c":{{"delay":{{"secs":-5,"nanos":0}},"last_update":{}}}}}"#, at(50)),
+                Some(max),
+                clamped(),
+            ),
+            (
+                format!(r#"{{"c":{{"delay":{{"secs":18446744073709551615,"nanos":999999999}},"last_update":{}}}}}"#, at(50)),
+                Some(max),
+                clamped(),
+            ),
+            (
+                format!(r#"{{"c":{{"delay":{{"secs":1e300,"nanos":0}},"last_update":{}}}}}"#, at(50)),
+                Some(max),
+                clamped(),
+            ),
+            (
+                format!(r#"{{"c":{{"delay":{{"secs":100000,"nanos":0}},"last_update":{}}}}}"#, at(50)),
+                Some(max),
+                clamped(),
+            ),
+            (
+                format!(r#"{{"c":{{"delay":{{"secs":20,"nanos":0}},"last_update":{}}}}}"#, at(5_000)),
+                None,
+                vec![Repair::FutureDropped { container: "c".into() }],
+            ),
+            (
+                r#"{"c":{"delay":{"secs":20,"nanos":0},"last_update":{"secs_since_epoch":18446744073709551615,"nanos_since_epoch":999999999}}}"#.to_string(),
+                None,
+                dropped(),
+            ),
+            (
+                r#"{"c":{"delay":{"secs":20,"nanos":0},"last_update":{"secs_since_epoch":-1,"nanos_since_epoch":0}}}"#.to_string(),
+                None,
+                dropped(),
+            ),
+            (r#"{"c":{"delay":"ten seconds"}}"#.to_string(), None, dropped()),
+            (r#"{"c":7}"#.to_string(), None, dropped()),
+            (r#"[1,2]"#.to_string(), None, vec![]),
+            ("not json".to_string(), None, vec![]),
+        ];
+        for (json, want, want_repairs) in cases {
+            let (table, repairs) = decode_table(json.as_bytes(), &p, now);
+            assert_eq!(table.get("c").copied(), want, "{json}");
+            assert_eq!(repairs, want_repairs, "{json}");
+        }
+        // One bad entry does not cost the good ones.
+        let json = format!(
+            r#"{{"bad":{{"delay":{{"secs":"x"}}}},"good":{{"delay":{{"secs":20,"nanos":0}},"last_update":{}}}}}"#,
+            at(50)
+        );
+        let (table, _) = decode_table(json.as_bytes(), &p, now);
+        assert_eq!(table["good"].delay, Duration::from_secs(20));
+        assert!(!table.contains_key("bad"));
+    }
+
+    /// Entries that used to panic (`SystemTime + Duration`, `Duration * 2`) when they reached
+    /// the arithmetic without going through [`decode_table`].
+    #[test]
+    fn arithmetic_never_panics() {
+        let p = BackoffPolicy::default();
+        let huge = BackoffEntry {
+            delay: Duration::MAX,
+            last_update: t(0),
+        };
+        assert_eq!(p.remaining(Some(&huge), t(1), t(1)), Some(p.max));
+        assert_eq!(p.next(Some(&huge), t(1)).delay, p.max);
+        let wide = BackoffPolicy {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+        };
+        assert_eq!(wide.next(Some(&huge), t(1)).delay, Duration::MAX);
+        assert!(wide.remaining(Some(&huge), t(1), t(1)).is_some());
+        // A last update in the future is never "expired" and still bounded by the maximum.
+        let future = BackoffEntry {
+            delay: Duration::from_secs(20),
+            last_update: t(10_000),
+        };
+        assert_eq!(
+            p.remaining(Some(&future), t(1), t(1)),
+            Some(Duration::from_secs(20))
+        );
+        let mut table: BackoffTable = [("f".to_string(), future), ("h".to_string(), huge)].into();
+        let repairs = sanitize(&mut table, &p, t(100));
+        assert_eq!(
+            repairs,
+            [
+                Repair::DelayClamped {
+                    container: "h".into()
+                },
+                Repair::FutureDropped {
+                    container: "f".into()
+                },
+            ]
+        );
+        assert_eq!(table.len(), 1);
+        assert_eq!(table["h"].delay, p.max);
     }
 }

@@ -26,16 +26,27 @@ const COALESCE_QUIET: Duration = Duration::from_millis(10);
 const COALESCE_MAX: Duration = Duration::from_millis(500);
 
 /// What one scan of `staticPodPath` found.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ScanOutcome {
     /// Pods to run, in file-name order; at most one per `namespace/name`.
     pub pods: Vec<Pod>,
-    /// File path (or `staticPodPath` itself) → why it yielded no pods.
+    /// File path (or `staticPodPath` itself) → why it yielded no new pods.
     pub errors: BTreeMap<String, String>,
     /// File path → unknown fields in it.
     pub unknown_fields: BTreeMap<String, Vec<String>>,
     /// `staticPodPath` does not exist (yet).
     pub missing: bool,
+    /// Manifest file → the pods it stands for now: read in this scan, or, when the file could
+    /// not be read or parsed this time, kept from the last scan that could. The next scan
+    /// starts from this.
+    pub by_file: BTreeMap<PathBuf, Vec<Pod>>,
+    /// Files (or `staticPodPath` itself) whose pods were kept from an earlier scan.
+    pub kept: BTreeSet<PathBuf>,
+    /// Nothing was learnt: `staticPodPath` could not be listed, or it is a single file that
+    /// could not be read or parsed. Until a scan was conclusive once, such a scan is not sent
+    /// (the source stays not ready, so pods left running by an earlier run are not taken for
+    /// orphans), as upstream does.
+    pub inconclusive: bool,
 }
 
 /// Hidden files (editor swap files, `..data` symlinks) are skipped, as upstream does.
@@ -43,121 +54,195 @@ fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.to_string_lossy().starts_with('.')
 }
 
-fn read_manifest(path: &Path) -> Result<Vec<u8>, String> {
-    let file = fs::File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+/// Why one manifest file could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// It no longer exists: a deletion, not a failure.
+    #[error("{}: no longer exists", .0.display())]
+    Gone(PathBuf),
+    #[error("{}: cannot open: {source}", .path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: cannot read: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: manifest is larger than the {MAX_MANIFEST_BYTES}-byte limit", .0.display())]
+    TooLarge(PathBuf),
+}
+
+fn read_manifest(path: &Path) -> Result<Vec<u8>, ReadError> {
+    let file = fs::File::open(path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            ReadError::Gone(path.to_path_buf())
+        } else {
+            ReadError::Open {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
     let mut bytes = Vec::new();
     file.take(MAX_MANIFEST_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        .map_err(|source| ReadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if bytes.len() > MAX_MANIFEST_BYTES {
-        return Err(format!(
-            "{}: manifest is larger than the {MAX_MANIFEST_BYTES}-byte limit",
-            path.display()
-        ));
+        return Err(ReadError::TooLarge(path.to_path_buf()));
     }
     Ok(bytes)
 }
 
+/// What listing `staticPodPath` gave.
+enum Listing {
+    /// It does not exist: no pods (as upstream).
+    Missing,
+    /// It exists but could not be read or listed: nothing is known about its files.
+    Failed(String),
+    /// Manifest files in name order, each with the reason it could not even be looked at
+    /// (other than being gone).
+    Files(Vec<(PathBuf, Option<String>)>),
+}
+
 /// List the manifest files under `path`: the file itself, or the regular, non-hidden files
 /// directly in the directory, sorted by name.
-fn manifest_files(path: &Path, outcome: &mut ScanOutcome) -> Vec<PathBuf> {
+fn manifest_files(path: &Path) -> Listing {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            outcome.missing = true;
-            return Vec::new();
-        }
-        Err(e) => {
-            outcome.errors.insert(
-                path.display().to_string(),
-                format!("{}: cannot read: {e}", path.display()),
-            );
-            return Vec::new();
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Listing::Missing,
+        Err(e) => return Listing::Failed(format!("{}: cannot read: {e}", path.display())),
     };
     if meta.is_file() {
-        return vec![path.to_path_buf()];
+        return Listing::Files(vec![(path.to_path_buf(), None)]);
     }
     if !meta.is_dir() {
-        outcome.errors.insert(
-            path.display().to_string(),
-            format!("{}: neither a regular file nor a directory", path.display()),
-        );
-        return Vec::new();
+        return Listing::Failed(format!(
+            "{}: neither a regular file nor a directory",
+            path.display()
+        ));
     }
     let entries = match fs::read_dir(path) {
         Ok(entries) => entries,
         Err(e) => {
-            outcome.errors.insert(
-                path.display().to_string(),
-                format!("{}: cannot list directory: {e}", path.display()),
-            );
-            return Vec::new();
+            return Listing::Failed(format!("{}: cannot list directory: {e}", path.display()));
         }
     };
     let mut files = Vec::new();
-    for entry in entries.flatten() {
+    for entry in entries {
+        // A listing that breaks off half-way says nothing about the files not yet seen.
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                return Listing::Failed(format!("{}: cannot list directory: {e}", path.display()));
+            }
+        };
         if is_hidden(&entry.file_name()) {
             continue;
         }
         let file = entry.path();
         // Follow symlinks: a link to a regular file is a manifest.
         match fs::metadata(&file) {
-            Ok(meta) if meta.is_file() => files.push(file),
+            Ok(meta) if meta.is_file() => files.push((file, None)),
             Ok(meta) if meta.is_dir() => {
                 tracing::debug!(path = %file.display(), "not recursing into manifest subdirectory");
             }
             Ok(_) => tracing::debug!(path = %file.display(), "skipping non-regular manifest entry"),
-            // Vanished between listing and stat, or a dangling link.
-            Err(_) => {}
+            // Vanished between listing and stat, or a dangling link: gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // A link loop, EIO, EACCES...: the file is there but unreadable now.
+            Err(e) => {
+                let problem = format!("{}: cannot read: {e}", file.display());
+                files.push((file, Some(problem)));
+            }
         }
     }
     files.sort();
-    files
+    Listing::Files(files)
 }
 
 /// Read every manifest under `path` and turn it into pods. Pure apart from reading files.
-pub fn scan(path: &Path, node_name: &str, seen: SystemTime) -> ScanOutcome {
+///
+/// A read error never removes pods: a manifest that cannot be opened, read, parsed or
+/// validated keeps the pods `previous` had for it, and a `staticPodPath` that cannot be listed
+/// keeps all of them. Only a file that is gone (or a `staticPodPath` that does not exist)
+/// removes its pods, as upstream. A file that never read well contributes nothing.
+pub fn scan(path: &Path, node_name: &str, seen: SystemTime, previous: &ScanOutcome) -> ScanOutcome {
     let mut outcome = ScanOutcome::default();
-    let files = manifest_files(path, &mut outcome);
-    let mut owners: HashMap<String, PathBuf> = HashMap::new();
-    for file in files {
-        let bytes = match read_manifest(&file) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                outcome.errors.insert(file.display().to_string(), e);
-                continue;
-            }
+    let files = match manifest_files(path) {
+        Listing::Missing => {
+            outcome.missing = true;
+            return outcome;
+        }
+        Listing::Failed(message) => {
+            outcome.errors = previous.errors.clone();
+            outcome.errors.insert(path.display().to_string(), message);
+            outcome.unknown_fields = previous.unknown_fields.clone();
+            outcome.by_file = previous.by_file.clone();
+            outcome.kept = BTreeSet::from([path.to_path_buf()]);
+            outcome.pods = previous.pods.clone();
+            outcome.inconclusive = true;
+            return outcome;
+        }
+        Listing::Files(files) => files,
+    };
+    let single_file = files.len() == 1 && files[0].0 == path;
+    for (file, problem) in files {
+        let key = file.display().to_string();
+        let failure = match problem {
+            Some(problem) => problem,
+            None => match read_manifest(&file) {
+                Err(ReadError::Gone(_)) => continue,
+                Err(e) => e.to_string(),
+                Ok(bytes) => {
+                    match load_static_pods(&bytes, ManifestOrigin::File(&file), node_name, seen) {
+                        Ok(loaded) => {
+                            if !loaded.unknown_fields.is_empty() {
+                                outcome
+                                    .unknown_fields
+                                    .insert(key.clone(), loaded.unknown_fields);
+                            }
+                            outcome.by_file.insert(file, loaded.pods);
+                            continue;
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+            },
         };
-        let loaded = match load_static_pods(&bytes, ManifestOrigin::File(&file), node_name, seen) {
-            Ok(loaded) => loaded,
-            Err(e) => {
+        outcome.errors.insert(key.clone(), failure);
+        outcome.inconclusive |= single_file;
+        if let Some(pods) = previous.by_file.get(&file) {
+            outcome.by_file.insert(file.clone(), pods.clone());
+            outcome.kept.insert(file.clone());
+            if let Some(fields) = previous.unknown_fields.get(&key) {
+                outcome.unknown_fields.insert(key, fields.clone());
+            }
+        }
+    }
+    let mut owners: HashMap<String, &Path> = HashMap::new();
+    for (file, pods) in &outcome.by_file {
+        for pod in pods {
+            let name = full_name(pod);
+            if let Some(first) = owners.get(&name) {
                 outcome
                     .errors
-                    .insert(file.display().to_string(), e.to_string());
+                    .entry(file.display().to_string())
+                    .or_insert_with(|| {
+                        format!(
+                            "{}: pod {name} is already defined by {}; ignoring this file",
+                            file.display(),
+                            first.display()
+                        )
+                    });
                 continue;
             }
-        };
-        if !loaded.unknown_fields.is_empty() {
-            outcome
-                .unknown_fields
-                .insert(file.display().to_string(), loaded.unknown_fields);
-        }
-        for pod in loaded.pods {
-            let name = full_name(&pod);
-            if let Some(first) = owners.get(&name) {
-                outcome.errors.insert(
-                    file.display().to_string(),
-                    format!(
-                        "{}: pod {name} is already defined by {}; ignoring this file",
-                        file.display(),
-                        first.display()
-                    ),
-                );
-                continue;
-            }
-            owners.insert(name, file.clone());
-            outcome.pods.push(pod);
+            owners.insert(name, file);
+            outcome.pods.push(pod.clone());
         }
     }
     outcome
@@ -172,7 +257,12 @@ pub struct FileSource {
     owned_problems: BTreeSet<String>,
     logged_errors: BTreeMap<String, String>,
     logged_unknown: BTreeMap<String, Vec<String>>,
+    logged_kept: BTreeSet<PathBuf>,
     missing_logged: bool,
+    /// The last scan: where the next one starts from (last good pods per file).
+    last: ScanOutcome,
+    /// A conclusive scan was sent once (see [`ScanOutcome::inconclusive`]).
+    sent_conclusive: bool,
 }
 
 impl FileSource {
@@ -190,7 +280,10 @@ impl FileSource {
             owned_problems: BTreeSet::new(),
             logged_errors: BTreeMap::new(),
             logged_unknown: BTreeMap::new(),
+            logged_kept: BTreeSet::new(),
             missing_logged: false,
+            last: ScanOutcome::default(),
+            sent_conclusive: false,
         }
     }
 
@@ -235,25 +328,57 @@ impl FileSource {
             }
         }
         self.logged_unknown = outcome.unknown_fields.clone();
+        for kept in &outcome.kept {
+            if !self.logged_kept.contains(kept) {
+                let count = outcome
+                    .by_file
+                    .get(kept)
+                    .map_or(outcome.pods.len(), Vec::len);
+                tracing::warn!(path = %kept.display(), pods = count, "cannot read static pod manifests; their pods keep running as last read");
+                logged.push(format!(
+                    "{}: keeping {count} pod(s) as last read",
+                    kept.display()
+                ));
+            }
+        }
+        self.logged_kept = outcome.kept.clone();
         self.problems.replace(&mut self.owned_problems, &current);
         logged
+    }
+
+    /// Scan once, starting from the last scan, and remember the result for the next one.
+    pub fn scan_once(&mut self, seen: SystemTime) -> &ScanOutcome {
+        let outcome = scan(&self.path, &self.node_name, seen, &self.last);
+        self.report(&outcome);
+        self.last = outcome;
+        &self.last
     }
 
     async fn rescan(&mut self, tx: &mpsc::UnboundedSender<SourceSnapshot>) -> bool {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let seen = SystemTime::now();
-        let outcome = match tokio::task::spawn_blocking(move || scan(&path, &node, seen)).await {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                tracing::error!(error = %e, "static pod scan failed");
-                return true;
-            }
-        };
+        let previous = self.last.clone();
+        let outcome =
+            match tokio::task::spawn_blocking(move || scan(&path, &node, seen, &previous)).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // Nothing was learnt: send nothing, keep the last scan as the base.
+                    tracing::error!(error = %e, "static pod scan failed");
+                    return true;
+                }
+            };
         self.report(&outcome);
+        let pods = outcome.pods.clone();
+        let inconclusive = outcome.inconclusive;
+        self.last = outcome;
+        if inconclusive && !self.sent_conclusive {
+            return true;
+        }
+        self.sent_conclusive = true;
         tx.send(SourceSnapshot {
             source: SOURCE_FILE,
-            pods: outcome.pods,
+            pods,
         })
         .is_ok()
     }
@@ -554,7 +679,7 @@ mod tests {
             Duration::from_secs(60),
             problems.clone(),
         );
-        let first = scan(dir.path(), NODE, SystemTime::now());
+        let first = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
         assert_eq!(first.pods.len(), 2);
         let logged = source.report(&first);
         assert_eq!(logged.len(), 2, "{logged:?}");
@@ -570,16 +695,26 @@ mod tests {
 
         // The same problems on the next rescans: silence.
         for _ in 0..2 {
-            let again = scan(dir.path(), NODE, SystemTime::now());
+            let again = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
             assert!(source.report(&again).is_empty());
         }
 
         // A different error in the same file is logged; then the fix is logged once.
         write(dir.path(), "bad.yaml", "apiVersion: v2\nkind: Pod\n");
-        let changed = source.report(&scan(dir.path(), NODE, SystemTime::now()));
+        let changed = source.report(&scan(
+            dir.path(),
+            NODE,
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        ));
         assert_eq!(changed.len(), 1, "{changed:?}");
         write(dir.path(), "bad.yaml", &manifest("bad", "x"));
-        let fixed = source.report(&scan(dir.path(), NODE, SystemTime::now()));
+        let fixed = source.report(&scan(
+            dir.path(),
+            NODE,
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        ));
         assert_eq!(fixed.len(), 1, "{fixed:?}");
         assert!(fixed[0].contains("resolved"));
         assert!(problems.snapshot().is_empty());
@@ -590,7 +725,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "10-web.yaml", &manifest("web", "nginx:1"));
         write(dir.path(), "20-web.yaml", &manifest("web", "nginx:2"));
-        let outcome = scan(dir.path(), NODE, SystemTime::now());
+        let outcome = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
         assert_eq!(outcome.pods.len(), 1);
         let image = outcome.pods[0].spec.as_ref().unwrap().containers[0]
             .image
@@ -614,7 +749,7 @@ mod tests {
         fs::write(dir.path().join(".swp"), "garbage").unwrap();
         fs::create_dir(dir.path().join("sub")).unwrap();
         fs::write(dir.path().join("sub/inner.yaml"), manifest("inner", "x")).unwrap();
-        let outcome = scan(dir.path(), NODE, SystemTime::now());
+        let outcome = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
         let names: Vec<_> = outcome
             .pods
             .iter()
@@ -624,7 +759,12 @@ mod tests {
         assert!(outcome.errors.is_empty(), "{outcome:?}");
 
         // A single file as the path.
-        let one = scan(&dir.path().join("web.json"), NODE, SystemTime::now());
+        let one = scan(
+            &dir.path().join("web.json"),
+            NODE,
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(one.pods.len(), 1);
     }
 
@@ -639,19 +779,29 @@ mod tests {
             Duration::from_secs(1),
             problems.clone(),
         );
-        let outcome = scan(&missing, NODE, SystemTime::now());
+        let outcome = scan(&missing, NODE, SystemTime::now(), &ScanOutcome::default());
         assert!(outcome.missing && outcome.pods.is_empty());
         assert_eq!(source.report(&outcome).len(), 1);
         assert!(
             source
-                .report(&scan(&missing, NODE, SystemTime::now()))
+                .report(&scan(
+                    &missing,
+                    NODE,
+                    SystemTime::now(),
+                    &ScanOutcome::default()
+                ))
                 .is_empty()
         );
         assert_eq!(problems.snapshot().len(), 1);
         fs::create_dir(&missing).unwrap();
         assert_eq!(
             source
-                .report(&scan(&missing, NODE, SystemTime::now()))
+                .report(&scan(
+                    &missing,
+                    NODE,
+                    SystemTime::now(),
+                    &ScanOutcome::default()
+                ))
                 .len(),
             1
         );
@@ -673,6 +823,216 @@ mod tests {
         fs::create_dir(&path).unwrap();
         write(&path, "web.yaml", &manifest("web", "nginx:1"));
         assert_eq!(describe(&next(&mut rx).await), ["add web-node-1"]);
+        cancel.cancel();
+    }
+
+    fn names_and_uids(outcome: &ScanOutcome) -> Vec<(String, String)> {
+        outcome
+            .pods
+            .iter()
+            .map(|p| (p.metadata.name.clone().unwrap(), uid(p)))
+            .collect()
+    }
+
+    /// A manifest that is half-written, invalid or unreadable keeps the pods it had; a
+    /// deleted one loses them.
+    #[test]
+    fn a_file_that_fails_keeps_its_last_good_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.yaml", &manifest("a", "nginx:1"));
+        write(dir.path(), "b.yaml", &manifest("b", "nginx:1"));
+        let good = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+        assert_eq!(good.pods.len(), 2);
+        let before = names_and_uids(&good);
+
+        let full = manifest("b", "nginx:2");
+        let broken: &[(&str, String)] = &[
+            ("half-written", full[..full.len() - 12].to_string()),
+            (
+                "cut inside a token",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: b".to_string(),
+            ),
+            ("empty", String::new()),
+            ("invalid", full.replace("name: c", "name: C_")),
+        ];
+        for (what, text) in broken {
+            fs::write(dir.path().join("b.yaml"), text).unwrap();
+            let again = scan(dir.path(), NODE, SystemTime::now(), &good);
+            assert_eq!(names_and_uids(&again), before, "{what}");
+            let key = dir.path().join("b.yaml").display().to_string();
+            assert!(again.errors.contains_key(&key), "{what}: {again:?}");
+            assert_eq!(
+                again.kept,
+                BTreeSet::from([dir.path().join("b.yaml")]),
+                "{what}"
+            );
+            // Kept again on the scan after (the base is the kept state).
+            let third = scan(dir.path(), NODE, SystemTime::now(), &again);
+            assert_eq!(
+                names_and_uids(&third),
+                before,
+                "{what}, second failing scan"
+            );
+        }
+
+        // Unreadable even for root: a symlink loop.
+        fs::remove_file(dir.path().join("b.yaml")).unwrap();
+        std::os::unix::fs::symlink("b.yaml", dir.path().join("b.yaml")).unwrap();
+        let looped = scan(dir.path(), NODE, SystemTime::now(), &good);
+        assert_eq!(names_and_uids(&looped), before);
+
+        // Gone for good (ENOENT, also as a dangling link): a deletion.
+        fs::remove_file(dir.path().join("b.yaml")).unwrap();
+        std::os::unix::fs::symlink("nowhere.yaml", dir.path().join("b.yaml")).unwrap();
+        let gone = scan(dir.path(), NODE, SystemTime::now(), &looped);
+        assert_eq!(names_and_uids(&gone), before[..1]);
+        assert!(gone.errors.is_empty() && gone.kept.is_empty(), "{gone:?}");
+
+        // A file that never read well has nothing to keep.
+        write(
+            dir.path(),
+            "c.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: c",
+        );
+        let fresh = scan(dir.path(), NODE, SystemTime::now(), &gone);
+        assert_eq!(names_and_uids(&fresh), before[..1]);
+        assert!(fresh.kept.is_empty());
+    }
+
+    /// A `staticPodPath` that cannot be listed (a link loop, or something that is neither a
+    /// file nor a directory) keeps every pod and every known problem.
+    #[test]
+    fn a_directory_that_cannot_be_listed_keeps_everything() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("manifests");
+        fs::create_dir(&dir).unwrap();
+        write(&dir, "a.yaml", &manifest("a", "nginx:1"));
+        write(&dir, "b.yaml", &manifest("b", "nginx:1"));
+        write(&dir, "bad.yaml", "kind: Pod\n");
+        let good = scan(&dir, NODE, SystemTime::now(), &ScanOutcome::default());
+        assert_eq!(good.pods.len(), 2);
+        assert!(!good.inconclusive);
+        let before = names_and_uids(&good);
+
+        fs::rename(&dir, top.path().join("away")).unwrap();
+        std::os::unix::fs::symlink("manifests", &dir).unwrap();
+        let looped = scan(&dir, NODE, SystemTime::now(), &good);
+        assert_eq!(names_and_uids(&looped), before);
+        assert!(looped.inconclusive);
+        let key = dir.display().to_string();
+        assert!(looped.errors[&key].contains("cannot read"), "{looped:?}");
+        assert!(
+            looped
+                .errors
+                .contains_key(&dir.join("bad.yaml").display().to_string()),
+            "the per-file problem is still known: {looped:?}"
+        );
+        fs::remove_file(&dir).unwrap();
+
+        // A socket where the directory was.
+        let _socket = std::os::unix::net::UnixListener::bind(&dir).unwrap();
+        let odd = scan(&dir, NODE, SystemTime::now(), &looped);
+        assert_eq!(names_and_uids(&odd), before);
+        assert!(odd.errors[&key].contains("neither"), "{odd:?}");
+        fs::remove_file(&dir).unwrap();
+
+        // Gone: the pods go (as upstream).
+        let missing = scan(&dir, NODE, SystemTime::now(), &odd);
+        assert!(missing.missing && missing.pods.is_empty());
+    }
+
+    /// A single-file `staticPodPath` that stops parsing keeps its pod.
+    #[test]
+    fn a_single_file_path_that_fails_keeps_its_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        write(dir.path(), "web.yaml", &manifest("web", "nginx:1"));
+        let good = scan(&file, NODE, SystemTime::now(), &ScanOutcome::default());
+        assert_eq!(good.pods.len(), 1);
+        fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata:\n  na").unwrap();
+        let broken = scan(&file, NODE, SystemTime::now(), &good);
+        assert_eq!(names_and_uids(&broken), names_and_uids(&good));
+        assert!(broken.inconclusive);
+        fs::remove_file(&file).unwrap();
+        assert!(
+            scan(&file, NODE, SystemTime::now(), &broken)
+                .pods
+                .is_empty()
+        );
+    }
+
+    /// Until one scan was conclusive, an inconclusive one is not sent: the source is not
+    /// ready, so housekeeping does not take the pods of an earlier run for orphans.
+    #[tokio::test]
+    async fn inconclusive_first_scan_is_not_sent() {
+        let top = tempfile::tempdir().unwrap();
+        let path = top.path().join("manifests");
+        std::os::unix::fs::symlink("manifests", &path).unwrap();
+        let mut source = FileSource::new(
+            path.clone(),
+            NODE.into(),
+            Duration::from_secs(60),
+            SourceProblems::default(),
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        assert!(source.rescan(&tx).await);
+        assert!(
+            rx.try_recv().is_err(),
+            "an inconclusive first scan was sent"
+        );
+
+        fs::remove_file(&path).unwrap();
+        fs::create_dir(&path).unwrap();
+        write(&path, "a.yaml", &manifest("a", "nginx:1"));
+        assert!(source.rescan(&tx).await);
+        assert_eq!(rx.try_recv().unwrap().pods.len(), 1);
+
+        // After that, an inconclusive scan is sent with the kept pods.
+        fs::rename(&path, top.path().join("away")).unwrap();
+        std::os::unix::fs::symlink("manifests", &path).unwrap();
+        assert!(source.rescan(&tx).await);
+        assert_eq!(rx.try_recv().unwrap().pods.len(), 1);
+    }
+
+    /// Through the running source and the merger: breaking a manifest changes nothing,
+    /// fixing it updates, deleting it removes.
+    #[tokio::test]
+    async fn running_source_keeps_pods_of_a_broken_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "web.yaml", &manifest("web", "nginx:1"));
+        let cancel = CancellationToken::new();
+        let (mut rx, _ready, problems) = spawn_sources(
+            config(dir.path(), Duration::from_secs(3600)),
+            cancel.clone(),
+        );
+        assert_eq!(describe(&next(&mut rx).await), ["add web-node-1"]);
+        // Half-written in place (no rename), then a second file as a marker: its add proves the
+        // scan that saw the broken file was merged, with no remove before it.
+        fs::write(
+            dir.path().join("web.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {na",
+        )
+        .unwrap();
+        write(dir.path(), "zz-marker.yaml", &manifest("marker", "nginx:1"));
+        let key = dir.path().join("web.yaml").display().to_string();
+        loop {
+            let changes = next(&mut rx).await;
+            assert!(
+                !describe(&changes).iter().any(|c| c.starts_with("remove")),
+                "{:?}",
+                describe(&changes)
+            );
+            if describe(&changes).contains(&"add marker-node-1".to_string()) {
+                break;
+            }
+        }
+        assert!(
+            problems.snapshot().contains_key(&key),
+            "{:?}",
+            problems.snapshot()
+        );
+        fs::remove_file(dir.path().join("web.yaml")).unwrap();
+        assert_eq!(describe(&next(&mut rx).await), ["remove web-node-1"]);
         cancel.cancel();
     }
 }

@@ -1,15 +1,27 @@
 //! The HTTP source: `GET staticPodURL` at start and every `httpCheckFrequency`. The body is a
-//! Pod or a PodList / List (YAML or JSON). A failed fetch keeps the last good set.
+//! Pod or a PodList / List (YAML or JSON). A failed fetch, a body that does not decode, and an
+//! empty body keep the last good set; only a valid (possibly empty) Pod list replaces it.
+//!
+//! `https://` URLs are verified against the system's CA roots, found the way Go (and so
+//! upstream's kubelet, which has no flag for a manifest-URL CA) finds them: the file named by
+//! `SSL_CERT_FILE`, else the first of the usual distribution bundles
+//! (`/etc/ssl/certs/ca-certificates.crt` on Debian). To trust a private CA, add it to the
+//! system bundle or point `SSL_CERT_FILE` at a bundle that holds it (e.g. in the unit's
+//! `Environment=`).
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +31,16 @@ use super::{SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_
 
 /// Longest one fetch may take (shorter when the period is shorter).
 const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where Go looks for the system CA bundle on Linux, in order (after `SSL_CERT_FILE`).
+pub const SYSTEM_CA_FILES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
 
 /// What one fetch produced.
 #[derive(Debug)]
@@ -31,8 +53,111 @@ pub enum FetchOutcome {
     },
     /// Nothing usable; the previous set stays.
     Failed(String),
-    /// The URL can never work as configured (e.g. `https://`): report it and run no pods.
+    /// The URL can never work as configured (e.g. `ftp://`): report it and run no pods.
     Unsupported(String),
+}
+
+/// Why TLS for the manifest URL could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("no CA bundle found (looked at $SSL_CERT_FILE and {})", SYSTEM_CA_FILES.join(", "))]
+    NoBundle,
+    #[error("{path}: cannot read CA bundle: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("{path}: no usable CA certificate in the bundle")]
+    Empty { path: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+/// The CA bundle to trust: `SSL_CERT_FILE` when set, else the first system bundle present.
+pub fn system_ca_file() -> Result<PathBuf, TlsSetupError> {
+    if let Some(file) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
+        return Ok(PathBuf::from(file));
+    }
+    SYSTEM_CA_FILES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or(TlsSetupError::NoBundle)
+}
+
+/// A TLS client configuration (ring provider) trusting the PEM certificates in `ca_file`.
+/// Certificates in the bundle that do not parse are skipped, as Go does.
+pub fn tls_config_from_ca_file(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
+    let path = ca_file.display().to_string();
+    let certs = CertificateDer::pem_file_iter(ca_file)
+        .map_err(|e| TlsSetupError::Unreadable {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?
+        .filter_map(Result::ok);
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(TlsSetupError::Empty { path });
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsSetupError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The parts of the manifest URL a fetch needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Target {
+    https: bool,
+    /// Host as written, without IPv6 brackets (the TLS server name).
+    host: String,
+    /// `host:port` to dial (IPv6 in brackets).
+    dial: String,
+    /// The `Host` header: the URL's authority without user info.
+    authority: String,
+    path_and_query: String,
+}
+
+/// Why a URL can never be fetched.
+fn parse_target(url: &str) -> Result<Target, String> {
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| format!("{url}: invalid URL: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => {
+            return Err(format!(
+                "{url}: only http:// and https:// manifest URLs are supported"
+            ));
+        }
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("{url}: the URL has no host"))?;
+    let raw_host = authority.host();
+    if raw_host.is_empty() {
+        return Err(format!("{url}: the URL has no host"));
+    }
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let host = raw_host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let host_part = authority
+        .as_str()
+        .rsplit_once('@')
+        .map_or(authority.as_str(), |(_, h)| h);
+    Ok(Target {
+        https,
+        dial: format!("{raw_host}:{port}"),
+        host,
+        authority: host_part.to_string(),
+        path_and_query: uri
+            .path_and_query()
+            .map_or_else(|| "/".to_string(), |p| p.as_str().to_string()),
+    })
 }
 
 /// The HTTP source's state between fetches.
@@ -42,7 +167,8 @@ pub struct HttpSource {
     node_name: String,
     period: Duration,
     problems: SourceProblems,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    /// TLS for an `https://` URL: the configuration, or why there is none.
+    tls: Option<Result<Arc<rustls::ClientConfig>, TlsSetupError>>,
     last_problem: Option<String>,
     last_unknown: Vec<String>,
 }
@@ -55,29 +181,35 @@ impl HttpSource {
         period: Duration,
         problems: SourceProblems,
     ) -> Self {
-        let client = Client::builder(TokioExecutor::new()).build_http();
+        let tls = url
+            .starts_with("https://")
+            .then(|| system_ca_file().and_then(|f| tls_config_from_ca_file(&f)));
         HttpSource {
             url,
             headers,
             node_name,
             period: period.max(Duration::from_millis(100)),
             problems,
-            client,
+            tls,
             last_problem: None,
             last_unknown: Vec::new(),
         }
+    }
+
+    /// Trust exactly `config` for `https://` (tests: a CA made on the spot).
+    pub fn with_tls_config(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(Ok(config));
+        self
     }
 
     fn timeout(&self) -> Duration {
         self.period.min(MAX_FETCH_TIMEOUT)
     }
 
-    async fn get(&self) -> Result<Vec<u8>, String> {
+    async fn get(&self, target: &Target) -> Result<Vec<u8>, String> {
         let url = &self.url;
-        let uri: hyper::Uri = url
-            .parse()
-            .map_err(|e| format!("GET {url}: invalid URL: {e}"))?;
-        let mut request = hyper::Request::get(uri);
+        let mut request = hyper::Request::get(target.path_and_query.as_str())
+            .header(hyper::header::HOST, target.authority.as_str());
         for (name, values) in &self.headers {
             for value in values {
                 request = request.header(name.as_str(), value.as_str());
@@ -87,55 +219,52 @@ impl HttpSource {
             .body(Empty::<Bytes>::new())
             .map_err(|e| format!("GET {url}: invalid request: {e}"))?;
         let fetch = async {
-            let response = self
-                .client
-                .request(request)
+            let tcp = TcpStream::connect(&target.dial)
                 .await
-                .map_err(|e| format!("GET {url}: {}", error_chain(&e)))?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(format!("GET {url}: HTTP {status}"));
+                .map_err(|e| format!("dial {}: {e}", target.dial))?;
+            let _ = tcp.set_nodelay(true);
+            if !target.https {
+                return exchange(tcp, request).await;
             }
-            let body = Limited::new(response.into_body(), MAX_MANIFEST_BYTES)
-                .collect()
+            let config = match &self.tls {
+                Some(Ok(config)) => config.clone(),
+                Some(Err(e)) => return Err(e.to_string()),
+                None => system_ca_file()
+                    .and_then(|f| tls_config_from_ca_file(&f))
+                    .map_err(|e| e.to_string())?,
+            };
+            let name = ServerName::try_from(target.host.clone())
+                .map_err(|e| format!("bad TLS server name {:?}: {e}", target.host))?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
                 .await
-                .map_err(|e| format!("GET {url}: reading body: {e}"))?;
-            Ok(body.to_bytes().to_vec())
+                .map_err(|e| format!("TLS handshake: {}", error_chain(&e)))?;
+            exchange(tls, request).await
         };
         match tokio::time::timeout(self.timeout(), fetch).await {
-            Ok(result) => result,
+            Ok(result) => result.map_err(|e| format!("GET {url}: {e}")),
             Err(_) => Err(format!("GET {url}: timed out after {:?}", self.timeout())),
         }
     }
 
     /// Fetch once and decode.
     pub async fn fetch(&self) -> FetchOutcome {
-        if self.url.starts_with("https://") {
-            return FetchOutcome::Unsupported(format!(
-                "{}: https manifest URLs are not supported yet",
-                self.url
-            ));
-        }
-        if !self.url.starts_with("http://") {
-            return FetchOutcome::Unsupported(format!(
-                "{}: only http:// manifest URLs are supported",
-                self.url
-            ));
-        }
-        let bytes = match self.get().await {
+        let target = match parse_target(&self.url) {
+            Ok(target) => target,
+            Err(message) => return FetchOutcome::Unsupported(message),
+        };
+        let bytes = match self.get(&target).await {
             Ok(bytes) => bytes,
             Err(e) => return FetchOutcome::Failed(e),
         };
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            // Upstream treats an empty body as "no pods" (and still reports it).
-            return FetchOutcome::Pods {
-                pods: Vec::new(),
-                unknown_fields: Vec::new(),
-                problem: Some(format!(
-                    "GET {}: empty body; running no pods from it",
-                    self.url
-                )),
-            };
+            // Upstream reads an empty body as "no pods"; a server mid-restart or a proxy
+            // answering 200 with nothing would then stop every pod. Only an explicit, empty
+            // PodList / List empties the set.
+            return FetchOutcome::Failed(format!(
+                "GET {}: empty body; keeping the last pods (send an empty v1 PodList to run none)",
+                self.url
+            ));
         }
         let loaded = match load_static_pods(
             &bytes,
@@ -170,7 +299,6 @@ impl HttpSource {
             problem,
         }
     }
-
     /// Record and log (once per distinct message) the problem of this round, if any.
     fn note_problem(&mut self, problem: Option<String>) {
         match &problem {
@@ -241,6 +369,39 @@ impl HttpSource {
                 }
             }
         }
+    }
+}
+
+/// Sends one request over `io` (one connection per fetch: the period is long, and a fresh
+/// connection sees a restarted server at once) and reads the body, up to the manifest limit.
+async fn exchange<T>(io: T, request: hyper::Request<Empty<Bytes>>) -> Result<Vec<u8>, String>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let request = async move {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}"));
+        }
+        let body = Limited::new(response.into_body(), MAX_MANIFEST_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("reading body: {e}"))?;
+        Ok(body.to_bytes().to_vec())
+    };
+    // The connection is driven here: nothing outlives the fetch.
+    tokio::pin!(conn);
+    tokio::pin!(request);
+    tokio::select! {
+        result = &mut request => result,
+        _ = &mut conn => request.await,
     }
 }
 
@@ -390,10 +551,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn https_and_unreachable() {
-        let src = source("https://example.invalid/pods");
+    async fn unsupported_and_unreachable() {
+        let src = source("ftp://example.invalid/pods");
         assert!(
-            matches!(src.fetch().await, FetchOutcome::Unsupported(m) if m.contains("https manifest URLs are not supported yet"))
+            matches!(src.fetch().await, FetchOutcome::Unsupported(m) if m.contains("only http:// and https://"))
         );
         // A port nobody listens on (bound, then released).
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -457,12 +618,25 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "500 never reported");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        *reply.lock().unwrap() = (200, String::new());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !problems
+            .snapshot()
+            .get(&url)
+            .is_some_and(|m| m.contains("empty body"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "empty body never reported"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         *reply.lock().unwrap() = (200, "::: not yaml [".into());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while problems
             .snapshot()
             .get(&url)
-            .is_none_or(|m| m.contains("500"))
+            .is_none_or(|m| m.contains("500") || m.contains("empty body"))
         {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -479,6 +653,203 @@ mod tests {
             ["remove b-node-1", "add c-node-1"]
         );
         assert!(problems.snapshot().is_empty());
+
+        // Only a valid empty list empties the set.
+        *reply.lock().unwrap() = (
+            200,
+            r#"{"apiVersion":"v1","kind":"PodList","items":[]}"#.into(),
+        );
+        assert_eq!(
+            describe(&recv(&mut rx).await),
+            ["remove a-node-1", "remove c-node-1"]
+        );
         cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn empty_body_is_not_an_empty_set() {
+        let reply: Reply = Arc::new(Mutex::new((200, String::new())));
+        let url = serve(reply.clone(), Arc::new(Mutex::new(None))).await;
+        let src = source(&url);
+        for body in ["", " \n\t\r\n"] {
+            *reply.lock().unwrap() = (200, body.to_string());
+            assert!(
+                matches!(src.fetch().await, FetchOutcome::Failed(m) if m.contains("empty body")),
+                "{body:?}"
+            );
+        }
+        // Valid empty lists, in any spelling, are an empty set.
+        for body in [
+            r#"{"apiVersion":"v1","kind":"PodList","items":[]}"#,
+            r#"{"apiVersion":"v1","kind":"List"}"#,
+            "apiVersion: v1\nkind: PodList\nitems: []\n",
+            "apiVersion: v1\nkind: List\nmetadata: {}\n",
+        ] {
+            *reply.lock().unwrap() = (200, body.to_string());
+            assert!(pod_names(&src.fetch().await).is_empty(), "{body}");
+        }
+        // Anything else that is not a pod list keeps the last set.
+        for body in [
+            "null",
+            "{}",
+            "[]",
+            r#"{"apiVersion":"v1","kind":"PodList","items":[{"metadata":{"name":"a"}}]}"#,
+            r#"{"apiVersion":"v1","kind":"PodList","items":"#,
+        ] {
+            *reply.lock().unwrap() = (200, body.to_string());
+            assert!(
+                matches!(src.fetch().await, FetchOutcome::Failed(_)),
+                "{body} was taken as pods"
+            );
+        }
+    }
+
+    #[test]
+    fn url_targets() {
+        let t = parse_target("https://user:pw@[::1]:8443/a/b?c=d").unwrap();
+        assert!(t.https);
+        assert_eq!(t.host, "::1");
+        assert_eq!(t.dial, "[::1]:8443");
+        assert_eq!(t.authority, "[::1]:8443");
+        assert_eq!(t.path_and_query, "/a/b?c=d");
+        let t = parse_target("http://example.com").unwrap();
+        assert!(!t.https);
+        assert_eq!(t.dial, "example.com:80");
+        assert_eq!(t.path_and_query, "/");
+        assert_eq!(parse_target("https://h/").unwrap().dial, "h:443");
+        for bad in ["ftp://h/", "/just/a/path", "h:80", "not a url"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 / localhost signed by it, made on the spot.
+    struct TestPki {
+        ca_pem: String,
+        server_chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+        server_key: rustls::pki_types::PrivateKeyDer<'static>,
+    }
+
+    fn test_pki(names: &[&str]) -> TestPki {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "deckhand test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let server_params = CertificateParams::new(names).unwrap();
+        let server = server_params.signed_by(&server_key, &issuer).unwrap();
+        TestPki {
+            ca_pem: ca.pem(),
+            server_chain: vec![server.der().clone()],
+            server_key: rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+        }
+    }
+
+    /// An HTTPS responder on 127.0.0.1 answering every request with `body`.
+    async fn serve_tls(pki: &TestPki, body: String) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(pki.server_chain.clone(), pki.server_key.clone_key())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let Ok(mut stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn https_verified_against_the_given_ca() {
+        let pki = test_pki(&["localhost", "127.0.0.1"]);
+        let addr = serve_tls(&pki, pod_yaml("tls", "nginx:1")).await;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+        let trusted = tls_config_from_ca_file(&ca_file).unwrap();
+
+        for host in [addr.to_string(), format!("localhost:{}", addr.port())] {
+            let url = format!("https://{host}/pods");
+            let src = source(&url).with_tls_config(trusted.clone());
+            assert_eq!(pod_names(&src.fetch().await), ["tls-node-1"], "{url}");
+        }
+
+        // Another CA, or the system roots: the server is not trusted, and that is a
+        // transport error (the last set stays), naming the reason.
+        let other = test_pki(&["localhost", "127.0.0.1"]);
+        std::fs::write(&ca_file, &other.ca_pem).unwrap();
+        let untrusted = tls_config_from_ca_file(&ca_file).unwrap();
+        let url = format!("https://{addr}/pods");
+        let outcome = source(&url).with_tls_config(untrusted).fetch().await;
+        assert!(
+            matches!(&outcome, FetchOutcome::Failed(m) if m.contains("TLS handshake") && m.contains("certificate")),
+            "{outcome:?}"
+        );
+        let outcome = source(&url).fetch().await;
+        assert!(matches!(outcome, FetchOutcome::Failed(_)), "{outcome:?}");
+
+        // A certificate from the trusted CA, but for another name.
+        let elsewhere = test_pki(&["elsewhere.example"]);
+        std::fs::write(&ca_file, &elsewhere.ca_pem).unwrap();
+        let trusted = tls_config_from_ca_file(&ca_file).unwrap();
+        let addr = serve_tls(&elsewhere, pod_yaml("tls", "nginx:1")).await;
+        let url = format!("https://{addr}/pods");
+        let outcome = source(&url).with_tls_config(trusted).fetch().await;
+        assert!(
+            matches!(&outcome, FetchOutcome::Failed(m) if m.contains("certificate")),
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn ca_bundle_problems_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        assert!(matches!(
+            tls_config_from_ca_file(&missing),
+            Err(TlsSetupError::Unreadable { .. })
+        ));
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        assert!(matches!(
+            tls_config_from_ca_file(&empty),
+            Err(TlsSetupError::Empty { .. })
+        ));
+        // The machine's own bundle loads (Debian's ca-certificates is installed).
+        if let Ok(file) = system_ca_file() {
+            assert!(tls_config_from_ca_file(&file).is_ok(), "{}", file.display());
+        }
     }
 }

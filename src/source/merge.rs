@@ -1,7 +1,15 @@
 //! Upstream's `PodConfig` idea: every source sends full snapshots; the merger remembers the
 //! last one per source and turns each new snapshot into Add / Update / Remove by pod UID.
+//!
+//! A UID belongs to one source at a time: the first source whose snapshot carries it owns it.
+//! Another source offering the same UID is reported as a conflict (logged once while it
+//! lasts) and its pod ignored, so no source can take over, change or remove a pod another
+//! source runs. When the owner drops the UID the pod is removed; the other source's pod is
+//! not promoted on the spot but taken on the next snapshot of that source that still offers
+//! it (at most one check period later), so every Add comes from a snapshot its source sent
+//! as it is.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -9,12 +17,27 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::defaults::{CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use super::validate::uid_problem;
 use super::{PodChange, SourceSnapshot, SourcesReady, full_name};
 
-/// The merger's memory: per source, the pods of its last snapshot by UID.
+/// A pod one source offered under a UID another source already owns.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Conflict {
+    /// The source whose pod was ignored.
+    pub source: &'static str,
+    /// The source that owns the UID.
+    pub owner: &'static str,
+    pub uid: String,
+    /// `namespace/name` of the ignored pod.
+    pub pod: String,
+}
+
+/// The merger's memory: per source, the pods of its last snapshot by UID (only those it
+/// owns), and the conflicts in force.
 #[derive(Default)]
 pub struct Merger {
     sources: BTreeMap<&'static str, HashMap<String, Arc<Pod>>>,
+    conflicts: BTreeSet<Conflict>,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -46,15 +69,26 @@ impl Merger {
         Self::default()
     }
 
+    /// The source other than `source` that owns `uid`, if any.
+    fn owner_of(&self, uid: &str, source: &'static str) -> Option<&'static str> {
+        self.sources
+            .iter()
+            .find(|(name, pods)| **name != source && pods.contains_key(uid))
+            .map(|(name, _)| *name)
+    }
+
     /// Replace `source`'s pods with `snapshot` and return what changed: removals first, then
-    /// updates, then additions, each sorted by `namespace/name`. Pods without a UID are
-    /// dropped; a UID repeated within the snapshot keeps its first pod.
+    /// updates, then additions, each sorted by `namespace/name`. Pods without a UID, or with
+    /// one that is not a safe path component (the sources validate this already; this is the
+    /// second line), are dropped; a UID repeated within the snapshot keeps its first pod; a
+    /// UID another source owns is a [`Conflict`] and its pod is ignored.
     pub fn apply(&mut self, source: &'static str, snapshot: Vec<Pod>) -> Vec<PodChange> {
         let old = self.sources.remove(source).unwrap_or_default();
         let mut new: HashMap<String, Arc<Pod>> = HashMap::with_capacity(snapshot.len());
         let mut removes = Vec::new();
         let mut updates = Vec::new();
         let mut adds = Vec::new();
+        let mut conflicts = BTreeSet::new();
 
         for mut pod in snapshot {
             let uid = uid_of(&pod);
@@ -62,8 +96,21 @@ impl Merger {
                 tracing::warn!(source, pod = %full_name(&pod), "dropping pod without a UID");
                 continue;
             }
+            if let Some(problem) = uid_problem(&uid) {
+                tracing::warn!(source, pod = %full_name(&pod), %uid, %problem, "dropping pod with an unsafe UID");
+                continue;
+            }
             if new.contains_key(&uid) {
                 tracing::warn!(source, pod = %full_name(&pod), %uid, "dropping pod with a duplicate UID");
+                continue;
+            }
+            if let Some(owner) = self.owner_of(&uid, source) {
+                conflicts.insert(Conflict {
+                    source,
+                    owner,
+                    uid,
+                    pod: full_name(&pod),
+                });
                 continue;
             }
             pod.metadata
@@ -111,6 +158,7 @@ impl Merger {
             }
         }
         self.sources.insert(source, new);
+        self.note_conflicts(source, conflicts);
 
         let by_name = |a: &PodChange, b: &PodChange| {
             full_name(a.pod())
@@ -123,6 +171,41 @@ impl Merger {
         removes.extend(updates);
         removes.extend(adds);
         removes
+    }
+
+    /// Replace `source`'s conflicts with `current`, logging each new one once and each one
+    /// that ended.
+    fn note_conflicts(&mut self, source: &'static str, current: BTreeSet<Conflict>) {
+        let ended: Vec<Conflict> = self
+            .conflicts
+            .iter()
+            .filter(|c| c.source == source && !current.contains(c))
+            .cloned()
+            .collect();
+        for c in ended {
+            tracing::info!(source = c.source, owner = c.owner, pod = %c.pod, uid = %c.uid, "pod UID conflict ended");
+            self.conflicts.remove(&c);
+        }
+        for c in current {
+            if !self.conflicts.contains(&c) {
+                tracing::warn!(
+                    source = c.source,
+                    owner = c.owner,
+                    pod = %c.pod,
+                    uid = %c.uid,
+                    "ignoring pod: source {} offers UID {} that source {} already runs",
+                    c.source,
+                    c.uid,
+                    c.owner
+                );
+                self.conflicts.insert(c);
+            }
+        }
+    }
+
+    /// The conflicts in force: pods ignored because another source owns their UID.
+    pub fn conflicts(&self) -> Vec<Conflict> {
+        self.conflicts.iter().cloned().collect()
     }
 
     /// All pods currently known, across sources.
@@ -307,5 +390,94 @@ mod tests {
     #[test]
     fn no_sources_ready_at_once() {
         assert!(SourcesReady::new([]).all_ready());
+    }
+
+    fn conflict_summary(m: &Merger) -> Vec<String> {
+        m.conflicts()
+            .iter()
+            .map(|c| format!("{} {} owned by {}", c.source, c.uid, c.owner))
+            .collect()
+    }
+
+    /// Two sources offering one UID: (step source, its snapshot as (name, uid, image),
+    /// expected changes, expected conflicts after the step).
+    #[test]
+    fn a_uid_belongs_to_the_first_source_that_offers_it() {
+        type Step = (
+            &'static str,
+            &'static [(&'static str, &'static str, &'static str)],
+            &'static [&'static str],
+            &'static [&'static str],
+        );
+        let steps: &[Step] = &[
+            ("file", &[("a", "1", "x")], &["add a 1"], &[]),
+            // http offers the same UID with another spec: ignored, no takeover, no update.
+            (
+                "http",
+                &[("evil", "1", "y"), ("h", "2", "x")],
+                &["add h 2"],
+                &["http 1 owned by file"],
+            ),
+            // Re-offering it changes nothing and stays one conflict.
+            (
+                "http",
+                &[("evil", "1", "z"), ("h", "2", "x")],
+                &[],
+                &["http 1 owned by file"],
+            ),
+            // The owner's own update still applies.
+            (
+                "file",
+                &[("a", "1", "x2")],
+                &["update a 1"],
+                &["http 1 owned by file"],
+            ),
+            // http stops offering it: the conflict ends, the file pod is untouched.
+            ("http", &[("h", "2", "x")], &[], &[]),
+            (
+                "http",
+                &[("evil", "1", "y"), ("h", "2", "x")],
+                &[],
+                &["http 1 owned by file"],
+            ),
+            // The owner drops it: removed, and not handed to http on the spot...
+            ("file", &[], &["remove a 1"], &["http 1 owned by file"]),
+            // ...but on http's next snapshot that still offers it.
+            (
+                "http",
+                &[("evil", "1", "y"), ("h", "2", "x")],
+                &["add evil 1"],
+                &[],
+            ),
+            // Now file is the second: its pod is the ignored one.
+            ("file", &[("a", "1", "x")], &[], &["file 1 owned by http"]),
+            // A source's empty snapshot cannot remove a pod another source owns.
+            ("file", &[], &[], &[]),
+        ];
+        let mut m = Merger::new();
+        for (i, (source, pods, want, want_conflicts)) in steps.iter().enumerate() {
+            let snapshot = pods.iter().map(|(n, u, img)| pod(n, u, img)).collect();
+            let changes = m.apply(source, snapshot);
+            assert_eq!(summary(&changes), *want, "step {i}");
+            assert_eq!(conflict_summary(&m), *want_conflicts, "step {i}");
+        }
+        // Exactly one pod per UID across sources.
+        let mut uids: Vec<String> = m.pods().iter().map(|p| uid_of(p)).collect();
+        uids.sort();
+        assert_eq!(uids, ["1", "2"]);
+    }
+
+    #[test]
+    fn unsafe_uids_dropped_even_without_validation() {
+        let mut m = Merger::new();
+        let c = m.apply(
+            "api",
+            vec![
+                pod("a", "ok", "x"),
+                pod("b", "\"../../x\"", "x"),
+                pod("c", "\".\"", "x"),
+            ],
+        );
+        assert_eq!(summary(&c), ["add a ok"]);
     }
 }

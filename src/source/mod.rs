@@ -368,6 +368,36 @@ mod tests {
         assert!(err.to_string().contains("metadata.name: required"), "{err}");
     }
 
+    #[test]
+    fn load_refuses_a_uid_that_is_not_one_path_component() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, uid: x/../../../../tmp/victim}\nspec:\n  containers: [{name: c, image: x}]\n";
+        for origin in [
+            ManifestOrigin::File(Path::new("/m/evil.yaml")),
+            ManifestOrigin::Http("http://h/pods"),
+        ] {
+            let err = load_static_pods(text.as_bytes(), origin, "n1", SystemTime::UNIX_EPOCH)
+                .unwrap_err();
+            let shown = err.to_string();
+            let origin_text = match origin {
+                ManifestOrigin::File(p) => p.display().to_string(),
+                ManifestOrigin::Http(u) => u.to_string(),
+            };
+            assert!(shown.starts_with(&origin_text), "{shown}");
+            assert!(shown.contains("metadata.uid: "), "{shown}");
+            assert!(shown.contains("not a safe UID"), "{shown}");
+        }
+        // A UID the manifest sets and that is safe is kept as it is.
+        let ok = text.replace("x/../../../../tmp/victim", "my-uid-1");
+        let loaded = load_static_pods(
+            ok.as_bytes(),
+            ManifestOrigin::File(Path::new("/m/ok.yaml")),
+            "n1",
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        assert_eq!(loaded.pods[0].metadata.uid.as_deref(), Some("my-uid-1"));
+    }
+
     #[tokio::test]
     async fn no_sources_ready_at_once() {
         let cancel = CancellationToken::new();

@@ -4,7 +4,14 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, KeyToPath, Pod, ResourceRequirements, Volume,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::runtime::translate::quantity;
 
 #[path = "validate_security.rs"]
 pub mod validate_security;
@@ -32,6 +39,11 @@ pub fn join_errors(errors: &[ValidationError]) -> String {
 }
 
 const DNS1123_LABEL_MAX: usize = 63;
+/// Longest pod UID accepted. Generated UIDs are 32 (static pods) or 36 (UUIDs) characters;
+/// the bound keeps `<namespace>_<name>_<uid>` directory names within reach of NAME_MAX.
+pub const UID_MAX: usize = 128;
+/// Largest file mode a volume may ask for (upstream: "between 0 and 0777, both inclusive").
+pub const MAX_FILE_MODE: i32 = 0o777;
 const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
 fn is_label_char(c: char) -> bool {
@@ -85,6 +97,34 @@ pub fn dns1123_subdomain_problem(value: &str) -> Option<String> {
     None
 }
 
+/// Why `uid` cannot be a pod UID, or `None` if it can.
+///
+/// The UID becomes one path component of the pod's directory, its log directory and its
+/// cgroup: only ASCII letters, digits, `-` and `_` are accepted, so no UID can hold a `/`,
+/// be `.` or `..`, or carry anything a shell, systemd or the kernel treats specially.
+/// Upstream accepts any string here; we do not.
+pub fn uid_problem(uid: &str) -> Option<String> {
+    if uid.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if uid.len() > UID_MAX {
+        return Some(format!(
+            "must be no more than {UID_MAX} characters (is {})",
+            uid.len()
+        ));
+    }
+    let ok = uid
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        return Some(format!(
+            "{uid:?} is not a safe UID: only ASCII letters, digits, '-' and '_' are allowed \
+             (it names the pod's directories)"
+        ));
+    }
+    None
+}
+
 struct Errors(Vec<ValidationError>);
 
 impl Errors {
@@ -101,12 +141,178 @@ const DNS_POLICIES: [&str; 4] = ["ClusterFirstWithHostNet", "ClusterFirst", "Def
 const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 const PULL_POLICIES: [&str; 3] = ["Always", "IfNotPresent", "Never"];
 
+/// Why a resource quantity is unusable, or `None`. CPU is used in millicores, everything
+/// else in whole units; the amount must be non-negative and fit an i64 in that unit (an
+/// amount that does not would silently saturate further on).
+fn quantity_problem(resource: &str, raw: &Quantity) -> Option<String> {
+    let q = match quantity::parse(&raw.0) {
+        Ok(q) => q,
+        Err(e) => return Some(format!("{:?} is not a quantity: {e}", raw.0)),
+    };
+    if q.is_negative() {
+        return Some(format!("{:?} must not be negative", raw.0));
+    }
+    let fits = if resource == "cpu" {
+        q.checked_milli_value().is_some()
+    } else {
+        q.checked_value().is_some()
+    };
+    if !fits {
+        let unit = if resource == "cpu" {
+            "millicores"
+        } else {
+            "units"
+        };
+        return Some(format!(
+            "{:?} is too large (must fit in a 64-bit count of {unit})",
+            raw.0
+        ));
+    }
+    None
+}
+
+fn validate_quantities(map: Option<&BTreeMap<String, Quantity>>, field: &str, errors: &mut Errors) {
+    for (name, raw) in map.into_iter().flatten() {
+        if let Some(problem) = quantity_problem(name, raw) {
+            errors.push(format!("{field}.{name}"), problem);
+        }
+    }
+}
+
+fn validate_resources(res: Option<&ResourceRequirements>, field: &str, errors: &mut Errors) {
+    let Some(res) = res else { return };
+    validate_quantities(res.limits.as_ref(), &format!("{field}.limits"), errors);
+    validate_quantities(res.requests.as_ref(), &format!("{field}.requests"), errors);
+}
+
+/// A `resourceFieldRef` divisor is a quantity too (only its magnitude matters).
+fn validate_divisor(divisor: Option<&Quantity>, field: &str, errors: &mut Errors) {
+    if let Some(raw) = divisor.filter(|q| !q.0.is_empty())
+        && let Some(problem) = quantity_problem("divisor", raw)
+    {
+        errors.push(field, problem);
+    }
+}
+
+fn validate_mode(mode: Option<i32>, field: &str, errors: &mut Errors) {
+    if let Some(mode) = mode
+        && !(0..=MAX_FILE_MODE).contains(&mode)
+    {
+        errors.push(
+            field,
+            format!(
+                "{mode} (0{mode:o}) must be a number between 0 and 0777 (octal), both inclusive"
+            ),
+        );
+    }
+}
+
+fn validate_key_modes(items: Option<&Vec<KeyToPath>>, field: &str, errors: &mut Errors) {
+    for (k, item) in items.into_iter().flatten().enumerate() {
+        validate_mode(item.mode, &format!("{field}.items[{k}].mode"), errors);
+    }
+}
+
+fn validate_downward_items(
+    items: Option<&Vec<DownwardAPIVolumeFile>>,
+    field: &str,
+    errors: &mut Errors,
+) {
+    for (k, item) in items.into_iter().flatten().enumerate() {
+        let itf = format!("{field}.items[{k}]");
+        validate_mode(item.mode, &format!("{itf}.mode"), errors);
+        if let Some(r) = &item.resource_field_ref {
+            validate_divisor(
+                r.divisor.as_ref(),
+                &format!("{itf}.resourceFieldRef.divisor"),
+                errors,
+            );
+        }
+    }
+}
+
+/// File modes (`defaultMode`, `items[].mode`) and quantities (`sizeLimit`, divisors) of one
+/// volume.
+fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
+    if let Some(secret) = &v.secret {
+        validate_mode(
+            secret.default_mode,
+            &format!("{field}.secret.defaultMode"),
+            errors,
+        );
+        validate_key_modes(secret.items.as_ref(), &format!("{field}.secret"), errors);
+    }
+    if let Some(cm) = &v.config_map {
+        validate_mode(
+            cm.default_mode,
+            &format!("{field}.configMap.defaultMode"),
+            errors,
+        );
+        validate_key_modes(cm.items.as_ref(), &format!("{field}.configMap"), errors);
+    }
+    if let Some(downward) = &v.downward_api {
+        validate_mode(
+            downward.default_mode,
+            &format!("{field}.downwardAPI.defaultMode"),
+            errors,
+        );
+        validate_downward_items(
+            downward.items.as_ref(),
+            &format!("{field}.downwardAPI"),
+            errors,
+        );
+    }
+    if let Some(projected) = &v.projected {
+        validate_mode(
+            projected.default_mode,
+            &format!("{field}.projected.defaultMode"),
+            errors,
+        );
+        for (j, source) in projected.sources.iter().flatten().enumerate() {
+            let sf = format!("{field}.projected.sources[{j}]");
+            if let Some(secret) = &source.secret {
+                validate_key_modes(secret.items.as_ref(), &format!("{sf}.secret"), errors);
+            }
+            if let Some(cm) = &source.config_map {
+                validate_key_modes(cm.items.as_ref(), &format!("{sf}.configMap"), errors);
+            }
+            if let Some(downward) = &source.downward_api {
+                validate_downward_items(
+                    downward.items.as_ref(),
+                    &format!("{sf}.downwardAPI"),
+                    errors,
+                );
+            }
+        }
+    }
+    if let Some(empty_dir) = &v.empty_dir
+        && let Some(limit) = &empty_dir.size_limit
+        && let Some(problem) = quantity_problem("sizeLimit", limit)
+    {
+        errors.push(format!("{field}.emptyDir.sizeLimit"), problem);
+    }
+}
+
 fn validate_container(
     c: &Container,
     field: &str,
     names: &mut HashSet<String>,
     errors: &mut Errors,
 ) {
+    validate_resources(c.resources.as_ref(), &format!("{field}.resources"), errors);
+    for (j, var) in c.env.iter().flatten().enumerate() {
+        if let Some(r) = var
+            .value_from
+            .as_ref()
+            .and_then(|f| f.resource_field_ref.as_ref())
+        {
+            validate_divisor(
+                r.divisor.as_ref(),
+                &format!("{field}.env[{j}].valueFrom.resourceFieldRef.divisor"),
+                errors,
+            );
+        }
+    }
     match dns1123_label_problem(&c.name) {
         Some(problem) => errors.push(format!("{field}.name"), problem),
         None => {
@@ -168,6 +374,11 @@ pub fn validate_pod(pod: &Pod) -> Result<(), Vec<ValidationError>> {
     if let Some(problem) = dns1123_label_problem(namespace) {
         errors.push("metadata.namespace", problem);
     }
+    // Name and namespace are DNS names (no '/', never "." or ".."), so they are safe path
+    // parts already; the UID is checked here because a manifest may set it.
+    if let Some(problem) = uid_problem(pod.metadata.uid.as_deref().unwrap_or_default()) {
+        errors.push("metadata.uid", problem);
+    }
     let Some(spec) = pod.spec.as_ref() else {
         errors.push("spec", "required");
         return Err(errors.0);
@@ -186,6 +397,18 @@ pub fn validate_pod(pod: &Pod) -> Result<(), Vec<ValidationError>> {
     }
     for (i, c) in spec.containers.iter().enumerate() {
         validate_container(c, &format!("spec.containers[{i}]"), &mut names, &mut errors);
+    }
+    for (i, c) in spec.ephemeral_containers.iter().flatten().enumerate() {
+        validate_resources(
+            c.resources.as_ref(),
+            &format!("spec.ephemeralContainers[{i}].resources"),
+            &mut errors,
+        );
+    }
+    validate_resources(spec.resources.as_ref(), "spec.resources", &mut errors);
+    validate_quantities(spec.overhead.as_ref(), "spec.overhead", &mut errors);
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        validate_volume(v, &format!("spec.volumes[{i}]"), &mut errors);
     }
     if let Some(policy) = spec.restart_policy.as_deref()
         && !RESTART_POLICIES.contains(&policy)
@@ -237,7 +460,7 @@ mod tests {
     }
 
     const OK: &str = "
-metadata: {name: web-node, namespace: default}
+metadata: {name: web-node, namespace: default, uid: u1}
 spec:
   restartPolicy: Always
   initContainers: [{name: init, image: busybox}]
@@ -257,42 +480,42 @@ spec:
         let cases: &[(&str, &str, &[&str])] = &[
             (
                 "missing containers",
-                "metadata: {name: a, namespace: default}\nspec: {containers: []}\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec: {containers: []}\n",
                 &["spec.containers"],
             ),
             (
                 "no spec",
-                "metadata: {name: a, namespace: default}\n",
+                "metadata: {name: a, namespace: default, uid: u1}\n",
                 &["spec"],
             ),
             (
                 "duplicate across init and app",
-                "metadata: {name: a, namespace: default}\nspec:\n  initContainers: [{name: app, image: x}]\n  containers: [{name: app, image: x}]\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec:\n  initContainers: [{name: app, image: x}]\n  containers: [{name: app, image: x}]\n",
                 &["spec.containers[0].name"],
             ),
             (
                 "duplicate app names",
-                "metadata: {name: a, namespace: default}\nspec:\n  containers: [{name: app, image: x}, {name: app, image: y}]\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec:\n  containers: [{name: app, image: x}, {name: app, image: y}]\n",
                 &["spec.containers[1].name"],
             ),
             (
                 "invalid pod name",
-                "metadata: {name: Web_1, namespace: default}\nspec: {containers: [{name: a, image: x}]}\n",
+                "metadata: {name: Web_1, namespace: default, uid: u1}\nspec: {containers: [{name: a, image: x}]}\n",
                 &["metadata.name"],
             ),
             (
                 "invalid namespace",
-                "metadata: {name: a, namespace: kube.system}\nspec: {containers: [{name: a, image: x}]}\n",
+                "metadata: {name: a, namespace: kube.system, uid: u1}\nspec: {containers: [{name: a, image: x}]}\n",
                 &["metadata.namespace"],
             ),
             (
                 "invalid container name and missing image",
-                "metadata: {name: a, namespace: default}\nspec: {containers: [{name: App}]}\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec: {containers: [{name: App}]}\n",
                 &["spec.containers[0].name", "spec.containers[0].image"],
             ),
             (
                 "bad ports",
-                "metadata: {name: a, namespace: default}\nspec: {containers: [{name: a, image: x, ports: [{containerPort: 0}, {containerPort: 70000, hostPort: 70000, protocol: ICMP}]}]}\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec: {containers: [{name: a, image: x, ports: [{containerPort: 0}, {containerPort: 70000, hostPort: 70000, protocol: ICMP}]}]}\n",
                 &[
                     "spec.containers[0].ports[0].containerPort",
                     "spec.containers[0].ports[1].containerPort",
@@ -302,7 +525,7 @@ spec:
             ),
             (
                 "bad restart and dns policy",
-                "metadata: {name: a, namespace: default}\nspec: {restartPolicy: Sometimes, dnsPolicy: Magic, containers: [{name: a, image: x}]}\n",
+                "metadata: {name: a, namespace: default, uid: u1}\nspec: {restartPolicy: Sometimes, dnsPolicy: Magic, containers: [{name: a, image: x}]}\n",
                 &["spec.restartPolicy", "spec.dnsPolicy"],
             ),
         ];
@@ -320,5 +543,147 @@ spec:
         assert!(dns1123_label_problem(&"a".repeat(63)).is_none());
         assert!(dns1123_subdomain_problem("a..b").is_some());
         assert!(dns1123_subdomain_problem("kube-apiserver.node-1").is_none());
+    }
+
+    #[test]
+    fn uid_must_be_one_safe_path_component() {
+        let good = [
+            "3f2a9c0d8e7b6a5f4e3d2c1b0a998877",
+            "123e4567-e89b-12d3-a456-426614174000",
+            "my_static_pod-1",
+            "A",
+        ];
+        for uid in good {
+            assert_eq!(uid_problem(uid), None, "{uid}");
+        }
+        let long = "a".repeat(UID_MAX + 1);
+        let bad = [
+            "",
+            ".",
+            "..",
+            "x/../../../../tmp/victim",
+            "/etc",
+            "a/b",
+            "a\\b",
+            "a.b",
+            "a b",
+            "a\u{0}b",
+            "a\nb",
+            "ü",
+            "$(reboot)",
+            long.as_str(),
+        ];
+        for uid in bad {
+            assert!(uid_problem(uid).is_some(), "{uid:?} was accepted");
+        }
+        // Names and namespaces are DNS names: none of them can be a path step either.
+        for step in [".", "..", "a/b", "../x", "a/../b", "/x", ""] {
+            assert!(dns1123_subdomain_problem(step).is_some(), "{step:?}");
+            assert!(dns1123_label_problem(step).is_some(), "{step:?}");
+        }
+        let p = pod(
+            "metadata: {name: a, namespace: default, uid: x/../../../../tmp/victim}\nspec: {containers: [{name: a, image: x}]}\n",
+        );
+        assert_eq!(fields(validate_pod(&p)), ["metadata.uid"]);
+        let mut p = pod(OK);
+        p.metadata.uid = None;
+        assert_eq!(fields(validate_pod(&p)), ["metadata.uid"]);
+    }
+
+    #[test]
+    fn quantities_that_do_not_fit_are_rejected_with_their_field() {
+        let yaml = r#"
+metadata: {name: a, namespace: default, uid: u1}
+spec:
+  overhead: {cpu: "1e40"}
+  resources: {limits: {memory: 16Ei}}
+  initContainers:
+  - name: i
+    image: x
+    resources: {requests: {cpu: "-1"}}
+  containers:
+  - name: a
+    image: x
+    resources:
+      limits: {cpu: "1e2147483647", memory: "1e19", ephemeral-storage: "9223372036854775807"}
+      requests: {cpu: "9223372036854775807", memory: lots}
+    env:
+    - name: E
+      valueFrom: {resourceFieldRef: {resource: limits.cpu, divisor: "1e99"}}
+  volumes:
+  - name: e
+    emptyDir: {sizeLimit: 99999999999999999999Ei}
+"#;
+        assert_eq!(
+            fields(validate_pod(&pod(yaml))),
+            [
+                "spec.initContainers[0].resources.requests.cpu",
+                "spec.containers[0].resources.limits.cpu",
+                "spec.containers[0].resources.limits.memory",
+                "spec.containers[0].resources.requests.cpu",
+                "spec.containers[0].resources.requests.memory",
+                "spec.containers[0].env[0].valueFrom.resourceFieldRef.divisor",
+                "spec.resources.limits.memory",
+                "spec.overhead.cpu",
+                "spec.volumes[0].emptyDir.sizeLimit",
+            ]
+        );
+        // The largest amounts that still fit pass.
+        let fits = r#"
+metadata: {name: a, namespace: default, uid: u1}
+spec:
+  containers:
+  - name: a
+    image: x
+    resources:
+      limits: {cpu: 9223372036854775807m, memory: 7Ei, ephemeral-storage: "9223372036854775807"}
+"#;
+        assert_eq!(validate_pod(&pod(fits)), Ok(()));
+        let err = validate_pod(&pod(yaml)).unwrap_err();
+        assert!(
+            err[1].reason.contains("too large") && err[1].reason.contains("millicores"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn volume_file_modes_must_be_between_0_and_0777() {
+        let yaml = "
+metadata: {name: a, namespace: default, uid: u1}
+spec:
+  containers: [{name: a, image: x}]
+  volumes:
+  - name: s
+    secret: {secretName: s, defaultMode: 512, items: [{key: k, path: p, mode: -1}]}
+  - name: c
+    configMap: {name: c, defaultMode: 511, items: [{key: k, path: p, mode: 4096}]}
+  - name: d
+    downwardAPI: {defaultMode: 2147483647, items: [{path: p, mode: 1024, fieldRef: {fieldPath: metadata.name}}]}
+  - name: p
+    projected:
+      defaultMode: 1000
+      sources:
+      - secret: {name: s, items: [{key: k, path: p, mode: 777}]}
+      - configMap: {name: c, items: [{key: k, path: p, mode: 420}]}
+      - downwardAPI: {items: [{path: p, mode: -2147483648, fieldRef: {fieldPath: metadata.name}}]}
+";
+        assert_eq!(
+            fields(validate_pod(&pod(yaml))),
+            [
+                "spec.volumes[0].secret.defaultMode",
+                "spec.volumes[0].secret.items[0].mode",
+                "spec.volumes[1].configMap.items[0].mode",
+                "spec.volumes[2].downwardAPI.defaultMode",
+                "spec.volumes[2].downwardAPI.items[0].mode",
+                "spec.volumes[3].projected.defaultMode",
+                "spec.volumes[3].projected.sources[0].secret.items[0].mode",
+                "spec.volumes[3].projected.sources[2].downwardAPI.items[0].mode",
+            ]
+        );
+        let err = validate_pod(&pod(yaml)).unwrap_err();
+        assert_eq!(
+            err[0].reason,
+            "512 (01000) must be a number between 0 and 0777 (octal), both inclusive"
+        );
     }
 }

@@ -16,6 +16,8 @@ pub enum QuantityError {
     UnknownSuffix(String),
     #[error("too many significant digits")]
     TooPrecise,
+    #[error("exponent out of range")]
+    ExponentOutOfRange,
 }
 
 /// A parsed quantity. Compare values through [`Quantity::value`] / [`Quantity::milli_value`].
@@ -36,38 +38,55 @@ impl Quantity {
         self.digits == 0
     }
 
-    /// The amount rounded up to a whole unit (bytes for memory, cores for CPU).
+    /// The amount rounded up to a whole unit (bytes for memory, cores for CPU), saturated to
+    /// the i64 range. Validation rejects amounts that do not fit (see [`Self::checked_value`]),
+    /// so saturation only shows for quantities that bypassed it.
     pub fn value(&self) -> i64 {
+        self.scaled_ceil(0).unwrap_or(self.saturated())
+    }
+
+    /// The amount in thousandths, rounded up (millicores for CPU), saturated to the i64 range.
+    pub fn milli_value(&self) -> i64 {
+        self.scaled_ceil(3).unwrap_or(self.saturated())
+    }
+
+    /// [`Self::value`], or `None` when the amount does not fit an i64.
+    pub fn checked_value(&self) -> Option<i64> {
         self.scaled_ceil(0)
     }
 
-    /// The amount in thousandths, rounded up (millicores for CPU).
-    pub fn milli_value(&self) -> i64 {
+    /// [`Self::milli_value`], or `None` when the amount in thousandths does not fit an i64.
+    pub fn checked_milli_value(&self) -> Option<i64> {
         self.scaled_ceil(3)
     }
 
-    /// `self × 10^scale`, rounded towards +∞ and saturated to the i64 range.
-    fn scaled_ceil(&self, scale: i32) -> i64 {
+    /// True when the amount is below zero.
+    pub fn is_negative(&self) -> bool {
+        self.negative && self.digits != 0
+    }
+
+    fn saturated(&self) -> i64 {
+        if self.negative { i64::MIN } else { i64::MAX }
+    }
+
+    /// `self × 10^scale`, rounded towards +∞; `None` when it does not fit an i64.
+    ///
+    /// All exponent arithmetic is done in i64 so that an input such as `1e2147483647` cannot
+    /// wrap the i32 exponent (which used to turn a huge CPU limit into `1m`).
+    fn scaled_ceil(&self, scale: i32) -> Option<i64> {
         if self.digits == 0 {
-            return 0;
+            return Some(0);
         }
-        let saturated = if self.negative { i64::MIN } else { i64::MAX };
-        let Some(n) = 1u128
+        let n = 1u128
             .checked_shl(self.exp2)
-            .and_then(|m| self.digits.checked_mul(m))
-        else {
-            return saturated;
-        };
-        let e = self.exp10 + scale;
+            .and_then(|m| self.digits.checked_mul(m))?;
+        let e = i64::from(self.exp10) + i64::from(scale);
         let magnitude: u128;
         let mut remainder_nonzero = false;
         if e >= 0 {
-            let Some(m) = pow10(e as u32).and_then(|p| n.checked_mul(p)) else {
-                return saturated;
-            };
-            magnitude = m;
+            magnitude = pow10(e).and_then(|p| n.checked_mul(p))?;
         } else {
-            match pow10((-e) as u32) {
+            match pow10(-e) {
                 Some(d) => {
                     magnitude = n / d;
                     remainder_nonzero = n % d != 0;
@@ -80,21 +99,20 @@ impl Quantity {
             }
         }
         if self.negative {
-            // Rounding up a negative number drops the fraction.
-            i64::try_from(magnitude).map(|m| -m).unwrap_or(i64::MIN)
+            // Rounding up a negative number drops the fraction. -2^63 itself fits.
+            let m = i128::try_from(magnitude).ok()?;
+            i64::try_from(-m).ok()
         } else {
-            let up = magnitude + u128::from(remainder_nonzero);
-            i64::try_from(up).unwrap_or(i64::MAX)
+            let up = magnitude.checked_add(u128::from(remainder_nonzero))?;
+            i64::try_from(up).ok()
         }
     }
 }
 
-fn pow10(e: u32) -> Option<u128> {
-    if e > MAX_POW10 {
-        None
-    } else {
-        Some(10u128.pow(e))
-    }
+/// 10^e for 0 ≤ e ≤ 38; `None` above (and for a negative `e`, which callers never pass).
+fn pow10(e: i64) -> Option<u128> {
+    let e = u32::try_from(e).ok().filter(|e| *e <= MAX_POW10)?;
+    Some(10u128.pow(e))
 }
 
 impl std::str::FromStr for Quantity {
@@ -132,7 +150,9 @@ pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
                 .and_then(|d| d.checked_add(u128::from(b - b'0')))
                 .ok_or(QuantityError::TooPrecise)?;
             if in_fraction {
-                exp10 -= 1;
+                exp10 = exp10
+                    .checked_sub(1)
+                    .ok_or(QuantityError::ExponentOutOfRange)?;
             }
         } else if b == b'.' && !in_fraction {
             in_fraction = true;
@@ -147,6 +167,7 @@ pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
 
     let suffix = &s[i..];
     let mut exp2 = 0u32;
+    let mut shift10 = 0i32;
     match suffix {
         "" => {}
         "Ki" => exp2 = 10,
@@ -155,15 +176,15 @@ pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
         "Ti" => exp2 = 40,
         "Pi" => exp2 = 50,
         "Ei" => exp2 = 60,
-        "n" => exp10 -= 9,
-        "u" => exp10 -= 6,
-        "m" => exp10 -= 3,
-        "k" => exp10 += 3,
-        "M" => exp10 += 6,
-        "G" => exp10 += 9,
-        "T" => exp10 += 12,
-        "P" => exp10 += 15,
-        "E" => exp10 += 18,
+        "n" => shift10 = -9,
+        "u" => shift10 = -6,
+        "m" => shift10 = -3,
+        "k" => shift10 = 3,
+        "M" => shift10 = 6,
+        "G" => shift10 = 9,
+        "T" => shift10 = 12,
+        "P" => shift10 = 15,
+        "E" => shift10 = 18,
         _ => {
             // Decimal exponent: e/E followed by a signed integer.
             let rest = suffix
@@ -174,14 +195,14 @@ pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
             if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(QuantityError::UnknownSuffix(suffix.to_string()));
             }
-            let e: i32 = rest
+            shift10 = rest
                 .parse()
-                .map_err(|_| QuantityError::UnknownSuffix(suffix.to_string()))?;
-            exp10 = exp10
-                .checked_add(e)
-                .ok_or_else(|| QuantityError::UnknownSuffix(suffix.to_string()))?;
+                .map_err(|_| QuantityError::ExponentOutOfRange)?;
         }
     }
+    exp10 = exp10
+        .checked_add(shift10)
+        .ok_or(QuantityError::ExponentOutOfRange)?;
 
     Ok(Quantity {
         negative: negative && digits != 0,
@@ -274,5 +295,60 @@ mod tests {
         assert_eq!(parse("1e100").unwrap().value(), i64::MAX);
         assert_eq!(parse("1e-100").unwrap().value(), 1);
         assert_eq!(parse("-1e100").unwrap().value(), i64::MIN);
+    }
+
+    /// Inputs that once overflowed an i32 exponent or an intermediate product (a panic in
+    /// debug builds, a wrong small value in release): every one saturates or is rejected.
+    #[test]
+    fn exponent_overflow_regressions() {
+        // (input, value(), milli_value(), checked_milli_value())
+        let cases: &[(&str, i64, i64, Option<i64>)] = &[
+            ("1e2147483647", i64::MAX, i64::MAX, None),
+            ("1e2147483645", i64::MAX, i64::MAX, None),
+            ("-1e2147483647", i64::MIN, i64::MIN, None),
+            ("1e-2147483648", 1, 1, Some(1)),
+            ("-1e-2147483648", 0, 0, Some(0)),
+            ("9223372036854775807", i64::MAX, i64::MAX, None),
+            ("9223372036854775808", i64::MAX, i64::MAX, None),
+            ("-9223372036854775808", i64::MIN, i64::MIN, None),
+            (
+                "9223372036854775807m",
+                9_223_372_036_854_776,
+                i64::MAX,
+                Some(i64::MAX),
+            ),
+            ("16Ei", i64::MAX, i64::MAX, None),
+            (
+                "340282366920938463463374607431768211455Ei",
+                i64::MAX,
+                i64::MAX,
+                None,
+            ),
+            ("0.5e-2147483647", 1, 1, Some(1)),
+        ];
+        for (input, value, milli, checked_milli) in cases {
+            let q = parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(q.value(), *value, "value of {input}");
+            assert_eq!(q.milli_value(), *milli, "milli value of {input}");
+            assert_eq!(
+                q.checked_milli_value(),
+                *checked_milli,
+                "checked milli of {input}"
+            );
+        }
+        assert_eq!(
+            parse("1e2147483648"),
+            Err(QuantityError::ExponentOutOfRange)
+        );
+        assert_eq!(parse("1.5e2147483647").unwrap().value(), i64::MAX);
+        // The fraction moves the exponent below i32::MIN: rejected, not wrapped.
+        assert_eq!(
+            parse("0.1e-2147483648"),
+            Err(QuantityError::ExponentOutOfRange)
+        );
+        assert_eq!(parse("1Ei").unwrap().checked_value(), Some(1 << 60));
+        assert_eq!(parse("8Ei").unwrap().checked_value(), None);
+        assert!(parse("-1").unwrap().is_negative());
+        assert!(!parse("-0").unwrap().is_negative());
     }
 }
