@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::backoff::BackoffTable;
+use std::time::SystemTime;
+
+use super::backoff::{BackoffPolicy, BackoffTable, Repair, decode_table};
 use super::hosts::render_hosts_file;
 
 /// Where a pod's back-off state is kept.
@@ -67,13 +69,18 @@ pub fn prepare_container_files(
 }
 
 /// The back-off state saved for a pod, or an empty one (nothing saved, or unreadable: a lost
-/// back-off only means a restart comes sooner).
-pub fn load_backoff(pod_dir: &Path) -> BackoffTable {
-    let path = pod_dir.join(BACKOFF_FILE);
-    std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<BackoffTable>(&bytes).ok())
-        .unwrap_or_default()
+/// back-off only means a restart comes sooner). What is read is checked: a file anyone may have
+/// edited never yields a delay beyond the policy's maximum or an entry dated in the future;
+/// the repairs made are returned for the log.
+pub fn load_backoff(
+    pod_dir: &Path,
+    policy: &BackoffPolicy,
+    now: SystemTime,
+) -> (BackoffTable, Vec<Repair>) {
+    match std::fs::read(pod_dir.join(BACKOFF_FILE)) {
+        Ok(bytes) => decode_table(&bytes, policy, now),
+        Err(_) => (BackoffTable::default(), Vec::new()),
+    }
 }
 
 /// Saves a pod's back-off state.
@@ -97,7 +104,7 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
 
     use k8s_openapi::api::core::v1::PodSpec;
 
@@ -118,7 +125,9 @@ mod tests {
         assert_eq!(files.termination_log, dir.path().join("containers/app/3"));
         assert_eq!(std::fs::read(&files.termination_log).unwrap(), b"");
 
-        assert!(load_backoff(dir.path()).is_empty());
+        let policy = BackoffPolicy::default();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_100);
+        assert!(load_backoff(dir.path(), &policy, now).0.is_empty());
         let table: BackoffTable = [(
             "app".to_string(),
             BackoffEntry {
@@ -128,8 +137,8 @@ mod tests {
         )]
         .into();
         save_backoff(dir.path(), &table).unwrap();
-        assert_eq!(load_backoff(dir.path()), table);
+        assert_eq!(load_backoff(dir.path(), &policy, now), (table, vec![]));
         std::fs::write(dir.path().join(BACKOFF_FILE), b"{not json").unwrap();
-        assert!(load_backoff(dir.path()).is_empty());
+        assert!(load_backoff(dir.path(), &policy, now).0.is_empty());
     }
 }

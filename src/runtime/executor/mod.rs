@@ -285,8 +285,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// The sync state of a pod this agent may have run before it restarted: the back-off
     /// entries are read back from the pod's directory.
     pub fn load_state(&self, uid: &str) -> PodSyncState {
+        let (backoff, repairs) =
+            pod_files::load_backoff(&self.node.pod_dir(uid), &self.policy, SystemTime::now());
+        for repair in repairs {
+            tracing::warn!(pod_uid = %uid, ?repair, "repaired the saved back-off state");
+        }
         PodSyncState {
-            backoff: pod_files::load_backoff(&self.node.pod_dir(uid)),
+            backoff,
             ..Default::default()
         }
     }
