@@ -170,6 +170,8 @@ pub async fn run(
     }
 
     let host_ip = crate::node::detect_host_ip(config.node_ip);
+    let node_memory_bytes =
+        crate::node::memory_capacity(std::path::Path::new("/proc/meminfo")).unwrap_or(0);
     let node = Arc::new(NodeContext {
         node_name: config.node_name.clone(),
         host_ip: host_ip.map(|ip| ip.to_string()),
@@ -182,8 +184,8 @@ pub async fn run(
         cgroup_root: config.cgroup_root.clone(),
         cgroups_per_qos: config.cgroups_per_qos,
         cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
-        node_memory_bytes: crate::node::memory_capacity(std::path::Path::new("/proc/meminfo"))
-            .unwrap_or(0),
+        node_memory_bytes,
+        allocatable: crate::node::detect_allocatable(node_memory_bytes),
         runtime_request_timeout: config.runtime_request_timeout,
         image_pull_progress_deadline: config.image_pull_progress_deadline,
     });

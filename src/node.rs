@@ -1,5 +1,6 @@
 //! Facts about the node read once at start: its IP, memory, DNS settings.
 
+use crate::kube::resources::NodeAllocatable;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -50,6 +51,23 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// What the node can give pods: its CPUs (as this process may use them), the given memory and
+/// the size of the root filesystem. No resources are reserved for system daemons yet, so
+/// allocatable equals capacity.
+pub fn detect_allocatable(memory_bytes: u64) -> NodeAllocatable {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let storage = nix::sys::statvfs::statvfs("/")
+        .map(|s| (s.blocks() as u128) * (s.fragment_size() as u128))
+        .unwrap_or(0);
+    NodeAllocatable {
+        cpu_millis: i64::try_from(cpus).unwrap_or(i64::MAX / 1000) * 1000,
+        memory_bytes: i64::try_from(memory_bytes).unwrap_or(i64::MAX),
+        ephemeral_storage_bytes: i64::try_from(storage).unwrap_or(i64::MAX),
+    }
 }
 
 #[cfg(test)]

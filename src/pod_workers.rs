@@ -436,6 +436,11 @@ pub(crate) mod test_support {
             cgroups_per_qos: true,
             cgroup_fs: dir.path().join("cgroup"),
             node_memory_bytes: 1 << 30,
+            allocatable: crate::kube::resources::NodeAllocatable {
+                cpu_millis: 2000,
+                memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 10 << 30,
+            },
             runtime_request_timeout: Duration::from_secs(5),
             image_pull_progress_deadline: Some(Duration::from_secs(60)),
         });

@@ -2,6 +2,12 @@
 //! cgroups): what a pod's spec means, computed the way upstream computes it. A leaf: it depends
 //! on no other module of Deckhand, so every layer can use it without a cycle.
 
+pub mod expand;
 pub mod pod;
+pub mod qos;
+pub mod quantity;
+pub mod resources;
+pub mod sysctl;
 
 pub use pod::{RestartPolicy, full_name, is_sidecar};
+pub use qos::{QosClass, qos_class};

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::runtime::translate::quantity;
+use crate::kube::quantity;
 
 #[path = "validate_security.rs"]
 pub mod validate_security;

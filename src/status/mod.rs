@@ -542,11 +542,7 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         pod_ip,
         pod_ips,
         start_time: Some(start_time),
-        qos_class: Some(
-            crate::runtime::translate::qos_class(pod)
-                .as_str()
-                .to_string(),
-        ),
+        qos_class: Some(crate::kube::qos_class(pod).as_str().to_string()),
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(apps),
         ..Default::default()

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::cri::proto::{Mount, MountPropagation};
-use crate::runtime::translate::env::NodeAllocatable;
+use crate::kube::resources::NodeAllocatable;
 use ownership::FsGroup;
 use safe_fs::SafeFsError;
 
@@ -79,6 +79,8 @@ pub struct VolumeManager {
     /// Node memory, the size of a memory-backed emptyDir when neither a sizeLimit nor a pod
     /// memory limit says otherwise.
     pub node_memory_bytes: u64,
+    /// What a container that sets no limit may use (downward API `resourceFieldRef`).
+    pub allocatable: NodeAllocatable,
 }
 
 /// How one volume is provided.
@@ -92,10 +94,11 @@ enum Plan<'a> {
 }
 
 impl VolumeManager {
-    pub fn new(root_dir: PathBuf, node_memory_bytes: u64) -> Self {
+    pub fn new(root_dir: PathBuf, node_memory_bytes: u64, allocatable: NodeAllocatable) -> Self {
         VolumeManager {
             root_dir,
             node_memory_bytes,
+            allocatable,
         }
     }
 
@@ -203,7 +206,7 @@ impl VolumeManager {
         dir: &Path,
         fs_group: Option<FsGroup>,
     ) -> Result<bool, String> {
-        let node = NodeAllocatable::detect(self.node_memory_bytes);
+        let node = self.allocatable;
         let mut payload = atomic_writer::Payload::new();
         let mut errors = Vec::new();
         if let Some(source) = &volume.downward_api {

@@ -77,7 +77,15 @@ fn downward(name: &str, items: Vec<DownwardAPIVolumeFile>) -> Volume {
 }
 
 fn manager(root: &Path) -> VolumeManager {
-    VolumeManager::new(root.to_path_buf(), 1 << 30)
+    VolumeManager::new(
+        root.to_path_buf(),
+        1 << 30,
+        NodeAllocatable {
+            cpu_millis: 2000,
+            memory_bytes: 1 << 30,
+            ephemeral_storage_bytes: 10 << 30,
+        },
+    )
 }
 
 fn mount(name: &str, path: &str) -> VolumeMount {

@@ -51,6 +51,8 @@ pub struct NodeContext {
     /// Where the cgroup hierarchies are mounted (for removing pod cgroups).
     pub cgroup_fs: PathBuf,
     pub node_memory_bytes: u64,
+    /// Detected once at start: what a container that sets no limit may use.
+    pub allocatable: crate::kube::resources::NodeAllocatable,
     /// `runtimeRequestTimeout`, also the bound of a postStart hook.
     pub runtime_request_timeout: Duration,
     /// `--image-pull-progress-deadline` (`None`: pulls wait as long as they take).
@@ -136,7 +138,11 @@ pub fn spec_hash(container: &Container) -> String {
 
 impl<R: RuntimeService + ImageService> Executor<R> {
     pub fn new(rt: R, node: Arc<NodeContext>, details: DetailCache, policy: BackoffPolicy) -> Self {
-        let volumes = VolumeManager::new(node.root_dir.clone(), node.node_memory_bytes);
+        let volumes = VolumeManager::new(
+            node.root_dir.clone(),
+            node.node_memory_bytes,
+            node.allocatable,
+        );
         Executor {
             rt,
             node,
@@ -160,7 +166,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: &Pod,
         attempt: u32,
     ) -> Result<PodSandboxConfig, translate::TranslateError> {
-        let qos = translate::qos_class(pod);
+        let qos = crate::kube::qos_class(pod);
         let ctx = SandboxContext {
             pod_logs_dir: self.node.pod_logs_dir.clone(),
             host_dns: self.node.host_dns.clone(),

@@ -237,6 +237,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             termination_log_path: Some(files.termination_log),
             extra_mounts: Vec::new(),
             node_memory_capacity: self.node.node_memory_bytes,
+            node_allocatable: self.node.allocatable,
             seccomp_profile_root: self.node.seccomp_profile_root(),
         };
         let env: HashMap<String, String> = translate::env::container_env(pod, container, &ctx)

@@ -1,7 +1,7 @@
 //! Pod + container → `ContainerConfig`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -11,36 +11,14 @@ use crate::cri::proto::{
 };
 use crate::runtime::labels;
 
-use super::qos::{QosClass, qos_class};
-use super::quantity::{self, Quantity};
 use super::sandbox::is_host_network;
 use super::{
-    PodMeta, TranslateError, env, namespace_options, seccomp_profile, security, selinux_option,
+    ContainerContext, PodMeta, TranslateError, env, namespace_options, seccomp_profile, security,
+    selinux_option,
 };
+use crate::kube::qos::{QosClass, qos_class};
+use crate::kube::quantity::{self, Quantity};
 use crate::runtime::spec_hash::{container_hash, format_hash};
-
-/// Per-container facts the translation needs. Everything is passed in; nothing is read here.
-#[derive(Debug, Clone, Default)]
-pub struct ContainerContext {
-    /// Restarts so far; becomes the CRI attempt number and the log file name.
-    pub restart_count: u32,
-    /// The sandbox's IP (for `status.podIP` env vars).
-    pub pod_ip: Option<String>,
-    /// The node's IP (for `status.hostIP` env vars).
-    pub host_ip: Option<String>,
-    /// This node's name (for `spec.nodeName` when the pod does not carry it).
-    pub node_name: String,
-    /// Node memory capacity in bytes, for the Burstable OOM score. 0 means unknown.
-    pub node_memory_capacity: u64,
-    /// The kubelet-managed hosts file, mounted at `/etc/hosts` (ignored on the host network).
-    pub etc_hosts_path: Option<PathBuf>,
-    /// Host file mounted at the container's terminationMessagePath.
-    pub termination_log_path: Option<PathBuf>,
-    /// Volume mounts prepared by the volume manager.
-    pub extra_mounts: Vec<Mount>,
-    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
-    pub seccomp_profile_root: PathBuf,
-}
 
 /// Where a container writes its termination message unless the spec says otherwise.
 pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
@@ -564,6 +542,11 @@ mod tests {
             host_ip: Some("192.168.1.10".into()),
             node_name: "node-a".into(),
             node_memory_capacity: 4 * GI,
+            node_allocatable: crate::kube::resources::NodeAllocatable {
+                cpu_millis: 4000,
+                memory_bytes: 4 * GI as i64,
+                ephemeral_storage_bytes: 100 * GI as i64,
+            },
             etc_hosts_path: Some("/var/lib/deckhand/pods/0b7e4c2a/etc-hosts".into()),
             termination_log_path: Some("/var/lib/deckhand/pods/0b7e4c2a/containers/nginx/3".into()),
             extra_mounts: vec![Mount {
@@ -572,7 +555,7 @@ mod tests {
                 readonly: true,
                 ..Default::default()
             }],
-            seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
+            seccomp_profile_root: std::path::PathBuf::from("/var/lib/deckhand/seccomp"),
         }
     }
 

@@ -10,64 +10,11 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::TranslateError;
-use super::container::ContainerContext;
-use super::quantity;
-
-/// Expands `$(NAME)` references in `input` with `lookup`.
-///
-/// Rules, as in Kubernetes: `$$` stands for a literal `$`; a reference whose name `lookup` does
-/// not know stays as written; a `$` followed by anything else, or a `$(` with no closing `)`,
-/// is copied unchanged.
-pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            // Escaped dollar.
-            out.push('$');
-            rest = tail;
-        } else if let Some(body) = after.strip_prefix('(') {
-            match body.find(')') {
-                Some(end) => {
-                    let name = &body[..end];
-                    match lookup(name) {
-                        Some(value) => out.push_str(&value),
-                        None => {
-                            out.push_str("$(");
-                            out.push_str(name);
-                            out.push(')');
-                        }
-                    }
-                    rest = &body[end + 1..];
-                }
-                None => {
-                    // Unterminated reference: keep the text as is.
-                    out.push_str("$(");
-                    rest = body;
-                }
-            }
-        } else {
-            // A lone `$` (possibly the last character).
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Expands every string of a command or argument list against the resolved environment.
-pub fn expand_all(items: &[String], env: &HashMap<String, String>) -> Vec<String> {
-    items
-        .iter()
-        .map(|s| expand(s, |name| env.get(name).cloned()))
-        .collect()
-}
+use super::{ContainerContext, TranslateError};
+pub use crate::kube::expand::{expand, expand_all};
+pub use crate::kube::resources::{NodeAllocatable, resource_field_value};
 
 /// The container's environment in spec order (a later duplicate replaces the earlier value in
 /// place). Values may refer to variables defined before them with `$(NAME)`.
@@ -130,7 +77,7 @@ pub fn container_env(
                     }
                     return Err(unsupported("secretKeyRef"));
                 } else if let Some(selector) = &from.resource_field_ref {
-                    let node = NodeAllocatable::detect(ctx.node_memory_capacity);
+                    let node = ctx.node_allocatable;
                     resource_field_value(pod, Some(container), selector, &node).map_err(
                         |reason| TranslateError::InvalidQuantity {
                             container: container.name.clone(),
@@ -153,157 +100,6 @@ pub fn container_env(
         }
     }
     Ok(ordered)
-}
-
-/// What the node can give a container, standing in for a limit the container does not set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NodeAllocatable {
-    pub cpu_millis: i64,
-    pub memory_bytes: i64,
-    pub ephemeral_storage_bytes: i64,
-}
-
-impl NodeAllocatable {
-    /// The node's CPUs (as this process may use them), the given memory and the size of the
-    /// root filesystem. No resources are reserved for system daemons yet, so allocatable equals
-    /// capacity.
-    pub fn detect(memory_bytes: u64) -> NodeAllocatable {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let storage = nix::sys::statvfs::statvfs("/")
-            .map(|s| (s.blocks() as u128) * (s.fragment_size() as u128))
-            .unwrap_or(0);
-        NodeAllocatable {
-            cpu_millis: i64::try_from(cpus).unwrap_or(i64::MAX / 1000) * 1000,
-            memory_bytes: i64::try_from(memory_bytes).unwrap_or(i64::MAX),
-            ephemeral_storage_bytes: i64::try_from(storage).unwrap_or(i64::MAX),
-        }
-    }
-}
-
-/// The value of a `resourceFieldRef`, as upstream computes it: the amount divided by the
-/// divisor (default 1), rounded up; CPU in millicores before the division, the rest in bytes.
-/// A limit the container does not set (or sets to zero) is the node's allocatable amount.
-///
-/// `current` is the container the reference belongs to (env vars); `containerName` in the
-/// selector, when set, picks another container of the pod (volumes always name it).
-pub fn resource_field_value(
-    pod: &Pod,
-    current: Option<&Container>,
-    selector: &ResourceFieldSelector,
-    node: &NodeAllocatable,
-) -> Result<String, String> {
-    let container = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
-        Some(name) => pod
-            .spec
-            .as_ref()
-            .and_then(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-                    .find(|c| c.name == name)
-            })
-            .ok_or_else(|| format!("container {name} not found"))?,
-        None => current.ok_or_else(|| "container  not found".to_string())?,
-    };
-    // An absent or zero divisor means 1.
-    let one = quantity::parse("1").expect("1 is a quantity");
-    let divisor = match &selector.divisor {
-        Some(q) if !q.0.is_empty() => {
-            let d = quantity::parse(&q.0).map_err(|e| format!("invalid divisor {:?}: {e}", q.0))?;
-            if d.is_zero() { one } else { d }
-        }
-        _ => one,
-    };
-    let resources = container.resources.as_ref();
-    let amount = |map: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >,
-                  name: &str|
-     -> Result<Option<quantity::Quantity>, String> {
-        match map.and_then(|m| m.get(name)) {
-            Some(q) => quantity::parse(&q.0)
-                .map(Some)
-                .map_err(|e| format!("invalid {name} quantity {:?}: {e}", q.0)),
-            None => Ok(None),
-        }
-    };
-    let limits = resources.and_then(|r| r.limits.as_ref());
-    let requests = resources.and_then(|r| r.requests.as_ref());
-    // A limit that is absent or zero falls back to the node's allocatable amount.
-    let limit = |name: &str, node_amount: i64, milli: bool| -> Result<i64, String> {
-        Ok(match amount(limits, name)? {
-            Some(q) if !q.is_zero() => {
-                if milli {
-                    q.milli_value()
-                } else {
-                    q.value()
-                }
-            }
-            _ => node_amount,
-        })
-    };
-    let request = |name: &str, milli: bool| -> Result<i64, String> {
-        Ok(match amount(requests, name)? {
-            Some(q) if milli => q.milli_value(),
-            Some(q) => q.value(),
-            None => 0,
-        })
-    };
-    let (value, milli) = match selector.resource.as_str() {
-        "limits.cpu" => (limit("cpu", node.cpu_millis, true)?, true),
-        "limits.memory" => (limit("memory", node.memory_bytes, false)?, false),
-        "limits.ephemeral-storage" => (
-            limit("ephemeral-storage", node.ephemeral_storage_bytes, false)?,
-            false,
-        ),
-        "requests.cpu" => (request("cpu", true)?, true),
-        "requests.memory" => (request("memory", false)?, false),
-        "requests.ephemeral-storage" => (request("ephemeral-storage", false)?, false),
-        other => {
-            if let Some(name) = other.strip_prefix("limits.hugepages-") {
-                let name = format!("hugepages-{name}");
-                (
-                    amount(limits, &name)?.map(|q| q.value()).unwrap_or(0),
-                    false,
-                )
-            } else if let Some(name) = other.strip_prefix("requests.hugepages-") {
-                let name = format!("hugepages-{name}");
-                (
-                    amount(requests, &name)?.map(|q| q.value()).unwrap_or(0),
-                    false,
-                )
-            } else {
-                return Err(format!("unsupported container resource : {other}"));
-            }
-        }
-    };
-    let per = if milli {
-        divisor.milli_value()
-    } else {
-        divisor.value()
-    };
-    if per <= 0 {
-        return Err(format!(
-            "invalid divisor {:?}",
-            selector
-                .divisor
-                .as_ref()
-                .map(|q| q.0.as_str())
-                .unwrap_or("")
-        ));
-    }
-    Ok(ceil_div(value, per).to_string())
-}
-
-/// `a / b` rounded towards +∞ (b > 0).
-fn ceil_div(a: i64, b: i64) -> i64 {
-    let q = a / b;
-    if a % b != 0 && a > 0 { q + 1 } else { q }
 }
 
 /// Value of a downward-API field path, or None for paths we do not serve.
@@ -592,7 +388,7 @@ mod tests {
         ));
         // resourceFieldRef is served: with no limit it is the node's memory.
         let mut node_ctx = ctx();
-        node_ctx.node_memory_capacity = 2 * 1024 * 1024 * 1024;
+        node_ctx.node_allocatable.memory_bytes = 2 * 1024 * 1024 * 1024;
         let ok = container_env(&test_pod(), &container(vec![resource]), &node_ctx).unwrap();
         assert_eq!(ok, vec![("MEM".to_string(), "2147483648".to_string())]);
 

@@ -9,11 +9,8 @@
 pub mod container;
 pub mod dns;
 pub mod env;
-pub mod qos;
-pub mod quantity;
 pub mod sandbox;
 pub mod security;
-pub mod sysctl;
 
 use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
 use thiserror::Error;
@@ -22,10 +19,34 @@ use crate::cri::proto::security_profile::ProfileType;
 use crate::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
 pub use super::spec_hash::container_hash;
-pub use container::{ContainerContext, container_config, container_labels, oom_score_adj};
+pub use container::{container_config, container_labels, oom_score_adj};
 pub use dns::{HostDns, parse_resolv_conf};
-pub use qos::{QosClass, qos_class};
 pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
+
+/// Per-container facts the translation needs. Everything is passed in; nothing is read here.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerContext {
+    /// Restarts so far; becomes the CRI attempt number and the log file name.
+    pub restart_count: u32,
+    /// The sandbox's IP (for `status.podIP` env vars).
+    pub pod_ip: Option<String>,
+    /// The node's IP (for `status.hostIP` env vars).
+    pub host_ip: Option<String>,
+    /// This node's name (for `spec.nodeName` when the pod does not carry it).
+    pub node_name: String,
+    /// Node memory capacity in bytes, for the Burstable OOM score. 0 means unknown.
+    pub node_memory_capacity: u64,
+    /// What the node gives a container that sets no limit (for `resourceFieldRef`).
+    pub node_allocatable: crate::kube::resources::NodeAllocatable,
+    /// The kubelet-managed hosts file, mounted at `/etc/hosts` (ignored on the host network).
+    pub etc_hosts_path: Option<std::path::PathBuf>,
+    /// Host file mounted at the container's terminationMessagePath.
+    pub termination_log_path: Option<std::path::PathBuf>,
+    /// Volume mounts prepared by the volume manager.
+    pub extra_mounts: Vec<crate::cri::proto::Mount>,
+    /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
+    pub seccomp_profile_root: std::path::PathBuf,
+}
 
 /// Why a pod or container could not be turned into a CRI config. Every variant about a
 /// container names it; the pod worker reports these as `CreateContainerConfigError`.

@@ -1,0 +1,139 @@
+//! Container resources as the downward API reads them (`resourceFieldRef`), with the node's
+//! allocatable amounts standing in for limits a container does not set.
+
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
+
+use super::quantity;
+
+/// What the node can give a container, standing in for a limit the container does not set.
+/// Detected once at start (`crate::node::detect_allocatable`) and passed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeAllocatable {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub ephemeral_storage_bytes: i64,
+}
+
+/// The value of a `resourceFieldRef`, as upstream computes it: the amount divided by the
+/// divisor (default 1), rounded up; CPU in millicores before the division, the rest in bytes.
+/// A limit the container does not set (or sets to zero) is the node's allocatable amount.
+///
+/// `current` is the container the reference belongs to (env vars); `containerName` in the
+/// selector, when set, picks another container of the pod (volumes always name it).
+pub fn resource_field_value(
+    pod: &Pod,
+    current: Option<&Container>,
+    selector: &ResourceFieldSelector,
+    node: &NodeAllocatable,
+) -> Result<String, String> {
+    let container = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(name) => pod
+            .spec
+            .as_ref()
+            .and_then(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+                    .find(|c| c.name == name)
+            })
+            .ok_or_else(|| format!("container {name} not found"))?,
+        None => current.ok_or_else(|| "container  not found".to_string())?,
+    };
+    // An absent or zero divisor means 1.
+    let one = quantity::parse("1").expect("1 is a quantity");
+    let divisor = match &selector.divisor {
+        Some(q) if !q.0.is_empty() => {
+            let d = quantity::parse(&q.0).map_err(|e| format!("invalid divisor {:?}: {e}", q.0))?;
+            if d.is_zero() { one } else { d }
+        }
+        _ => one,
+    };
+    let resources = container.resources.as_ref();
+    let amount = |map: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+                  name: &str|
+     -> Result<Option<quantity::Quantity>, String> {
+        match map.and_then(|m| m.get(name)) {
+            Some(q) => quantity::parse(&q.0)
+                .map(Some)
+                .map_err(|e| format!("invalid {name} quantity {:?}: {e}", q.0)),
+            None => Ok(None),
+        }
+    };
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    // A limit that is absent or zero falls back to the node's allocatable amount.
+    let limit = |name: &str, node_amount: i64, milli: bool| -> Result<i64, String> {
+        Ok(match amount(limits, name)? {
+            Some(q) if !q.is_zero() => {
+                if milli {
+                    q.milli_value()
+                } else {
+                    q.value()
+                }
+            }
+            _ => node_amount,
+        })
+    };
+    let request = |name: &str, milli: bool| -> Result<i64, String> {
+        Ok(match amount(requests, name)? {
+            Some(q) if milli => q.milli_value(),
+            Some(q) => q.value(),
+            None => 0,
+        })
+    };
+    let (value, milli) = match selector.resource.as_str() {
+        "limits.cpu" => (limit("cpu", node.cpu_millis, true)?, true),
+        "limits.memory" => (limit("memory", node.memory_bytes, false)?, false),
+        "limits.ephemeral-storage" => (
+            limit("ephemeral-storage", node.ephemeral_storage_bytes, false)?,
+            false,
+        ),
+        "requests.cpu" => (request("cpu", true)?, true),
+        "requests.memory" => (request("memory", false)?, false),
+        "requests.ephemeral-storage" => (request("ephemeral-storage", false)?, false),
+        other => {
+            if let Some(name) = other.strip_prefix("limits.hugepages-") {
+                let name = format!("hugepages-{name}");
+                (
+                    amount(limits, &name)?.map(|q| q.value()).unwrap_or(0),
+                    false,
+                )
+            } else if let Some(name) = other.strip_prefix("requests.hugepages-") {
+                let name = format!("hugepages-{name}");
+                (
+                    amount(requests, &name)?.map(|q| q.value()).unwrap_or(0),
+                    false,
+                )
+            } else {
+                return Err(format!("unsupported container resource : {other}"));
+            }
+        }
+    };
+    let per = if milli {
+        divisor.milli_value()
+    } else {
+        divisor.value()
+    };
+    if per <= 0 {
+        return Err(format!(
+            "invalid divisor {:?}",
+            selector
+                .divisor
+                .as_ref()
+                .map(|q| q.0.as_str())
+                .unwrap_or("")
+        ));
+    }
+    Ok(ceil_div(value, per).to_string())
+}
+
+/// `a / b` rounded towards +∞ (b > 0).
+fn ceil_div(a: i64, b: i64) -> i64 {
+    let q = a / b;
+    if a % b != 0 && a > 0 { q + 1 } else { q }
+}
