@@ -224,6 +224,7 @@ pub async fn run(
             static_pod_url_header: config.static_pod_url_header.clone(),
             http_check_frequency: config.http_check_frequency,
         },
+        &tracker,
         cancel.clone(),
     );
 
@@ -239,6 +240,7 @@ pub async fn run(
         let prober = prober.clone();
         metrics.register("/metrics/probes", move || prober.render_metrics());
     }
+    // Unbounded, yet bounded in practice: each worker sends exactly one message, when it ends.
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let worker_stats = WorkerStats::default();
     {

@@ -100,6 +100,19 @@ impl ObservedPod {
             .max_by_key(|s| (s.attempt, s.created_at))
     }
 
+    /// Where the pod's containers are reached (probes, hooks): the IP of the given sandbox, or
+    /// of the newest one, or the node's own IP when that sandbox uses the host's network.
+    pub fn reachable_ip(&self, sandbox_id: Option<&str>, host_ip: Option<&str>) -> Option<String> {
+        let sandbox = sandbox_id
+            .and_then(|id| self.sandboxes.iter().find(|s| s.id == id))
+            .or_else(|| self.newest_sandbox())?;
+        if sandbox.host_network {
+            host_ip.map(str::to_string)
+        } else {
+            sandbox.ip.clone()
+        }
+    }
+
     /// Instances of the named container, newest first.
     pub fn instances(&self, name: &str) -> Vec<&ObservedContainer> {
         let mut found: Vec<_> = self.containers.iter().filter(|c| c.name == name).collect();

@@ -213,7 +213,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// housekeeping tick keeps the loop going); `health` hears of every turn.
     pub async fn run(
         mut self,
-        mut config: mpsc::UnboundedReceiver<Vec<PodChange>>,
+        mut config: mpsc::Receiver<Vec<PodChange>>,
         pokes: Pokes,
         mut done: mpsc::UnboundedReceiver<String>,
         health: SyncLoopHealth,

@@ -248,16 +248,7 @@ impl<R: RuntimeService> ProbeManager<R> {
 
     /// Where network probes of an instance go: its sandbox's IP, or the host's for hostNetwork.
     fn probe_ip(&self, observed: &ObservedPod, c: &ObservedContainer) -> Option<String> {
-        let sandbox = observed
-            .sandboxes
-            .iter()
-            .find(|s| s.id == c.sandbox_id)
-            .or_else(|| observed.newest_sandbox())?;
-        if sandbox.host_network {
-            self.host_ip.clone()
-        } else {
-            sandbox.ip.clone()
-        }
+        observed.reachable_ip(Some(&c.sandbox_id), self.host_ip.as_deref())
     }
 
     /// Stops every worker of a pod that is gone.

@@ -354,7 +354,7 @@ impl FileSource {
         &self.last
     }
 
-    async fn rescan(&mut self, tx: &mpsc::UnboundedSender<SourceSnapshot>) -> bool {
+    async fn rescan(&mut self, tx: &mpsc::Sender<SourceSnapshot>) -> bool {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let seen = SystemTime::now();
@@ -380,15 +380,12 @@ impl FileSource {
             source: SOURCE_FILE,
             pods,
         })
+        .await
         .is_ok()
     }
 
     /// Scan, then rescan on inotify events (coalesced) and every period, until cancelled.
-    pub(crate) async fn run(
-        mut self,
-        tx: mpsc::UnboundedSender<SourceSnapshot>,
-        cancel: CancellationToken,
-    ) {
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
         let mut watcher = Watcher::new();
         loop {
             // Watch before scanning, so a change made during the scan is not missed.
@@ -566,7 +563,7 @@ mod tests {
 
     use crate::source::describe_changes as describe;
 
-    async fn next(rx: &mut mpsc::UnboundedReceiver<Vec<PodChange>>) -> Vec<PodChange> {
+    async fn next(rx: &mut mpsc::Receiver<Vec<PodChange>>) -> Vec<PodChange> {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("no pod change within 10s")
@@ -595,6 +592,7 @@ mod tests {
         // A long period: every reaction below must come from inotify.
         let (mut rx, ready, problems) = spawn_sources(
             config(dir.path(), Duration::from_secs(3600)),
+            &tokio_util::task::TaskTracker::new(),
             cancel.clone(),
         );
 
@@ -646,6 +644,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let (mut rx, _ready, problems) = spawn_sources(
             config(dir.path(), Duration::from_secs(3600)),
+            &tokio_util::task::TaskTracker::new(),
             cancel.clone(),
         );
         let first = next(&mut rx).await;
@@ -813,8 +812,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("manifests");
         let cancel = CancellationToken::new();
-        let (mut rx, ready, _problems) =
-            spawn_sources(config(&path, Duration::from_millis(100)), cancel.clone());
+        let (mut rx, ready, _problems) = spawn_sources(
+            config(&path, Duration::from_millis(100)),
+            &tokio_util::task::TaskTracker::new(),
+            cancel.clone(),
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.all_ready() {
             assert!(Instant::now() < deadline, "never ready");
@@ -974,7 +976,7 @@ mod tests {
             Duration::from_secs(60),
             SourceProblems::default(),
         );
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(16);
         assert!(source.rescan(&tx).await);
         assert!(
             rx.try_recv().is_err(),
@@ -1003,6 +1005,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let (mut rx, _ready, problems) = spawn_sources(
             config(dir.path(), Duration::from_secs(3600)),
+            &tokio_util::task::TaskTracker::new(),
             cancel.clone(),
         );
         assert_eq!(describe(&next(&mut rx).await), ["add web-node-1"]);

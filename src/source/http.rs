@@ -318,11 +318,7 @@ impl HttpSource {
 
     /// Fetch at start and every period until cancelled; send a snapshot after each fetch that
     /// produced pods.
-    pub(crate) async fn run(
-        mut self,
-        tx: mpsc::UnboundedSender<SourceSnapshot>,
-        cancel: CancellationToken,
-    ) {
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
         let mut ticker = tokio::time::interval(self.period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -350,6 +346,7 @@ impl HttpSource {
                             source: SOURCE_HTTP,
                             pods,
                         })
+                        .await
                         .is_err()
                     {
                         return;
@@ -360,10 +357,12 @@ impl HttpSource {
                     self.note_problem(Some(message));
                     // Nothing will change until the configuration does: deliver an empty set
                     // so the node does not wait for this source, then idle.
-                    let _ = tx.send(SourceSnapshot {
-                        source: SOURCE_HTTP,
-                        pods: Vec::new(),
-                    });
+                    let _ = tx
+                        .send(SourceSnapshot {
+                            source: SOURCE_HTTP,
+                            pods: Vec::new(),
+                        })
+                        .await;
                     cancel.cancelled().await;
                     return;
                 }
@@ -492,7 +491,7 @@ mod tests {
 
     use crate::source::describe_changes as describe;
 
-    async fn recv(rx: &mut mpsc::UnboundedReceiver<Vec<PodChange>>) -> Vec<PodChange> {
+    async fn recv(rx: &mut mpsc::Receiver<Vec<PodChange>>) -> Vec<PodChange> {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("no change within 10s")
@@ -596,7 +595,8 @@ mod tests {
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_millis(100),
         };
-        let (mut rx, ready, problems) = spawn_sources(cfg, cancel.clone());
+        let (mut rx, ready, problems) =
+            spawn_sources(cfg, &tokio_util::task::TaskTracker::new(), cancel.clone());
         assert_eq!(
             describe(&recv(&mut rx).await),
             ["add a-node-1", "add b-node-1"]

@@ -220,8 +220,8 @@ impl Merger {
 /// The merge task: apply snapshots as they arrive, forward non-empty change sets, and mark a
 /// source ready once its first snapshot was merged and forwarded.
 pub(crate) async fn run(
-    mut snapshots: mpsc::UnboundedReceiver<SourceSnapshot>,
-    out: mpsc::UnboundedSender<Vec<PodChange>>,
+    mut snapshots: mpsc::Receiver<SourceSnapshot>,
+    out: mpsc::Sender<Vec<PodChange>>,
     ready: SourcesReady,
     cancel: CancellationToken,
 ) {
@@ -248,7 +248,7 @@ pub(crate) async fn run(
                 };
                 tracing::info!(source = snapshot.source, op, pod = %full_name(pod), uid = %uid_of(pod), "pod config change");
             }
-            if out.send(changes).is_err() {
+            if out.send(changes).await.is_err() {
                 break;
             }
         }
@@ -360,8 +360,8 @@ mod tests {
 
     #[tokio::test]
     async fn task_marks_ready_and_forwards() {
-        let (snap_tx, snap_rx) = mpsc::unbounded_channel();
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (snap_tx, snap_rx) = mpsc::channel(16);
+        let (out_tx, mut out_rx) = mpsc::channel(16);
         let ready = SourcesReady::new(["file"]);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(snap_rx, out_tx, ready.clone(), cancel.clone()));
@@ -371,6 +371,7 @@ mod tests {
                 source: "file",
                 pods: vec![pod("a", "1", "x")],
             })
+            .await
             .unwrap();
         let changes = out_rx.recv().await.unwrap();
         assert_eq!(summary(&changes), ["add a 1"]);

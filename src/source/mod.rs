@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use self::defaults::ManifestOrigin;
 use self::manifest::ManifestError;
@@ -240,19 +241,23 @@ pub fn full_name(pod: &Pod) -> String {
     )
 }
 
+/// How many snapshots or change batches may wait between the sources, the merger and the
+/// sync loop.
+const SOURCE_QUEUE: usize = 16;
+
 /// Start the configured sources and the merger. Must be called inside a Tokio runtime.
 /// Every task stops when `cancel` fires; the receiver then ends.
 pub fn spawn_sources(
     cfg: SourceConfig,
+    tracker: &TaskTracker,
     cancel: CancellationToken,
-) -> (
-    mpsc::UnboundedReceiver<Vec<PodChange>>,
-    SourcesReady,
-    SourceProblems,
-) {
+) -> (mpsc::Receiver<Vec<PodChange>>, SourcesReady, SourceProblems) {
     let problems = SourceProblems::default();
-    let (snap_tx, snap_rx) = mpsc::unbounded_channel();
-    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    // Bounded: a source that gets ahead of the merger (or the merger of the sync loop) waits
+    // for it. Nothing is lost by waiting: every message is a full snapshot or the changes
+    // between two, and the sources only ever need their newest one to go through.
+    let (snap_tx, snap_rx) = mpsc::channel(SOURCE_QUEUE);
+    let (out_tx, out_rx) = mpsc::channel(SOURCE_QUEUE);
 
     let mut expected = Vec::new();
     if let Some(path) = cfg
@@ -267,7 +272,7 @@ pub fn spawn_sources(
             cfg.file_check_frequency,
             problems.clone(),
         );
-        tokio::spawn(source.run(snap_tx.clone(), cancel.clone()));
+        tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
     }
     if let Some(url) = cfg.static_pod_url.clone().filter(|u| !u.is_empty()) {
         expected.push(SOURCE_HTTP);
@@ -278,12 +283,12 @@ pub fn spawn_sources(
             cfg.http_check_frequency,
             problems.clone(),
         );
-        tokio::spawn(source.run(snap_tx.clone(), cancel.clone()));
+        tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
     }
     drop(snap_tx);
 
     let ready = SourcesReady::new(expected);
-    tokio::spawn(merge::run(snap_rx, out_tx, ready.clone(), cancel));
+    tracker.spawn(merge::run(snap_rx, out_tx, ready.clone(), cancel));
     (out_rx, ready, problems)
 }
 
@@ -409,7 +414,7 @@ mod tests {
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_secs(20),
         };
-        let (mut rx, ready, problems) = spawn_sources(cfg, cancel.clone());
+        let (mut rx, ready, problems) = spawn_sources(cfg, &TaskTracker::new(), cancel.clone());
         assert!(ready.all_ready());
         assert!(problems.snapshot().is_empty());
         cancel.cancel();

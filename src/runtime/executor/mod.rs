@@ -33,7 +33,7 @@ use super::revisit::{self, ERROR_RETRY, SyncFacts};
 use super::translate::{self, HostDns, SandboxContext};
 use crate::observed::ObservedPod;
 
-pub use teardown::{TeardownError, pod_ip, remaining_grace};
+pub use teardown::{TeardownError, remaining_grace};
 
 /// Facts about the node that translation needs; fixed for the agent's lifetime.
 #[derive(Clone, Debug)]
@@ -329,7 +329,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         for kill in &decision.kill_containers {
             tracing::info!(container = %kill.name, reason = %kill.reason, "stopping container");
             if let Some(inst) = observed.containers.iter().find(|c| c.id == kill.id) {
-                let ip = pod_ip(observed, self.node.host_ip.as_deref());
+                let ip = observed.reachable_ip(None, self.node.host_ip.as_deref());
                 self.stop_container_gracefully(
                     Some(pod),
                     inst,

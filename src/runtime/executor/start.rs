@@ -141,8 +141,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if host_network {
             return self.node.host_ip.clone();
         }
-        if let Some(known) = observed.sandboxes.iter().find(|s| s.id == sandbox_id) {
-            return known.ip.clone();
+        if observed.sandboxes.iter().any(|s| s.id == sandbox_id) {
+            return observed.reachable_ip(Some(sandbox_id), self.node.host_ip.as_deref());
         }
         let status = self
             .rt

@@ -28,16 +28,6 @@ pub enum TeardownError {
     Files(#[from] PathError),
 }
 
-/// The pod's IP as hooks should reach it: the sandbox's own, or the node's for hostNetwork.
-pub fn pod_ip(observed: &ObservedPod, host_ip: Option<&str>) -> Option<String> {
-    let sandbox = observed.newest_sandbox()?;
-    if sandbox.host_network {
-        host_ip.map(str::to_string)
-    } else {
-        sandbox.ip.clone()
-    }
-}
-
 /// The spec of the named container, init or app.
 fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     let spec = pod.spec.as_ref()?;
@@ -115,7 +105,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         grace: i64,
     ) -> Result<(), CriError> {
         let started = Instant::now();
-        let ip = pod_ip(observed, self.node.host_ip.as_deref());
+        let ip = observed.reachable_ip(None, self.node.host_ip.as_deref());
         // Orphans carry their own recorded grace period; a given one caps it.
         let grace_for = |c: &ObservedContainer, total: i64| match pod {
             Some(_) => total,
