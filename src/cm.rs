@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::CgroupDriver;
-use crate::kube::QosClass;
+use crate::k8s::QosClass;
 
 /// Upstream's QoS cgroup names under `kubepods`.
 fn qos_dir(qos: QosClass) -> Option<&'static str> {

@@ -8,7 +8,7 @@ pub mod config;
 pub mod cri;
 pub mod daemon;
 pub mod health;
-pub mod kube;
+pub mod k8s;
 pub mod node;
 pub mod observed;
 pub mod paths;

@@ -1,6 +1,6 @@
 //! Facts about the node read once at start: its IP, memory, DNS settings.
 
-use crate::kube::resources::NodeAllocatable;
+use crate::k8s::resources::NodeAllocatable;
 use std::net::IpAddr;
 use std::path::Path;
 

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::cri::{ImageService, RuntimeService};
-use crate::kube::full_name;
+use crate::k8s::full_name;
 use crate::observed::ObservedPod;
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
@@ -436,7 +436,7 @@ pub(crate) mod test_support {
             cgroups_per_qos: true,
             cgroup_fs: dir.path().join("cgroup"),
             node_memory_bytes: 1 << 30,
-            allocatable: crate::kube::resources::NodeAllocatable {
+            allocatable: crate::k8s::resources::NodeAllocatable {
                 cpu_millis: 2000,
                 memory_bytes: 1 << 30,
                 ephemeral_storage_bytes: 10 << 30,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::{ImageService, RuntimeService};
 use crate::health::CheckFailure;
-use crate::kube::full_name;
+use crate::k8s::full_name;
 use crate::pleg::RuntimeCache;
 use crate::pod_workers::{PodWorkers, Work};
 use crate::pokes::Pokes;

@@ -21,7 +21,7 @@ use super::metrics::{ProbeCounters, SeriesKey};
 use super::worker::{Report, StartupGate, Verdict, WorkerConfig, random_below, run_worker};
 use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
 use crate::cri::RuntimeService;
-use crate::kube::is_sidecar;
+use crate::k8s::is_sidecar;
 use crate::observed::{ContainerState, ObservedContainer, ObservedPod};
 use crate::pokes::Pokes;
 

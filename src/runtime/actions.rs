@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use crate::kube::{RestartPolicy, is_sidecar};
+use crate::k8s::{RestartPolicy, is_sidecar};
 use crate::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
 use crate::prober::{ProbeView, Unhealthy};
 

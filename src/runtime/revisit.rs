@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::actions::PodActions;
-use crate::kube::is_sidecar;
+use crate::k8s::is_sidecar;
 use crate::observed::{ContainerState, ObservedPod};
 
 /// How often a pod is looked at while one of its init containers runs.

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::kube::quantity;
+use crate::k8s::quantity;
 
 #[path = "validate_security.rs"]
 pub mod validate_security;

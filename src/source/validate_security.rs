@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
     WindowsSecurityContextOptions,
 };
 
-use crate::kube::sysctl::{SysctlAllowlist, SysctlError};
+use crate::k8s::sysctl::{SysctlAllowlist, SysctlError};
 use crate::runtime::translate::is_local_descending_path;
 use crate::runtime::translate::security::{APPARMOR_ANNOTATION_PREFIX, apparmor_profile};
 use crate::source::validate::ValidationError;
@@ -293,7 +293,7 @@ fn validate_pod_sc(
     let mut seen = std::collections::HashSet::new();
     for (i, s) in sc.sysctls.iter().flatten().enumerate() {
         let field = format!("{f}.sysctls[{i}].name");
-        if !seen.insert(crate::kube::sysctl::to_dotted(&s.name)) {
+        if !seen.insert(crate::k8s::sysctl::to_dotted(&s.name)) {
             errors.push(field, format!("duplicate sysctl {:?}", s.name));
             continue;
         }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::kube::{RestartPolicy, is_sidecar};
+use crate::k8s::{RestartPolicy, is_sidecar};
 use crate::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
 use crate::prober::ProbeView;
 
@@ -542,7 +542,7 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         pod_ip,
         pod_ips,
         start_time: Some(start_time),
-        qos_class: Some(crate::kube::qos_class(pod).as_str().to_string()),
+        qos_class: Some(crate::k8s::qos_class(pod).as_str().to_string()),
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(apps),
         ..Default::default()

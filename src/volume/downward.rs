@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod};
 
 use super::atomic_writer::{FileProjection, Payload};
-use crate::kube::resources::{NodeAllocatable, resource_field_value};
+use crate::k8s::resources::{NodeAllocatable, resource_field_value};
 
 /// Mode of a file when neither the item nor the volume says otherwise.
 pub const DEFAULT_MODE: i32 = 0o644;

@@ -6,7 +6,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod};
 
 use super::{mountinfo, safe_fs};
-use crate::kube::quantity;
+use crate::k8s::quantity;
 
 /// Permission bits of an emptyDir (everyone may write, as upstream).
 pub const EMPTY_DIR_MODE: u32 = 0o777;

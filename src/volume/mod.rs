@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::cri::proto::{Mount, MountPropagation};
-use crate::kube::resources::NodeAllocatable;
+use crate::k8s::resources::NodeAllocatable;
 use ownership::FsGroup;
 use safe_fs::SafeFsError;
 

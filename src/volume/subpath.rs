@@ -15,7 +15,7 @@ use nix::unistd::UnlinkatFlags;
 use super::mountinfo;
 use super::safe_fs::{self, SafeFsError};
 
-use crate::kube::expand::expand;
+use crate::k8s::expand::expand;
 
 /// Expands `$(VAR)` in a `subPathExpr`; a reference to a variable the container does not have
 /// (or has empty) is an error naming the missing ones.

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::ProbeOutcome;
 use super::worker::Probe;
 use crate::cri::RuntimeService;
-use crate::kube::expand::expand_all;
+use crate::k8s::expand::expand_all;
 
 /// Probe output kept in messages (upstream keeps 10 KiB).
 pub const MAX_OUTPUT: usize = 10 * 1024;

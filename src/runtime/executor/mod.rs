@@ -52,7 +52,7 @@ pub struct NodeContext {
     pub cgroup_fs: PathBuf,
     pub node_memory_bytes: u64,
     /// Detected once at start: what a container that sets no limit may use.
-    pub allocatable: crate::kube::resources::NodeAllocatable,
+    pub allocatable: crate::k8s::resources::NodeAllocatable,
     /// `runtimeRequestTimeout`, also the bound of a postStart hook.
     pub runtime_request_timeout: Duration,
     /// `--image-pull-progress-deadline` (`None`: pulls wait as long as they take).
@@ -166,7 +166,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: &Pod,
         attempt: u32,
     ) -> Result<PodSandboxConfig, translate::TranslateError> {
-        let qos = crate::kube::qos_class(pod);
+        let qos = crate::k8s::qos_class(pod);
         let ctx = SandboxContext {
             pod_logs_dir: self.node.pod_logs_dir.clone(),
             host_dns: self.node.host_dns.clone(),

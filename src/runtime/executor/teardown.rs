@@ -14,7 +14,7 @@ use crate::paths::{PathError, component_problem, remove_tree_within};
 
 use super::super::hooks::{HookKind, run_hook};
 use super::{Executor, MIN_GRACE_SECONDS, grace_period, pod_name, pod_namespace};
-use crate::kube::QosClass;
+use crate::k8s::QosClass;
 use crate::observed::{ContainerState, ObservedContainer, ObservedPod};
 
 /// Errors of a teardown; the worker retries.

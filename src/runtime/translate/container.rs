@@ -16,8 +16,8 @@ use super::{
     ContainerContext, PodMeta, TranslateError, env, namespace_options, seccomp_profile, security,
     selinux_option,
 };
-use crate::kube::qos::{QosClass, qos_class};
-use crate::kube::quantity::{self, Quantity};
+use crate::k8s::qos::{QosClass, qos_class};
+use crate::k8s::quantity::{self, Quantity};
 use crate::runtime::spec_hash::{container_hash, format_hash};
 
 /// Where a container writes its termination message unless the spec says otherwise.
@@ -542,7 +542,7 @@ mod tests {
             host_ip: Some("192.168.1.10".into()),
             node_name: "node-a".into(),
             node_memory_capacity: 4 * GI,
-            node_allocatable: crate::kube::resources::NodeAllocatable {
+            node_allocatable: crate::k8s::resources::NodeAllocatable {
                 cpu_millis: 4000,
                 memory_bytes: 4 * GI as i64,
                 ephemeral_storage_bytes: 100 * GI as i64,

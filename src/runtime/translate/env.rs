@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::{ContainerContext, TranslateError};
-pub use crate::kube::expand::{expand, expand_all};
-pub use crate::kube::resources::{NodeAllocatable, resource_field_value};
+pub use crate::k8s::expand::{expand, expand_all};
+pub use crate::k8s::resources::{NodeAllocatable, resource_field_value};
 
 /// The container's environment in spec order (a later duplicate replaces the earlier value in
 /// place). Values may refer to variables defined before them with `$(NAME)`.

@@ -37,7 +37,7 @@ pub struct ContainerContext {
     /// Node memory capacity in bytes, for the Burstable OOM score. 0 means unknown.
     pub node_memory_capacity: u64,
     /// What the node gives a container that sets no limit (for `resourceFieldRef`).
-    pub node_allocatable: crate::kube::resources::NodeAllocatable,
+    pub node_allocatable: crate::k8s::resources::NodeAllocatable,
     /// The kubelet-managed hosts file, mounted at `/etc/hosts` (ignored on the host network).
     pub etc_hosts_path: Option<std::path::PathBuf>,
     /// Host file mounted at the container's terminationMessagePath.
