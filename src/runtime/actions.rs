@@ -372,19 +372,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 // Nobody knows whether it runs: kill it before starting a new instance, so two
                 // never run at once (upstream does the same). Under Never it is left alone, as
                 // upstream does not restart it either.
-                actions.kill_containers.push(KillContainer {
-                    id: inst.id.clone(),
-                    name: c.name.clone(),
-                    reason: UNKNOWN_STATE.into(),
-                    grace_override: None,
-                });
-                actions.start_containers.push(StartContainer {
-                    kind: ContainerKind::App,
-                    index,
-                    name: c.name.clone(),
-                    restart_count: next_restart_count(observed, &c.name),
-                    backoff: None,
-                });
+                replace_instance(&mut actions, observed, (index, c), inst, UNKNOWN_STATE);
             }
             ContainerState::Running | ContainerState::Unknown => {
                 let want = (ctx.spec_hash)(c);
@@ -398,19 +386,13 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                         grace_override: bad.grace_override,
                     });
                 } else if inst.hash.as_deref().is_some_and(|h| h != want) {
-                    actions.kill_containers.push(KillContainer {
-                        id: inst.id.clone(),
-                        name: c.name.clone(),
-                        reason: "the container's spec changed; it will be restarted".into(),
-                        grace_override: None,
-                    });
-                    actions.start_containers.push(StartContainer {
-                        kind: ContainerKind::App,
-                        index,
-                        name: c.name.clone(),
-                        restart_count: next_restart_count(observed, &c.name),
-                        backoff: None,
-                    });
+                    replace_instance(
+                        &mut actions,
+                        observed,
+                        (index, c),
+                        inst,
+                        "the container's spec changed; it will be restarted",
+                    );
                 }
             }
             ContainerState::Exited => {
@@ -439,6 +421,30 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
     }
     collect_garbage(&mut actions, observed);
     actions
+}
+
+/// Stops an app container's instance and starts a new one at once (no back-off: the
+/// instance did not fail, it is replaced).
+fn replace_instance(
+    actions: &mut PodActions,
+    observed: &ObservedPod,
+    (index, container): (usize, &Container),
+    inst: &ObservedContainer,
+    reason: &str,
+) {
+    actions.kill_containers.push(KillContainer {
+        id: inst.id.clone(),
+        name: container.name.clone(),
+        reason: reason.to_string(),
+        grace_override: None,
+    });
+    actions.start_containers.push(StartContainer {
+        kind: ContainerKind::App,
+        index,
+        name: container.name.clone(),
+        restart_count: next_restart_count(observed, &container.name),
+        backoff: None,
+    });
 }
 
 /// Why an instance in state Unknown is stopped (upstream's wording).
