@@ -357,7 +357,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let first = payload(&[("labels", "a=\"1\"", 0o644), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &first, None).unwrap(), true);
+        assert!(write(dir, &first, None).unwrap());
 
         let data = std::fs::read_link(dir.join("..data")).unwrap();
         let data_name = data.to_string_lossy().into_owned();
@@ -395,17 +395,17 @@ mod tests {
         assert_eq!(mode("sub/name"), 0o600);
 
         // Same payload: nothing written, same version.
-        assert_eq!(write(dir, &first, None).unwrap(), false);
+        assert!(!write(dir, &first, None).unwrap());
         assert_eq!(std::fs::read_link(dir.join("..data")).unwrap(), data);
 
         // A mode change alone is a change.
         let chmod = payload(&[("labels", "a=\"1\"", 0o400), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &chmod, None).unwrap(), true);
+        assert!(write(dir, &chmod, None).unwrap());
         assert_eq!(mode("labels"), 0o400);
 
         // New content and a removed file: new version, old one gone, stale link removed.
         let second = payload(&[("labels", "a=\"2\"", 0o644)]);
-        assert_eq!(write(dir, &second, None).unwrap(), true);
+        assert!(write(dir, &second, None).unwrap());
         let new_data = std::fs::read_link(dir.join("..data")).unwrap();
         assert_ne!(new_data, data);
         assert_eq!(
@@ -428,10 +428,7 @@ mod tests {
         std::fs::create_dir_all(outside.join("keep")).unwrap();
         std::fs::create_dir(&dir).unwrap();
         std::os::unix::fs::symlink("../outside", dir.join("..data")).unwrap();
-        assert_eq!(
-            write(&dir, &payload(&[("f", "x", 0o644)]), None).unwrap(),
-            true
-        );
+        assert!(write(&dir, &payload(&[("f", "x", 0o644)]), None).unwrap());
         assert!(outside.join("keep").is_dir());
         assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "x");
     }

@@ -56,20 +56,20 @@ pub enum VolumeError {
     SetUp {
         volume: String,
         #[source]
-        reason: VolumeProblem,
+        reason: Box<VolumeProblem>,
     },
     #[error("container {container:?}: volumeMount {name:?}: {reason}")]
     Mount {
         container: String,
         name: String,
         #[source]
-        reason: VolumeProblem,
+        reason: Box<VolumeProblem>,
     },
     #[error("tearing down volumes of pod {uid}: {reason}")]
     TearDown {
         uid: String,
         #[source]
-        reason: VolumeProblem,
+        reason: Box<VolumeProblem>,
     },
 }
 
@@ -227,7 +227,7 @@ impl VolumeManager {
         for volume in spec.volumes.iter().flatten() {
             let fail = |reason: VolumeProblem| VolumeError::SetUp {
                 volume: volume.name.clone(),
-                reason,
+                reason: Box::new(reason),
             };
             check_component("pod UID", uid).map_err(|e| fail(e.into()))?;
             check_component("volume name", &volume.name).map_err(|e| fail(e.into()))?;
@@ -361,7 +361,7 @@ impl VolumeManager {
             let fail = |reason: VolumeProblem| VolumeError::Mount {
                 container: container.name.clone(),
                 name: vm.name.clone(),
-                reason,
+                reason: Box::new(reason),
             };
             let Some(volume_path) = volumes.paths.get(&vm.name) else {
                 return Err(fail(VolumeProblem::NoVolume {
@@ -451,7 +451,7 @@ impl VolumeManager {
                 Err(e) => {
                     return Err(VolumeError::SetUp {
                         volume: volume.name.clone(),
-                        reason: e.into(),
+                        reason: Box::new(e.into()),
                     });
                 }
             };
@@ -461,7 +461,7 @@ impl VolumeManager {
                 Err(e) => {
                     return Err(VolumeError::SetUp {
                         volume: volume.name.clone(),
-                        reason: e.into(),
+                        reason: Box::new(e.into()),
                     });
                 }
             }
@@ -476,7 +476,7 @@ impl VolumeManager {
     pub fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
         let fail = |reason: VolumeProblem| VolumeError::TearDown {
             uid: uid.to_string(),
-            reason,
+            reason: Box::new(reason),
         };
         let Some(pod_dir) = self.existing_pod_dir(uid).map_err(|e| fail(e.into()))? else {
             return Ok(());

@@ -83,7 +83,7 @@ pub fn container_env(
                             container: container.name.clone(),
                             field: format!("env {:?} resourceFieldRef", var.name),
                             value: selector.resource.clone(),
-                            reason: reason.into(),
+                            reason: Box::new(reason.into()),
                         },
                     )?
                 } else {

@@ -98,7 +98,7 @@ pub enum TranslateError {
         field: String,
         value: String,
         #[source]
-        reason: QuantityProblem,
+        reason: Box<QuantityProblem>,
     },
 
     #[error("container {container:?}: unsupported port protocol {protocol:?}")]
