@@ -27,7 +27,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::defaults::ManifestOrigin;
 use super::manifest::MAX_MANIFEST_BYTES;
-use super::{SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_pods};
+use super::{
+    NodeSecurity, SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_pods,
+};
 
 /// Longest one fetch may take (shorter when the period is shorter).
 const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -223,6 +225,7 @@ pub struct HttpSource {
     url: String,
     headers: BTreeMap<String, Vec<String>>,
     node_name: String,
+    security: Arc<NodeSecurity>,
     period: Duration,
     problems: SourceProblems,
     /// TLS for an `https://` URL: the configuration, or why there is none.
@@ -236,6 +239,7 @@ impl HttpSource {
         url: String,
         headers: BTreeMap<String, Vec<String>>,
         node_name: String,
+        security: Arc<NodeSecurity>,
         period: Duration,
         problems: SourceProblems,
     ) -> Self {
@@ -246,6 +250,7 @@ impl HttpSource {
             url,
             headers,
             node_name,
+            security,
             period: period.max(Duration::from_millis(100)),
             problems,
             tls,
@@ -344,6 +349,7 @@ impl HttpSource {
             &bytes,
             ManifestOrigin::Http(&self.url),
             &self.node_name,
+            &self.security,
             SystemTime::now(),
         ) {
             Ok(loaded) => loaded,
@@ -577,6 +583,7 @@ mod tests {
             url.to_string(),
             BTreeMap::from([("x-test".to_string(), vec!["yes".to_string()])]),
             "node-1".into(),
+            Default::default(),
             Duration::from_secs(1),
             SourceProblems::default(),
         )
@@ -668,6 +675,7 @@ mod tests {
             static_pod_url: Some(url.clone()),
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_millis(100),
+            security: Default::default(),
         };
         let (mut rx, ready, problems) =
             spawn_sources(cfg, &tokio_util::task::TaskTracker::new(), cancel.clone());
