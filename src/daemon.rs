@@ -213,8 +213,11 @@ pub async fn run(
         cancel.clone(),
     ));
 
-    source::validate::validate_security::configure_from(&config.allowed_unsafe_sysctls, &client)
-        .await;
+    let security = source::validate::validate_security::detect_node_security(
+        &config.allowed_unsafe_sysctls,
+        &client,
+    )
+    .await;
     let (changes_rx, sources_ready, _problems) = source::spawn_sources(
         SourceConfig {
             node_name: config.node_name.clone(),
@@ -223,6 +226,7 @@ pub async fn run(
             static_pod_url: config.static_pod_url.clone(),
             static_pod_url_header: config.static_pod_url_header.clone(),
             http_check_frequency: config.http_check_frequency,
+            security: Arc::new(security),
         },
         &tracker,
         cancel.clone(),

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use deckhand::source::defaults::ManifestOrigin;
-use deckhand::source::load_static_pods;
+use deckhand::source::{NodeSecurity, load_static_pods};
 use deckhand::source::validate::{dns1123_label_problem, uid_problem};
 use libfuzzer_sys::fuzz_target;
 
@@ -22,7 +22,9 @@ fuzz_target!(|data: &[u8]| {
         ManifestOrigin::Http("http://manifests.example/pods")
     };
     let seen = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    let Ok(loaded) = load_static_pods(bytes, origin, "node-1", seen) else {
+    // The strictest node: it refuses whatever it cannot enforce.
+    let security = NodeSecurity::default();
+    let Ok(loaded) = load_static_pods(bytes, origin, "node-1", &security, seen) else {
         return;
     };
     for pod in &loaded.pods {

@@ -128,7 +128,7 @@ pub fn parse_config_file(path: &Path, text: &str) -> Result<ParsedConfigFile, Co
             if let Ok((meta, _)) = parse_yaml_document::<TypeMeta>(text) {
                 check_type_meta(path, meta.api_version.as_deref(), meta.kind.as_deref())?;
             }
-            Err(parse_err(full_error))
+            Err(parse_err(full_error.to_string()))
         }
     }
 }
@@ -157,18 +157,18 @@ fn check_type_meta(
 
 /// Deserializes exactly one YAML (or JSON) document into `T` through the project's one YAML
 /// module (input limits live there), returning the dotted paths of fields `T` did not know.
-fn parse_yaml_document<T: DeserializeOwned>(text: &str) -> Result<(T, Vec<String>), String> {
-    crate::yaml::from_str_reporting_unknown::<T>(text)
-        .map(|(value, unknown)| {
-            (
-                value,
-                unknown
-                    .iter()
-                    .map(|p| p.replace('[', ".").replace(']', ""))
-                    .collect(),
-            )
-        })
-        .map_err(|err| err.to_string())
+fn parse_yaml_document<T: DeserializeOwned>(
+    text: &str,
+) -> Result<(T, Vec<String>), crate::yaml::YamlError> {
+    crate::yaml::from_str_reporting_unknown::<T>(text).map(|(value, unknown)| {
+        (
+            value,
+            unknown
+                .iter()
+                .map(|p| p.replace('[', ".").replace(']', ""))
+                .collect(),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::duration::parse_go_duration;
+use super::duration::{DurationError, parse_go_duration};
 
 /// Deckhand's command line.
 #[derive(Debug, Clone, Default, PartialEq, Parser)]
@@ -167,31 +167,56 @@ pub struct Flags {
     pub serialize_image_pulls: Option<bool>,
 }
 
+/// A `--manifest-url-header` item that is not a usable `key:value` pair.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderPairError {
+    #[error("{0:?} is not a key:value pair")]
+    NoColon(String),
+    #[error("{0:?} has an empty header name")]
+    EmptyName(String),
+    #[error("{0:?} is not a valid HTTP header name")]
+    BadName(String),
+}
+
+/// A flag value that Go's `strconv.ParseBool` would not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a boolean (use true or false)")]
+pub struct NotABool(pub String);
+
+/// A duration flag that is not a Go duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {value:?}: {source}")]
+pub struct DurationArgError {
+    value: String,
+    #[source]
+    source: DurationError,
+}
+
 /// Parses one `key:value` item of `--manifest-url-header`. The key is trimmed and must be
 /// non-empty; the value is everything after the first colon, trimmed, and may be empty.
-pub fn parse_header_pair(item: &str) -> Result<(String, String), String> {
+pub fn parse_header_pair(item: &str) -> Result<(String, String), HeaderPairError> {
     let Some((key, value)) = item.split_once(':') else {
-        return Err(format!("{item:?} is not a key:value pair"));
+        return Err(HeaderPairError::NoColon(item.to_string()));
     };
     let key = key.trim();
     if key.is_empty() {
-        return Err(format!("{item:?} has an empty header name"));
+        return Err(HeaderPairError::EmptyName(item.to_string()));
     }
     if !key
         .bytes()
         .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
     {
-        return Err(format!("{key:?} is not a valid HTTP header name"));
+        return Err(HeaderPairError::BadName(key.to_string()));
     }
     Ok((key.to_string(), value.trim().to_string()))
 }
 
 /// Booleans as Go's `strconv.ParseBool` reads them (what `--flag=value` accepts upstream).
-pub fn parse_go_bool(value: &str) -> Result<bool, String> {
+pub fn parse_go_bool(value: &str) -> Result<bool, NotABool> {
     match value {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("{value:?} is not a boolean (use true or false)")),
+        _ => Err(NotABool(value.to_string())),
     }
 }
 
@@ -200,8 +225,11 @@ fn parse_path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible>
     Ok(PathBuf::from(value))
 }
 
-fn parse_duration_arg(value: &str) -> Result<Duration, String> {
-    parse_go_duration(value).map_err(|e| format!("invalid duration {value:?}: {e}"))
+fn parse_duration_arg(value: &str) -> Result<Duration, DurationArgError> {
+    parse_go_duration(value).map_err(|source| DurationArgError {
+        value: value.to_string(),
+        source,
+    })
 }
 
 #[cfg(test)]

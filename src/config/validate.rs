@@ -629,17 +629,28 @@ fn check_file_only_fields(f: &KubeletConfigurationFile) -> Result<(), ConfigErro
     Ok(())
 }
 
+/// Why a value is not acceptable, for the field it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidValue(pub String);
+
+impl From<InvalidValue> for String {
+    fn from(value: InvalidValue) -> Self {
+        value.0
+    }
+}
+
 /// Accepts `unix:///abs/path` as is and turns a bare absolute path into `unix:///abs/path`.
-pub(super) fn normalize_endpoint(value: &str) -> Result<String, String> {
+pub(super) fn normalize_endpoint(value: &str) -> Result<String, InvalidValue> {
     let value = value.trim();
     if value.is_empty() {
-        return Err("must not be empty".to_string());
+        return Err(InvalidValue("must not be empty".into()));
     }
     if let Some(path) = value.strip_prefix("unix://") {
         if !path.starts_with('/') {
-            return Err(format!(
+            return Err(InvalidValue(format!(
                 "{value:?} must name an absolute socket path, like unix:///run/containerd/containerd.sock"
-            ));
+            )));
         }
         return Ok(value.to_string());
     }
@@ -647,42 +658,52 @@ pub(super) fn normalize_endpoint(value: &str) -> Result<String, String> {
         return Ok(format!("unix://{value}"));
     }
     if let Some((scheme, _)) = value.split_once("://") {
-        return Err(format!(
+        return Err(InvalidValue(format!(
             "{value:?} uses scheme {scheme:?}; Deckhand only speaks CRI over unix sockets (unix:///path)"
-        ));
+        )));
     }
-    Err(format!(
+    Err(InvalidValue(format!(
         "{value:?} must be unix:///path/to/socket or an absolute socket path"
-    ))
+    )))
 }
 
 /// A minimal check that `url` is an absolute http(s) URL with a host.
-pub(super) fn check_http_url(url: &str) -> Result<(), String> {
+pub(super) fn check_http_url(url: &str) -> Result<(), InvalidValue> {
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!("{url:?} is not a valid URL (contains whitespace)"));
+        return Err(InvalidValue(format!(
+            "{url:?} is not a valid URL (contains whitespace)"
+        )));
     }
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(format!("{url:?} is not an absolute http(s) URL"));
+        return Err(InvalidValue(format!(
+            "{url:?} is not an absolute http(s) URL"
+        )));
     };
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-        return Err(format!(
+        return Err(InvalidValue(format!(
             "{url:?} uses scheme {scheme:?}; only http and https are supported"
-        ));
+        )));
     }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
     let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
         let Some((host, after)) = v6.split_once(']') else {
-            return Err(format!("{url:?} has an unterminated IPv6 address"));
+            return Err(InvalidValue(format!(
+                "{url:?} has an unterminated IPv6 address"
+            )));
         };
         if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("{url:?} has an invalid IPv6 address"));
+            return Err(InvalidValue(format!("{url:?} has an invalid IPv6 address")));
         }
         match after {
             "" => (host, None),
             p => match p.strip_prefix(':') {
                 Some(port) => (host, Some(port)),
-                None => return Err(format!("{url:?} has junk after the IPv6 address")),
+                None => {
+                    return Err(InvalidValue(format!(
+                        "{url:?} has junk after the IPv6 address"
+                    )));
+                }
             },
         }
     } else {
@@ -692,22 +713,24 @@ pub(super) fn check_http_url(url: &str) -> Result<(), String> {
         }
     };
     if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
+        return Err(InvalidValue(format!("{url:?} has no host")));
     }
     if let Some(port) = port
         && !port.is_empty()
         && port.parse::<u16>().is_err()
     {
-        return Err(format!("{url:?} has an invalid port {port:?}"));
+        return Err(InvalidValue(format!(
+            "{url:?} has an invalid port {port:?}"
+        )));
     }
     Ok(())
 }
 
 /// DNS-1123 subdomain: at most 253 characters of dot-separated labels, each 1-63 characters of
 /// `a-z`, `0-9` and `-`, starting and ending with a letter or digit.
-fn check_dns_subdomain(name: &str) -> Result<(), String> {
+fn check_dns_subdomain(name: &str) -> Result<(), InvalidValue> {
     if name.len() > 253 {
-        return Err("is longer than 253 characters".to_string());
+        return Err(InvalidValue("is longer than 253 characters".into()));
     }
     for label in name.split('.') {
         let ok = !label.is_empty()
@@ -718,22 +741,22 @@ fn check_dns_subdomain(name: &str) -> Result<(), String> {
             && !label.starts_with('-')
             && !label.ends_with('-');
         if !ok {
-            return Err(
+            return Err(InvalidValue(
                 "is not a valid DNS subdomain (lowercase letters, digits, '-' and '.')".to_string(),
-            );
+            ));
         }
     }
     Ok(())
 }
 
 /// podLogsDir must be absolute, normalized and ASCII (upstream uses it in metric labels).
-fn check_pod_logs_dir(path: &Path) -> Result<(), String> {
+fn check_pod_logs_dir(path: &Path) -> Result<(), InvalidValue> {
     let text = path.to_string_lossy();
     if text.is_empty() {
-        return Err("must not be empty".to_string());
+        return Err(InvalidValue("must not be empty".into()));
     }
     if !path.is_absolute() {
-        return Err(format!("{text:?} must be an absolute path"));
+        return Err(InvalidValue(format!("{text:?} must be an absolute path")));
     }
     let clean = text == "/"
         || text
@@ -741,19 +764,21 @@ fn check_pod_logs_dir(path: &Path) -> Result<(), String> {
             .skip(1)
             .all(|segment| !matches!(segment, "" | "." | ".."));
     if !clean {
-        return Err(format!(
+        return Err(InvalidValue(format!(
             "{text:?} must be normalized (no '.', '..', '//' or trailing '/')"
-        ));
+        )));
     }
     if !text.is_ascii() {
-        return Err(format!("{text:?} must contain ASCII characters only"));
+        return Err(InvalidValue(format!(
+            "{text:?} must contain ASCII characters only"
+        )));
     }
     Ok(())
 }
 
 /// A positive Kubernetes quantity with an optional binary or decimal suffix, e.g. `10Mi`,
 /// `500k`, `1G`, `1048576`, `1.5Gi`.
-fn check_quantity(text: &str) -> Result<(), String> {
+fn check_quantity(text: &str) -> Result<(), InvalidValue> {
     const SUFFIXES: [&str; 13] = [
         "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "",
     ];
@@ -767,10 +792,12 @@ fn check_quantity(text: &str) -> Result<(), String> {
         && number != "."
         && !number.starts_with('.');
     if !valid_number || !SUFFIXES.contains(&suffix) {
-        return Err("is not a size quantity (e.g. 10Mi, 500Ki, 1G)".to_string());
+        return Err(InvalidValue(
+            "is not a size quantity (e.g. 10Mi, 500Ki, 1G)".into(),
+        ));
     }
     if number.bytes().all(|b| b == b'0' || b == b'.') {
-        return Err("must be greater than 0".to_string());
+        return Err(InvalidValue("must be greater than 0".into()));
     }
     Ok(())
 }
@@ -797,7 +824,7 @@ mod tests {
         for (input, want) in cases {
             match (normalize_endpoint(input), want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, *want, "{input:?}"),
-                (Err(got), Err(want)) => assert!(got.contains(want), "{input:?}: {got}"),
+                (Err(got), Err(want)) => assert!(got.0.contains(want), "{input:?}: {got}"),
                 (got, want) => panic!("{input:?}: got {got:?}, want {want:?}"),
             }
         }

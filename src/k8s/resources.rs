@@ -14,6 +14,31 @@ pub struct NodeAllocatable {
     pub ephemeral_storage_bytes: i64,
 }
 
+/// Why a `resourceFieldRef` has no value; the messages are upstream's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceFieldError {
+    /// The named container (empty: the current one) is not in the pod.
+    #[error("container {0} not found")]
+    NoContainer(String),
+    #[error("invalid divisor {value:?}: {source}")]
+    BadDivisor {
+        value: String,
+        #[source]
+        source: quantity::QuantityError,
+    },
+    #[error("invalid {name} quantity {value:?}: {source}")]
+    BadQuantity {
+        name: String,
+        value: String,
+        #[source]
+        source: quantity::QuantityError,
+    },
+    #[error("unsupported container resource : {0}")]
+    Unsupported(String),
+    #[error("invalid divisor {0:?}")]
+    ZeroDivisor(String),
+}
+
 /// The value of a `resourceFieldRef`, as upstream computes it: the amount divided by the
 /// divisor (default 1), rounded up; CPU in millicores before the division, the rest in bytes.
 /// A limit the container does not set (or sets to zero) is the node's allocatable amount.
@@ -25,7 +50,7 @@ pub fn resource_field_value(
     current: Option<&Container>,
     selector: &ResourceFieldSelector,
     node: &NodeAllocatable,
-) -> Result<String, String> {
+) -> Result<String, ResourceFieldError> {
     let container = match selector.container_name.as_deref().filter(|n| !n.is_empty()) {
         Some(name) => pod
             .spec
@@ -36,38 +61,46 @@ pub fn resource_field_value(
                     .chain(s.init_containers.iter().flatten())
                     .find(|c| c.name == name)
             })
-            .ok_or_else(|| format!("container {name} not found"))?,
-        None => current.ok_or_else(|| "container  not found".to_string())?,
+            .ok_or_else(|| ResourceFieldError::NoContainer(name.to_string()))?,
+        None => current.ok_or_else(|| ResourceFieldError::NoContainer(String::new()))?,
     };
     // An absent or zero divisor means 1.
     let one = quantity::parse("1").expect("1 is a quantity");
     let divisor = match &selector.divisor {
         Some(q) if !q.0.is_empty() => {
-            let d = quantity::parse(&q.0).map_err(|e| format!("invalid divisor {:?}: {e}", q.0))?;
+            let d = quantity::parse(&q.0).map_err(|source| ResourceFieldError::BadDivisor {
+                value: q.0.clone(),
+                source,
+            })?;
             if d.is_zero() { one } else { d }
         }
         _ => one,
     };
     let resources = container.resources.as_ref();
-    let amount = |map: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    let amount =
+        |map: Option<
+            &std::collections::BTreeMap<
+                String,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            >,
         >,
-    >,
-                  name: &str|
-     -> Result<Option<quantity::Quantity>, String> {
-        match map.and_then(|m| m.get(name)) {
-            Some(q) => quantity::parse(&q.0)
-                .map(Some)
-                .map_err(|e| format!("invalid {name} quantity {:?}: {e}", q.0)),
-            None => Ok(None),
-        }
-    };
+         name: &str|
+         -> Result<Option<quantity::Quantity>, ResourceFieldError> {
+            match map.and_then(|m| m.get(name)) {
+                Some(q) => quantity::parse(&q.0).map(Some).map_err(|source| {
+                    ResourceFieldError::BadQuantity {
+                        name: name.to_string(),
+                        value: q.0.clone(),
+                        source,
+                    }
+                }),
+                None => Ok(None),
+            }
+        };
     let limits = resources.and_then(|r| r.limits.as_ref());
     let requests = resources.and_then(|r| r.requests.as_ref());
     // A limit that is absent or zero falls back to the node's allocatable amount.
-    let limit = |name: &str, node_amount: i64, milli: bool| -> Result<i64, String> {
+    let limit = |name: &str, node_amount: i64, milli: bool| -> Result<i64, ResourceFieldError> {
         Ok(match amount(limits, name)? {
             Some(q) if !q.is_zero() => {
                 if milli {
@@ -79,7 +112,7 @@ pub fn resource_field_value(
             _ => node_amount,
         })
     };
-    let request = |name: &str, milli: bool| -> Result<i64, String> {
+    let request = |name: &str, milli: bool| -> Result<i64, ResourceFieldError> {
         Ok(match amount(requests, name)? {
             Some(q) if milli => q.milli_value(),
             Some(q) => q.value(),
@@ -110,7 +143,7 @@ pub fn resource_field_value(
                     false,
                 )
             } else {
-                return Err(format!("unsupported container resource : {other}"));
+                return Err(ResourceFieldError::Unsupported(other.to_string()));
             }
         }
     };
@@ -120,13 +153,12 @@ pub fn resource_field_value(
         divisor.value()
     };
     if per <= 0 {
-        return Err(format!(
-            "invalid divisor {:?}",
+        return Err(ResourceFieldError::ZeroDivisor(
             selector
                 .divisor
                 .as_ref()
-                .map(|q| q.0.as_str())
-                .unwrap_or("")
+                .map(|q| q.0.clone())
+                .unwrap_or_default(),
         ));
     }
     Ok(ceil_div(value, per).to_string())

@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
@@ -17,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::defaults::ManifestOrigin;
 use super::manifest::MAX_MANIFEST_BYTES;
-use super::{SOURCE_FILE, SourceProblems, SourceSnapshot, full_name, load_static_pods};
+use super::{
+    NodeSecurity, SOURCE_FILE, SourceProblems, SourceSnapshot, full_name, load_static_pods,
+};
 
 /// Quiet time after the last inotify event before rescanning: editors write a file in
 /// several steps, and one rescan should see the end result.
@@ -171,7 +174,13 @@ fn manifest_files(path: &Path) -> Listing {
 /// validated keeps the pods `previous` had for it, and a `staticPodPath` that cannot be listed
 /// keeps all of them. Only a file that is gone (or a `staticPodPath` that does not exist)
 /// removes its pods, as upstream. A file that never read well contributes nothing.
-pub fn scan(path: &Path, node_name: &str, seen: SystemTime, previous: &ScanOutcome) -> ScanOutcome {
+pub fn scan(
+    path: &Path,
+    node_name: &str,
+    security: &NodeSecurity,
+    seen: SystemTime,
+    previous: &ScanOutcome,
+) -> ScanOutcome {
     let mut outcome = ScanOutcome::default();
     let files = match manifest_files(path) {
         Listing::Missing => {
@@ -199,7 +208,13 @@ pub fn scan(path: &Path, node_name: &str, seen: SystemTime, previous: &ScanOutco
                 Err(ReadError::Gone(_)) => continue,
                 Err(e) => e.to_string(),
                 Ok(bytes) => {
-                    match load_static_pods(&bytes, ManifestOrigin::File(&file), node_name, seen) {
+                    match load_static_pods(
+                        &bytes,
+                        ManifestOrigin::File(&file),
+                        node_name,
+                        security,
+                        seen,
+                    ) {
                         Ok(loaded) => {
                             if !loaded.unknown_fields.is_empty() {
                                 outcome
@@ -252,6 +267,7 @@ pub fn scan(path: &Path, node_name: &str, seen: SystemTime, previous: &ScanOutco
 pub struct FileSource {
     path: PathBuf,
     node_name: String,
+    security: Arc<NodeSecurity>,
     period: Duration,
     problems: SourceProblems,
     owned_problems: BTreeSet<String>,
@@ -269,12 +285,14 @@ impl FileSource {
     pub fn new(
         path: PathBuf,
         node_name: String,
+        security: Arc<NodeSecurity>,
         period: Duration,
         problems: SourceProblems,
     ) -> Self {
         FileSource {
             path,
             node_name,
+            security,
             period: period.max(Duration::from_millis(100)),
             problems,
             owned_problems: BTreeSet::new(),
@@ -348,7 +366,13 @@ impl FileSource {
 
     /// Scan once, starting from the last scan, and remember the result for the next one.
     pub fn scan_once(&mut self, seen: SystemTime) -> &ScanOutcome {
-        let outcome = scan(&self.path, &self.node_name, seen, &self.last);
+        let outcome = scan(
+            &self.path,
+            &self.node_name,
+            &self.security,
+            seen,
+            &self.last,
+        );
         self.report(&outcome);
         self.last = outcome;
         &self.last
@@ -357,17 +381,21 @@ impl FileSource {
     async fn rescan(&mut self, tx: &mpsc::Sender<SourceSnapshot>) -> bool {
         let path = self.path.clone();
         let node = self.node_name.clone();
+        let security = self.security.clone();
         let seen = SystemTime::now();
         let previous = self.last.clone();
-        let outcome =
-            match tokio::task::spawn_blocking(move || scan(&path, &node, seen, &previous)).await {
-                Ok(outcome) => outcome,
-                Err(e) => {
-                    // Nothing was learnt: send nothing, keep the last scan as the base.
-                    tracing::error!(error = %e, "static pod scan failed");
-                    return true;
-                }
-            };
+        let outcome = match tokio::task::spawn_blocking(move || {
+            scan(&path, &node, &security, seen, &previous)
+        })
+        .await
+        {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // Nothing was learnt: send nothing, keep the last scan as the base.
+                tracing::error!(error = %e, "static pod scan failed");
+                return true;
+            }
+        };
         self.report(&outcome);
         let pods = outcome.pods.clone();
         let inconclusive = outcome.inconclusive;
@@ -578,6 +606,7 @@ mod tests {
             static_pod_url: None,
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_secs(20),
+            security: Default::default(),
         }
     }
 
@@ -675,10 +704,17 @@ mod tests {
         let mut source = FileSource::new(
             dir.path().to_path_buf(),
             NODE.into(),
+            Default::default(),
             Duration::from_secs(60),
             problems.clone(),
         );
-        let first = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+        let first = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(first.pods.len(), 2);
         let logged = source.report(&first);
         assert_eq!(logged.len(), 2, "{logged:?}");
@@ -694,7 +730,13 @@ mod tests {
 
         // The same problems on the next rescans: silence.
         for _ in 0..2 {
-            let again = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+            let again = scan(
+                dir.path(),
+                NODE,
+                &NodeSecurity::default(),
+                SystemTime::now(),
+                &ScanOutcome::default(),
+            );
             assert!(source.report(&again).is_empty());
         }
 
@@ -703,6 +745,7 @@ mod tests {
         let changed = source.report(&scan(
             dir.path(),
             NODE,
+            &NodeSecurity::default(),
             SystemTime::now(),
             &ScanOutcome::default(),
         ));
@@ -711,6 +754,7 @@ mod tests {
         let fixed = source.report(&scan(
             dir.path(),
             NODE,
+            &NodeSecurity::default(),
             SystemTime::now(),
             &ScanOutcome::default(),
         ));
@@ -724,7 +768,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "10-web.yaml", &manifest("web", "nginx:1"));
         write(dir.path(), "20-web.yaml", &manifest("web", "nginx:2"));
-        let outcome = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+        let outcome = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(outcome.pods.len(), 1);
         let image = outcome.pods[0].spec.as_ref().unwrap().containers[0]
             .image
@@ -748,7 +798,13 @@ mod tests {
         fs::write(dir.path().join(".swp"), "garbage").unwrap();
         fs::create_dir(dir.path().join("sub")).unwrap();
         fs::write(dir.path().join("sub/inner.yaml"), manifest("inner", "x")).unwrap();
-        let outcome = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+        let outcome = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         let names: Vec<_> = outcome
             .pods
             .iter()
@@ -761,6 +817,7 @@ mod tests {
         let one = scan(
             &dir.path().join("web.json"),
             NODE,
+            &NodeSecurity::default(),
             SystemTime::now(),
             &ScanOutcome::default(),
         );
@@ -775,10 +832,17 @@ mod tests {
         let mut source = FileSource::new(
             missing.clone(),
             NODE.into(),
+            Default::default(),
             Duration::from_secs(1),
             problems.clone(),
         );
-        let outcome = scan(&missing, NODE, SystemTime::now(), &ScanOutcome::default());
+        let outcome = scan(
+            &missing,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert!(outcome.missing && outcome.pods.is_empty());
         assert_eq!(source.report(&outcome).len(), 1);
         assert!(
@@ -786,6 +850,7 @@ mod tests {
                 .report(&scan(
                     &missing,
                     NODE,
+                    &NodeSecurity::default(),
                     SystemTime::now(),
                     &ScanOutcome::default()
                 ))
@@ -798,6 +863,7 @@ mod tests {
                 .report(&scan(
                     &missing,
                     NODE,
+                    &NodeSecurity::default(),
                     SystemTime::now(),
                     &ScanOutcome::default()
                 ))
@@ -843,7 +909,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "a.yaml", &manifest("a", "nginx:1"));
         write(dir.path(), "b.yaml", &manifest("b", "nginx:1"));
-        let good = scan(dir.path(), NODE, SystemTime::now(), &ScanOutcome::default());
+        let good = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(good.pods.len(), 2);
         let before = names_and_uids(&good);
 
@@ -859,7 +931,13 @@ mod tests {
         ];
         for (what, text) in broken {
             fs::write(dir.path().join("b.yaml"), text).unwrap();
-            let again = scan(dir.path(), NODE, SystemTime::now(), &good);
+            let again = scan(
+                dir.path(),
+                NODE,
+                &NodeSecurity::default(),
+                SystemTime::now(),
+                &good,
+            );
             assert_eq!(names_and_uids(&again), before, "{what}");
             let key = dir.path().join("b.yaml").display().to_string();
             assert!(again.errors.contains_key(&key), "{what}: {again:?}");
@@ -869,7 +947,13 @@ mod tests {
                 "{what}"
             );
             // Kept again on the scan after (the base is the kept state).
-            let third = scan(dir.path(), NODE, SystemTime::now(), &again);
+            let third = scan(
+                dir.path(),
+                NODE,
+                &NodeSecurity::default(),
+                SystemTime::now(),
+                &again,
+            );
             assert_eq!(
                 names_and_uids(&third),
                 before,
@@ -880,13 +964,25 @@ mod tests {
         // Unreadable even for root: a symlink loop.
         fs::remove_file(dir.path().join("b.yaml")).unwrap();
         std::os::unix::fs::symlink("b.yaml", dir.path().join("b.yaml")).unwrap();
-        let looped = scan(dir.path(), NODE, SystemTime::now(), &good);
+        let looped = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &good,
+        );
         assert_eq!(names_and_uids(&looped), before);
 
         // Gone for good (ENOENT, also as a dangling link): a deletion.
         fs::remove_file(dir.path().join("b.yaml")).unwrap();
         std::os::unix::fs::symlink("nowhere.yaml", dir.path().join("b.yaml")).unwrap();
-        let gone = scan(dir.path(), NODE, SystemTime::now(), &looped);
+        let gone = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &looped,
+        );
         assert_eq!(names_and_uids(&gone), before[..1]);
         assert!(gone.errors.is_empty() && gone.kept.is_empty(), "{gone:?}");
 
@@ -896,7 +992,13 @@ mod tests {
             "c.yaml",
             "apiVersion: v1\nkind: Pod\nmetadata: {name: c",
         );
-        let fresh = scan(dir.path(), NODE, SystemTime::now(), &gone);
+        let fresh = scan(
+            dir.path(),
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &gone,
+        );
         assert_eq!(names_and_uids(&fresh), before[..1]);
         assert!(fresh.kept.is_empty());
     }
@@ -911,14 +1013,26 @@ mod tests {
         write(&dir, "a.yaml", &manifest("a", "nginx:1"));
         write(&dir, "b.yaml", &manifest("b", "nginx:1"));
         write(&dir, "bad.yaml", "kind: Pod\n");
-        let good = scan(&dir, NODE, SystemTime::now(), &ScanOutcome::default());
+        let good = scan(
+            &dir,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(good.pods.len(), 2);
         assert!(!good.inconclusive);
         let before = names_and_uids(&good);
 
         fs::rename(&dir, top.path().join("away")).unwrap();
         std::os::unix::fs::symlink("manifests", &dir).unwrap();
-        let looped = scan(&dir, NODE, SystemTime::now(), &good);
+        let looped = scan(
+            &dir,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &good,
+        );
         assert_eq!(names_and_uids(&looped), before);
         assert!(looped.inconclusive);
         let key = dir.display().to_string();
@@ -933,13 +1047,25 @@ mod tests {
 
         // A socket where the directory was.
         let _socket = std::os::unix::net::UnixListener::bind(&dir).unwrap();
-        let odd = scan(&dir, NODE, SystemTime::now(), &looped);
+        let odd = scan(
+            &dir,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &looped,
+        );
         assert_eq!(names_and_uids(&odd), before);
         assert!(odd.errors[&key].contains("neither"), "{odd:?}");
         fs::remove_file(&dir).unwrap();
 
         // Gone: the pods go (as upstream).
-        let missing = scan(&dir, NODE, SystemTime::now(), &odd);
+        let missing = scan(
+            &dir,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &odd,
+        );
         assert!(missing.missing && missing.pods.is_empty());
     }
 
@@ -949,17 +1075,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("web.yaml");
         write(dir.path(), "web.yaml", &manifest("web", "nginx:1"));
-        let good = scan(&file, NODE, SystemTime::now(), &ScanOutcome::default());
+        let good = scan(
+            &file,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &ScanOutcome::default(),
+        );
         assert_eq!(good.pods.len(), 1);
         fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata:\n  na").unwrap();
-        let broken = scan(&file, NODE, SystemTime::now(), &good);
+        let broken = scan(
+            &file,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            &good,
+        );
         assert_eq!(names_and_uids(&broken), names_and_uids(&good));
         assert!(broken.inconclusive);
         fs::remove_file(&file).unwrap();
         assert!(
-            scan(&file, NODE, SystemTime::now(), &broken)
-                .pods
-                .is_empty()
+            scan(
+                &file,
+                NODE,
+                &NodeSecurity::default(),
+                SystemTime::now(),
+                &broken
+            )
+            .pods
+            .is_empty()
         );
     }
 
@@ -973,6 +1117,7 @@ mod tests {
         let mut source = FileSource::new(
             path.clone(),
             NODE.into(),
+            Default::default(),
             Duration::from_secs(60),
             SourceProblems::default(),
         );

@@ -27,7 +27,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::defaults::ManifestOrigin;
 use super::manifest::MAX_MANIFEST_BYTES;
-use super::{SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_pods};
+use super::{
+    NodeSecurity, SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_pods,
+};
 
 /// Longest one fetch may take (shorter when the period is shorter).
 const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,25 +122,83 @@ struct Target {
 }
 
 /// Why a URL can never be fetched.
-fn parse_target(url: &str) -> Result<Target, String> {
-    let uri: hyper::Uri = url
-        .parse()
-        .map_err(|e| format!("{url}: invalid URL: {e}"))?;
+#[derive(Debug, thiserror::Error)]
+enum TargetError {
+    #[error("{url}: invalid URL: {source}")]
+    Invalid {
+        url: String,
+        #[source]
+        source: hyper::http::uri::InvalidUri,
+    },
+    #[error("{0}: only http:// and https:// manifest URLs are supported")]
+    Scheme(String),
+    #[error("{0}: the URL has no host")]
+    NoHost(String),
+}
+
+/// Why one fetch of the manifest URL failed.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("GET {url}: invalid request: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: hyper::http::Error,
+    },
+    #[error("GET {url}: {source}")]
+    Failed {
+        url: String,
+        #[source]
+        source: ExchangeError,
+    },
+    #[error("GET {url}: timed out after {timeout:?}")]
+    TimedOut { url: String, timeout: Duration },
+}
+
+/// Why the exchange with the server failed (the server's side of a failed fetch).
+#[derive(Debug, thiserror::Error)]
+enum ExchangeError {
+    #[error("dial {addr}: {source}")]
+    Dial {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
+    #[error("bad TLS server name {host:?}: {source}")]
+    ServerName {
+        host: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("TLS handshake: {}", error_chain(.0))]
+    Handshake(#[source] std::io::Error),
+    /// The HTTP exchange itself, shown with its whole chain of causes.
+    #[error("{}", error_chain(.0))]
+    Http(#[source] hyper::Error),
+    #[error("HTTP {0}")]
+    Status(hyper::StatusCode),
+    #[error("reading body: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn parse_target(url: &str) -> Result<Target, TargetError> {
+    let uri: hyper::Uri = url.parse().map_err(|source| TargetError::Invalid {
+        url: url.to_string(),
+        source,
+    })?;
     let https = match uri.scheme_str() {
         Some("http") => false,
         Some("https") => true,
-        _ => {
-            return Err(format!(
-                "{url}: only http:// and https:// manifest URLs are supported"
-            ));
-        }
+        _ => return Err(TargetError::Scheme(url.to_string())),
     };
     let authority = uri
         .authority()
-        .ok_or_else(|| format!("{url}: the URL has no host"))?;
+        .ok_or_else(|| TargetError::NoHost(url.to_string()))?;
     let raw_host = authority.host();
     if raw_host.is_empty() {
-        return Err(format!("{url}: the URL has no host"));
+        return Err(TargetError::NoHost(url.to_string()));
     }
     let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
     let host = raw_host
@@ -165,6 +225,7 @@ pub struct HttpSource {
     url: String,
     headers: BTreeMap<String, Vec<String>>,
     node_name: String,
+    security: Arc<NodeSecurity>,
     period: Duration,
     problems: SourceProblems,
     /// TLS for an `https://` URL: the configuration, or why there is none.
@@ -178,6 +239,7 @@ impl HttpSource {
         url: String,
         headers: BTreeMap<String, Vec<String>>,
         node_name: String,
+        security: Arc<NodeSecurity>,
         period: Duration,
         problems: SourceProblems,
     ) -> Self {
@@ -188,6 +250,7 @@ impl HttpSource {
             url,
             headers,
             node_name,
+            security,
             period: period.max(Duration::from_millis(100)),
             problems,
             tls,
@@ -206,7 +269,7 @@ impl HttpSource {
         self.period.min(MAX_FETCH_TIMEOUT)
     }
 
-    async fn get(&self, target: &Target) -> Result<Vec<u8>, String> {
+    async fn get(&self, target: &Target) -> Result<Vec<u8>, FetchError> {
         let url = &self.url;
         let mut request = hyper::Request::get(target.path_and_query.as_str())
             .header(hyper::header::HOST, target.authority.as_str());
@@ -215,35 +278,51 @@ impl HttpSource {
                 request = request.header(name.as_str(), value.as_str());
             }
         }
-        let request = request
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("GET {url}: invalid request: {e}"))?;
+        let request =
+            request
+                .body(Empty::<Bytes>::new())
+                .map_err(|source| FetchError::Request {
+                    url: url.clone(),
+                    source,
+                })?;
         let fetch = async {
-            let tcp = TcpStream::connect(&target.dial)
-                .await
-                .map_err(|e| format!("dial {}: {e}", target.dial))?;
+            let tcp =
+                TcpStream::connect(&target.dial)
+                    .await
+                    .map_err(|source| ExchangeError::Dial {
+                        addr: target.dial.clone(),
+                        source,
+                    })?;
             let _ = tcp.set_nodelay(true);
             if !target.https {
                 return exchange(tcp, request).await;
             }
             let config = match &self.tls {
                 Some(Ok(config)) => config.clone(),
-                Some(Err(e)) => return Err(e.to_string()),
-                None => system_ca_file()
-                    .and_then(|f| tls_config_from_ca_file(&f))
-                    .map_err(|e| e.to_string())?,
+                Some(Err(e)) => return Err(e.clone().into()),
+                None => system_ca_file().and_then(|f| tls_config_from_ca_file(&f))?,
             };
-            let name = ServerName::try_from(target.host.clone())
-                .map_err(|e| format!("bad TLS server name {:?}: {e}", target.host))?;
+            let name = ServerName::try_from(target.host.clone()).map_err(|source| {
+                ExchangeError::ServerName {
+                    host: target.host.clone(),
+                    source,
+                }
+            })?;
             let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
                 .await
-                .map_err(|e| format!("TLS handshake: {}", error_chain(&e)))?;
+                .map_err(ExchangeError::Handshake)?;
             exchange(tls, request).await
         };
         match tokio::time::timeout(self.timeout(), fetch).await {
-            Ok(result) => result.map_err(|e| format!("GET {url}: {e}")),
-            Err(_) => Err(format!("GET {url}: timed out after {:?}", self.timeout())),
+            Ok(result) => result.map_err(|source| FetchError::Failed {
+                url: url.clone(),
+                source,
+            }),
+            Err(_) => Err(FetchError::TimedOut {
+                url: url.clone(),
+                timeout: self.timeout(),
+            }),
         }
     }
 
@@ -251,11 +330,11 @@ impl HttpSource {
     pub async fn fetch(&self) -> FetchOutcome {
         let target = match parse_target(&self.url) {
             Ok(target) => target,
-            Err(message) => return FetchOutcome::Unsupported(message),
+            Err(e) => return FetchOutcome::Unsupported(e.to_string()),
         };
         let bytes = match self.get(&target).await {
             Ok(bytes) => bytes,
-            Err(e) => return FetchOutcome::Failed(e),
+            Err(e) => return FetchOutcome::Failed(e.to_string()),
         };
         if bytes.iter().all(u8::is_ascii_whitespace) {
             // Upstream reads an empty body as "no pods"; a server mid-restart or a proxy
@@ -270,6 +349,7 @@ impl HttpSource {
             &bytes,
             ManifestOrigin::Http(&self.url),
             &self.node_name,
+            &self.security,
             SystemTime::now(),
         ) {
             Ok(loaded) => loaded,
@@ -373,26 +453,26 @@ impl HttpSource {
 
 /// Sends one request over `io` (one connection per fetch: the period is long, and a fresh
 /// connection sees a restarted server at once) and reads the body, up to the manifest limit.
-async fn exchange<T>(io: T, request: hyper::Request<Empty<Bytes>>) -> Result<Vec<u8>, String>
+async fn exchange<T>(io: T, request: hyper::Request<Empty<Bytes>>) -> Result<Vec<u8>, ExchangeError>
 where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(ExchangeError::Http)?;
     let request = async move {
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(ExchangeError::Http)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!("HTTP {status}"));
+            return Err(ExchangeError::Status(status));
         }
         let body = Limited::new(response.into_body(), MAX_MANIFEST_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("reading body: {e}"))?;
+            .map_err(ExchangeError::Body)?;
         Ok(body.to_bytes().to_vec())
     };
     // The connection is driven here: nothing outlives the fetch.
@@ -503,6 +583,7 @@ mod tests {
             url.to_string(),
             BTreeMap::from([("x-test".to_string(), vec!["yes".to_string()])]),
             "node-1".into(),
+            Default::default(),
             Duration::from_secs(1),
             SourceProblems::default(),
         )
@@ -594,6 +675,7 @@ mod tests {
             static_pod_url: Some(url.clone()),
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_millis(100),
+            security: Default::default(),
         };
         let (mut rx, ready, problems) =
             spawn_sources(cfg, &tokio_util::task::TaskTracker::new(), cancel.clone());

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use self::defaults::ManifestOrigin;
 use self::manifest::ManifestError;
 use self::validate::ValidationError;
+pub use self::validate::validate_security::NodeSecurity;
 
 /// Source name of static pods read from `staticPodPath`.
 pub const SOURCE_FILE: &str = "file";
@@ -61,6 +62,8 @@ pub struct SourceConfig {
     pub static_pod_url: Option<String>,
     pub static_pod_url_header: BTreeMap<String, Vec<String>>,
     pub http_check_frequency: Duration,
+    /// What this node can enforce, detected once at start; every manifest is checked against it.
+    pub security: Arc<NodeSecurity>,
 }
 
 struct ReadyInner {
@@ -176,12 +179,14 @@ pub struct Loaded {
     pub unknown_fields: Vec<String>,
 }
 
-/// Decode a manifest, apply static-pod conventions and API defaults, and validate.
-/// One invalid pod fails the whole manifest (as upstream does for lists).
+/// Decode a manifest, apply static-pod conventions and API defaults, and validate against what
+/// this node can enforce (`security`). One invalid pod fails the whole manifest (as upstream
+/// does for lists).
 pub fn load_static_pods(
     bytes: &[u8],
     origin: ManifestOrigin<'_>,
     node_name: &str,
+    security: &NodeSecurity,
     seen: SystemTime,
 ) -> Result<Loaded, LoadError> {
     let origin_text = match origin {
@@ -211,7 +216,7 @@ pub fn load_static_pods(
         }
         defaults::apply_static_pod_conventions(&mut pod, node_name, origin, seen);
         defaults::apply_api_defaults(&mut pod);
-        if let Err(errors) = validate::validate_pod(&pod) {
+        if let Err(errors) = validate::validate_pod(&pod, security) {
             return Err(LoadError::Invalid {
                 origin: origin_text,
                 name: pod.metadata.name.clone().unwrap_or_default(),
@@ -269,6 +274,7 @@ pub fn spawn_sources(
         let source = file::FileSource::new(
             path,
             cfg.node_name.clone(),
+            cfg.security.clone(),
             cfg.file_check_frequency,
             problems.clone(),
         );
@@ -280,6 +286,7 @@ pub fn spawn_sources(
             url,
             cfg.static_pod_url_header.clone(),
             cfg.node_name.clone(),
+            cfg.security.clone(),
             cfg.http_check_frequency,
             problems.clone(),
         );
@@ -323,6 +330,7 @@ mod tests {
             text.as_bytes(),
             ManifestOrigin::File(Path::new("/m/web.yaml")),
             "n1",
+            &NodeSecurity::default(),
             SystemTime::UNIX_EPOCH,
         )
         .unwrap();
@@ -343,6 +351,7 @@ mod tests {
             text.as_bytes(),
             ManifestOrigin::File(Path::new("/m/web.yaml")),
             "n1",
+            &NodeSecurity::default(),
             SystemTime::UNIX_EPOCH,
         )
         .unwrap_err();
@@ -367,6 +376,7 @@ mod tests {
             text.as_bytes(),
             ManifestOrigin::Http("http://h/p"),
             "n1",
+            &NodeSecurity::default(),
             SystemTime::UNIX_EPOCH,
         )
         .unwrap_err();
@@ -380,8 +390,14 @@ mod tests {
             ManifestOrigin::File(Path::new("/m/evil.yaml")),
             ManifestOrigin::Http("http://h/pods"),
         ] {
-            let err = load_static_pods(text.as_bytes(), origin, "n1", SystemTime::UNIX_EPOCH)
-                .unwrap_err();
+            let err = load_static_pods(
+                text.as_bytes(),
+                origin,
+                "n1",
+                &NodeSecurity::default(),
+                SystemTime::UNIX_EPOCH,
+            )
+            .unwrap_err();
             let shown = err.to_string();
             let origin_text = match origin {
                 ManifestOrigin::File(p) => p.display().to_string(),
@@ -397,6 +413,7 @@ mod tests {
             ok.as_bytes(),
             ManifestOrigin::File(Path::new("/m/ok.yaml")),
             "n1",
+            &NodeSecurity::default(),
             SystemTime::UNIX_EPOCH,
         )
         .unwrap();
@@ -413,6 +430,7 @@ mod tests {
             static_pod_url: None,
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_secs(20),
+            security: Default::default(),
         };
         let (mut rx, ready, problems) = spawn_sources(cfg, &TaskTracker::new(), cancel.clone());
         assert!(ready.all_ready());

@@ -16,6 +16,8 @@ use crate::k8s::quantity;
 #[path = "validate_security.rs"]
 pub mod validate_security;
 
+use self::validate_security::NodeSecurity;
+
 /// One problem with one field, e.g. `spec.containers[1].name: duplicate name "app"`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ValidationError {
@@ -364,7 +366,7 @@ fn validate_container(
 
 /// Validate a pod after defaults and static-pod conventions were applied. Returns every
 /// problem found, not just the first.
-pub fn validate_pod(pod: &Pod) -> Result<(), Vec<ValidationError>> {
+pub fn validate_pod(pod: &Pod, node: &NodeSecurity) -> Result<(), Vec<ValidationError>> {
     let mut errors = Errors(Vec::new());
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     if let Some(problem) = dns1123_subdomain_problem(name) {
@@ -434,7 +436,9 @@ pub fn validate_pod(pod: &Pod) -> Result<(), Vec<ValidationError>> {
             format!("{grace} must not be negative"),
         );
     }
-    errors.0.extend(validate_security::check(pod));
+    errors
+        .0
+        .extend(validate_security::validate_pod_security(pod, node));
     if errors.0.is_empty() {
         Ok(())
     } else {
@@ -472,7 +476,7 @@ spec:
 
     #[test]
     fn good_pod_passes() {
-        assert_eq!(validate_pod(&pod(OK)), Ok(()));
+        assert_eq!(validate_pod(&pod(OK), &NodeSecurity::default()), Ok(()));
     }
 
     #[test]
@@ -530,7 +534,11 @@ spec:
             ),
         ];
         for (what, yaml, want) in cases {
-            assert_eq!(fields(validate_pod(&pod(yaml))), *want, "{what}");
+            assert_eq!(
+                fields(validate_pod(&pod(yaml), &NodeSecurity::default())),
+                *want,
+                "{what}"
+            );
         }
     }
 
@@ -584,10 +592,16 @@ spec:
         let p = pod(
             "metadata: {name: a, namespace: default, uid: x/../../../../tmp/victim}\nspec: {containers: [{name: a, image: x}]}\n",
         );
-        assert_eq!(fields(validate_pod(&p)), ["metadata.uid"]);
+        assert_eq!(
+            fields(validate_pod(&p, &NodeSecurity::default())),
+            ["metadata.uid"]
+        );
         let mut p = pod(OK);
         p.metadata.uid = None;
-        assert_eq!(fields(validate_pod(&p)), ["metadata.uid"]);
+        assert_eq!(
+            fields(validate_pod(&p, &NodeSecurity::default())),
+            ["metadata.uid"]
+        );
     }
 
     #[test]
@@ -615,7 +629,7 @@ spec:
     emptyDir: {sizeLimit: 99999999999999999999Ei}
 "#;
         assert_eq!(
-            fields(validate_pod(&pod(yaml))),
+            fields(validate_pod(&pod(yaml), &NodeSecurity::default())),
             [
                 "spec.initContainers[0].resources.requests.cpu",
                 "spec.containers[0].resources.limits.cpu",
@@ -638,8 +652,8 @@ spec:
     resources:
       limits: {cpu: 9223372036854775807m, memory: 7Ei, ephemeral-storage: "9223372036854775807"}
 "#;
-        assert_eq!(validate_pod(&pod(fits)), Ok(()));
-        let err = validate_pod(&pod(yaml)).unwrap_err();
+        assert_eq!(validate_pod(&pod(fits), &NodeSecurity::default()), Ok(()));
+        let err = validate_pod(&pod(yaml), &NodeSecurity::default()).unwrap_err();
         assert!(
             err[1].reason.contains("too large") && err[1].reason.contains("millicores"),
             "{err:?}"
@@ -668,7 +682,7 @@ spec:
       - downwardAPI: {items: [{path: p, mode: -2147483648, fieldRef: {fieldPath: metadata.name}}]}
 ";
         assert_eq!(
-            fields(validate_pod(&pod(yaml))),
+            fields(validate_pod(&pod(yaml), &NodeSecurity::default())),
             [
                 "spec.volumes[0].secret.defaultMode",
                 "spec.volumes[0].secret.items[0].mode",
@@ -680,7 +694,7 @@ spec:
                 "spec.volumes[3].projected.sources[2].downwardAPI.items[0].mode",
             ]
         );
-        let err = validate_pod(&pod(yaml)).unwrap_err();
+        let err = validate_pod(&pod(yaml), &NodeSecurity::default()).unwrap_err();
         assert_eq!(
             err[0].reason,
             "512 (01000) must be a number between 0 and 0777 (octal), both inclusive"

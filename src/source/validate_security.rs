@@ -5,11 +5,10 @@
 //! file and the field, and never started: running it without the setting would be silently
 //! weaker than asked.
 //!
-//! The node's side of the decision ([`NodeSecurity`]) is set once at start from the
-//! configuration (`allowedUnsafeSysctls`) and the host (`/sys/module/apparmor`); until then,
-//! or in tests, the strictest default applies.
-
-use std::sync::OnceLock;
+//! The node's side of the decision ([`NodeSecurity`]) is detected once at start from the
+//! configuration (`allowedUnsafeSysctls`), the host (`/sys/module/apparmor`) and the runtime's
+//! features ([`detect_node_security`]), and passed to the sources in `SourceConfig`; tests use
+//! the strictest facts (`NodeSecurity::default()`).
 
 use k8s_openapi::api::core::v1::{
     AppArmorProfile, Container, Pod, PodSecurityContext, SeccompProfile, SecurityContext,
@@ -64,25 +63,6 @@ pub fn apparmor_enabled(path: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| s.trim() == "Y")
 }
 
-static NODE: OnceLock<NodeSecurity> = OnceLock::new();
-
-/// Sets this process's node facts, once, at start. Returns false if they were already set.
-pub fn configure(node: NodeSecurity) -> bool {
-    let (apparmor, strict) = (
-        node.apparmor_enabled,
-        node.supplemental_groups_policy_strict,
-    );
-    let set = NODE.set(node).is_ok();
-    if set {
-        tracing::info!(
-            apparmor,
-            supplemental_groups_strict = strict,
-            "pod security checks configured"
-        );
-    }
-    set
-}
-
 /// Whether the runtime says it applies `supplementalGroupsPolicy: Strict` (CRI
 /// `RuntimeFeatures`, which containerd 1.6 does not send).
 pub fn strict_groups_supported(status: &crate::cri::proto::StatusResponse) -> bool {
@@ -92,13 +72,13 @@ pub fn strict_groups_supported(status: &crate::cri::proto::StatusResponse) -> bo
         .is_some_and(|f| f.supplemental_groups_policy)
 }
 
-/// Reads the node's facts and sets them for this process: called once at start with the
-/// validated `allowedUnsafeSysctls` and the runtime (asked for its features). An entry that is
-/// somehow invalid leaves only the safe set; an unanswered status leaves `Strict` refused.
-pub async fn configure_from<R: crate::cri::RuntimeService>(
+/// Reads the node's facts: called once at start with the validated `allowedUnsafeSysctls` and
+/// the runtime (asked for its features). An entry that is somehow invalid leaves only the safe
+/// set; an unanswered status leaves `Strict` refused.
+pub async fn detect_node_security<R: crate::cri::RuntimeService>(
     allowed_unsafe_sysctls: &[String],
     runtime: &R,
-) {
+) -> NodeSecurity {
     let mut node = NodeSecurity::detect(allowed_unsafe_sysctls).unwrap_or_else(|err| {
         tracing::error!(error = %err, "allowedUnsafeSysctls ignored: only the safe sysctls are allowed");
         NodeSecurity {
@@ -113,22 +93,12 @@ pub async fn configure_from<R: crate::cri::RuntimeService>(
             "cannot read the runtime's features; supplementalGroupsPolicy Strict is refused"
         ),
     }
-    if !configure(node) {
-        tracing::warn!("pod security checks were configured already; keeping the first setting");
-    }
-}
-
-/// The configured node facts, or the strict default (with AppArmor read from the host).
-fn node() -> &'static NodeSecurity {
-    NODE.get_or_init(|| NodeSecurity {
-        apparmor_enabled: apparmor_enabled(APPARMOR_ENABLED_PATH),
-        ..NodeSecurity::default()
-    })
-}
-
-/// The security problems of `pod` on this node (see [`validate_pod_security`]).
-pub fn check(pod: &Pod) -> Vec<ValidationError> {
-    validate_pod_security(pod, node())
+    tracing::info!(
+        apparmor = node.apparmor_enabled,
+        supplemental_groups_strict = node.supplemental_groups_policy_strict,
+        "pod security checks configured"
+    );
+    node
 }
 
 struct Errors(Vec<ValidationError>);

@@ -39,32 +39,89 @@ pub struct FileProjection {
 /// Relative path (may contain `/`) → file.
 pub type Payload = BTreeMap<String, FileProjection>;
 
+/// A payload path that may not be written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidPath {
+    #[error("invalid path: must not be empty")]
+    Empty,
+    #[error("invalid path: must be less than or equal to {MAX_PATH_LEN} characters")]
+    TooLong,
+    #[error("invalid path: must be relative path: {0}")]
+    Absolute(String),
+    #[error("invalid path: must not contain path items longer than {MAX_NAME_LEN} characters")]
+    ItemTooLong,
+    #[error("invalid path: must not contain '..': {0}")]
+    DotDot(String),
+    #[error("invalid path: must not start with '..': {0}")]
+    LeadingDots(String),
+    #[error("invalid path: {0}")]
+    NoName(String),
+}
+
+/// Writing a volume's files failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Path(#[from] InvalidPath),
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("cannot rename {} to {}: {source}", from.display(), to.display())]
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create a version directory in {}", .0.display())]
+    NoVersionDir(PathBuf),
+    #[error(transparent)]
+    Ownership(#[from] ownership::OwnershipError),
+    #[error(transparent)]
+    Fs(#[from] safe_fs::SafeFsError),
+}
+
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WriteError {
+    let path = path.to_path_buf();
+    move |source| WriteError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
 /// Checks a payload path: relative, no `..` element, not starting with `..`, within length
 /// limits.
-pub fn validate_path(path: &str) -> Result<(), String> {
+pub fn validate_path(path: &str) -> Result<(), InvalidPath> {
     if path.is_empty() {
-        return Err("invalid path: must not be empty".into());
+        return Err(InvalidPath::Empty);
     }
     if path.len() > MAX_PATH_LEN {
-        return Err(format!(
-            "invalid path: must be less than or equal to {MAX_PATH_LEN} characters"
-        ));
+        return Err(InvalidPath::TooLong);
     }
     if Path::new(path).is_absolute() {
-        return Err(format!("invalid path: must be relative path: {path}"));
+        return Err(InvalidPath::Absolute(path.to_string()));
     }
     for item in path.split('/') {
         if item.len() > MAX_NAME_LEN {
-            return Err(format!(
-                "invalid path: must not contain path items longer than {MAX_NAME_LEN} characters"
-            ));
+            return Err(InvalidPath::ItemTooLong);
         }
         if item == ".." {
-            return Err(format!("invalid path: must not contain '..': {path}"));
+            return Err(InvalidPath::DotDot(path.to_string()));
         }
     }
     if path.starts_with("..") {
-        return Err(format!("invalid path: must not start with '..': {path}"));
+        return Err(InvalidPath::LeadingDots(path.to_string()));
     }
     Ok(())
 }
@@ -74,7 +131,11 @@ pub fn validate_path(path: &str) -> Result<(), String> {
 /// With `fs_group`, the whole volume is given to that group (read-only masks) after the new
 /// version is written and before it becomes visible, as upstream's writer calls its
 /// `setPerms` hook.
-pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Result<bool, String> {
+pub fn write(
+    target: &Path,
+    payload: &Payload,
+    fs_group: Option<FsGroup>,
+) -> Result<bool, WriteError> {
     let mut clean: BTreeMap<PathBuf, &FileProjection> = BTreeMap::new();
     for (path, file) in payload {
         validate_path(path)?;
@@ -83,7 +144,7 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
             .filter(|c| matches!(c, Component::Normal(_)))
             .collect();
         if normal.as_os_str().is_empty() {
-            return Err(format!("invalid path: {path}"));
+            return Err(InvalidPath::NoName(path.to_string()).into());
         }
         clean.insert(normal, file);
     }
@@ -109,7 +170,7 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
             None
         }
         Err(e) if e.kind() == ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("cannot read {}: {e}", data_link.display())),
+        Err(e) => return Err(io_error("read", &data_link)(e)),
     };
 
     let changed = match &old_version {
@@ -122,19 +183,17 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
             write_file(&version.join(path), file)?;
         }
         if let Some(group) = fs_group {
-            ownership::apply(target, group, true).map_err(|e| e.to_string())?;
+            ownership::apply(target, group, true)?;
         }
         let tmp_link = target.join(NEW_DATA_DIR_NAME);
         let _ = std::fs::remove_file(&tmp_link);
         let version_name = version.file_name().expect("a version directory has a name");
         std::os::unix::fs::symlink(version_name, &tmp_link)
-            .map_err(|e| format!("cannot create {}: {e}", tmp_link.display()))?;
-        std::fs::rename(&tmp_link, &data_link).map_err(|e| {
-            format!(
-                "cannot rename {} to {}: {e}",
-                tmp_link.display(),
-                data_link.display()
-            )
+            .map_err(io_error("create", &tmp_link))?;
+        std::fs::rename(&tmp_link, &data_link).map_err(|source| WriteError::Rename {
+            from: tmp_link.clone(),
+            to: data_link.clone(),
+            source,
         })?;
     }
 
@@ -149,11 +208,10 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
                 symlink(&want, &link)?;
             }
             Err(e) if e.kind() == ErrorKind::NotFound => symlink(&want, &link)?,
-            Err(e) => return Err(format!("cannot read {}: {e}", link.display())),
+            Err(e) => return Err(io_error("read", &link)(e)),
         }
     }
-    let entries =
-        std::fs::read_dir(target).map_err(|e| format!("cannot list {}: {e}", target.display()))?;
+    let entries = std::fs::read_dir(target).map_err(io_error("list", target))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with("..") || visible.contains(&name) {
@@ -166,14 +224,13 @@ pub fn write(target: &Path, payload: &Payload, fs_group: Option<FsGroup>) -> Res
     }
 
     if changed && let Some(old) = old_version {
-        std::fs::remove_dir_all(&old)
-            .map_err(|e| format!("cannot remove {}: {e}", old.display()))?;
+        std::fs::remove_dir_all(&old).map_err(io_error("remove", &old))?;
     }
     Ok(changed)
 }
 
-fn symlink(to: &Path, at: &Path) -> Result<(), String> {
-    std::os::unix::fs::symlink(to, at).map_err(|e| format!("cannot create {}: {e}", at.display()))
+fn symlink(to: &Path, at: &Path) -> Result<(), WriteError> {
+    std::os::unix::fs::symlink(to, at).map_err(io_error("create", at))
 }
 
 /// Whether the version in `old` differs from the payload (a file's content or mode, or the set
@@ -214,7 +271,7 @@ fn list_files(dir: &Path, rel: &Path, out: &mut BTreeSet<PathBuf>) -> std::io::R
 }
 
 /// Creates `..<UTC time>.<number>`, mode 0755.
-fn make_version_dir(target: &Path) -> Result<PathBuf, String> {
+fn make_version_dir(target: &Path) -> Result<PathBuf, WriteError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let now = jiff::Timestamp::now();
     let stamp = now.strftime("%Y_%m_%d_%H_%M_%S").to_string();
@@ -231,39 +288,38 @@ fn make_version_dir(target: &Path) -> Result<PathBuf, String> {
                     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                     Mode::empty(),
                 )
-                .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
-                safe_fs::set_mode(fd.as_fd(), 0o755, &dir).map_err(|e| e.to_string())?;
+                .map_err(|source| WriteError::Open {
+                    path: dir.clone(),
+                    source,
+                })?;
+                safe_fs::set_mode(fd.as_fd(), 0o755, &dir)?;
                 return Ok(dir);
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+            Err(e) => return Err(io_error("create", &dir)(e)),
         }
     }
-    Err(format!(
-        "cannot create a version directory in {}",
-        target.display()
-    ))
+    Err(WriteError::NoVersionDir(target.to_path_buf()))
 }
 
-fn write_file(path: &Path, file: &FileProjection) -> Result<(), String> {
+fn write_file(path: &Path, file: &FileProjection) -> Result<(), WriteError> {
     if let Some(parent) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            .map_err(io_error("create", parent))?;
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(file.mode & 0o7777)
         .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    f.write_all(&file.data)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        .map_err(io_error("create", path))?;
+    f.write_all(&file.data).map_err(io_error("write", path))?;
     // The umask may have taken bits away.
     f.set_permissions(std::fs::Permissions::from_mode(file.mode & 0o7777))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
+        .map_err(io_error("chmod", path))
 }
 
 #[cfg(test)]
@@ -301,7 +357,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let first = payload(&[("labels", "a=\"1\"", 0o644), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &first, None), Ok(true));
+        assert!(write(dir, &first, None).unwrap());
 
         let data = std::fs::read_link(dir.join("..data")).unwrap();
         let data_name = data.to_string_lossy().into_owned();
@@ -339,17 +395,17 @@ mod tests {
         assert_eq!(mode("sub/name"), 0o600);
 
         // Same payload: nothing written, same version.
-        assert_eq!(write(dir, &first, None), Ok(false));
+        assert!(!write(dir, &first, None).unwrap());
         assert_eq!(std::fs::read_link(dir.join("..data")).unwrap(), data);
 
         // A mode change alone is a change.
         let chmod = payload(&[("labels", "a=\"1\"", 0o400), ("sub/name", "web", 0o600)]);
-        assert_eq!(write(dir, &chmod, None), Ok(true));
+        assert!(write(dir, &chmod, None).unwrap());
         assert_eq!(mode("labels"), 0o400);
 
         // New content and a removed file: new version, old one gone, stale link removed.
         let second = payload(&[("labels", "a=\"2\"", 0o644)]);
-        assert_eq!(write(dir, &second, None), Ok(true));
+        assert!(write(dir, &second, None).unwrap());
         let new_data = std::fs::read_link(dir.join("..data")).unwrap();
         assert_ne!(new_data, data);
         assert_eq!(
@@ -372,7 +428,7 @@ mod tests {
         std::fs::create_dir_all(outside.join("keep")).unwrap();
         std::fs::create_dir(&dir).unwrap();
         std::os::unix::fs::symlink("../outside", dir.join("..data")).unwrap();
-        assert_eq!(write(&dir, &payload(&[("f", "x", 0o644)]), None), Ok(true));
+        assert!(write(&dir, &payload(&[("f", "x", 0o644)]), None).unwrap());
         assert!(outside.join("keep").is_dir());
         assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "x");
     }

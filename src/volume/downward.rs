@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, Pod};
 
 use super::atomic_writer::{FileProjection, Payload};
-use crate::k8s::resources::{NodeAllocatable, resource_field_value};
+use crate::k8s::resources::{NodeAllocatable, ResourceFieldError, resource_field_value};
 
 /// Mode of a file when neither the item nor the volume says otherwise.
 pub const DEFAULT_MODE: i32 = 0o644;
@@ -67,8 +67,19 @@ fn is_go_printable(c: char) -> bool {
         | 0xf0000..=0x10ffff)
 }
 
+/// Why one item of a downwardAPI volume has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ItemError {
+    #[error("unsupported fieldPath: {0}")]
+    UnsupportedFieldPath(String),
+    #[error("item {0:?} has neither fieldRef nor resourceFieldRef")]
+    NoSource(String),
+    #[error(transparent)]
+    Resource(#[from] ResourceFieldError),
+}
+
 /// The value of a downward-API field path in a volume file.
-pub fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
+pub fn field_value(pod: &Pod, path: &str) -> Result<String, ItemError> {
     let meta = &pod.metadata;
     Ok(match path {
         "metadata.name" => meta.name.clone().unwrap_or_default(),
@@ -85,7 +96,7 @@ pub fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
             };
             pick("metadata.labels", meta.labels.as_ref())
                 .or_else(|| pick("metadata.annotations", meta.annotations.as_ref()))
-                .ok_or_else(|| format!("unsupported fieldPath: {path}"))?
+                .ok_or_else(|| ItemError::UnsupportedFieldPath(path.to_string()))?
         }
     })
 }
@@ -98,7 +109,7 @@ pub fn collect_items(
     default_mode: Option<i32>,
     node: &NodeAllocatable,
     payload: &mut Payload,
-    errors: &mut Vec<String>,
+    errors: &mut Vec<ItemError>,
 ) {
     let default_mode = default_mode.unwrap_or(DEFAULT_MODE);
     for item in items {
@@ -106,12 +117,9 @@ pub fn collect_items(
         let value = if let Some(field) = &item.field_ref {
             field_value(pod, &field.field_path)
         } else if let Some(resource) = &item.resource_field_ref {
-            resource_field_value(pod, None, resource, node)
+            resource_field_value(pod, None, resource, node).map_err(ItemError::from)
         } else {
-            Err(format!(
-                "item {:?} has neither fieldRef nor resourceFieldRef",
-                item.path
-            ))
+            Err(ItemError::NoSource(item.path.clone()))
         };
         match value {
             Ok(v) => {
@@ -210,7 +218,7 @@ mod tests {
         }
         assert_eq!(
             field_value(&p, "spec.nodeName"),
-            Err("unsupported fieldPath: spec.nodeName".to_string())
+            Err(ItemError::UnsupportedFieldPath("spec.nodeName".to_string()))
         );
     }
 
@@ -245,7 +253,7 @@ mod tests {
         assert!(!payload.contains_key("bad"));
         assert_eq!(
             errors,
-            vec!["unsupported fieldPath: status.podIP".to_string()]
+            vec![ItemError::UnsupportedFieldPath("status.podIP".to_string())]
         );
     }
 }

@@ -1,7 +1,7 @@
 //! emptyDir volumes: a directory on the node's disk, or a tmpfs for `medium: Memory`.
 
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod};
 
@@ -10,6 +10,37 @@ use crate::k8s::quantity;
 
 /// Permission bits of an emptyDir (everyone may write, as upstream).
 pub const EMPTY_DIR_MODE: u32 = 0o777;
+
+/// Why an emptyDir could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum EmptyDirError {
+    #[error("cannot resolve {}: {source}", path.display())]
+    Resolve {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is already a mount point of type {fs_type}", path.display())]
+    OtherMount { path: PathBuf, fs_type: String },
+    #[error("mount failed: {source}: mounting tmpfs on {}", path.display())]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error(transparent)]
+    Fs(#[from] safe_fs::SafeFsError),
+    #[error("emptyDir medium {0:?} is not supported on this node")]
+    UnsupportedMedium(String),
+    #[error("unknown storage medium {0:?}")]
+    UnknownMedium(String),
+}
 
 /// For `medium: Memory`, mounts a tmpfs of `size_bytes` on the directory `dir` (which the
 /// volume manager created safely) unless one is already there, and gives its root `mode`.
@@ -20,26 +51,28 @@ pub fn set_up(
     size_bytes: u64,
     mode: u32,
     mounts: &[mountinfo::MountEntry],
-) -> Result<(), String> {
+) -> Result<(), EmptyDirError> {
     match source.medium.as_deref().unwrap_or("") {
         "" => Ok(()),
         "Memory" => {
             let canonical = dir
                 .canonicalize()
-                .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+                .map_err(|source| EmptyDirError::Resolve {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
             if let Some(existing) = mountinfo::mount_at(mounts, &canonical) {
                 if existing.fs_type == "tmpfs" {
                     return Ok(());
                 }
-                return Err(format!(
-                    "{} is already a mount point of type {}",
-                    dir.display(),
-                    existing.fs_type
-                ));
+                return Err(EmptyDirError::OtherMount {
+                    path: dir.to_path_buf(),
+                    fs_type: existing.fs_type.clone(),
+                });
             }
             let options = (size_bytes > 0).then(|| format!("size={size_bytes}"));
             // Mounted through a descriptor of the directory opened without following symlinks.
-            let fd = safe_fs::open_dir_abs(&canonical).map_err(|e| e.to_string())?;
+            let fd = safe_fs::open_dir_abs(&canonical)?;
             nix::mount::mount(
                 Some("tmpfs"),
                 &safe_fs::proc_fd_path(fd.as_fd()),
@@ -47,9 +80,12 @@ pub fn set_up(
                 nix::mount::MsFlags::empty(),
                 options.as_deref(),
             )
-            .map_err(|e| format!("mount failed: {e}: mounting tmpfs on {}", dir.display()))?;
+            .map_err(|source| EmptyDirError::Mount {
+                path: dir.to_path_buf(),
+                source,
+            })?;
             // A new tmpfs root is 1777: give it the volume's mode, through a descriptor.
-            let root = safe_fs::open_dir_abs(&canonical).map_err(|e| e.to_string())?;
+            let root = safe_fs::open_dir_abs(&canonical)?;
             let root = nix::fcntl::openat(
                 root.as_fd(),
                 ".",
@@ -58,13 +94,16 @@ pub fn set_up(
                     | nix::fcntl::OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::empty(),
             )
-            .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
-            safe_fs::set_mode(root.as_fd(), mode, dir).map_err(|e| e.to_string())
+            .map_err(|source| EmptyDirError::Open {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+            Ok(safe_fs::set_mode(root.as_fd(), mode, dir)?)
         }
-        other if other.starts_with("HugePages") => Err(format!(
-            "emptyDir medium {other:?} is not supported on this node"
-        )),
-        other => Err(format!("unknown storage medium {other:?}")),
+        other if other.starts_with("HugePages") => {
+            Err(EmptyDirError::UnsupportedMedium(other.to_string()))
+        }
+        other => Err(EmptyDirError::UnknownMedium(other.to_string())),
     }
 }
 

@@ -2,12 +2,33 @@
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a hostPath does not pass its `type` check; the texts are upstream's.
+#[derive(Debug, thiserror::Error)]
+pub enum HostPathError {
+    /// Something is at the path, or nothing, but not what the type asks for.
+    #[error("hostPath type check failed: {} is not {what}", path.display())]
+    WrongType { path: PathBuf, what: &'static str },
+    #[error(transparent)]
+    CreateDir(std::io::Error),
+    #[error("open {}: {}", path.display(), go_errno_text(source))]
+    CreateFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} is an invalid volume type")]
+    InvalidType(String),
+}
 
 /// Checks `path` against the hostPath `type`, creating it for the `…OrCreate` types. The error
 /// texts are upstream's.
-pub fn check_type(path: &Path, kind: &str) -> Result<(), String> {
-    let shown = path.display();
+pub fn check_type(path: &Path, kind: &str) -> Result<(), HostPathError> {
+    let wrong = |what: &'static str| HostPathError::WrongType {
+        path: path.to_path_buf(),
+        what,
+    };
     // `stat`, following symlinks, as upstream does.
     let meta = std::fs::metadata(path).ok();
     let ft = meta.as_ref().map(|m| m.file_type());
@@ -19,14 +40,12 @@ pub fn check_type(path: &Path, kind: &str) -> Result<(), String> {
                     .recursive(true)
                     .mode(0o755)
                     .create(path)
-                    .map_err(|e| e.to_string());
+                    .map_err(HostPathError::CreateDir);
             }
             if ft.is_some_and(|t| t.is_dir()) {
                 Ok(())
             } else {
-                Err(format!(
-                    "hostPath type check failed: {shown} is not a directory"
-                ))
+                Err(wrong("a directory"))
             }
         }
         "FileOrCreate" | "File" => {
@@ -41,39 +60,30 @@ pub fn check_type(path: &Path, kind: &str) -> Result<(), String> {
                 {
                     Ok(_) => Ok(()),
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-                    Err(e) => Err(format!("open {shown}: {}", go_errno_text(&e))),
+                    Err(source) => Err(HostPathError::CreateFile {
+                        path: path.to_path_buf(),
+                        source,
+                    }),
                 };
             }
             if ft.is_some_and(|t| t.is_file()) {
                 Ok(())
             } else {
-                Err(format!("hostPath type check failed: {shown} is not a file"))
+                Err(wrong("a file"))
             }
         }
-        "Socket" => is(
-            ft,
-            |t| t.is_socket(),
-            || format!("hostPath type check failed: {shown} is not a socket file"),
-        ),
-        "CharDevice" => is(
-            ft,
-            |t| t.is_char_device(),
-            || format!("hostPath type check failed: {shown} is not a character device"),
-        ),
-        "BlockDevice" => is(
-            ft,
-            |t| t.is_block_device(),
-            || format!("hostPath type check failed: {shown} is not a block device"),
-        ),
-        other => Err(format!("{other} is an invalid volume type")),
+        "Socket" => is(ft, |t| t.is_socket(), || wrong("a socket file")),
+        "CharDevice" => is(ft, |t| t.is_char_device(), || wrong("a character device")),
+        "BlockDevice" => is(ft, |t| t.is_block_device(), || wrong("a block device")),
+        other => Err(HostPathError::InvalidType(other.to_string())),
     }
 }
 
 fn is(
     ft: Option<std::fs::FileType>,
     test: impl Fn(&std::fs::FileType) -> bool,
-    err: impl Fn() -> String,
-) -> Result<(), String> {
+    err: impl Fn() -> HostPathError,
+) -> Result<(), HostPathError> {
     if ft.as_ref().is_some_and(test) {
         Ok(())
     } else {
@@ -121,7 +131,7 @@ mod tests {
             (null, "CharDevice"),
         ];
         for (path, kind) in ok {
-            assert_eq!(check_type(path, kind), Ok(()), "{kind} {}", path.display());
+            assert!(check_type(path, kind).is_ok(), "{kind} {}", path.display());
         }
         let failing: &[(&Path, &str, &str)] = &[
             (&file, "Directory", "is not a directory"),
@@ -134,7 +144,7 @@ mod tests {
         ];
         for (path, kind, what) in failing {
             assert_eq!(
-                check_type(path, kind),
+                check_type(path, kind).map_err(|e| e.to_string()),
                 Err(format!(
                     "hostPath type check failed: {} {what}",
                     path.display()
@@ -143,7 +153,7 @@ mod tests {
             );
         }
         assert_eq!(
-            check_type(&file, "Weird"),
+            check_type(&file, "Weird").map_err(|e| e.to_string()),
             Err("Weird is an invalid volume type".to_string())
         );
     }
@@ -152,7 +162,7 @@ mod tests {
     fn or_create_types_create() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("a/b/c");
-        assert_eq!(check_type(&dir, "DirectoryOrCreate"), Ok(()));
+        assert!(check_type(&dir, "DirectoryOrCreate").is_ok());
         assert!(dir.is_dir());
         assert_eq!(
             std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
@@ -160,17 +170,18 @@ mod tests {
         );
 
         let file = tmp.path().join("new-file");
-        assert_eq!(check_type(&file, "FileOrCreate"), Ok(()));
+        assert!(check_type(&file, "FileOrCreate").is_ok());
         assert!(file.is_file());
         // An existing directory is not a file.
         assert!(
             check_type(&dir, "FileOrCreate")
                 .unwrap_err()
+                .to_string()
                 .ends_with("is not a file")
         );
         // The parent is not created.
         let orphan = tmp.path().join("no-parent/file");
-        let err = check_type(&orphan, "FileOrCreate").unwrap_err();
+        let err = check_type(&orphan, "FileOrCreate").unwrap_err().to_string();
         assert_eq!(
             err,
             format!("open {}: no such file or directory", orphan.display())

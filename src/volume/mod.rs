@@ -53,15 +53,119 @@ pub const SECRET_PLUGIN: &str = "kubernetes.io~secret";
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("MountVolume.SetUp failed for volume {volume:?} : {reason}")]
-    SetUp { volume: String, reason: String },
+    SetUp {
+        volume: String,
+        #[source]
+        reason: Box<VolumeProblem>,
+    },
     #[error("container {container:?}: volumeMount {name:?}: {reason}")]
     Mount {
         container: String,
         name: String,
-        reason: String,
+        #[source]
+        reason: Box<VolumeProblem>,
     },
     #[error("tearing down volumes of pod {uid}: {reason}")]
-    TearDown { uid: String, reason: String },
+    TearDown {
+        uid: String,
+        #[source]
+        reason: Box<VolumeProblem>,
+    },
+}
+
+/// What went wrong with one volume or volume mount.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeProblem {
+    #[error(transparent)]
+    Component(#[from] InvalidComponent),
+    #[error(transparent)]
+    FsGroup(#[from] ownership::FsGroupError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Dir(#[from] VolumeSetupError),
+    #[error("cannot read the mount table: {0}")]
+    MountTable(#[source] std::io::Error),
+    #[error(transparent)]
+    EmptyDir(#[from] empty_dir::EmptyDirError),
+    #[error(transparent)]
+    Ownership(#[from] ownership::OwnershipError),
+    #[error("hostPath {0:?} is not an absolute path")]
+    RelativeHostPath(String),
+    #[error(transparent)]
+    HostPath(#[from] host_path::HostPathError),
+    #[error(transparent)]
+    Files(#[from] FilesError),
+    #[error("cannot find volume {volume:?} to mount into container {container:?}")]
+    NoVolume { volume: String, container: String },
+    #[error(transparent)]
+    SubPathExpr(#[from] subpath::MissingVars),
+    #[error(transparent)]
+    SubPath(#[from] subpath::SubPathError),
+    #[error("Bidirectional mount propagation is available only to privileged containers")]
+    BidirectionalUnprivileged,
+    #[error("invalid MountPropagation mode: {0:?}")]
+    Propagation(String),
+    #[error(transparent)]
+    PodDir(#[from] PodDirError),
+    #[error(transparent)]
+    Fs(#[from] SafeFsError),
+}
+
+/// The files of a downwardAPI or projected volume could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    /// One error per item that has no value, shown as upstream aggregates them.
+    #[error("{}", show_items(.0))]
+    Items(Vec<downward::ItemError>),
+    #[error(transparent)]
+    Write(#[from] atomic_writer::WriteError),
+}
+
+fn show_items(errors: &[downward::ItemError]) -> String {
+    match errors {
+        [one] => one.to_string(),
+        many => {
+            let all: Vec<String> = many.iter().map(ToString::to_string).collect();
+            format!("[{}]", all.join(", "))
+        }
+    }
+}
+
+/// Why no plugin serves a volume on this node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("projected source {0} is not supported without an apiserver")]
+    ProjectedSource(String),
+    #[error("configmap {0:?} not found: configMap volumes are not supported without an apiserver")]
+    ConfigMap(String),
+    #[error("secret {0:?} not found: secret volumes are not supported without an apiserver")]
+    Secret(String),
+    #[error("volume type {0} is not supported on this node")]
+    Unsupported(String),
+}
+
+/// A name that is not one harmless path component.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {name:?}")]
+pub struct InvalidComponent {
+    pub what: &'static str,
+    pub name: String,
+}
+
+/// The pod directory could not be looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum PodDirError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidComponent),
+    #[error("cannot resolve {}: {source}", path.display())]
+    Resolve {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Fs(#[from] SafeFsError),
 }
 
 /// Where each of a pod's volumes lives on the node, by volume name.
@@ -121,14 +225,14 @@ impl VolumeManager {
         };
         let mut mounts: Option<Vec<mountinfo::MountEntry>> = None;
         for volume in spec.volumes.iter().flatten() {
-            let fail = |reason: String| VolumeError::SetUp {
+            let fail = |reason: VolumeProblem| VolumeError::SetUp {
                 volume: volume.name.clone(),
-                reason,
+                reason: Box::new(reason),
             };
-            check_component("pod UID", uid).map_err(fail)?;
-            check_component("volume name", &volume.name).map_err(fail)?;
-            let fs_group = FsGroup::from_pod(pod).map_err(|e| fail(e.to_string()))?;
-            match plan(volume).map_err(fail)? {
+            check_component("pod UID", uid).map_err(|e| fail(e.into()))?;
+            check_component("volume name", &volume.name).map_err(|e| fail(e.into()))?;
+            let fs_group = FsGroup::from_pod(pod).map_err(|e| fail(e.into()))?;
+            match plan(volume).map_err(|e| fail(e.into()))? {
                 Plan::EmptyDir(source) => {
                     let dir = self
                         .make_volume_dir(
@@ -137,15 +241,15 @@ impl VolumeManager {
                             &volume.name,
                             root_mode(fs_group, false),
                         )
-                        .map_err(|e| fail(e.to_string()))?;
+                        .map_err(|e| fail(e.into()))?;
                     let mut size = 0;
                     if source.medium.as_deref() == Some("Memory") {
                         size = empty_dir::memory_size(source, pod, self.node_memory_bytes);
                         if mounts.is_none() {
-                            mounts =
-                                Some(mountinfo::read().map_err(|e| {
-                                    fail(format!("cannot read the mount table: {e}"))
-                                })?);
+                            mounts = Some(
+                                mountinfo::read()
+                                    .map_err(|e| fail(VolumeProblem::MountTable(e)))?,
+                            );
                         }
                     }
                     empty_dir::set_up(
@@ -155,39 +259,38 @@ impl VolumeManager {
                         root_mode(fs_group, false),
                         mounts.as_deref().unwrap_or(&[]),
                     )
-                    .map_err(fail)?;
+                    .map_err(|e| fail(e.into()))?;
                     if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, false, true).map_err(fail)?;
+                        set_ownership(pod, &volume.name, &dir, group, false, true)
+                            .map_err(|e| fail(e.into()))?;
                     }
                     out.paths.insert(volume.name.clone(), dir);
                 }
                 Plan::HostPath(source) => {
                     let path = PathBuf::from(&source.path);
                     if !path.is_absolute() {
-                        return Err(fail(format!(
-                            "hostPath {:?} is not an absolute path",
-                            source.path
-                        )));
+                        return Err(fail(VolumeProblem::RelativeHostPath(source.path.clone())));
                     }
                     host_path::check_type(&path, source.type_.as_deref().unwrap_or(""))
-                        .map_err(fail)?;
+                        .map_err(|e| fail(e.into()))?;
                     out.paths.insert(volume.name.clone(), path);
                 }
                 Plan::Files(plugin) => {
                     let dir = self
                         .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
-                        .map_err(|e| fail(e.to_string()))?;
+                        .map_err(|e| fail(e.into()))?;
                     self.write_files(pod, volume, &dir, fs_group)
-                        .map_err(fail)?;
+                        .map_err(|e| fail(e.into()))?;
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
                 }
                 Plan::Empty(plugin) => {
                     let dir = self
                         .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
-                        .map_err(|e| fail(e.to_string()))?;
+                        .map_err(|e| fail(e.into()))?;
                     if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, true, true).map_err(fail)?;
+                        set_ownership(pod, &volume.name, &dir, group, true, true)
+                            .map_err(|e| fail(e.into()))?;
                     }
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
@@ -205,7 +308,7 @@ impl VolumeManager {
         volume: &Volume,
         dir: &Path,
         fs_group: Option<FsGroup>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, FilesError> {
         let node = self.allocatable;
         let mut payload = atomic_writer::Payload::new();
         let mut errors = Vec::new();
@@ -232,17 +335,15 @@ impl VolumeManager {
                 }
             }
         }
-        match errors.len() {
-            0 => {}
-            1 => return Err(errors.remove(0)),
-            _ => return Err(format!("[{}]", errors.join(", "))),
+        if !errors.is_empty() {
+            return Err(FilesError::Items(errors));
         }
         // Upstream gives the whole volume to the group on every write, whatever the policy.
         let group = fs_group.map(|g| FsGroup {
             policy: ownership::ChangePolicy::Always,
             ..g
         });
-        atomic_writer::write(dir, &payload, group)
+        Ok(atomic_writer::write(dir, &payload, group)?)
     }
 
     /// The CRI mounts for one container's `volumeMounts`; `env` is the container's resolved
@@ -257,29 +358,29 @@ impl VolumeManager {
         let mut out = Vec::new();
         let mut pod_dir: Option<PathBuf> = None;
         for (index, vm) in container.volume_mounts.iter().flatten().enumerate() {
-            let fail = |reason: String| VolumeError::Mount {
+            let fail = |reason: VolumeProblem| VolumeError::Mount {
                 container: container.name.clone(),
                 name: vm.name.clone(),
-                reason,
+                reason: Box::new(reason),
             };
             let Some(volume_path) = volumes.paths.get(&vm.name) else {
-                return Err(fail(format!(
-                    "cannot find volume {:?} to mount into container {:?}",
-                    vm.name, container.name
-                )));
+                return Err(fail(VolumeProblem::NoVolume {
+                    volume: vm.name.clone(),
+                    container: container.name.clone(),
+                }));
             };
             let mut sub = vm.sub_path.clone().unwrap_or_default();
             if let Some(expr) = vm.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
-                sub = subpath::expand_expr(expr, env).map_err(fail)?;
+                sub = subpath::expand_expr(expr, env).map_err(|e| fail(e.into()))?;
             }
             let host_path = if sub.is_empty() {
                 volume_path.clone()
             } else {
-                check_component("container name", &container.name).map_err(fail)?;
-                check_component("volume name", &vm.name).map_err(fail)?;
+                check_component("container name", &container.name).map_err(|e| fail(e.into()))?;
+                check_component("volume name", &vm.name).map_err(|e| fail(e.into()))?;
                 if pod_dir.is_none() {
                     let uid = pod.metadata.uid.as_deref().unwrap_or("");
-                    pod_dir = Some(self.make_pod_dir(uid).map_err(|e| fail(e.to_string()))?);
+                    pod_dir = Some(self.make_pod_dir(uid).map_err(|e| fail(e.into()))?);
                 }
                 let target = subpath::BindTarget {
                     pod_dir: pod_dir.as_deref().unwrap_or(Path::new("/nonexistent")),
@@ -288,7 +389,7 @@ impl VolumeManager {
                     index,
                 };
                 subpath::prepare(volume_path, &sub, &target, &vm.name)
-                    .map_err(|e| fail(e.to_string()))?
+                    .map_err(|e| fail(e.into()))?
             };
             let propagation = match vm.mount_propagation.as_deref() {
                 None | Some("") | Some("None") => MountPropagation::PropagationPrivate,
@@ -300,15 +401,12 @@ impl VolumeManager {
                         .and_then(|s| s.privileged)
                         .unwrap_or(false);
                     if !privileged {
-                        return Err(fail(
-                            "Bidirectional mount propagation is available only to privileged containers"
-                                .into(),
-                        ));
+                        return Err(fail(VolumeProblem::BidirectionalUnprivileged));
                     }
                     MountPropagation::PropagationBidirectional
                 }
                 Some(other) => {
-                    return Err(fail(format!("invalid MountPropagation mode: {other:?}")));
+                    return Err(fail(VolumeProblem::Propagation(other.to_string())));
                 }
             };
             let container_path = if vm.mount_path.starts_with('/') {
@@ -353,17 +451,17 @@ impl VolumeManager {
                 Err(e) => {
                     return Err(VolumeError::SetUp {
                         volume: volume.name.clone(),
-                        reason: e.to_string(),
+                        reason: Box::new(e.into()),
                     });
                 }
             };
             match self.write_files(pod, volume, &dir, fs_group) {
                 Ok(true) => tracing::info!(volume = %volume.name, "volume content updated"),
                 Ok(false) => {}
-                Err(reason) => {
+                Err(e) => {
                     return Err(VolumeError::SetUp {
                         volume: volume.name.clone(),
-                        reason,
+                        reason: Box::new(e.into()),
                     });
                 }
             }
@@ -376,15 +474,15 @@ impl VolumeManager {
     /// deletion never follows a symlink, so a hostPath or anything outside the pod directory is
     /// never touched. A UID that is not a single path component is refused.
     pub fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
-        let fail = |reason: String| VolumeError::TearDown {
+        let fail = |reason: VolumeProblem| VolumeError::TearDown {
             uid: uid.to_string(),
-            reason,
+            reason: Box::new(reason),
         };
-        let Some(pod_dir) = self.existing_pod_dir(uid).map_err(fail)? else {
+        let Some(pod_dir) = self.existing_pod_dir(uid).map_err(|e| fail(e.into()))? else {
             return Ok(());
         };
-        subpath::clean(&pod_dir).map_err(|e| fail(e.to_string()))?;
-        remove_checked(&pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.to_string()))
+        subpath::clean(&pod_dir).map_err(|e| fail(e.into()))?;
+        remove_checked(&pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.into()))
     }
 
     /// The canonical `<root>/pods`, created when missing (the root is the operator's).
@@ -396,7 +494,7 @@ impl VolumeManager {
 
     /// The canonical `<root>/pods/<uid>`, created (not through a symlink) when missing.
     fn make_pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeSetupError> {
-        check_component("pod UID", uid).map_err(VolumeSetupError::Invalid)?;
+        check_component("pod UID", uid)?;
         let pods = self.pods_dir()?;
         let pods_fd = safe_fs::open_dir_abs(&pods)?;
         safe_fs::open_beneath(pods_fd.as_fd(), &pods, Path::new(uid), Some(0o750))?;
@@ -412,7 +510,7 @@ impl VolumeManager {
         name: &str,
         mode: u32,
     ) -> Result<PathBuf, VolumeSetupError> {
-        check_component("volume name", name).map_err(VolumeSetupError::Invalid)?;
+        check_component("volume name", name)?;
         let pod_dir = self.make_pod_dir(uid)?;
         let pod_fd = safe_fs::open_dir_abs(&pod_dir)?;
         let plugin_rel = Path::new("volumes").join(plugin);
@@ -428,16 +526,16 @@ impl VolumeManager {
 
     /// The canonical `<root>/pods/<uid>` when it exists as a real directory. A symlink there
     /// was not made by us and is not followed: there is nothing of ours to tear down.
-    fn existing_pod_dir(&self, uid: &str) -> Result<Option<PathBuf>, String> {
+    fn existing_pod_dir(&self, uid: &str) -> Result<Option<PathBuf>, PodDirError> {
         check_component("pod UID", uid)?;
         let pods = self.root_dir.join("pods");
         let pods = match pods.canonicalize() {
             Ok(p) => p,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot resolve {}: {e}", pods.display())),
+            Err(source) => return Err(PodDirError::Resolve { path: pods, source }),
         };
         let pod = pods.join(uid);
-        match safe_fs::lstat(&pod).map_err(|e| e.to_string())? {
+        match safe_fs::lstat(&pod)? {
             None => Ok(None),
             Some(m) if m.is_dir() => Ok(Some(pod)),
             Some(_) => {
@@ -451,8 +549,8 @@ impl VolumeManager {
 /// A volume directory could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeSetupError {
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] InvalidComponent),
     #[error(transparent)]
     Fs(#[from] SafeFsError),
 }
@@ -483,7 +581,7 @@ fn set_ownership(
     group: FsGroup,
     read_only: bool,
     once: bool,
-) -> Result<(), String> {
+) -> Result<(), ownership::OwnershipError> {
     let group = if once {
         FsGroup {
             policy: ownership::ChangePolicy::OnRootMismatch,
@@ -492,7 +590,7 @@ fn set_ownership(
     } else {
         group
     };
-    let walked = ownership::apply(dir, group, read_only).map_err(|e| e.to_string())?;
+    let walked = ownership::apply(dir, group, read_only)?;
     if !walked.skipped {
         tracing::info!(
             pod = %pod.metadata.name.as_deref().unwrap_or(""),
@@ -556,7 +654,7 @@ pub(crate) fn remove_checked(dir: &Path, parent: &Path) -> Result<(), SafeFsErro
 }
 
 /// Which plugin serves a volume, or why none can.
-fn plan(volume: &Volume) -> Result<Plan<'_>, String> {
+fn plan(volume: &Volume) -> Result<Plan<'_>, PlanError> {
     if let Some(s) = &volume.empty_dir {
         return Ok(Plan::EmptyDir(s));
     }
@@ -580,9 +678,7 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, String> {
                 None
             };
             if let Some(what) = unsupported {
-                return Err(format!(
-                    "projected source {what} is not supported without an apiserver"
-                ));
+                return Err(PlanError::ProjectedSource(what));
             }
         }
         return Ok(Plan::Files(PROJECTED_PLUGIN));
@@ -591,18 +687,14 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, String> {
         if cm.optional == Some(true) {
             return Ok(Plan::Empty(CONFIG_MAP_PLUGIN));
         }
-        return Err(format!(
-            "configmap {:?} not found: configMap volumes are not supported without an apiserver",
-            cm.name
-        ));
+        return Err(PlanError::ConfigMap(cm.name.clone()));
     }
     if let Some(secret) = &volume.secret {
         if secret.optional == Some(true) {
             return Ok(Plan::Empty(SECRET_PLUGIN));
         }
-        return Err(format!(
-            "secret {:?} not found: secret volumes are not supported without an apiserver",
-            secret.secret_name.as_deref().unwrap_or("")
+        return Err(PlanError::Secret(
+            secret.secret_name.clone().unwrap_or_default(),
         ));
     }
     let kind = serde_json::to_value(volume)
@@ -612,19 +704,22 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, String> {
                 .and_then(|o| o.keys().find(|k| *k != "name").cloned())
         })
         .unwrap_or_else(|| "with no source".to_string());
-    Err(format!("volume type {kind} is not supported on this node"))
+    Err(PlanError::Unsupported(kind))
 }
 
 /// A single, harmless path component (a UID, a volume or container name becomes a directory
 /// name): not empty, not `.` or `..`, no `/` or NUL, at most 255 bytes.
-pub fn check_component(what: &str, name: &str) -> Result<(), String> {
+pub fn check_component(what: &'static str, name: &str) -> Result<(), InvalidComponent> {
     let mut parts = Path::new(name).components();
     let single = matches!(
         (parts.next(), parts.next()),
         (Some(std::path::Component::Normal(p)), None) if p == name
     );
     if !single || name.contains('/') || name.contains('\0') || name.len() > 255 {
-        return Err(format!("invalid {what} {name:?}"));
+        return Err(InvalidComponent {
+            what,
+            name: name.to_string(),
+        });
     }
     Ok(())
 }

@@ -17,9 +17,14 @@ use super::safe_fs::{self, SafeFsError};
 
 use crate::k8s::expand::expand;
 
+/// A `subPathExpr` refers to variables the container does not have (or has empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("missing value for {}", .0.join(", "))]
+pub struct MissingVars(pub Vec<String>);
+
 /// Expands `$(VAR)` in a `subPathExpr`; a reference to a variable the container does not have
 /// (or has empty) is an error naming the missing ones.
-pub fn expand_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, String> {
+pub fn expand_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, MissingVars> {
     let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let expanded = expand(expr, |name| match env.get(name) {
         Some(v) if !v.is_empty() => Some(v.clone()),
@@ -32,10 +37,7 @@ pub fn expand_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, 
     if missing.is_empty() {
         Ok(expanded)
     } else {
-        Err(format!(
-            "missing value for {}",
-            missing.into_iter().collect::<Vec<_>>().join(", ")
-        ))
+        Err(MissingVars(missing.into_iter().collect()))
     }
 }
 
@@ -336,8 +338,14 @@ mod tests {
         assert_eq!(expand_expr("logs/$(POD)", &env), Ok("logs/web-1".into()));
         assert_eq!(expand_expr("$$(POD)", &env), Ok("$(POD)".into()));
         assert_eq!(
+            expand_expr("$(NOPE)/$(EMPTY)/$(POD)", &env)
+                .unwrap_err()
+                .to_string(),
+            "missing value for EMPTY, NOPE"
+        );
+        assert_eq!(
             expand_expr("$(NOPE)/$(EMPTY)/$(POD)", &env),
-            Err("missing value for EMPTY, NOPE".into())
+            Err(MissingVars(vec!["EMPTY".into(), "NOPE".into()]))
         );
     }
 
@@ -378,8 +386,8 @@ mod tests {
             }
         }
 
-        fn prepare(&self, sub: &str, index: usize) -> Result<PathBuf, String> {
-            prepare(&self.vol, sub, &self.target(index), "m").map_err(|e| e.to_string())
+        fn prepare(&self, sub: &str, index: usize) -> Result<PathBuf, SubPathError> {
+            prepare(&self.vol, sub, &self.target(index), "m")
         }
 
         fn mounts(&self) -> Vec<PathBuf> {
@@ -470,19 +478,23 @@ mod tests {
             "abs/sentinel",
             "d/root/etc",
         ] {
-            assert_eq!(f.prepare(sub, 0).unwrap_err(), PREPARE_ERR, "{sub}");
+            assert_eq!(
+                f.prepare(sub, 0).unwrap_err().to_string(),
+                PREPARE_ERR,
+                "{sub}"
+            );
         }
         for sub in ["abs/new", "d/e/up/new/deeper"] {
-            let err = f.prepare(sub, 0).unwrap_err();
+            let err = f.prepare(sub, 0).unwrap_err().to_string();
             assert!(err == PREPARE_ERR || err == CREATE_ERR, "{sub}: {err}");
         }
         assert!(!f.host.join("new").exists());
         assert_eq!(
-            f.prepare("d/../../host", 0).unwrap_err(),
+            f.prepare("d/../../host", 0).unwrap_err().to_string(),
             "unable to provision SubPath `d/../../host`: must not contain '..'"
         );
         assert_eq!(
-            f.prepare("/etc", 0).unwrap_err(),
+            f.prepare("/etc", 0).unwrap_err().to_string(),
             "error SubPath `/etc` must not be an absolute path"
         );
         assert!(f.mounts().is_empty());
@@ -535,6 +547,7 @@ mod tests {
                     assert!(!path.join("sentinel").exists(), "round {i}: host visible");
                 }
                 Err(e) => {
+                    let e = e.to_string();
                     assert!(e == PREPARE_ERR || e == CREATE_ERR, "{e}");
                     refused += 1;
                 }

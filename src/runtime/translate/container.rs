@@ -169,7 +169,7 @@ fn resource(
         container: c.name.clone(),
         field: format!("resources.{section}.{name}"),
         value: raw.0.clone(),
-        reason: e.to_string(),
+        reason: Box::new(e.into()),
     })?;
     Ok((!q.is_zero()).then_some(q))
 }

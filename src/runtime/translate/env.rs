@@ -83,7 +83,7 @@ pub fn container_env(
                             container: container.name.clone(),
                             field: format!("env {:?} resourceFieldRef", var.name),
                             value: selector.resource.clone(),
-                            reason,
+                            reason: Box::new(reason.into()),
                         },
                     )?
                 } else {
@@ -574,7 +574,10 @@ mod tests {
             &node,
         )
         .unwrap_err();
-        assert_eq!(err, "unsupported container resource : limits.gpu");
+        assert_eq!(
+            err.to_string(),
+            "unsupported container resource : limits.gpu"
+        );
 
         // containerName picks another container of the pod.
         let mut pod = test_pod();
@@ -589,7 +592,9 @@ mod tests {
         );
         sel.container_name = Some("gone".into());
         assert_eq!(
-            resource_field_value(&pod, None, &sel, &node).unwrap_err(),
+            resource_field_value(&pod, None, &sel, &node)
+                .unwrap_err()
+                .to_string(),
             "container gone not found"
         );
     }

@@ -48,6 +48,15 @@ pub struct ContainerContext {
     pub seccomp_profile_root: std::path::PathBuf,
 }
 
+/// Why a quantity a container refers to has no usable value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum QuantityProblem {
+    #[error(transparent)]
+    Parse(#[from] crate::k8s::quantity::QuantityError),
+    #[error(transparent)]
+    ResourceField(#[from] crate::k8s::resources::ResourceFieldError),
+}
+
 /// Why a pod or container could not be turned into a CRI config. Every variant about a
 /// container names it; the pod worker reports these as `CreateContainerConfigError`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -88,7 +97,8 @@ pub enum TranslateError {
         container: String,
         field: String,
         value: String,
-        reason: String,
+        #[source]
+        reason: Box<QuantityProblem>,
     },
 
     #[error("container {container:?}: unsupported port protocol {protocol:?}")]
