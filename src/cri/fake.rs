@@ -17,6 +17,19 @@ use super::pull_progress::PullProgress;
 use super::service::CriResult;
 use super::{CriError, ImageService, RuntimeService};
 
+/// What one scripted `ExecSync` answers (probes and hooks run commands through it).
+#[derive(Clone, Debug)]
+pub enum ExecReply {
+    /// Exits with this code and this output.
+    Exit(i32, &'static str),
+    Fail(tonic::Code),
+    /// Takes this long, then exits 0.
+    Slow(std::time::Duration),
+}
+
+/// One `ExecSync` call: container ID, command, timeout in seconds.
+pub type ExecCall = (String, Vec<String>, i64);
+
 /// What a scripted method does on its next call.
 #[derive(Clone, Debug)]
 pub enum Script {
@@ -38,6 +51,8 @@ struct State {
     /// The image of every container created, in order.
     created: Vec<String>,
     calls: Vec<&'static str>,
+    exec_replies: std::collections::VecDeque<ExecReply>,
+    exec_calls: Vec<ExecCall>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
 }
@@ -63,6 +78,18 @@ impl FakeCri {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A runtime whose `ExecSync` answers with `replies` in order (then exits 0).
+    pub fn with_exec(replies: Vec<ExecReply>) -> Self {
+        let fake = FakeCri::default();
+        fake.lock().exec_replies = replies.into();
+        fake
+    }
+
+    /// Every `ExecSync` call so far.
+    pub fn exec_calls(&self) -> Vec<ExecCall> {
+        self.lock().exec_calls.clone()
     }
 
     /// Makes the next call of `method` behave as `script` (several queue up in order).
@@ -328,12 +355,34 @@ impl RuntimeService for FakeCri {
 
     async fn exec_sync(
         &self,
-        _container_id: String,
-        _cmd: Vec<String>,
-        _timeout_seconds: i64,
+        container_id: String,
+        cmd: Vec<String>,
+        timeout_seconds: i64,
     ) -> CriResult<ExecSyncResponse> {
         self.enter("ExecSync").await?;
-        Ok(ExecSyncResponse::default())
+        let reply = {
+            let mut st = self.lock();
+            st.exec_calls.push((container_id, cmd, timeout_seconds));
+            st.exec_replies
+                .pop_front()
+                .unwrap_or(ExecReply::Exit(0, ""))
+        };
+        match reply {
+            ExecReply::Exit(code, out) => Ok(ExecSyncResponse {
+                stdout: out.as_bytes().to_vec(),
+                stderr: Vec::new(),
+                exit_code: code,
+            }),
+            ExecReply::Fail(code) => Err(CriError::Rpc {
+                method: "ExecSync",
+                code,
+                message: "scripted failure".into(),
+            }),
+            ExecReply::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Ok(ExecSyncResponse::default())
+            }
+        }
     }
 }
 

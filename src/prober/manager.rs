@@ -365,8 +365,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::cri::fake::{ExecReply, FakeCri};
     use crate::observed::{ObservedSandbox, SandboxState};
-    use crate::prober::fake_runtime::{ExecReply, FakeRuntime};
     use crate::prober::metrics::ProbeResult;
 
     fn exec_probe(period: i32, failure: i32) -> ProbeSpec {
@@ -435,7 +435,7 @@ mod tests {
         }
     }
 
-    fn manager(rt: FakeRuntime) -> (ProbeManager<FakeRuntime>, Pokes) {
+    fn manager(rt: FakeCri) -> (ProbeManager<FakeCri>, Pokes) {
         let pokes = Pokes::default();
         (
             ProbeManager::new(
@@ -451,7 +451,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn readiness_result_flows_to_results_and_wakes_the_pod() {
-        let rt = FakeRuntime::with(vec![ExecReply::Exit(1, "not yet")]);
+        let rt = FakeCri::with_exec(vec![ExecReply::Exit(1, "not yet")]);
         let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
@@ -474,8 +474,8 @@ mod tests {
         assert_eq!(m.results("uid1")["app"].ready, Some(true));
         assert!(m.unhealthy("uid1").is_empty());
         // The exec went to the instance, with the probe's timeout.
-        assert_eq!(rt.calls.lock().unwrap()[0].0, "c1");
-        assert_eq!(rt.calls.lock().unwrap()[0].2, 1);
+        assert_eq!(rt.exec_calls()[0].0, "c1");
+        assert_eq!(rt.exec_calls()[0].2, 1);
         // Syncing again starts nothing new.
         m.sync_pod(&p, &observed("c1", ContainerState::Running, false));
         assert_eq!(m.instance_count(), 1);
@@ -500,7 +500,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn liveness_failure_marks_the_instance_until_it_stops() {
-        let rt = FakeRuntime::with(vec![ExecReply::Exit(1, ""); 10]);
+        let rt = FakeCri::with_exec(vec![ExecReply::Exit(1, ""); 10]);
         let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
@@ -524,7 +524,7 @@ mod tests {
         );
         // Still marked while it runs, and no more probing (the worker is on hold).
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(rt.calls.lock().unwrap().len(), 2);
+        assert_eq!(rt.exec_calls().len(), 2);
         m.sync_pod(&p, &observed("c1", ContainerState::Running, false));
         assert_eq!(m.unhealthy("uid1").len(), 1);
         // Killed: gone. The restarted instance gets a fresh worker.
@@ -548,7 +548,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn startup_gates_liveness_and_readiness() {
         // Startup: fails twice, then succeeds. Readiness and liveness then run.
-        let rt = FakeRuntime::with(vec![ExecReply::Exit(1, ""), ExecReply::Exit(1, "")]);
+        let rt = FakeCri::with_exec(vec![ExecReply::Exit(1, ""), ExecReply::Exit(1, "")]);
         let (m, wake) = manager(rt.clone());
         let p = pod(Container {
             name: "app".into(),
@@ -583,13 +583,7 @@ mod tests {
                 started: Some(true)
             }
         );
-        let commands: Vec<String> = rt
-            .calls
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|c| c.1[0].clone())
-            .collect();
+        let commands: Vec<String> = rt.exec_calls().iter().map(|c| c.1[0].clone()).collect();
         assert_eq!(
             &commands[..3],
             ["startup", "startup", "startup"],
@@ -608,7 +602,7 @@ mod tests {
 
     #[test]
     fn network_probes_go_to_the_pod_ip_or_the_host_ip() {
-        let rt = FakeRuntime::default();
+        let rt = FakeCri::default();
         let (m, _rx) = manager(rt);
         let own = observed("c1", ContainerState::Running, false);
         assert_eq!(
@@ -624,7 +618,7 @@ mod tests {
 
     #[tokio::test]
     async fn containers_without_probes_get_no_workers() {
-        let (m, _rx) = manager(FakeRuntime::default());
+        let (m, _rx) = manager(FakeCri::default());
         let p = pod(Container {
             name: "app".into(),
             ..Default::default()

@@ -15,8 +15,6 @@
 //! [`manager`] holds the workers of every pod, their verdicts and the wiring to the pod
 //! worker; [`metrics`] counts runs in `prober_probe_total`.
 
-#[cfg(test)]
-pub(crate) mod fake_runtime;
 pub mod handlers;
 pub mod manager;
 pub mod metrics;

@@ -97,7 +97,7 @@ fn next_restart_count(observed: &ObservedPod, name: &str) -> u32 {
     observed
         .instances(name)
         .first()
-        .map(|c| c.attempt + 1)
+        .map(|c| c.attempt.saturating_add(1))
         .unwrap_or(0)
 }
 
@@ -220,7 +220,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                 _ => "the pod sandbox is not ready".into(),
             });
         }
-        let attempt = newest.map(|s| s.attempt + 1).unwrap_or(0);
+        let attempt = newest.map(|s| s.attempt.saturating_add(1)).unwrap_or(0);
         actions.create_sandbox = Some(attempt);
         // Everything starts again in a new sandbox: the first init container, or every app
         // container when there are none. A container whose last instance exited keeps its

@@ -77,9 +77,9 @@ impl<R: RuntimeService> ExecProbe<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prober::fake_runtime::{ExecReply, FakeRuntime};
+    use crate::cri::fake::{ExecReply, FakeCri};
 
-    fn probe(rt: &FakeRuntime) -> ExecProbe<FakeRuntime> {
+    fn probe(rt: &FakeCri) -> ExecProbe<FakeCri> {
         ExecProbe::new(
             rt.clone(),
             "c1".into(),
@@ -90,7 +90,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn exit_codes_timeouts_and_runtime_errors() {
-        let rt = FakeRuntime::with(vec![
+        let rt = FakeCri::with_exec(vec![
             ExecReply::Exit(0, "fine"),
             ExecReply::Exit(1, "cat: can't open '/tmp/healthy'\n"),
             ExecReply::Fail(tonic::Code::DeadlineExceeded),
@@ -112,7 +112,7 @@ mod tests {
             "a hung runtime"
         );
         assert!(matches!(p.run().await, ProbeOutcome::Error(_)));
-        let calls = rt.calls.lock().unwrap().clone();
+        let calls = rt.exec_calls();
         assert_eq!(
             calls[0],
             (

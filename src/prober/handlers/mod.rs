@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn builds_each_handler_from_the_spec() {
         let c = container();
-        let rt = crate::prober::fake_runtime::FakeRuntime::default();
+        let rt = crate::cri::fake::FakeCri::default();
         let exec = spec_with(|s| {
             s.exec = Some(ExecAction {
                 command: Some(vec!["cat".into(), "$(F)".into()]),
