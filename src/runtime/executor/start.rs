@@ -244,10 +244,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .map_err(|e| config_error(e.to_string()))?
             .into_iter()
             .collect();
-        ctx.extra_mounts = self
-            .volumes
-            .container_mounts(pod, container, volumes, &env)
-            .map_err(|e| config_error(e.to_string()))?;
+        // subPath mounts are system calls: made on a blocking thread.
+        let manager = self.volumes.clone();
+        let (owned_pod, owned_container, owned_volumes) =
+            (pod.clone(), container.clone(), volumes.clone());
+        ctx.extra_mounts = tokio::task::spawn_blocking(move || {
+            manager.container_mounts(&owned_pod, &owned_container, &owned_volumes, &env)
+        })
+        .await
+        .map_err(|join| config_error(format!("the mount task failed: {join}")))?
+        .map_err(|e| config_error(e.to_string()))?;
         let config = translate::container_config(pod, container, &ctx)
             .map_err(|e| config_error(e.to_string()))?;
         let log_dir = Path::new(&sandbox_config.log_directory).join(name);
