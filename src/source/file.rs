@@ -583,6 +583,22 @@ mod tests {
     }
 
     /// Write atomically (temp file + rename), as careful tools do.
+    /// A first scan of `dir` on this node.
+    fn scan_fresh(dir: &Path) -> ScanOutcome {
+        scan_again(dir, &ScanOutcome::default())
+    }
+
+    /// A scan of `dir` that follows `previous`.
+    fn scan_again(dir: &Path, previous: &ScanOutcome) -> ScanOutcome {
+        scan(
+            dir,
+            NODE,
+            &NodeSecurity::default(),
+            SystemTime::now(),
+            previous,
+        )
+    }
+
     fn write(dir: &Path, file: &str, text: &str) {
         let tmp = dir.join(format!(".{file}.tmp"));
         fs::write(&tmp, text).unwrap();
@@ -708,13 +724,7 @@ mod tests {
             Duration::from_secs(60),
             problems.clone(),
         );
-        let first = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let first = scan_fresh(dir.path());
         assert_eq!(first.pods.len(), 2);
         let logged = source.report(&first);
         assert_eq!(logged.len(), 2, "{logged:?}");
@@ -730,34 +740,16 @@ mod tests {
 
         // The same problems on the next rescans: silence.
         for _ in 0..2 {
-            let again = scan(
-                dir.path(),
-                NODE,
-                &NodeSecurity::default(),
-                SystemTime::now(),
-                &ScanOutcome::default(),
-            );
+            let again = scan_fresh(dir.path());
             assert!(source.report(&again).is_empty());
         }
 
         // A different error in the same file is logged; then the fix is logged once.
         write(dir.path(), "bad.yaml", "apiVersion: v2\nkind: Pod\n");
-        let changed = source.report(&scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        ));
+        let changed = source.report(&scan_fresh(dir.path()));
         assert_eq!(changed.len(), 1, "{changed:?}");
         write(dir.path(), "bad.yaml", &manifest("bad", "x"));
-        let fixed = source.report(&scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        ));
+        let fixed = source.report(&scan_fresh(dir.path()));
         assert_eq!(fixed.len(), 1, "{fixed:?}");
         assert!(fixed[0].contains("resolved"));
         assert!(problems.snapshot().is_empty());
@@ -768,13 +760,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "10-web.yaml", &manifest("web", "nginx:1"));
         write(dir.path(), "20-web.yaml", &manifest("web", "nginx:2"));
-        let outcome = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let outcome = scan_fresh(dir.path());
         assert_eq!(outcome.pods.len(), 1);
         let image = outcome.pods[0].spec.as_ref().unwrap().containers[0]
             .image
@@ -798,13 +784,7 @@ mod tests {
         fs::write(dir.path().join(".swp"), "garbage").unwrap();
         fs::create_dir(dir.path().join("sub")).unwrap();
         fs::write(dir.path().join("sub/inner.yaml"), manifest("inner", "x")).unwrap();
-        let outcome = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let outcome = scan_fresh(dir.path());
         let names: Vec<_> = outcome
             .pods
             .iter()
@@ -814,13 +794,7 @@ mod tests {
         assert!(outcome.errors.is_empty(), "{outcome:?}");
 
         // A single file as the path.
-        let one = scan(
-            &dir.path().join("web.json"),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let one = scan_fresh(&dir.path().join("web.json"));
         assert_eq!(one.pods.len(), 1);
     }
 
@@ -836,13 +810,7 @@ mod tests {
             Duration::from_secs(1),
             problems.clone(),
         );
-        let outcome = scan(
-            &missing,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let outcome = scan_fresh(&missing);
         assert!(outcome.missing && outcome.pods.is_empty());
         assert_eq!(source.report(&outcome).len(), 1);
         assert!(
@@ -909,13 +877,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "a.yaml", &manifest("a", "nginx:1"));
         write(dir.path(), "b.yaml", &manifest("b", "nginx:1"));
-        let good = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let good = scan_fresh(dir.path());
         assert_eq!(good.pods.len(), 2);
         let before = names_and_uids(&good);
 
@@ -931,13 +893,7 @@ mod tests {
         ];
         for (what, text) in broken {
             fs::write(dir.path().join("b.yaml"), text).unwrap();
-            let again = scan(
-                dir.path(),
-                NODE,
-                &NodeSecurity::default(),
-                SystemTime::now(),
-                &good,
-            );
+            let again = scan_again(dir.path(), &good);
             assert_eq!(names_and_uids(&again), before, "{what}");
             let key = dir.path().join("b.yaml").display().to_string();
             assert!(again.errors.contains_key(&key), "{what}: {again:?}");
@@ -947,13 +903,7 @@ mod tests {
                 "{what}"
             );
             // Kept again on the scan after (the base is the kept state).
-            let third = scan(
-                dir.path(),
-                NODE,
-                &NodeSecurity::default(),
-                SystemTime::now(),
-                &again,
-            );
+            let third = scan_again(dir.path(), &again);
             assert_eq!(
                 names_and_uids(&third),
                 before,
@@ -964,25 +914,13 @@ mod tests {
         // Unreadable even for root: a symlink loop.
         fs::remove_file(dir.path().join("b.yaml")).unwrap();
         std::os::unix::fs::symlink("b.yaml", dir.path().join("b.yaml")).unwrap();
-        let looped = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &good,
-        );
+        let looped = scan_again(dir.path(), &good);
         assert_eq!(names_and_uids(&looped), before);
 
         // Gone for good (ENOENT, also as a dangling link): a deletion.
         fs::remove_file(dir.path().join("b.yaml")).unwrap();
         std::os::unix::fs::symlink("nowhere.yaml", dir.path().join("b.yaml")).unwrap();
-        let gone = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &looped,
-        );
+        let gone = scan_again(dir.path(), &looped);
         assert_eq!(names_and_uids(&gone), before[..1]);
         assert!(gone.errors.is_empty() && gone.kept.is_empty(), "{gone:?}");
 
@@ -992,13 +930,7 @@ mod tests {
             "c.yaml",
             "apiVersion: v1\nkind: Pod\nmetadata: {name: c",
         );
-        let fresh = scan(
-            dir.path(),
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &gone,
-        );
+        let fresh = scan_again(dir.path(), &gone);
         assert_eq!(names_and_uids(&fresh), before[..1]);
         assert!(fresh.kept.is_empty());
     }
@@ -1013,26 +945,14 @@ mod tests {
         write(&dir, "a.yaml", &manifest("a", "nginx:1"));
         write(&dir, "b.yaml", &manifest("b", "nginx:1"));
         write(&dir, "bad.yaml", "kind: Pod\n");
-        let good = scan(
-            &dir,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let good = scan_fresh(&dir);
         assert_eq!(good.pods.len(), 2);
         assert!(!good.inconclusive);
         let before = names_and_uids(&good);
 
         fs::rename(&dir, top.path().join("away")).unwrap();
         std::os::unix::fs::symlink("manifests", &dir).unwrap();
-        let looped = scan(
-            &dir,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &good,
-        );
+        let looped = scan_again(&dir, &good);
         assert_eq!(names_and_uids(&looped), before);
         assert!(looped.inconclusive);
         let key = dir.display().to_string();
@@ -1047,25 +967,13 @@ mod tests {
 
         // A socket where the directory was.
         let _socket = std::os::unix::net::UnixListener::bind(&dir).unwrap();
-        let odd = scan(
-            &dir,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &looped,
-        );
+        let odd = scan_again(&dir, &looped);
         assert_eq!(names_and_uids(&odd), before);
         assert!(odd.errors[&key].contains("neither"), "{odd:?}");
         fs::remove_file(&dir).unwrap();
 
         // Gone: the pods go (as upstream).
-        let missing = scan(
-            &dir,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &odd,
-        );
+        let missing = scan_again(&dir, &odd);
         assert!(missing.missing && missing.pods.is_empty());
     }
 
@@ -1075,22 +983,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("web.yaml");
         write(dir.path(), "web.yaml", &manifest("web", "nginx:1"));
-        let good = scan(
-            &file,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &ScanOutcome::default(),
-        );
+        let good = scan_fresh(&file);
         assert_eq!(good.pods.len(), 1);
         fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata:\n  na").unwrap();
-        let broken = scan(
-            &file,
-            NODE,
-            &NodeSecurity::default(),
-            SystemTime::now(),
-            &good,
-        );
+        let broken = scan_again(&file, &good);
         assert_eq!(names_and_uids(&broken), names_and_uids(&good));
         assert!(broken.inconclusive);
         fs::remove_file(&file).unwrap();

@@ -184,6 +184,29 @@ fn apparmor_field(errors: &mut Errors, field: String, p: Option<&AppArmorProfile
 }
 
 /// Windows settings mean nothing on a Linux node. Upstream ignores them unless the pod says it
+
+/// The checks the pod and each container share: seccomp, AppArmor and Windows options under
+/// the security context at path `f`.
+fn profiles(
+    errors: &mut Errors,
+    f: &str,
+    (seccomp_profile, app_armor, windows_options): (
+        Option<&SeccompProfile>,
+        Option<&AppArmorProfile>,
+        Option<&WindowsSecurityContextOptions>,
+    ),
+    linux: bool,
+) {
+    seccomp(errors, format!("{f}.seccompProfile"), seccomp_profile);
+    apparmor_field(errors, format!("{f}.appArmorProfile"), app_armor);
+    windows(
+        errors,
+        format!("{f}.windowsOptions"),
+        windows_options,
+        linux,
+    );
+}
+
 /// is a Linux pod (then they are invalid); a HostProcess container cannot run here at all.
 fn windows(
     errors: &mut Errors,
@@ -240,20 +263,14 @@ fn validate_pod_sc(
         sc.se_linux_change_policy.as_deref(),
         &["MountOption", "Recursive"],
     );
-    seccomp(
+    profiles(
         errors,
-        format!("{f}.seccompProfile"),
-        sc.seccomp_profile.as_ref(),
-    );
-    apparmor_field(
-        errors,
-        format!("{f}.appArmorProfile"),
-        sc.app_armor_profile.as_ref(),
-    );
-    windows(
-        errors,
-        format!("{f}.windowsOptions"),
-        sc.windows_options.as_ref(),
+        &f,
+        (
+            sc.seccomp_profile.as_ref(),
+            sc.app_armor_profile.as_ref(),
+            sc.windows_options.as_ref(),
+        ),
         linux,
     );
 
@@ -313,20 +330,14 @@ fn validate_container_sc(
             "`hostUsers` must be false to use `Unmasked`",
         );
     }
-    seccomp(
+    profiles(
         errors,
-        format!("{f}.seccompProfile"),
-        sc.seccomp_profile.as_ref(),
-    );
-    apparmor_field(
-        errors,
-        format!("{f}.appArmorProfile"),
-        sc.app_armor_profile.as_ref(),
-    );
-    windows(
-        errors,
-        format!("{f}.windowsOptions"),
-        sc.windows_options.as_ref(),
+        &f,
+        (
+            sc.seccomp_profile.as_ref(),
+            sc.app_armor_profile.as_ref(),
+            sc.windows_options.as_ref(),
+        ),
         linux,
     );
 }
