@@ -127,6 +127,7 @@ pub fn uid_problem(uid: &str) -> Option<String> {
     None
 }
 
+/// The problems found so far, each with its field.
 struct Errors(Vec<ValidationError>);
 
 impl Errors {

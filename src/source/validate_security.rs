@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     WindowsSecurityContextOptions,
 };
 
+use super::Errors;
 use crate::k8s::sysctl::{SysctlAllowlist, SysctlError};
 use crate::runtime::translate::is_local_descending_path;
 use crate::runtime::translate::security::{APPARMOR_ANNOTATION_PREFIX, apparmor_profile};
@@ -101,16 +102,8 @@ pub async fn detect_node_security<R: crate::cri::RuntimeService>(
     node
 }
 
-struct Errors(Vec<ValidationError>);
-
+/// Security checks add to the validator's error list.
 impl Errors {
-    fn push(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(ValidationError {
-            field: field.into(),
-            reason: reason.into(),
-        });
-    }
-
     fn id(&mut self, field: String, value: Option<i64>) {
         if let Some(v) = value
             && !(0..=i64::from(i32::MAX)).contains(&v)
