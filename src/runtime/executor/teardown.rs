@@ -197,16 +197,17 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let names = pod
             .map(|p| (pod_namespace(p).to_string(), pod_name(p).to_string()))
             .or_else(|| observed.names.clone());
-        let executor = self.clone_parts();
+        let files = self.file_teardown();
         let uid = uid.to_string();
-        tokio::task::spawn_blocking(move || executor.remove_files(&uid, names))
+        tokio::task::spawn_blocking(move || files.remove_files(&uid, names))
             .await
             .map_err(|join| {
                 TeardownError::Volumes(format!("the file teardown task failed: {join}"))
             })?
     }
 
-    fn clone_parts(&self) -> FileTeardown {
+    /// What the blocking file teardown needs, cloned out of the executor.
+    fn file_teardown(&self) -> FileTeardown {
         FileTeardown {
             node: self.node.clone(),
             volumes: self.volumes.clone(),
