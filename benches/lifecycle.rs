@@ -514,10 +514,10 @@ impl Bench {
         // The first agent must know them all as running before it is killed.
         let t1 = Instant::now();
         loop {
-            if let Some(list) = agent.pods().await {
-                if want.iter().all(|f| pod_running_in(&list, f).is_some()) {
-                    break;
-                }
+            if let Some(list) = agent.pods().await
+                && want.iter().all(|f| pod_running_in(&list, f).is_some())
+            {
+                break;
             }
             if t1.elapsed() > Duration::from_secs(60) {
                 bail!("the first agent's /pods did not show all {n} pods running within 60 s");
@@ -574,12 +574,11 @@ impl Bench {
         let mut pods_polls = 0usize;
         let mut partial_best = 0usize;
         while (healthy_at.is_none() || adopted_at.is_none()) && spawned.elapsed() < deadline {
-            if healthy_at.is_none() {
-                if let Some((200, body)) = http_get(&healthz_url, "/healthz").await {
-                    if body.trim() == "ok" {
-                        healthy_at = Some(spawned.elapsed());
-                    }
-                }
+            if healthy_at.is_none()
+                && let Some((200, body)) = http_get(&healthz_url, "/healthz").await
+                && body.trim() == "ok"
+            {
+                healthy_at = Some(spawned.elapsed());
             }
             if adopted_at.is_none() && last_pods_poll.is_none_or(|t| t.elapsed() >= PODS_POLL) {
                 last_pods_poll = Some(Instant::now());
@@ -683,10 +682,10 @@ impl Bench {
                 if let Some(list) = self.agent().pods().await {
                     let counts = restart_counts(&list);
                     for (name, p) in &before {
-                        if let Some(c) = counts.get(name) {
-                            if *c > p.restart_count {
-                                count_rises.insert(name.clone(), *c - p.restart_count);
-                            }
+                        if let Some(c) = counts.get(name)
+                            && *c > p.restart_count
+                        {
+                            count_rises.insert(name.clone(), *c - p.restart_count);
                         }
                     }
                 }
@@ -719,10 +718,10 @@ impl Bench {
         // New containers belong to which pods?
         let containers_now = self.cri.list_containers(None).await.unwrap_or_default();
         for c in &containers_now {
-            if new_containers.contains(&c.id) {
-                if let Some(n) = c.labels.get(POD_NAME) {
-                    restart_pods.insert(n.clone());
-                }
+            if new_containers.contains(&c.id)
+                && let Some(n) = c.labels.get(POD_NAME)
+            {
+                restart_pods.insert(n.clone());
             }
         }
         let restarts_caused = restart_pods.len();
@@ -851,10 +850,10 @@ impl Bench {
         }
         let t1 = Instant::now();
         loop {
-            if let Some(list) = agent.pods().await {
-                if pod_running_in(&list, &full).is_some() {
-                    break;
-                }
+            if let Some(list) = agent.pods().await
+                && pod_running_in(&list, &full).is_some()
+            {
+                break;
             }
             if t1.elapsed() > Duration::from_secs(30) {
                 bail!("{full} not running in /pods within 30 s");
@@ -882,12 +881,12 @@ impl Bench {
             if exited_seen.is_none() {
                 match self.cri.container_status(container.id.clone()).await {
                     Ok(resp) => {
-                        if let Some(st) = resp.status {
-                            if st.state == ContainerState::ContainerExited as i32 {
-                                exited_seen = Some(ms(t0.elapsed()));
-                                finished_at = Some(ms_ns(st.finished_at - unix_ns(t0_wall)));
-                                exit_code = Some(st.exit_code);
-                            }
+                        if let Some(st) = resp.status
+                            && st.state == ContainerState::ContainerExited as i32
+                        {
+                            exited_seen = Some(ms(t0.elapsed()));
+                            finished_at = Some(ms_ns(st.finished_at - unix_ns(t0_wall)));
+                            exit_code = Some(st.exit_code);
                         }
                     }
                     Err(e) if e.is_not_found() => exited_seen = Some(ms(t0.elapsed())),
@@ -1020,7 +1019,8 @@ impl Bench {
         };
         let grace_ms = self.args.grace_secs as f64 * 1000.0;
         // (key, label, value, ok when <= limit (or >= when `at_least`), unit)
-        let checks: Vec<(&str, &str, Option<f64>, f64, bool, &str)> = vec![
+        type Check<'a> = (&'a str, &'a str, Option<f64>, f64, bool, &'a str);
+        let checks: Vec<Check> = vec![
             (
                 "init_all_three",
                 "init-1 started -> app started (median)",

@@ -252,12 +252,11 @@ async fn started_offsets(cri: &CriClient, ids: &[String], t0_wall: SystemTime) -
     let base = unix_ns(t0_wall);
     let mut out = Vec::new();
     for id in ids {
-        if let Ok(resp) = cri.container_status(id.clone()).await {
-            if let Some(st) = resp.status {
-                if st.started_at > 0 {
-                    out.push((st.started_at - base) as f64 / 1e6);
-                }
-            }
+        if let Ok(resp) = cri.container_status(id.clone()).await
+            && let Some(st) = resp.status
+            && st.started_at > 0
+        {
+            out.push((st.started_at - base) as f64 / 1e6);
         }
     }
     out
@@ -808,10 +807,9 @@ impl Bench {
                     if let Ok(list) = cri
                         .list_containers(Some(running_filter(name_selector(&full))))
                         .await
+                        && let Some(c) = list.first()
                     {
-                        if let Some(c) = list.first() {
-                            return Some((t0.elapsed(), c.id.clone()));
-                        }
+                        return Some((t0.elapsed(), c.id.clone()));
                     }
                 }
                 None
@@ -821,10 +819,10 @@ impl Bench {
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while t0.elapsed() < deadline {
                     ticker.tick().await;
-                    if let Some(list) = agent.pods().await {
-                        if pod_running_in(&list, &full).is_some() {
-                            return Some((t0.elapsed(), SystemTime::now()));
-                        }
+                    if let Some(list) = agent.pods().await
+                        && pod_running_in(&list, &full).is_some()
+                    {
+                        return Some((t0.elapsed(), SystemTime::now()));
                     }
                 }
                 None
@@ -936,11 +934,11 @@ impl Bench {
             if old_finished.is_none() && !old_gone_before_exit_seen {
                 match self.cri.container_status(old.id.clone()).await {
                     Ok(resp) => {
-                        if let Some(st) = resp.status {
-                            if st.state == ContainerState::ContainerExited as i32 {
-                                old_finished = Some(st.finished_at);
-                                old_stopped_seen = Some(t0.elapsed());
-                            }
+                        if let Some(st) = resp.status
+                            && st.state == ContainerState::ContainerExited as i32
+                        {
+                            old_finished = Some(st.finished_at);
+                            old_stopped_seen = Some(t0.elapsed());
                         }
                     }
                     Err(e) if e.is_not_found() => old_gone_before_exit_seen = true,

@@ -459,10 +459,10 @@ impl Agent {
         let start = Instant::now();
         let url = format!("127.0.0.1:{}", self.healthz_port);
         loop {
-            if let Some((200, body)) = http_get(&url, "/healthz").await {
-                if body.trim() == "ok" {
-                    return Ok(start.elapsed());
-                }
+            if let Some((200, body)) = http_get(&url, "/healthz").await
+                && body.trim() == "ok"
+            {
+                return Ok(start.elapsed());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 bail!(
@@ -652,10 +652,11 @@ pub async fn poll_running(
         };
         let now = t0.elapsed();
         for c in list {
-            if let Some(name) = c.labels.get(POD_NAME) {
-                if want.contains(name) && !seen.contains_key(name) {
-                    seen.insert(name.clone(), now);
-                }
+            if let Some(name) = c.labels.get(POD_NAME)
+                && want.contains(name)
+                && !seen.contains_key(name)
+            {
+                seen.insert(name.clone(), now);
             }
         }
     }

@@ -551,8 +551,8 @@ pub fn format_delay(d: Duration) -> String {
     }
 }
 
-/// Keeps the newest instance of each container name (for `lastState` and logs); older exited
-/// instances go.
+/// Keeps the two newest instances of each container name (the current one, and the one before
+/// it for `lastState`, logs and the restart count); older exited instances go.
 fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
     let keep = kept_instances(observed);
     let removing_sandbox: HashSet<&str> = actions

@@ -177,6 +177,23 @@ fn apparmor_field(errors: &mut Errors, field: String, p: Option<&AppArmorProfile
 }
 
 /// Windows settings mean nothing on a Linux node. Upstream ignores them unless the pod says it
+/// is a Linux pod (then they are invalid); a HostProcess container cannot run here at all.
+fn windows(
+    errors: &mut Errors,
+    field: String,
+    o: Option<&WindowsSecurityContextOptions>,
+    linux: bool,
+) {
+    let Some(o) = o else { return };
+    if linux {
+        errors.push(field, "forbidden for a pod with spec.os.name \"linux\"");
+    } else if o.host_process == Some(true) {
+        errors.push(
+            format!("{field}.hostProcess"),
+            "Windows HostProcess containers cannot run on a Linux node",
+        );
+    }
+}
 
 /// The checks the pod and each container share: seccomp, AppArmor and Windows options under
 /// the security context at path `f`.
@@ -198,24 +215,6 @@ fn profiles(
         windows_options,
         linux,
     );
-}
-
-/// is a Linux pod (then they are invalid); a HostProcess container cannot run here at all.
-fn windows(
-    errors: &mut Errors,
-    field: String,
-    o: Option<&WindowsSecurityContextOptions>,
-    linux: bool,
-) {
-    let Some(o) = o else { return };
-    if linux {
-        errors.push(field, "forbidden for a pod with spec.os.name \"linux\"");
-    } else if o.host_process == Some(true) {
-        errors.push(
-            format!("{field}.hostProcess"),
-            "Windows HostProcess containers cannot run on a Linux node",
-        );
-    }
 }
 
 fn validate_pod_sc(
@@ -258,7 +257,7 @@ fn validate_pod_sc(
     );
     profiles(
         errors,
-        &f,
+        f,
         (
             sc.seccomp_profile.as_ref(),
             sc.app_armor_profile.as_ref(),

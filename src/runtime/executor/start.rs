@@ -240,10 +240,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             node_allocatable: self.node.allocatable,
             seccomp_profile_root: self.node.seccomp_profile_root(),
         };
-        let env: HashMap<String, String> = translate::env::container_env(pod, container, &ctx)
-            .map_err(|e| config_error(e.to_string()))?
-            .into_iter()
-            .collect();
+        // Resolved once: the mounts need it (`subPathExpr`), then the container config.
+        let envs = translate::env::container_env(pod, container, &ctx)
+            .map_err(|e| config_error(e.to_string()))?;
+        let env: HashMap<String, String> = envs.iter().cloned().collect();
         // subPath mounts are system calls: made on a blocking thread.
         let manager = self.volumes.clone();
         let (owned_pod, owned_container, owned_volumes) =
@@ -254,7 +254,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         .await
         .map_err(|join| config_error(format!("the mount task failed: {join}")))?
         .map_err(|e| config_error(e.to_string()))?;
-        let config = translate::container_config(pod, container, &ctx)
+        let config = translate::container_config_with_env(pod, container, &ctx, envs)
             .map_err(|e| config_error(e.to_string()))?;
         let log_dir = Path::new(&sandbox_config.log_directory).join(name);
         let _ = std::fs::create_dir_all(&log_dir);

@@ -353,6 +353,18 @@ pub fn container_config(
     container: &Container,
     ctx: &ContainerContext,
 ) -> Result<ContainerConfig, TranslateError> {
+    let envs = env::container_env(pod, container, ctx)?;
+    container_config_with_env(pod, container, ctx, envs)
+}
+
+/// [`container_config`] with the environment already resolved by [`env::container_env`] (the
+/// executor needs it first for `subPathExpr`, and resolves it once).
+pub fn container_config_with_env(
+    pod: &Pod,
+    container: &Container,
+    ctx: &ContainerContext,
+    envs: Vec<(String, String)>,
+) -> Result<ContainerConfig, TranslateError> {
     let meta = PodMeta::of(pod)?;
     let image = container
         .image
@@ -362,7 +374,6 @@ pub fn container_config(
             container: container.name.clone(),
         })?;
 
-    let envs = env::container_env(pod, container, ctx)?;
     let env_map: HashMap<String, String> = envs.iter().cloned().collect();
     let command = env::expand_all(container.command.as_deref().unwrap_or_default(), &env_map);
     let args = env::expand_all(container.args.as_deref().unwrap_or_default(), &env_map);

@@ -19,7 +19,7 @@ use crate::cri::proto::security_profile::ProfileType;
 use crate::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
 pub use super::spec_hash::container_hash;
-pub use container::{container_config, container_labels, oom_score_adj};
+pub use container::{container_config, container_config_with_env, container_labels, oom_score_adj};
 pub use dns::{HostDns, parse_resolv_conf};
 pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
 
