@@ -710,12 +710,7 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, PlanError> {
 /// A single, harmless path component (a UID, a volume or container name becomes a directory
 /// name): not empty, not `.` or `..`, no `/` or NUL, at most 255 bytes.
 pub fn check_component(what: &'static str, name: &str) -> Result<(), InvalidComponent> {
-    let mut parts = Path::new(name).components();
-    let single = matches!(
-        (parts.next(), parts.next()),
-        (Some(std::path::Component::Normal(p)), None) if p == name
-    );
-    if !single || name.contains('/') || name.contains('\0') || name.len() > 255 {
+    if crate::paths::component_problem(name).is_some() {
         return Err(InvalidComponent {
             what,
             name: name.to_string(),

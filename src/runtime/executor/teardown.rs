@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use tokio::time::Instant;
 
 use crate::cri::{CriError, ImageService, RuntimeService};
-use crate::paths::{PathError, component_problem, remove_tree_within};
+use crate::paths::component_problem;
+use crate::volume::safe_fs::SafeFsError;
 
 use super::super::hooks::{HookKind, run_hook};
 use super::{Executor, MIN_GRACE_SECONDS, grace_period, pod_name, pod_namespace};
@@ -25,7 +26,7 @@ pub enum TeardownError {
     #[error("{0}")]
     Volumes(String),
     #[error("removing the pod's files: {0}")]
-    Files(#[from] PathError),
+    Files(#[from] SafeFsError),
 }
 
 /// The spec of the named container, init or app.
@@ -230,16 +231,20 @@ impl FileTeardown {
     ) -> Result<(), TeardownError> {
         // Logs and pod files go with the pod, as upstream's garbage collector would do later.
         if let Some((ns, name)) = names {
-            remove_tree_within(
-                &self.node.pod_logs_dir,
-                &self.node.pod_log_dir(&ns, &name, uid),
-            )?;
+            let dir = format!("{ns}_{name}_{uid}");
+            match component_problem(&dir) {
+                None => remove_child(&self.node.pod_logs_dir, &dir)?,
+                // Names read back from an orphan's labels: never a path to follow.
+                Some(problem) => {
+                    tracing::warn!(%dir, problem, "not removing a log directory whose name cannot be a path component");
+                }
+            }
         }
         if let Err(err) = self.volumes.teardown(uid) {
             tracing::warn!(error = %err, "volume teardown failed; will retry");
             return Err(TeardownError::Volumes(err.to_string()));
         }
-        remove_tree_within(&self.node.root_dir.join("pods"), &self.node.pod_dir(uid))?;
+        remove_child(&self.node.root_dir.join("pods"), uid)?;
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
         for qos in [
             QosClass::Guaranteed,
@@ -264,9 +269,46 @@ impl FileTeardown {
     }
 }
 
+/// Removes `base/name` with the volume module's checked removal: nothing outside `base`, no
+/// link followed (a link there is removed itself), mounts below unmounted first. A `base` that
+/// does not exist holds nothing to remove.
+fn remove_child(base: &std::path::Path, name: &str) -> Result<(), TeardownError> {
+    let real = match base.canonicalize() {
+        Ok(real) => real,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => {
+            return Err(SafeFsError::Sys {
+                path: base.to_path_buf(),
+                errno: nix::errno::Errno::from_raw(err.raw_os_error().unwrap_or(libc::EIO)),
+            }
+            .into());
+        }
+    };
+    Ok(crate::volume::remove_checked(&real.join(name), &real)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_trees_are_removed_inside_their_base_and_links_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("pods");
+        let victim = dir.path().join("victim");
+        std::fs::create_dir_all(base.join("u1/sub")).unwrap();
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("keep"), b"x").unwrap();
+        // A link planted where a pod dir should be goes itself; what it points at stays.
+        std::os::unix::fs::symlink(&victim, base.join("u2")).unwrap();
+        remove_child(&base, "u2").unwrap();
+        assert!(!base.join("u2").exists() && victim.join("keep").exists());
+        // The real thing goes; a missing one, or a missing base, is fine.
+        remove_child(&base, "u1").unwrap();
+        assert!(!base.join("u1").exists());
+        remove_child(&base, "u1").unwrap();
+        remove_child(&dir.path().join("no-such-base"), "u1").unwrap();
+    }
 
     #[test]
     fn remaining_grace_never_drops_below_the_minimum() {
