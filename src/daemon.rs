@@ -6,11 +6,11 @@
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-
-use futures::FutureExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

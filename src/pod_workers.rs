@@ -83,6 +83,27 @@ impl WorkerStats {
         self.syncs_interrupted.load(Ordering::Relaxed)
     }
 
+    /// Counts a panic caught while the worker was `doing` something for `pod`, logs it, and
+    /// says how long to wait before trying again (`in_a_row` is the worker's own run).
+    fn caught_panic(
+        &self,
+        in_a_row: &mut u32,
+        payload: &(dyn Any + Send),
+        pod: &str,
+        doing: &str,
+    ) -> Duration {
+        *in_a_row += 1;
+        self.panics.fetch_add(1, Ordering::Relaxed);
+        let wait = panic_backoff(*in_a_row);
+        tracing::error!(
+            pod,
+            panic = %panic_message(payload),
+            retry_in_ms = wait.as_millis() as u64,
+            "the pod worker panicked while {doing}; it will try again"
+        );
+        wait
+    }
+
     /// The counters in Prometheus' text format.
     pub fn render(&self) -> String {
         format!(
@@ -282,14 +303,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                         next = Instant::now() + wait;
                     }
                     Err(payload) => {
-                        panics_in_a_row += 1;
-                        deps.stats.panics.fetch_add(1, Ordering::Relaxed);
-                        let wait = panic_backoff(panics_in_a_row);
-                        tracing::error!(
-                            pod = %full_name(&pod),
-                            panic = %panic_message(payload.as_ref()),
-                            retry_in_ms = wait.as_millis() as u64,
-                            "the pod worker panicked while syncing; it will try again"
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &full_name(&pod),
+                            "syncing",
                         );
                         next = Instant::now() + wait;
                     }
@@ -329,13 +347,13 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                         next = Instant::now() + Duration::from_secs(2);
                     }
                     Err(payload) => {
-                        panics_in_a_row += 1;
-                        deps.stats.panics.fetch_add(1, Ordering::Relaxed);
-                        let wait = panic_backoff(panics_in_a_row);
-                        tracing::error!(
-                            panic = %panic_message(payload.as_ref()),
-                            retry_in_ms = wait.as_millis() as u64,
-                            "the pod worker panicked while tearing the pod down; it will try again"
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &pod.as_deref()
+                                .map(full_name)
+                                .unwrap_or_else(|| "(orphan)".into()),
+                            "tearing the pod down",
                         );
                         next = Instant::now() + wait;
                     }

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 use super::quantity;
 
 /// What the node can give a container, standing in for a limit the container does not set.
-/// Detected once at start (`crate::node::detect_allocatable`) and passed in.
+/// Detected once at start, from the node's facts, and passed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NodeAllocatable {
     pub cpu_millis: i64,

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+pub use crate::k8s::full_name;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -235,15 +236,6 @@ pub fn load_static_pods(
         pods,
         unknown_fields: decoded.unknown_fields,
     })
-}
-
-/// `namespace/name` of a pod.
-pub fn full_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// How many snapshots or change batches may wait between the sources, the merger and the
