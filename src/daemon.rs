@@ -35,6 +35,8 @@ use crate::sync_loop::{SyncLoop, SyncLoopHealth};
 
 /// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.
 pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a Node or Lease request may take before it is abandoned and retried.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,6 +47,9 @@ pub enum DaemonError {
     Runtime(#[from] CriError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// The kubeconfig (or a file it names) cannot be used.
+    #[error(transparent)]
+    Apiserver(#[from] crate::apiserver::ConnectError),
     /// The sync loop died: nothing would sync pods any more, so the agent stops (its service
     /// manager starts it again, and the new agent adopts the pods, which keep running).
     #[error("the sync loop ended unexpectedly: {0}")]
@@ -134,6 +139,22 @@ pub async fn run(
         tracing::warn!("configuration: {warning}");
     }
 
+    // A kubeconfig that cannot be used stops the agent before anything starts.
+    let api_client = match &config.kubeconfig {
+        Some(path) => Some(
+            crate::apiserver::connect(
+                path,
+                &crate::apiserver::ClientOptions {
+                    qps: config.cluster.kube_api_qps,
+                    burst: config.cluster.kube_api_burst,
+                    timeout: HEARTBEAT_TIMEOUT,
+                },
+            )
+            .await?,
+        ),
+        None => None,
+    };
+
     let endpoint = cri::parse_endpoint(&config.container_runtime_endpoint)?;
     if let Some(image_ep) = &config.image_service_endpoint
         && image_ep != &config.container_runtime_endpoint
@@ -170,8 +191,10 @@ pub async fn run(
     }
 
     let host_ip = crate::node::detect_host_ip(config.node_ip);
-    let node_memory_bytes =
-        crate::node::memory_capacity(std::path::Path::new("/proc/meminfo")).unwrap_or(0);
+    let machine = crate::node::MachineFacts::read(&config.root_dir);
+    let node_memory_bytes = machine.memory_bytes;
+    let capacity = crate::node::allocatable::capacity(&machine, config.max_pods);
+    let allocatable = crate::node::allocatable::allocatable(&capacity, &config.reservations);
     let node = Arc::new(NodeContext {
         node_name: config.node_name.clone(),
         host_ip: host_ip.map(|ip| ip.to_string()),
@@ -185,7 +208,7 @@ pub async fn run(
         cgroups_per_qos: config.cgroups_per_qos,
         cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
         node_memory_bytes,
-        allocatable: crate::node::detect_allocatable(node_memory_bytes),
+        allocatable: allocatable.for_downward_api(),
         runtime_request_timeout: config.runtime_request_timeout,
         image_pull_progress_deadline: config.image_pull_progress_deadline,
     });
@@ -295,6 +318,33 @@ pub async fn run(
             loop_health.ended(why.clone());
             let _ = loop_ended_tx.send(why);
         });
+    }
+
+    // With a kubeconfig: register the Node, keep its status and Lease current. This talks to
+    // the API server only; pods are untouched by anything it does or fails to do.
+    if let Some(api_client) = api_client {
+        let snapshots = crate::node::agent::LiveSnapshots {
+            cri: client.clone(),
+            health: health.clone(),
+            node_name: config.node_name.clone(),
+            node_ip: config.node_ip,
+            root_dir: config.root_dir.clone(),
+            max_pods: config.max_pods,
+            max_images: config.cluster.node_status_max_images,
+            reservations: config.reservations.clone(),
+            kubelet_port: config.port,
+        };
+        tracker.spawn(crate::node::agent::run(
+            crate::node::api::KubeNodeApi::new(api_client),
+            snapshots,
+            crate::node::agent::AgentSettings {
+                node_name: config.node_name.clone(),
+                cluster: config.cluster.clone(),
+                status_update_frequency: config.node_status_update_frequency,
+            },
+            crate::apiserver::ProblemLog::default(),
+            cancel.clone(),
+        ));
     }
 
     // Tell systemd we are up (a no-op when not started by systemd).

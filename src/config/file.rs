@@ -74,6 +74,15 @@ pub struct KubeletConfigurationFile {
     pub shutdown_grace_period_critical_pods: Option<String>,
     pub fail_swap_on: Option<bool>,
     pub crash_loop_back_off: Option<CrashLoopBackOffConfig>,
+    pub register_node: Option<bool>,
+    pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    #[serde(rename = "kubeAPIQPS")]
+    pub kube_api_qps: Option<f64>,
+    #[serde(rename = "kubeAPIBurst")]
+    pub kube_api_burst: Option<i64>,
+    pub node_status_max_images: Option<i64>,
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    pub system_reserved: Option<BTreeMap<String, String>>,
 }
 
 /// `crashLoopBackOff` (upstream ≥ 1.32, behind KubeletCrashLoopBackOffMax there).

@@ -165,6 +165,45 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool)]
     pub serialize_image_pulls: Option<bool>,
+
+    /// Register the node with the API server (with --kubeconfig). [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = parse_go_bool)]
+    pub register_node: Option<bool>,
+
+    /// Labels to add when registering the node, as key=value pairs separated by commas.
+    /// Labels in the kubernetes.io and k8s.io namespaces must be ones a node may set.
+    #[arg(long, value_name = "KEY=VALUE,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub node_labels: Option<Vec<(String, String)>>,
+
+    /// Taints to register the node with, as key=value:Effect separated by commas.
+    #[arg(long, value_name = "KEY=VALUE:EFFECT,...", value_delimiter = ',',
+          value_parser = super::node::parse_taint)]
+    pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+
+    /// Queries per second to the API server (kubeAPIQPS); below 0 means no limit. [default: 50]
+    #[arg(long, value_name = "QPS")]
+    pub kube_api_qps: Option<f32>,
+
+    /// Burst of queries to the API server (kubeAPIBurst). [default: 100]
+    #[arg(long, value_name = "N")]
+    pub kube_api_burst: Option<u32>,
+
+    /// Resources reserved for Kubernetes system daemons, e.g. cpu=200m,memory=500Mi.
+    #[arg(long, value_name = "NAME=QUANTITY,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub kube_reserved: Option<Vec<(String, String)>>,
+
+    /// Resources reserved for non-Kubernetes system daemons, e.g. cpu=200m,memory=500Mi.
+    #[arg(long, value_name = "NAME=QUANTITY,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub system_reserved: Option<Vec<(String, String)>>,
+
+    /// Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
+    /// [default: memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%]
+    #[arg(long, value_name = "SIGNAL<VALUE,...")]
+    pub eviction_hard: Option<String>,
 }
 
 /// A `--manifest-url-header` item that is not a usable `key:value` pair.
@@ -286,6 +325,14 @@ mod tests {
             "--serialize-image-pulls=false",
             "--image-pull-progress-deadline=30s",
             "--allowed-unsafe-sysctls=kernel.msg*,net.core.somaxconn",
+            "--register-node=false",
+            "--node-labels=a=b,c=",
+            "--register-with-taints=k=v:NoSchedule",
+            "--kube-api-qps=5",
+            "--kube-api-burst=10",
+            "--kube-reserved=cpu=100m",
+            "--system-reserved=memory=1Gi",
+            "--eviction-hard=memory.available<1Gi",
         ])
         .unwrap();
         assert_eq!(
@@ -326,6 +373,16 @@ mod tests {
                 node_status_update_frequency: Some(Duration::from_secs(4)),
                 pod_infra_container_image: Some("registry.k8s.io/pause:3.10".into()),
                 serialize_image_pulls: Some(false),
+                register_node: Some(false),
+                node_labels: Some(vec![("a".into(), "b".into()), ("c".into(), "".into())]),
+                register_with_taints: Some(vec![
+                    super::super::node::parse_taint("k=v:NoSchedule").unwrap()
+                ]),
+                kube_api_qps: Some(5.0),
+                kube_api_burst: Some(10),
+                kube_reserved: Some(vec![("cpu".into(), "100m".into())]),
+                system_reserved: Some(vec![("memory".into(), "1Gi".into())]),
+                eviction_hard: Some("memory.available<1Gi".into()),
                 allowed_unsafe_sysctls: Some(vec![
                     "kernel.msg*".into(),
                     "net.core.somaxconn".into()

@@ -12,6 +12,7 @@
 pub mod duration;
 pub mod file;
 pub mod flags;
+pub mod node;
 mod validate;
 
 #[cfg(test)]
@@ -31,6 +32,7 @@ pub use file::{
     ParsedConfigFile, parse_config_file,
 };
 pub use flags::Flags;
+pub use node::{ClusterSettings, Reservations};
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +87,10 @@ pub struct Config {
     /// Pause image hint (informational).
     pub pod_infra_container_image: Option<String>,
     pub verbosity: u8,
+    /// Registration, Lease and node status settings (used with `kubeconfig`).
+    pub cluster: ClusterSettings,
+    /// What the node holds back from pods.
+    pub reservations: Reservations,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

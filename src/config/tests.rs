@@ -75,6 +75,8 @@ fn defaults() -> Config {
         crash_loop_max_backoff: secs(300),
         pod_infra_container_image: None,
         verbosity: 0,
+        cluster: super::ClusterSettings::default(),
+        reservations: super::Reservations::default(),
         config_file: None,
         warnings: vec![],
     }
@@ -172,6 +174,11 @@ crashLoopBackOff:
         container_log_max_files: 3,
         crash_loop_max_backoff: secs(60),
         config_file: Some(CONFIG_PATH.into()),
+        // A configured evictionHard replaces upstream's defaults whole.
+        reservations: super::Reservations {
+            eviction_hard: crate::k8s::threshold::parse_flag("memory.available<100Mi").unwrap(),
+            ..Default::default()
+        },
         ..defaults()
     };
     assert_eq!(got, want);

@@ -576,6 +576,8 @@ pub(super) fn build(
             .clone()
             .filter(|s| !s.trim().is_empty()),
         verbosity: flags.verbosity.unwrap_or(0),
+        cluster: super::node::cluster_settings(flags, f)?,
+        reservations: super::node::reservations(flags, f)?,
         config_file: None,
         warnings,
     })

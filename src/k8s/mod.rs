@@ -4,11 +4,13 @@
 //! `kube`, so that it never shadows the `kube` client crate.)
 
 pub mod expand;
+pub mod labels;
 pub mod pod;
 pub mod qos;
 pub mod quantity;
 pub mod resources;
 pub mod sysctl;
+pub mod threshold;
 
 pub use pod::{RestartPolicy, full_name, is_sidecar};
 pub use qos::{QosClass, qos_class};

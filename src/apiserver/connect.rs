@@ -1,0 +1,213 @@
+//! A client for the API server from a kubeconfig: client certificates, bearer tokens and CA
+//! bundles as kubectl reads them, behind upstream's client-side rate limit.
+//!
+//! The files a kubeconfig names are read and checked first, so that a missing or unreadable
+//! certificate stops the agent with one line naming that file, not an opaque TLS error later.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::problem::cause_chain;
+use super::rate_limit::{RateLimitLayer, TokenBucket};
+
+/// How the client behaves.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// `kubeAPIQPS` / `kubeAPIBurst`.
+    pub qps: f32,
+    pub burst: u32,
+    /// How long a request may wait for its answer: a hung API server must not stall the
+    /// heartbeats behind it.
+    pub timeout: Duration,
+}
+
+/// Why no client could be made; each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("kubeconfig {}: {reason}", path.display())]
+    Kubeconfig { path: PathBuf, reason: String },
+    #[error("{what} {} (named in kubeconfig {}): {reason}", file.display(), kubeconfig.display())]
+    NamedFile {
+        kubeconfig: PathBuf,
+        what: &'static str,
+        file: PathBuf,
+        reason: String,
+    },
+}
+
+/// Reads the kubeconfig at `path` (its current context), checks the files it names, and builds
+/// the client. Nothing is sent to the API server yet.
+pub async fn connect(path: &Path, options: &ClientOptions) -> Result<kube::Client, ConnectError> {
+    let bad = |reason: String| ConnectError::Kubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(cause_chain(&e)))?;
+    check_named_files(path, &kubeconfig)?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(cause_chain(&e)))?;
+    config.connect_timeout = Some(options.timeout);
+    config.read_timeout = Some(options.timeout);
+    config.write_timeout = Some(options.timeout);
+    let builder =
+        kube::client::ClientBuilder::try_from(config).map_err(|e| bad(cause_chain(&e)))?;
+    let bucket = TokenBucket::new(options.qps, options.burst);
+    Ok(builder.with_layer(&RateLimitLayer::new(bucket)).build())
+}
+
+/// What a kubeconfig file reference holds.
+#[derive(Clone, Copy)]
+enum Holds {
+    Certificates,
+    PrivateKey,
+    Token,
+}
+
+/// Checks every file the current context names: readable, and holding what it should.
+fn check_named_files(path: &Path, kubeconfig: &Kubeconfig) -> Result<(), ConnectError> {
+    let bad = |reason: String| ConnectError::Kubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let context_name = kubeconfig
+        .current_context
+        .as_deref()
+        .ok_or_else(|| bad("no current-context is set".into()))?;
+    let context = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| bad(format!("current-context {context_name:?} is not defined")))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| bad(format!("cluster {:?} is not defined", context.cluster)))?;
+    let mut files: Vec<(&'static str, &str, Holds)> = Vec::new();
+    if let Some(ca) = cluster.certificate_authority.as_deref() {
+        files.push(("certificate-authority", ca, Holds::Certificates));
+    }
+    if let Some(user) = context.user.as_deref() {
+        let auth = kubeconfig
+            .auth_infos
+            .iter()
+            .find(|a| a.name == user)
+            .and_then(|a| a.auth_info.as_ref())
+            .ok_or_else(|| bad(format!("user {user:?} is not defined")))?;
+        if let Some(cert) = auth.client_certificate.as_deref() {
+            files.push(("client-certificate", cert, Holds::Certificates));
+        }
+        if let Some(key) = auth.client_key.as_deref() {
+            files.push(("client-key", key, Holds::PrivateKey));
+        }
+        if let Some(token) = auth.token_file.as_deref() {
+            files.push(("tokenFile", token, Holds::Token));
+        }
+    }
+    for (what, file, holds) in files {
+        check_file(Path::new(file), holds).map_err(|reason| ConnectError::NamedFile {
+            kubeconfig: path.to_path_buf(),
+            what,
+            file: PathBuf::from(file),
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+fn check_file(file: &Path, holds: Holds) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    match holds {
+        Holds::Certificates => {
+            let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&bytes).collect();
+            match certs {
+                Ok(certs) if !certs.is_empty() => Ok(()),
+                Ok(_) => Err("holds no PEM certificate".into()),
+                Err(e) => Err(format!("not a PEM certificate file: {e}")),
+            }
+        }
+        Holds::PrivateKey => PrivateKeyDer::from_pem_slice(&bytes)
+            .map(|_| ())
+            .map_err(|e| format!("holds no PEM private key: {e}")),
+        Holds::Token => {
+            if String::from_utf8_lossy(&bytes).trim().is_empty() {
+                Err("is empty".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(dir: &Path, ca: &str, cert: &str, key: &str) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                 clusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority: {ca}\n\
+                 contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n\
+                 users:\n- name: u\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    async fn connect_err(path: &Path) -> String {
+        match connect(path, &options()).await {
+            Ok(_) => panic!("{} was accepted", path.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn options() -> ClientOptions {
+        ClientOptions {
+            qps: 50.0,
+            burst: 100,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_failure_names_the_file_at_fault() {
+        let dir = std::env::temp_dir().join(format!("deckhand-kc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("garbage.pem"), "not pem at all").unwrap();
+
+        let missing = dir.join("nope.kubeconfig");
+        let err = connect_err(&missing).await;
+        assert!(
+            err.starts_with(&format!("kubeconfig {}:", missing.display())),
+            "{err}"
+        );
+
+        let path = kubeconfig(&dir, "missing-ca.crt", "garbage.pem", "garbage.pem");
+        let err = connect_err(&path).await;
+        assert!(
+            err.starts_with(&format!(
+                "certificate-authority {}",
+                dir.join("missing-ca.crt").display()
+            )),
+            "{err}"
+        );
+        assert!(err.contains("No such file"), "{err}");
+
+        std::fs::write(dir.join("yaml.kubeconfig"), "clusters: [").unwrap();
+        let err = connect_err(&dir.join("yaml.kubeconfig")).await;
+        assert!(err.starts_with("kubeconfig "), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,206 @@
+//! What went wrong talking to the API server, in one line an operator can act on, logged once
+//! per distinct problem rather than once per retry.
+
+use std::sync::{Arc, Mutex};
+
+/// The kind of failure, for deciding what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// 404: the object is not there.
+    NotFound,
+    /// 409 AlreadyExists on create.
+    AlreadyExists,
+    /// 409 Conflict: our copy is stale; re-read and retry.
+    Conflict,
+    /// 401: the credentials are not accepted.
+    Unauthorized,
+    /// 403: authenticated, but not allowed (the Node authorizer, NodeRestriction, RBAC).
+    Forbidden,
+    /// Any other answer from the API server.
+    Refused,
+    /// No answer: connection refused, TLS failure, time-out.
+    Unreachable,
+}
+
+/// A failed request, classified and described.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Problem {
+    pub kind: ProblemKind,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn is(&self, kind: ProblemKind) -> bool {
+        self.kind == kind
+    }
+}
+
+impl From<kube::Error> for Problem {
+    fn from(err: kube::Error) -> Problem {
+        describe(&err)
+    }
+}
+
+/// Classifies and describes a client error. The API server's own message is kept whole (it
+/// names the object and the reason, e.g. NodeRestriction's); transport errors are given with
+/// their whole cause chain, where the useful part (connection refused, an unknown CA) is.
+pub fn describe(err: &kube::Error) -> Problem {
+    if let kube::Error::Api(status) = err {
+        let code = status.code;
+        let kind = match (code, status.reason.as_str()) {
+            (404, _) => ProblemKind::NotFound,
+            (409, "AlreadyExists") => ProblemKind::AlreadyExists,
+            (409, _) => ProblemKind::Conflict,
+            (401, _) => ProblemKind::Unauthorized,
+            (403, _) => ProblemKind::Forbidden,
+            _ => ProblemKind::Refused,
+        };
+        let what = match kind {
+            ProblemKind::Unauthorized => "the API server does not accept our credentials",
+            ProblemKind::Forbidden => "the API server forbids it",
+            _ => "the API server refused",
+        };
+        let reason = if status.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", status.reason)
+        };
+        return Problem {
+            kind,
+            message: format!("{what} ({code}{reason}): {}", status.message),
+        };
+    }
+    Problem {
+        kind: ProblemKind::Unreachable,
+        message: format!("cannot reach the API server: {}", cause_chain(err)),
+    }
+}
+
+/// `a: b: c` from an error and its sources, leaving out a source whose text its parent
+/// already contains (wrappers often repeat it).
+pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.last().is_some_and(|prev| prev.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+/// Logs each distinct problem once (at warn), later repeats at debug, and the recovery once.
+/// Shared by the tasks that talk to the API server, so one outage is one log line each way.
+#[derive(Clone, Default)]
+pub struct ProblemLog {
+    last: Arc<Mutex<Option<String>>>,
+}
+
+impl ProblemLog {
+    /// Records a failure of `doing` (e.g. "renewing the node Lease").
+    pub fn failed(&self, doing: &str, problem: &Problem) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_deref() == Some(problem.message.as_str()) {
+            tracing::debug!(problem = %problem.message, "{doing} failed again; retrying");
+            return;
+        }
+        *last = Some(problem.message.clone());
+        tracing::warn!(problem = %problem.message, "{doing} failed; retrying with back-off");
+    }
+
+    /// Records a success: if something had failed, says it is over.
+    pub fn succeeded(&self, doing: &str) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(problem) = last.take() {
+            tracing::info!(after = %problem, "{doing} works again");
+        }
+    }
+
+    /// The problem being reported now, if any.
+    pub fn current(&self) -> Option<String> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api(code: u16, reason: &str, message: &str) -> kube::Error {
+        let mut s = Status::failure(message, reason);
+        s.code = code;
+        kube::Error::Api(Box::new(s))
+    }
+
+    #[test]
+    fn api_errors_are_classified_and_keep_the_servers_message() {
+        let cases = [
+            (404, "NotFound", ProblemKind::NotFound),
+            (409, "AlreadyExists", ProblemKind::AlreadyExists),
+            (409, "Conflict", ProblemKind::Conflict),
+            (401, "Unauthorized", ProblemKind::Unauthorized),
+            (403, "Forbidden", ProblemKind::Forbidden),
+            (500, "InternalError", ProblemKind::Refused),
+        ];
+        for (code, reason, kind) in cases {
+            let p = describe(&api(
+                code,
+                reason,
+                "nodes \"b\" is forbidden: node \"a\" is not allowed",
+            ));
+            assert_eq!(p.kind, kind, "{code}");
+            assert!(
+                p.message.contains(&format!("({code} {reason})")),
+                "{}",
+                p.message
+            );
+            assert!(
+                p.message.ends_with("node \"a\" is not allowed"),
+                "{}",
+                p.message
+            );
+        }
+    }
+
+    #[test]
+    fn the_cause_chain_drops_repeats() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let e = E(
+            "client error (Connect): connection refused",
+            Some(Box::new(E(
+                "connection refused",
+                Some(Box::new(E("os error 111", None))),
+            ))),
+        );
+        assert_eq!(
+            cause_chain(&e),
+            "client error (Connect): connection refused: os error 111"
+        );
+    }
+
+    #[test]
+    fn the_log_remembers_the_current_problem_until_success() {
+        let log = ProblemLog::default();
+        let p = describe(&api(401, "Unauthorized", "Unauthorized"));
+        log.failed("renewing the Lease", &p);
+        log.failed("renewing the Lease", &p);
+        assert_eq!(log.current(), Some(p.message.clone()));
+        log.succeeded("renewing the Lease");
+        assert_eq!(log.current(), None);
+    }
+}

@@ -1,0 +1,21 @@
+//! The node itself: its facts (CPUs, memory, addresses, identity), its capacity and
+//! allocatable, and — with `--kubeconfig` — its membership of a cluster: the Node object,
+//! its status and its Lease.
+//!
+//! - [`facts`]: what the machine is (I/O, cheap reads of /proc, /sys, /etc).
+//! - [`allocatable`]: capacity and allocatable (pure).
+//! - [`status`]: the Node status from a snapshot (pure), and whether it changed.
+//! - [`registration`]: the Node to create, and how an existing one is reconciled (pure).
+//! - [`lease`]: the Lease to create or renew (pure).
+//! - [`api`]: the API calls, behind a trait.
+//! - [`agent`]: the loops that register, update the status and renew the Lease.
+
+pub mod agent;
+pub mod allocatable;
+pub mod api;
+pub mod facts;
+pub mod lease;
+pub mod registration;
+pub mod status;
+
+pub use facts::{MachineFacts, default_route_interface, detect_host_ip, memory_capacity};
