@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use deckhand::cri::proto::{ContainerFilter, PodSandboxFilter};
 use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 
+pub mod cluster;
+
 /// The runtime endpoint of the private testbed, or a failure that says how to get one.
 pub fn runtime_endpoint() -> String {
     match std::env::var("DECKHAND_TEST_RUNTIME") {

@@ -1,0 +1,118 @@
+//! The real test control plane (`scripts/cluster up DIR`, started by `scripts/test`): admin
+//! and per-node credentials, and clean-up of the Nodes a test registers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+
+/// The cluster's directory, or a failure that says how to get one.
+pub fn cluster_dir() -> PathBuf {
+    match std::env::var("DECKHAND_TEST_CLUSTER") {
+        Ok(v) if !v.is_empty() => PathBuf::from(v),
+        _ => panic!(
+            "tests that join a cluster need the test control plane: run `scripts/test`, or start \
+             it with `scripts/cluster up DIR` and export DECKHAND_TEST_CLUSTER=DIR"
+        ),
+    }
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster")
+}
+
+/// Runs `scripts/cluster ARGS...` and fails the test with its output when it fails.
+pub fn cluster_cmd(args: &[&str]) {
+    let out = Command::new(script())
+        .args(args)
+        .output()
+        .expect("run scripts/cluster");
+    assert!(
+        out.status.success(),
+        "scripts/cluster {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A kubeconfig with the client certificate of node `name` (`system:node:<name>`).
+pub fn node_kubeconfig(name: &str) -> PathBuf {
+    let dir = cluster_dir();
+    let path = dir.join(format!("{name}.kubeconfig"));
+    if !path.exists() {
+        cluster_cmd(&["node-kubeconfig", &dir.to_string_lossy(), name]);
+    }
+    path
+}
+
+/// A client with the cluster's admin credentials, failing clearly when there is no cluster.
+pub async fn admin() -> kube::Client {
+    let path = cluster_dir().join("admin.kubeconfig");
+    match deckhand::apiserver::connect(
+        &path,
+        &deckhand::apiserver::ClientOptions {
+            qps: -1.0,
+            burst: 0,
+            timeout: Duration::from_secs(10),
+        },
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(err) => panic!("the test control plane is not usable ({err}); start it with `scripts/cluster up DIR`"),
+    }
+}
+
+/// The Node `name`, if it exists.
+pub async fn get_node(client: &kube::Client, name: &str) -> Option<Node> {
+    Api::<Node>::all(client.clone()).get_opt(name).await.ok().flatten()
+}
+
+/// The node Lease of `name`, if it exists.
+pub async fn get_lease(client: &kube::Client, name: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The status of the Node's condition `kind` ("True", "False", "Unknown").
+pub fn condition(node: &Node, kind: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind)
+        .map(|c| c.status.clone())
+}
+
+/// Deletes a Node (and its Lease) when dropped, even when the test failed half-way.
+pub struct NodeCleanup(pub String);
+
+impl Drop for NodeCleanup {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let cleanup = async move {
+            let client = admin().await;
+            let _ = Api::<Node>::all(client.clone())
+                .delete(&name, &DeleteParams::default())
+                .await;
+            let _ = Api::<Lease>::namespaced(client, "kube-node-lease")
+                .delete(&name, &DeleteParams::default())
+                .await;
+        };
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(cleanup)
+        })
+        .join();
+    }
+}

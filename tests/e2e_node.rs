@@ -1,0 +1,299 @@
+//! End to end, against the real test control plane (`scripts/cluster`) and the private
+//! containerd: Deckhand registers its Node with node credentials only, reports what the
+//! machine is, renews its Lease, comes back as the same Node after a restart, and says clearly
+//! when its credentials are refused or its kubeconfig is unusable.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{NodeCleanup, admin, condition, get_lease, get_node, node_kubeconfig};
+use common::{Agent, containers_of, cri, http_get, wait_until};
+use deckhand::cri::RuntimeService;
+use deckhand::k8s::quantity;
+
+const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An agent for node `node` that joins the cluster with that node's credentials and a short
+/// Lease (renewed every 2 s), so the tests see renewals within seconds.
+fn joined(node: &str) -> (Agent, NodeCleanup) {
+    let cleanup = NodeCleanup(node.to_string());
+    let mut agent = Agent::new(node);
+    let config = agent.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
+    )
+    .unwrap();
+    agent.extra_args.extend([
+        format!("--kubeconfig={}", node_kubeconfig(node).display()),
+        format!("--config={}", config.display()),
+    ]);
+    (agent, cleanup)
+}
+
+fn manifest(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+"#
+    )
+}
+
+fn quantity_value(node: &k8s_openapi::api::core::v1::Node, list: &str, name: &str) -> i64 {
+    let status = node.status.as_ref().unwrap();
+    let map = if list == "capacity" {
+        status.capacity.as_ref()
+    } else {
+        status.allocatable.as_ref()
+    };
+    let q = &map.unwrap_or_else(|| panic!("no {list}"))[name];
+    quantity::parse(&q.0).unwrap().value()
+}
+
+fn read_trim(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
+async fn wait_ready(client: &kube::Client, node: &str, agent: &Agent) -> k8s_openapi::api::core::v1::Node {
+    let deadline = Duration::from_secs(30);
+    let start = Instant::now();
+    loop {
+        if let Some(n) = get_node(client, node).await
+            && condition(&n, "Ready").as_deref() == Some("True")
+        {
+            return n;
+        }
+        if start.elapsed() > deadline {
+            panic!("node {node} not Ready after {deadline:?}; log:\n{}", agent.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_node_registers_turns_ready_and_reports_the_machine() {
+    let client = admin().await;
+    let (mut agent, _cleanup) = joined("dn-register");
+    let port = common::free_port();
+    agent.extra_args.extend([
+        "--max-pods=17".to_string(),
+        "--node-labels=deckhand.test/suite=e2e,node.kubernetes.io/pool=blue".to_string(),
+        format!("--port={port}"),
+    ]);
+    let started = Instant::now();
+    agent.start();
+    let node = wait_ready(&client, "dn-register", &agent).await;
+    eprintln!("start → Node Ready: {:?}", started.elapsed());
+
+    // Labels: the ones a node agent sets, and --node-labels.
+    let labels = node.metadata.labels.clone().unwrap();
+    for (k, v) in [
+        ("kubernetes.io/hostname", "dn-register"),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("beta.kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", "amd64"),
+        ("deckhand.test/suite", "e2e"),
+        ("node.kubernetes.io/pool", "blue"),
+    ] {
+        assert_eq!(labels.get(k).map(String::as_str), Some(v), "label {k}");
+    }
+
+    // Addresses: an address this machine has, and the node name.
+    let status = node.status.clone().unwrap();
+    let addresses = status.addresses.clone().unwrap();
+    let internal = addresses.iter().find(|a| a.type_ == "InternalIP").expect("an InternalIP");
+    let ip_out = Command::new("ip").args(["-o", "-4", "addr", "show"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&ip_out.stdout).contains(&format!("inet {}/", internal.address)),
+        "InternalIP {} is one of this machine's addresses",
+        internal.address
+    );
+    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == "dn-register"));
+
+    // Capacity and allocatable, against /proc and the filesystem.
+    let online = Command::new("nproc").arg("--all").output().unwrap();
+    let cpus: i64 = String::from_utf8_lossy(&online.stdout).trim().parse().unwrap();
+    assert_eq!(quantity_value(&node, "capacity", "cpu"), cpus);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let mem_kib: i64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(quantity_value(&node, "capacity", "memory"), mem_kib * 1024);
+    assert_eq!(quantity_value(&node, "capacity", "pods"), 17);
+    let fs = nix::sys::statvfs::statvfs(&agent.root_dir()).unwrap();
+    let disk = (fs.blocks() * fs.fragment_size()) as i64;
+    assert_eq!(quantity_value(&node, "capacity", "ephemeral-storage"), disk);
+    // Upstream's default reservations: 100Mi of memory and 10% of the disk (hard eviction).
+    assert_eq!(quantity_value(&node, "allocatable", "memory"), mem_kib * 1024 - (100 << 20));
+    assert_eq!(
+        quantity_value(&node, "allocatable", "ephemeral-storage"),
+        disk - (disk as f64 * 0.1) as i64
+    );
+    assert_eq!(quantity_value(&node, "allocatable", "cpu"), cpus);
+
+    // nodeInfo, against the kernel, the OS and the runtime.
+    let info = status.node_info.clone().unwrap();
+    let version = cri().await.version().await.unwrap();
+    assert_eq!(
+        info.container_runtime_version,
+        format!("{}://{}", version.runtime_name, version.runtime_version)
+    );
+    assert_eq!(info.boot_id, read_trim("/proc/sys/kernel/random/boot_id"));
+    assert_eq!(info.machine_id, read_trim("/etc/machine-id"));
+    let uname = Command::new("uname").arg("-r").output().unwrap();
+    assert_eq!(info.kernel_version, String::from_utf8_lossy(&uname.stdout).trim());
+    assert!(std::fs::read_to_string("/etc/os-release").unwrap().contains(&info.os_image));
+    assert_eq!((info.operating_system.as_str(), info.architecture.as_str()), ("linux", "amd64"));
+    assert!(info.kubelet_version.starts_with("v1.33.0+deckhand-"), "{}", info.kubelet_version);
+    assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, i32::from(port));
+    assert!(!status.images.unwrap_or_default().is_empty(), "the runtime's images are listed");
+    for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(condition(&node, kind).as_deref(), Some("False"), "{kind}");
+    }
+
+    // The Lease: held and owned by the Node, renewed while the agent runs.
+    let uid = node.metadata.uid.clone().unwrap();
+    let lease = wait_until("the node Lease", WAIT, || async {
+        get_lease(&client, "dn-register").await
+    })
+    .await;
+    let spec = lease.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("dn-register"));
+    assert_eq!(spec.lease_duration_seconds, Some(8));
+    let owner = &lease.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Node", uid.as_str()));
+    let first = spec.renew_time.unwrap().0;
+    wait_until("the Lease renewed", Duration::from_secs(10), || async {
+        let renewed = get_lease(&client, "dn-register").await?.spec?.renew_time?.0;
+        (renewed > first).then_some(())
+    })
+    .await;
+
+    // /healthz is about the node agent and stays plain.
+    let (code, body) = http_get(&format!("http://127.0.0.1:{}/healthz", agent.healthz_port))
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok"));
+}
+
+#[tokio::test]
+async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_pods() {
+    let client = admin().await;
+    let (mut agent, _cleanup) = joined("dn-restart");
+    agent.write_manifest("keep.yaml", &manifest("keep"));
+    agent.start();
+    let node = wait_ready(&client, "dn-restart", &agent).await;
+    let uid = node.metadata.uid.clone().unwrap();
+    let cri = cri().await;
+    let pod = agent.pod_name("keep");
+    let before = wait_until("the static pod's container", WAIT, || async {
+        let c = containers_of(&cri, &pod).await;
+        (!c.is_empty()).then_some(c.into_iter().map(|c| c.id).collect::<Vec<_>>())
+    })
+    .await;
+
+    // Stopped: no more Lease renewals, and the controller manager marks the Node Unknown.
+    agent.stop();
+    wait_until("the Node marked Unknown", Duration::from_secs(90), || async {
+        let n = get_node(&client, "dn-restart").await?;
+        (condition(&n, "Ready").as_deref() == Some("Unknown")).then_some(())
+    })
+    .await;
+
+    // Started again: the same Node turns Ready, and the pod kept its container.
+    agent.start();
+    let node = wait_ready(&client, "dn-restart", &agent).await;
+    assert_eq!(node.metadata.uid.as_deref(), Some(uid.as_str()), "the same Node object");
+    let after: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+    assert_eq!(after, before, "the static pod's container was not touched");
+    assert!(agent.log().contains("the Node was registered before"), "{}", agent.log());
+}
+
+#[tokio::test]
+async fn a_credential_for_another_node_is_refused_and_said_so() {
+    let client = admin().await;
+    let (mut agent, _cleanup) = joined("dn-wrong-name");
+    let _other = NodeCleanup("dn-credential-owner".into());
+    // The credential of another node, used under this node's name.
+    agent.extra_args.retain(|a| !a.starts_with("--kubeconfig="));
+    agent.extra_args.push(format!(
+        "--kubeconfig={}",
+        node_kubeconfig("dn-credential-owner").display()
+    ));
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    let needle = r#"node "dn-credential-owner" is not allowed to modify node "dn-wrong-name""#;
+    wait_until("the refusal in the log", WAIT, || async {
+        let log = agent.log();
+        (log.contains("registering node") && log.contains("forbids it") && log.contains(needle))
+            .then_some(())
+    })
+    .await;
+    assert!(get_node(&client, "dn-wrong-name").await.is_none(), "no Node was made");
+    // Retried with back-off: one warning per distinct problem, later tries at debug level.
+    wait_until("a retry", WAIT, || async {
+        agent.log().contains("failed again; retrying").then_some(())
+    })
+    .await;
+    let warnings = agent.log().matches("registering node \"dn-wrong-name\" failed").count();
+    assert_eq!(warnings, 1, "one warning for a repeated refusal:\n{}", agent.log());
+    // The agent itself stays healthy: the API server's refusal is not its health.
+    let (code, _) = http_get(&format!("http://127.0.0.1:{}/healthz", agent.healthz_port))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+}
+
+#[tokio::test]
+async fn an_unusable_kubeconfig_stops_the_agent_naming_the_file() {
+    let agent = Agent::new("dn-bad-kubeconfig");
+    let dir = agent.dir.path();
+    let missing_cert = dir.join("gone.crt");
+    let kubeconfig = dir.join("node.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:1\n\
+             contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n\
+             users:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            missing_cert.display(),
+            missing_cert.display()
+        ),
+    )
+    .unwrap();
+    let cases = [
+        (dir.join("absent.kubeconfig"), dir.join("absent.kubeconfig")),
+        (kubeconfig.clone(), missing_cert.clone()),
+    ];
+    for (path, named) in cases {
+        let mut args = agent.args();
+        args.push(format!("--kubeconfig={}", path.display()));
+        let out = Command::new(common::deckhand_bin())
+            .args(&args)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "exit status {:?}", out.status);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr}");
+        assert!(lines[0].contains(&named.display().to_string()), "names {}: {stderr}", named.display());
+    }
+}

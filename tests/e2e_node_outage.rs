@@ -1,0 +1,110 @@
+//! End to end: the API server goes away for a minute and comes back. The static pods are not
+//! touched, the agent stays healthy, says once that it cannot reach the API server, and
+//! renews its Lease as soon as the API server answers again.
+//!
+//! A binary of its own: it stops the shared test control plane's API server, which no other
+//! test may see (cargo runs test binaries one after another).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{
+    NodeCleanup, admin, cluster_cmd, cluster_dir, condition, get_lease, get_node, node_kubeconfig,
+};
+use common::{Agent, containers_of, cri, http_get, wait_until};
+
+const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
+const WAIT: Duration = Duration::from_secs(30);
+/// How long the API server stays down (the figure).
+const OUTAGE: Duration = Duration::from_secs(60);
+
+/// Starts the API server again when dropped, so a failing test never leaves it down.
+struct ApiserverBack;
+
+impl Drop for ApiserverBack {
+    fn drop(&mut self) {
+        let dir = cluster_dir();
+        let _ = std::process::Command::new(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster"),
+        )
+        .args(["start", &dir.to_string_lossy(), "kube-apiserver"])
+        .status();
+    }
+}
+
+#[tokio::test]
+async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
+    let client = admin().await;
+    let node = "dn-outage";
+    let _cleanup = NodeCleanup(node.into());
+    let mut agent = Agent::new(node);
+    let config = agent.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
+    )
+    .unwrap();
+    agent.extra_args.extend([
+        format!("--kubeconfig={}", node_kubeconfig(node).display()),
+        format!("--config={}", config.display()),
+    ]);
+    agent.write_manifest(
+        "steady.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: steady\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; sleep 600 & wait\"]\n"
+        ),
+    );
+    agent.start();
+    wait_until("the Node Ready", WAIT, || async {
+        let n = get_node(&client, node).await?;
+        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    let cri = cri().await;
+    let pod = agent.pod_name("steady");
+    let before = wait_until("the static pod's container", WAIT, || async {
+        let c = containers_of(&cri, &pod).await;
+        (!c.is_empty()).then_some(c.into_iter().map(|c| c.id).collect::<Vec<_>>())
+    })
+    .await;
+
+    let dir = cluster_dir();
+    let _back = ApiserverBack;
+    cluster_cmd(&["stop", &dir.to_string_lossy(), "kube-apiserver"]);
+    let down_at = Instant::now();
+    // Through the outage, check every second that nothing changes on the node.
+    while down_at.elapsed() < OUTAGE {
+        let now: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+        assert_eq!(now, before, "the static pod's containers are untouched");
+        let (code, body) = http_get(&format!("http://127.0.0.1:{}/healthz", agent.healthz_port))
+            .await
+            .expect("/healthz answers");
+        assert_eq!((code, body.as_str()), (200, "ok"), "/healthz is about the node agent");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    cluster_cmd(&["start", &dir.to_string_lossy(), "kube-apiserver"]);
+    let back_at = jiff::Timestamp::now();
+    let back = Instant::now();
+
+    // The Lease is renewed within one renew interval plus the longest back-off (7 s).
+    wait_until("the Lease renewed after the outage", Duration::from_secs(15), || async {
+        let renewed = get_lease(&client, node).await?.spec?.renew_time?.0;
+        (renewed > back_at).then_some(())
+    })
+    .await;
+    eprintln!("API server back → Lease renewed: {:?}", back.elapsed());
+    wait_until("the Node Ready after the outage", WAIT, || async {
+        let n = get_node(&client, node).await?;
+        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    let after: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+    assert_eq!(after, before);
+
+    // The outage is told once per task (Lease, status), not once per retry, and its end too.
+    let log = agent.log();
+    let lease_warnings = log.matches("renewing the node Lease failed; retrying").count();
+    assert!((1..=2).contains(&lease_warnings), "{lease_warnings} warnings:\n{log}");
+    assert!(log.contains("renewing the node Lease works again"), "{log}");
+}
