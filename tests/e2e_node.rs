@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{NodeCleanup, admin, condition, get_lease, get_node, node_kubeconfig};
-use common::{Agent, containers_of, cri, http_get, wait_until};
+use common::{Agent, cri, http_get, running_containers, wait_until};
 use deckhand::cri::RuntimeService;
 use deckhand::k8s::quantity;
 
@@ -65,7 +65,11 @@ fn read_trim(path: &str) -> String {
     std::fs::read_to_string(path).unwrap().trim().to_string()
 }
 
-async fn wait_ready(client: &kube::Client, node: &str, agent: &Agent) -> k8s_openapi::api::core::v1::Node {
+async fn wait_ready(
+    client: &kube::Client,
+    node: &str,
+    agent: &Agent,
+) -> k8s_openapi::api::core::v1::Node {
     let deadline = Duration::from_secs(30);
     let start = Instant::now();
     loop {
@@ -75,7 +79,10 @@ async fn wait_ready(client: &kube::Client, node: &str, agent: &Agent) -> k8s_ope
             return n;
         }
         if start.elapsed() > deadline {
-            panic!("node {node} not Ready after {deadline:?}; log:\n{}", agent.log());
+            panic!(
+                "node {node} not Ready after {deadline:?}; log:\n{}",
+                agent.log()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -113,18 +120,31 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     // Addresses: an address this machine has, and the node name.
     let status = node.status.clone().unwrap();
     let addresses = status.addresses.clone().unwrap();
-    let internal = addresses.iter().find(|a| a.type_ == "InternalIP").expect("an InternalIP");
-    let ip_out = Command::new("ip").args(["-o", "-4", "addr", "show"]).output().unwrap();
+    let internal = addresses
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .expect("an InternalIP");
+    let ip_out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .unwrap();
     assert!(
         String::from_utf8_lossy(&ip_out.stdout).contains(&format!("inet {}/", internal.address)),
         "InternalIP {} is one of this machine's addresses",
         internal.address
     );
-    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == "dn-register"));
+    assert!(
+        addresses
+            .iter()
+            .any(|a| a.type_ == "Hostname" && a.address == "dn-register")
+    );
 
     // Capacity and allocatable, against /proc and the filesystem.
     let online = Command::new("nproc").arg("--all").output().unwrap();
-    let cpus: i64 = String::from_utf8_lossy(&online.stdout).trim().parse().unwrap();
+    let cpus: i64 = String::from_utf8_lossy(&online.stdout)
+        .trim()
+        .parse()
+        .unwrap();
     assert_eq!(quantity_value(&node, "capacity", "cpu"), cpus);
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let mem_kib: i64 = meminfo
@@ -140,7 +160,10 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     let disk = (fs.blocks() * fs.fragment_size()) as i64;
     assert_eq!(quantity_value(&node, "capacity", "ephemeral-storage"), disk);
     // Upstream's default reservations: 100Mi of memory and 10% of the disk (hard eviction).
-    assert_eq!(quantity_value(&node, "allocatable", "memory"), mem_kib * 1024 - (100 << 20));
+    assert_eq!(
+        quantity_value(&node, "allocatable", "memory"),
+        mem_kib * 1024 - (100 << 20)
+    );
     assert_eq!(
         quantity_value(&node, "allocatable", "ephemeral-storage"),
         disk - (disk as f64 * 0.1) as i64
@@ -157,12 +180,37 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     assert_eq!(info.boot_id, read_trim("/proc/sys/kernel/random/boot_id"));
     assert_eq!(info.machine_id, read_trim("/etc/machine-id"));
     let uname = Command::new("uname").arg("-r").output().unwrap();
-    assert_eq!(info.kernel_version, String::from_utf8_lossy(&uname.stdout).trim());
-    assert!(std::fs::read_to_string("/etc/os-release").unwrap().contains(&info.os_image));
-    assert_eq!((info.operating_system.as_str(), info.architecture.as_str()), ("linux", "amd64"));
-    assert!(info.kubelet_version.starts_with("v1.33.0+deckhand-"), "{}", info.kubelet_version);
-    assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, i32::from(port));
-    assert!(!status.images.unwrap_or_default().is_empty(), "the runtime's images are listed");
+    assert_eq!(
+        info.kernel_version,
+        String::from_utf8_lossy(&uname.stdout).trim()
+    );
+    assert!(
+        std::fs::read_to_string("/etc/os-release")
+            .unwrap()
+            .contains(&info.os_image)
+    );
+    assert_eq!(
+        (info.operating_system.as_str(), info.architecture.as_str()),
+        ("linux", "amd64")
+    );
+    assert!(
+        info.kubelet_version.starts_with("v1.33.0+deckhand-"),
+        "{}",
+        info.kubelet_version
+    );
+    assert_eq!(
+        status
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port,
+        i32::from(port)
+    );
+    assert!(
+        !status.images.unwrap_or_default().is_empty(),
+        "the runtime's images are listed"
+    );
     for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
         assert_eq!(condition(&node, kind).as_deref(), Some("False"), "{kind}");
     }
@@ -177,7 +225,10 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     assert_eq!(spec.holder_identity.as_deref(), Some("dn-register"));
     assert_eq!(spec.lease_duration_seconds, Some(8));
     let owner = &lease.metadata.owner_references.clone().unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Node", uid.as_str()));
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Node", uid.as_str())
+    );
     let first = spec.renew_time.unwrap().0;
     wait_until("the Lease renewed", Duration::from_secs(10), || async {
         let renewed = get_lease(&client, "dn-register").await?.spec?.renew_time?.0;
@@ -202,27 +253,35 @@ async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_p
     let uid = node.metadata.uid.clone().unwrap();
     let cri = cri().await;
     let pod = agent.pod_name("keep");
-    let before = wait_until("the static pod's container", WAIT, || async {
-        let c = containers_of(&cri, &pod).await;
-        (!c.is_empty()).then_some(c.into_iter().map(|c| c.id).collect::<Vec<_>>())
-    })
-    .await;
+    let before = running_containers(&cri, &pod, WAIT).await;
 
     // Stopped: no more Lease renewals, and the controller manager marks the Node Unknown.
     agent.stop();
-    wait_until("the Node marked Unknown", Duration::from_secs(90), || async {
-        let n = get_node(&client, "dn-restart").await?;
-        (condition(&n, "Ready").as_deref() == Some("Unknown")).then_some(())
-    })
+    wait_until(
+        "the Node marked Unknown",
+        Duration::from_secs(90),
+        || async {
+            let n = get_node(&client, "dn-restart").await?;
+            (condition(&n, "Ready").as_deref() == Some("Unknown")).then_some(())
+        },
+    )
     .await;
 
     // Started again: the same Node turns Ready, and the pod kept its container.
     agent.start();
     let node = wait_ready(&client, "dn-restart", &agent).await;
-    assert_eq!(node.metadata.uid.as_deref(), Some(uid.as_str()), "the same Node object");
-    let after: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        node.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "the same Node object"
+    );
+    let after = running_containers(&cri, &pod, WAIT).await;
     assert_eq!(after, before, "the static pod's container was not touched");
-    assert!(agent.log().contains("the Node was registered before"), "{}", agent.log());
+    assert!(
+        agent.log().contains("the Node was registered before"),
+        "{}",
+        agent.log()
+    );
 }
 
 #[tokio::test]
@@ -245,14 +304,25 @@ async fn a_credential_for_another_node_is_refused_and_said_so() {
             .then_some(())
     })
     .await;
-    assert!(get_node(&client, "dn-wrong-name").await.is_none(), "no Node was made");
+    assert!(
+        get_node(&client, "dn-wrong-name").await.is_none(),
+        "no Node was made"
+    );
     // Retried with back-off: one warning per distinct problem, later tries at debug level.
     wait_until("a retry", WAIT, || async {
         agent.log().contains("failed again; retrying").then_some(())
     })
     .await;
-    let warnings = agent.log().matches("registering node \"dn-wrong-name\" failed").count();
-    assert_eq!(warnings, 1, "one warning for a repeated refusal:\n{}", agent.log());
+    let warnings = agent
+        .log()
+        .matches("registering node \"dn-wrong-name\" failed; retrying with back-off")
+        .count();
+    assert_eq!(
+        warnings,
+        1,
+        "one warning for a repeated refusal:\n{}",
+        agent.log()
+    );
     // The agent itself stays healthy: the API server's refusal is not its health.
     let (code, _) = http_get(&format!("http://127.0.0.1:{}/healthz", agent.healthz_port))
         .await
@@ -294,6 +364,10 @@ async fn an_unusable_kubeconfig_stops_the_agent_naming_the_file() {
         assert!(!out.status.success(), "exit status {:?}", out.status);
         let lines: Vec<&str> = stderr.lines().collect();
         assert_eq!(lines.len(), 1, "one line: {stderr}");
-        assert!(lines[0].contains(&named.display().to_string()), "names {}: {stderr}", named.display());
+        assert!(
+            lines[0].contains(&named.display().to_string()),
+            "names {}: {stderr}",
+            named.display()
+        );
     }
 }

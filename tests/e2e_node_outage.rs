@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{
     NodeCleanup, admin, cluster_cmd, cluster_dir, condition, get_lease, get_node, node_kubeconfig,
 };
-use common::{Agent, containers_of, cri, http_get, wait_until};
+use common::{Agent, cri, http_get, running_containers, wait_until};
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 const WAIT: Duration = Duration::from_secs(30);
@@ -63,11 +63,7 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     .await;
     let cri = cri().await;
     let pod = agent.pod_name("steady");
-    let before = wait_until("the static pod's container", WAIT, || async {
-        let c = containers_of(&cri, &pod).await;
-        (!c.is_empty()).then_some(c.into_iter().map(|c| c.id).collect::<Vec<_>>())
-    })
-    .await;
+    let before = running_containers(&cri, &pod, WAIT).await;
 
     let dir = cluster_dir();
     let _back = ApiserverBack;
@@ -75,12 +71,16 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     let down_at = Instant::now();
     // Through the outage, check every second that nothing changes on the node.
     while down_at.elapsed() < OUTAGE {
-        let now: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+        let now = running_containers(&cri, &pod, WAIT).await;
         assert_eq!(now, before, "the static pod's containers are untouched");
         let (code, body) = http_get(&format!("http://127.0.0.1:{}/healthz", agent.healthz_port))
             .await
             .expect("/healthz answers");
-        assert_eq!((code, body.as_str()), (200, "ok"), "/healthz is about the node agent");
+        assert_eq!(
+            (code, body.as_str()),
+            (200, "ok"),
+            "/healthz is about the node agent"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     cluster_cmd(&["start", &dir.to_string_lossy(), "kube-apiserver"]);
@@ -88,10 +88,14 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     let back = Instant::now();
 
     // The Lease is renewed within one renew interval plus the longest back-off (7 s).
-    wait_until("the Lease renewed after the outage", Duration::from_secs(15), || async {
-        let renewed = get_lease(&client, node).await?.spec?.renew_time?.0;
-        (renewed > back_at).then_some(())
-    })
+    wait_until(
+        "the Lease renewed after the outage",
+        Duration::from_secs(15),
+        || async {
+            let renewed = get_lease(&client, node).await?.spec?.renew_time?.0;
+            (renewed > back_at).then_some(())
+        },
+    )
     .await;
     eprintln!("API server back → Lease renewed: {:?}", back.elapsed());
     wait_until("the Node Ready after the outage", WAIT, || async {
@@ -99,12 +103,17 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
         (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
     })
     .await;
-    let after: Vec<String> = containers_of(&cri, &pod).await.into_iter().map(|c| c.id).collect();
+    let after = running_containers(&cri, &pod, WAIT).await;
     assert_eq!(after, before);
 
     // The outage is told once per task (Lease, status), not once per retry, and its end too.
     let log = agent.log();
-    let lease_warnings = log.matches("renewing the node Lease failed; retrying").count();
-    assert!((1..=2).contains(&lease_warnings), "{lease_warnings} warnings:\n{log}");
+    let lease_warnings = log
+        .matches("renewing the node Lease failed; retrying")
+        .count();
+    assert!(
+        (1..=2).contains(&lease_warnings),
+        "{lease_warnings} warnings:\n{log}"
+    );
     assert!(log.contains("renewing the node Lease works again"), "{log}");
 }

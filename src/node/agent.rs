@@ -152,13 +152,8 @@ async fn try_register<A: NodeApi>(
             Err(p) if p.is(ProblemKind::AlreadyExists) || p.is(ProblemKind::Forbidden) => {
                 let existing = match api.get_node(name).await {
                     Ok(node) => node,
-                    Err(get) if p.is(ProblemKind::Forbidden) => {
-                        return Err(if get.is(ProblemKind::NotFound) {
-                            p
-                        } else {
-                            get
-                        });
-                    }
+                    // The refusal to create says why (NodeRestriction names both nodes).
+                    Err(_) if p.is(ProblemKind::Forbidden) => return Err(p),
                     Err(get) => return Err(get),
                 };
                 return reconcile(api, name, existing, initial).await;

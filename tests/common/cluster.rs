@@ -62,13 +62,19 @@ pub async fn admin() -> kube::Client {
     .await
     {
         Ok(c) => c,
-        Err(err) => panic!("the test control plane is not usable ({err}); start it with `scripts/cluster up DIR`"),
+        Err(err) => panic!(
+            "the test control plane is not usable ({err}); start it with `scripts/cluster up DIR`"
+        ),
     }
 }
 
 /// The Node `name`, if it exists.
 pub async fn get_node(client: &kube::Client, name: &str) -> Option<Node> {
-    Api::<Node>::all(client.clone()).get_opt(name).await.ok().flatten()
+    Api::<Node>::all(client.clone())
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The node Lease of `name`, if it exists.

@@ -418,3 +418,28 @@ fn dechunk(body: &str) -> String {
 pub fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
+
+/// IDs of the running containers of the pod named `full_name`, once there is at least one
+/// (fails the test after `timeout`).
+pub async fn running_containers(
+    cri: &CriClient,
+    full_name: &str,
+    timeout: Duration,
+) -> Vec<String> {
+    wait_until(
+        &format!("a running container of {full_name}"),
+        timeout,
+        || async {
+            let ids: Vec<String> = containers_of(cri, full_name)
+                .await
+                .into_iter()
+                .filter(|c| {
+                    c.state == deckhand::cri::proto::ContainerState::ContainerRunning as i32
+                })
+                .map(|c| c.id)
+                .collect();
+            (!ids.is_empty()).then_some(ids)
+        },
+    )
+    .await
+}
