@@ -8,47 +8,14 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{NodeCleanup, admin, condition, get_lease, get_node, node_kubeconfig};
-use common::{Agent, cri, http_get, running_containers, wait_until};
+use common::cluster::{
+    NodeCleanup, admin, condition, get_lease, get_node, joined_agent, node_kubeconfig,
+};
+use common::{Agent, cri, http_get, running_containers, sleeping_pod, wait_until};
 use deckhand::cri::RuntimeService;
 use deckhand::k8s::quantity;
 
-const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 const WAIT: Duration = Duration::from_secs(30);
-
-/// An agent for node `node` that joins the cluster with that node's credentials and a short
-/// Lease (renewed every 2 s), so the tests see renewals within seconds.
-fn joined(node: &str) -> (Agent, NodeCleanup) {
-    let cleanup = NodeCleanup(node.to_string());
-    let mut agent = Agent::new(node);
-    let config = agent.dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
-    )
-    .unwrap();
-    agent.extra_args.extend([
-        format!("--kubeconfig={}", node_kubeconfig(node).display()),
-        format!("--config={}", config.display()),
-    ]);
-    (agent, cleanup)
-}
-
-fn manifest(name: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: {BUSYBOX}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
-"#
-    )
-}
 
 fn quantity_value(node: &k8s_openapi::api::core::v1::Node, list: &str, name: &str) -> i64 {
     let status = node.status.as_ref().unwrap();
@@ -91,7 +58,7 @@ async fn wait_ready(
 #[tokio::test]
 async fn the_node_registers_turns_ready_and_reports_the_machine() {
     let client = admin().await;
-    let (mut agent, _cleanup) = joined("dn-register");
+    let (mut agent, _cleanup) = joined_agent("dn-register");
     let port = common::free_port();
     agent.extra_args.extend([
         "--max-pods=17".to_string(),
@@ -246,8 +213,8 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
 #[tokio::test]
 async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_pods() {
     let client = admin().await;
-    let (mut agent, _cleanup) = joined("dn-restart");
-    agent.write_manifest("keep.yaml", &manifest("keep"));
+    let (mut agent, _cleanup) = joined_agent("dn-restart");
+    agent.write_manifest("keep.yaml", &sleeping_pod("keep"));
     agent.start();
     let node = wait_ready(&client, "dn-restart", &agent).await;
     let uid = node.metadata.uid.clone().unwrap();
@@ -287,7 +254,7 @@ async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_p
 #[tokio::test]
 async fn a_credential_for_another_node_is_refused_and_said_so() {
     let client = admin().await;
-    let (mut agent, _cleanup) = joined("dn-wrong-name");
+    let (mut agent, _cleanup) = joined_agent("dn-wrong-name");
     let _other = NodeCleanup("dn-credential-owner".into());
     // The credential of another node, used under this node's name.
     agent.extra_args.retain(|a| !a.starts_with("--kubeconfig="));

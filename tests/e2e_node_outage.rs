@@ -10,11 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    NodeCleanup, admin, cluster_cmd, cluster_dir, condition, get_lease, get_node, node_kubeconfig,
+    admin, cluster_cmd, cluster_dir, condition, get_lease, get_node, joined_agent,
 };
-use common::{Agent, cri, http_get, running_containers, wait_until};
+use common::{cri, http_get, running_containers, sleeping_pod, wait_until};
 
-const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 const WAIT: Duration = Duration::from_secs(30);
 /// How long the API server stays down (the figure).
 const OUTAGE: Duration = Duration::from_secs(60);
@@ -37,24 +36,8 @@ impl Drop for ApiserverBack {
 async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     let client = admin().await;
     let node = "dn-outage";
-    let _cleanup = NodeCleanup(node.into());
-    let mut agent = Agent::new(node);
-    let config = agent.dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
-    )
-    .unwrap();
-    agent.extra_args.extend([
-        format!("--kubeconfig={}", node_kubeconfig(node).display()),
-        format!("--config={}", config.display()),
-    ]);
-    agent.write_manifest(
-        "steady.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: steady\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; sleep 600 & wait\"]\n"
-        ),
-    );
+    let (mut agent, _cleanup) = joined_agent(node);
+    agent.write_manifest("steady.yaml", &sleeping_pod("steady"));
     agent.start();
     wait_until("the Node Ready", WAIT, || async {
         let n = get_node(&client, node).await?;

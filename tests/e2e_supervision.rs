@@ -5,26 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Agent, http_get, wait_until};
+use common::{Agent, http_get, sleeping_pod, wait_until};
 
-const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn manifest(name: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: {BUSYBOX}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
-"#
-    )
-}
 
 fn running(pod: &serde_json::Value) -> bool {
     pod["status"]["containerStatuses"]
@@ -40,8 +23,8 @@ async fn a_panicking_pod_worker_is_retried_and_counted() {
     agent
         .env
         .push(("DECKHAND_TEST_PANIC_POD".into(), agent.pod_name("boom")));
-    agent.write_manifest("calm.yaml", &manifest("calm"));
-    agent.write_manifest("boom.yaml", &manifest("boom"));
+    agent.write_manifest("calm.yaml", &sleeping_pod("calm"));
+    agent.write_manifest("boom.yaml", &sleeping_pod("boom"));
     agent.start();
     agent.wait_healthy(WAIT).await;
 

@@ -134,23 +134,7 @@ struct Snapshots(Arc<Mutex<RuntimeState>>);
 
 impl Snapshots {
     fn ready() -> Self {
-        Snapshots(Arc::new(Mutex::new(RuntimeState::Up {
-            version: "containerd://1.6.20".into(),
-            conditions: vec![
-                RuntimeCondition {
-                    kind: "RuntimeReady".into(),
-                    ok: true,
-                    reason: String::new(),
-                    message: String::new(),
-                },
-                RuntimeCondition {
-                    kind: "NetworkReady".into(),
-                    ok: true,
-                    reason: String::new(),
-                    message: String::new(),
-                },
-            ],
-        })))
+        Snapshots(Arc::new(Mutex::new(super::super::status::runtime_up(true))))
     }
 }
 
@@ -253,7 +237,7 @@ async fn not_ready_is_reported_and_the_change_to_ready_follows_within_the_fast_p
     let (cancel, task) = start(&api, &snaps);
     advance(Duration::from_millis(50)).await;
     assert_eq!(ready_status(&api.node()).as_deref(), Some("False"));
-    *snaps.0.lock().unwrap() = Snapshots::ready().0.lock().unwrap().clone();
+    *snaps.0.lock().unwrap() = super::super::status::runtime_up(true);
     advance(Duration::from_millis(150)).await;
     assert_eq!(ready_status(&api.node()).as_deref(), Some("True"));
     cancel.cancel();

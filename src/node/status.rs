@@ -378,6 +378,38 @@ pub fn condition_status<'a>(status: &'a NodeStatus, kind: &str) -> Option<&'a st
         .map(|c| c.status.as_str())
 }
 
+/// A runtime that answered, ready or with its network not ready (for the agent's tests too).
+#[cfg(test)]
+pub(crate) fn runtime_up(network_ok: bool) -> RuntimeState {
+    RuntimeState::Up {
+        version: "containerd://1.6.20".into(),
+        conditions: vec![
+            RuntimeCondition {
+                kind: "RuntimeReady".into(),
+                ok: true,
+                reason: String::new(),
+                message: String::new(),
+            },
+            RuntimeCondition {
+                kind: "NetworkReady".into(),
+                ok: network_ok,
+                reason: if network_ok {
+                    ""
+                } else {
+                    "NetworkPluginNotReady"
+                }
+                .into(),
+                message: if network_ok {
+                    ""
+                } else {
+                    "cni plugin not initialized"
+                }
+                .into(),
+            },
+        ],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,36 +418,6 @@ mod tests {
 
     fn t(secs: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
-
-    fn up(network_ok: bool) -> RuntimeState {
-        RuntimeState::Up {
-            version: "containerd://1.6.20".into(),
-            conditions: vec![
-                RuntimeCondition {
-                    kind: "RuntimeReady".into(),
-                    ok: true,
-                    reason: String::new(),
-                    message: String::new(),
-                },
-                RuntimeCondition {
-                    kind: "NetworkReady".into(),
-                    ok: network_ok,
-                    reason: if network_ok {
-                        ""
-                    } else {
-                        "NetworkPluginNotReady"
-                    }
-                    .into(),
-                    message: if network_ok {
-                        ""
-                    } else {
-                        "cni plugin not initialized"
-                    }
-                    .into(),
-                },
-            ],
-        }
     }
 
     fn snapshot(runtime: RuntimeState) -> NodeSnapshot {
@@ -457,14 +459,14 @@ mod tests {
 
     #[test]
     fn ready_condition_table() {
-        let mut pleg = snapshot(up(true));
+        let mut pleg = snapshot(runtime_up(true));
         pleg.unhealthy = vec![("PLEG".into(), "relist has not completed for 200s".into())];
-        let mut no_cpu = snapshot(up(true));
+        let mut no_cpu = snapshot(runtime_up(true));
         no_cpu.capacity.cpu_millis = 0;
         let cases: Vec<(&str, NodeSnapshot, &str, &str, &str)> = vec![
             (
                 "all well",
-                snapshot(up(true)),
+                snapshot(runtime_up(true)),
                 "True",
                 "KubeletReady",
                 "kubelet is posting ready status",
@@ -485,7 +487,7 @@ mod tests {
             ),
             (
                 "network not ready",
-                snapshot(up(false)),
+                snapshot(runtime_up(false)),
                 "False",
                 "KubeletNotReady",
                 "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:cni plugin not initialized",
@@ -521,7 +523,7 @@ mod tests {
                 .collect();
             assert_eq!(kinds, OWN_CONDITIONS, "{name}");
         }
-        let mut two = snapshot(up(false));
+        let mut two = snapshot(runtime_up(false));
         two.unhealthy = vec![("PLEG".into(), "stuck".into())];
         let s = compute_node_status(&two, None, t(0));
         assert!(
@@ -542,19 +544,19 @@ mod tests {
 
     #[test]
     fn transition_times_move_only_on_a_change() {
-        let first = compute_node_status(&snapshot(up(false)), None, t(0));
-        let same = compute_node_status(&snapshot(up(false)), Some(&first), t(10));
+        let first = compute_node_status(&snapshot(runtime_up(false)), None, t(0));
+        let same = compute_node_status(&snapshot(runtime_up(false)), Some(&first), t(10));
         assert_eq!(ready(&same).last_transition_time, Some(Time(t(0))));
         assert_eq!(ready(&same).last_heartbeat_time, Some(Time(t(10))));
         assert!(!status_changed(&first, &same), "only the heartbeat moved");
-        let flipped = compute_node_status(&snapshot(up(true)), Some(&same), t(20));
+        let flipped = compute_node_status(&snapshot(runtime_up(true)), Some(&same), t(20));
         assert_eq!(ready(&flipped).last_transition_time, Some(Time(t(20))));
         assert!(status_changed(&same, &flipped));
     }
 
     #[test]
     fn the_rest_of_the_status() {
-        let mut snap = snapshot(up(true));
+        let mut snap = snapshot(runtime_up(true));
         snap.images = (0..4)
             .map(|i| ImageEntry {
                 repo_tags: (0..4).map(|n| format!("img{i}:t{n}")).collect(),
@@ -599,7 +601,7 @@ mod tests {
 
     #[test]
     fn quantities_compare_by_value_and_foreign_conditions_are_ignored() {
-        let ours = compute_node_status(&snapshot(up(true)), None, t(0));
+        let ours = compute_node_status(&snapshot(runtime_up(true)), None, t(0));
         let mut known = ours.clone();
         known.capacity.as_mut().unwrap().insert(
             "memory".into(),

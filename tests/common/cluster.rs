@@ -97,6 +97,25 @@ pub fn condition(node: &Node, kind: &str) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
+/// An agent for node `node` that joins the cluster with that node's credentials and a short
+/// Lease (8 s, renewed every 2 s), so tests see renewals within seconds; and the clean-up of
+/// its Node.
+pub fn joined_agent(node: &str) -> (super::Agent, NodeCleanup) {
+    let cleanup = NodeCleanup(node.to_string());
+    let mut agent = super::Agent::new(node);
+    let config = agent.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeLeaseDurationSeconds: 8\n",
+    )
+    .unwrap();
+    agent.extra_args.extend([
+        format!("--kubeconfig={}", node_kubeconfig(node).display()),
+        format!("--config={}", config.display()),
+    ]);
+    (agent, cleanup)
+}
+
 /// Deletes a Node (and its Lease) when dropped, even when the test failed half-way.
 pub struct NodeCleanup(pub String);
 

@@ -15,6 +15,26 @@ use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 
 pub mod cluster;
 
+/// The busybox image the testbed builds (no registry needed).
+pub const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
+
+/// A static pod whose one container `app` sleeps until told to stop (1 s of grace).
+pub fn sleeping_pod(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+"#
+    )
+}
+
 /// The runtime endpoint of the private testbed, or a failure that says how to get one.
 pub fn runtime_endpoint() -> String {
     match std::env::var("DECKHAND_TEST_RUNTIME") {
