@@ -338,3 +338,87 @@ async fn an_unusable_kubeconfig_stops_the_agent_naming_the_file() {
         );
     }
 }
+
+/// The API server's address, from the cluster's `cluster.env`.
+fn apiserver_url() -> String {
+    let env = std::fs::read_to_string(common::cluster::cluster_dir().join("cluster.env")).unwrap();
+    env.lines()
+        .find_map(|l| l.strip_prefix("APISERVER_URL="))
+        .expect("APISERVER_URL in cluster.env")
+        .trim_matches(|c| c == '"' || c == '\'')
+        .to_string()
+}
+
+/// A kubeconfig for the test cluster's API server with the given CA file and user entry.
+fn kubeconfig(dir: &std::path::Path, name: &str, ca: &std::path::Path, user: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters:\n- name: k\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n\
+             users:\n- name: u\n  user:\n{user}",
+            apiserver_url(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_wrong_ca_or_a_refused_token_is_logged_once_and_retried() {
+    let cluster = common::cluster::cluster_dir();
+    // A CA that did not sign the API server's certificate.
+    let wrong_ca = {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let cases = [
+        ("dn-wrong-ca", "UnknownIssuer", true),
+        ("dn-bad-token", "(401 Unauthorized)", false),
+    ];
+    for (node, expected, use_wrong_ca) in cases {
+        let _cleanup = NodeCleanup(node.into());
+        let mut agent = Agent::new(node);
+        let dir = agent.dir.path().to_path_buf();
+        let ca = if use_wrong_ca {
+            let path = dir.join("wrong-ca.crt");
+            std::fs::write(&path, &wrong_ca).unwrap();
+            path
+        } else {
+            cluster.join("pki/ca.crt")
+        };
+        let node_pki = cluster.join("pki/nodes");
+        node_kubeconfig("dn-wrong-ca"); // makes the node certificate used below
+        let user = if use_wrong_ca {
+            format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                node_pki.join("dn-wrong-ca.crt").display(),
+                node_pki.join("dn-wrong-ca.key").display()
+            )
+        } else {
+            "    token: not-a-token-the-cluster-knows\n".to_string()
+        };
+        let path = kubeconfig(&dir, node, &ca, &user);
+        agent.extra_args.push(format!("--kubeconfig={}", path.display()));
+        agent.start();
+        agent.wait_healthy(WAIT).await;
+        wait_until(&format!("{node}: a retry after {expected}"), WAIT, || async {
+            let log = agent.log();
+            (log.contains(expected) && log.contains("failed again; retrying")).then_some(())
+        })
+        .await;
+        let log = agent.log();
+        let warnings = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(expected))
+            .count();
+        assert_eq!(warnings, 1, "{node}: one warning for the repeated problem:\n{log}");
+        assert!(get_node(&admin().await, node).await.is_none());
+    }
+}

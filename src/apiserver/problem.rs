@@ -71,9 +71,17 @@ pub fn describe(err: &kube::Error) -> Problem {
             message: format!("{what} ({code}{reason}): {}", status.message),
         };
     }
+    let chain = cause_chain(err);
+    let what = if chain.contains("invalid peer certificate") {
+        // rustls' words for a server certificate the configured CA did not sign (or that does
+        // not name the server): the usual cause is the kubeconfig's certificate-authority.
+        "the API server's certificate is not trusted (check the kubeconfig's certificate-authority)"
+    } else {
+        "cannot reach the API server"
+    };
     Problem {
         kind: ProblemKind::Unreachable,
-        message: format!("cannot reach the API server: {}", cause_chain(err)),
+        message: format!("{what}: {chain}"),
     }
 }
 
