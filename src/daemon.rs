@@ -37,6 +37,9 @@ use crate::sync_loop::{SyncLoop, SyncLoopHealth};
 pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a Node or Lease request may take before it is abandoned and retried.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a watch may stay silent before it is taken for dead (the API server ends each
+/// watch request within 290 s, and sends bookmarks meanwhile).
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -139,19 +142,27 @@ pub async fn run(
         tracing::warn!("configuration: {warning}");
     }
 
-    // A kubeconfig that cannot be used stops the agent before anything starts.
-    let api_client = match &config.kubeconfig {
-        Some(path) => Some(
-            crate::apiserver::connect(
+    // A kubeconfig that cannot be used stops the agent before anything starts. Two clients:
+    // one for the node's heartbeats and pod status (short time-outs), one that watches pods.
+    let api_clients = match &config.kubeconfig {
+        Some(path) => {
+            let options = crate::apiserver::ClientOptions {
+                qps: config.cluster.kube_api_qps,
+                burst: config.cluster.kube_api_burst,
+                timeout: HEARTBEAT_TIMEOUT,
+                read_timeout: HEARTBEAT_TIMEOUT,
+            };
+            let heartbeat = crate::apiserver::connect(path, &options).await?;
+            let watch = crate::apiserver::connect(
                 path,
                 &crate::apiserver::ClientOptions {
-                    qps: config.cluster.kube_api_qps,
-                    burst: config.cluster.kube_api_burst,
-                    timeout: HEARTBEAT_TIMEOUT,
+                    read_timeout: WATCH_READ_TIMEOUT,
+                    ..options
                 },
             )
-            .await?,
-        ),
+            .await?;
+            Some((heartbeat, watch))
+        }
         None => None,
     };
 
@@ -250,6 +261,9 @@ pub async fn run(
             static_pod_url_header: config.static_pod_url_header.clone(),
             http_check_frequency: config.http_check_frequency,
             security: Arc::new(security),
+            api: api_clients
+                .as_ref()
+                .map(|(_, watch)| source::apiserver::WatchClient(watch.clone())),
         },
         &tracker,
         cancel.clone(),
@@ -274,6 +288,12 @@ pub async fn run(
         let stats = worker_stats.clone();
         metrics.register("/metrics", move || stats.render());
     }
+    let status_sync = api_clients.as_ref().map(|(heartbeat, _)| {
+        let (handle, writer) =
+            crate::status_sync::start(heartbeat.clone(), states.clone(), cancel.clone());
+        tracker.spawn(writer);
+        handle
+    });
     let workers = PodWorkers::new(
         WorkerDeps {
             executor,
@@ -283,6 +303,7 @@ pub async fn run(
             sync_frequency: config.sync_frequency,
             host_ip: node.host_ip.clone(),
             stats: worker_stats.clone(),
+            status_sync,
             panic_pod: tuning.panic_pod.clone(),
         },
         tracker.clone(),
@@ -322,7 +343,7 @@ pub async fn run(
 
     // With a kubeconfig: register the Node, keep its status and Lease current. This talks to
     // the API server only; pods are untouched by anything it does or fails to do.
-    if let Some(api_client) = api_client {
+    if let Some((api_client, _)) = api_clients {
         let snapshots = crate::node::agent::LiveSnapshots {
             cri: client.clone(),
             health: health.clone(),

@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod status_sync;
 pub mod sync_loop;
 pub mod volume;
 pub mod yaml;

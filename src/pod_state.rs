@@ -45,6 +45,25 @@ impl PodStates {
             .map(|(_, s)| s.clone())
     }
 
+    /// A pod and its last published status.
+    pub fn get(&self, uid: &str) -> Option<(Arc<Pod>, PodStatus)> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .cloned()
+    }
+
+    /// The UIDs of every pod known.
+    pub fn uids(&self) -> Vec<String> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Every pod with its status, as the read-only API's `/pods` serves them.
     pub fn pod_list(&self) -> List<Pod> {
         let map = self.inner.read().unwrap_or_else(|e| e.into_inner());

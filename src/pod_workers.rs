@@ -60,6 +60,9 @@ pub struct WorkerDeps<R> {
     pub sync_frequency: Duration,
     pub host_ip: Option<String>,
     pub stats: WorkerStats,
+    /// With `--kubeconfig`: where statuses of pods from the API server are written, and pods
+    /// the API server is deleting are finished once torn down.
+    pub status_sync: Option<crate::status_sync::StatusSync>,
     /// Test-only fault injection (`DECKHAND_TEST_PANIC_POD`): the first sync of the pod with
     /// this name panics, so the end-to-end tests can show that a panic is caught and retried.
     pub panic_pod: Option<String>,
@@ -339,6 +342,9 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                             "pod terminated and removed"
                         );
                         deps.runtime_cache.update_pod(&uid, ObservedPod::default());
+                        if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
+                            sync.torn_down(pod);
+                        }
                         let _ = done.send(uid);
                         return;
                     }
@@ -404,6 +410,9 @@ async fn sync_once<R: RuntimeService + ImageService>(
     );
     state.status = Some(status.clone());
     deps.states.publish(pod.clone(), status);
+    if let Some(sync) = &deps.status_sync {
+        sync.changed(pod.metadata.uid.as_deref().unwrap_or_default());
+    }
     outcome
         .retry_after
         .unwrap_or(deps.sync_frequency)
@@ -486,6 +495,7 @@ pub(crate) mod test_support {
             sync_frequency: Duration::from_secs(60),
             host_ip: Some("192.0.2.10".into()),
             stats: stats.clone(),
+            status_sync: None,
             panic_pod: None,
         };
         Harness {

@@ -127,6 +127,31 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             .partition(|c| matches!(c, PodChange::Remove(_)));
         for change in removes.into_iter().chain(others) {
             match change {
+                // The API server is deleting the pod: stop it with the grace period the
+                // deletion asked for; once it is torn down, the status writer deletes it.
+                PodChange::Add(pod) | PodChange::Update(pod)
+                    if pod.metadata.deletion_timestamp.is_some() =>
+                {
+                    let uid = uid_of(&pod);
+                    let name = full_name(&pod);
+                    self.desired.remove(&uid);
+                    if self
+                        .waiting_for_name
+                        .get(&name)
+                        .is_some_and(|p| uid_of(p) == uid)
+                    {
+                        self.waiting_for_name.remove(&name);
+                    }
+                    let grace = pod.metadata.deletion_grace_period_seconds;
+                    tracing::info!(pod = %name, pod_uid = %uid, grace = ?grace, "the pod is being deleted; terminating");
+                    self.workers.dispatch(
+                        &uid,
+                        Work::Terminate {
+                            pod: Some(pod),
+                            grace_override: grace,
+                        },
+                    );
+                }
                 PodChange::Add(pod) | PodChange::Update(pod) => {
                     let uid = uid_of(&pod);
                     let name = full_name(&pod);
@@ -369,6 +394,39 @@ mod tests {
             parts.rt.count("StartContainer") == 2
         })
         .await;
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_being_deleted_is_stopped_with_its_grace_and_not_started_again() {
+        let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let p = pod("uid-del");
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        eventually("started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        // The API server marks it deleted, with 7 s of grace.
+        let mut deleting = (*p).clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        deleting.metadata.deletion_grace_period_seconds = Some(7);
+        sl.handle_changes(vec![PodChange::Update(Arc::new(deleting))]);
+        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(done.as_deref(), Some("uid-del"));
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![7],
+            "stopped with the deletion's grace"
+        );
+        sl.handle_done("uid-del");
+        assert!(!sl.workers.has("uid-del"), "not started again");
+        assert_eq!(parts.rt.count("StartContainer"), 1);
         parts.cancel.cancel();
     }
 }

@@ -20,9 +20,12 @@ pub struct ClientOptions {
     /// `kubeAPIQPS` / `kubeAPIBurst`.
     pub qps: f32,
     pub burst: u32,
-    /// How long a request may wait for its answer: a hung API server must not stall the
+    /// How long connecting and sending may take: a hung API server must not stall the
     /// heartbeats behind it.
     pub timeout: Duration,
+    /// How long an answer may stay silent: `timeout` for plain requests, longer than a watch
+    /// request lasts for a client that watches.
+    pub read_timeout: Duration,
 }
 
 /// Why no client could be made; each names the file at fault.
@@ -53,7 +56,7 @@ pub async fn connect(path: &Path, options: &ClientOptions) -> Result<kube::Clien
             .await
             .map_err(|e| bad(cause_chain(&e)))?;
     config.connect_timeout = Some(options.timeout);
-    config.read_timeout = Some(options.timeout);
+    config.read_timeout = Some(options.read_timeout);
     config.write_timeout = Some(options.timeout);
     let builder =
         kube::client::ClientBuilder::try_from(config).map_err(|e| bad(cause_chain(&e)))?;
@@ -178,6 +181,7 @@ mod tests {
             qps: 50.0,
             burst: 100,
             timeout: Duration::from_secs(1),
+            read_timeout: Duration::from_secs(1),
         }
     }
 

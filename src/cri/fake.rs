@@ -53,6 +53,7 @@ struct State {
     calls: Vec<&'static str>,
     exec_replies: std::collections::VecDeque<ExecReply>,
     exec_calls: Vec<ExecCall>,
+    stop_timeouts: Vec<i64>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
 }
@@ -105,6 +106,11 @@ impl FakeCri {
     /// Lets every hanging call go on.
     pub fn release(&self) {
         self.released.notify_waiters();
+    }
+
+    /// The timeout of every `StopContainer` call so far, in order.
+    pub fn stop_timeouts(&self) -> Vec<i64> {
+        self.lock().stop_timeouts.clone()
     }
 
     /// The methods called so far, in order.
@@ -301,9 +307,10 @@ impl RuntimeService for FakeCri {
         Ok(())
     }
 
-    async fn stop_container(&self, id: String, _timeout: i64) -> CriResult<()> {
+    async fn stop_container(&self, id: String, timeout: i64) -> CriResult<()> {
         self.enter("StopContainer").await?;
         let mut st = self.lock();
+        st.stop_timeouts.push(timeout);
         if let Some(c) = st.containers.iter_mut().find(|c| c.id == id) {
             c.state = ContainerState::ContainerExited as i32;
         }

@@ -623,6 +623,7 @@ mod tests {
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_secs(20),
             security: Default::default(),
+            api: None,
         }
     }
 

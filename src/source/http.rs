@@ -676,6 +676,7 @@ mod tests {
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_millis(100),
             security: Default::default(),
+            api: None,
         };
         let (mut rx, ready, problems) =
             spawn_sources(cfg, &tokio_util::task::TaskTracker::new(), cancel.clone());

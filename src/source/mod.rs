@@ -7,6 +7,7 @@
 //! source delivered a first snapshot; [`SourceProblems`] lists the manifests that are
 //! currently broken.
 
+pub mod apiserver;
 pub mod defaults;
 pub mod file;
 pub mod http;
@@ -65,6 +66,8 @@ pub struct SourceConfig {
     pub http_check_frequency: Duration,
     /// What this node can enforce, detected once at start; every manifest is checked against it.
     pub security: Arc<NodeSecurity>,
+    /// With `--kubeconfig`: the client the pods bound to this node are watched with.
+    pub api: Option<apiserver::WatchClient>,
 }
 
 struct ReadyInner {
@@ -284,6 +287,12 @@ pub fn spawn_sources(
         );
         tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
     }
+    if let Some(client) = cfg.api.clone() {
+        expected.push(SOURCE_API);
+        let source =
+            apiserver::ApiSource::new(client.0, cfg.node_name.clone(), cfg.security.clone());
+        tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
+    }
     drop(snap_tx);
 
     let ready = SourcesReady::new(expected);
@@ -423,6 +432,7 @@ mod tests {
             static_pod_url_header: BTreeMap::new(),
             http_check_frequency: Duration::from_secs(20),
             security: Default::default(),
+            api: None,
         };
         let (mut rx, ready, problems) = spawn_sources(cfg, &TaskTracker::new(), cancel.clone());
         assert!(ready.all_ready());

@@ -57,6 +57,7 @@ pub async fn admin() -> kube::Client {
             qps: -1.0,
             burst: 0,
             timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(10),
         },
     )
     .await

@@ -1,0 +1,286 @@
+//! The third pod source: the pods the API server binds to this node (`spec.nodeName`), by
+//! list and then watch from the list's resourceVersion, with bookmarks. A 410 Gone (the
+//! version fell out of the API server's window) lists again; a broken stream resumes from the
+//! newest version seen; failures retry with back-off up to 7 s. Every change sends the
+//! source's full set of pods to the merge, like the other sources.
+//!
+//! Mirror pods (the API server's copies of this node's static pods) are not pods to run and
+//! are left out; pods the node cannot run safely are refused with the reason logged.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::validate::{self, validate_security::NodeSecurity};
+use super::{SOURCE_API, SourceSnapshot, full_name};
+use crate::apiserver::{Problem, ProblemKind, ProblemLog};
+
+/// The annotation that marks a mirror pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// How long one watch request lasts before the API server ends it (and we start the next).
+const WATCH_SECONDS: u32 = 290;
+const MAX_BACKOFF: Duration = Duration::from_secs(7);
+
+/// Lists and watches the pods bound to this node.
+pub struct ApiSource {
+    pods: Api<Pod>,
+    node_name: String,
+    security: Arc<NodeSecurity>,
+    problems: ProblemLog,
+}
+
+/// The client the source watches with (a wrapper so the source configuration stays
+/// printable; the client itself is not).
+#[derive(Clone)]
+pub struct WatchClient(pub kube::Client);
+
+impl std::fmt::Debug for WatchClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WatchClient")
+    }
+}
+
+/// The pods the source holds, by UID, and the version they are current at.
+struct Seen {
+    version: String,
+    pods: BTreeMap<String, Pod>,
+}
+
+impl ApiSource {
+    pub fn new(client: kube::Client, node_name: String, security: Arc<NodeSecurity>) -> Self {
+        ApiSource {
+            pods: Api::all(client),
+            node_name,
+            security,
+            problems: ProblemLog::default(),
+        }
+    }
+
+    fn field_selector(&self) -> String {
+        format!("spec.nodeName={}", self.node_name)
+    }
+
+    /// Runs until `cancel`.
+    pub(crate) async fn run(self, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
+        let mut seen: Option<Seen> = None;
+        let mut backoff = Duration::from_millis(100);
+        let mut refused = BTreeMap::new();
+        loop {
+            if cancel.is_cancelled() {
+                return;
+            }
+            let result = match seen.as_mut() {
+                None => match self.list().await {
+                    Ok(list) => {
+                        seen = Some(list);
+                        Ok(())
+                    }
+                    Err(p) => Err(p),
+                },
+                Some(current) => self.watch(current, &tx, &mut refused, &cancel).await,
+            };
+            match result {
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    self.problems.succeeded("watching the node's pods");
+                }
+                Err(p) if p.message.contains("(410") => {
+                    tracing::info!("the pod watch's version expired; listing again");
+                    seen = None;
+                    continue;
+                }
+                Err(p) => {
+                    self.problems.failed("watching the node's pods", &p);
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            }
+            // After a list, the snapshot goes out before the watch starts.
+            if let Some(current) = seen.as_ref()
+                && !self.send(current, &tx, &mut refused).await
+            {
+                return;
+            }
+        }
+    }
+
+    async fn list(&self) -> Result<Seen, Problem> {
+        let list = self
+            .pods
+            .list(&ListParams::default().fields(&self.field_selector()))
+            .await?;
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
+        let pods = list
+            .items
+            .into_iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .collect();
+        Ok(Seen { version, pods })
+    }
+
+    /// One watch request, applied to `seen` until it ends. Events that arrive together are
+    /// applied together and sent as one snapshot.
+    async fn watch(
+        &self,
+        seen: &mut Seen,
+        tx: &mpsc::Sender<SourceSnapshot>,
+        refused: &mut BTreeMap<String, String>,
+        cancel: &CancellationToken,
+    ) -> Result<(), Problem> {
+        let params = WatchParams::default()
+            .fields(&self.field_selector())
+            .timeout(WATCH_SECONDS);
+        let stream = self.pods.watch(&params, &seen.version).await?;
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                e = stream.next() => e,
+            };
+            let Some(event) = event else {
+                return Ok(());
+            };
+            let mut changed = apply(seen, event?)?;
+            while let Some(Some(event)) = stream.next().now_or_never() {
+                changed |= apply(seen, event?)?;
+            }
+            if changed && !self.send(seen, tx, refused).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends the pods to run; false when the merge is gone (shutting down).
+    async fn send(
+        &self,
+        seen: &Seen,
+        tx: &mpsc::Sender<SourceSnapshot>,
+        refused: &mut BTreeMap<String, String>,
+    ) -> bool {
+        let mut pods = Vec::with_capacity(seen.pods.len());
+        let mut still_refused = BTreeMap::new();
+        for pod in seen.pods.values() {
+            match self.admit(pod) {
+                Ok(()) => pods.push(pod.clone()),
+                Err(why) => {
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
+                    if refused.get(&uid) != Some(&why) {
+                        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, reason = %why, "refusing a pod from the API server");
+                    }
+                    still_refused.insert(uid, why);
+                }
+            }
+        }
+        *refused = still_refused;
+        tx.send(SourceSnapshot {
+            source: SOURCE_API,
+            pods,
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Whether this node runs `pod`: not a mirror pod, bound here, and safe to run.
+    fn admit(&self, pod: &Pod) -> Result<(), String> {
+        let mirror = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
+        if mirror {
+            return Err("a mirror pod".into());
+        }
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(self.node_name.as_str()) {
+            return Err("not bound to this node".into());
+        }
+        validate::validate_pod(pod, &self.security).map_err(|e| validate::join_errors(&e))
+    }
+}
+
+/// Applies one watch event; true when the set of pods changed.
+fn apply(seen: &mut Seen, event: WatchEvent<Pod>) -> Result<bool, Problem> {
+    match event {
+        WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+            note_version(seen, &pod);
+            let Some(uid) = pod.metadata.uid.clone() else {
+                return Ok(false);
+            };
+            seen.pods.insert(uid, pod);
+            Ok(true)
+        }
+        WatchEvent::Deleted(pod) => {
+            note_version(seen, &pod);
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            Ok(seen.pods.remove(&uid).is_some())
+        }
+        WatchEvent::Bookmark(b) => {
+            seen.version = b.metadata.resource_version;
+            Ok(false)
+        }
+        WatchEvent::Error(status) => Err(Problem {
+            kind: ProblemKind::Refused,
+            message: format!(
+                "the pod watch ended ({} {}): {}",
+                status.code, status.reason, status.message
+            ),
+        }),
+    }
+}
+
+fn note_version(seen: &mut Seen, pod: &Pod) {
+    if let Some(v) = &pod.metadata.resource_version {
+        seen.version = v.clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::watch::Bookmark;
+
+    fn pod(uid: &str, version: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.uid = Some(uid.into());
+        p.metadata.name = Some(format!("p-{uid}"));
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[test]
+    fn events_update_the_set_and_the_version() {
+        let mut seen = Seen {
+            version: "1".into(),
+            pods: BTreeMap::new(),
+        };
+        assert!(apply(&mut seen, WatchEvent::Added(pod("a", "2"))).unwrap());
+        assert!(apply(&mut seen, WatchEvent::Modified(pod("a", "3"))).unwrap());
+        assert_eq!(seen.version, "3");
+        assert!(
+            !apply(&mut seen, WatchEvent::Deleted(pod("b", "4"))).unwrap(),
+            "unknown pod"
+        );
+        assert!(apply(&mut seen, WatchEvent::Deleted(pod("a", "5"))).unwrap());
+        assert!(seen.pods.is_empty());
+        let bookmark: Bookmark = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"resourceVersion": "9"}
+        }))
+        .unwrap();
+        assert!(!apply(&mut seen, WatchEvent::Bookmark(bookmark)).unwrap());
+        assert_eq!(seen.version, "9");
+        let mut gone = kube::core::Status::failure("too old resource version", "Expired");
+        gone.code = 410;
+        let err = apply(&mut seen, WatchEvent::Error(Box::new(gone))).unwrap_err();
+        assert!(err.message.contains("(410"), "{}", err.message);
+    }
+}
