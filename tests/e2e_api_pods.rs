@@ -7,10 +7,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::cluster::{admin, condition, get_node, joined_agent};
+use common::cluster::{admin, bound_pod, condition, create_namespace, get_node, joined_agent};
 use common::{cri, running_containers, wait_until};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -43,27 +43,6 @@ fn deployment(name: &str, node: &str, replicas: i32) -> Deployment {
     .unwrap()
 }
 
-/// Deletes the test's namespace when dropped.
-struct NamespaceCleanup(String);
-
-impl Drop for NamespaceCleanup {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let _ = Api::<Namespace>::all(admin().await)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-        })
-        .join();
-    }
-}
-
 fn ready(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
     status.and_then(|s| s.phase.as_deref()) == Some("Running")
@@ -85,13 +64,7 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
     .await;
 
     let ns = "e2e-deploy";
-    let _ns_cleanup = NamespaceCleanup(ns.into());
-    let namespace: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("create the namespace");
+    let _ns_cleanup = create_namespace(&client, ns).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     deployments
         .create(&PostParams::default(), &deployment("web", node, 3))
@@ -170,5 +143,72 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
         agent.log().contains("deleted the pod from the API server"),
         "{}",
         agent.log()
+    );
+}
+
+#[tokio::test]
+async fn pods_deleted_while_the_agent_is_stopped_are_cleaned_up_after_its_restart() {
+    let client = admin().await;
+    let node = "da-restart";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.start();
+    wait_until("the Node Ready", WAIT, || async {
+        let n = get_node(&client, node).await?;
+        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    let ns = "e2e-deleted-while-down";
+    let _ns = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for name in ["graceful", "forced", "kept"] {
+        pods.create(&PostParams::default(), &bound_pod(name, node))
+            .await
+            .unwrap();
+    }
+    let cri = cri().await;
+    let mut before = BTreeMap::new();
+    for name in ["graceful", "forced", "kept"] {
+        before.insert(name, running_containers(&cri, name, WAIT).await);
+    }
+
+    agent.stop();
+    // One deletion the node must finish (it waits for the node), one the user forced.
+    pods.delete("graceful", &DeleteParams::default())
+        .await
+        .unwrap();
+    pods.delete("forced", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(
+        pods.get_opt("forced").await.unwrap().is_none(),
+        "a forced deletion is immediate"
+    );
+    assert!(
+        pods.get_opt("graceful")
+            .await
+            .unwrap()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "a graceful deletion waits for the node"
+    );
+
+    agent.start();
+    wait_until("the graceful pod deleted by the node", WAIT, || async {
+        pods.get_opt("graceful").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    for name in ["graceful", "forced"] {
+        wait_until(&format!("{name}'s containers stopped"), WAIT, || async {
+            let running = common::containers_of(&cri, name)
+                .await
+                .into_iter()
+                .any(|c| c.state == deckhand::cri::proto::ContainerState::ContainerRunning as i32);
+            (!running).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        running_containers(&cri, "kept", WAIT).await,
+        before["kept"],
+        "the pod that was not deleted kept its container"
     );
 }

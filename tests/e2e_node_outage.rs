@@ -1,6 +1,7 @@
-//! End to end: the API server goes away for a minute and comes back. The static pods are not
-//! touched, the agent stays healthy, says once that it cannot reach the API server, and
-//! renews its Lease as soon as the API server answers again.
+//! End to end: the API server goes away for a minute and comes back. The static pods and the
+//! pods from the API server are not touched, the agent stays healthy, says once that it cannot
+//! reach the API server, renews its Lease as soon as the API server answers again, and its pod
+//! watch resumes (a pod created after the return starts).
 //!
 //! A binary of its own: it stops the shared test control plane's API server, which no other
 //! test may see (cargo runs test binaries one after another).
@@ -10,9 +11,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    admin, cluster_cmd, cluster_dir, condition, get_lease, get_node, joined_agent,
+    admin, bound_pod, cluster_cmd, cluster_dir, condition, create_namespace, get_lease, get_node,
+    joined_agent,
 };
 use common::{cri, http_get, running_containers, sleeping_pod, wait_until};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// How long the API server stays down (the figure).
@@ -47,6 +51,21 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     let cri = cri().await;
     let pod = agent.pod_name("steady");
     let before = running_containers(&cri, &pod, WAIT).await;
+
+    // Three pods from the API server as well.
+    let ns = "e2e-outage";
+    let _ns = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let api_pods = ["api-1", "api-2", "api-3"];
+    for name in api_pods {
+        pods.create(&PostParams::default(), &bound_pod(name, node))
+            .await
+            .unwrap();
+    }
+    let mut api_before = Vec::new();
+    for name in api_pods {
+        api_before.push(running_containers(&cri, name, WAIT).await);
+    }
 
     let dir = cluster_dir();
     let _back = ApiserverBack;
@@ -88,6 +107,18 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     .await;
     let after = running_containers(&cri, &pod, WAIT).await;
     assert_eq!(after, before);
+    for (name, was) in api_pods.iter().zip(&api_before) {
+        assert_eq!(
+            &running_containers(&cri, name, WAIT).await,
+            was,
+            "{name} kept its container"
+        );
+    }
+    // The watch resumed: a pod created now starts.
+    pods.create(&PostParams::default(), &bound_pod("api-after", node))
+        .await
+        .unwrap();
+    running_containers(&cri, "api-after", WAIT).await;
 
     // The outage is told once per task (Lease, status), not once per retry, and its end too.
     let log = agent.log();

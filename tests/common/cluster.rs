@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
 
 /// The cluster's directory, or a failure that says how to get one.
 pub fn cluster_dir() -> PathBuf {
@@ -141,4 +141,65 @@ impl Drop for NodeCleanup {
         })
         .join();
     }
+}
+
+/// Deletes the test's namespace when dropped.
+pub struct NamespaceCleanup(pub String);
+
+impl Drop for NamespaceCleanup {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let _ = Api::<Namespace>::all(admin().await)
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                })
+        })
+        .join();
+    }
+}
+
+/// A bare pod bound to `node` directly (no scheduler, no controller to replace it).
+pub fn bound_pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "app",
+                "image": super::BUSYBOX,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceCleanup {
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create the namespace");
+    // Pods need the namespace's default service account (the controller manager makes it).
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), ns);
+    super::wait_until(
+        "the default service account",
+        Duration::from_secs(60),
+        || async { accounts.get_opt("default").await.ok().flatten() },
+    )
+    .await;
+    NamespaceCleanup(ns.into())
 }
