@@ -99,7 +99,13 @@ impl Writer {
             let uids = tokio::select! {
                 _ = cancel.cancelled() => return,
                 uids = changed.take() => uids,
-                _ = tick.tick() => self.states.uids(),
+                _ = tick.tick() => {
+                    // Forget what was written for pods the node no longer has.
+                    let uids = self.states.uids();
+                    let known: std::collections::HashSet<&String> = uids.iter().collect();
+                    self.sent.retain(|uid, _| known.contains(uid));
+                    uids
+                }
                 Some(pod) = deleted.recv() => {
                     self.delete(&pod).await;
                     continue;
