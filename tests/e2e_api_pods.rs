@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::cluster::{admin, bound_pod, condition, create_namespace, get_node, joined_agent};
+use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
 use common::{cri, running_containers, wait_until};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -57,11 +57,7 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
     let node = "da-deploy";
     let (mut agent, _node_cleanup) = joined_agent(node);
     agent.start();
-    wait_until("the Node Ready", WAIT, || async {
-        let n = get_node(&client, node).await?;
-        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
-    })
-    .await;
+    wait_node_ready(&client, node, &agent).await;
 
     let ns = "e2e-deploy";
     let _ns_cleanup = create_namespace(&client, ns).await;
@@ -152,11 +148,7 @@ async fn pods_deleted_while_the_agent_is_stopped_are_cleaned_up_after_its_restar
     let node = "da-restart";
     let (mut agent, _node_cleanup) = joined_agent(node);
     agent.start();
-    wait_until("the Node Ready", WAIT, || async {
-        let n = get_node(&client, node).await?;
-        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
-    })
-    .await;
+    wait_node_ready(&client, node, &agent).await;
     let ns = "e2e-deleted-while-down";
     let _ns = create_namespace(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     NodeCleanup, admin, condition, get_lease, get_node, joined_agent, node_kubeconfig,
+    wait_node_ready,
 };
 use common::{Agent, cri, http_get, running_containers, sleeping_pod, wait_until};
 use deckhand::cri::RuntimeService;
@@ -32,29 +33,6 @@ fn read_trim(path: &str) -> String {
     std::fs::read_to_string(path).unwrap().trim().to_string()
 }
 
-async fn wait_ready(
-    client: &kube::Client,
-    node: &str,
-    agent: &Agent,
-) -> k8s_openapi::api::core::v1::Node {
-    let deadline = Duration::from_secs(30);
-    let start = Instant::now();
-    loop {
-        if let Some(n) = get_node(client, node).await
-            && condition(&n, "Ready").as_deref() == Some("True")
-        {
-            return n;
-        }
-        if start.elapsed() > deadline {
-            panic!(
-                "node {node} not Ready after {deadline:?}; log:\n{}",
-                agent.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn the_node_registers_turns_ready_and_reports_the_machine() {
     let client = admin().await;
@@ -67,7 +45,7 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     ]);
     let started = Instant::now();
     agent.start();
-    let node = wait_ready(&client, "dn-register", &agent).await;
+    let node = wait_node_ready(&client, "dn-register", &agent).await;
     eprintln!("start → Node Ready: {:?}", started.elapsed());
 
     // Labels: the ones a node agent sets, and --node-labels.
@@ -216,7 +194,7 @@ async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_p
     let (mut agent, _cleanup) = joined_agent("dn-restart");
     agent.write_manifest("keep.yaml", &sleeping_pod("keep"));
     agent.start();
-    let node = wait_ready(&client, "dn-restart", &agent).await;
+    let node = wait_node_ready(&client, "dn-restart", &agent).await;
     let uid = node.metadata.uid.clone().unwrap();
     let cri = cri().await;
     let pod = agent.pod_name("keep");
@@ -236,7 +214,7 @@ async fn a_stopped_agent_goes_unknown_and_comes_back_as_the_same_node_with_its_p
 
     // Started again: the same Node turns Ready, and the pod kept its container.
     agent.start();
-    let node = wait_ready(&client, "dn-restart", &agent).await;
+    let node = wait_node_ready(&client, "dn-restart", &agent).await;
     assert_eq!(
         node.metadata.uid.as_deref(),
         Some(uid.as_str()),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     admin, bound_pod, cluster_cmd, cluster_dir, condition, create_namespace, get_lease, get_node,
-    joined_agent,
+    joined_agent, wait_node_ready,
 };
 use common::{cri, http_get, running_containers, sleeping_pod, wait_until};
 use k8s_openapi::api::core::v1::Pod;
@@ -43,11 +43,7 @@ async fn an_apiserver_outage_leaves_static_pods_alone_and_the_lease_resumes() {
     let (mut agent, _cleanup) = joined_agent(node);
     agent.write_manifest("steady.yaml", &sleeping_pod("steady"));
     agent.start();
-    wait_until("the Node Ready", WAIT, || async {
-        let n = get_node(&client, node).await?;
-        (condition(&n, "Ready").as_deref() == Some("True")).then_some(())
-    })
-    .await;
+    wait_node_ready(&client, node, &agent).await;
     let cri = cri().await;
     let pod = agent.pod_name("steady");
     let before = running_containers(&cri, &pod, WAIT).await;

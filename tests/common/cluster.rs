@@ -143,7 +143,7 @@ impl Drop for NodeCleanup {
     }
 }
 
-/// Deletes the test's namespace when dropped.
+/// Deletes the test's namespace (its pods at once) when dropped.
 pub struct NamespaceCleanup(pub String);
 
 impl Drop for NamespaceCleanup {
@@ -155,7 +155,16 @@ impl Drop for NamespaceCleanup {
                 .build()
                 .unwrap()
                 .block_on(async move {
-                    let _ = Api::<Namespace>::all(admin().await)
+                    let client = admin().await;
+                    // Pods bound to a node that is gone would hold the namespace in
+                    // Terminating: they go first, at once.
+                    let _ = Api::<Pod>::namespaced(client.clone(), &name)
+                        .delete_collection(
+                            &DeleteParams::default().grace_period(0),
+                            &Default::default(),
+                        )
+                        .await;
+                    let _ = Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::default())
                         .await;
                 })
@@ -188,10 +197,20 @@ pub fn bound_pod(name: &str, node: &str) -> Pod {
 pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceCleanup {
     let namespace: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("create the namespace");
+    // The same test's namespace from an earlier run may still be going away.
+    let namespaces = Api::<Namespace>::all(client.clone());
+    super::wait_until(
+        &format!("namespace {ns} created"),
+        Duration::from_secs(90),
+        || async {
+            match namespaces.create(&PostParams::default(), &namespace).await {
+                Ok(_) => Some(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => None,
+                Err(e) => panic!("cannot create namespace {ns}: {e}"),
+            }
+        },
+    )
+    .await;
     // Pods need the namespace's default service account (the controller manager makes it).
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(client.clone(), ns);
@@ -202,4 +221,24 @@ pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceClean
     )
     .await;
     NamespaceCleanup(ns.into())
+}
+
+/// Waits until the Node is Ready; on time-out, fails with the agent's log.
+pub async fn wait_node_ready(client: &kube::Client, node: &str, agent: &super::Agent) -> Node {
+    let deadline = Duration::from_secs(30);
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(n) = get_node(client, node).await
+            && condition(&n, "Ready").as_deref() == Some("True")
+        {
+            return n;
+        }
+        if start.elapsed() > deadline {
+            panic!(
+                "node {node} not Ready after {deadline:?}; log:\n{}",
+                agent.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

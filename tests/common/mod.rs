@@ -321,7 +321,8 @@ impl Drop for Agent {
     }
 }
 
-/// Stops and removes every sandbox (and its containers) whose pod name ends with `-<node>`.
+/// Stops and removes every sandbox (and its containers) of node `node`: its static pods (named
+/// `<name>-<node>`) and the pods the API server bound to it (labelled `deckhand.io/node`).
 pub async fn remove_node_pods(cri: &CriClient, node: &str) {
     let suffix = format!("-{node}");
     let Ok(sandboxes) = cri.list_pod_sandbox(None).await else {
@@ -333,7 +334,12 @@ pub async fn remove_node_pods(cri: &CriClient, node: &str) {
             .as_ref()
             .map(|m| m.name.clone())
             .unwrap_or_default();
-        if !name.ends_with(&suffix) {
+        let labelled = sb
+            .labels
+            .get(deckhand::runtime::labels::NODE_LABEL)
+            .map(String::as_str)
+            == Some(node);
+        if !name.ends_with(&suffix) && !labelled {
             continue;
         }
         let containers = cri
