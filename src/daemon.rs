@@ -252,6 +252,13 @@ pub async fn run(
         &client,
     )
     .await;
+    // Pod status to the API server (and refusals, deletions), for the pods that come from it.
+    let status_sync = api_clients.as_ref().map(|(heartbeat, _)| {
+        let (handle, writer) =
+            crate::status_sync::start(heartbeat.clone(), states.clone(), cancel.clone());
+        tracker.spawn(writer);
+        handle
+    });
     let (changes_rx, sources_ready, _problems) = source::spawn_sources(
         SourceConfig {
             node_name: config.node_name.clone(),
@@ -263,7 +270,16 @@ pub async fn run(
             security: Arc::new(security),
             api: api_clients
                 .as_ref()
-                .map(|(_, watch)| source::apiserver::WatchClient(watch.clone())),
+                .map(|(_, watch)| source::apiserver::ApiSourceConfig {
+                    client: watch.clone(),
+                    on_refused: status_sync.clone().map(|sync| {
+                        let tell: source::apiserver::OnRefused =
+                            Arc::new(move |pod, reason, message| {
+                                sync.refused(pod, reason, message)
+                            });
+                        tell
+                    }),
+                }),
         },
         &tracker,
         cancel.clone(),
@@ -288,12 +304,6 @@ pub async fn run(
         let stats = worker_stats.clone();
         metrics.register("/metrics", move || stats.render());
     }
-    let status_sync = api_clients.as_ref().map(|(heartbeat, _)| {
-        let (handle, writer) =
-            crate::status_sync::start(heartbeat.clone(), states.clone(), cancel.clone());
-        tracker.spawn(writer);
-        handle
-    });
     let workers = PodWorkers::new(
         WorkerDeps {
             executor,

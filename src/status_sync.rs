@@ -4,6 +4,9 @@
 //! 10 s. When a pod the API server is deleting has been torn down on the node, the pod is
 //! deleted with grace 0 and a UID precondition, as upstream's status manager does.
 //!
+//! A pod the node refuses gets phase Failed with the admission reason and message, as
+//! upstream writes it.
+//!
 //! Workers never wait for any of this: they poke a coalescing set and go on.
 
 use std::collections::HashMap;
@@ -31,7 +34,19 @@ const IN_FLIGHT: usize = 8;
 #[derive(Clone)]
 pub struct StatusSync {
     changed: Pokes,
-    deleted: mpsc::UnboundedSender<Arc<Pod>>,
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+/// Work other than status changes, in order.
+enum Request {
+    /// Delete the pod (it is torn down on the node).
+    Delete(Arc<Pod>),
+    /// Mark the pod Failed: the node refused it.
+    Refused {
+        pod: Box<Pod>,
+        reason: String,
+        message: String,
+    },
 }
 
 impl StatusSync {
@@ -43,8 +58,17 @@ impl StatusSync {
     /// The pod has been torn down on the node; if the API server is deleting it, finish that.
     pub fn torn_down(&self, pod: Arc<Pod>) {
         if from_api(&pod) && pod.metadata.deletion_timestamp.is_some() {
-            let _ = self.deleted.send(pod);
+            let _ = self.requests.send(Request::Delete(pod));
         }
+    }
+
+    /// The node refuses the pod (`reason`, `message` as upstream's admission gives them).
+    pub fn refused(&self, pod: &Pod, reason: &str, message: &str) {
+        let _ = self.requests.send(Request::Refused {
+            pod: Box::new(pod.clone()),
+            reason: reason.to_string(),
+            message: message.to_string(),
+        });
     }
 }
 
@@ -67,7 +91,7 @@ pub fn start(
     let changed = Pokes::default();
     let handle = StatusSync {
         changed: changed.clone(),
-        deleted: tx,
+        requests: tx,
     };
     let writer = Writer {
         client,
@@ -90,7 +114,7 @@ impl Writer {
     async fn run(
         mut self,
         changed: Pokes,
-        mut deleted: mpsc::UnboundedReceiver<Arc<Pod>>,
+        mut requests: mpsc::UnboundedReceiver<Request>,
         cancel: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(RECONCILE);
@@ -106,8 +130,21 @@ impl Writer {
                     self.sent.retain(|uid, _| known.contains(uid));
                     uids
                 }
-                Some(pod) = deleted.recv() => {
-                    self.delete(&pod).await;
+                Some(request) = requests.recv() => {
+                    match request {
+                        Request::Delete(pod) => self.delete(&pod).await,
+                        Request::Refused { pod, reason, message } => {
+                            let status = PodStatus {
+                                phase: Some("Failed".into()),
+                                reason: Some(reason),
+                                message: Some(message),
+                                ..Default::default()
+                            };
+                            if let Err(p) = patch_status(self.client.clone(), &pod, &status).await {
+                                self.problems.failed("writing a refused pod's status", &p);
+                            }
+                        }
+                    }
                     continue;
                 }
             };

@@ -204,3 +204,179 @@ async fn pods_deleted_while_the_agent_is_stopped_are_cleaned_up_after_its_restar
         "the pod that was not deleted kept its container"
     );
 }
+
+/// A bare pod bound to `node` whose container runs `script` with `policy`.
+fn script_pod(name: &str, node: &str, policy: &str, script: &str) -> Pod {
+    let mut pod = bound_pod(name, node);
+    let spec = pod.spec.as_mut().unwrap();
+    spec.restart_policy = Some(policy.into());
+    spec.termination_grace_period_seconds = Some(1);
+    spec.containers[0].command = Some(vec!["sh".into(), "-c".into(), script.into()]);
+    pod
+}
+
+fn phase(pod: &Pod) -> Option<String> {
+    pod.status.as_ref()?.phase.clone()
+}
+
+#[tokio::test]
+async fn the_api_server_sees_phases_restarts_and_refusals() {
+    let client = admin().await;
+    let node = "da-status";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.backoff("1s", "2s");
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-status";
+    let _ns = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut unsafe_sysctl = bound_pod("unsafe-sysctl", node);
+    unsafe_sysctl.spec.as_mut().unwrap().security_context = Some(
+        serde_json::from_value(
+            serde_json::json!({"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}),
+        )
+        .unwrap(),
+    );
+    for pod in [
+        script_pod("done", node, "Never", "exit 0"),
+        script_pod("broken", node, "Never", "exit 3"),
+        script_pod("crashing", node, "Always", "exit 1"),
+        unsafe_sysctl,
+    ] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    let done = wait_until("done Succeeded", WAIT, || async {
+        let p = pods.get("done").await.ok()?;
+        (phase(&p).as_deref() == Some("Succeeded")).then_some(p)
+    })
+    .await;
+    let state = done.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    assert_eq!(state.terminated.unwrap().exit_code, 0);
+    let broken = wait_until("broken Failed", WAIT, || async {
+        let p = pods.get("broken").await.ok()?;
+        (phase(&p).as_deref() == Some("Failed")).then_some(p)
+    })
+    .await;
+    let state = broken.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    assert_eq!(state.terminated.unwrap().exit_code, 3);
+    wait_until("crashing restarted", WAIT, || async {
+        let p = pods.get("crashing").await.ok()?;
+        let restarts = p.status?.container_statuses?.first()?.restart_count;
+        (restarts >= 1).then_some(())
+    })
+    .await;
+    let refused = wait_until("the unsafe sysctl refused", WAIT, || async {
+        let p = pods.get("unsafe-sysctl").await.ok()?;
+        (phase(&p).as_deref() == Some("Failed")).then_some(p)
+    })
+    .await;
+    let status = refused.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("SysctlForbidden"));
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("forbidden sysctl: "),
+        "{:?}",
+        status.message
+    );
+    // Finished pods are not run again: their containers are torn down, the status stays.
+    let cri = cri().await;
+    for name in ["done", "broken"] {
+        wait_until(&format!("{name}'s containers removed"), WAIT, || async {
+            common::containers_of(&cri, name)
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        phase(&pods.get("done").await.unwrap()).as_deref(),
+        Some("Succeeded")
+    );
+    assert!(
+        common::sandboxes_of(&cri, "unsafe-sysctl").await.is_empty(),
+        "a refused pod never runs"
+    );
+}
+
+#[tokio::test]
+async fn a_daemonset_places_its_pod_on_the_node() {
+    let client = admin().await;
+    let node = "da-daemonset";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-daemonset";
+    let _ns = create_namespace(&client, ns).await;
+    let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "automountServiceAccountToken": false,
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{
+                            "name": "app",
+                            "image": common::BUSYBOX,
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
+                        }],
+                    },
+                },
+            },
+        }))
+        .unwrap();
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(client.clone(), ns);
+    daemonsets
+        .create(&PostParams::default(), &daemonset)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let name = wait_until("the DaemonSet's pod Running and Ready", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=agent"))
+            .await
+            .ok()?;
+        let pod = list.items.into_iter().find(ready)?;
+        pod.metadata.name
+    })
+    .await;
+    let cri = cri().await;
+    running_containers(&cri, &name, WAIT).await;
+    daemonsets
+        .delete("agent", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("the DaemonSet's pod gone", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=agent"))
+            .await
+            .ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await;
+    wait_until("its containers gone", WAIT, || async {
+        common::containers_of(&cri, &name)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}

@@ -33,17 +33,49 @@ pub struct ApiSource {
     pods: Api<Pod>,
     node_name: String,
     security: Arc<NodeSecurity>,
+    on_refused: Option<OnRefused>,
     problems: ProblemLog,
 }
 
-/// The client the source watches with (a wrapper so the source configuration stays
-/// printable; the client itself is not).
-#[derive(Clone)]
-pub struct WatchClient(pub kube::Client);
+/// Told about each pod the node refuses, with upstream's reason and message, so the refusal
+/// can be written to the pod's status.
+pub type OnRefused = Arc<dyn Fn(&Pod, &str, &str) + Send + Sync>;
 
-impl std::fmt::Debug for WatchClient {
+/// What the source needs: the client it watches with, and who hears of refusals.
+#[derive(Clone)]
+pub struct ApiSourceConfig {
+    pub client: kube::Client,
+    pub on_refused: Option<OnRefused>,
+}
+
+impl std::fmt::Debug for ApiSourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WatchClient")
+        f.write_str("ApiSourceConfig")
+    }
+}
+
+/// Why a pod from the API server is not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotRun {
+    /// Not a pod for this node to run (a mirror pod, another node's, already finished).
+    Skip,
+    /// The node refuses it: upstream's admission reason and message.
+    Refuse {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// Upstream's admission result for the checks a pod failed: sysctls and AppArmor have their
+/// own reasons; anything else is an unexpected admission error.
+pub fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, String) {
+    let all = validate::join_errors(errors);
+    if errors.iter().any(|e| e.field.contains("sysctls")) {
+        ("SysctlForbidden", format!("forbidden sysctl: {all}"))
+    } else if errors.iter().any(|e| e.field.contains("appArmorProfile")) {
+        ("AppArmor", format!("Cannot enforce AppArmor: {all}"))
+    } else {
+        ("UnexpectedAdmissionError", all)
     }
 }
 
@@ -54,11 +86,12 @@ struct Seen {
 }
 
 impl ApiSource {
-    pub fn new(client: kube::Client, node_name: String, security: Arc<NodeSecurity>) -> Self {
+    pub fn new(config: ApiSourceConfig, node_name: String, security: Arc<NodeSecurity>) -> Self {
         ApiSource {
-            pods: Api::all(client),
+            pods: Api::all(config.client),
             node_name,
             security,
+            on_refused: config.on_refused,
             problems: ProblemLog::default(),
         }
     }
@@ -173,12 +206,16 @@ impl ApiSource {
         for pod in seen.pods.values() {
             match self.admit(pod) {
                 Ok(()) => pods.push(pod.clone()),
-                Err(why) => {
+                Err(NotRun::Skip) => {}
+                Err(NotRun::Refuse { reason, message }) => {
                     let uid = pod.metadata.uid.clone().unwrap_or_default();
-                    if refused.get(&uid) != Some(&why) {
-                        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, reason = %why, "refusing a pod from the API server");
+                    if refused.get(&uid) != Some(&message) {
+                        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, reason, %message, "refusing a pod from the API server");
+                        if let Some(tell) = &self.on_refused {
+                            tell(pod, reason, &message);
+                        }
                     }
-                    still_refused.insert(uid, why);
+                    still_refused.insert(uid, message);
                 }
             }
         }
@@ -191,20 +228,28 @@ impl ApiSource {
         .is_ok()
     }
 
-    /// Whether this node runs `pod`: not a mirror pod, bound here, and safe to run.
-    fn admit(&self, pod: &Pod) -> Result<(), String> {
+    /// Whether this node runs `pod`: not a mirror pod, bound here, not finished, and safe.
+    fn admit(&self, pod: &Pod) -> Result<(), NotRun> {
         let mirror = pod
             .metadata
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
-        if mirror {
-            return Err("a mirror pod".into());
+        let bound_here =
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node_name.as_str());
+        // A pod in a terminal phase is never started again (upstream's rule); once its final
+        // status is written, its containers are torn down.
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if mirror || !bound_here || finished {
+            return Err(NotRun::Skip);
         }
-        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(self.node_name.as_str()) {
-            return Err("not bound to this node".into());
-        }
-        validate::validate_pod(pod, &self.security).map_err(|e| validate::join_errors(&e))
+        validate::validate_pod(pod, &self.security).map_err(|errors| {
+            let (reason, message) = admission_result(&errors);
+            NotRun::Refuse { reason, message }
+        })
     }
 }
 
@@ -255,6 +300,31 @@ mod tests {
         p.metadata.name = Some(format!("p-{uid}"));
         p.metadata.resource_version = Some(version.into());
         p
+    }
+
+    #[test]
+    fn admission_results_use_upstreams_reasons() {
+        let e = |field: &str| validate::ValidationError {
+            field: field.into(),
+            reason: "not allowed".into(),
+        };
+        let (reason, message) = admission_result(&[e("spec.securityContext.sysctls[0].name")]);
+        assert_eq!(reason, "SysctlForbidden");
+        assert!(
+            message.starts_with("forbidden sysctl: spec.securityContext.sysctls[0].name"),
+            "{message}"
+        );
+        let (reason, message) =
+            admission_result(&[e("spec.containers[0].securityContext.appArmorProfile")]);
+        assert_eq!(reason, "AppArmor");
+        assert!(
+            message.starts_with("Cannot enforce AppArmor: "),
+            "{message}"
+        );
+        assert_eq!(
+            admission_result(&[e("spec.hostUsers")]).0,
+            "UnexpectedAdmissionError"
+        );
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub struct SourceConfig {
     /// What this node can enforce, detected once at start; every manifest is checked against it.
     pub security: Arc<NodeSecurity>,
     /// With `--kubeconfig`: the client the pods bound to this node are watched with.
-    pub api: Option<apiserver::WatchClient>,
+    pub api: Option<apiserver::ApiSourceConfig>,
 }
 
 struct ReadyInner {
@@ -287,10 +287,9 @@ pub fn spawn_sources(
         );
         tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
     }
-    if let Some(client) = cfg.api.clone() {
+    if let Some(api) = cfg.api.clone() {
         expected.push(SOURCE_API);
-        let source =
-            apiserver::ApiSource::new(client.0, cfg.node_name.clone(), cfg.security.clone());
+        let source = apiserver::ApiSource::new(api, cfg.node_name.clone(), cfg.security.clone());
         tracker.spawn(source.run(snap_tx.clone(), cancel.clone()));
     }
     drop(snap_tx);
