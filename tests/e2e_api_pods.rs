@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
+use common::cluster::{
+    admin, bound_pod, create_namespace, joined_agent, sleeping_spec, wait_node_ready,
+};
 use common::{cri, running_containers, wait_until};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +18,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 const WAIT: Duration = Duration::from_secs(60);
 
 fn deployment(name: &str, node: &str, replicas: i32) -> Deployment {
+    let mut spec = sleeping_spec(2);
+    spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node});
+    spec["containers"][0]["readinessProbe"] =
+        serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
     serde_json::from_value(serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -23,21 +29,7 @@ fn deployment(name: &str, node: &str, replicas: i32) -> Deployment {
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "automountServiceAccountToken": false,
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "app",
-                        "image": common::BUSYBOX,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
-                        "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1},
-                    }],
-                },
-            },
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
         },
     }))
     .unwrap()
@@ -318,6 +310,8 @@ async fn a_daemonset_places_its_pod_on_the_node() {
     wait_node_ready(&client, node, &agent).await;
     let ns = "e2e-daemonset";
     let _ns = create_namespace(&client, ns).await;
+    let mut spec = sleeping_spec(1);
+    spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node});
     let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
         serde_json::from_value(serde_json::json!({
             "apiVersion": "apps/v1",
@@ -325,20 +319,7 @@ async fn a_daemonset_places_its_pod_on_the_node() {
             "metadata": {"name": "agent"},
             "spec": {
                 "selector": {"matchLabels": {"app": "agent"}},
-                "template": {
-                    "metadata": {"labels": {"app": "agent"}},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "automountServiceAccountToken": false,
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [{
-                            "name": "app",
-                            "image": common::BUSYBOX,
-                            "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
-                        }],
-                    },
-                },
+                "template": {"metadata": {"labels": {"app": "agent"}}, "spec": spec},
             },
         }))
         .unwrap();

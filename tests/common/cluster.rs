@@ -173,23 +173,30 @@ impl Drop for NamespaceCleanup {
     }
 }
 
+/// The spec of a pod that sleeps until told to stop: busybox from the testbed (never
+/// pulled), no service-account token volume (not supported yet), `grace` seconds to stop.
+pub fn sleeping_spec(grace: i64) -> serde_json::Value {
+    serde_json::json!({
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": grace,
+        "containers": [{
+            "name": "app",
+            "image": super::BUSYBOX,
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
+        }],
+    })
+}
+
 /// A bare pod bound to `node` directly (no scheduler, no controller to replace it).
 pub fn bound_pod(name: &str, node: &str) -> Pod {
+    let mut spec = sleeping_spec(30);
+    spec["nodeName"] = node.into();
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 30,
-            "containers": [{
-                "name": "app",
-                "image": super::BUSYBOX,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],
-            }],
-        },
+        "spec": spec,
     }))
     .unwrap()
 }
