@@ -328,6 +328,25 @@ mod tests {
         )])
     }
 
+    /// Adds pod `uid` as the first pod and waits until the runtime has started its container.
+    async fn add_started(sl: &mut SyncLoop<FakeCri>, parts: &Parts, uid: &str) -> Arc<Pod> {
+        let p = pod(uid);
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        eventually("started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        p
+    }
+
+    /// The UID of the next worker that finished tearing its pod down.
+    async fn next_done(parts: &mut Parts) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn housekeeping_waits_until_every_source_has_spoken() {
         let (mut sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
@@ -345,20 +364,12 @@ mod tests {
     async fn a_pod_from_a_source_runs_and_its_removal_tears_it_down() {
         let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
         parts.ready.mark_seen("file");
-        let p = pod("uid-a");
-        sl.handle_changes(vec![PodChange::Add(p.clone())]);
-        eventually("started", || async {
-            parts.rt.count("StartContainer") == 1
-        })
-        .await;
+        let p = add_started(&mut sl, &parts, "uid-a").await;
         // A relist that shows the pod is not an orphan: housekeeping leaves it alone.
         parts.cache.store_relist(orphan_relist("uid-a"));
         sl.housekeeping();
         sl.handle_changes(vec![PodChange::Remove(p)]);
-        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
-            .await
-            .ok()
-            .flatten();
+        let done = next_done(&mut parts).await;
         assert_eq!(done.as_deref(), Some("uid-a"));
         sl.handle_done("uid-a");
         assert!(!sl.workers.has("uid-a"));
@@ -370,20 +381,12 @@ mod tests {
     async fn an_edited_static_pod_starts_after_the_old_instance_is_gone() {
         let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
         parts.ready.mark_seen("file");
-        let old = pod("uid-old");
-        sl.handle_changes(vec![PodChange::Add(old.clone())]);
-        eventually("the old one started", || async {
-            parts.rt.count("StartContainer") == 1
-        })
-        .await;
+        let old = add_started(&mut sl, &parts, "uid-old").await;
         // An edit arrives as Remove(old) + Add(new) with the same name and a new UID.
         let new = pod("uid-new");
         sl.handle_changes(vec![PodChange::Add(new), PodChange::Remove(old)]);
         assert!(!sl.workers.has("uid-new"), "the new instance waits");
-        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
-            .await
-            .ok()
-            .flatten();
+        let done = next_done(&mut parts).await;
         assert_eq!(done.as_deref(), Some("uid-old"));
         sl.handle_done("uid-old");
         assert!(
@@ -401,12 +404,7 @@ mod tests {
     async fn a_pod_being_deleted_is_stopped_with_its_grace_and_not_started_again() {
         let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
         parts.ready.mark_seen("file");
-        let p = pod("uid-del");
-        sl.handle_changes(vec![PodChange::Add(p.clone())]);
-        eventually("started", || async {
-            parts.rt.count("StartContainer") == 1
-        })
-        .await;
+        let p = add_started(&mut sl, &parts, "uid-del").await;
         // The API server marks it deleted, with 7 s of grace.
         let mut deleting = (*p).clone();
         deleting.metadata.deletion_timestamp = Some(
@@ -414,10 +412,7 @@ mod tests {
         );
         deleting.metadata.deletion_grace_period_seconds = Some(7);
         sl.handle_changes(vec![PodChange::Update(Arc::new(deleting))]);
-        let done = tokio::time::timeout(Duration::from_secs(60), parts.done.recv())
-            .await
-            .ok()
-            .flatten();
+        let done = next_done(&mut parts).await;
         assert_eq!(done.as_deref(), Some("uid-del"));
         assert_eq!(
             parts.rt.stop_timeouts(),
