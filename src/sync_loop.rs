@@ -132,25 +132,8 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 PodChange::Add(pod) | PodChange::Update(pod)
                     if pod.metadata.deletion_timestamp.is_some() =>
                 {
-                    let uid = uid_of(&pod);
-                    let name = full_name(&pod);
-                    self.desired.remove(&uid);
-                    if self
-                        .waiting_for_name
-                        .get(&name)
-                        .is_some_and(|p| uid_of(p) == uid)
-                    {
-                        self.waiting_for_name.remove(&name);
-                    }
                     let grace = pod.metadata.deletion_grace_period_seconds;
-                    tracing::info!(pod = %name, pod_uid = %uid, grace = ?grace, "the pod is being deleted; terminating");
-                    self.workers.dispatch(
-                        &uid,
-                        Work::Terminate {
-                            pod: Some(pod),
-                            grace_override: grace,
-                        },
-                    );
+                    self.terminate(pod, grace, "the pod is being deleted; terminating");
                 }
                 PodChange::Add(pod) | PodChange::Update(pod) => {
                     let uid = uid_of(&pod);
@@ -164,27 +147,32 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                     }
                 }
                 PodChange::Remove(pod) => {
-                    let uid = uid_of(&pod);
-                    let name = full_name(&pod);
-                    self.desired.remove(&uid);
-                    if self
-                        .waiting_for_name
-                        .get(&name)
-                        .is_some_and(|p| uid_of(p) == uid)
-                    {
-                        self.waiting_for_name.remove(&name);
-                    }
-                    tracing::info!(pod = %name, pod_uid = %uid, "pod removed from its source; terminating");
-                    self.workers.dispatch(
-                        &uid,
-                        Work::Terminate {
-                            pod: Some(pod),
-                            grace_override: None,
-                        },
-                    );
+                    self.terminate(pod, None, "pod removed from its source; terminating");
                 }
             }
         }
+    }
+
+    /// Stops wanting `pod` and has its worker tear it down (`grace` overrides the pod's own).
+    fn terminate(&mut self, pod: Arc<Pod>, grace: Option<i64>, why: &str) {
+        let uid = uid_of(&pod);
+        let name = full_name(&pod);
+        self.desired.remove(&uid);
+        if self
+            .waiting_for_name
+            .get(&name)
+            .is_some_and(|p| uid_of(p) == uid)
+        {
+            self.waiting_for_name.remove(&name);
+        }
+        tracing::info!(pod = %name, pod_uid = %uid, grace = ?grace, "{why}");
+        self.workers.dispatch(
+            &uid,
+            Work::Terminate {
+                pod: Some(pod),
+                grace_override: grace,
+            },
+        );
     }
 
     /// A worker finished tearing its pod down.

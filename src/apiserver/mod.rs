@@ -7,6 +7,7 @@
 pub mod connect;
 pub mod problem;
 pub mod rate_limit;
+pub mod retry;
 
 pub use connect::{ClientOptions, ConnectError, connect};
 pub use problem::{Problem, ProblemKind, ProblemLog};

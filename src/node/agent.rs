@@ -26,6 +26,7 @@ use super::status::{
     ImageEntry, NodeSnapshot, Pressure, RuntimeCondition, RuntimeState, compute_node_status,
     condition_status, status_changed,
 };
+use crate::apiserver::retry::{Backoff, pause};
 use crate::apiserver::{Problem, ProblemKind, ProblemLog};
 use crate::config::{ClusterSettings, Reservations};
 use crate::cri::{ImageService, RuntimeService};
@@ -33,8 +34,6 @@ use crate::health::Health;
 
 /// Upstream's `nodeStatusUpdateRetry`.
 const STATUS_UPDATE_TRIES: u32 = 5;
-/// Upstream's back-off for registration and Lease retries: from 100–200 ms, doubling, to 7 s.
-const MAX_BACKOFF: Duration = Duration::from_secs(7);
 /// How often the status is recomputed while the Node is not Ready yet (upstream's fast
 /// status update after start), so Ready is reported as soon as it is true.
 const FAST_UPDATE: Duration = Duration::from_millis(100);
@@ -81,34 +80,6 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
     let _ = lease_task.await;
 }
 
-/// Doubling back-off from `first` to [`MAX_BACKOFF`].
-struct Backoff {
-    next: Duration,
-    first: Duration,
-}
-
-impl Backoff {
-    fn new(first: Duration) -> Self {
-        Backoff { next: first, first }
-    }
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        d
-    }
-    fn reset(&mut self) {
-        self.next = self.first;
-    }
-}
-
-/// Sleeps `d`; false when cancelled first.
-async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(d) => true,
-    }
-}
-
 /// Creates the Node (or finds and reconciles it), retrying with back-off. `None` on cancel.
 async fn register<A: NodeApi, S: SnapshotSource>(
     api: &A,
@@ -133,7 +104,7 @@ async fn register<A: NodeApi, S: SnapshotSource>(
             }
             Err(problem) => problems.failed(&format!("registering node {name:?}"), &problem),
         }
-        if !pause(backoff.next(), cancel).await {
+        if !pause(backoff.next_wait(), cancel).await {
             return None;
         }
     }
@@ -300,7 +271,7 @@ async fn renew_lease<A: NodeApi>(
             }
             Err(p) => {
                 problems.failed("renewing the node Lease", &p);
-                backoff.next()
+                backoff.next_wait()
             }
         };
         if !pause(wait, &cancel).await {

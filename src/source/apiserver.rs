@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::validate::{self, validate_security::NodeSecurity};
 use super::{SOURCE_API, SourceSnapshot, full_name};
+use crate::apiserver::retry::{Backoff, pause};
 use crate::apiserver::{Problem, ProblemKind, ProblemLog};
 
 /// The annotation that marks a mirror pod.
@@ -26,7 +27,6 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// How long one watch request lasts before the API server ends it (and we start the next).
 const WATCH_SECONDS: u32 = 290;
-const MAX_BACKOFF: Duration = Duration::from_secs(7);
 
 /// Lists and watches the pods bound to this node.
 pub struct ApiSource {
@@ -103,7 +103,7 @@ impl ApiSource {
     /// Runs until `cancel`.
     pub(crate) async fn run(self, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
         let mut seen: Option<Seen> = None;
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100));
         let mut refused = BTreeMap::new();
         loop {
             if cancel.is_cancelled() {
@@ -121,7 +121,7 @@ impl ApiSource {
             };
             match result {
                 Ok(()) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     self.problems.succeeded("watching the node's pods");
                 }
                 Err(p) if p.message.contains("(410") => {
@@ -131,11 +131,9 @@ impl ApiSource {
                 }
                 Err(p) => {
                     self.problems.failed("watching the node's pods", &p);
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                    if !pause(backoff.next_wait(), &cancel).await {
+                        return;
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
                 }
             }
