@@ -11,6 +11,8 @@
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
@@ -39,6 +41,33 @@ const STATUS_UPDATE_TRIES: u32 = 5;
 const FAST_UPDATE: Duration = Duration::from_millis(100);
 /// How long the fast updates go on at most.
 const FAST_UPDATE_FOR: Duration = Duration::from_secs(120);
+
+/// How many status rounds re-read the Node after the Lease could not be renewed. While the
+/// node was cut off, the controller manager may mark the Node Unknown, and it may do so a few
+/// seconds after the API server is back, once it sees how old the Lease is; re-reading for
+/// three rounds (30 s at the default period) finds that mark and sets the status right,
+/// instead of waiting for the 5-minute report. (Upstream watches its own Node for this; a
+/// watch of the Node would be the thorough fix.)
+const REREADS_AFTER_LEASE_FAILURE: u32 = 3;
+
+/// Status rounds still to re-read the Node, set by the Lease task when a renewal fails.
+#[derive(Clone, Default)]
+struct Rereads(Arc<AtomicU32>);
+
+impl Rereads {
+    fn after_lease_failure(&self) {
+        self.0.store(REREADS_AFTER_LEASE_FAILURE, Ordering::Relaxed);
+    }
+    fn pending(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+    /// A round re-read the Node and sent the status.
+    fn done_one(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
 
 /// Gathers what the node status is computed from.
 pub trait SnapshotSource: Send + Sync + 'static {
@@ -69,14 +98,19 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
         uid: node.metadata.uid.clone().unwrap_or_default(),
     };
     tracing::info!(node = %node_ref.name, uid = %node_ref.uid, "registered with the API server");
+    let rereads = Rereads::default();
     let lease_task = tokio::spawn(renew_lease(
         api.clone(),
         node_ref,
         settings.cluster.node_lease_duration_seconds,
         problems.clone(),
+        rereads.clone(),
         cancel.clone(),
     ));
-    sync_status(&api, &snapshots, &settings, node, &problems, &cancel).await;
+    sync_status(
+        &api, &snapshots, &settings, node, &problems, &rereads, &cancel,
+    )
+    .await;
     let _ = lease_task.await;
 }
 
@@ -157,6 +191,7 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
     settings: &AgentSettings,
     mut known: Node,
     problems: &ProblemLog,
+    rereads: &Rereads,
     cancel: &CancellationToken,
 ) {
     let name = &settings.node_name;
@@ -169,11 +204,16 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         let snap = snapshots.gather().await;
         let ours = compute_node_status(&snap, Some(&known_status), jiff::Timestamp::now());
         let due = last_report.elapsed() >= settings.cluster.node_status_report_frequency;
+        let after_lease_failure = rereads.pending();
+        reread |= after_lease_failure;
         if reread || due || status_changed(&known_status, &ours) {
             match update_status(api, name, &mut known, &snap, reread, problems).await {
                 Ok(()) => {
                     last_report = Instant::now();
                     reread = false;
+                    if after_lease_failure {
+                        rereads.done_one();
+                    }
                     problems.succeeded("updating the node status");
                 }
                 Err(problem) => {
@@ -244,6 +284,7 @@ async fn renew_lease<A: NodeApi>(
     node: NodeRef,
     duration_seconds: u32,
     problems: ProblemLog,
+    rereads: Rereads,
     cancel: CancellationToken,
 ) {
     let interval = lease::renew_interval(duration_seconds);
@@ -271,6 +312,7 @@ async fn renew_lease<A: NodeApi>(
             }
             Err(p) => {
                 problems.failed("renewing the node Lease", &p);
+                rereads.after_lease_failure();
                 backoff.next_wait()
             }
         };

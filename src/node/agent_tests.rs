@@ -365,3 +365,47 @@ async fn failures_back_off_and_the_node_is_reread_after_an_outage() {
     cancel.cancel();
     task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_marked_unknown_after_a_lease_outage_is_set_right_within_three_rounds() {
+    let api = FakeApi::default();
+    let (cancel, task) = start(&api, &Snapshots::ready());
+    advance(Duration::from_millis(50)).await;
+    assert_eq!(ready_status(&api.node()).as_deref(), Some("True"));
+    // A Lease renewal fails (the API server is away); no status write fails meanwhile,
+    // since the status does not change.
+    api.fail_next("replace_lease", ProblemKind::Unreachable);
+    advance(Duration::from_secs(11)).await;
+    // Back: the controller manager then marks the Node Unknown, seeing an old Lease.
+    {
+        let mut s = api.0.lock().unwrap();
+        for c in s
+            .node
+            .as_mut()
+            .unwrap()
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+        {
+            if c.type_ == "Ready" {
+                c.status = "Unknown".into();
+            }
+        }
+    }
+    advance(Duration::from_secs(11)).await;
+    assert_eq!(
+        ready_status(&api.node()).as_deref(),
+        Some("True"),
+        "the Node is re-read and set right, not left for the 5-minute report"
+    );
+    // The re-reads stop after three rounds: at rest again, no more reads of the Node.
+    advance(Duration::from_secs(30)).await;
+    let gets = api.calls("get_node");
+    advance(Duration::from_secs(60)).await;
+    assert_eq!(api.calls("get_node"), gets);
+    cancel.cancel();
+    task.await.unwrap();
+}
