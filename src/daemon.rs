@@ -161,7 +161,22 @@ pub async fn run(
                 },
             )
             .await?;
-            Some((heartbeat, watch))
+            // Events have a rate limit of their own (eventRecordQPS, eventBurst), so a burst
+            // of them never holds up a status write.
+            let events = crate::apiserver::connect(
+                path,
+                &crate::apiserver::ClientOptions {
+                    qps: if config.cluster.event_record_qps > 0.0 {
+                        config.cluster.event_record_qps
+                    } else {
+                        -1.0
+                    },
+                    burst: config.cluster.event_burst,
+                    ..options
+                },
+            )
+            .await?;
+            Some((heartbeat, watch, events))
         }
         None => None,
     };
@@ -179,6 +194,24 @@ pub async fn run(
     let states = PodStates::default();
     let metrics = Metrics::default();
     let tracker = TaskTracker::new();
+    // Events: logged always, and written to the API server when there is one.
+    let events = match &api_clients {
+        Some((_, _, client)) => {
+            let (recorder, queue) = crate::events::Recorder::to_api(&config.node_name);
+            tracker.spawn(crate::events::sink::run(
+                crate::events::sink::KubeEventSink::new(client.clone()),
+                queue,
+                recorder.stats(),
+                cancel.clone(),
+            ));
+            recorder
+        }
+        None => crate::events::Recorder::log_only(&config.node_name),
+    };
+    {
+        let stats = events.stats();
+        metrics.register("/metrics/events", move || stats.render());
+    }
     let mut servers = Vec::new();
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
@@ -253,7 +286,7 @@ pub async fn run(
     )
     .await;
     // Pod status to the API server (and refusals, deletions), for the pods that come from it.
-    let status_sync = api_clients.as_ref().map(|(heartbeat, _)| {
+    let status_sync = api_clients.as_ref().map(|(heartbeat, _, _)| {
         let (handle, writer) =
             crate::status_sync::start(heartbeat.clone(), states.clone(), cancel.clone());
         tracker.spawn(writer);
@@ -270,11 +303,13 @@ pub async fn run(
             security: Arc::new(security),
             api: api_clients
                 .as_ref()
-                .map(|(_, watch)| source::apiserver::ApiSourceConfig {
+                .map(|(_, watch, _)| source::apiserver::ApiSourceConfig {
                     client: watch.clone(),
                     on_refused: status_sync.clone().map(|sync| {
+                        let events = events.clone();
                         let tell: source::apiserver::OnRefused =
                             Arc::new(move |pod, reason, message| {
+                                events.pod(pod, crate::events::EventType::Warning, reason, message);
                                 sync.refused(pod, reason, message)
                             });
                         tell
@@ -285,12 +320,19 @@ pub async fn run(
         cancel.clone(),
     );
 
-    let executor = Executor::new(client.clone(), node.clone(), details, tuning.backoff);
+    let executor = Executor::new(
+        client.clone(),
+        node.clone(),
+        details,
+        tuning.backoff,
+        events.clone(),
+    );
     let prober = ProbeManager::new(
         client.clone(),
         pokes.clone(),
         node.host_ip.clone(),
         tracker.clone(),
+        events.clone(),
         cancel.clone(),
     );
     {
@@ -353,7 +395,7 @@ pub async fn run(
 
     // With a kubeconfig: register the Node, keep its status and Lease current. This talks to
     // the API server only; pods are untouched by anything it does or fails to do.
-    if let Some((api_client, _)) = api_clients {
+    if let Some((api_client, _, _)) = api_clients {
         let snapshots = crate::node::agent::LiveSnapshots {
             cri: client.clone(),
             health: health.clone(),
@@ -374,6 +416,7 @@ pub async fn run(
                 status_update_frequency: config.node_status_update_frequency,
             },
             crate::apiserver::ProblemLog::default(),
+            events.clone(),
             cancel.clone(),
         ));
     }

@@ -8,6 +8,7 @@ pub mod cm;
 pub mod config;
 pub mod cri;
 pub mod daemon;
+pub mod events;
 pub mod health;
 pub mod k8s;
 pub mod node;

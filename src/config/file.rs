@@ -80,6 +80,9 @@ pub struct KubeletConfigurationFile {
     pub kube_api_qps: Option<f64>,
     #[serde(rename = "kubeAPIBurst")]
     pub kube_api_burst: Option<i64>,
+    #[serde(rename = "eventRecordQPS")]
+    pub event_record_qps: Option<f64>,
+    pub event_burst: Option<i64>,
     pub node_status_max_images: Option<i64>,
     pub kube_reserved: Option<BTreeMap<String, String>>,
     pub system_reserved: Option<BTreeMap<String, String>>,

@@ -190,6 +190,14 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub kube_api_burst: Option<u32>,
 
+    /// Events written per second (eventRecordQPS); 0 means no limit. [default: 50]
+    #[arg(long, value_name = "QPS")]
+    pub event_qps: Option<f32>,
+
+    /// Burst of event writes (eventBurst). [default: 100]
+    #[arg(long, value_name = "N")]
+    pub event_burst: Option<u32>,
+
     /// Resources reserved for Kubernetes system daemons, e.g. cpu=200m,memory=500Mi.
     #[arg(long, value_name = "NAME=QUANTITY,...", value_delimiter = ',',
           value_parser = super::node::parse_key_value)]
@@ -330,6 +338,8 @@ mod tests {
             "--register-with-taints=k=v:NoSchedule",
             "--kube-api-qps=5",
             "--kube-api-burst=10",
+            "--event-qps=0",
+            "--event-burst=7",
             "--kube-reserved=cpu=100m",
             "--system-reserved=memory=1Gi",
             "--eviction-hard=memory.available<1Gi",
@@ -380,6 +390,8 @@ mod tests {
                 ]),
                 kube_api_qps: Some(5.0),
                 kube_api_burst: Some(10),
+                event_qps: Some(0.0),
+                event_burst: Some(7),
                 kube_reserved: Some(vec![("cpu".into(), "100m".into())]),
                 system_reserved: Some(vec![("memory".into(), "1Gi".into())]),
                 eviction_hard: Some("memory.available<1Gi".into()),

@@ -19,6 +19,8 @@ use crate::k8s::threshold::{self, Threshold};
 
 pub const DEFAULT_KUBE_API_QPS: f32 = 50.0;
 pub const DEFAULT_KUBE_API_BURST: u32 = 100;
+pub const DEFAULT_EVENT_RECORD_QPS: f32 = 50.0;
+pub const DEFAULT_EVENT_BURST: u32 = 100;
 pub const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(300);
 pub const DEFAULT_NODE_LEASE_DURATION_SECONDS: u32 = 40;
 pub const DEFAULT_NODE_STATUS_MAX_IMAGES: i32 = 50;
@@ -36,6 +38,11 @@ pub struct ClusterSettings {
     /// `kubeAPIQPS`; below zero means no limit (client-go's meaning).
     pub kube_api_qps: f32,
     pub kube_api_burst: u32,
+    /// `eventRecordQPS`: event writes per second, on a client of their own so they never
+    /// hold up status writes; 0 means no limit (upstream's meaning).
+    pub event_record_qps: f32,
+    /// `eventBurst`.
+    pub event_burst: u32,
     /// `nodeStatusReportFrequency`: the status is sent at least this often even unchanged.
     pub node_status_report_frequency: Duration,
     /// `nodeLeaseDurationSeconds`; the Lease is renewed every quarter of it.
@@ -52,6 +59,8 @@ impl Default for ClusterSettings {
             register_with_taints: Vec::new(),
             kube_api_qps: DEFAULT_KUBE_API_QPS,
             kube_api_burst: DEFAULT_KUBE_API_BURST,
+            event_record_qps: DEFAULT_EVENT_RECORD_QPS,
+            event_burst: DEFAULT_EVENT_BURST,
             node_status_report_frequency: DEFAULT_NODE_STATUS_REPORT_FREQUENCY,
             node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
             node_status_max_images: DEFAULT_NODE_STATUS_MAX_IMAGES,
@@ -130,6 +139,30 @@ pub(super) fn cluster_settings(
         })?,
         (None, None) => d.kube_api_burst,
     };
+    let event_record_qps = match (flags.event_qps, f.event_record_qps) {
+        (Some(q), _) if q.is_finite() && q >= 0.0 => q,
+        (Some(q), _) => {
+            return Err(ConfigError::invalid(
+                "--event-qps",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, Some(q)) if q.is_finite() && q >= 0.0 => q as f32,
+        (None, Some(q)) => {
+            return Err(ConfigError::invalid(
+                "eventRecordQPS",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, None) => d.event_record_qps,
+    };
+    let event_burst = match (flags.event_burst, f.event_burst) {
+        (Some(b), _) => b,
+        (None, Some(b)) => u32::try_from(b).map_err(|_| {
+            ConfigError::invalid("eventBurst", format!("{b} must be between 0 and 2^32-1"))
+        })?,
+        (None, None) => d.event_burst,
+    };
     let node_status_report_frequency = match f.node_status_report_frequency.as_deref() {
         Some(text) => {
             let d = parse_go_duration(text).map_err(|e| {
@@ -173,6 +206,8 @@ pub(super) fn cluster_settings(
         register_with_taints,
         kube_api_qps,
         kube_api_burst,
+        event_record_qps,
+        event_burst,
         node_status_report_frequency,
         node_lease_duration_seconds,
         node_status_max_images,
@@ -367,6 +402,7 @@ mod tests {
         assert_eq!(s, ClusterSettings::default());
         assert!(s.register_node);
         assert_eq!((s.kube_api_qps, s.kube_api_burst), (50.0, 100));
+        assert_eq!((s.event_record_qps, s.event_burst), (50.0, 100));
         assert_eq!(s.node_lease_duration_seconds, 40);
         assert_eq!(s.node_status_report_frequency, Duration::from_secs(300));
         assert_eq!(s.node_status_max_images, 50);
@@ -378,6 +414,8 @@ mod tests {
             register_node: Some(true),
             kube_api_qps: Some(10.0),
             kube_api_burst: Some(20),
+            event_record_qps: Some(3.0),
+            event_burst: Some(4),
             register_with_taints: Some(vec![parse_taint("a=b:NoSchedule").unwrap()]),
             node_lease_duration_seconds: Some(8),
             node_status_report_frequency: Some("1m".into()),
@@ -389,6 +427,7 @@ mod tests {
                 "--register-node=false",
                 "--kube-api-qps=5",
                 "--kube-api-burst=7",
+                "--event-qps=0",
                 "--register-with-taints=dedicated=infra:NoExecute,spot:PreferNoSchedule",
                 "--node-labels=tier=edge,node.kubernetes.io/pool=blue",
             ],
@@ -397,6 +436,7 @@ mod tests {
         .unwrap();
         assert!(!s.register_node);
         assert_eq!((s.kube_api_qps, s.kube_api_burst), (5.0, 7));
+        assert_eq!((s.event_record_qps, s.event_burst), (0.0, 4));
         assert_eq!(s.register_with_taints.len(), 2);
         assert_eq!(s.register_with_taints[0].key, "dedicated");
         assert_eq!(s.register_with_taints[0].value.as_deref(), Some("infra"));

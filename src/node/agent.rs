@@ -32,6 +32,7 @@ use crate::apiserver::retry::{Backoff, pause};
 use crate::apiserver::{Problem, ProblemKind, ProblemLog};
 use crate::config::{ClusterSettings, Reservations};
 use crate::cri::{ImageService, RuntimeService};
+use crate::events::{EventType, Recorder, node_ref, reason};
 use crate::health::Health;
 
 /// Upstream's `nodeStatusUpdateRetry`.
@@ -88,6 +89,7 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
     snapshots: S,
     settings: AgentSettings,
     problems: ProblemLog,
+    events: Recorder,
     cancel: CancellationToken,
 ) {
     let Some(node) = register(&api, &snapshots, &settings, &problems, &cancel).await else {
@@ -98,6 +100,16 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
         uid: node.metadata.uid.clone().unwrap_or_default(),
     };
     tracing::info!(node = %node_ref.name, uid = %node_ref.uid, "registered with the API server");
+    let events = NodeEvents {
+        recorder: events,
+        name: node_ref.name.clone(),
+        uid: node_ref.uid.clone(),
+    };
+    events.record(
+        EventType::Normal,
+        reason::STARTING,
+        "Starting kubelet.".into(),
+    );
     let rereads = Rereads::default();
     let lease_task = tokio::spawn(renew_lease(
         api.clone(),
@@ -107,10 +119,12 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
         rereads.clone(),
         cancel.clone(),
     ));
-    sync_status(
-        &api, &snapshots, &settings, node, &problems, &rereads, &cancel,
-    )
-    .await;
+    let around = StatusLoopAround {
+        problems: &problems,
+        rereads: &rereads,
+        events: &events,
+    };
+    sync_status(&api, &snapshots, &settings, node, &around, &cancel).await;
     let _ = lease_task.await;
 }
 
@@ -190,10 +204,14 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
     snapshots: &S,
     settings: &AgentSettings,
     mut known: Node,
-    problems: &ProblemLog,
-    rereads: &Rereads,
+    around: &StatusLoopAround<'_>,
     cancel: &CancellationToken,
 ) {
+    let StatusLoopAround {
+        problems,
+        rereads,
+        events,
+    } = *around;
     let name = &settings.node_name;
     let started = Instant::now();
     let mut last_report = Instant::now();
@@ -208,7 +226,15 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         reread |= after_lease_failure;
         if reread || due || status_changed(&known_status, &ours) {
             match update_status(api, name, &mut known, &snap, reread, problems).await {
-                Ok(()) => {
+                Ok(before) => {
+                    let after = known.status.clone().unwrap_or_default();
+                    for event in condition_events(&before, &after) {
+                        events.record(
+                            EventType::Normal,
+                            event,
+                            format!("Node {name} status is now: {event}"),
+                        );
+                    }
                     last_report = Instant::now();
                     reread = false;
                     if after_lease_failure {
@@ -236,7 +262,8 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
 
 /// Up to `nodeStatusUpdateRetry` tries; the first uses the Node we hold unless told to
 /// re-read, later ones re-read it. A failure to connect ends the round at once (the next
-/// round comes soon enough; five time-outs in a row would only delay it).
+/// round comes soon enough; five time-outs in a row would only delay it). Returns the status
+/// the API server held before the patch that went through.
 async fn update_status<A: NodeApi>(
     api: &A,
     name: &str,
@@ -244,7 +271,7 @@ async fn update_status<A: NodeApi>(
     snap: &NodeSnapshot,
     reread_first: bool,
     problems: &ProblemLog,
-) -> Result<(), Problem> {
+) -> Result<NodeStatus, Problem> {
     let mut last = None;
     for attempt in 0..STATUS_UPDATE_TRIES {
         if attempt > 0 || reread_first {
@@ -264,7 +291,7 @@ async fn update_status<A: NodeApi>(
         match api.patch_node_status(name, &status_patch(&ours)).await {
             Ok(node) => {
                 *known = node;
-                return Ok(());
+                return Ok(known_status);
             }
             Err(p) if p.is(ProblemKind::Unreachable) => return Err(p),
             Err(p) => last = Some(p),
@@ -274,6 +301,67 @@ async fn update_status<A: NodeApi>(
         kind: ProblemKind::Refused,
         message: "the node status update exceeded its retries".into(),
     }))
+}
+
+/// What the status loop shares with the rest of the agent.
+#[derive(Clone, Copy)]
+struct StatusLoopAround<'a> {
+    problems: &'a ProblemLog,
+    /// Set by the Lease task when a renewal failed.
+    rereads: &'a Rereads,
+    events: &'a NodeEvents,
+}
+
+/// The node's events, about the Node object (with its UID, as upstream once it knows it).
+struct NodeEvents {
+    recorder: Recorder,
+    name: String,
+    uid: String,
+}
+
+impl NodeEvents {
+    fn record(&self, kind: EventType, why: &str, message: String) {
+        let uid = Some(self.uid.as_str()).filter(|u| !u.is_empty());
+        self.recorder
+            .record(node_ref(&self.name, uid), kind, why, message);
+    }
+}
+
+/// The events upstream records when the node itself moves one of its conditions: for each
+/// condition whose status the patch changed (or set first), the event named after the new
+/// state (`NodeReady`, `NodeHasSufficientMemory`, …).
+pub fn condition_events(before: &NodeStatus, after: &NodeStatus) -> Vec<&'static str> {
+    const NAMES: [(&str, &str, &str); 4] = [
+        ("Ready", reason::NODE_READY, reason::NODE_NOT_READY),
+        (
+            "MemoryPressure",
+            "NodeHasInsufficientMemory",
+            "NodeHasSufficientMemory",
+        ),
+        (
+            "DiskPressure",
+            "NodeHasDiskPressure",
+            "NodeHasNoDiskPressure",
+        ),
+        (
+            "PIDPressure",
+            "NodeHasInsufficientPID",
+            "NodeHasSufficientPID",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (kind, when_true, otherwise) in NAMES {
+        let now = condition_status(after, kind);
+        if now.is_none() || now == condition_status(before, kind) {
+            continue;
+        }
+        out.push(if now == Some("True") {
+            when_true
+        } else {
+            otherwise
+        });
+    }
+    out
 }
 
 /// Renews the Lease every quarter of its duration. Holds the Lease the API server last

@@ -178,6 +178,7 @@ fn start(api: &FakeApi, snaps: &Snapshots) -> (CancellationToken, tokio::task::J
         snaps.clone(),
         settings(),
         ProblemLog::default(),
+        crate::events::Recorder::log_only("n1"),
         cancel.clone(),
     ));
     (cancel, task)
@@ -408,4 +409,64 @@ async fn a_node_marked_unknown_after_a_lease_outage_is_set_right_within_three_ro
     assert_eq!(api.calls("get_node"), gets);
     cancel.cancel();
     task.await.unwrap();
+}
+
+#[test]
+fn condition_events_name_each_condition_the_node_moved() {
+    use k8s_openapi::api::core::v1::NodeCondition;
+    let status = |pairs: &[(&str, &str)]| NodeStatus {
+        conditions: Some(
+            pairs
+                .iter()
+                .map(|(t, s)| NodeCondition {
+                    type_: t.to_string(),
+                    status: s.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let healthy = [
+        ("Ready", "True"),
+        ("MemoryPressure", "False"),
+        ("DiskPressure", "False"),
+        ("PIDPressure", "False"),
+    ];
+    type Row<'a> = (&'a str, NodeStatus, NodeStatus, Vec<&'a str>);
+    let rows: Vec<Row> = vec![
+        (
+            "first registration sets them all",
+            NodeStatus::default(),
+            status(&healthy),
+            vec![
+                "NodeReady",
+                "NodeHasSufficientMemory",
+                "NodeHasNoDiskPressure",
+                "NodeHasSufficientPID",
+            ],
+        ),
+        ("nothing moved", status(&healthy), status(&healthy), vec![]),
+        (
+            "back from Unknown after an outage",
+            status(&[("Ready", "Unknown"), ("MemoryPressure", "Unknown")]),
+            status(&[("Ready", "True"), ("MemoryPressure", "False")]),
+            vec!["NodeReady", "NodeHasSufficientMemory"],
+        ),
+        (
+            "the runtime went away",
+            status(&[("Ready", "True")]),
+            status(&[("Ready", "False")]),
+            vec!["NodeNotReady"],
+        ),
+        (
+            "pressure",
+            status(&[("DiskPressure", "False"), ("PIDPressure", "False")]),
+            status(&[("DiskPressure", "True"), ("PIDPressure", "True")]),
+            vec!["NodeHasDiskPressure", "NodeHasInsufficientPID"],
+        ),
+    ];
+    for (name, before, after, want) in rows {
+        assert_eq!(condition_events(&before, &after), want, "{name}");
+    }
 }

@@ -21,6 +21,7 @@ use super::metrics::{ProbeCounters, SeriesKey};
 use super::worker::{Report, StartupGate, Verdict, WorkerConfig, random_below, run_worker};
 use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
 use crate::cri::RuntimeService;
+use crate::events::{EventType, Recorder, container_ref, reason};
 use crate::k8s::is_sidecar;
 use crate::observed::{ContainerState, ObservedContainer, ObservedPod};
 use crate::pokes::Pokes;
@@ -34,6 +35,7 @@ pub struct ProbeManager<R> {
     host_ip: Option<String>,
     /// Every probe worker is tracked, so shutdown waits for them to end.
     tracker: TaskTracker,
+    events: Recorder,
 }
 
 struct Shared {
@@ -68,9 +70,11 @@ impl<R: RuntimeService> ProbeManager<R> {
         wake: Pokes,
         host_ip: Option<String>,
         tracker: TaskTracker,
+        events: Recorder,
         cancel: CancellationToken,
     ) -> Self {
         ProbeManager {
+            events,
             rt,
             shared: Arc::new(Shared {
                 wake,
@@ -196,6 +200,8 @@ impl<R: RuntimeService> ProbeManager<R> {
                 handlers::build(probe, container, &c.id, target.as_deref(), self.rt.clone());
             let report = InstanceReport {
                 shared: self.shared.clone(),
+                events: self.events.clone(),
+                object: container_ref(pod, &c.name),
                 uid: uid.to_string(),
                 container_id: c.id.clone(),
                 series: SeriesKey {
@@ -313,17 +319,41 @@ impl Shared {
 /// What a worker reports into: the manager's state for one instance.
 struct InstanceReport {
     shared: Arc<Shared>,
+    events: Recorder,
+    /// The container, as its events name it.
+    object: k8s_openapi::api::core::v1::ObjectReference,
     uid: String,
     container_id: String,
     series: SeriesKey,
 }
 
 impl Report for InstanceReport {
-    fn outcome(&self, _kind: ProbeKind, outcome: &ProbeOutcome) {
+    fn outcome(&self, kind: ProbeKind, outcome: &ProbeOutcome) {
         self.shared
             .lock()
             .counters
             .inc(&self.series, outcome.metric_result());
+        // Upstream's probe events: every failed run, every warning, every error.
+        let (why, message) = match outcome {
+            ProbeOutcome::Success => return,
+            ProbeOutcome::Warning(out) => (
+                reason::PROBE_WARNING,
+                format!("{} probe warning: {out}", kind.as_str()),
+            ),
+            ProbeOutcome::Failure(out) => (
+                reason::UNHEALTHY,
+                format!("{} probe failed: {out}", kind.as_str()),
+            ),
+            ProbeOutcome::Error(err) => (
+                reason::UNHEALTHY,
+                format!(
+                    "{} probe errored and resulted in unknown state: {err}",
+                    kind.as_str()
+                ),
+            ),
+        };
+        self.events
+            .record(self.object.clone(), EventType::Warning, why, message);
     }
 
     fn verdict(&self, kind: ProbeKind, verdict: Verdict) {
@@ -443,6 +473,7 @@ mod tests {
                 pokes.clone(),
                 Some("192.0.2.1".into()),
                 TaskTracker::new(),
+                crate::events::Recorder::log_only("node"),
                 CancellationToken::new(),
             ),
             pokes,

@@ -148,20 +148,11 @@ pub async fn run_worker<P: Probe, R: Report>(
             outcome = run_with_tries(&probe) => outcome,
         };
         report.outcome(cfg.kind, &outcome);
+        // Failures, warnings and errors are logged (and recorded as events) by the report.
         let success = match &outcome {
-            ProbeOutcome::Success => true,
-            ProbeOutcome::Warning(msg) => {
-                tracing::warn!(container = %cfg.container_name, probe = cfg.kind.as_str(), "{} probe warning: {msg}", cfg.kind.as_str());
-                true
-            }
-            ProbeOutcome::Failure(msg) => {
-                tracing::info!(container = %cfg.container_name, probe = cfg.kind.as_str(), "{} probe failed: {msg}", cfg.kind.as_str());
-                false
-            }
-            ProbeOutcome::Error(msg) => {
-                tracing::warn!(container = %cfg.container_name, probe = cfg.kind.as_str(), "{} probe errored: {msg}", cfg.kind.as_str());
-                continue;
-            }
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => true,
+            ProbeOutcome::Failure(_) => false,
+            ProbeOutcome::Error(_) => continue,
         };
         let Some(reached) = streak.record(success, cfg.success_threshold, cfg.failure_threshold)
         else {

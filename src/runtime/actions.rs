@@ -391,7 +391,7 @@ pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionCont
                         observed,
                         (index, c),
                         inst,
-                        "the container's spec changed; it will be restarted",
+                        &format!("Container {} definition changed, will be restarted", c.name),
                     );
                 }
             }
@@ -529,7 +529,7 @@ fn plan_restart(
 }
 
 /// The pod as upstream names it in messages: `name_namespace(uid)`.
-fn pod_label(pod: &Pod) -> String {
+pub fn pod_label(pod: &Pod) -> String {
     let meta = &pod.metadata;
     format!(
         "{}_{}({})",

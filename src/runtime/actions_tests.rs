@@ -214,7 +214,7 @@ fn kill(id: &str, name: &str) -> KillContainer {
     KillContainer {
         id: id.into(),
         name: name.into(),
-        reason: "the container's spec changed; it will be restarted".into(),
+        reason: format!("Container {name} definition changed, will be restarted"),
         grace_override: None,
     }
 }

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 use crate::cri::proto::PodSandboxConfig;
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::events::{EventType, Recorder, reason};
 use crate::prober::{ProbeView, Unhealthy};
 use crate::status::{WaitReason, WaitingReason};
 use crate::volume::VolumeManager;
@@ -108,6 +109,8 @@ pub struct Executor<R> {
     details: DetailCache,
     policy: BackoffPolicy,
     volumes: VolumeManager,
+    /// What happens to pods and containers, for `kubectl describe` (never waits).
+    events: Recorder,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -137,7 +140,13 @@ pub fn spec_hash(container: &Container) -> String {
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {
-    pub fn new(rt: R, node: Arc<NodeContext>, details: DetailCache, policy: BackoffPolicy) -> Self {
+    pub fn new(
+        rt: R,
+        node: Arc<NodeContext>,
+        details: DetailCache,
+        policy: BackoffPolicy,
+        events: Recorder,
+    ) -> Self {
         let volumes = VolumeManager::new(
             node.root_dir.clone(),
             node.node_memory_bytes,
@@ -149,7 +158,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             details,
             policy,
             volumes,
+            events,
         }
+    }
+
+    /// The recorder the executor's events go to.
+    pub fn events(&self) -> &Recorder {
+        &self.events
     }
 
     pub fn node(&self) -> &NodeContext {
@@ -229,6 +244,17 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         // Back-off waits are shown as CrashLoopBackOff until the container starts again.
         for w in &decision.waiting {
+            self.events.container(
+                pod,
+                &w.name,
+                EventType::Warning,
+                reason::BACK_OFF,
+                format!(
+                    "Back-off restarting failed container {} in pod {}",
+                    w.name,
+                    actions::pod_label(pod)
+                ),
+            );
             state.waiting.insert(
                 w.name.clone(),
                 WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
@@ -311,8 +337,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
-        if let Some(reason) = &decision.kill_pod {
-            tracing::info!(%reason, "stopping the pod");
+        if let Some(why) = &decision.kill_pod {
+            tracing::info!(reason = %why, "stopping the pod");
+            if decision.create_sandbox.is_some() {
+                self.events.pod(
+                    pod,
+                    EventType::Normal,
+                    reason::SANDBOX_CHANGED,
+                    "Pod sandbox changed, it will be killed and re-created.",
+                );
+            }
             self.stop_pod(Some(pod), observed, grace_period(Some(pod), None))
                 .await?;
         }
@@ -335,6 +369,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     inst,
                     grace_period(Some(pod), kill.grace_override),
                     ip.as_deref(),
+                    Some(&kill.reason),
                 )
                 .await?;
             }

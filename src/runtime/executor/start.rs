@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::cri::proto::{CreateContainerRequest, Image, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::events::{EventType, reason};
 use crate::status::{WaitReason, WaitingReason};
 use crate::volume::PodVolumes;
 
@@ -63,6 +64,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             Ok(v) => v,
             Err(message) => {
                 tracing::warn!(error = %message, "volumes are not ready");
+                self.events.pod(
+                    pod,
+                    EventType::Warning,
+                    reason::FAILED_MOUNT,
+                    format!("Unable to attach or mount volumes: {message}"),
+                );
                 for start in &decision.start_containers {
                     state.waiting.insert(
                         start.name.clone(),
@@ -73,7 +80,25 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
         };
         let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
-            (Some(attempt), _) => (self.create_sandbox(pod, attempt).await?, attempt),
+            (Some(attempt), _) => {
+                if let Some(message) = unsupported_runtime_class(pod) {
+                    self.sandbox_failed(pod, &message);
+                    for start in &decision.start_containers {
+                        state.waiting.insert(
+                            start.name.clone(),
+                            WaitingReason::new(WaitReason::ContainerCreating, message.clone()),
+                        );
+                    }
+                    return Ok(());
+                }
+                match self.create_sandbox(pod, attempt).await {
+                    Ok(id) => (id, attempt),
+                    Err(err) => {
+                        self.sandbox_failed(pod, &err.to_string());
+                        return Err(err);
+                    }
+                }
+            }
             (None, Some(id)) => {
                 let attempt = observed
                     .sandboxes
@@ -118,11 +143,30 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 }
                 Err(waiting) => {
                     tracing::warn!(container = %start.name, reason = %waiting.reason, message = %waiting.message, "the container is waiting");
+                    if let Some(message) = failed_event_message(&waiting) {
+                        self.events.container(
+                            pod,
+                            &start.name,
+                            EventType::Warning,
+                            reason::FAILED,
+                            message,
+                        );
+                    }
                     state.waiting.insert(start.name.clone(), waiting);
                 }
             }
         }
         Ok(())
+    }
+
+    /// The FailedCreatePodSandBox event.
+    fn sandbox_failed(&self, pod: &Pod, why: &str) {
+        self.events.pod(
+            pod,
+            EventType::Warning,
+            reason::FAILED_CREATE_POD_SANDBOX,
+            format!("Failed to create pod sandbox: {why}"),
+        );
     }
 
     /// The pod's IP: the node's for hostNetwork pods, else the sandbox's — already known for an
@@ -214,7 +258,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let name = container.name.as_str();
 
         let image = self
-            .ensure_image(container, sandbox_config, &mut state.backoff)
+            .ensure_image(pod, container, sandbox_config, &mut state.backoff)
             .await?;
         self.check_run_as_non_root(pod, container, image).await?;
 
@@ -268,11 +312,25 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             })
             .await
             .map_err(|err| WaitingReason::new(WaitReason::CreateContainerError, err.to_string()))?;
+        self.events.container(
+            pod,
+            name,
+            EventType::Normal,
+            reason::CREATED,
+            "Container created",
+        );
         self.rt
             .start_container(id.clone())
             .await
             .map_err(|err| WaitingReason::new(WaitReason::RunContainerError, err.to_string()))?;
         tracing::info!(id = %id, restart_count = start.restart_count, "container started");
+        self.events.container(
+            pod,
+            name,
+            EventType::Normal,
+            reason::STARTED,
+            "Container started",
+        );
         self.post_start(pod, container, &id, pod_ip).await
     }
 
@@ -335,9 +393,112 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let message = err.to_string();
         tracing::warn!(%message, "FailedPostStartHook: killing the container");
+        // As upstream, the hook's output stays out of the events (it may hold secrets).
+        let name = container.name.as_str();
+        let events = &self.events;
+        events.container(
+            pod,
+            name,
+            EventType::Warning,
+            reason::FAILED_POST_START_HOOK,
+            "PostStartHook failed",
+        );
+        events.container(
+            pod,
+            name,
+            EventType::Normal,
+            reason::KILLING,
+            "FailedPostStartHook",
+        );
         if let Err(err) = self.stop_container(id, grace_period(Some(pod), None)).await {
             tracing::warn!(error = %err, "cannot kill the container after its postStart hook failed");
         }
         Err(WaitingReason::new(WaitReason::PostStartHookError, message))
+    }
+}
+
+/// The "Failed" event for a container that could not start, in upstream's words: the image
+/// reasons by name ("Error: ErrImagePull"), other errors with their message. A postStart
+/// failure has its own events, and a crash-loop wait its BackOff event.
+fn failed_event_message(waiting: &WaitingReason) -> Option<String> {
+    match waiting.reason {
+        WaitReason::ErrImagePull | WaitReason::ImagePullBackOff | WaitReason::ErrImageNeverPull => {
+            Some(format!("Error: {}", waiting.reason.as_str()))
+        }
+        WaitReason::CreateContainerConfigError
+        | WaitReason::CreateContainerError
+        | WaitReason::RunContainerError => Some(format!("Error: {}", waiting.message)),
+        WaitReason::PostStartHookError
+        | WaitReason::CrashLoopBackOff
+        | WaitReason::ContainerCreating => None,
+    }
+}
+
+/// Why the pod's `runtimeClassName` cannot be honoured, if it names one. Deckhand runs every
+/// sandbox with containerd's default runtime handler and does not read RuntimeClass objects
+/// yet, so a pod asking for another runtime waits with this message rather than running on
+/// one it did not ask for.
+pub fn unsupported_runtime_class(pod: &Pod) -> Option<String> {
+    let name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref())
+        .filter(|n| !n.is_empty())?;
+    Some(format!(
+        "RuntimeClass {name:?} is not supported by this node: Deckhand runs pods with the \
+         container runtime's default handler only"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    #[test]
+    fn failed_events_name_image_reasons_and_carry_other_messages() {
+        let rows = [
+            (WaitReason::ErrImagePull, "x", Some("Error: ErrImagePull")),
+            (
+                WaitReason::ImagePullBackOff,
+                "x",
+                Some("Error: ImagePullBackOff"),
+            ),
+            (
+                WaitReason::ErrImageNeverPull,
+                "x",
+                Some("Error: ErrImageNeverPull"),
+            ),
+            (
+                WaitReason::CreateContainerConfigError,
+                "secret \"s\" not found",
+                Some("Error: secret \"s\" not found"),
+            ),
+            (WaitReason::RunContainerError, "boom", Some("Error: boom")),
+            (WaitReason::PostStartHookError, "x", None),
+            (WaitReason::CrashLoopBackOff, "x", None),
+        ];
+        for (reason, message, want) in rows {
+            let got = failed_event_message(&WaitingReason::new(reason, message));
+            assert_eq!(got.as_deref(), want, "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn a_runtime_class_is_refused_by_name_and_none_or_empty_is_fine() {
+        let pod = |rc: Option<&str>| Pod {
+            spec: Some(PodSpec {
+                runtime_class_name: rc.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(unsupported_runtime_class(&pod(None)), None);
+        assert_eq!(unsupported_runtime_class(&pod(Some(""))), None);
+        assert!(
+            unsupported_runtime_class(&pod(Some("gvisor")))
+                .unwrap()
+                .starts_with("RuntimeClass \"gvisor\" is not supported")
+        );
     }
 }

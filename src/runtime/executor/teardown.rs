@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use tokio::time::Instant;
 
 use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::events::{EventType, reason};
 use crate::paths::component_problem;
 use crate::volume::safe_fs::SafeFsError;
 
@@ -45,6 +46,14 @@ fn is_active(c: &ObservedContainer) -> bool {
     )
 }
 
+/// How long a pod's stop may take before it counts as having exceeded its grace period:
+/// the grace period and half again, plus 10 s for the runtime (upstream's margin for
+/// killing a pod).
+pub fn overdue(grace: i64) -> Duration {
+    let grace = grace.max(0) as u64;
+    Duration::from_secs(grace + grace / 2 + 10)
+}
+
 /// Seconds left of a grace period that started at `started`, never below the minimum.
 pub fn remaining_grace(grace: i64, started: Instant) -> i64 {
     let spent = started.elapsed().as_secs() as i64;
@@ -54,15 +63,27 @@ pub fn remaining_grace(grace: i64, started: Instant) -> i64 {
 impl<R: RuntimeService + ImageService> Executor<R> {
     /// Runs the container's preStop hook (if any) and stops it with what is left of `grace`.
     /// A failing preStop hook is logged, and the stop goes ahead (upstream does the same).
+    /// `why` is the Killing event's message (upstream's default: "Stopping container x").
     pub(super) async fn stop_container_gracefully(
         &self,
         pod: Option<&Pod>,
         inst: &ObservedContainer,
         grace: i64,
         pod_ip: Option<&str>,
+        why: Option<&str>,
     ) -> Result<(), CriError> {
         let started = Instant::now();
         let spec = pod.and_then(|p| spec_container(p, &inst.name)).cloned();
+        // Orphans have no object to name in an event; their stop is in the log.
+        if let Some(p) = pod
+            && inst.state == ContainerState::Running
+        {
+            let message = why
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("Stopping container {}", inst.name));
+            self.events
+                .container(p, &inst.name, EventType::Normal, reason::KILLING, message);
+        }
         // An orphan's preStop comes from what Deckhand recorded on the container.
         let handler: Option<LifecycleHandler> = match &spec {
             Some(c) => c.lifecycle.as_ref().and_then(|l| l.pre_stop.clone()),
@@ -90,6 +111,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .await
             {
                 tracing::warn!(container = %inst.name, error = %err, "FailedPreStopHook");
+                // As upstream, the hook's output stays out of the event (it may hold secrets).
+                if let Some(p) = pod {
+                    self.events.container(
+                        p,
+                        &inst.name,
+                        EventType::Warning,
+                        reason::FAILED_PRE_STOP_HOOK,
+                        "PreStopHook failed",
+                    );
+                }
             }
         }
         let left = remaining_grace(grace, started);
@@ -116,7 +147,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .containers
             .iter()
             .filter(|c| is_active(c) && !c.is_init)
-            .map(|c| self.stop_container_gracefully(pod, c, grace_for(c, grace), ip.as_deref()))
+            .map(|c| {
+                self.stop_container_gracefully(pod, c, grace_for(c, grace), ip.as_deref(), None)
+            })
             .collect();
         for result in join_all(apps).await {
             result?;
@@ -126,7 +159,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .containers
             .iter()
             .filter(|c| is_active(c) && c.is_init)
-            .map(|c| self.stop_container_gracefully(pod, c, grace_for(c, left), ip.as_deref()))
+            .map(|c| {
+                self.stop_container_gracefully(pod, c, grace_for(c, left), ip.as_deref(), None)
+            })
             .collect();
         for result in join_all(inits).await {
             result?;
@@ -178,7 +213,18 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             // Orphans: each container's own recorded grace period applies (see stop_pod).
             None => grace_override.unwrap_or(30),
         };
+        let stopping = Instant::now();
         self.stop_pod(pod, &observed, grace).await?;
+        if let Some(p) = pod
+            && stopping.elapsed() > overdue(grace)
+        {
+            self.events.pod(
+                p,
+                EventType::Warning,
+                reason::EXCEEDED_GRACE_PERIOD,
+                "Container runtime did not kill the pod within specified grace period.",
+            );
+        }
         for c in &observed.containers {
             self.remove_container(&c.id).await;
         }
