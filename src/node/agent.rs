@@ -110,6 +110,9 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
         reason::STARTING,
         "Starting kubelet.".into(),
     );
+    // Upstream records the conditions its first status sets at every start (registered
+    // anew or not); later ones as they change.
+    events.conditions(&NodeStatus::default(), node.status.as_ref());
     let rereads = Rereads::default();
     let lease_task = tokio::spawn(renew_lease(
         api.clone(),
@@ -227,14 +230,7 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         if reread || due || status_changed(&known_status, &ours) {
             match update_status(api, name, &mut known, &snap, reread, problems).await {
                 Ok(before) => {
-                    let after = known.status.clone().unwrap_or_default();
-                    for event in condition_events(&before, &after) {
-                        events.record(
-                            EventType::Normal,
-                            event,
-                            format!("Node {name} status is now: {event}"),
-                        );
-                    }
+                    events.conditions(&before, known.status.as_ref());
                     last_report = Instant::now();
                     reread = false;
                     if after_lease_failure {
@@ -324,6 +320,15 @@ impl NodeEvents {
         let uid = Some(self.uid.as_str()).filter(|u| !u.is_empty());
         self.recorder
             .record(node_ref(&self.name, uid), kind, why, message);
+    }
+
+    /// The events for the conditions that moved from `before` to `after`.
+    fn conditions(&self, before: &NodeStatus, after: Option<&NodeStatus>) {
+        let Some(after) = after else { return };
+        for event in condition_events(before, after) {
+            let message = format!("Node {} status is now: {event}", self.name);
+            self.record(EventType::Normal, event, message);
+        }
     }
 }
 
