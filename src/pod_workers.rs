@@ -446,6 +446,8 @@ pub(crate) mod test_support {
         pub done: mpsc::UnboundedReceiver<String>,
         pub cancel: CancellationToken,
         pub dir: tempfile::TempDir,
+        /// The events the workers recorded, in order.
+        pub events: mpsc::Receiver<k8s_openapi::api::core::v1::Event>,
     }
 
     pub fn harness(rt: FakeCri) -> Harness {
@@ -476,13 +478,14 @@ pub(crate) mod test_support {
         let states = PodStates::default();
         let runtime_cache = RuntimeCache::default();
         let (done_tx, done) = mpsc::unbounded_channel();
+        let (recorder, events) = crate::events::Recorder::to_api("node-a");
         let deps = WorkerDeps {
             executor: Executor::new(
                 rt.clone(),
                 node,
                 DetailCache::default(),
                 BackoffPolicy::default(),
-                crate::events::Recorder::log_only("node"),
+                recorder,
             ),
             prober: ProbeManager::new(
                 rt.clone(),
@@ -509,7 +512,17 @@ pub(crate) mod test_support {
             done,
             cancel,
             dir,
+            events,
         }
+    }
+
+    /// The (reason, message) of every event recorded so far.
+    pub fn drain_events(h: &mut Harness) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while let Ok(e) = h.events.try_recv() {
+            out.push((e.reason.unwrap_or_default(), e.message.unwrap_or_default()));
+        }
+        out
     }
 
     /// A pod `web` with one container of [`IMAGE`].
@@ -721,6 +734,33 @@ mod tests {
         assert!(
             h.states.status("uid-5").is_none(),
             "and its status is forgotten"
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_and_a_stop_are_told_in_events_in_order() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.workers.dispatch("uid-6", Work::Sync(pod("uid-6")));
+        eventually("running", || async { h.rt.count("StartContainer") == 1 }).await;
+        h.workers.dispatch(
+            "uid-6",
+            Work::Terminate {
+                pod: Some(pod("uid-6")),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-6"));
+        let image_there = format!("Container image {IMAGE:?} already present on machine");
+        assert_eq!(
+            drain_events(&mut h),
+            vec![
+                ("Pulled".to_string(), image_there),
+                ("Created".to_string(), "Container created".to_string()),
+                ("Started".to_string(), "Container started".to_string()),
+                ("Killing".to_string(), "Stopping container app".to_string()),
+            ]
         );
         h.cancel.cancel();
     }
