@@ -10,6 +10,7 @@ pub mod cri;
 pub mod daemon;
 pub mod health;
 pub mod k8s;
+pub mod mirror_pods;
 pub mod node;
 pub mod observed;
 pub mod paths;
