@@ -38,6 +38,8 @@ use crate::source::{SOURCE_FILE, SOURCE_HTTP, SourcesReady};
 /// hands them to the workers a moment later; until then a static pod that is about to run
 /// would look gone and its mirror pod orphaned.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+/// How often the readiness of the sources is looked at while an orphan waits for it.
+const READY_POLL: Duration = Duration::from_millis(250);
 /// How long a mirror pod we created is taken to exist while the watch has not shown it yet.
 const CREATED_MEMORY: Duration = Duration::from_secs(15);
 /// The first wait before a failed request for one pod name is tried again (doubling to 7 s).
@@ -326,10 +328,16 @@ impl MirrorPods {
                 deleting: m.deleting,
             });
             let decision = decide(&statics, mirror, orphans_allowed);
+            tracing::debug!(pod = %name, ?statics, ?mirror, orphans_allowed, ?decision, "mirror pod decision");
             if decision == Decision::Nothing {
                 if entry.statics.is_empty() && entry.mirror.is_some() {
-                    // An orphan waiting for the sources (or the grace after them).
-                    wake = earliest(wake, now + ORPHAN_GRACE);
+                    // An orphan waiting for the grace after the sources, or for the sources
+                    // (nothing tells this task when they are ready: look again soon).
+                    let at = match memory.ready_since {
+                        Some(since) => since + ORPHAN_GRACE,
+                        None => now + READY_POLL,
+                    };
+                    wake = earliest(wake, at);
                 }
                 continue;
             }
