@@ -313,7 +313,7 @@ impl MirrorPods {
         }
 
         let mut wake = None;
-        let mut failed = false;
+        let (mut failed, mut worked) = (false, false);
         for (name, entry) in names {
             let statics: Vec<StaticView<'_>> = entry
                 .statics
@@ -328,7 +328,9 @@ impl MirrorPods {
                 deleting: m.deleting,
             });
             let decision = decide(&statics, mirror, orphans_allowed);
-            tracing::debug!(pod = %name, ?statics, ?mirror, orphans_allowed, ?decision, "mirror pod decision");
+            if decision != Decision::Nothing {
+                tracing::debug!(pod = %name, ?statics, ?mirror, ?decision, "mirror pod decision");
+            }
             if decision == Decision::Nothing {
                 if entry.statics.is_empty() && entry.mirror.is_some() {
                     // An orphan waiting for the grace after the sources, or for the sources
@@ -370,11 +372,16 @@ impl MirrorPods {
             };
             match result {
                 Ok(()) => {
+                    worked = true;
                     memory.holds.remove(&name);
                 }
                 Err(p) => {
                     failed = true;
-                    memory.problems.failed("keeping mirror pods", &p);
+                    // One line per distinct problem (an outage is one), whichever pod met it;
+                    // the API server's own messages name the pod.
+                    memory
+                        .problems
+                        .failed("creating or deleting mirror pods", &p);
                     let hold = memory.holds.entry(name).or_insert_with(|| Hold {
                         until: now,
                         backoff: Backoff::new(FIRST_RETRY),
@@ -388,8 +395,11 @@ impl MirrorPods {
                 }
             }
         }
-        if !failed {
-            memory.problems.succeeded("keeping mirror pods");
+        // A round that made no request says nothing of the API server.
+        if worked && !failed {
+            memory
+                .problems
+                .succeeded("creating or deleting mirror pods");
         }
         wake
     }
@@ -445,10 +455,8 @@ impl MirrorPods {
                     // Node was deleted and registered again): read it anew next time.
                     memory.node_uid = None;
                 }
-                Err(Problem {
-                    kind: p.kind,
-                    message: format!("creating the mirror pod {name}: {}", p.message),
-                })
+                tracing::debug!(pod = %name, problem = %p.message, "creating the mirror pod failed");
+                Err(p)
             }
         }
     }
@@ -480,10 +488,10 @@ impl MirrorPods {
                 memory.deleted.insert(old.uid.clone());
                 Ok(false)
             }
-            Err(p) => Err(Problem {
-                kind: p.kind,
-                message: format!("deleting the {why} mirror pod {name}: {}", p.message),
-            }),
+            Err(p) => {
+                tracing::debug!(pod = %name, problem = %p.message, "deleting the {why} mirror pod failed");
+                Err(p)
+            }
         }
     }
 }
