@@ -285,13 +285,28 @@ pub async fn run(
         &client,
     )
     .await;
-    // Pod status to the API server (and refusals, deletions), for the pods that come from it.
-    let status_sync = api_clients.as_ref().map(|(heartbeat, _, _)| {
-        let (handle, writer) =
-            crate::status_sync::start(heartbeat.clone(), states.clone(), cancel.clone());
-        tracker.spawn(writer);
-        handle
-    });
+    // With a kubeconfig: what the API server says of the node's pods (mirror pods included),
+    // the mirror pods of static pods, and pod status to the API server (for its pods and, on
+    // their mirror pods, for static pods; and refusals, deletions).
+    let api_view = source::apiserver::ApiPodsView::default();
+    let mirror_pods = api_clients
+        .as_ref()
+        .map(|_| crate::mirror_pods::MirrorPods::new(api_view.clone()));
+    let status_sync =
+        api_clients
+            .as_ref()
+            .zip(mirror_pods.as_ref())
+            .map(|((heartbeat, _, _), mirrors)| {
+                let (handle, writer) = crate::status_sync::start(
+                    heartbeat.clone(),
+                    states.clone(),
+                    api_view.clone(),
+                    mirrors.clone(),
+                    cancel.clone(),
+                );
+                tracker.spawn(writer);
+                handle
+            });
     let (changes_rx, sources_ready, _problems) = source::spawn_sources(
         SourceConfig {
             node_name: config.node_name.clone(),
@@ -314,6 +329,7 @@ pub async fn run(
                             });
                         tell
                     }),
+                    view: api_view.clone(),
                 }),
         },
         &tracker,
@@ -356,12 +372,21 @@ pub async fn run(
             host_ip: node.host_ip.clone(),
             stats: worker_stats.clone(),
             status_sync,
+            mirror_pods: mirror_pods.clone(),
             panic_pod: tuning.panic_pod.clone(),
         },
         tracker.clone(),
         cancel.clone(),
         done_tx,
     );
+    if let (Some(mirrors), Some((heartbeat, _, _))) = (mirror_pods, api_clients.as_ref()) {
+        tracker.spawn(mirrors.run(
+            crate::mirror_pods::KubeMirrorApi::new(heartbeat.clone()),
+            config.node_name.clone(),
+            sources_ready.clone(),
+            cancel.clone(),
+        ));
+    }
     let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache);
     let loop_health = SyncLoopHealth::default();
     {

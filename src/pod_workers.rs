@@ -63,6 +63,9 @@ pub struct WorkerDeps<R> {
     /// With `--kubeconfig`: where statuses of pods from the API server are written, and pods
     /// the API server is deleting are finished once torn down.
     pub status_sync: Option<crate::status_sync::StatusSync>,
+    /// With `--kubeconfig`: told where each static pod is (handed to a worker, synced, being
+    /// torn down, gone), so its mirror pod is created, replaced and deleted in step.
+    pub mirror_pods: Option<crate::mirror_pods::MirrorPods>,
     /// Test-only fault injection (`DECKHAND_TEST_PANIC_POD`): the first sync of the pod with
     /// this name panics, so the end-to-end tests can show that a panic is caught and retried.
     pub panic_pod: Option<String>,
@@ -201,9 +204,11 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
             if name.is_some() {
                 handle.full_name = name;
             }
+            note_mirror(self.deps.mirror_pods.as_ref(), uid, &work);
             handle.tx.send_replace(work);
             return;
         }
+        note_mirror(self.deps.mirror_pods.as_ref(), uid, &work);
         let (tx, rx) = watch::channel(work);
         let poke = Arc::new(Notify::new());
         self.handles.insert(
@@ -243,6 +248,19 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
             .any(|(u, h)| u != uid && h.terminating && h.full_name.as_deref() == Some(full_name))
     }
 
+    /// Publishes a pod refused at admission as upstream's `rejectPod` sets it: phase Failed,
+    /// the reason and message, the QoS class. Nothing runs for it.
+    pub fn refused(&self, pod: &Arc<Pod>, reason: &str, message: &str) {
+        let status = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            qos_class: Some(crate::k8s::qos_class(pod).as_str().to_string()),
+            ..Default::default()
+        };
+        self.deps.states.publish(pod.clone(), status);
+    }
+
     /// Forgets a worker that reported it is done.
     pub fn finished(&mut self, uid: &str) {
         self.handles.remove(uid);
@@ -255,6 +273,17 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
 
     pub fn is_empty(&self) -> bool {
         self.handles.is_empty()
+    }
+}
+
+/// Tells the mirror pods where a static pod is going.
+fn note_mirror(mirrors: Option<&crate::mirror_pods::MirrorPods>, uid: &str, work: &Work) {
+    let Some(mirrors) = mirrors else {
+        return;
+    };
+    match work {
+        Work::Sync(pod) => mirrors.desired(pod),
+        Work::Terminate { .. } => mirrors.terminating(uid),
     }
 }
 
@@ -345,6 +374,9 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                         if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
                             sync.torn_down(pod);
                         }
+                        if let Some(mirrors) = &deps.mirror_pods {
+                            mirrors.torn_down(&uid);
+                        }
                         let _ = done.send(uid);
                         return;
                     }
@@ -410,6 +442,9 @@ async fn sync_once<R: RuntimeService + ImageService>(
     );
     state.status = Some(status.clone());
     deps.states.publish(pod.clone(), status);
+    if let Some(mirrors) = &deps.mirror_pods {
+        mirrors.synced(pod);
+    }
     if let Some(sync) = &deps.status_sync {
         sync.changed(pod.metadata.uid.as_deref().unwrap_or_default());
     }
@@ -501,6 +536,7 @@ pub(crate) mod test_support {
             host_ip: Some("192.0.2.10".into()),
             stats: stats.clone(),
             status_sync: None,
+            mirror_pods: None,
             panic_pod: None,
         };
         Harness {

@@ -95,12 +95,27 @@ pub struct SyncLoop<R> {
     desired: HashMap<String, Arc<Pod>>,
     /// New UIDs of a static pod waiting for the old UID's teardown, by full name.
     waiting_for_name: HashMap<String, Arc<Pod>>,
+    /// Refused static pods whose earlier version is being torn down, with the refusal, shown
+    /// once the teardown is done (it clears the pod's status).
+    refused: HashMap<String, (Arc<Pod>, String)>,
     sources_ready: SourcesReady,
     runtime_cache: RuntimeCache,
 }
 
 fn uid_of(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// The reason a refused static pod's status gives: upstream has none of its own for this
+/// refusal (it refuses the manifest when reading it), so the generic admission reason.
+const REFUSED_REASON: &str = "UnexpectedAdmissionError";
+
+/// Why a static pod may not be run (it refers to API objects), or `None`.
+fn static_pod_refusal(pod: &Pod) -> Option<String> {
+    if !crate::mirror_pods::is_static(pod) {
+        return None;
+    }
+    crate::source::validate::static_pod_api_refusal(pod)
 }
 
 impl<R: RuntimeService + ImageService> SyncLoop<R> {
@@ -113,6 +128,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             workers,
             desired: HashMap::new(),
             waiting_for_name: HashMap::new(),
+            refused: HashMap::new(),
             sources_ready,
             runtime_cache,
         }
@@ -136,6 +152,10 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                     self.terminate(pod, grace, "the pod is being deleted; terminating");
                 }
                 PodChange::Add(pod) | PodChange::Update(pod) => {
+                    if let Some(message) = static_pod_refusal(&pod) {
+                        self.refuse(pod, message);
+                        continue;
+                    }
                     let uid = uid_of(&pod);
                     let name = full_name(&pod);
                     self.desired.insert(uid.clone(), pod.clone());
@@ -153,11 +173,26 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         }
     }
 
+    /// Refuses a static pod at admission: it is not run, and `/pods` shows it Failed with the
+    /// reason (upstream: "static pods may not reference …"). An earlier version of it that
+    /// runs (a manifest that names its UID) is torn down first.
+    fn refuse(&mut self, pod: Arc<Pod>, message: String) {
+        let uid = uid_of(&pod);
+        tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason = REFUSED_REASON, %message, "refusing a static pod");
+        let message = format!("Pod was rejected: {message}");
+        if self.desired.contains_key(&uid) || self.workers.has(&uid) {
+            self.terminate(pod.clone(), None, "the pod is refused now; terminating");
+            self.refused.insert(uid, (pod.clone(), message.clone()));
+        }
+        self.workers.refused(&pod, REFUSED_REASON, &message);
+    }
+
     /// Stops wanting `pod` and has its worker tear it down (`grace` overrides the pod's own).
     fn terminate(&mut self, pod: Arc<Pod>, grace: Option<i64>, why: &str) {
         let uid = uid_of(&pod);
         let name = full_name(&pod);
         self.desired.remove(&uid);
+        self.refused.remove(&uid);
         if self
             .waiting_for_name
             .get(&name)
@@ -178,6 +213,9 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// A worker finished tearing its pod down.
     pub fn handle_done(&mut self, uid: &str) {
         self.workers.finished(uid);
+        if let Some((pod, message)) = self.refused.remove(uid) {
+            self.workers.refused(&pod, REFUSED_REASON, &message);
+        }
         // The same UID came back while it was being torn down (a manifest restored to the
         // content it had): it starts afresh now.
         if let Some(pod) = self.desired.get(uid).cloned() {
@@ -385,6 +423,44 @@ mod tests {
             parts.rt.count("StartContainer") == 2
         })
         .await;
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_static_pod_referring_to_a_secret_is_refused_and_shown_failed() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, mut parts) = sync_loop(h);
+        parts.ready.mark_seen("file");
+        let mut p = (*pod("uid-secret")).clone();
+        p.metadata.annotations = Some(BTreeMap::from([(
+            crate::source::defaults::CONFIG_SOURCE_ANNOTATION.to_string(),
+            "file".to_string(),
+        )]));
+        p.spec.as_mut().unwrap().volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+            name: "creds".into(),
+            secret: Some(Default::default()),
+            ..Default::default()
+        }]);
+        let p = Arc::new(p);
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        assert!(!sl.workers.has("uid-secret"), "not run");
+        let status = states.status("uid-secret").expect("shown in /pods");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("UnexpectedAdmissionError"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was rejected: static pods may not reference secrets")
+        );
+        // Every other pod runs.
+        add_started(&mut sl, &parts, "uid-other").await;
+        // Its manifest removed: it is gone from /pods.
+        sl.handle_changes(vec![PodChange::Remove(p)]);
+        let done = next_done(&mut parts).await;
+        assert_eq!(done.as_deref(), Some("uid-secret"));
+        sl.handle_done("uid-secret");
+        assert!(states.status("uid-secret").is_none());
+        assert_eq!(parts.rt.count("RunPodSandbox"), 1, "only the other pod ran");
         parts.cancel.cancel();
     }
 

@@ -276,7 +276,7 @@ async fn the_api_server_sees_phases_restarts_and_refusals() {
             .message
             .as_deref()
             .unwrap_or_default()
-            .starts_with("forbidden sysctl: "),
+            .starts_with("Pod was rejected: forbidden sysctl: "),
         "{:?}",
         status.message
     );

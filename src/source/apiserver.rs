@@ -4,17 +4,20 @@
 //! newest version seen; failures retry with back-off up to 7 s. Every change sends the
 //! source's full set of pods to the merge, like the other sources.
 //!
-//! Mirror pods (the API server's copies of this node's static pods) are not pods to run and
-//! are left out; pods the node cannot run safely are refused with the reason logged.
+//! Mirror pods (the API server's copies of this node's static pods) are not pods to run: they
+//! never reach the merge. Every pod the source sees, mirror pods included, is kept in an
+//! [`ApiPodsView`], from which the mirror pod manager learns which mirror pods exist and the
+//! status writer what the API server holds. Pods the node cannot run safely are refused with
+//! the reason logged.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::validate::{self, validate_security::NodeSecurity};
@@ -23,7 +26,7 @@ use crate::apiserver::retry::{Backoff, pause};
 use crate::apiserver::{Problem, ProblemKind, ProblemLog};
 
 /// The annotation that marks a mirror pod.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub const MIRROR_ANNOTATION: &str = super::defaults::CONFIG_MIRROR_ANNOTATION;
 
 /// How long one watch request lasts before the API server ends it (and we start the next).
 const WATCH_SECONDS: u32 = 290;
@@ -34,6 +37,7 @@ pub struct ApiSource {
     node_name: String,
     security: Arc<NodeSecurity>,
     on_refused: Option<OnRefused>,
+    view: ApiPodsView,
     problems: ProblemLog,
 }
 
@@ -41,11 +45,111 @@ pub struct ApiSource {
 /// can be written to the pod's status.
 pub type OnRefused = Arc<dyn Fn(&Pod, &str, &str) + Send + Sync>;
 
-/// What the source needs: the client it watches with, and who hears of refusals.
+/// What the source needs: the client it watches with, who hears of refusals, and the view it
+/// keeps of every pod it sees.
 #[derive(Clone)]
 pub struct ApiSourceConfig {
     pub client: kube::Client,
     pub on_refused: Option<OnRefused>,
+    pub view: ApiPodsView,
+}
+
+/// What the API server last said about the pods bound to this node, mirror pods included, by
+/// UID. The source replaces it after every list and every batch of watch events; the status
+/// writer puts in the pods its writes return, so the next write is computed against them.
+/// Cheap to clone; readers get `Arc`s, and nothing holds the lock across an await.
+#[derive(Clone)]
+pub struct ApiPodsView {
+    inner: Arc<RwLock<ViewInner>>,
+    /// Bumped on every change the source makes (not on the writer's own updates).
+    changed: Arc<watch::Sender<u64>>,
+}
+
+#[derive(Default)]
+struct ViewInner {
+    /// The source has listed at least once: an absent pod is really absent.
+    listed: bool,
+    pods: BTreeMap<String, Arc<Pod>>,
+}
+
+impl Default for ApiPodsView {
+    fn default() -> Self {
+        ApiPodsView {
+            inner: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl ApiPodsView {
+    /// Wakes the receiver whenever the source changed the view.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// True once the source has listed the node's pods.
+    pub fn listed(&self) -> bool {
+        self.read().listed
+    }
+
+    /// The pod with this UID, as the API server last returned it.
+    pub fn get(&self, uid: &str) -> Option<Arc<Pod>> {
+        self.read().pods.get(uid).cloned()
+    }
+
+    /// The mirror pods bound to this node.
+    pub fn mirrors(&self) -> Vec<Arc<Pod>> {
+        self.read()
+            .pods
+            .values()
+            .filter(|p| is_mirror(p))
+            .cloned()
+            .collect()
+    }
+
+    /// Replaces the whole view (the source's set after a list or a batch of events).
+    pub(crate) fn replace(&self, pods: BTreeMap<String, Arc<Pod>>) {
+        {
+            let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+            inner.listed = true;
+            inner.pods = pods;
+        }
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// A write returned `pod`: it replaces the view's copy, if the view still holds that UID
+    /// (a pod the source has seen go stays gone).
+    pub fn note_written(&self, pod: Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = inner.pods.get_mut(&uid) {
+            *entry = Arc::new(pod);
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ViewInner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for ApiPodsView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.read();
+        f.debug_struct("ApiPodsView")
+            .field("listed", &inner.listed)
+            .field("pods", &inner.pods.len())
+            .finish()
+    }
+}
+
+/// True for a mirror pod (it carries [`MIRROR_ANNOTATION`]).
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
 }
 
 impl std::fmt::Debug for ApiSourceConfig {
@@ -82,7 +186,7 @@ pub fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, 
 /// The pods the source holds, by UID, and the version they are current at.
 struct Seen {
     version: String,
-    pods: BTreeMap<String, Pod>,
+    pods: BTreeMap<String, Arc<Pod>>,
 }
 
 impl ApiSource {
@@ -92,6 +196,7 @@ impl ApiSource {
             node_name,
             security,
             on_refused: config.on_refused,
+            view: config.view,
             problems: ProblemLog::default(),
         }
     }
@@ -155,7 +260,7 @@ impl ApiSource {
         let pods = list
             .items
             .into_iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+            .filter_map(|p| Some((p.metadata.uid.clone()?, Arc::new(p))))
             .collect();
         Ok(Seen { version, pods })
     }
@@ -192,18 +297,20 @@ impl ApiSource {
         }
     }
 
-    /// Sends the pods to run; false when the merge is gone (shutting down).
+    /// Updates the view and sends the pods to run (mirror pods stay in the view only); false
+    /// when the merge is gone (shutting down).
     async fn send(
         &self,
         seen: &Seen,
         tx: &mpsc::Sender<SourceSnapshot>,
         refused: &mut BTreeMap<String, String>,
     ) -> bool {
+        self.view.replace(seen.pods.clone());
         let mut pods = Vec::with_capacity(seen.pods.len());
         let mut still_refused = BTreeMap::new();
         for pod in seen.pods.values() {
             match self.admit(pod) {
-                Ok(()) => pods.push(pod.clone()),
+                Ok(()) => pods.push((**pod).clone()),
                 Err(NotRun::Skip) => {}
                 Err(NotRun::Refuse { reason, message }) => {
                     let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -228,11 +335,7 @@ impl ApiSource {
 
     /// Whether this node runs `pod`: not a mirror pod, bound here, not finished, and safe.
     fn admit(&self, pod: &Pod) -> Result<(), NotRun> {
-        let mirror = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
+        let mirror = is_mirror(pod);
         let bound_here =
             pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node_name.as_str());
         // A pod in a terminal phase is never started again (upstream's rule); once its final
@@ -259,7 +362,7 @@ fn apply(seen: &mut Seen, event: WatchEvent<Pod>) -> Result<bool, Problem> {
             let Some(uid) = pod.metadata.uid.clone() else {
                 return Ok(false);
             };
-            seen.pods.insert(uid, pod);
+            seen.pods.insert(uid, Arc::new(pod));
             Ok(true)
         }
         WatchEvent::Deleted(pod) => {
@@ -322,6 +425,43 @@ mod tests {
         assert_eq!(
             admission_result(&[e("spec.hostUsers")]).0,
             "UnexpectedAdmissionError"
+        );
+    }
+
+    #[test]
+    fn the_view_holds_every_pod_and_tells_of_changes() {
+        let view = ApiPodsView::default();
+        let mut changes = view.subscribe();
+        assert!(!view.listed());
+        let mut m = pod("m", "1");
+        m.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "h".to_string())].into());
+        let pods = BTreeMap::from([
+            ("a".to_string(), Arc::new(pod("a", "1"))),
+            ("m".to_string(), Arc::new(m)),
+        ]);
+        view.replace(pods);
+        assert!(view.listed());
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        let mirrors: Vec<_> = view
+            .mirrors()
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap())
+            .collect();
+        assert_eq!(mirrors, ["m"]);
+        // A write's answer replaces the copy of a pod the view holds, and adds none.
+        let mut written = pod("a", "2");
+        written.status = Some(Default::default());
+        view.note_written(written);
+        view.note_written(pod("gone", "3"));
+        assert_eq!(
+            view.get("a").unwrap().metadata.resource_version.as_deref(),
+            Some("2")
+        );
+        assert!(view.get("gone").is_none());
+        assert!(
+            !changes.has_changed().unwrap(),
+            "the writer's own updates wake nobody"
         );
     }
 

@@ -447,6 +447,165 @@ pub fn validate_pod(pod: &Pod, node: &NodeSecurity) -> Result<(), Vec<Validation
     }
 }
 
+/// Upstream's `HasAPIObjectReference`, in its order: the first kind of API object the pod
+/// refers to, as the plural resource upstream names it (`serviceaccounts`, `secrets`,
+/// `configmaps`, `resourceclaims`, then by volume: `persistentvolumeclaims`,
+/// `csidrivers (via CSI volumes)`, …), or `Ok(None)`. A volume of no known type is an error,
+/// since what it refers to cannot be told.
+pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(None);
+    };
+    // `serviceAccount` is the deprecated spelling of `serviceAccountName`.
+    let account = [&spec.service_account_name, &spec.service_account];
+    if account
+        .iter()
+        .any(|a| a.as_deref().is_some_and(|a| !a.is_empty()))
+    {
+        return Ok(Some("serviceaccounts"));
+    }
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let envs = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| (c.env.as_deref(), c.env_from.as_deref()))
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| (c.env.as_deref(), c.env_from.as_deref())),
+        );
+    let (mut secrets, mut config_maps) = (false, false);
+    for (env, env_from) in envs {
+        for e in env.unwrap_or_default() {
+            let from = e.value_from.as_ref();
+            secrets |= from.is_some_and(|f| f.secret_key_ref.is_some());
+            config_maps |= from.is_some_and(|f| f.config_map_key_ref.is_some());
+        }
+        for e in env_from.unwrap_or_default() {
+            secrets |= e.secret_ref.is_some();
+            config_maps |= e.config_map_ref.is_some();
+        }
+    }
+    secrets |= spec
+        .image_pull_secrets
+        .as_ref()
+        .is_some_and(|s| !s.is_empty());
+    for v in volumes {
+        let projected = v.projected.as_ref().and_then(|p| p.sources.as_deref());
+        secrets |= v.secret.is_some()
+            || v.cephfs.as_ref().is_some_and(|x| x.secret_ref.is_some())
+            || v.cinder.as_ref().is_some_and(|x| x.secret_ref.is_some())
+            || v.flex_volume
+                .as_ref()
+                .is_some_and(|x| x.secret_ref.is_some())
+            || v.rbd.as_ref().is_some_and(|x| x.secret_ref.is_some())
+            || v.iscsi.as_ref().is_some_and(|x| x.secret_ref.is_some())
+            || v.storageos.as_ref().is_some_and(|x| x.secret_ref.is_some())
+            || v.csi
+                .as_ref()
+                .is_some_and(|x| x.node_publish_secret_ref.is_some())
+            || v.scale_io.is_some()
+            || v.azure_file
+                .as_ref()
+                .is_some_and(|x| !x.secret_name.is_empty())
+            || projected.is_some_and(|ps| ps.iter().any(|p| p.secret.is_some()));
+        config_maps |= v.config_map.is_some()
+            || projected.is_some_and(|ps| ps.iter().any(|p| p.config_map.is_some()));
+    }
+    if secrets {
+        return Ok(Some("secrets"));
+    }
+    if config_maps {
+        return Ok(Some("configmaps"));
+    }
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        return Ok(Some("resourceclaims"));
+    }
+    for v in volumes {
+        let without_api = v.aws_elastic_block_store.is_some()
+            || v.azure_disk.is_some()
+            || v.cephfs.is_some()
+            || v.cinder.is_some()
+            || v.downward_api.is_some()
+            || v.empty_dir.is_some()
+            || v.fc.is_some()
+            || v.flex_volume.is_some()
+            || v.flocker.is_some()
+            || v.gce_persistent_disk.is_some()
+            || v.git_repo.is_some()
+            || v.host_path.is_some()
+            || v.image.is_some()
+            || v.iscsi.is_some()
+            || v.nfs.is_some()
+            || v.photon_persistent_disk.is_some()
+            || v.portworx_volume.is_some()
+            || v.quobyte.is_some()
+            || v.rbd.is_some()
+            || v.scale_io.is_some()
+            || v.storageos.is_some()
+            || v.vsphere_volume.is_some();
+        let found = if without_api {
+            continue;
+        } else if v.config_map.is_some() {
+            "configmaps (via configmap volumes)"
+        } else if v.secret.is_some() {
+            "secrets (via secret volumes)"
+        } else if v.csi.is_some() {
+            "csidrivers (via CSI volumes)"
+        } else if v.glusterfs.is_some() {
+            "endpoints (via glusterFS volumes)"
+        } else if v.persistent_volume_claim.is_some() {
+            "persistentvolumeclaims"
+        } else if v.ephemeral.is_some() {
+            "persistentvolumeclaims (via ephemeral volumes)"
+        } else if v.azure_file.is_some() {
+            "secrets (via azureFile volumes)"
+        } else if let Some(projected) = &v.projected {
+            let mut found = None;
+            for p in projected.sources.iter().flatten() {
+                found = if p.config_map.is_some() {
+                    Some("configmaps (via projected volumes)")
+                } else if p.secret.is_some() {
+                    Some("secrets (via projected volumes)")
+                } else if p.service_account_token.is_some() {
+                    Some("serviceaccounts (via projected volumes)")
+                } else if p.cluster_trust_bundle.is_some() {
+                    Some("clustertrustbundles")
+                } else if p.downward_api.is_some() {
+                    continue;
+                } else {
+                    return Err(format!("unknown source for projected volume {:?}", v.name));
+                };
+                break;
+            }
+            match found {
+                Some(found) => found,
+                None => continue,
+            }
+        } else {
+            return Err(format!("unknown volume type for volume {:?}", v.name));
+        };
+        return Ok(Some(found));
+    }
+    Ok(None)
+}
+
+/// Why a static pod is refused for referring to API objects, in upstream's words
+/// (`static pods may not reference secrets`), or `None`. A static pod is run before, and
+/// without, the API server: what it refers to there could not be had, and the node may not
+/// create a mirror pod that refers to it (NodeRestriction). Upstream refuses such manifests
+/// since 1.34 (`PreventStaticPodAPIReferences`).
+pub fn static_pod_api_refusal(pod: &Pod) -> Option<String> {
+    match api_object_reference(pod) {
+        Ok(None) => None,
+        Ok(Some(resource)) => Some(format!("static pods may not reference {resource}")),
+        Err(message) => Some(message),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,6 +633,99 @@ spec:
     image: nginx
     ports: [{containerPort: 80, hostPort: 8080, protocol: TCP}]
 ";
+
+    /// (what, spec, upstream's refusal or None)
+    #[test]
+    fn static_pods_referring_to_api_objects_are_refused_in_upstreams_words() {
+        let rows: &[(&str, &str, Option<&str>)] = &[
+            (
+                "nothing",
+                "{containers: [{name: a, image: i}], volumes: [{name: v, emptyDir: {}}, {name: h, hostPath: {path: /x}}, {name: d, downwardAPI: {items: []}}, {name: p, projected: {sources: [{downwardAPI: {items: []}}]}}]}",
+                None,
+            ),
+            (
+                "a service account",
+                "{serviceAccountName: sa, containers: [{name: a, image: i}]}",
+                Some("static pods may not reference serviceaccounts"),
+            ),
+            (
+                "the deprecated field",
+                "{serviceAccount: sa, containers: [{name: a, image: i}]}",
+                Some("static pods may not reference serviceaccounts"),
+            ),
+            (
+                "a secret volume",
+                "{containers: [{name: a, image: i}], volumes: [{name: s, secret: {secretName: s}}]}",
+                Some("static pods may not reference secrets"),
+            ),
+            (
+                "an env var from a secret",
+                "{containers: [{name: a, image: i, env: [{name: E, valueFrom: {secretKeyRef: {name: s, key: k}}}]}]}",
+                Some("static pods may not reference secrets"),
+            ),
+            (
+                "envFrom a config map in an init container",
+                "{initContainers: [{name: a, image: i, envFrom: [{configMapRef: {name: c}}]}], containers: [{name: b, image: i}]}",
+                Some("static pods may not reference configmaps"),
+            ),
+            (
+                "image pull secrets",
+                "{imagePullSecrets: [{name: r}], containers: [{name: a, image: i}]}",
+                Some("static pods may not reference secrets"),
+            ),
+            (
+                "secrets come before config maps",
+                "{containers: [{name: a, image: i}], volumes: [{name: c, configMap: {name: c}}, {name: s, secret: {secretName: s}}]}",
+                Some("static pods may not reference secrets"),
+            ),
+            (
+                "a projected config map",
+                "{containers: [{name: a, image: i}], volumes: [{name: p, projected: {sources: [{configMap: {name: c}}]}}]}",
+                Some("static pods may not reference configmaps"),
+            ),
+            (
+                "resource claims",
+                "{resourceClaims: [{name: gpu, resourceClaimName: c}], containers: [{name: a, image: i}]}",
+                Some("static pods may not reference resourceclaims"),
+            ),
+            (
+                "a PVC",
+                "{containers: [{name: a, image: i}], volumes: [{name: v, persistentVolumeClaim: {claimName: c}}]}",
+                Some("static pods may not reference persistentvolumeclaims"),
+            ),
+            (
+                "an ephemeral volume",
+                "{containers: [{name: a, image: i}], volumes: [{name: v, ephemeral: {}}]}",
+                Some(
+                    "static pods may not reference persistentvolumeclaims (via ephemeral volumes)",
+                ),
+            ),
+            (
+                "a CSI volume",
+                "{containers: [{name: a, image: i}], volumes: [{name: v, csi: {driver: d}}]}",
+                Some("static pods may not reference csidrivers (via CSI volumes)"),
+            ),
+            (
+                "a token",
+                "{containers: [{name: a, image: i}], volumes: [{name: p, projected: {sources: [{downwardAPI: {items: []}}, {serviceAccountToken: {path: t}}]}}]}",
+                Some("static pods may not reference serviceaccounts (via projected volumes)"),
+            ),
+            (
+                "a cluster trust bundle",
+                "{containers: [{name: a, image: i}], volumes: [{name: p, projected: {sources: [{clusterTrustBundle: {path: b, name: n}}]}}]}",
+                Some("static pods may not reference clustertrustbundles"),
+            ),
+            (
+                "a volume of no known type",
+                "{containers: [{name: a, image: i}], volumes: [{name: odd}]}",
+                Some("unknown volume type for volume \"odd\""),
+            ),
+        ];
+        for (what, spec, want) in rows {
+            let p = pod(&format!("metadata: {{name: p}}\nspec: {spec}\n"));
+            assert_eq!(static_pod_api_refusal(&p).as_deref(), *want, "{what}");
+        }
+    }
 
     #[test]
     fn good_pod_passes() {
