@@ -80,15 +80,18 @@ pub trait ObjectApi: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<TokenRequest, Problem>>;
 }
 
-/// [`ObjectApi`] on a kube client.
+/// [`ObjectApi`] on kube clients: lists and watches on the client made for watching (its
+/// read time-out outlasts a watch request), token requests on the one for plain requests (a
+/// hung API server must not hold a pod's sync for minutes).
 #[derive(Clone)]
 pub struct KubeObjectApi {
-    client: kube::Client,
+    watch: kube::Client,
+    requests: kube::Client,
 }
 
 impl KubeObjectApi {
-    pub fn new(client: kube::Client) -> Self {
-        KubeObjectApi { client }
+    pub fn new(watch: kube::Client, requests: kube::Client) -> Self {
+        KubeObjectApi { watch, requests }
     }
 }
 
@@ -158,7 +161,7 @@ fn wrap_secret(o: Secret) -> ApiObject {
 
 impl ObjectApi for KubeObjectApi {
     fn list(&self, key: &ObjectKey) -> BoxFuture<'static, Result<Listed, Problem>> {
-        let client = self.client.clone();
+        let client = self.watch.clone();
         let key = key.clone();
         match key.kind {
             Kind::ConfigMap => {
@@ -175,7 +178,7 @@ impl ObjectApi for KubeObjectApi {
         key: &ObjectKey,
         version: &str,
     ) -> BoxFuture<'static, Result<Changes, Problem>> {
-        let client = self.client.clone();
+        let client = self.watch.clone();
         let key = key.clone();
         let version = version.to_string();
         match key.kind {
@@ -202,7 +205,7 @@ impl ObjectApi for KubeObjectApi {
         service_account: &str,
         request: TokenRequest,
     ) -> BoxFuture<'static, Result<TokenRequest, Problem>> {
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<ServiceAccount> = Api::namespaced(self.requests.clone(), namespace);
         let name = service_account.to_string();
         async move {
             Ok(api
