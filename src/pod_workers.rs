@@ -806,7 +806,7 @@ mod tests {
         );
         let p = Arc::new(p);
         h.workers.dispatch("uid-7", Work::Sync(p.clone()));
-        eventually("the FailedMount event", || async { h.events.len() > 0 }).await;
+        eventually("the FailedMount event", || async { !h.events.is_empty() }).await;
         assert_eq!(
             drain_events(&mut h),
             [(
