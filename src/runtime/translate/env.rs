@@ -844,18 +844,9 @@ mod tests {
         container_env_with(&test_pod(), container, &ctx(), &objects())
     }
 
-    fn c(spec: serde_json::Value) -> Container {
-        serde_json::from_value(
-            serde_json::json!({"name": "app"})
-                .as_object()
-                .cloned()
-                .map(|mut o| {
-                    o.extend(spec.as_object().unwrap().clone());
-                    serde_json::Value::Object(o)
-                })
-                .unwrap(),
-        )
-        .unwrap()
+    fn c(mut spec: serde_json::Value) -> Container {
+        spec["name"] = "app".into();
+        serde_json::from_value(spec).unwrap()
     }
 
     #[test]
