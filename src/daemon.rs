@@ -336,13 +336,23 @@ pub async fn run(
         cancel.clone(),
     );
 
-    let executor = Executor::new(
+    let mut executor = Executor::new(
         client.clone(),
         node.clone(),
         details,
         tuning.backoff,
         events.clone(),
     );
+    // With a kubeconfig: the configMaps, secrets and tokens the pods refer to, watched one by
+    // one; a change pokes the pods that refer to the object.
+    if let Some((heartbeat, watch, _)) = &api_clients {
+        let api = crate::api_objects::KubeObjectApi::new(watch.clone(), heartbeat.clone());
+        executor = executor.with_api_objects(crate::api_objects::ApiObjects::new(
+            Arc::new(api),
+            pokes.clone(),
+            cancel.clone(),
+        ));
+    }
     let prober = ProbeManager::new(
         client.clone(),
         pokes.clone(),

@@ -486,6 +486,14 @@ pub(crate) mod test_support {
     }
 
     pub fn harness(rt: FakeCri) -> Harness {
+        harness_with_objects(rt, None)
+    }
+
+    /// [`harness`] whose executor reads API objects through `objects`.
+    pub fn harness_with_objects(
+        rt: FakeCri,
+        objects: Option<crate::api_objects::ApiObjects>,
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let node = Arc::new(NodeContext {
             node_name: "node-a".into(),
@@ -515,13 +523,19 @@ pub(crate) mod test_support {
         let (done_tx, done) = mpsc::unbounded_channel();
         let (recorder, events) = crate::events::Recorder::to_api("node-a");
         let deps = WorkerDeps {
-            executor: Executor::new(
-                rt.clone(),
-                node,
-                DetailCache::default(),
-                BackoffPolicy::default(),
-                recorder,
-            ),
+            executor: {
+                let executor = Executor::new(
+                    rt.clone(),
+                    node,
+                    DetailCache::default(),
+                    BackoffPolicy::default(),
+                    recorder,
+                );
+                match objects {
+                    Some(o) => executor.with_api_objects(o),
+                    None => executor,
+                }
+            },
             prober: ProbeManager::new(
                 rt.clone(),
                 crate::pokes::Pokes::default(),
@@ -797,6 +811,84 @@ mod tests {
                 ("Started".to_string(), "Container started".to_string()),
                 ("Killing".to_string(), "Stopping container app".to_string()),
             ]
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_config_map_waits_with_failed_mount_then_starts_and_is_followed() {
+        use crate::api_objects::fake::FakeObjectApi;
+        use crate::api_objects::{ApiObjects, Kind, ObjectKey};
+        let api = FakeObjectApi::default();
+        let objects = ApiObjects::new(
+            Arc::new(api.clone()),
+            crate::pokes::Pokes::default(),
+            CancellationToken::new(),
+        );
+        let mut h = harness_with_objects(FakeCri::with_images(&[IMAGE]), Some(objects.clone()));
+        let mut p = (*pod("uid-7")).clone();
+        let spec = p.spec.as_mut().unwrap();
+        spec.volumes = Some(
+            serde_json::from_value(serde_json::json!([
+                {"name": "cfg", "configMap": {"name": "settings"}}
+            ]))
+            .unwrap(),
+        );
+        spec.containers[0].env = Some(
+            serde_json::from_value(serde_json::json!([
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}
+            ]))
+            .unwrap(),
+        );
+        let p = Arc::new(p);
+        h.workers.dispatch("uid-7", Work::Sync(p.clone()));
+        eventually("the FailedMount event", || async { !h.events.is_empty() }).await;
+        assert_eq!(
+            drain_events(&mut h),
+            [(
+                "FailedMount".to_string(),
+                "MountVolume.SetUp failed for volume \"cfg\" : configmap \"settings\" not found"
+                    .to_string()
+            )]
+        );
+        assert_eq!(
+            h.rt.count("RunPodSandbox"),
+            0,
+            "nothing runs before the volumes"
+        );
+        assert_eq!(
+            objects.cache().watched(),
+            [ObjectKey::new(Kind::ConfigMap, "default", "settings")]
+        );
+
+        api.put_config_map("default", "settings", &[("mode", "fast")]);
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        let file = h
+            .dir
+            .path()
+            .join("root/pods/uid-7/volumes/kubernetes.io~configmap/cfg/mode");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "fast");
+
+        // A change is written on the next sync of the running pod.
+        api.put_config_map("default", "settings", &[("mode", "slow")]);
+        h.workers.poke("uid-7");
+        eventually("the file follows", || async {
+            std::fs::read_to_string(&file).ok().as_deref() == Some("slow")
+        })
+        .await;
+
+        h.workers.dispatch(
+            "uid-7",
+            Work::Terminate {
+                pod: Some(p),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-7"));
+        assert!(
+            objects.cache().watched().is_empty(),
+            "the watch ends with the pod"
         );
         h.cancel.cancel();
     }

@@ -52,6 +52,7 @@ pub mod reason {
     pub const UNHEALTHY: &str = "Unhealthy";
     pub const PROBE_WARNING: &str = "ProbeWarning";
     pub const FAILED_MOUNT: &str = "FailedMount";
+    pub const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
     pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
     pub const SANDBOX_CHANGED: &str = "SandboxChanged";
     pub const STARTING: &str = "Starting";

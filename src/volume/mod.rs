@@ -7,9 +7,17 @@
 //! | --- | --- | --- |
 //! | `emptyDir` | `kubernetes.io~empty-dir` | a 0777 directory; a tmpfs for `medium: Memory` |
 //! | `downwardAPI` | `kubernetes.io~downward-api` | files written by the atomic writer |
-//! | `projected` (downwardAPI sources) | `kubernetes.io~projected` | the same |
-//! | `configMap` / `secret` marked optional | `kubernetes.io~configmap` / `~secret` | empty (no API server to read from) |
+//! | `projected` | `kubernetes.io~projected` | the same, on a tmpfs with an API server |
+//! | `configMap` | `kubernetes.io~configmap` | the object's keys, by the atomic writer |
+//! | `secret` | `kubernetes.io~secret` | the same, on a tmpfs (never on the node's disk) |
 //! | `hostPath` | none | the node's path is mounted directly, checked against `type` |
+//!
+//! The objects (configMaps, secrets, service-account tokens) are read before the volume
+//! code runs and handed in as [`PodObjects`] (see `crate::api_objects`); the files follow
+//! the objects on every sync of a running pod ([`VolumeManager::refresh_with`]), except
+//! through a `subPath` mount, which keeps the file it was started with, as upstream.
+//! Without an API server (standalone) a configMap or secret volume marked optional is an
+//! empty directory, and any other, as a serviceAccountToken source, fails to set up.
 //!
 //! With `securityContext.fsGroup` the emptyDir, downwardAPI, projected, configMap and secret
 //! volumes are given to that group (see [`ownership`]); hostPath volumes never are.
@@ -20,8 +28,8 @@
 //! following a symlink, so neither a hostile UID nor a container's symlink can make it touch
 //! anything outside the pod's own directory.
 //!
-//! Everything else (persistent volumes, non-optional configMaps and secrets, service account
-//! tokens) needs an API server or a storage plugin and fails to set up with a message saying so.
+//! Everything else (persistent volumes, CSI, …) needs a storage plugin and fails to set up
+//! with a message saying so.
 
 pub mod atomic_writer;
 pub mod downward;
@@ -29,6 +37,7 @@ pub mod empty_dir;
 pub mod host_path;
 pub mod mountinfo;
 pub mod ownership;
+pub mod projection;
 pub mod safe_fs;
 pub mod subpath;
 
@@ -38,6 +47,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
+use crate::api_objects::{ObjectError, PodObjects, TokenError};
 use crate::cri::proto::{Mount, MountPropagation};
 use crate::k8s::resources::NodeAllocatable;
 use ownership::FsGroup;
@@ -112,17 +122,30 @@ pub enum VolumeProblem {
     Fs(#[from] SafeFsError),
 }
 
-/// The files of a downwardAPI or projected volume could not be written.
+/// The files of a downwardAPI, projected, configMap or secret volume could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum FilesError {
-    /// One error per item that has no value, shown as upstream aggregates them.
+    /// One error per source or item that has no value, shown as upstream aggregates them.
     #[error("{}", show_items(.0))]
-    Items(Vec<downward::ItemError>),
+    Sources(Vec<SourceError>),
     #[error(transparent)]
     Write(#[from] atomic_writer::WriteError),
 }
 
-fn show_items(errors: &[downward::ItemError]) -> String {
+/// Why one item or source of a volume has no value.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Item(#[from] downward::ItemError),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error(transparent)]
+    Key(#[from] projection::ProjectionError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+fn show_items<T: std::fmt::Display>(errors: &[T]) -> String {
     match errors {
         [one] => one.to_string(),
         many => {
@@ -191,8 +214,10 @@ pub struct VolumeManager {
 enum Plan<'a> {
     EmptyDir(&'a k8s_openapi::api::core::v1::EmptyDirVolumeSource),
     HostPath(&'a k8s_openapi::api::core::v1::HostPathVolumeSource),
-    /// Files written by the atomic writer (downwardAPI, projected).
+    /// Files written by the atomic writer (downwardAPI, projected, configMap).
     Files(&'static str),
+    /// The same on a tmpfs (secret, and projected with an API server: never on disk).
+    MemoryFiles(&'static str),
     /// An empty read-only directory (an optional configMap or secret we cannot read).
     Empty(&'static str),
 }
@@ -216,8 +241,13 @@ impl VolumeManager {
         self.pod_volumes_dir(uid).join(plugin).join(name)
     }
 
-    /// Sets up (idempotently) every volume of the pod.
+    /// Sets up (idempotently) every volume of the pod, with no API server to read from.
     pub fn setup(&self, pod: &Pod) -> Result<PodVolumes, VolumeError> {
+        self.setup_with(pod, &PodObjects::standalone())
+    }
+
+    /// Sets up (idempotently) every volume of the pod, with the objects read for it.
+    pub fn setup_with(&self, pod: &Pod, objects: &PodObjects) -> Result<PodVolumes, VolumeError> {
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
         let mut out = PodVolumes::default();
         let Some(spec) = pod.spec.as_ref() else {
@@ -232,7 +262,7 @@ impl VolumeManager {
             check_component("pod UID", uid).map_err(|e| fail(e.into()))?;
             check_component("volume name", &volume.name).map_err(|e| fail(e.into()))?;
             let fs_group = FsGroup::from_pod(pod).map_err(|e| fail(e.into()))?;
-            match plan(volume).map_err(|e| fail(e.into()))? {
+            match plan(volume, objects.from_api).map_err(|e| fail(e.into()))? {
                 Plan::EmptyDir(source) => {
                     let dir = self
                         .make_volume_dir(
@@ -276,11 +306,38 @@ impl VolumeManager {
                     out.paths.insert(volume.name.clone(), path);
                 }
                 Plan::Files(plugin) => {
+                    // The content first: a missing object leaves nothing behind, as upstream.
+                    let payload = self
+                        .payload(pod, volume, objects, fs_group)
+                        .map_err(|e| fail(e.into()))?;
                     let dir = self
                         .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
                         .map_err(|e| fail(e.into()))?;
-                    self.write_files(pod, volume, &dir, fs_group)
+                    write_payload(&dir, &payload, fs_group).map_err(|e| fail(e.into()))?;
+                    out.paths.insert(volume.name.clone(), dir);
+                    out.read_only.insert(volume.name.clone());
+                }
+                Plan::MemoryFiles(plugin) => {
+                    let payload = self
+                        .payload(pod, volume, objects, fs_group)
                         .map_err(|e| fail(e.into()))?;
+                    let mode = root_mode(fs_group, true);
+                    let dir = self
+                        .make_volume_dir(uid, plugin, &volume.name, mode)
+                        .map_err(|e| fail(e.into()))?;
+                    if mounts.is_none() {
+                        mounts = Some(
+                            mountinfo::read().map_err(|e| fail(VolumeProblem::MountTable(e)))?,
+                        );
+                    }
+                    let memory = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                        medium: Some("Memory".into()),
+                        size_limit: None,
+                    };
+                    let size = empty_dir::memory_size(&memory, pod, self.node_memory_bytes);
+                    empty_dir::set_up(&dir, &memory, size, mode, mounts.as_deref().unwrap_or(&[]))
+                        .map_err(|e| fail(e.into()))?;
+                    write_payload(&dir, &payload, fs_group).map_err(|e| fail(e.into()))?;
                     out.paths.insert(volume.name.clone(), dir);
                     out.read_only.insert(volume.name.clone());
                 }
@@ -300,18 +357,25 @@ impl VolumeManager {
         Ok(out)
     }
 
-    /// Writes the files of a downwardAPI or projected volume into `dir` (which exists), given
-    /// to `fs_group` when set.
-    fn write_files(
+    /// The files of a downwardAPI, projected, configMap or secret volume. Errors are
+    /// collected per source and item, as upstream aggregates them.
+    fn payload(
         &self,
         pod: &Pod,
         volume: &Volume,
-        dir: &Path,
+        objects: &PodObjects,
         fs_group: Option<FsGroup>,
-    ) -> Result<bool, FilesError> {
+    ) -> Result<atomic_writer::Payload, FilesError> {
         let node = self.allocatable;
+        let namespace = pod
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default");
         let mut payload = atomic_writer::Payload::new();
-        let mut errors = Vec::new();
+        let mut errors: Vec<SourceError> = Vec::new();
+        let mut item_errors = Vec::new();
         if let Some(source) = &volume.downward_api {
             downward::collect_items(
                 pod,
@@ -319,31 +383,97 @@ impl VolumeManager {
                 source.default_mode,
                 &node,
                 &mut payload,
-                &mut errors,
+                &mut item_errors,
             );
+        } else if let Some(source) = &volume.config_map {
+            let mode = source.default_mode.unwrap_or(downward::DEFAULT_MODE);
+            let optional = source.optional == Some(true);
+            let items = source.items.as_deref().unwrap_or(&[]);
+            match objects.config_map(namespace, &source.name) {
+                Ok(cm) => {
+                    projection::config_map_payload(cm, items, mode, optional, &mut payload)
+                        .map_err(|e| errors.push(e.into()))
+                        .ok();
+                }
+                Err(e) if e.is_not_found() && optional => {}
+                Err(e) => errors.push(e.into()),
+            }
+        } else if let Some(source) = &volume.secret {
+            let mode = source.default_mode.unwrap_or(downward::DEFAULT_MODE);
+            let optional = source.optional == Some(true);
+            let items = source.items.as_deref().unwrap_or(&[]);
+            let name = source.secret_name.as_deref().unwrap_or("");
+            match objects.secret(namespace, name) {
+                Ok(secret) => {
+                    projection::secret_payload(secret, items, mode, optional, &mut payload)
+                        .map_err(|e| errors.push(e.into()))
+                        .ok();
+                }
+                Err(e) if e.is_not_found() && optional => {}
+                Err(e) => errors.push(e.into()),
+            }
         } else if let Some(source) = &volume.projected {
-            for projection in source.sources.iter().flatten() {
+            let mode = source.default_mode.unwrap_or(downward::DEFAULT_MODE);
+            let sources = source.sources.iter().flatten();
+            for (index, projection) in sources.enumerate() {
                 if let Some(d) = &projection.downward_api {
                     downward::collect_items(
                         pod,
                         d.items.as_deref().unwrap_or(&[]),
-                        source.default_mode,
+                        Some(mode),
                         &node,
                         &mut payload,
-                        &mut errors,
+                        &mut item_errors,
                     );
+                } else if let Some(c) = &projection.config_map {
+                    let optional = c.optional == Some(true);
+                    let items = c.items.as_deref().unwrap_or(&[]);
+                    match objects.config_map(namespace, &c.name) {
+                        Ok(cm) => {
+                            projection::config_map_payload(cm, items, mode, optional, &mut payload)
+                                .map_err(|e| errors.push(e.into()))
+                                .ok();
+                        }
+                        // Only an API server says "not found": standalone, an optional
+                        // source is left out as before.
+                        Err(e) if optional && (e.is_not_found() || !objects.from_api) => {}
+                        Err(e) => errors.push(e.into()),
+                    }
+                } else if let Some(sec) = &projection.secret {
+                    let optional = sec.optional == Some(true);
+                    let items = sec.items.as_deref().unwrap_or(&[]);
+                    match objects.secret(namespace, &sec.name) {
+                        Ok(secret) => {
+                            projection::secret_payload(secret, items, mode, optional, &mut payload)
+                                .map_err(|e| errors.push(e.into()))
+                                .ok();
+                        }
+                        Err(e) if optional && (e.is_not_found() || !objects.from_api) => {}
+                        Err(e) => errors.push(e.into()),
+                    }
+                } else if let Some(token) = &projection.service_account_token {
+                    match objects.token(&volume.name, index) {
+                        Ok(t) => {
+                            // With an fsGroup the ownership walk adds the group's read bit.
+                            let mode = if fs_group.is_some() { 0o600 } else { mode };
+                            payload.insert(
+                                token.path.clone(),
+                                atomic_writer::FileProjection {
+                                    data: t.as_bytes().to_vec(),
+                                    mode: mode as u32 & 0o7777,
+                                },
+                            );
+                        }
+                        Err(e) => errors.push(e.into()),
+                    }
                 }
             }
         }
+        errors.extend(item_errors.into_iter().map(SourceError::from));
         if !errors.is_empty() {
-            return Err(FilesError::Items(errors));
+            return Err(FilesError::Sources(errors));
         }
-        // Upstream gives the whole volume to the group on every write, whatever the policy.
-        let group = fs_group.map(|g| FsGroup {
-            policy: ownership::ChangePolicy::Always,
-            ..g
-        });
-        Ok(atomic_writer::write(dir, &payload, group)?)
+        Ok(payload)
     }
 
     /// The CRI mounts for one container's `volumeMounts`; `env` is the container's resolved
@@ -426,16 +556,25 @@ impl VolumeManager {
         Ok(out)
     }
 
-    /// Brings volumes whose content follows the pod (downwardAPI, projected) up to date; called
-    /// on every sync of a running pod, cheap when nothing changed.
+    /// [`Self::refresh_with`] with no API server to read from.
     pub fn refresh(&self, pod: &Pod) -> Result<(), VolumeError> {
+        self.refresh_with(pod, &PodObjects::standalone())
+    }
+
+    /// Brings volumes whose content follows the pod or the API objects it refers to
+    /// (downwardAPI, projected, configMap, secret) up to date; called on every sync of a
+    /// running pod, cheap when nothing changed. A volume whose content cannot be had now
+    /// keeps what it has; the others are still brought up to date, and the first error is
+    /// returned.
+    pub fn refresh_with(&self, pod: &Pod, objects: &PodObjects) -> Result<(), VolumeError> {
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
         if check_component("pod UID", uid).is_err() {
             return Ok(());
         }
+        let mut first_error = None;
         for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-            let plugin = match plan(volume) {
-                Ok(Plan::Files(plugin)) => plugin,
+            let plugin = match plan(volume, objects.from_api) {
+                Ok(Plan::Files(plugin) | Plan::MemoryFiles(plugin)) => plugin,
                 _ => continue,
             };
             if check_component("volume name", &volume.name).is_err() {
@@ -446,27 +585,30 @@ impl VolumeManager {
             if !safe_fs::lstat(&dir).is_ok_and(|m| m.is_some_and(|m| m.is_dir())) {
                 continue;
             }
-            let fs_group = match FsGroup::from_pod(pod) {
-                Ok(g) => g,
-                Err(e) => {
-                    return Err(VolumeError::SetUp {
-                        volume: volume.name.clone(),
-                        reason: Box::new(e.into()),
-                    });
-                }
+            let fail = |reason: VolumeProblem| VolumeError::SetUp {
+                volume: volume.name.clone(),
+                reason: Box::new(reason),
             };
-            match self.write_files(pod, volume, &dir, fs_group) {
+            let written = FsGroup::from_pod(pod)
+                .map_err(|e| fail(e.into()))
+                .and_then(|fs_group| {
+                    let payload = self
+                        .payload(pod, volume, objects, fs_group)
+                        .map_err(|e| fail(e.into()))?;
+                    write_payload(&dir, &payload, fs_group).map_err(|e| fail(e.into()))
+                });
+            match written {
                 Ok(true) => tracing::info!(volume = %volume.name, "volume content updated"),
                 Ok(false) => {}
                 Err(e) => {
-                    return Err(VolumeError::SetUp {
-                        volume: volume.name.clone(),
-                        reason: Box::new(e.into()),
-                    });
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        Ok(())
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Unmounts and removes the pod's subPath bind mounts and every volume of the pod. Mounts
@@ -544,6 +686,20 @@ impl VolumeManager {
             }
         }
     }
+}
+
+/// Writes a payload with the atomic writer; with an fsGroup, upstream gives the whole volume
+/// to the group on every write, whatever the policy.
+fn write_payload(
+    dir: &Path,
+    payload: &atomic_writer::Payload,
+    fs_group: Option<FsGroup>,
+) -> Result<bool, FilesError> {
+    let group = fs_group.map(|g| FsGroup {
+        policy: ownership::ChangePolicy::Always,
+        ..g
+    });
+    Ok(atomic_writer::write(dir, payload, group)?)
 }
 
 /// A volume directory could not be made.
@@ -653,8 +809,10 @@ pub(crate) fn remove_checked(dir: &Path, parent: &Path) -> Result<(), SafeFsErro
     }
 }
 
-/// Which plugin serves a volume, or why none can.
-fn plan(volume: &Volume) -> Result<Plan<'_>, PlanError> {
+/// Which plugin serves a volume, or why none can. `api`: objects can be read from an API
+/// server (else configMap, secret and token sources cannot be served, as before there was
+/// one).
+fn plan(volume: &Volume, api: bool) -> Result<Plan<'_>, PlanError> {
     if let Some(s) = &volume.empty_dir {
         return Ok(Plan::EmptyDir(s));
     }
@@ -667,11 +825,11 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, PlanError> {
     if let Some(projected) = &volume.projected {
         for source in projected.sources.iter().flatten() {
             let unsupported = if let Some(cm) = &source.config_map {
-                (cm.optional != Some(true)).then(|| format!("configMap {:?}", cm.name))
+                (!api && cm.optional != Some(true)).then(|| format!("configMap {:?}", cm.name))
             } else if let Some(secret) = &source.secret {
-                (secret.optional != Some(true)).then(|| format!("secret {:?}", secret.name))
+                (!api && secret.optional != Some(true)).then(|| format!("secret {:?}", secret.name))
             } else if source.service_account_token.is_some() {
-                Some("serviceAccountToken".to_string())
+                (!api).then(|| "serviceAccountToken".to_string())
             } else if let Some(bundle) = &source.cluster_trust_bundle {
                 (bundle.optional != Some(true)).then(|| "clusterTrustBundle".to_string())
             } else {
@@ -681,15 +839,24 @@ fn plan(volume: &Volume) -> Result<Plan<'_>, PlanError> {
                 return Err(PlanError::ProjectedSource(what));
             }
         }
+        if api {
+            return Ok(Plan::MemoryFiles(PROJECTED_PLUGIN));
+        }
         return Ok(Plan::Files(PROJECTED_PLUGIN));
     }
     if let Some(cm) = &volume.config_map {
+        if api {
+            return Ok(Plan::Files(CONFIG_MAP_PLUGIN));
+        }
         if cm.optional == Some(true) {
             return Ok(Plan::Empty(CONFIG_MAP_PLUGIN));
         }
         return Err(PlanError::ConfigMap(cm.name.clone()));
     }
     if let Some(secret) = &volume.secret {
+        if api {
+            return Ok(Plan::MemoryFiles(SECRET_PLUGIN));
+        }
         if secret.optional == Some(true) {
             return Ok(Plan::Empty(SECRET_PLUGIN));
         }

@@ -720,3 +720,239 @@ fn fs_group_owns_empty_dir_and_downward_api_but_not_host_path() {
     m.teardown("u9").unwrap();
     assert!(host.is_dir());
 }
+
+/// The objects a pod would get from an API server: configMap `app` (one key), secret `creds`,
+/// `kube-root-ca.crt`, and a token for the projected volume `kube-api-access` (source 0).
+fn api_objects(app_conf: &str) -> PodObjects {
+    use crate::api_objects::TokenSlot;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ConfigMap as Cm, Secret as Sec};
+    use std::sync::Arc;
+    let cm = |data: &[(&str, &str)]| {
+        Ok(Arc::new(Cm {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    };
+    PodObjects {
+        from_api: true,
+        config_maps: BTreeMap::from([
+            ("app".to_string(), cm(&[("app.conf", app_conf)])),
+            ("kube-root-ca.crt".to_string(), cm(&[("ca.crt", "CA PEM")])),
+            (
+                "gone".to_string(),
+                Err(ObjectError::NotFound {
+                    kind: crate::api_objects::Kind::ConfigMap,
+                    name: "gone".into(),
+                }),
+            ),
+        ]),
+        secrets: BTreeMap::from([(
+            "creds".to_string(),
+            Ok(Arc::new(Sec {
+                data: Some(BTreeMap::from([(
+                    "password".to_string(),
+                    ByteString(b"hunter2".to_vec()),
+                )])),
+                ..Default::default()
+            })),
+        )]),
+        tokens: BTreeMap::from([(
+            TokenSlot {
+                volume: "kube-api-access".into(),
+                source: 0,
+            },
+            Ok("eyJhbGciOi.token".to_string()),
+        )]),
+    }
+}
+
+fn api_volumes(gone_optional: Option<bool>) -> Vec<Volume> {
+    serde_json::from_value(serde_json::json!([
+        {"name": "cfg", "configMap": {"name": "app", "defaultMode": 0o640}},
+        {"name": "creds", "secret": {"secretName": "creds",
+            "items": [{"key": "password", "path": "db/pw", "mode": 0o400}]}},
+        {"name": "kube-api-access", "projected": {"defaultMode": 0o644, "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+        ]}},
+        {"name": "maybe", "configMap": {"name": "gone", "optional": gone_optional}}
+    ]))
+    .unwrap()
+}
+
+#[test]
+fn api_volumes_are_written_followed_and_secrets_kept_off_the_disk() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting tmpfs needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let p = pod("api1", api_volumes(Some(true)));
+    let vols = m.setup_with(&p, &api_objects("port=80")).unwrap();
+    let read = |v: &str, f: &str| std::fs::read_to_string(vols.paths[v].join(f)).unwrap();
+    let mode = |v: &str, f: &str| {
+        std::fs::metadata(vols.paths[v].join(f))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(read("cfg", "app.conf"), "port=80");
+    assert_eq!(mode("cfg", "app.conf"), 0o640);
+    assert_eq!(read("creds", "db/pw"), "hunter2");
+    assert_eq!(mode("creds", "db/pw"), 0o400);
+    assert_eq!(read("kube-api-access", "token"), "eyJhbGciOi.token");
+    assert_eq!(read("kube-api-access", "ca.crt"), "CA PEM");
+    assert_eq!(read("kube-api-access", "namespace"), "default");
+    assert_eq!(mode("kube-api-access", "token"), 0o644);
+    assert!(vols.read_only.contains("creds") && vols.read_only.contains("cfg"));
+    assert!(
+        vols.paths["maybe"].is_dir(),
+        "an optional missing configMap is empty"
+    );
+    assert_eq!(
+        vols.paths["creds"],
+        m.volume_dir("api1", SECRET_PLUGIN, "creds")
+    );
+
+    let table = mountinfo::read().unwrap();
+    let fs = |v: &str| {
+        mountinfo::mount_at(&table, &vols.paths[v].canonicalize().unwrap())
+            .map(|e| e.fs_type.clone())
+    };
+    assert_eq!(fs("creds").as_deref(), Some("tmpfs"));
+    assert_eq!(fs("kube-api-access").as_deref(), Some("tmpfs"));
+    assert_eq!(
+        fs("cfg"),
+        None,
+        "a configMap is on the node's disk, as upstream"
+    );
+
+    // A change reaches the file; an object that cannot be read keeps what the volume has.
+    m.refresh_with(&p, &api_objects("port=8080")).unwrap();
+    assert_eq!(read("cfg", "app.conf"), "port=8080");
+    let mut broken = api_objects("port=9090");
+    broken.secrets.insert(
+        "creds".into(),
+        Err(ObjectError::NotSynced {
+            kind: crate::api_objects::Kind::Secret,
+            last: None,
+        }),
+    );
+    let err = m.refresh_with(&p, &broken).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"creds\" : failed to sync secret cache: timed out waiting for the condition"
+    );
+    assert_eq!(
+        read("cfg", "app.conf"),
+        "port=9090",
+        "the others still follow"
+    );
+    assert_eq!(read("creds", "db/pw"), "hunter2");
+
+    m.teardown("api1").unwrap();
+    assert!(!m.pod_volumes_dir("api1").exists());
+}
+
+#[test]
+fn missing_api_objects_fail_with_upstreams_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let missing: Vec<Volume> = serde_json::from_value(serde_json::json!([
+        {"name": "maybe", "configMap": {"name": "gone"}}
+    ]))
+    .unwrap();
+    let err = m
+        .setup_with(&pod("api2", missing), &api_objects("x"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"maybe\" : configmap \"gone\" not found"
+    );
+    assert!(
+        !m.volume_dir("api2", CONFIG_MAP_PLUGIN, "maybe").exists(),
+        "nothing is left behind"
+    );
+
+    let bad_key: Vec<Volume> = serde_json::from_value(serde_json::json!([
+        {"name": "cfg", "configMap": {"name": "app", "items": [{"key": "nope", "path": "x"}]}}
+    ]))
+    .unwrap();
+    let err = m
+        .setup_with(&pod("api2", bad_key), &api_objects("x"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"cfg\" : configmap references non-existent config key: nope"
+    );
+
+    // Several failing sources of one projected volume are told together.
+    let projected: Vec<Volume> = serde_json::from_value(serde_json::json!([
+        {"name": "p", "projected": {"sources": [
+            {"configMap": {"name": "gone"}},
+            {"secret": {"name": "creds", "items": [{"key": "user", "path": "u"}]}}
+        ]}}
+    ]))
+    .unwrap();
+    let err = m
+        .setup_with(&pod("api2", projected), &api_objects("x"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"p\" : [configmap \"gone\" not found, references non-existent secret key: user]"
+    );
+
+    // Standalone, as before: refused, not looked up.
+    let err = m
+        .setup_with(
+            &pod("api2", api_volumes(Some(true))),
+            &PodObjects::standalone(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found: configMap volumes are not supported without an apiserver"
+    );
+}
+
+#[test]
+fn a_token_with_an_fs_group_is_readable_by_the_group_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let volumes: Vec<Volume> = serde_json::from_value(serde_json::json!([
+        {"name": "kube-api-access", "projected": {"defaultMode": 0o644, "sources": [
+            {"serviceAccountToken": {"path": "token"}}
+        ]}}
+    ]))
+    .unwrap();
+    let mut p = pod("api3", volumes);
+    p.spec.as_mut().unwrap().security_context =
+        Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            fs_group: Some(nix::unistd::getegid().as_raw().into()),
+            ..Default::default()
+        });
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting tmpfs needs root");
+        return;
+    }
+    let vols = m.setup_with(&p, &api_objects("x")).unwrap();
+    let mode = std::fs::metadata(vols.paths["kube-api-access"].join("token"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o640, "0600 and the group's read bit");
+    m.teardown("api3").unwrap();
+}

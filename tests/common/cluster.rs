@@ -174,7 +174,9 @@ impl Drop for NamespaceCleanup {
 }
 
 /// The spec of a pod that sleeps until told to stop: busybox from the testbed (never
-/// pulled), no service-account token volume (not supported yet), `grace` seconds to stop.
+/// pulled), `grace` seconds to stop, and no service-account token volume (these tests are
+/// about other things; `e2e_api_volumes` covers the token, and leaving it out saves a
+/// TokenRequest per pod).
 pub fn sleeping_spec(grace: i64) -> serde_json::Value {
     serde_json::json!({
         "automountServiceAccountToken": false,

@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
+use crate::api_objects::{ApiObjects, PodObjects};
 use crate::cri::proto::PodSandboxConfig;
 use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::events::{EventType, Recorder, reason};
@@ -111,6 +112,8 @@ pub struct Executor<R> {
     volumes: VolumeManager,
     /// What happens to pods and containers, for `kubectl describe` (never waits).
     events: Recorder,
+    /// With an API server: the configMaps, secrets and tokens the pods refer to.
+    objects: Option<ApiObjects>,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -159,6 +162,30 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             policy,
             volumes,
             events,
+            objects: None,
+        }
+    }
+
+    /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
+    /// it, volumes and variables that need them are refused, as a standalone kubelet does.
+    pub fn with_api_objects(mut self, objects: ApiObjects) -> Self {
+        self.objects = Some(objects);
+        self
+    }
+
+    /// What the pod's volumes and environment read from the API server, fetched now (from the
+    /// watch cache; tokens when due).
+    async fn pod_objects(&self, pod: &Pod) -> PodObjects {
+        match &self.objects {
+            Some(objects) => objects.for_pod(pod).await,
+            None => PodObjects::standalone(),
+        }
+    }
+
+    /// The pod is gone: its objects need no watching and its tokens no keeping.
+    fn forget_objects(&self, uid: &str) {
+        if let Some(objects) = &self.objects {
+            objects.forget_pod(uid);
         }
     }
 

@@ -7,11 +7,12 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::Instrument;
 
+use crate::api_objects::PodObjects;
 use crate::cri::proto::{CreateContainerRequest, Image, PodSandboxConfig, RunPodSandboxRequest};
 use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::events::{EventType, reason};
 use crate::status::{WaitReason, WaitingReason};
-use crate::volume::PodVolumes;
+use crate::volume::{PodVolumes, VolumeError, VolumeProblem};
 
 use super::super::actions::{ContainerKind, PodActions, StartContainer};
 use super::super::hooks::{HookKind, run_hook};
@@ -27,6 +28,8 @@ struct StartTarget<'a> {
     sandbox_config: &'a PodSandboxConfig,
     pod_ip: Option<&'a str>,
     volumes: &'a PodVolumes,
+    /// The API objects read for the pod, for the environment.
+    objects: &'a PodObjects,
 }
 
 fn config_error(message: impl Into<String>) -> WaitingReason {
@@ -44,31 +47,43 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     ) -> Result<(), CriError> {
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
             if decision.sandbox_id.is_some() {
+                let objects = self.pod_objects(pod).await;
                 let volumes = self.volumes.clone();
                 let owned = pod.clone();
-                let refreshed = tokio::task::spawn_blocking(move || volumes.refresh(&owned)).await;
+                let refreshed =
+                    tokio::task::spawn_blocking(move || volumes.refresh_with(&owned, &objects))
+                        .await;
                 if let Ok(Err(err)) = refreshed {
                     tracing::warn!(error = %err, "cannot refresh the pod's volumes");
+                    self.events.pod(
+                        pod,
+                        EventType::Warning,
+                        reason::FAILED_MOUNT,
+                        err.to_string(),
+                    );
                 }
             }
             return Ok(());
         }
         // Volumes come first, as upstream: no sandbox and no container until they are ready.
+        let objects = self.pod_objects(pod).await;
         let volumes = self.volumes.clone();
         let owned = pod.clone();
-        let set_up = tokio::task::spawn_blocking(move || volumes.setup(&owned))
-            .await
-            .map_err(|join| join.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let owned_objects = objects.clone();
+        let set_up =
+            tokio::task::spawn_blocking(move || volumes.setup_with(&owned, &owned_objects))
+                .await
+                .map_err(|join| (join.to_string(), None))
+                .and_then(|r| r.map_err(|e| (e.to_string(), Some(e))));
         let volumes = match set_up {
             Ok(v) => v,
-            Err(message) => {
+            Err((message, err)) => {
                 tracing::warn!(error = %message, "volumes are not ready");
                 self.events.pod(
                     pod,
                     EventType::Warning,
                     reason::FAILED_MOUNT,
-                    format!("Unable to attach or mount volumes: {message}"),
+                    failed_mount_message(&message, err.as_ref()),
                 );
                 for start in &decision.start_containers {
                     state.waiting.insert(
@@ -127,6 +142,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 sandbox_config: &sandbox_config,
                 pod_ip: pod_ip.as_deref(),
                 volumes: &volumes,
+                objects: &objects,
             };
             // A restart after an exit updates the back-off, whether or not the start succeeds.
             if let Some(entry) = start.backoff {
@@ -240,6 +256,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             sandbox_config,
             pod_ip,
             volumes,
+            objects,
         } = *target;
         let container = match start.kind {
             ContainerKind::Init => pod
@@ -285,8 +302,17 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             seccomp_profile_root: self.node.seccomp_profile_root(),
         };
         // Resolved once: the mounts need it (`subPathExpr`), then the container config.
-        let envs = translate::env::container_env(pod, container, &ctx)
+        let resolved = translate::env::container_env_with(pod, container, &ctx, objects)
             .map_err(|e| config_error(e.to_string()))?;
+        for skipped in &resolved.skipped {
+            self.events.pod(
+                pod,
+                EventType::Warning,
+                reason::INVALID_ENVIRONMENT_VARIABLE_NAMES,
+                skipped.message(),
+            );
+        }
+        let envs = resolved.vars;
         let env: HashMap<String, String> = envs.iter().cloned().collect();
         // subPath mounts are system calls: made on a blocking thread.
         let manager = self.volumes.clone();
@@ -431,6 +457,18 @@ fn failed_event_message(waiting: &WaitingReason) -> Option<String> {
         WaitReason::PostStartHookError
         | WaitReason::CrashLoopBackOff
         | WaitReason::ContainerCreating => None,
+    }
+}
+
+/// The FailedMount event for volumes that could not be set up, in upstream's words: a volume
+/// whose plugin failed is named with its reason (`MountVolume.SetUp failed for volume "x" :
+/// configmap "y" not found`); a volume no plugin serves keeps the pod from mounting at all.
+fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> String {
+    match err {
+        Some(VolumeError::SetUp { reason, .. }) if !matches!(**reason, VolumeProblem::Plan(_)) => {
+            message.to_string()
+        }
+        _ => format!("Unable to attach or mount volumes: {message}"),
     }
 }
 

@@ -207,6 +207,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: Option<&Pod>,
         grace_override: Option<i64>,
     ) -> Result<(), TeardownError> {
+        self.forget_objects(uid);
         let observed = self.observe(uid).await?;
         let grace = match pod {
             Some(p) => grace_period(Some(p), grace_override),

@@ -4,25 +4,264 @@
 //! ephemeral-storage limit standing for the node's allocatable amount (as upstream does for the
 //! downward API).
 //!
-//! Deckhand has no API-server objects to read from here, so `configMapKeyRef`, `secretKeyRef`
-//! and `envFrom` are refused with an error naming the container and the variable (the pod then
-//! shows `CreateContainerConfigError`), unless marked optional, in which case they are skipped.
+//! `configMapKeyRef`, `secretKeyRef` and `envFrom` read the objects fetched for the pod
+//! ([`PodObjects`]), with upstream's rules: `envFrom` first (keys in order, with the prefix),
+//! then `env` in spec order, a later name replacing an earlier value; a missing object or key
+//! is an error unless marked optional (the container then waits in
+//! `CreateContainerConfigError` with upstream's message); an `envFrom` key that is not a valid
+//! variable name is skipped and reported. Without an API server (standalone) these sources
+//! are refused with an error naming the container and the variable, unless optional, in
+//! which case they are skipped.
 
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::{ContainerContext, TranslateError};
+use crate::api_objects::{Kind, PodObjects};
 pub use crate::k8s::expand::{expand, expand_all};
 pub use crate::k8s::resources::{NodeAllocatable, resource_field_value};
 
 /// The container's environment in spec order (a later duplicate replaces the earlier value in
-/// place). Values may refer to variables defined before them with `$(NAME)`.
+/// place). Values may refer to variables defined before them with `$(NAME)`. No API server:
+/// see [`container_env_with`].
 pub fn container_env(
     pod: &Pod,
     container: &Container,
     ctx: &ContainerContext,
 ) -> Result<Vec<(String, String)>, TranslateError> {
+    container_env_with(pod, container, ctx, &PodObjects::standalone()).map(|r| r.vars)
+}
+
+/// Keys of one `envFrom` source that were left out because they are not valid variable
+/// names (upstream's `InvalidEnvironmentVariableNames` event says so).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedKeys {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    /// Sorted.
+    pub keys: Vec<String>,
+}
+
+impl SkippedKeys {
+    /// Upstream's event message.
+    pub fn message(&self) -> String {
+        let kind = match self.kind {
+            Kind::ConfigMap => "configMap",
+            Kind::Secret => "secret",
+        };
+        format!(
+            "Keys [{}] from the EnvFrom {kind} {}/{} were skipped since they are considered invalid environment variable names.",
+            self.keys.join(", "),
+            self.namespace,
+            self.name
+        )
+    }
+}
+
+/// A container's resolved environment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolvedEnv {
+    pub vars: Vec<(String, String)>,
+    pub skipped: Vec<SkippedKeys>,
+}
+
+/// A variable name as the API server accepts it (relaxed validation, on by default since
+/// 1.32): printable ASCII except `=`, not empty.
+pub fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'=')
+}
+
+/// The container's environment, reading configMaps and secrets from `objects`.
+pub fn container_env_with(
+    pod: &Pod,
+    container: &Container,
+    ctx: &ContainerContext,
+    objects: &PodObjects,
+) -> Result<ResolvedEnv, TranslateError> {
+    if !objects.from_api {
+        check_standalone_env_from(container)?;
+    }
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default");
+    let mut ordered: Vec<(String, String)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut skipped = Vec::new();
+    let mut set =
+        |ordered: &mut Vec<(String, String)>, name: String, value: String| match index.get(&name) {
+            Some(&i) => ordered[i].1 = value,
+            None => {
+                index.insert(name.clone(), ordered.len());
+                ordered.push((name, value));
+            }
+        };
+    if objects.from_api {
+        for source in container.env_from.iter().flatten() {
+            let prefix = source.prefix.as_deref().unwrap_or("");
+            let (kind, name, entries): (Kind, &str, Vec<(String, String)>) = if let Some(cm) =
+                &source.config_map_ref
+            {
+                match objects.config_map(namespace, &cm.name) {
+                    Ok(obj) => (
+                        Kind::ConfigMap,
+                        &cm.name,
+                        obj.data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                    ),
+                    Err(e) if e.is_not_found() && cm.optional == Some(true) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            } else if let Some(sec) = &source.secret_ref {
+                match objects.secret(namespace, &sec.name) {
+                    Ok(obj) => (
+                        Kind::Secret,
+                        &sec.name,
+                        obj.data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+                            .collect(),
+                    ),
+                    Err(e) if e.is_not_found() && sec.optional == Some(true) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                continue;
+            };
+            let mut invalid = Vec::new();
+            for (key, value) in entries {
+                let key = format!("{prefix}{key}");
+                if !valid_env_name(&key) {
+                    invalid.push(key);
+                    continue;
+                }
+                set(&mut ordered, key, value);
+            }
+            if !invalid.is_empty() {
+                invalid.sort();
+                skipped.push(SkippedKeys {
+                    kind,
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    keys: invalid,
+                });
+            }
+        }
+    }
+    for var in container.env.iter().flatten() {
+        let value = match &var.value_from {
+            None => {
+                let raw = var.value.as_deref().unwrap_or("");
+                expand(raw, |name| index_of(&ordered, name))
+            }
+            Some(from) => {
+                let unsupported = |kind: &'static str| TranslateError::UnsupportedEnvSource {
+                    container: container.name.clone(),
+                    var: var.name.clone(),
+                    kind,
+                };
+                if let Some(field) = &from.field_ref {
+                    field_ref_value(pod, &field.field_path, ctx).ok_or_else(|| {
+                        TranslateError::UnsupportedFieldPath {
+                            container: container.name.clone(),
+                            var: var.name.clone(),
+                            path: field.field_path.clone(),
+                        }
+                    })?
+                } else if let Some(cm) = &from.config_map_key_ref {
+                    let optional = cm.optional == Some(true);
+                    if !objects.from_api {
+                        if optional {
+                            continue;
+                        }
+                        return Err(unsupported("configMapKeyRef"));
+                    }
+                    let obj = match objects.config_map(namespace, &cm.name) {
+                        Ok(obj) => obj,
+                        Err(e) if e.is_not_found() && optional => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    match obj.data.as_ref().and_then(|d| d.get(&cm.key)) {
+                        Some(v) => v.clone(),
+                        None if optional => continue,
+                        None => {
+                            return Err(TranslateError::MissingKey {
+                                kind: Kind::ConfigMap.title(),
+                                namespace: namespace.to_string(),
+                                name: cm.name.clone(),
+                                key: cm.key.clone(),
+                            });
+                        }
+                    }
+                } else if let Some(secret) = &from.secret_key_ref {
+                    let optional = secret.optional == Some(true);
+                    if !objects.from_api {
+                        if optional {
+                            continue;
+                        }
+                        return Err(unsupported("secretKeyRef"));
+                    }
+                    let obj = match objects.secret(namespace, &secret.name) {
+                        Ok(obj) => obj,
+                        Err(e) if e.is_not_found() && optional => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    match obj.data.as_ref().and_then(|d| d.get(&secret.key)) {
+                        Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                        None if optional => continue,
+                        None => {
+                            return Err(TranslateError::MissingKey {
+                                kind: Kind::Secret.title(),
+                                namespace: namespace.to_string(),
+                                name: secret.name.clone(),
+                                key: secret.key.clone(),
+                            });
+                        }
+                    }
+                } else if let Some(selector) = &from.resource_field_ref {
+                    let node = ctx.node_allocatable;
+                    resource_field_value(pod, Some(container), selector, &node).map_err(
+                        |reason| TranslateError::InvalidQuantity {
+                            container: container.name.clone(),
+                            field: format!("env {:?} resourceFieldRef", var.name),
+                            value: selector.resource.clone(),
+                            reason: Box::new(reason.into()),
+                        },
+                    )?
+                } else {
+                    return Err(unsupported("an empty valueFrom"));
+                }
+            }
+        };
+        set(&mut ordered, var.name.clone(), value);
+    }
+    Ok(ResolvedEnv {
+        vars: ordered,
+        skipped,
+    })
+}
+
+/// The value of an earlier variable, for `$(NAME)`.
+fn index_of(ordered: &[(String, String)], name: &str) -> Option<String> {
+    ordered
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// Standalone: an `envFrom` source that is not optional cannot be resolved.
+fn check_standalone_env_from(container: &Container) -> Result<(), TranslateError> {
     for source in container.env_from.iter().flatten() {
         if let Some(cm) = &source.config_map_ref
             && cm.optional != Some(true)
@@ -43,63 +282,7 @@ pub fn container_env(
             });
         }
     }
-
-    let mut ordered: Vec<(String, String)> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    for var in container.env.iter().flatten() {
-        let value = match &var.value_from {
-            None => {
-                let raw = var.value.as_deref().unwrap_or("");
-                expand(raw, |name| index.get(name).map(|&i| ordered[i].1.clone()))
-            }
-            Some(from) => {
-                let unsupported = |kind: &'static str| TranslateError::UnsupportedEnvSource {
-                    container: container.name.clone(),
-                    var: var.name.clone(),
-                    kind,
-                };
-                if let Some(field) = &from.field_ref {
-                    field_ref_value(pod, &field.field_path, ctx).ok_or_else(|| {
-                        TranslateError::UnsupportedFieldPath {
-                            container: container.name.clone(),
-                            var: var.name.clone(),
-                            path: field.field_path.clone(),
-                        }
-                    })?
-                } else if let Some(cm) = &from.config_map_key_ref {
-                    if cm.optional == Some(true) {
-                        continue;
-                    }
-                    return Err(unsupported("configMapKeyRef"));
-                } else if let Some(secret) = &from.secret_key_ref {
-                    if secret.optional == Some(true) {
-                        continue;
-                    }
-                    return Err(unsupported("secretKeyRef"));
-                } else if let Some(selector) = &from.resource_field_ref {
-                    let node = ctx.node_allocatable;
-                    resource_field_value(pod, Some(container), selector, &node).map_err(
-                        |reason| TranslateError::InvalidQuantity {
-                            container: container.name.clone(),
-                            field: format!("env {:?} resourceFieldRef", var.name),
-                            value: selector.resource.clone(),
-                            reason: Box::new(reason.into()),
-                        },
-                    )?
-                } else {
-                    return Err(unsupported("an empty valueFrom"));
-                }
-            }
-        };
-        match index.get(&var.name) {
-            Some(&i) => ordered[i].1 = value,
-            None => {
-                index.insert(var.name.clone(), ordered.len());
-                ordered.push((var.name.clone(), value));
-            }
-        }
-    }
-    Ok(ordered)
+    Ok(())
 }
 
 /// Value of a downward-API field path, or None for paths we do not serve.
@@ -614,5 +797,145 @@ mod tests {
             container_env(&test_pod(), &c, &ctx()).unwrap(),
             vec![("MEM".to_string(), "67108864".to_string())]
         );
+    }
+
+    fn objects() -> PodObjects {
+        use crate::api_objects::ObjectError;
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+        use std::sync::Arc;
+        PodObjects {
+            from_api: true,
+            config_maps: BTreeMap::from([
+                (
+                    "app".to_string(),
+                    Ok(Arc::new(ConfigMap {
+                        data: Some(BTreeMap::from([
+                            ("MODE".to_string(), "fast".to_string()),
+                            ("1ST".to_string(), "ok".to_string()),
+                            ("level".to_string(), "3".to_string()),
+                        ])),
+                        ..Default::default()
+                    })),
+                ),
+                (
+                    "gone".to_string(),
+                    Err(ObjectError::NotFound {
+                        kind: Kind::ConfigMap,
+                        name: "gone".into(),
+                    }),
+                ),
+            ]),
+            secrets: BTreeMap::from([(
+                "db".to_string(),
+                Ok(Arc::new(Secret {
+                    data: Some(BTreeMap::from([
+                        ("password".to_string(), ByteString(b"hunter2".to_vec())),
+                        ("bad=name".to_string(), ByteString(b"x".to_vec())),
+                    ])),
+                    ..Default::default()
+                })),
+            )]),
+            tokens: BTreeMap::new(),
+        }
+    }
+
+    fn from_api(container: &Container) -> Result<ResolvedEnv, TranslateError> {
+        container_env_with(&test_pod(), container, &ctx(), &objects())
+    }
+
+    fn c(mut spec: serde_json::Value) -> Container {
+        spec["name"] = "app".into();
+        serde_json::from_value(spec).unwrap()
+    }
+
+    #[test]
+    fn env_from_api_objects_in_upstreams_order() {
+        let got = from_api(&c(serde_json::json!({
+            "envFrom": [
+                {"configMapRef": {"name": "app"}},
+                {"secretRef": {"name": "db"}, "prefix": "DB_"},
+                {"configMapRef": {"name": "gone", "optional": true}}
+            ],
+            "env": [
+                {"name": "MODE", "value": "slow-$(level)"},
+                {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                {"name": "LVL", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "level"}}},
+                {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "nope", "optional": true}}},
+                {"name": "OPT2", "valueFrom": {"secretKeyRef": {"name": "gone-too", "key": "k", "optional": true}}}
+            ]
+        })));
+        // "gone-too" was never fetched: an object the cache does not know is an error even
+        // when optional (only "not found" is forgiven).
+        assert!(matches!(got, Err(TranslateError::Object(_))), "{got:?}");
+
+        let got = from_api(&c(serde_json::json!({
+            "envFrom": [
+                {"configMapRef": {"name": "app"}},
+                {"secretRef": {"name": "db"}, "prefix": "DB_"},
+                {"configMapRef": {"name": "gone", "optional": true}}
+            ],
+            "env": [
+                {"name": "MODE", "value": "slow-$(level)"},
+                {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                {"name": "LVL", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "level"}}},
+                {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "nope", "optional": true}}},
+                {"name": "OPT2", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k", "optional": true}}}
+            ]
+        })))
+        .unwrap();
+        let vars: Vec<(&str, &str)> = got
+            .vars
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            vars,
+            [
+                ("1ST", "ok"),
+                ("MODE", "slow-3"),
+                ("level", "3"),
+                ("DB_password", "hunter2"),
+                ("PW", "hunter2"),
+                ("LVL", "3"),
+            ]
+        );
+        assert_eq!(got.skipped.len(), 1);
+        assert_eq!(
+            got.skipped[0].message(),
+            "Keys [DB_bad=name] from the EnvFrom secret shop/db were skipped since they are considered invalid environment variable names."
+        );
+    }
+
+    #[test]
+    fn missing_objects_and_keys_use_upstreams_messages() {
+        let rows = [
+            (
+                serde_json::json!({"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k"}}}]}),
+                "configmap \"gone\" not found",
+            ),
+            (
+                serde_json::json!({"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "k"}}}]}),
+                "couldn't find key k in ConfigMap shop/app",
+            ),
+            (
+                serde_json::json!({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}}]}),
+                "couldn't find key user in Secret shop/db",
+            ),
+            (
+                serde_json::json!({"envFrom": [{"configMapRef": {"name": "gone"}}]}),
+                "configmap \"gone\" not found",
+            ),
+        ];
+        for (spec, want) in rows {
+            let err = from_api(&c(spec.clone())).unwrap_err();
+            assert_eq!(err.to_string(), want, "{spec}");
+        }
+        assert!(valid_env_name("my.env-name 1"));
+        assert!(valid_env_name("1BAD"));
+        assert!(!valid_env_name("a=b"));
+        assert!(!valid_env_name(""));
+        assert!(!valid_env_name("tab\there"));
+        assert!(!valid_env_name("ünï"));
     }
 }

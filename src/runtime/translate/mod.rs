@@ -85,6 +85,18 @@ pub enum TranslateError {
         name: String,
     },
 
+    /// A configMap or secret the environment needs cannot be had (upstream's message).
+    #[error(transparent)]
+    Object(#[from] crate::api_objects::ObjectError),
+
+    #[error("couldn't find key {key} in {kind} {namespace}/{name}")]
+    MissingKey {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        key: String,
+    },
+
     #[error("container {container:?}: env var {var:?}: unsupported fieldRef path {path:?}")]
     UnsupportedFieldPath {
         container: String,
