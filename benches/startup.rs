@@ -21,6 +21,14 @@
 //! 7. DNS: a separate short run under strace, counting connects and sends to port 53.
 //!
 //! The report goes to stdout as a table, then one JSON line; progress goes to stderr.
+//!
+//! Two more modes serve `scripts/bench-cluster`, which compares pods from the API server with
+//! the same floor in the same run:
+//! - `--floor-only`: waits until the runtime holds no sandbox, then runs only the warm-up and
+//!   the floor for N pods (with `--script` as the container's command and no CRI poll unless
+//!   `--floor-poll-ms` asks for one), removes them, and prints the report and its JSON line;
+//! - `--poll-ready URL`: polls an agent's read-only `/pods` every `--poll-ms` and prints
+//!   `<unix time> <pod name>` the first time each pod's Ready condition is True, until killed.
 
 mod common;
 
@@ -56,12 +64,28 @@ struct Args {
     /// How many pods to start at once.
     #[arg(long, default_value_t = 50)]
     pods: usize,
-    /// The deckhand binary to measure.
-    #[arg(long)]
-    deckhand: PathBuf,
+    /// The deckhand binary to measure (not needed with --floor-only).
+    #[arg(long, required_unless_present_any = ["floor_only", "poll_ready"])]
+    deckhand: Option<PathBuf>,
     /// A scratch directory (emptied first); the agent's log stays there afterwards.
+    #[arg(long, required_unless_present = "poll_ready")]
+    work_dir: Option<PathBuf>,
+    /// Only the warm-up and the floor (after waiting for an empty runtime): for bench-cluster.
     #[arg(long)]
-    work_dir: PathBuf,
+    floor_only: bool,
+    /// The floor containers' command (`sh -c SCRIPT`).
+    #[arg(long, default_value = SCRIPT)]
+    script: String,
+    /// The ListContainers poll that runs during the floor, as during Deckhand's batch
+    /// (ms; 0: none). The default: 20 ms, or none with --floor-only.
+    #[arg(long)]
+    floor_poll_ms: Option<u64>,
+    /// Poll this read-only /pods URL and print when each pod is first Ready (until killed).
+    #[arg(long)]
+    poll_ready: Option<String>,
+    /// The period of --poll-ready (ms).
+    #[arg(long, default_value_t = 10)]
+    poll_ms: u64,
     /// Seconds of each idle sample (0 pods, N pods).
     #[arg(long, default_value_t = 30)]
     idle_secs: u64,
@@ -87,21 +111,75 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if args.pods < 2 || args.pods > 240 {
-        bail!("--pods must be between 2 and 240 (the testbed's /24 holds 250 pods)");
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if let Some(url) = &args.poll_ready {
+        return runtime.block_on(poll_ready(url, Duration::from_millis(args.poll_ms)));
+    }
+    if args.pods < 2 || args.pods > 240 {
+        bail!("--pods must be between 2 and 240 (the testbed's /24 holds 250 pods)");
+    }
     runtime.block_on(run(args))
+}
+
+/// Prints `<unix time> <name>` the first time each pod in the agent's `/pods` at `url` has its
+/// Ready condition True; runs until killed.
+async fn poll_ready(url: &str, period: Duration) -> Result<()> {
+    use std::io::Write as _;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("--poll-ready wants an http:// URL"))?;
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h.to_string(), format!("/{p}")))
+        .unwrap_or((rest.to_string(), "/".into()));
+    let mut seen = HashSet::new();
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = std::io::stdout().lock();
+    loop {
+        ticker.tick().await;
+        let at = unix_ns(SystemTime::now());
+        let Some((200, body)) = http_get(&host, &path).await else {
+            continue;
+        };
+        let Ok(list) = serde_json::from_str::<Value>(&body) else {
+            continue;
+        };
+        for pod in list["items"].as_array().into_iter().flatten() {
+            let ready = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            if let Some(name) = pod["metadata"]["name"].as_str()
+                && ready
+                && seen.insert(name.to_string())
+            {
+                writeln!(
+                    out,
+                    "{}.{:09} {name}",
+                    at / 1_000_000_000,
+                    at % 1_000_000_000
+                )?;
+                out.flush()?;
+            }
+        }
+    }
 }
 
 fn agent_opts(args: &Args) -> AgentOpts {
     AgentOpts {
-        deckhand: args.deckhand.clone(),
+        deckhand: args.deckhand.clone().unwrap_or_default(),
         endpoint: args.endpoint.clone(),
         verbosity: args.verbosity,
     }
+}
+
+/// The floor's own sandboxes (the warm-up's too).
+fn floor_names(name: &str) -> bool {
+    name.starts_with("floor-") || name.starts_with("warmup-")
 }
 
 fn ours(name: &str) -> bool {
@@ -169,7 +247,7 @@ fn floor_sandbox_config(name: &str, uid: &str, logs: &Path) -> PodSandboxConfig 
     }
 }
 
-fn floor_container_config(name: &str, uid: &str) -> ContainerConfig {
+fn floor_container_config(name: &str, uid: &str, script: &str) -> ContainerConfig {
     ContainerConfig {
         metadata: Some(ContainerMetadata {
             name: "main".into(),
@@ -180,7 +258,7 @@ fn floor_container_config(name: &str, uid: &str) -> ContainerConfig {
             user_specified_image: BUSYBOX.into(),
             ..Default::default()
         }),
-        command: vec!["sh".into(), "-c".into(), SCRIPT.into()],
+        command: vec!["sh".into(), "-c".into(), script.into()],
         log_path: "main/0.log".into(),
         labels: HashMap::from([
             (POD_NAME.to_string(), name.to_string()),
@@ -198,6 +276,7 @@ async fn floor_pod(
     name: String,
     uid: String,
     logs: PathBuf,
+    script: String,
     t0: Instant,
 ) -> Result<FloorPod> {
     let config = floor_sandbox_config(&name, &uid, &logs);
@@ -215,7 +294,7 @@ async fn floor_pod(
     let container = cri
         .create_container(CreateContainerRequest {
             pod_sandbox_id: sandbox.clone(),
-            config: Some(floor_container_config(&name, &uid)),
+            config: Some(floor_container_config(&name, &uid, &script)),
             sandbox_config: Some(config),
         })
         .await?;
@@ -360,6 +439,7 @@ fn call_breakdown(log: &str, names: &HashSet<String>, t0_ns: i64) -> Breakdown {
 
 struct Bench {
     args: Args,
+    work_dir: PathBuf,
     cri: CriClient,
     agent: Option<Agent>,
     report: Report,
@@ -375,12 +455,14 @@ async fn run(args: Args) -> Result<()> {
     if cri.image_status(BUSYBOX.to_string()).await?.is_none() {
         bail!("{BUSYBOX} is not in the testbed (scripts/testbed up imports it)");
     }
-    if args.work_dir.exists() {
-        std::fs::remove_dir_all(&args.work_dir)
-            .with_context(|| format!("emptying {}", args.work_dir.display()))?;
+    let work_dir = args.work_dir.clone().context("--work-dir is needed")?;
+    if work_dir.exists() {
+        std::fs::remove_dir_all(&work_dir)
+            .with_context(|| format!("emptying {}", work_dir.display()))?;
     }
-    std::fs::create_dir_all(&args.work_dir)?;
-    let stale = remove_sandboxes(&cri, ours).await;
+    std::fs::create_dir_all(&work_dir)?;
+    let matches = if args.floor_only { floor_names } else { ours };
+    let stale = remove_sandboxes(&cri, matches).await;
     if stale > 0 {
         progress(format!(
             "removed {stale} sandbox(es) left by an earlier run"
@@ -389,6 +471,7 @@ async fn run(args: Args) -> Result<()> {
 
     let mut bench = Bench {
         args: args.clone(),
+        work_dir,
         cri,
         agent: None,
         report: Report::default(),
@@ -397,22 +480,55 @@ async fn run(args: Args) -> Result<()> {
     };
     bench.header().await;
     let budget = Duration::from_secs(900 + 10 * args.pods as u64 + 2 * args.idle_secs);
-    let outcome = tokio::time::timeout(budget, bench.phases()).await;
+    let outcome = if args.floor_only {
+        tokio::time::timeout(budget, bench.floor_only()).await
+    } else {
+        tokio::time::timeout(budget, bench.phases()).await
+    };
     bench.cleanup().await;
     conclude(&mut bench.report, outcome, budget)
 }
 
 impl Bench {
     async fn header(&mut self) {
+        let title = if self.args.floor_only {
+            format!("Raw-CRI floor: N = {} pods", self.args.pods)
+        } else {
+            format!("Deckhand startup bench: N = {} pods", self.args.pods)
+        };
         report_header(
             &mut self.report,
             &self.cri,
-            format!("Deckhand startup bench: N = {} pods", self.args.pods),
+            title,
             self.args.pods,
-            &self.args.deckhand,
+            self.args.deckhand.as_deref().unwrap_or(Path::new("-")),
             self.args.verbosity,
         )
         .await;
+    }
+
+    /// The floor alone, for bench-cluster: once the runtime holds no sandbox (what an agent
+    /// removes may still be going), the warm-up pod, then the N pods.
+    async fn floor_only(&mut self) -> Result<()> {
+        let waited = Instant::now();
+        let deadline = Duration::from_secs(120);
+        loop {
+            let left = self.cri.list_pod_sandbox(None).await?.len();
+            if left == 0 {
+                break;
+            }
+            if waited.elapsed() > deadline {
+                self.report.note(format!(
+                    "{left} sandbox(es) still in the runtime after {deadline:?}; the floor runs beside them"
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.report
+            .set("floor.waited_for_empty_ms", json!(r1(ms(waited.elapsed()))));
+        self.warm_up().await?;
+        self.floor_phase().await
     }
 
     async fn phases(&mut self) -> Result<()> {
@@ -431,7 +547,7 @@ impl Bench {
     /// One pod created and removed before anything is timed, so the floor is not a cold start.
     async fn warm_up(&mut self) -> Result<()> {
         progress("warm-up: one pod by raw CRI calls");
-        let logs = self.args.work_dir.join("floor-logs");
+        let logs = self.work_dir.join("floor-logs");
         let uid = fake_uid(9999);
         self.floor_cgroups.push(floor_cgroup(&uid));
         let pod = floor_pod(
@@ -439,6 +555,7 @@ impl Bench {
             "warmup-0".into(),
             uid,
             logs,
+            self.args.script.clone(),
             Instant::now(),
         )
         .await?;
@@ -449,15 +566,24 @@ impl Bench {
     async fn floor_phase(&mut self) -> Result<()> {
         let n = self.args.pods;
         progress(format!("floor: {n} pods by raw CRI calls, all at once"));
-        let logs = self.args.work_dir.join("floor-logs");
+        let logs = self.work_dir.join("floor-logs");
         let uids: Vec<String> = (0..n).map(fake_uid).collect();
         self.floor_cgroups
             .extend(uids.iter().map(|u| floor_cgroup(u)));
-        // The same observer load as in Deckhand's batch: a ListContainers every 20 ms.
+        // The same observer load as in Deckhand's batch: a ListContainers every 20 ms (none
+        // for bench-cluster, whose Deckhand rounds have no CRI observer either).
+        let poll = match self.args.floor_poll_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None if self.args.floor_only => Duration::ZERO,
+            None => CRI_POLL,
+        };
         let observer = {
             let cri = self.cri.clone();
             tokio::spawn(async move {
-                let mut ticker = tokio::time::interval(CRI_POLL);
+                if poll.is_zero() {
+                    return;
+                }
+                let mut ticker = tokio::time::interval(poll);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticker.tick().await;
@@ -476,6 +602,7 @@ impl Bench {
                 format!("floor-{i}"),
                 uid.clone(),
                 logs.clone(),
+                self.args.script.clone(),
                 t0,
             ));
         }
@@ -534,8 +661,16 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&logs);
 
         let r = &mut self.report;
+        let observed = if poll.is_zero() {
+            "no ListContainers poll".to_string()
+        } else {
+            format!(
+                "a ListContainers poll every {} ms running",
+                poll.as_millis()
+            )
+        };
         r.section(&format!(
-            "1. Floor: {} pods by raw CRI calls, all at once (with the same 20 ms ListContainers poll running)",
+            "1. Floor: {} pods by raw CRI calls, all at once ({observed})",
             pods.len()
         ));
         let d_running = dist(&running);
@@ -566,7 +701,7 @@ impl Bench {
 
     async fn deckhand_phases(&mut self) -> Result<()> {
         let n = self.args.pods;
-        let dir = self.args.work_dir.join("agent");
+        let dir = self.work_dir.join("agent");
         progress(format!(
             "deckhand: starting (log in {})",
             dir.join("deckhand.log").display()
@@ -1133,7 +1268,7 @@ impl Bench {
     async fn dns_phase(&mut self, strace: &Path) -> Result<()> {
         let k = self.args.dns_pods;
         progress(format!("dns: deckhand under strace with {k} pods"));
-        let dir = self.args.work_dir.join("dns");
+        let dir = self.work_dir.join("dns");
         let trace = dir.join("strace.out");
         std::fs::create_dir_all(&dir)?;
         let mut agent = Agent::start(
@@ -1344,7 +1479,12 @@ impl Bench {
         if let Some(mut agent) = self.agent.take() {
             let _ = agent.stop().await;
         }
-        let n = remove_sandboxes(&self.cri, ours).await;
+        let matches = if self.args.floor_only {
+            floor_names
+        } else {
+            ours
+        };
+        let n = remove_sandboxes(&self.cri, matches).await;
         if n > 0 {
             progress(format!("cleanup: removed {n} sandbox(es)"));
         }

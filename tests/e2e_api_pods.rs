@@ -1,14 +1,16 @@
 //! End to end, against the real test control plane and the private containerd: pods the
-//! scheduler binds to a Deckhand node run there, their status reaches the API server, and a
-//! Deployment scaled to zero has its pods stopped on the node and deleted from the API server.
+//! scheduler binds to a Deckhand node run there, their status reaches the API server, a
+//! Deployment is rolled by `kubectl rollout restart` and, scaled to zero, has its pods stopped
+//! on the node with their grace period and deleted from the API server.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
 use common::cluster::{
-    admin, bound_pod, create_namespace, joined_agent, sleeping_spec, wait_node_ready,
+    admin, bound_pod, create_namespace, joined_agent, kubectl, sleeping_spec, wait_node_ready,
 };
 use common::{cri, running_containers, wait_until};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,12 +18,37 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(60);
+const REPLICAS: usize = 5;
 
-fn deployment(name: &str, node: &str, replicas: i32) -> Deployment {
-    let mut spec = sleeping_spec(2);
+/// A Deployment of `replicas` sleeping pods on `node`, each with a readiness probe, a preStop
+/// hook and a SIGTERM trap that write to `marks` (a host directory, one file per pod): the
+/// hook writes `prestop`; the trap writes `term`, takes a second, writes `done` and exits 0.
+/// `prestop term done` in a pod's file shows it was stopped with its grace period (10 s):
+/// the hook first, then SIGTERM, and time to finish before any SIGKILL.
+fn deployment(name: &str, node: &str, replicas: usize, marks: &Path) -> Deployment {
+    let mut spec = sleeping_spec(10);
     spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node});
-    spec["containers"][0]["readinessProbe"] =
-        serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
+    spec["volumes"] = serde_json::json!([
+        {"name": "marks", "hostPath": {"path": marks, "type": "Directory"}},
+    ]);
+    let mark = |word: &str| format!("echo {word} >> /marks/$POD_NAME");
+    let c = &mut spec["containers"][0];
+    c["command"] = serde_json::json!([
+        "sh",
+        "-c",
+        format!(
+            "trap '{}; sleep 1; {}; exit 0' TERM; sleep 600 & wait",
+            mark("term"),
+            mark("done")
+        ),
+    ]);
+    c["env"] = serde_json::json!([
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]);
+    c["volumeMounts"] = serde_json::json!([{"name": "marks", "mountPath": "/marks"}]);
+    c["lifecycle"] =
+        serde_json::json!({"preStop": {"exec": {"command": ["sh", "-c", mark("prestop")]}}});
+    c["readinessProbe"] = serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
     serde_json::from_value(serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -43,11 +70,86 @@ fn ready(pod: &Pod) -> bool {
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The Deployment has rolled out completely: its controller saw the newest spec, and all of
+/// `replicas` pods are updated and available, with none of an older ReplicaSet left.
+fn rolled_out(d: &Deployment, replicas: i32) -> bool {
+    let (Some(status), Some(generation)) = (d.status.as_ref(), d.metadata.generation) else {
+        return false;
+    };
+    let available = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Available" && c.status == "True");
+    status.observed_generation >= Some(generation)
+        && status.replicas.unwrap_or(0) == replicas
+        && status.updated_replicas.unwrap_or(0) == replicas
+        && status.available_replicas.unwrap_or(0) == replicas
+        && (replicas == 0 || available)
+}
+
+/// The names of the pods of `app` once there are exactly `n`, all Running and Ready on `node`,
+/// and none of them in `not`.
+async fn ready_pods(
+    pods: &Api<Pod>,
+    app: &str,
+    node: &str,
+    n: usize,
+    not: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    wait_until(
+        &format!("{n} new pods of {app} Running and Ready on {node}"),
+        WAIT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app={app}")))
+                .await
+                .ok()?;
+            let names: BTreeSet<String> = list
+                .items
+                .iter()
+                .filter(|p| {
+                    ready(p) && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                })
+                .filter_map(|p| p.metadata.name.clone())
+                .filter(|name| !not.contains(name))
+                .collect();
+            (list.items.len() == n && names.len() == n).then_some(names)
+        },
+    )
+    .await
+}
+
+/// Waits until `name` has neither a sandbox nor a container left in containerd.
+async fn gone_from_containerd(cri: &deckhand::cri::CriClient, name: &str) {
+    wait_until(&format!("{name} gone from containerd"), WAIT, || async {
+        (common::containers_of(cri, name).await.is_empty()
+            && common::sandboxes_of(cri, name).await.is_empty())
+        .then_some(())
+    })
+    .await;
+}
+
+/// Checks that each pod wrote `prestop term done`: stopped gracefully, in upstream's order.
+fn assert_stopped_gracefully(marks: &Path, names: &BTreeSet<String>) {
+    for name in names {
+        let text = common::read(&marks.join(name)).unwrap_or_default();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(
+            words,
+            ["prestop", "term", "done"],
+            "{name}: the preStop hook, then SIGTERM, then the time to exit"
+        );
+    }
+}
+
 #[tokio::test]
-async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
+async fn a_deployment_runs_on_the_node_rolls_over_and_scales_to_zero() {
     let client = admin().await;
     let node = "da-deploy";
     let (mut agent, _node_cleanup) = joined_agent(node);
+    let marks = agent.dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
     agent.start();
     wait_node_ready(&client, node, &agent).await;
 
@@ -55,38 +157,24 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
     let _ns_cleanup = create_namespace(&client, ns).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     deployments
-        .create(&PostParams::default(), &deployment("web", node, 3))
+        .create(
+            &PostParams::default(),
+            &deployment("web", node, REPLICAS, &marks),
+        )
         .await
         .expect("create the deployment");
 
-    // The scheduler binds three pods here; Deckhand runs them and writes their status.
+    // The scheduler binds the pods here; Deckhand runs them and writes their status.
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let names: Vec<String> = wait_until(
-        "3 pods Running and Ready in the API server",
-        WAIT,
-        || async {
-            let list = pods
-                .list(&ListParams::default().labels("app=web"))
-                .await
-                .ok()?;
-            let ready: Vec<String> = list
-                .items
-                .iter()
-                .filter(|p| ready(p))
-                .filter_map(|p| p.metadata.name.clone())
-                .collect();
-            (ready.len() == 3).then_some(ready)
-        },
-    )
-    .await;
-    wait_until("the Deployment available", WAIT, || async {
+    let first = ready_pods(&pods, "web", node, REPLICAS, &BTreeSet::new()).await;
+    wait_until("the Deployment Available", WAIT, || async {
         let d = deployments.get("web").await.ok()?;
-        (d.status?.available_replicas == Some(3)).then_some(())
+        rolled_out(&d, REPLICAS as i32).then_some(())
     })
     .await;
     let cri = cri().await;
     let mut containers = BTreeMap::new();
-    for name in &names {
+    for name in &first {
         containers.insert(name.clone(), running_containers(&cri, name, WAIT).await);
         let pod = pods.get(name).await.unwrap();
         let status = pod.status.unwrap();
@@ -102,7 +190,38 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
         );
     }
 
-    // Scaled to zero: each pod is stopped on the node, then deleted from the API server.
+    // `kubectl rollout restart`: a new ReplicaSet's pods replace the old ones, which are
+    // stopped with their grace period and gone from the API server and from containerd.
+    kubectl(&["-n", ns, "rollout", "restart", "deployment/web"]);
+    let second = ready_pods(&pods, "web", node, REPLICAS, &first).await;
+    wait_until("the restarted Deployment rolled out", WAIT, || async {
+        let d = deployments.get("web").await.ok()?;
+        rolled_out(&d, REPLICAS as i32).then_some(())
+    })
+    .await;
+    let hashes = |names: &BTreeSet<String>| -> BTreeSet<String> {
+        names
+            .iter()
+            .map(|n| n.rsplit_once('-').map_or("", |(rs, _)| rs).to_string())
+            .collect()
+    };
+    assert_eq!(hashes(&first).len(), 1, "{first:?}");
+    assert_eq!(hashes(&second).len(), 1, "{second:?}");
+    assert_ne!(hashes(&first), hashes(&second), "a new ReplicaSet");
+    for name in &first {
+        assert!(
+            pods.get_opt(name).await.unwrap().is_none(),
+            "{name} is gone from the API server"
+        );
+        gone_from_containerd(&cri, name).await;
+    }
+    assert_stopped_gracefully(&marks, &first);
+    for name in &second {
+        running_containers(&cri, name, WAIT).await;
+    }
+
+    // Scaled to zero: each pod is stopped on the node with its grace period, then deleted
+    // from the API server, and nothing of it is left in containerd.
     deployments
         .patch(
             "web",
@@ -119,14 +238,10 @@ async fn a_deployment_runs_on_the_node_reports_status_and_scales_to_zero() {
         list.items.is_empty().then_some(())
     })
     .await;
-    for name in &names {
-        let left: Vec<_> = common::containers_of(&cri, name)
-            .await
-            .into_iter()
-            .filter(|c| c.state == deckhand::cri::proto::ContainerState::ContainerRunning as i32)
-            .collect();
-        assert!(left.is_empty(), "{name} still runs containers: {left:?}");
+    for name in &second {
+        gone_from_containerd(&cri, name).await;
     }
+    assert_stopped_gracefully(&marks, &second);
     assert!(
         agent.log().contains("deleted the pod from the API server"),
         "{}",

@@ -251,3 +251,35 @@ pub async fn wait_node_ready(client: &kube::Client, node: &str, agent: &super::A
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A value from the cluster's `cluster.env` (`KUBECTL`, `AUDIT_LOG`, ...).
+pub fn cluster_env(key: &str) -> String {
+    let path = cluster_dir().join("cluster.env");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} is not in {}", path.display()))
+        .trim_matches('"')
+        .to_string()
+}
+
+/// Runs the cluster's own `kubectl` with the admin credentials; its stdout, or a failure with
+/// its output.
+pub fn kubectl(args: &[&str]) -> String {
+    let out = Command::new(cluster_env("KUBECTL"))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster_dir().join("admin.kubeconfig").display()
+        ))
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
