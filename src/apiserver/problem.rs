@@ -100,22 +100,31 @@ pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// Whether `new` is the problem already reported as `old`: the same text, or both a failure
+/// to reach the API server.
+fn same_problem(old: &Problem, new: &Problem) -> bool {
+    old.message == new.message
+        || (old.is(ProblemKind::Unreachable) && new.is(ProblemKind::Unreachable))
+}
+
 /// Logs each distinct problem once (at warn), later repeats at debug, and the recovery once.
 /// Shared by the tasks that talk to the API server, so one outage is one log line each way.
+/// Failures to reach the API server at all count as one problem whatever their wording: during
+/// an outage the transport error changes (refused, reset, TLS EOF) without anything new to say.
 #[derive(Clone, Default)]
 pub struct ProblemLog {
-    last: Arc<Mutex<Option<String>>>,
+    last: Arc<Mutex<Option<Problem>>>,
 }
 
 impl ProblemLog {
     /// Records a failure of `doing` (e.g. "renewing the node Lease").
     pub fn failed(&self, doing: &str, problem: &Problem) {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if last.as_deref() == Some(problem.message.as_str()) {
+        if last.as_ref().is_some_and(|l| same_problem(l, problem)) {
             tracing::debug!(problem = %problem.message, "{doing} failed again; retrying");
             return;
         }
-        *last = Some(problem.message.clone());
+        *last = Some(problem.clone());
         tracing::warn!(problem = %problem.message, "{doing} failed; retrying with back-off");
     }
 
@@ -123,13 +132,17 @@ impl ProblemLog {
     pub fn succeeded(&self, doing: &str) {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(problem) = last.take() {
-            tracing::info!(after = %problem, "{doing} works again");
+            tracing::info!(after = %problem.message, "{doing} works again");
         }
     }
 
     /// The problem being reported now, if any.
     pub fn current(&self) -> Option<String> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.message.clone())
     }
 }
 
@@ -172,6 +185,30 @@ mod tests {
                 p.message
             );
         }
+    }
+
+    #[test]
+    fn an_outage_is_one_problem_whatever_the_transport_says() {
+        let p = |kind, message: &str| Problem {
+            kind,
+            message: message.to_string(),
+        };
+        let refused = p(ProblemKind::Unreachable, "connection refused");
+        let reset = p(ProblemKind::Unreachable, "connection reset by peer");
+        let forbidden = p(ProblemKind::Forbidden, "forbidden");
+        let other_403 = p(ProblemKind::Forbidden, "forbidden: another reason");
+        assert!(same_problem(&refused, &reset));
+        assert!(same_problem(&forbidden, &forbidden));
+        assert!(!same_problem(&forbidden, &other_403));
+        assert!(!same_problem(&refused, &forbidden));
+        let log = ProblemLog::default();
+        log.failed("x", &refused);
+        log.failed("x", &reset);
+        assert_eq!(log.current().as_deref(), Some("connection refused"));
+        log.failed("x", &forbidden);
+        assert_eq!(log.current().as_deref(), Some("forbidden"));
+        log.succeeded("x");
+        assert_eq!(log.current(), None);
     }
 
     #[test]
