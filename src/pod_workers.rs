@@ -1014,6 +1014,25 @@ mod tests {
             "{message}"
         );
         assert_eq!(h.rt.count("PullImage"), 2, "no pull with a broken secret");
+        // While it backs off, the status still says why (upstream's wording).
+        eventually("the back-off says why", || async {
+            h.states.status("bad").is_some_and(|s| {
+                s.container_statuses.unwrap_or_default().iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .is_some_and(|w| {
+                            w.reason.as_deref() == Some("ImagePullBackOff")
+                                && w.message.as_deref().is_some_and(|m| {
+                                    m.starts_with(&format!(
+                                        "Back-off pulling image \"{PRIVATE}\": ErrImagePull: couldn't parse image pull secret \"default/broken\""
+                                    ))
+                                })
+                        })
+                })
+            })
+        })
+        .await;
         let events = drain_events(&mut h);
         assert!(
             events.iter().any(|(r, m)| r == "Failed"

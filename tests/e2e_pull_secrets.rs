@@ -3,9 +3,10 @@
 //! plain HTTP (`scripts/registry`), holding the testbed's busybox under a name only it has.
 //! A pod whose `imagePullSecrets` hold the right password pulls it (`imagePullPolicy:
 //! Always`) and runs, also when a more specific wrong credential is tried first; a wrong
-//! password, no secret at all and a secret that does not parse each leave the container in
-//! `ErrImagePull` with the reason in the status and a `Failed` event, and never stop the
-//! others.
+//! password, no secret at all, a secret that does not exist (named in a
+//! `FailedToRetrieveImagePullSecret` event) and a secret that does not parse each leave the
+//! container in `ErrImagePull` with the reason in the status and a `Failed` event, and never
+//! stop the others.
 
 mod common;
 
@@ -282,6 +283,7 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
         private_pod("right", node, &image, &["wrongcred", "regcred"]),
         private_pod("wrong", node, &image, &["wrongcred"]),
         private_pod("none", node, &image, &[]),
+        private_pod("missing", node, &image, &["absent"]),
         private_pod("broken", node, &image, &["regcred", "brokencred"]),
     ] {
         pods.create(&pp, &p).await.expect("create a pod");
@@ -304,8 +306,21 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
     // A wrong password, and no secret at all: the registry's 401 in the status and event.
     for name in ["wrong", "none"] {
         let message = wait_pull_error(&client, &pods, name, unauthorized).await;
-        println!("{name}: {message}");
+        assert!(
+            message.starts_with(&format!("failed to pull image {image:?}: ")),
+            "{message}"
+        );
+        println!("{name} ({:?}): {message}", started.elapsed());
     }
+    // A pull secret that does not exist: pulled without, and named in an event after the 401.
+    wait_pull_error(&client, &pods, "missing", unauthorized).await;
+    wait_until("the FailedToRetrieveImagePullSecret event", WAIT, || async {
+        events_about(&client, "missing").await.into_iter().find(|(r, m)| {
+            r == "FailedToRetrieveImagePullSecret"
+                && m == "Unable to retrieve some image pull secrets (absent); attempting to pull the image may not succeed."
+        })
+    })
+    .await;
     // A secret that does not parse: a message that names it.
     let message = wait_pull_error(&client, &pods, "broken", |m| {
         m.contains(&format!(
@@ -313,9 +328,18 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
         ))
     })
     .await;
-    println!("broken: {message}");
+    println!("broken ({:?}): {message}", started.elapsed());
     assert!(!message.contains(PASSWORD));
 
+    // While the pull backs off, the status still gives the reason, as upstream.
+    wait_until("wrong backs off with the reason", WAIT, || async {
+        waiting(&pods, "wrong").await.filter(|(r, m)| {
+            r == "ImagePullBackOff"
+                && m.starts_with(&format!("Back-off pulling image {image:?}: ErrImagePull: "))
+                && unauthorized(m)
+        })
+    })
+    .await;
     // No credential reaches the agent's log.
     let log = agent.log();
     assert!(
@@ -325,7 +349,7 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
     let phase = pods.get("right").await.ok().and_then(|p| p.status?.phase);
     assert_eq!(phase.as_deref(), Some("Running"), "the right pod runs on");
 
-    for name in ["right", "wrong", "none", "broken"] {
+    for name in ["right", "wrong", "none", "missing", "broken"] {
         let _ = pods
             .delete(name, &DeleteParams::default().grace_period(0))
             .await;

@@ -3,6 +3,7 @@
 //! credentials of the pod's `imagePullSecrets` ([`crate::credentials`]) that match the image,
 //! each in turn until one works, as upstream.
 
+use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Secret};
@@ -31,6 +32,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         sandbox_config: &PodSandboxConfig,
         objects: &PodObjects,
         backoff: &mut BackoffTable,
+        pull_errors: &mut HashMap<String, String>,
     ) -> Result<Option<Image>, WaitingReason> {
         let image = container.image.clone().unwrap_or_default();
         let event = |kind, why, message: String| {
@@ -66,7 +68,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 );
                 return Ok(found);
             }
-            ImageStep::Wait(waiting) => {
+            ImageStep::Wait(mut waiting) => {
                 // Upstream's wording and types: the back-off is Normal, never-pull a Warning.
                 let (kind, why) = match waiting.reason {
                     WaitReason::ErrImageNeverPull => {
@@ -75,10 +77,17 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     _ => (EventType::Normal, reason::BACK_OFF),
                 };
                 event(kind, why, waiting.message.clone());
+                // The status also says why the last pull failed; the event does not, as upstream.
+                if waiting.reason == WaitReason::ImagePullBackOff
+                    && let Some(last) = pull_errors.get(&key)
+                {
+                    waiting.message = format!("{}: ErrImagePull: {last}", waiting.message);
+                }
                 return Err(waiting);
             }
             ImageStep::Pull => {}
         }
+        pull_errors.remove(&key);
         // As upstream: the pod's pull secrets are read first; a missing one is only worth an
         // event when the pull then fails, and one that does not parse fails the pull.
         let (secrets, missing) = pull_secrets(pod, objects);
@@ -92,7 +101,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     format!("Failed to pull image {image:?}: {err}"),
                 );
                 let entry = self.policy.next(backoff.get(&key), now);
-                backoff.insert(key, entry);
+                backoff.insert(key.clone(), entry);
+                pull_errors.insert(key, err.to_string());
                 return Err(WaitingReason::new(
                     WaitReason::ErrImagePull,
                     err.to_string(),
@@ -143,11 +153,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     );
                 }
                 let entry = self.policy.next(backoff.get(&key), now);
-                backoff.insert(key, entry);
-                Err(WaitingReason::new(
-                    WaitReason::ErrImagePull,
-                    format!("failed to pull image {image:?}: {err}"),
-                ))
+                backoff.insert(key.clone(), entry);
+                let message = format!("failed to pull image {image:?}: {err}");
+                pull_errors.insert(key, message.clone());
+                Err(WaitingReason::new(WaitReason::ErrImagePull, message))
             }
         }
     }

@@ -281,6 +281,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 sandbox_config,
                 target.objects,
                 &mut state.backoff,
+                &mut state.pull_errors,
             )
             .await?;
         self.check_run_as_non_root(pod, container, image).await?;
