@@ -7,6 +7,7 @@ pub mod api_objects;
 pub mod apiserver;
 pub mod cm;
 pub mod config;
+pub mod credentials;
 pub mod cri;
 pub mod daemon;
 pub mod events;

@@ -893,6 +893,157 @@ mod tests {
         h.cancel.cancel();
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn pull_secrets_are_tried_in_turn_and_a_broken_one_fails_only_its_pod() {
+        use crate::api_objects::ApiObjects;
+        use crate::api_objects::fake::FakeObjectApi;
+        use crate::credentials::{KEY_DOCKER_CONFIG_JSON, TYPE_DOCKER_CONFIG_JSON};
+        const PRIVATE: &str = "reg.example.test:5000/team/app:1";
+        let api = FakeObjectApi::default();
+        let json = Some(TYPE_DOCKER_CONFIG_JSON);
+        // Both match: the more specific key ("…/team") is tried first, then the host's.
+        api.put_secret_typed(
+            "default",
+            "team",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"reg.example.test:5000/team": {"username": "old", "password": "expired"}}}"#,
+            )],
+        );
+        api.put_secret_typed(
+            "default",
+            "host",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"http://reg.example.test:5000": {"auth": "bmV3OmZyZXNo"}}}"#,
+            )],
+        );
+        api.put_secret_typed(
+            "default",
+            "broken",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"reg.example.test:5000": "#,
+            )],
+        );
+        let objects = ApiObjects::new(
+            Arc::new(api.clone()),
+            crate::pokes::Pokes::default(),
+            CancellationToken::new(),
+        );
+        let rt = FakeCri::default();
+        // The first credential is refused by the registry.
+        rt.script("PullImage", Script::Fail(tonic::Code::Unknown));
+        let mut h = harness_with_objects(rt, Some(objects));
+        let with_secrets = |uid: &str, names: &[&str]| {
+            let mut p = (*pod(uid)).clone();
+            p.metadata.name = Some(uid.into());
+            let spec = p.spec.as_mut().unwrap();
+            spec.containers[0].image = Some(PRIVATE.into());
+            spec.containers[0].image_pull_policy = Some("Always".into());
+            spec.image_pull_secrets = Some(
+                names
+                    .iter()
+                    .map(|n| k8s_openapi::api::core::v1::LocalObjectReference {
+                        name: n.to_string(),
+                    })
+                    .collect(),
+            );
+            Arc::new(p)
+        };
+        h.workers.dispatch(
+            "good",
+            Work::Sync(with_secrets("good", &["missing", "team", "host"])),
+        );
+        eventually("the good pod started", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        let tried: Vec<(String, String, String)> =
+            h.rt.pull_auths()
+                .into_iter()
+                .map(|(image, auth)| {
+                    let auth = auth.expect("a credential");
+                    (image, auth.username, auth.password)
+                })
+                .collect();
+        assert_eq!(
+            tried,
+            [
+                (PRIVATE.to_string(), "old".into(), "expired".into()),
+                (PRIVATE.to_string(), "new".into(), "fresh".into()),
+            ]
+        );
+        let events = drain_events(&mut h);
+        assert!(
+            !events
+                .iter()
+                .any(|(r, _)| r == "FailedToRetrieveImagePullSecret"),
+            "only after a failed pull: {events:?}"
+        );
+
+        // A pod whose pull secret does not parse: ErrImagePull naming the secret, no pull.
+        h.workers
+            .dispatch("bad", Work::Sync(with_secrets("bad", &["host", "broken"])));
+        eventually("the bad pod's status", || async {
+            h.states.status("bad").is_some_and(|s| {
+                s.container_statuses.unwrap_or_default().iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .is_some_and(|w| w.reason.as_deref() == Some("ErrImagePull"))
+                })
+            })
+        })
+        .await;
+        let status = h.states.status("bad").unwrap();
+        let waiting = status.container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .waiting
+            .unwrap();
+        let message = waiting.message.unwrap_or_default();
+        assert!(
+            message.starts_with(
+                "couldn't parse image pull secret \"default/broken\" (.dockerconfigjson): "
+            ),
+            "{message}"
+        );
+        assert_eq!(h.rt.count("PullImage"), 2, "no pull with a broken secret");
+        // While it backs off, the status still says why (upstream's wording).
+        eventually("the back-off says why", || async {
+            h.states.status("bad").is_some_and(|s| {
+                s.container_statuses.unwrap_or_default().iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .is_some_and(|w| {
+                            w.reason.as_deref() == Some("ImagePullBackOff")
+                                && w.message.as_deref().is_some_and(|m| {
+                                    m.starts_with(&format!(
+                                        "Back-off pulling image \"{PRIVATE}\": ErrImagePull: couldn't parse image pull secret \"default/broken\""
+                                    ))
+                                })
+                        })
+                })
+            })
+        })
+        .await;
+        let events = drain_events(&mut h);
+        assert!(
+            events.iter().any(|(r, m)| r == "Failed"
+                && m.contains("Failed to pull image")
+                && m.contains("default/broken")),
+            "{events:?}"
+        );
+        assert_eq!(h.rt.count("StartContainer"), 1, "the good pod runs on");
+        h.cancel.cancel();
+    }
+
     #[test]
     fn panic_backoff_doubles_to_a_minute() {
         let secs: Vec<u64> = (1..=9).map(|n| panic_backoff(n).as_secs()).collect();

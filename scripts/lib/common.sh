@@ -31,6 +31,9 @@ tb_paths() {
     TB_OPT=$TB_DIR/opt
     TB_CNI=$TB_DIR/cni
     TB_NETD=$TB_DIR/cni/net.d
+    # containerd's registry host directory (hosts.toml per registry host); tests that run a
+    # registry write its entry here, containerd reads it at each pull.
+    TB_CERTS_D=$TB_DIR/certs.d
     TB_IPAM=$TB_DIR/cni/ipam
     TB_ENV=$TB_DIR/testbed.env
     TB_NETNS_BEFORE=$TB_DIR/netns.before
@@ -45,7 +48,7 @@ tb_paths() {
 # so that leftovers and a second down still know the bridge, netns and sandbox ids).
 tb_state_entries() {
     printf '%s\n' "$TB_CONFIG" "$TB_SOCK" "$TB_TTRPC" "$TB_PIDFILE" "$TB_LOG" "$TB_ROOT" \
-        "$TB_STATE" "$TB_RUNC" "$TB_OPT" "$TB_CNI" "$TB_NETNS_BEFORE" "$TB_LOCK"
+        "$TB_STATE" "$TB_RUNC" "$TB_OPT" "$TB_CNI" "$TB_CERTS_D" "$TB_NETNS_BEFORE" "$TB_LOCK"
 }
 
 # tb_lock: serialise up/down on one DIR (fd 9). The fd must not leak into containerd,

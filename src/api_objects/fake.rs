@@ -76,7 +76,21 @@ impl FakeObjectApi {
     }
 
     pub fn put_secret(&self, namespace: &str, name: &str, data: &[(&str, &[u8])]) {
-        let mut s = Secret::default();
+        self.put_secret_typed(namespace, name, None, data);
+    }
+
+    /// A secret of a type (`kubernetes.io/dockerconfigjson`, …).
+    pub fn put_secret_typed(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: Option<&str>,
+        data: &[(&str, &[u8])],
+    ) {
+        let mut s = Secret {
+            type_: kind.map(str::to_string),
+            ..Default::default()
+        };
         s.metadata.name = Some(name.into());
         s.metadata.namespace = Some(namespace.into());
         s.data = Some(

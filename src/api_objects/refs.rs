@@ -18,8 +18,8 @@ fn namespace(pod: &Pod) -> &str {
         .unwrap_or("default")
 }
 
-/// Every configMap and secret the pod's volumes (plain and projected) and containers' `env`
-/// and `envFrom` name, in the pod's namespace. Empty names are left out (validation refuses
+/// Every configMap and secret the pod's volumes (plain and projected), containers' `env`
+/// and `envFrom` and `imagePullSecrets` name, in the pod's namespace. Empty names are left out (validation refuses
 /// them; nothing could be read by such a name anyway).
 pub fn referenced(pod: &Pod) -> BTreeSet<ObjectKey> {
     let ns = namespace(pod);
@@ -32,6 +32,9 @@ pub fn referenced(pod: &Pod) -> BTreeSet<ObjectKey> {
     let Some(spec) = pod.spec.as_ref() else {
         return BTreeSet::new();
     };
+    for pull in spec.image_pull_secrets.iter().flatten() {
+        add(Kind::Secret, &pull.name);
+    }
     for volume in spec.volumes.iter().flatten() {
         if let Some(cm) = &volume.config_map {
             add(Kind::ConfigMap, &cm.name);
@@ -213,6 +216,15 @@ mod tests {
                     "configmap shop/cm3",
                     "secret shop/s1",
                 ],
+            ),
+            (
+                "image pull secrets, empty names left out",
+                serde_json::json!({
+                    "containers": [{"name": "c"}],
+                    "imagePullSecrets": [{"name": "regcred"}, {"name": ""}, {"name": "s1"}],
+                    "volumes": [{"name": "b", "secret": {"secretName": "s1"}}]
+                }),
+                vec!["secret shop/regcred", "secret shop/s1"],
             ),
         ];
         for (what, spec, want) in rows {

@@ -316,6 +316,7 @@ impl ImageService for CriClient {
     async fn pull_image(
         &self,
         image: String,
+        auth: Option<AuthConfig>,
         sandbox_config: Option<PodSandboxConfig>,
     ) -> CriResult<String> {
         let req = PullImageRequest {
@@ -323,7 +324,7 @@ impl ImageService for CriClient {
                 image,
                 ..Default::default()
             }),
-            auth: None,
+            auth,
             sandbox_config,
         };
         // Pulls take as long as the network needs; upstream sets no deadline either.

@@ -51,6 +51,8 @@ struct State {
     /// The image of every container created, in order.
     created: Vec<String>,
     calls: Vec<&'static str>,
+    /// Every PullImage's image and credential, in order (failed ones too).
+    pull_auths: Vec<(String, Option<AuthConfig>)>,
     exec_replies: std::collections::VecDeque<ExecReply>,
     exec_calls: Vec<ExecCall>,
     stop_timeouts: Vec<i64>,
@@ -114,6 +116,11 @@ impl FakeCri {
     }
 
     /// The methods called so far, in order.
+    /// Every PullImage's image and credential, in order.
+    pub fn pull_auths(&self) -> Vec<(String, Option<AuthConfig>)> {
+        self.lock().pull_auths.clone()
+    }
+
     pub fn calls(&self) -> Vec<&'static str> {
         self.lock().calls.clone()
     }
@@ -406,8 +413,10 @@ impl ImageService for FakeCri {
     async fn pull_image(
         &self,
         image: String,
+        auth: Option<AuthConfig>,
         _sandbox_config: Option<PodSandboxConfig>,
     ) -> CriResult<String> {
+        self.lock().pull_auths.push((image.clone(), auth));
         self.enter("PullImage").await?;
         self.lock().images.insert(image.clone());
         Ok(format!("sha256:{image}"))

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::proto::PodSandboxConfig;
+use super::proto::{AuthConfig, PodSandboxConfig};
 use super::{CriError, ImageService};
 
 /// Types generated from `proto/containerd/services/content/v1/content.proto`.
@@ -112,10 +112,11 @@ impl ProgressWatch {
 pub async fn pull_with_progress_deadline<R: ImageService>(
     rt: &R,
     image: String,
+    auth: Option<AuthConfig>,
     sandbox_config: Option<PodSandboxConfig>,
     deadline: Option<Duration>,
 ) -> Result<String, CriError> {
-    let pull = rt.pull_image(image, sandbox_config);
+    let pull = rt.pull_image(image, auth, sandbox_config);
     let Some(deadline) = deadline else {
         return pull.await;
     };
@@ -204,6 +205,7 @@ mod tests {
             &rt,
             "example.test/slow:1".into(),
             None,
+            None,
             Some(Duration::from_secs(60)),
         )
         .await;
@@ -220,6 +222,7 @@ mod tests {
         let pull = pull_with_progress_deadline(
             &rt,
             "example.test/ok:1".into(),
+            None,
             None,
             Some(Duration::from_secs(1)),
         );

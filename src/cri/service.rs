@@ -70,10 +70,12 @@ pub trait RuntimeService: Clone + Send + Sync + 'static {
 pub trait ImageService: Clone + Send + Sync + 'static {
     /// `None` when the image is not present (containerd answers with an empty image, no error).
     fn image_status(&self, image: String) -> impl Future<Output = CriResult<Option<Image>>> + Send;
-    /// Returns the image reference the runtime stored.
+    /// Returns the image reference the runtime stored. `auth` is the registry credential to
+    /// present (from the pod's pull secrets); it must never be logged.
     fn pull_image(
         &self,
         image: String,
+        auth: Option<AuthConfig>,
         sandbox_config: Option<PodSandboxConfig>,
     ) -> impl Future<Output = CriResult<String>> + Send;
     fn list_images(&self) -> impl Future<Output = CriResult<Vec<Image>>> + Send;

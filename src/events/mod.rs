@@ -40,6 +40,7 @@ pub mod reason {
     pub const PULLING: &str = "Pulling";
     pub const PULLED: &str = "Pulled";
     pub const FAILED: &str = "Failed";
+    pub const FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
     pub const BACK_OFF: &str = "BackOff";
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     pub const INSPECT_FAILED: &str = "InspectFailed";

@@ -82,6 +82,9 @@ impl NodeContext {
 #[derive(Default)]
 pub struct PodSyncState {
     pub backoff: BackoffTable,
+    /// The message of each image's last failed pull, by back-off key, for the back-off's
+    /// status message (as upstream: `Back-off pulling image "x": ErrImagePull: …`).
+    pub pull_errors: HashMap<String, String>,
     pub waiting: HashMap<String, WaitingReason>,
     pub status: Option<PodStatus>,
     /// Termination messages already read, by container ID.

@@ -275,7 +275,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let name = container.name.as_str();
 
         let image = self
-            .ensure_image(pod, container, sandbox_config, &mut state.backoff)
+            .ensure_image(
+                pod,
+                container,
+                sandbox_config,
+                target.objects,
+                &mut state.backoff,
+                &mut state.pull_errors,
+            )
             .await?;
         self.check_run_as_non_root(pod, container, image).await?;
 
