@@ -290,5 +290,23 @@ async fn the_client_certificate_is_rotated_while_a_pod_runs() {
     lease_renewed(&client, node).await;
     let pod = pods.get("sleeper").await.unwrap();
     assert_eq!(container_id(&pod), Some((id, 0)));
+
+    // The pod watch opened before the rotation still delivers: a label change made now
+    // reaches the agent.
+    let updates = |log: &str| log.matches(r#"op="update" pod=db-rotate/sleeper"#).count();
+    let before = updates(&agent.log());
+    pods.patch(
+        "sleeper",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"rotated": "yes"}}})),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the label change seen by the agent",
+        Duration::from_secs(10),
+        || async { (updates(&agent.log()) > before).then_some(()) },
+    )
+    .await;
     eprintln!("rotation test total: {:?}", started.elapsed());
 }
