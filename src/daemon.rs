@@ -189,7 +189,8 @@ pub async fn run(
                 async move {
                     match &slot {
                         Some(slot) => {
-                            crate::apiserver::connect_rotating(path, &options, slot).await
+                            crate::apiserver::connect_rotating(path, &options, slot.resolver())
+                                .await
                         }
                         None => crate::apiserver::connect(path, &options).await,
                     }
