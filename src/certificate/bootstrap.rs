@@ -289,3 +289,148 @@ pub fn current_credentials(store: &FileStore) -> Option<Credentials> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed client certificate with its key, valid from the start of one year to
+    /// the start of another.
+    fn cert_pem(from_year: i32, to_year: i32) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:t");
+        params.not_before = rcgen::date_time_ymd(from_year, 1, 1);
+        params.not_after = rcgen::date_time_ymd(to_year, 1, 1);
+        let cert = params.self_signed(&key).unwrap();
+        format!("{}{}", cert.pem(), key.serialize_pem())
+    }
+
+    fn kubeconfig_with_user(dir: &Path, name: &str, user: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                 clusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: Zm9v\n\
+                 contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n\
+                 users:\n- name: u\n  user:\n{user}"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    #[test]
+    fn which_kubeconfigs_need_bootstrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("valid.pem"), cert_pem(2000, 4000)).unwrap();
+        std::fs::write(d.join("expired.pem"), cert_pem(2000, 2001)).unwrap();
+        std::fs::write(d.join("future.pem"), cert_pem(3000, 4000)).unwrap();
+        std::fs::write(d.join("garbage.pem"), "nothing").unwrap();
+        std::fs::write(d.join("yaml"), "clusters: [").unwrap();
+        let valid_data = base64::engine::general_purpose::STANDARD.encode(cert_pem(2000, 4000));
+        let p = |f: &str| d.join(f).display().to_string();
+        // (kubeconfig, needs bootstrap, a word the reason holds)
+        let cases: Vec<(PathBuf, Option<&str>)> = vec![
+            (d.join("missing"), Some("missing")),
+            (d.join("yaml"), Some("")),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "a",
+                    &format!(
+                        "    client-certificate: {}\n    client-key: {}\n",
+                        p("valid.pem"),
+                        p("valid.pem")
+                    ),
+                ),
+                None,
+            ),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "b",
+                    &format!("    client-certificate: {}\n", p("expired.pem")),
+                ),
+                Some("not now"),
+            ),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "c",
+                    &format!("    client-certificate: {}\n", p("future.pem")),
+                ),
+                Some("not now"),
+            ),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "d",
+                    &format!("    client-certificate: {}\n", p("garbage.pem")),
+                ),
+                Some("no certificate"),
+            ),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "e",
+                    &format!("    client-certificate: {}\n", p("nope.pem")),
+                ),
+                Some("nope.pem"),
+            ),
+            (
+                kubeconfig_with_user(
+                    d,
+                    "f",
+                    &format!("    client-certificate-data: {valid_data}\n"),
+                ),
+                None,
+            ),
+            (
+                kubeconfig_with_user(d, "g", "    client-certificate-data: '%%%'\n"),
+                Some("client-certificate-data"),
+            ),
+            // A token: kept as it is, as upstream.
+            (kubeconfig_with_user(d, "h", "    token: abc\n"), None),
+        ];
+        for (path, want) in cases {
+            let got = kubeconfig_problem(&path, SystemTime::now());
+            match (got, want) {
+                (None, None) => {}
+                (Some(reason), Some(word)) => {
+                    assert!(reason.contains(word), "{}: {reason}", path.display())
+                }
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", path.display()),
+            }
+        }
+    }
+
+    #[test]
+    fn the_written_kubeconfig_names_the_current_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let store = FileStore::new(d.join("pki"));
+        store
+            .store(cert_pem(2000, 4000).as_bytes(), jiff::Timestamp::now())
+            .unwrap();
+        let boot_path = kubeconfig_with_user(d, "boot", "    token: abc.def\n");
+        let boot = Kubeconfig::read_from(&boot_path).unwrap();
+        let out = d.join("sub/kubelet.kubeconfig");
+        assert!(kubeconfig_problem(&out, SystemTime::now()).is_some());
+        write_kubeconfig(&out, &boot, &boot_path, &store.current_path()).unwrap();
+        assert_eq!(kubeconfig_problem(&out, SystemTime::now()), None);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(text.contains("kubelet-client-current.pem"), "{text}");
+        assert!(text.contains("https://127.0.0.1:1"), "{text}");
+        assert!(!text.contains("abc.def"), "the token is not copied: {text}");
+    }
+}
