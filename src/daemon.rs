@@ -53,6 +53,9 @@ pub enum DaemonError {
     /// The kubeconfig (or a file it names) cannot be used.
     #[error(transparent)]
     Apiserver(#[from] crate::apiserver::ConnectError),
+    /// TLS bootstrap could not finish.
+    #[error(transparent)]
+    Bootstrap(#[from] crate::certificate::bootstrap::BootstrapError),
     /// The sync loop died: nothing would sync pods any more, so the agent stops (its service
     /// manager starts it again, and the new agent adopts the pods, which keep running).
     #[error("the sync loop ended unexpectedly: {0}")]
@@ -67,6 +70,10 @@ pub struct Tuning {
     /// `DECKHAND_TEST_PANIC_POD`: a pod name whose first sync panics (fault injection for the
     /// end-to-end tests of worker supervision; never set in production).
     pub panic_pod: Option<String>,
+    /// `DECKHAND_TEST_CERT_ROTATE_AFTER`: rotate the client certificate this long after each
+    /// one is taken into use instead of at 70-90 % of its life (end-to-end tests of rotation,
+    /// whose certificates live for a year; never set in production).
+    pub cert_rotate_after: Option<Duration>,
 }
 
 /// A test knob given in the environment is malformed.
@@ -111,6 +118,7 @@ impl Tuning {
             }
             t.pleg.period = d;
         }
+        t.cert_rotate_after = env_duration("DECKHAND_TEST_CERT_ROTATE_AFTER")?;
         t.panic_pod = std::env::var("DECKHAND_TEST_PANIC_POD")
             .ok()
             .filter(|v| !v.is_empty());
@@ -152,30 +160,70 @@ pub async fn run(
                 timeout: HEARTBEAT_TIMEOUT,
                 read_timeout: HEARTBEAT_TIMEOUT,
             };
-            let heartbeat = crate::apiserver::connect(path, &options).await?;
-            let watch = crate::apiserver::connect(
-                path,
-                &crate::apiserver::ClientOptions {
-                    read_timeout: WATCH_READ_TIMEOUT,
-                    ..options
-                },
-            )
+            // TLS bootstrap: a missing or unusable kubeconfig is replaced by one naming a
+            // certificate requested with the bootstrap kubeconfig.
+            let store = crate::certificate::FileStore::new(&config.cert_dir);
+            if let Some(bootstrap) = &config.bootstrap_kubeconfig {
+                crate::certificate::bootstrap::load_client_cert(
+                    path,
+                    bootstrap,
+                    &store,
+                    &config.node_name,
+                    &cancel,
+                )
+                .await?;
+            }
+            // With rotation, every client presents the certificate of a shared slot that the
+            // rotation loop replaces.
+            let slot = if config.rotate_certificates {
+                let current = crate::certificate::bootstrap::current_credentials(&store);
+                if current.is_none() {
+                    tracing::warn!(cert_dir = %config.cert_dir.display(), "rotateCertificates is on, but the cert dir holds no current client certificate (kubelet-client-current.pem); not rotating");
+                }
+                current.map(crate::certificate::CertSlot::new)
+            } else {
+                None
+            };
+            let connect = |options: crate::apiserver::ClientOptions| {
+                let slot = slot.clone();
+                async move {
+                    match &slot {
+                        Some(slot) => {
+                            crate::apiserver::connect_rotating(path, &options, slot.resolver())
+                                .await
+                        }
+                        None => crate::apiserver::connect(path, &options).await,
+                    }
+                }
+            };
+            let heartbeat = connect(options.clone()).await?;
+            let watch = connect(crate::apiserver::ClientOptions {
+                read_timeout: WATCH_READ_TIMEOUT,
+                ..options.clone()
+            })
             .await?;
             // Events have a rate limit of their own (eventRecordQPS, eventBurst), so a burst
             // of them never holds up a status write.
-            let events = crate::apiserver::connect(
-                path,
-                &crate::apiserver::ClientOptions {
-                    qps: if config.cluster.event_record_qps > 0.0 {
-                        config.cluster.event_record_qps
-                    } else {
-                        -1.0
-                    },
-                    burst: config.cluster.event_burst,
-                    ..options
+            let events = connect(crate::apiserver::ClientOptions {
+                qps: if config.cluster.event_record_qps > 0.0 {
+                    config.cluster.event_record_qps
+                } else {
+                    -1.0
                 },
-            )
+                burst: config.cluster.event_burst,
+                ..options.clone()
+            })
             .await?;
+            if let Some(slot) = slot {
+                let rotation = crate::certificate::manager::Rotation {
+                    api: crate::certificate::csr::KubeCsrApi(heartbeat.clone()),
+                    slot,
+                    store,
+                    node_name: config.node_name.clone(),
+                    rotate_after: tuning.cert_rotate_after,
+                };
+                tokio::spawn(rotation.run(cancel.clone()));
+            }
             Some((heartbeat, watch, events))
         }
         None => None,

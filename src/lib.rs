@@ -5,6 +5,7 @@
 
 pub mod api_objects;
 pub mod apiserver;
+pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod credentials;

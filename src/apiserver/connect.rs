@@ -64,6 +64,74 @@ pub async fn connect(path: &Path, options: &ClientOptions) -> Result<kube::Clien
     Ok(builder.with_layer(&RateLimitLayer::new(bucket)).build())
 }
 
+/// Like [`connect`], but the client certificate presented on each new connection is the one
+/// `resolver` gives at that moment (the kubeconfig's own client certificate is replaced), so
+/// a rotated certificate is used without rebuilding the client: open connections and their
+/// watches carry on, and the next connection presents the new certificate.
+pub async fn connect_rotating(
+    path: &Path,
+    options: &ClientOptions,
+    resolver: std::sync::Arc<dyn rustls::client::ResolvesClientCert>,
+) -> Result<kube::Client, ConnectError> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+
+    let bad = |reason: String| ConnectError::Kubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(cause_chain(&e)))?;
+    check_named_files(path, &kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(cause_chain(&e)))?;
+    let mut tls = config
+        .rustls_client_config()
+        .map_err(|e| bad(cause_chain(&e)))?;
+    tls.client_auth_cert_resolver = resolver;
+    // No session resumption: a resumed session keeps the identity of the handshake it
+    // resumes, so after a rotation new connections would still be the old certificate.
+    tls.resumption = rustls::client::Resumption::disabled();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| bad(format!("tls-server-name {name:?}: {e}")))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().wrap_connector(http);
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(Some(options.timeout));
+    connector.set_read_timeout(Some(options.read_timeout));
+    connector.set_write_timeout(Some(options.timeout));
+    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(connector);
+    let auth = config.auth_layer().map_err(|e| bad(cause_chain(&e)))?;
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(TokenBucket::new(
+            options.qps,
+            options.burst,
+        )))
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then(|| {
+            tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
+        }))
+        .option_layer(auth)
+        .layer(
+            config
+                .extra_headers_layer()
+                .map_err(|e| bad(cause_chain(&e)))?,
+        )
+        .map_err(tower::BoxError::from)
+        .service(http_client);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
 /// What a kubeconfig file reference holds.
 #[derive(Clone, Copy)]
 enum Holds {

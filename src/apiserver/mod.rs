@@ -9,5 +9,5 @@ pub mod problem;
 pub mod rate_limit;
 pub mod retry;
 
-pub use connect::{ClientOptions, ConnectError, connect};
+pub use connect::{ClientOptions, ConnectError, connect, connect_rotating};
 pub use problem::{Problem, ProblemKind, ProblemLog};

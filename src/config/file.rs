@@ -75,6 +75,7 @@ pub struct KubeletConfigurationFile {
     pub fail_swap_on: Option<bool>,
     pub crash_loop_back_off: Option<CrashLoopBackOffConfig>,
     pub register_node: Option<bool>,
+    pub rotate_certificates: Option<bool>,
     pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
     #[serde(rename = "kubeAPIQPS")]
     pub kube_api_qps: Option<f64>,

@@ -61,9 +61,26 @@ pub struct Flags {
     #[arg(long, value_name = "DIR")]
     pub root_dir: Option<PathBuf>,
 
-    /// Path to a kubeconfig file for talking to an API server.
+    /// Path to a kubeconfig file for talking to an API server. With --bootstrap-kubeconfig it
+    /// is written after TLS bootstrap when it is missing or holds no usable certificate.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// A kubeconfig (usually with a bootstrap token) to request the node's client
+    /// certificate with when --kubeconfig is missing or unusable (TLS bootstrap).
+    #[arg(long, value_name = "PATH")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+
+    /// Directory of the node's client certificates (kubelet-client-*.pem).
+    /// [default: <root-dir>/pki]
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+
+    /// Renew the client certificate before it expires (true/false).
+    /// [default: true with --bootstrap-kubeconfig, else false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = parse_go_bool)]
+    pub rotate_certificates: Option<bool>,
 
     /// Log verbosity, 0 (quiet) to 10 (everything). [default: 0]
     #[arg(long = "v", short = 'v', value_name = "LEVEL",
@@ -358,6 +375,9 @@ mod tests {
                 node_ip: Some("10.0.0.5".parse().unwrap()),
                 root_dir: Some("/srv/kubelet".into()),
                 kubeconfig: Some("/etc/kubeconfig".into()),
+                bootstrap_kubeconfig: None,
+                cert_dir: None,
+                rotate_certificates: None,
                 verbosity: Some(4),
                 healthz_port: Some(0),
                 healthz_bind_address: Some("0.0.0.0".parse().unwrap()),

@@ -63,6 +63,12 @@ pub struct Config {
     pub healthz_port: u16,
     pub healthz_bind_address: IpAddr,
     pub kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig`: TLS bootstrap when `kubeconfig` is missing or unusable.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `--cert-dir` (`<root-dir>/pki` by default).
+    pub cert_dir: PathBuf,
+    /// `rotateCertificates` / `--rotate-certificates`.
+    pub rotate_certificates: bool,
     pub cgroup_driver: CgroupDriver,
     pub cgroup_root: String,
     pub cgroups_per_qos: bool,

@@ -58,6 +58,9 @@ fn defaults() -> Config {
         healthz_port: 10248,
         healthz_bind_address: ip("127.0.0.1"),
         kubeconfig: None,
+        bootstrap_kubeconfig: None,
+        cert_dir: "/var/lib/kubelet/pki".into(),
+        rotate_certificates: false,
         cgroup_driver: CgroupDriver::Cgroupfs,
         cgroup_root: "/".into(),
         cgroups_per_qos: true,
@@ -247,6 +250,9 @@ fn flags_only() {
         healthz_port: 0,
         healthz_bind_address: ip("0.0.0.0"),
         kubeconfig: Some("/etc/kubernetes/kubelet.conf".into()),
+        bootstrap_kubeconfig: None,
+        cert_dir: "/srv/deckhand/pki".into(),
+        rotate_certificates: false,
         cgroup_driver: CgroupDriver::Systemd,
         cgroup_root: "/deckhand".into(),
         cgroups_per_qos: false,
@@ -953,4 +959,65 @@ fn cgroup_driver_round_trips() {
         assert_eq!(d.to_string().parse::<CgroupDriver>(), Ok(d));
     }
     assert_eq!(CgroupDriver::default(), CgroupDriver::Cgroupfs);
+}
+
+#[test]
+fn bootstrap_cert_dir_and_rotation() {
+    // (args, file body, cert dir, rotate) — or the error's start.
+    let with_file = "rotateCertificates: false\n";
+    type Case<'a> = (
+        &'a [&'a str],
+        Option<&'a str>,
+        Result<(&'a str, bool), &'a str>,
+    );
+    let cases: &[Case] = &[
+        (&[], None, Ok(("/var/lib/kubelet/pki", false))),
+        (&["--root-dir=/srv/d"], None, Ok(("/srv/d/pki", false))),
+        (
+            &["--cert-dir=/etc/pki/dh"],
+            None,
+            Ok(("/etc/pki/dh", false)),
+        ),
+        (
+            &["--kubeconfig=/k", "--bootstrap-kubeconfig=/b"],
+            None,
+            Ok(("/var/lib/kubelet/pki", true)),
+        ),
+        (
+            &["--kubeconfig=/k", "--bootstrap-kubeconfig=/b"],
+            Some(with_file),
+            Ok(("/var/lib/kubelet/pki", false)),
+        ),
+        (
+            &[
+                "--kubeconfig=/k",
+                "--bootstrap-kubeconfig=/b",
+                "--rotate-certificates",
+            ],
+            Some(with_file),
+            Ok(("/var/lib/kubelet/pki", true)),
+        ),
+        (
+            &["--rotate-certificates=true"],
+            None,
+            Ok(("/var/lib/kubelet/pki", true)),
+        ),
+        (
+            &["--bootstrap-kubeconfig=/b"],
+            None,
+            Err("--bootstrap-kubeconfig"),
+        ),
+        (&["--cert-dir=pki"], None, Err("--cert-dir")),
+    ];
+    for (args, body, want) in cases {
+        let got = load_with(args, *body);
+        match (got, want) {
+            (Ok(c), Ok((dir, rotate))) => {
+                assert_eq!(c.cert_dir, PathBuf::from(dir), "{args:?}");
+                assert_eq!(c.rotate_certificates, *rotate, "{args:?}");
+            }
+            (Err(e), Err(start)) => assert!(e.to_string().contains(start), "{args:?}: {e}"),
+            (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
+        }
+    }
 }

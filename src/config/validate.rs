@@ -527,6 +527,29 @@ pub(super) fn build(
         ));
     }
 
+    // TLS bootstrap and certificate rotation.
+    let bootstrap_kubeconfig = flags.bootstrap_kubeconfig.clone();
+    if bootstrap_kubeconfig.is_some() && flags.kubeconfig.is_none() {
+        return Err(invalid(
+            "--bootstrap-kubeconfig",
+            "needs --kubeconfig (where the bootstrapped kubeconfig is written)",
+        ));
+    }
+    let cert_dir = flags
+        .cert_dir
+        .clone()
+        .unwrap_or_else(|| root_dir.join("pki"));
+    if !cert_dir.is_absolute() {
+        return Err(invalid("--cert-dir", "must be an absolute path"));
+    }
+    let (rotate_certificates, _) = pick(
+        flags.rotate_certificates,
+        "--rotate-certificates",
+        f.rotate_certificates,
+        "rotateCertificates",
+        || bootstrap_kubeconfig.is_some(),
+    );
+
     // Fields parsed and checked for upstream compatibility but not carried into Config.
     check_file_only_fields(f)?;
 
@@ -556,6 +579,9 @@ pub(super) fn build(
         healthz_port,
         healthz_bind_address,
         kubeconfig: flags.kubeconfig.clone(),
+        bootstrap_kubeconfig,
+        cert_dir,
+        rotate_certificates,
         cgroup_driver,
         cgroup_root,
         cgroups_per_qos,

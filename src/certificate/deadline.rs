@@ -1,0 +1,91 @@
+//! When to rotate a certificate: at a jittered 70-90 % of its life, as upstream's
+//! certificate manager does, so that a fleet of nodes does not renew at once and a
+//! certificate is replaced well before it expires.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, SystemTime};
+
+/// The rotation deadline of a certificate valid from `not_before` to `not_after`, for a
+/// `jitter` in [0, 1] (clamped): `not_before + life × (0.7 + 0.2 × jitter)`. A certificate
+/// whose `not_after` is not after `not_before` is due at once (`not_before`).
+pub fn rotation_deadline(not_before: SystemTime, not_after: SystemTime, jitter: f64) -> SystemTime {
+    let Ok(life) = not_after.duration_since(not_before) else {
+        return not_before;
+    };
+    let jitter = if jitter.is_nan() {
+        0.0
+    } else {
+        jitter.clamp(0.0, 1.0)
+    };
+    // Whole milliseconds: no float noise in the result.
+    let millis = (life.as_millis() as f64 * (0.7 + 0.2 * jitter)).round();
+    not_before + Duration::from_millis(millis as u64)
+}
+
+/// How long from `now` until `deadline` (zero when it has passed).
+pub fn wait_for(deadline: SystemTime, now: SystemTime) -> Duration {
+    deadline.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+/// A random jitter in [0, 1) (from the process's randomly keyed hasher; no crypto needed).
+pub fn jitter() -> f64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn deadline_table() {
+        // (not_before, not_after, jitter, expected deadline), seconds.
+        let cases: &[(u64, u64, f64, u64)] = &[
+            (0, 1000, 0.0, 700),
+            (0, 1000, 1.0, 900),
+            (0, 1000, 0.5, 800),
+            (1000, 2000, 0.25, 1750),
+            // Out-of-range jitter is clamped; NaN counts as 0.
+            (0, 1000, -3.0, 700),
+            (0, 1000, 7.0, 900),
+            (0, 1000, f64::NAN, 700),
+            // A year-long certificate: between 255.5 and 328.5 days.
+            (0, 365 * 86400, 0.0, 255 * 86400 + 43200),
+            (0, 365 * 86400, 1.0, 328 * 86400 + 43200),
+            // A broken certificate (ends before it starts) is due at once.
+            (500, 100, 0.5, 500),
+            (500, 500, 0.5, 500),
+        ];
+        for &(nb, na, j, want) in cases {
+            assert_eq!(
+                rotation_deadline(at(nb), at(na), j),
+                at(want),
+                "nb={nb} na={na} jitter={j}"
+            );
+        }
+    }
+
+    #[test]
+    fn waits() {
+        assert_eq!(wait_for(at(10), at(4)), Duration::from_secs(6));
+        assert_eq!(wait_for(at(4), at(10)), Duration::ZERO);
+    }
+
+    #[test]
+    fn jitter_is_in_range() {
+        for _ in 0..1000 {
+            let j = jitter();
+            assert!((0.0..1.0).contains(&j), "{j}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The cert dir's client certificates, as upstream's file store keeps them:
+//! `kubelet-client-<YYYY-MM-DD-HH-MM-SS>.pem` (certificate chain then key, 0600) per
+//! certificate, and `kubelet-client-current.pem`, a symlink to the one in use.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::Credentials;
+
+/// The link to the certificate in use.
+pub const CURRENT: &str = "kubelet-client-current.pem";
+const PREFIX: &str = "kubelet-client-";
+const SUFFIX: &str = ".pem";
+
+/// The file name of a certificate stored at `at` (UTC).
+pub fn file_name_for(at: jiff::Timestamp) -> String {
+    format!("{PREFIX}{}{SUFFIX}", at.strftime("%Y-%m-%d-%H-%M-%S"))
+}
+
+/// Whether `name` is a stored certificate's name (not the link).
+pub fn is_stored_name(name: &str) -> bool {
+    name != CURRENT
+        && name
+            .strip_prefix(PREFIX)
+            .and_then(|r| r.strip_suffix(SUFFIX))
+            .is_some_and(|ts| ts.len() == 19 && ts.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+}
+
+/// Which stored file is current: the link's target when it names an existing stored file,
+/// otherwise (no link, a dangling one) the newest stored file; the timestamped names sort by
+/// time.
+pub fn pick_current<'a>(link_target: Option<&str>, names: &'a [String]) -> Option<&'a str> {
+    if let Some(t) = link_target
+        && let Some(n) = names.iter().find(|n| n.as_str() == t)
+    {
+        return Some(n);
+    }
+    names
+        .iter()
+        .filter(|n| is_stored_name(n))
+        .max()
+        .map(String::as_str)
+}
+
+/// What went wrong with the store, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Unusable { path: PathBuf, reason: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The certificates in a cert dir.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+impl FileStore {
+    pub fn new(dir: impl Into<PathBuf>) -> FileStore {
+        FileStore { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `<dir>/kubelet-client-current.pem`: what kubeconfigs name.
+    pub fn current_path(&self) -> PathBuf {
+        self.dir.join(CURRENT)
+    }
+
+    /// The current credentials, if there are any: the link's target, or (the link missing
+    /// or dangling) the newest stored file, which the link is then pointed at.
+    pub fn current(&self) -> Result<Option<(PathBuf, Credentials)>, StoreError> {
+        let link = self.current_path();
+        let target = std::fs::read_link(&link).ok();
+        let target_name = target
+            .as_ref()
+            .and_then(|t| t.file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        let names: Vec<String> = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&self.dir)(e)),
+        };
+        let Some(name) = pick_current(target_name.as_deref(), &names) else {
+            return Ok(None);
+        };
+        let path = self.dir.join(name);
+        let pem = std::fs::read(&path).map_err(io(&path))?;
+        let creds = Credentials::from_pem(&pem).map_err(|reason| StoreError::Unusable {
+            path: path.clone(),
+            reason,
+        })?;
+        if target_name.as_deref() != Some(name) {
+            tracing::warn!(link = %link.display(), file = %path.display(), "the current-certificate link is missing or dangling; pointing it at the newest stored certificate");
+            self.link(&path)?;
+        }
+        Ok(Some((path, creds)))
+    }
+
+    /// Writes `pem` as a new timestamped file (0600) and moves the link to it.
+    pub fn store(&self, pem: &[u8], at: jiff::Timestamp) -> Result<PathBuf, StoreError> {
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700));
+        let mut path = self.dir.join(file_name_for(at));
+        // Two certificates within a second: the later one waits for the next name.
+        let mut bump = at;
+        while path.exists() {
+            bump += jiff::SignedDuration::from_secs(1);
+            path = self.dir.join(file_name_for(bump));
+        }
+        let tmp = self.dir.join(format!(".{CURRENT}.new"));
+        let _ = std::fs::remove_file(&tmp);
+        {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
+            f.write_all(pem).map_err(io(&tmp))?;
+            f.sync_all().map_err(io(&tmp))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        self.link(&path)?;
+        Ok(path)
+    }
+
+    /// Points the link at `target`, atomically (a new link renamed over the old).
+    fn link(&self, target: &Path) -> Result<(), StoreError> {
+        let link = self.current_path();
+        let tmp = self.dir.join(format!(".{CURRENT}.link"));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &link).map_err(io(&link))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let at: jiff::Timestamp = "2026-12-01T12:30:05Z".parse().unwrap();
+        assert_eq!(file_name_for(at), "kubelet-client-2026-12-01-12-30-05.pem");
+        let cases = [
+            ("kubelet-client-2026-12-01-12-30-05.pem", true),
+            ("kubelet-client-current.pem", false),
+            ("kubelet-client-2026-12-01.pem", false),
+            ("kubelet-client-2026-12-01-12-30-0x.pem", false),
+            ("kubelet-server-2026-12-01-12-30-05.pem", false),
+            (".kubelet-client-current.pem.new", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_stored_name(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn current_table() {
+        let a = "kubelet-client-2026-01-01-00-00-00.pem".to_string();
+        let b = "kubelet-client-2026-06-01-00-00-00.pem".to_string();
+        let other = "kubelet.key".to_string();
+        let all = vec![b.clone(), other.clone(), a.clone()];
+        let cases: Vec<(Option<&str>, Vec<String>, Option<&str>)> = vec![
+            // The link wins, even when it names an older file.
+            (Some(a.as_str()), all.clone(), Some(a.as_str())),
+            (Some(b.as_str()), all.clone(), Some(b.as_str())),
+            // Dangling or missing: the newest.
+            (
+                Some("kubelet-client-2020-01-01-00-00-00.pem"),
+                all.clone(),
+                Some(b.as_str()),
+            ),
+            (None, all.clone(), Some(b.as_str())),
+            (None, vec![other.clone()], None),
+            (None, vec![], None),
+        ];
+        for (i, (link, names, want)) in cases.into_iter().enumerate() {
+            assert_eq!(pick_current(link, &names), want, "case {i}");
+        }
+    }
+}
