@@ -54,19 +54,6 @@ async fn wait_running(pods: &Api<Pod>, name: &str) -> Pod {
     .await
 }
 
-/// The waiting (reason, message) of the pod's first container.
-async fn waiting(pods: &Api<Pod>, name: &str) -> Option<(String, String)> {
-    let p = pods.get(name).await.ok()?;
-    let w = p
-        .status?
-        .container_statuses?
-        .first()?
-        .state
-        .clone()?
-        .waiting?;
-    Some((w.reason?, w.message.unwrap_or_default()))
-}
-
 /// Where a volume of the pod lives on the node.
 fn volume_dir(root: &Path, pod: &Pod, plugin: &str, volume: &str) -> PathBuf {
     root.join("pods")
@@ -290,7 +277,7 @@ async fn pods_read_config_maps_secrets_and_their_service_account_token() {
 
     // A missing key keeps its container waiting with upstream's message.
     let (reason, message) = wait_until("bad-env waits", WAIT, || async {
-        waiting(&pods, "bad-env")
+        common::cluster::first_waiting(&pods, "bad-env")
             .await
             .filter(|(r, _)| r == "CreateContainerConfigError")
     })
@@ -303,7 +290,7 @@ async fn pods_read_config_maps_secrets_and_their_service_account_token() {
 
     // A missing configMap keeps the pod waiting, with upstream's FailedMount event…
     let (_, message) = wait_until("waiter waits in ContainerCreating", WAIT, || async {
-        waiting(&pods, "waiter")
+        common::cluster::first_waiting(&pods, "waiter")
             .await
             .filter(|(r, _)| r == "ContainerCreating")
     })

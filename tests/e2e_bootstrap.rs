@@ -22,22 +22,14 @@ struct CsrCleanup(String);
 impl Drop for CsrCleanup {
     fn drop(&mut self) {
         let node = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let client = admin().await;
-                    let api: Api<CertificateSigningRequest> = Api::all(client);
-                    for csr in node_csrs(&api, &node).await {
-                        if let Some(name) = csr.metadata.name {
-                            let _ = api.delete(&name, &DeleteParams::default()).await;
-                        }
-                    }
-                })
-        })
-        .join();
+        common::cluster::clean_up_with_admin(move |client| async move {
+            let api: Api<CertificateSigningRequest> = Api::all(client);
+            for csr in node_csrs(&api, &node).await {
+                if let Some(name) = csr.metadata.name {
+                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                }
+            }
+        });
     }
 }
 

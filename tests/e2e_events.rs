@@ -77,18 +77,11 @@ struct RuntimeClassCleanup(String);
 impl Drop for RuntimeClassCleanup {
     fn drop(&mut self) {
         let name = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let _ = Api::<RuntimeClass>::all(admin().await)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-        })
-        .join();
+        common::cluster::clean_up_with_admin(move |client| async move {
+            let _ = Api::<RuntimeClass>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 

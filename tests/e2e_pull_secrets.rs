@@ -185,19 +185,6 @@ fn private_pod(name: &str, node: &str, image: &str, secrets: &[&str]) -> Pod {
     serde_json::from_value(value).unwrap()
 }
 
-/// The waiting (reason, message) of the pod's container.
-async fn waiting(pods: &Api<Pod>, name: &str) -> Option<(String, String)> {
-    let p = pods.get(name).await.ok()?;
-    let w = p
-        .status?
-        .container_statuses?
-        .first()?
-        .state
-        .clone()?
-        .waiting?;
-    Some((w.reason?, w.message.unwrap_or_default()))
-}
-
 async fn events_about(client: &kube::Client, name: &str) -> Vec<(String, String)> {
     let api: Api<Event> = Api::namespaced(client.clone(), NS);
     api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
@@ -218,7 +205,7 @@ async fn wait_pull_error(
     check: impl Fn(&str) -> bool,
 ) -> String {
     let (_, message) = wait_until(&format!("{name} in ErrImagePull"), WAIT, || async {
-        waiting(pods, name)
+        common::cluster::first_waiting(pods, name)
             .await
             .filter(|(r, m)| r == "ErrImagePull" && check(m))
     })
@@ -333,11 +320,13 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
 
     // While the pull backs off, the status still gives the reason, as upstream.
     wait_until("wrong backs off with the reason", WAIT, || async {
-        waiting(&pods, "wrong").await.filter(|(r, m)| {
-            r == "ImagePullBackOff"
-                && m.starts_with(&format!("Back-off pulling image {image:?}: ErrImagePull: "))
-                && unauthorized(m)
-        })
+        common::cluster::first_waiting(&pods, "wrong")
+            .await
+            .filter(|(r, m)| {
+                r == "ImagePullBackOff"
+                    && m.starts_with(&format!("Back-off pulling image {image:?}: ErrImagePull: "))
+                    && unauthorized(m)
+            })
     })
     .await;
     // No credential reaches the agent's log.

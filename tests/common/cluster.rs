@@ -117,30 +117,51 @@ pub fn joined_agent(node: &str) -> (super::Agent, NodeCleanup) {
     (agent, cleanup)
 }
 
+/// Runs a clean-up with the admin client to its end, from a `Drop` (which may run inside the
+/// test's runtime, or after a panic): on a thread of its own with a runtime of its own.
+pub fn clean_up_with_admin<F, Fut>(cleanup: F)
+where
+    F: FnOnce(kube::Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move { cleanup(admin().await).await })
+    })
+    .join();
+}
+
 /// Deletes a Node (and its Lease) when dropped, even when the test failed half-way.
 pub struct NodeCleanup(pub String);
 
 impl Drop for NodeCleanup {
     fn drop(&mut self) {
         let name = self.0.clone();
-        let cleanup = async move {
-            let client = admin().await;
+        clean_up_with_admin(move |client| async move {
             let _ = Api::<Node>::all(client.clone())
                 .delete(&name, &DeleteParams::default())
                 .await;
             let _ = Api::<Lease>::namespaced(client, "kube-node-lease")
                 .delete(&name, &DeleteParams::default())
                 .await;
-        };
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(cleanup)
-        })
-        .join();
+        });
     }
+}
+
+/// The waiting (reason, message) of the pod's first container, if it waits.
+pub async fn first_waiting(pods: &Api<Pod>, name: &str) -> Option<(String, String)> {
+    let p = pods.get(name).await.ok()?;
+    let w = p
+        .status?
+        .container_statuses?
+        .first()?
+        .state
+        .clone()?
+        .waiting?;
+    Some((w.reason?, w.message.unwrap_or_default()))
 }
 
 /// Deletes the test's namespace (its pods at once) when dropped.
@@ -149,27 +170,19 @@ pub struct NamespaceCleanup(pub String);
 impl Drop for NamespaceCleanup {
     fn drop(&mut self) {
         let name = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let client = admin().await;
-                    // Pods bound to a node that is gone would hold the namespace in
-                    // Terminating: they go first, at once.
-                    let _ = Api::<Pod>::namespaced(client.clone(), &name)
-                        .delete_collection(
-                            &DeleteParams::default().grace_period(0),
-                            &Default::default(),
-                        )
-                        .await;
-                    let _ = Api::<Namespace>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-        })
-        .join();
+        clean_up_with_admin(move |client| async move {
+            // Pods bound to a node that is gone would hold the namespace in Terminating: they
+            // go first, at once.
+            let _ = Api::<Pod>::namespaced(client.clone(), &name)
+                .delete_collection(
+                    &DeleteParams::default().grace_period(0),
+                    &Default::default(),
+                )
+                .await;
+            let _ = Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 

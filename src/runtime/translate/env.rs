@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
 use super::{ContainerContext, TranslateError};
 use crate::api_objects::{Kind, PodObjects};
@@ -106,38 +106,17 @@ pub fn container_env_with(
     if objects.from_api {
         for source in container.env_from.iter().flatten() {
             let prefix = source.prefix.as_deref().unwrap_or("");
-            let (kind, name, entries): (Kind, &str, Vec<(String, String)>) = if let Some(cm) =
-                &source.config_map_ref
-            {
-                match objects.config_map(namespace, &cm.name) {
-                    Ok(obj) => (
-                        Kind::ConfigMap,
-                        &cm.name,
-                        obj.data
-                            .iter()
-                            .flatten()
-                            .map(|(k, v)| (k.clone(), v.clone()))
-                            .collect(),
-                    ),
-                    Err(e) if e.is_not_found() && cm.optional == Some(true) => continue,
-                    Err(e) => return Err(e.into()),
-                }
+            let (kind, name, optional) = if let Some(cm) = &source.config_map_ref {
+                (Kind::ConfigMap, cm.name.as_str(), cm.optional == Some(true))
             } else if let Some(sec) = &source.secret_ref {
-                match objects.secret(namespace, &sec.name) {
-                    Ok(obj) => (
-                        Kind::Secret,
-                        &sec.name,
-                        obj.data
-                            .iter()
-                            .flatten()
-                            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
-                            .collect(),
-                    ),
-                    Err(e) if e.is_not_found() && sec.optional == Some(true) => continue,
-                    Err(e) => return Err(e.into()),
-                }
+                (Kind::Secret, sec.name.as_str(), sec.optional == Some(true))
             } else {
                 continue;
+            };
+            let entries = match object_data(objects, kind, namespace, name) {
+                Ok(entries) => entries,
+                Err(e) if e.is_not_found() && optional => continue,
+                Err(e) => return Err(e.into()),
             };
             let mut invalid = Vec::new();
             for (key, value) in entries {
@@ -179,53 +158,27 @@ pub fn container_env_with(
                             path: field.field_path.clone(),
                         }
                     })?
-                } else if let Some(cm) = &from.config_map_key_ref {
-                    let optional = cm.optional == Some(true);
+                } else if let Some((kind, name, key, optional, what)) = key_ref(from) {
                     if !objects.from_api {
                         if optional {
                             continue;
                         }
-                        return Err(unsupported("configMapKeyRef"));
+                        return Err(unsupported(what));
                     }
-                    let obj = match objects.config_map(namespace, &cm.name) {
-                        Ok(obj) => obj,
+                    let data = match object_data(objects, kind, namespace, name) {
+                        Ok(data) => data,
                         Err(e) if e.is_not_found() && optional => continue,
                         Err(e) => return Err(e.into()),
                     };
-                    match obj.data.as_ref().and_then(|d| d.get(&cm.key)) {
-                        Some(v) => v.clone(),
+                    match data.into_iter().find(|(k, _)| k == key) {
+                        Some((_, v)) => v,
                         None if optional => continue,
                         None => {
                             return Err(TranslateError::MissingKey {
-                                kind: Kind::ConfigMap.title(),
+                                kind: kind.title(),
                                 namespace: namespace.to_string(),
-                                name: cm.name.clone(),
-                                key: cm.key.clone(),
-                            });
-                        }
-                    }
-                } else if let Some(secret) = &from.secret_key_ref {
-                    let optional = secret.optional == Some(true);
-                    if !objects.from_api {
-                        if optional {
-                            continue;
-                        }
-                        return Err(unsupported("secretKeyRef"));
-                    }
-                    let obj = match objects.secret(namespace, &secret.name) {
-                        Ok(obj) => obj,
-                        Err(e) if e.is_not_found() && optional => continue,
-                        Err(e) => return Err(e.into()),
-                    };
-                    match obj.data.as_ref().and_then(|d| d.get(&secret.key)) {
-                        Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
-                        None if optional => continue,
-                        None => {
-                            return Err(TranslateError::MissingKey {
-                                kind: Kind::Secret.title(),
-                                namespace: namespace.to_string(),
-                                name: secret.name.clone(),
-                                key: secret.key.clone(),
+                                name: name.to_string(),
+                                key: key.to_string(),
                             });
                         }
                     }
@@ -253,6 +206,53 @@ pub fn container_env_with(
 }
 
 /// The value of an earlier variable, for `$(NAME)`.
+/// The configMap or secret key a `valueFrom` names: kind, object, key, whether it is
+/// optional, and the field's name for errors.
+fn key_ref(from: &EnvVarSource) -> Option<(Kind, &str, &str, bool, &'static str)> {
+    if let Some(cm) = &from.config_map_key_ref {
+        return Some((
+            Kind::ConfigMap,
+            &cm.name,
+            &cm.key,
+            cm.optional == Some(true),
+            "configMapKeyRef",
+        ));
+    }
+    let secret = from.secret_key_ref.as_ref()?;
+    Some((
+        Kind::Secret,
+        &secret.name,
+        &secret.key,
+        secret.optional == Some(true),
+        "secretKeyRef",
+    ))
+}
+
+/// A configMap's `data`, or a secret's `data` as text, as (key, value) pairs in key order.
+fn object_data(
+    objects: &PodObjects,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<(String, String)>, crate::api_objects::ObjectError> {
+    Ok(match kind {
+        Kind::ConfigMap => objects
+            .config_map(namespace, name)?
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        Kind::Secret => objects
+            .secret(namespace, name)?
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+            .collect(),
+    })
+}
+
 fn index_of(ordered: &[(String, String)], name: &str) -> Option<String> {
     ordered
         .iter()
