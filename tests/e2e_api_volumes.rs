@@ -15,8 +15,8 @@ use common::cluster::{
 };
 use common::wait_until;
 use k8s_openapi::api::authentication::v1::TokenReview;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(45);
 const NS: &str = "e2e-api-volumes";
@@ -73,17 +73,6 @@ fn container_log(logs: &Path, name: &str) -> String {
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .filter_map(|e| std::fs::read_to_string(e.path().join("app/0.log")).ok())
-        .collect()
-}
-
-async fn events_about(client: &kube::Client, name: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = Api::namespaced(client.clone(), NS);
-    api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
         .collect()
 }
 
@@ -298,7 +287,7 @@ async fn pods_read_config_maps_secrets_and_their_service_account_token() {
     let want = "MountVolume.SetUp failed for volume \"late\" : configmap \"later\" not found";
     assert_eq!(message, want);
     wait_until("the FailedMount event", WAIT, || async {
-        events_about(&client, "waiter")
+        common::cluster::event_reasons(&client, NS, "waiter")
             .await
             .into_iter()
             .find(|(r, m)| r == "FailedMount" && m == want)

@@ -12,9 +12,9 @@ use std::time::Duration;
 use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
 use common::wait_until;
 use deckhand::cri::RuntimeService;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::node::v1::RuntimeClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -31,13 +31,9 @@ async fn events_of(
     ns: &str,
     name: &str,
 ) -> Vec<(String, String, String, i32, String)> {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns);
-    let list = api
-        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+    common::cluster::events_of(client, ns, name)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    list.into_iter()
+        .into_iter()
         .map(|e| {
             (
                 e.type_.unwrap_or_default(),

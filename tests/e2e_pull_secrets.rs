@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
 use common::wait_until;
-use k8s_openapi::api::core::v1::{Event, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(40);
 const NS: &str = "e2e-pull-secrets";
@@ -185,17 +185,6 @@ fn private_pod(name: &str, node: &str, image: &str, secrets: &[&str]) -> Pod {
     serde_json::from_value(value).unwrap()
 }
 
-async fn events_about(client: &kube::Client, name: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = Api::namespaced(client.clone(), NS);
-    api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
-
 /// Waits for `ErrImagePull` whose message satisfies `check`, and for the `Failed` event that
 /// says the same; returns the status message.
 async fn wait_pull_error(
@@ -211,7 +200,7 @@ async fn wait_pull_error(
     })
     .await;
     wait_until(&format!("the Failed event of {name}"), WAIT, || async {
-        events_about(client, name)
+        common::cluster::event_reasons(client, NS, name)
             .await
             .into_iter()
             .find(|(r, m)| r == "Failed" && m.starts_with("Failed to pull image") && check(m))
@@ -282,7 +271,7 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
         (p.status?.phase? == "Running").then_some(())
     })
     .await;
-    let events = events_about(&client, "right").await;
+    let events = common::cluster::event_reasons(&client, NS, "right").await;
     assert!(
         events.iter().any(|(r, m)| r == "Pulled"
             && m.starts_with(&format!("Successfully pulled image {image:?}"))),
@@ -302,7 +291,7 @@ async fn pods_pull_from_a_private_registry_with_their_pull_secrets() {
     // A pull secret that does not exist: pulled without, and named in an event after the 401.
     wait_pull_error(&client, &pods, "missing", unauthorized).await;
     wait_until("the FailedToRetrieveImagePullSecret event", WAIT, || async {
-        events_about(&client, "missing").await.into_iter().find(|(r, m)| {
+        common::cluster::event_reasons(&client, NS, "missing").await.into_iter().find(|(r, m)| {
             r == "FailedToRetrieveImagePullSecret"
                 && m == "Unable to retrieve some image pull secrets (absent); attempting to pull the image may not succeed."
         })

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 /// The cluster's directory, or a failure that says how to get one.
 pub fn cluster_dir() -> PathBuf {
@@ -295,4 +295,22 @@ pub fn kubectl(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The events about the object `name` in `ns` (any kind), as the API server lists them.
+pub async fn events_of(client: &kube::Client, ns: &str, name: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// The (reason, message) of every event about `name` in `ns`.
+pub async fn event_reasons(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    events_of(client, ns, name)
+        .await
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
 }
