@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -298,14 +298,7 @@ impl Writer {
         ) else {
             return;
         };
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let params = crate::apiserver::delete_exactly_now(uid);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         match api.delete(name, &params).await {
             Ok(_) => {

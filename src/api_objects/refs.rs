@@ -6,17 +6,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::token::TokenWant;
 use super::{Kind, ObjectKey, TokenSlot};
+use crate::k8s::pod::namespace;
 
 /// Upstream's default lifetime of a projected service-account token.
 pub const DEFAULT_TOKEN_SECONDS: i64 = 3600;
-
-fn namespace(pod: &Pod) -> &str {
-    pod.metadata
-        .namespace
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .unwrap_or("default")
-}
 
 /// Every configMap and secret the pod's volumes (plain and projected), containers' `env`
 /// and `envFrom` and `imagePullSecrets` name, in the pod's namespace. Empty names are left out (validation refuses

@@ -11,3 +11,17 @@ pub mod retry;
 
 pub use connect::{ClientOptions, ConnectError, connect, connect_rotating};
 pub use problem::{Problem, ProblemKind, ProblemLog};
+
+/// Delete parameters for a pod the node has finished with: grace 0 (its containers are
+/// already stopped) and this UID only, so a pod of the same name made meanwhile is never hit.
+/// Upstream's status manager and mirror client delete this way.
+pub fn delete_exactly_now(uid: &str) -> kube::api::DeleteParams {
+    kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}

@@ -3,8 +3,6 @@
 //! credentials (usually a bootstrap token), store it in the cert dir and write a kubeconfig
 //! that names `<certDir>/kubelet-client-current.pem`.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -264,16 +262,7 @@ pub fn write_kubeconfig(
         std::fs::create_dir_all(dir).map_err(|e| werr(e.to_string()))?;
     }
     let tmp = path.with_extension("deckhand-new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| werr(e.to_string()))?;
-    f.write_all(&text).map_err(|e| werr(e.to_string()))?;
-    f.sync_all().map_err(|e| werr(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| werr(e.to_string()))?;
+    super::store::write_private(&tmp, path, &text).map_err(|e| werr(e.to_string()))?;
     tracing::info!(kubeconfig = %path.display(), "wrote the node's kubeconfig");
     Ok(())
 }

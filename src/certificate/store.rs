@@ -127,18 +127,7 @@ impl FileStore {
             path = self.dir.join(file_name_for(bump));
         }
         let tmp = self.dir.join(format!(".{CURRENT}.new"));
-        let _ = std::fs::remove_file(&tmp);
-        {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(io(&tmp))?;
-            f.write_all(pem).map_err(io(&tmp))?;
-            f.sync_all().map_err(io(&tmp))?;
-        }
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        write_private(&tmp, &path, pem).map_err(io(&path))?;
         self.link(&path)?;
         Ok(path)
     }
@@ -151,6 +140,20 @@ impl FileStore {
         std::os::unix::fs::symlink(target, &tmp).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &link).map_err(io(&link))
     }
+}
+
+/// Writes `bytes` to `dest` readable by root only (0600), never half-written: to `tmp` first
+/// (made fresh, synced), then renamed over `dest`.
+pub(super) fn write_private(tmp: &Path, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(tmp, dest)
 }
 
 #[cfg(test)]

@@ -48,6 +48,15 @@ pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
+/// The pod's namespace; an unset or empty one is `default`, as the API server defaults it.
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default")
+}
+
 /// `namespace/name` of a pod.
 pub fn full_name(pod: &Pod) -> String {
     format!(

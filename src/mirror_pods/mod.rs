@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -100,14 +100,7 @@ impl MirrorApi for KubeMirrorApi {
     }
 
     async fn delete_pod(&self, namespace: &str, name: &str, uid: &str) -> Result<(), Problem> {
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let params = crate::apiserver::delete_exactly_now(uid);
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .delete(name, &params)
             .await?;

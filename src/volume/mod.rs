@@ -367,12 +367,7 @@ impl VolumeManager {
         fs_group: Option<FsGroup>,
     ) -> Result<atomic_writer::Payload, FilesError> {
         let node = self.allocatable;
-        let namespace = pod
-            .metadata
-            .namespace
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .unwrap_or("default");
+        let namespace = crate::k8s::pod::namespace(pod);
         let mut payload = atomic_writer::Payload::new();
         let mut errors: Vec<SourceError> = Vec::new();
         let mut item_errors = Vec::new();

@@ -202,7 +202,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
 /// The pod's pull secrets that could be read, and the names of those that could not.
 fn pull_secrets(pod: &Pod, objects: &PodObjects) -> (Vec<std::sync::Arc<Secret>>, Vec<String>) {
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let namespace = crate::k8s::pod::namespace(pod);
     let mut found = Vec::new();
     let mut missing = Vec::new();
     let names = pod

@@ -86,12 +86,7 @@ pub fn container_env_with(
     if !objects.from_api {
         check_standalone_env_from(container)?;
     }
-    let namespace = pod
-        .metadata
-        .namespace
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .unwrap_or("default");
+    let namespace = crate::k8s::pod::namespace(pod);
     let mut ordered: Vec<(String, String)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut skipped = Vec::new();
