@@ -117,6 +117,11 @@ pub struct Executor<R> {
     events: Recorder,
     /// With an API server: the configMaps, secrets and tokens the pods refer to.
     objects: Option<ApiObjects>,
+    /// The pods' cgroups (cgroupfs driver with cgroupsPerQOS); without it the runtime makes
+    /// them with its defaults.
+    cgroups: Option<Arc<crate::cm::CgroupManager>>,
+    /// How container limits are translated (CFS settings, cgroup version, huge page sizes).
+    resources: crate::cm::ContainerSettings,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -166,7 +171,52 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             volumes,
             events,
             objects: None,
+            cgroups: None,
+            resources: crate::cm::ContainerSettings::default(),
         }
+    }
+
+    /// Makes and removes the pods' cgroups through `cgroups`.
+    pub fn with_cgroups(mut self, cgroups: Arc<crate::cm::CgroupManager>) -> Self {
+        self.cgroups = Some(cgroups);
+        self
+    }
+
+    /// Translates container limits with `settings` (`cpuCFSQuota`, its period, the cgroup
+    /// version, the machine's huge page sizes).
+    pub fn with_container_settings(mut self, settings: crate::cm::ContainerSettings) -> Self {
+        self.resources = settings;
+        self
+    }
+
+    /// Makes sure the pod's cgroup exists before anything of it starts (upstream: before the
+    /// sandbox, volumes included); a pod that will not run again stops counting for the QoS
+    /// tiers. `Err` carries the message for the pod's event.
+    async fn ensure_pod_cgroup(&self, pod: &Pod, terminal: bool) -> Result<(), String> {
+        let Some(cgroups) = self.cgroups.clone() else {
+            return Ok(());
+        };
+        let uid = pod_uid(pod).to_string();
+        if terminal {
+            tokio::task::spawn_blocking(move || cgroups.pod_stopped(&uid))
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        let owned = pod.clone();
+        let started = std::time::Instant::now();
+        let ensured = tokio::task::spawn_blocking(move || cgroups.ensure_pod(&owned))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if ensured == crate::cm::Ensured::Created {
+            tracing::debug!(
+                pod_uid = %uid,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "pod cgroup created"
+            );
+        }
+        Ok(())
     }
 
     /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
@@ -289,6 +339,21 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 w.name.clone(),
                 WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
             );
+        }
+        if let Err(message) = self.ensure_pod_cgroup(pod, decision.terminal).await {
+            tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
+            self.events.pod(
+                pod,
+                EventType::Warning,
+                reason::FAILED_TO_CREATE_POD_CONTAINER,
+                format!("unable to ensure pod container exists: {message}"),
+            );
+            return SyncOutcome {
+                observed,
+                runtime_unreachable: false,
+                retry_after: Some(ERROR_RETRY),
+                terminal: false,
+            };
         }
         let executed = self.execute(pod, &observed, &decision, state).await;
         if let Err(err) = &executed {
