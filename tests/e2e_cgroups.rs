@@ -134,10 +134,10 @@ async fn container_id(agent: &Agent, name: &str) -> String {
 
 fn agent_with_root(node: &str, root: &CgroupRoot, extra: &[&str]) -> Agent {
     let mut agent = Agent::new(node);
-    agent.extra_args.push(format!("--cgroup-root={}", root.name));
     agent
         .extra_args
-        .extend(extra.iter().map(|s| s.to_string()));
+        .push(format!("--cgroup-root={}", root.name));
+    agent.extra_args.extend(extra.iter().map(|s| s.to_string()));
     agent
 }
 
@@ -176,7 +176,10 @@ async fn each_qos_class_gets_upstreams_cgroup_files_and_loses_them_with_the_pod(
     let mut agent = agent_with_root(
         node,
         &root,
-        &["--pod-max-pids=256", "--kube-reserved=cpu=100m,memory=100Mi"],
+        &[
+            "--pod-max-pids=256",
+            "--kube-reserved=cpu=100m,memory=100Mi",
+        ],
     );
     agent.write_manifest(
         "g.yaml",
@@ -305,7 +308,8 @@ async fn each_qos_class_gets_upstreams_cgroup_files_and_loses_them_with_the_pod(
     }
     // The burstable tier has the shares of the one burstable pod's request.
     assert_eq!(
-        root.read("cpu", "kubepods/burstable", "cpu.shares").as_deref(),
+        root.read("cpu", "kubepods/burstable", "cpu.shares")
+            .as_deref(),
         Some("102")
     );
 
@@ -338,7 +342,8 @@ async fn each_qos_class_gets_upstreams_cgroup_files_and_loses_them_with_the_pod(
     })
     .await;
     assert_eq!(
-        root.read("cpu", "kubepods/burstable", "cpu.shares").as_deref(),
+        root.read("cpu", "kubepods/burstable", "cpu.shares")
+            .as_deref(),
         Some("2"),
         "the burstable tier shrinks back when its pod is gone"
     );

@@ -360,7 +360,8 @@ fn v2_tree_and_pod_files_hold_upstreams_values() {
             ),
         ],
     );
-    let rows: Vec<(Pod, &str, Vec<(&str, Option<&str>)>)> = vec![
+    type Row<'a> = (Pod, &'a str, Vec<(&'a str, Option<&'a str>)>);
+    let rows: Vec<Row> = vec![
         (
             pod("g-1", GUARANTEED, GUARANTEED),
             "kubepods/podg-1",

@@ -157,7 +157,7 @@ pub fn hugepage_unit(size: u64) -> Option<String> {
     let mut size = size;
     let mut unit = 0;
     while size >= 1024 && unit < UNITS.len() - 1 {
-        if size % 1024 != 0 {
+        if !size.is_multiple_of(1024) {
             return None;
         }
         size /= 1024;
