@@ -230,6 +230,21 @@ impl CgroupManager {
 
     /// Creates the cgroup (and missing parents) and writes `config` into it.
     pub fn create(&self, cgroup: &str, config: &ResourceConfig) -> Result<(), CgroupError> {
+        self.make(cgroup)?;
+        self.apply(cgroup, config)
+    }
+
+    /// Writes `config`, logging instead of failing: upstream's kubelet creates a cgroup and
+    /// only logs when the kernel refuses a setting (a limit below what is already used, say),
+    /// so the pod still starts and the node agent still runs.
+    fn apply_or_warn(&self, cgroup: &str, config: &ResourceConfig) {
+        if let Err(err) = self.apply(cgroup, config) {
+            tracing::warn!(%cgroup, error = %err, "cannot apply the cgroup's settings");
+        }
+    }
+
+    /// Creates the cgroup's directories (and missing parents) everywhere it lives.
+    pub fn make(&self, cgroup: &str) -> Result<(), CgroupError> {
         let create_err = |source| CgroupError::Create {
             path: cgroup.to_string(),
             source,
@@ -269,7 +284,7 @@ impl CgroupManager {
                 }
             }
         }
-        self.apply(cgroup, config)
+        Ok(())
     }
 
     /// A new v1 cpuset cgroup has no CPUs or memory nodes, and nothing can join it until it
@@ -298,7 +313,8 @@ impl CgroupManager {
 
     /// Start-up: checks that the cgroup root exists, creates or updates `kubepods` with
     /// `kubepods_config` (see [`super::allocatable`]) and the QoS tiers, then computes the
-    /// tiers' shares.
+    /// tiers' shares. Only a cgroup that cannot be made stops the start; a setting the kernel
+    /// refuses is logged (upstream retries the kubepods limits in the background).
     pub fn start(&self, kubepods_config: &ResourceConfig) -> Result<(), CgroupError> {
         let root = self.settings.cgroup_root.clone();
         let missing: Vec<String> = self
@@ -314,27 +330,24 @@ impl CgroupManager {
             });
         }
         let kubepods = self.kubepods();
-        if self.exists(&kubepods) {
-            self.apply(&kubepods, kubepods_config)?;
-        } else {
-            self.create(&kubepods, kubepods_config)?;
-        }
+        self.make(&kubepods)?;
+        self.apply_or_warn(&kubepods, kubepods_config);
         let startup = qos::startup(&self.page_sizes, self.version == CgroupVersion::V2);
         for (qos, config) in [
             (QosClass::Burstable, &startup.burstable),
             (QosClass::BestEffort, &startup.besteffort),
         ] {
             let tier = self.tier(qos);
-            if self.exists(&tier) {
-                self.apply(&tier, config)?;
-            } else {
-                self.create(&tier, config)?;
-            }
+            self.make(&tier)?;
+            self.apply_or_warn(&tier, config);
         }
         if !startup.kubepods.unified.is_empty() {
-            self.apply(&kubepods, &startup.kubepods)?;
+            self.apply_or_warn(&kubepods, &startup.kubepods);
         }
-        self.update_qos()
+        if let Err(err) = self.update_qos() {
+            tracing::warn!(error = %err, "cannot update the QoS cgroups");
+        }
+        Ok(())
     }
 
     /// Recomputes the QoS tiers from the active pods and writes them.
@@ -394,7 +407,8 @@ impl CgroupManager {
         if let Err(err) = self.update_qos() {
             tracing::warn!(pod_uid = %uid, error = %err, "cannot update the QoS cgroups");
         }
-        self.create(&cgroup, &self.pod_config(pod))?;
+        self.make(&cgroup)?;
+        self.apply_or_warn(&cgroup, &self.pod_config(pod));
         Ok(Ensured::Created)
     }
 
