@@ -183,6 +183,47 @@ impl ContainerSettings {
     }
 }
 
+/// A cgroup filesystem on a plain directory, for tests here and in the executor.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::io;
+    use std::path::Path;
+
+    use super::fs::{CgroupFs, HostCgroupFs};
+
+    /// The real filesystem code on a plain directory; only removal differs (a fixture
+    /// cgroup's "files" are real files, which rmdir would refuse).
+    #[derive(Debug)]
+    pub struct Fixture(pub HostCgroupFs);
+
+    impl CgroupFs for Fixture {
+        fn is_dir(&self, dir: &Path) -> bool {
+            self.0.is_dir(dir)
+        }
+        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+            self.0.create_dir_all(dir)
+        }
+        fn write(&self, dir: &Path, file: &str, value: &str) -> io::Result<()> {
+            self.0.write(dir, file, value)
+        }
+        fn read(&self, dir: &Path, file: &str) -> io::Result<String> {
+            self.0.read(dir, file)
+        }
+        fn exists(&self, dir: &Path, file: &str) -> bool {
+            self.0.exists(dir, file)
+        }
+        fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+            match std::fs::remove_dir_all(self.0.root().join(dir)) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        }
+        fn subdirs(&self, dir: &Path) -> Vec<String> {
+            self.0.subdirs(dir)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
