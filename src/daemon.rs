@@ -211,6 +211,24 @@ fn setup_cgroups(
     Ok((Some(Arc::new(manager)), settings))
 }
 
+/// How often the QoS cgroups are written again from the active pods (upstream's period),
+/// besides each time a pod's cgroup is made or a pod ends: whatever changed them meanwhile is
+/// set right.
+const QOS_CGROUP_PERIOD: Duration = Duration::from_secs(60);
+
+async fn keep_qos_cgroups(cgroups: Arc<crate::cm::CgroupManager>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(QOS_CGROUP_PERIOD) => {}
+        }
+        let cgroups = cgroups.clone();
+        if let Ok(Err(err)) = tokio::task::spawn_blocking(move || cgroups.update_qos()).await {
+            tracing::warn!(error = %err, "cannot update the QoS cgroups");
+        }
+    }
+}
+
 fn host_dns(config: &Config) -> HostDns {
     if config.resolv_conf.as_os_str().is_empty() {
         return HostDns::default();
@@ -485,6 +503,7 @@ pub async fn run(
     )
     .with_container_settings(container_settings);
     if let Some(cgroups) = cgroups {
+        tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);
     }
     // With a kubeconfig: the configMaps, secrets and tokens the pods refer to, watched one by
