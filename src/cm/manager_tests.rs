@@ -409,3 +409,73 @@ fn v2_without_cfs_quota_writes_max() {
         Some("max 100000")
     );
 }
+
+/// Refuses every write of one file name, as the kernel refuses a limit below the usage.
+#[derive(Debug)]
+struct Refusing(Fixture, &'static str);
+
+impl CgroupFs for Refusing {
+    fn is_dir(&self, dir: &Path) -> bool {
+        self.0.is_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.0.create_dir_all(dir)
+    }
+    fn write(&self, dir: &Path, file: &str, value: &str) -> io::Result<()> {
+        if file == self.1 {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        self.0.write(dir, file, value)
+    }
+    fn read(&self, dir: &Path, file: &str) -> io::Result<String> {
+        self.0.read(dir, file)
+    }
+    fn exists(&self, dir: &Path, file: &str) -> bool {
+        self.0.exists(dir, file)
+    }
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        self.0.remove_dir(dir)
+    }
+    fn subdirs(&self, dir: &Path) -> Vec<String> {
+        self.0.subdirs(dir)
+    }
+}
+
+#[test]
+fn a_refused_setting_is_logged_and_the_cgroups_are_still_made() {
+    let dir = v1_fixture(false);
+    let root = dir.path();
+    let m = CgroupManager::new(
+        Arc::new(Refusing(Fixture(HostCgroupFs::new(root)), "pids.max")),
+        vec![],
+        settings("/"),
+    )
+    .unwrap();
+    m.start(&kubepods_config()).unwrap();
+    assert_eq!(
+        m.ensure_pod(&pod("g-1", GUARANTEED, GUARANTEED)).unwrap(),
+        Ensured::Created
+    );
+    // As runc's library: the writes before the refused one are in, the rest of that cgroup's
+    // are not; the cgroups exist and the start and the pod go on.
+    expect(
+        root,
+        &[
+            ("memory/kubepods/memory.limit_in_bytes", Some("8589934592")),
+            ("cpu/kubepods/cpu.shares", Some("2048")),
+            ("pids/kubepods/pids.max", None),
+            ("cpu/kubepods/podg-1/cpu.shares", Some("512")),
+            (
+                "memory/kubepods/podg-1/memory.limit_in_bytes",
+                Some("67108864"),
+            ),
+        ],
+    );
+    assert!(root.join("pids/kubepods/podg-1").is_dir());
+    // Direct writes still report the refusal.
+    let err = m
+        .apply("/kubepods", &kubepods_config())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pids/kubepods/pids.max"), "{err}");
+}
