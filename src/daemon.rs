@@ -42,6 +42,8 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where the cgroup hierarchies are mounted.
+const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,12 @@ pub enum DaemonError {
     /// TLS bootstrap could not finish.
     #[error(transparent)]
     Bootstrap(#[from] crate::certificate::bootstrap::BootstrapError),
+    /// `cgroupDriver: systemd` on a machine where systemd does not run.
+    #[error(transparent)]
+    Systemd(#[from] crate::cm::systemd::SystemdNotRunning),
+    /// The cgroup root is missing, or kubepods and the QoS cgroups cannot be made.
+    #[error("setting up the pod cgroups: {0}")]
+    Cgroups(#[from] crate::cm::CgroupError),
     /// The sync loop died: nothing would sync pods any more, so the agent stops (its service
     /// manager starts it again, and the new agent adopts the pods, which keep running).
     #[error("the sync loop ended unexpectedly: {0}")]
@@ -126,6 +134,101 @@ impl Tuning {
     }
 }
 
+/// The cgroup side of the start (upstream's container manager): the cgroup version, the
+/// container settings translation needs, and with the cgroupfs driver and `cgroupsPerQOS`
+/// the manager, after it made `kubepods` (limited to allocatable when
+/// `enforceNodeAllocatable` has `pods`) and the QoS cgroups.
+fn setup_cgroups(
+    config: &Config,
+    capacity: &crate::node::allocatable::Amounts,
+) -> Result<
+    (
+        Option<Arc<crate::cm::CgroupManager>>,
+        crate::cm::ContainerSettings,
+    ),
+    DaemonError,
+> {
+    use crate::cm::{CfsSettings, CgroupManager, ContainerSettings, HostCgroupFs, ManagerSettings};
+    let fs = HostCgroupFs::new(CGROUP_MOUNT);
+    let version = crate::cm::detect_version(&fs);
+    let page_sizes: Vec<u64> = capacity.hugepages.iter().map(|(size, _)| *size).collect();
+    let cfs = CfsSettings {
+        enforce_cpu_limits: config.cpu_cfs_quota,
+        period_us: u64::try_from(config.cpu_cfs_quota_period.as_micros()).unwrap_or(u64::MAX),
+    };
+    let settings = ContainerSettings {
+        cfs,
+        version: Some(version),
+        page_sizes: page_sizes.clone(),
+    };
+    if !config.cgroups_per_qos {
+        return Ok((None, settings));
+    }
+    if config.cgroup_driver == crate::config::CgroupDriver::Systemd {
+        // Slices are made by systemd on the runtime's request; Deckhand does not talk to
+        // systemd, so pod-level limits are not written with this driver.
+        tracing::warn!(
+            "with the systemd cgroup driver the runtime creates the pod slices; pod-level cgroup limits and kubepods enforcement are not applied"
+        );
+        return Ok((None, settings));
+    }
+    let allocatable = crate::node::allocatable::allocatable(capacity, &config.reservations);
+    let manager = CgroupManager::new(
+        Arc::new(fs),
+        page_sizes,
+        ManagerSettings {
+            cgroup_root: config.cgroup_root.clone(),
+            cfs,
+            pod_pids_limit: config.pod_pids_limit,
+            memory_reserve_percent: None,
+            allocatable_memory: allocatable.memory_bytes,
+        },
+    )?;
+    let node = crate::cm::allocatable::NodeCapacity {
+        cpu_millis: capacity.cpu_millis,
+        memory_bytes: capacity.memory_bytes,
+        pids: crate::cm::allocatable::NodeCapacity::read_pids(std::path::Path::new(
+            "/proc/sys/kernel",
+        )),
+        hugepages: capacity.hugepages.clone(),
+    };
+    let enforce_pods = config
+        .enforce_node_allocatable
+        .iter()
+        .any(|l| l == crate::config::ENFORCE_PODS);
+    let kubepods =
+        crate::cm::allocatable::kubepods_config(&node, &config.reservations, enforce_pods);
+    manager.start(&kubepods)?;
+    tracing::info!(
+        cgroup = %manager.kubepods(),
+        version = ?version,
+        memory = ?kubepods.memory,
+        cpu_shares = ?kubepods.cpu_shares,
+        pids = ?kubepods.pids_limit,
+        enforce_pods,
+        "pod cgroups ready"
+    );
+    Ok((Some(Arc::new(manager)), settings))
+}
+
+/// How often the QoS cgroups are written again from the active pods (upstream's period),
+/// besides each time a pod's cgroup is made or a pod ends: whatever changed them meanwhile is
+/// set right.
+const QOS_CGROUP_PERIOD: Duration = Duration::from_secs(60);
+
+async fn keep_qos_cgroups(cgroups: Arc<crate::cm::CgroupManager>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(QOS_CGROUP_PERIOD) => {}
+        }
+        let cgroups = cgroups.clone();
+        if let Ok(Err(err)) = tokio::task::spawn_blocking(move || cgroups.update_qos()).await {
+            tracing::warn!(error = %err, "cannot update the QoS cgroups");
+        }
+    }
+}
+
 fn host_dns(config: &Config) -> HostDns {
     if config.resolv_conf.as_os_str().is_empty() {
         return HostDns::default();
@@ -148,6 +251,12 @@ pub async fn run(
     tracing::info!("starting: {}", config.summary());
     for warning in &config.warnings {
         tracing::warn!("configuration: {warning}");
+    }
+    // The systemd driver needs systemd; say so before anything starts.
+    if config.cgroup_driver == crate::config::CgroupDriver::Systemd {
+        crate::cm::systemd::check_running(std::path::Path::new(
+            crate::cm::systemd::SYSTEMD_RUNNING_MARKER,
+        ))?;
     }
 
     // A kubeconfig that cannot be used stops the agent before anything starts. Two clients:
@@ -287,6 +396,7 @@ pub async fn run(
     let node_memory_bytes = machine.memory_bytes;
     let capacity = crate::node::allocatable::capacity(&machine, config.max_pods);
     let allocatable = crate::node::allocatable::allocatable(&capacity, &config.reservations);
+    let (cgroups, container_settings) = setup_cgroups(&config, &capacity)?;
     let node = Arc::new(NodeContext {
         node_name: config.node_name.clone(),
         host_ip: host_ip.map(|ip| ip.to_string()),
@@ -298,7 +408,7 @@ pub async fn run(
         cgroup_driver: config.cgroup_driver,
         cgroup_root: config.cgroup_root.clone(),
         cgroups_per_qos: config.cgroups_per_qos,
-        cgroup_fs: PathBuf::from("/sys/fs/cgroup"),
+        cgroup_fs: PathBuf::from(CGROUP_MOUNT),
         node_memory_bytes,
         allocatable: allocatable.for_downward_api(),
         runtime_request_timeout: config.runtime_request_timeout,
@@ -390,7 +500,12 @@ pub async fn run(
         details,
         tuning.backoff,
         events.clone(),
-    );
+    )
+    .with_container_settings(container_settings);
+    if let Some(cgroups) = cgroups {
+        tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
+        executor = executor.with_cgroups(cgroups);
+    }
     // With a kubeconfig: the configMaps, secrets and tokens the pods refer to, watched one by
     // one; a change pokes the pods that refer to the object.
     if let Some((heartbeat, watch, _)) = &api_clients {

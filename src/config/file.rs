@@ -57,6 +57,11 @@ pub struct KubeletConfigurationFile {
     pub resolv_conf: Option<String>,
     pub max_pods: Option<i64>,
     pub pod_pids_limit: Option<i64>,
+    #[serde(rename = "cpuCFSQuota")]
+    pub cpu_cfs_quota: Option<bool>,
+    #[serde(rename = "cpuCFSQuotaPeriod")]
+    pub cpu_cfs_quota_period: Option<String>,
+    pub enforce_node_allocatable: Option<Vec<String>>,
     pub pod_logs_dir: Option<String>,
     pub container_runtime_endpoint: Option<String>,
     pub image_service_endpoint: Option<String>,

@@ -142,6 +142,25 @@ pub struct Flags {
           value_parser = parse_go_bool)]
     pub cgroups_per_qos: Option<bool>,
 
+    /// Enforce CPU limits with a CFS quota (true/false). [default: true]
+    #[arg(long = "cpu-cfs-quota", value_name = "BOOL", num_args = 0..=1,
+          default_missing_value = "true", value_parser = parse_go_bool)]
+    pub cpu_cfs_quota: Option<bool>,
+
+    /// The CFS period (cpu.cfs_period_us) of every CPU limit, 1ms to 1s. [default: 100ms]
+    #[arg(long = "cpu-cfs-quota-period", value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub cpu_cfs_quota_period: Option<Duration>,
+
+    /// Maximum number of processes in a pod; -1 for no limit. [default: -1]
+    #[arg(long = "pod-max-pids", value_name = "N", allow_negative_numbers = true)]
+    pub pod_max_pids: Option<i64>,
+
+    /// Comma-separated node allocatable enforcement: `pods` limits the kubepods cgroup to
+    /// allocatable; `none` (or empty) limits it to capacity only. [default: pods]
+    #[arg(long, value_name = "LEVEL,...", value_delimiter = ',', num_args = 0..=1,
+          default_missing_value = "")]
+    pub enforce_node_allocatable: Option<Vec<String>>,
+
     /// Cluster DNS domain; containers search it in addition to the host's domains.
     #[arg(long, value_name = "DOMAIN")]
     pub cluster_domain: Option<String>,
@@ -419,6 +438,10 @@ mod tests {
                     "kernel.msg*".into(),
                     "net.core.somaxconn".into()
                 ]),
+                cpu_cfs_quota: None,
+                cpu_cfs_quota_period: None,
+                pod_max_pids: None,
+                enforce_node_allocatable: None,
             }
         );
     }

@@ -15,6 +15,8 @@ pub mod flags;
 pub mod node;
 mod validate;
 
+pub use validate::ENFORCE_PODS;
+
 #[cfg(test)]
 mod tests;
 
@@ -82,6 +84,13 @@ pub struct Config {
     pub max_pods: u32,
     /// -1 = unlimited.
     pub pod_pids_limit: i64,
+    /// `cpuCFSQuota`: CPU limits are enforced with a CFS quota.
+    pub cpu_cfs_quota: bool,
+    /// `cpuCFSQuotaPeriod` (1ms to 1s).
+    pub cpu_cfs_quota_period: Duration,
+    /// `enforceNodeAllocatable`: `pods` when the kubepods cgroup is limited to allocatable
+    /// (the only level Deckhand enforces); empty for none.
+    pub enforce_node_allocatable: Vec<String>,
     pub node_status_update_frequency: Duration,
     pub serialize_image_pulls: bool,
     pub max_parallel_image_pulls: Option<u32>,

@@ -70,6 +70,9 @@ fn defaults() -> Config {
         resolv_conf: "/etc/resolv.conf".into(),
         max_pods: 110,
         pod_pids_limit: -1,
+        cpu_cfs_quota: true,
+        cpu_cfs_quota_period: Duration::from_millis(100),
+        enforce_node_allocatable: vec!["pods".into()],
         node_status_update_frequency: secs(10),
         serialize_image_pulls: true,
         max_parallel_image_pulls: None,
@@ -167,6 +170,9 @@ crashLoopBackOff:
         resolv_conf: PathBuf::new(),
         max_pods: 32,
         pod_pids_limit: 1024,
+        cpu_cfs_quota: true,
+        cpu_cfs_quota_period: Duration::from_millis(100),
+        enforce_node_allocatable: vec![],
         pod_logs_dir: "/srv/pod-logs".into(),
         container_runtime_endpoint: "unix:///run/crio/crio.sock".into(),
         image_service_endpoint: Some("unix:///run/images.sock".into()),
@@ -260,6 +266,7 @@ fn flags_only() {
         cluster_dns: vec![ip("10.0.0.10"), ip("10.0.0.11")],
         resolv_conf: "/run/resolv.conf".into(),
         max_pods: 20,
+        enforce_node_allocatable: vec![],
         node_status_update_frequency: secs(7),
         serialize_image_pulls: false,
         pod_infra_container_image: Some("registry.k8s.io/pause:3.10".into()),
@@ -321,6 +328,33 @@ fn flags_beat_file_beats_defaults() {
             file: Some("cgroupsPerQOS: false\n"),
             args: &["--cgroups-per-qos"],
             check: |c| assert!(c.cgroups_per_qos),
+        },
+        Row {
+            name: "cpuCFSQuota: flag false beats file true, period from the file",
+            file: Some("cpuCFSQuota: true\ncpuCFSQuotaPeriod: 50ms\n"),
+            args: &["--cpu-cfs-quota=false"],
+            check: |c| {
+                assert!(!c.cpu_cfs_quota);
+                assert_eq!(c.cpu_cfs_quota_period, Duration::from_millis(50));
+            },
+        },
+        Row {
+            name: "podPidsLimit: flag beats file",
+            file: Some("podPidsLimit: 100\n"),
+            args: &["--pod-max-pids=4096"],
+            check: |c| assert_eq!(c.pod_pids_limit, 4096),
+        },
+        Row {
+            name: "enforceNodeAllocatable: none and empty mean nothing",
+            file: Some("enforceNodeAllocatable: [none]\n"),
+            args: &[],
+            check: |c| assert!(c.enforce_node_allocatable.is_empty()),
+        },
+        Row {
+            name: "enforceNodeAllocatable: an empty flag beats the file",
+            file: Some("enforceNodeAllocatable: [pods]\n"),
+            args: &["--enforce-node-allocatable="],
+            check: |c| assert!(c.enforce_node_allocatable.is_empty()),
         },
         Row {
             name: "serializeImagePulls: file false kept without flag",
@@ -677,6 +711,41 @@ fn validation_errors_name_the_field() {
             &[],
             Some("podPidsLimit: -2\n"),
             "podPidsLimit: -2 must be -1 (unlimited) or greater",
+        ),
+        (
+            &["--pod-max-pids=-5"],
+            None,
+            "--pod-max-pids: -5 must be -1 (unlimited) or greater",
+        ),
+        (
+            &["--cpu-cfs-quota-period=2s"],
+            None,
+            "--cpu-cfs-quota-period: 2s must be between 1ms and 1s, inclusive",
+        ),
+        (
+            &[],
+            Some("cpuCFSQuotaPeriod: 500us\n"),
+            "cpuCFSQuotaPeriod: 500µs must be between 1ms and 1s, inclusive",
+        ),
+        (
+            &["--enforce-node-allocatable=pods,none"],
+            None,
+            "--enforce-node-allocatable: may not contain other levels when \"none\" is given",
+        ),
+        (
+            &["--enforce-node-allocatable=pods,pods"],
+            None,
+            "--enforce-node-allocatable: duplicated enforcement \"pods\"",
+        ),
+        (
+            &[],
+            Some("enforceNodeAllocatable: [pods]\ncgroupsPerQOS: false\n"),
+            "enforceNodeAllocatable: \"pods\" needs cgroupsPerQOS (--cgroups-per-qos) to be true",
+        ),
+        (
+            &["--enforce-node-allocatable=system-reserved"],
+            None,
+            "--enforce-node-allocatable: \"system-reserved\" needs a reserved cgroup (--system-reserved-cgroup / --kube-reserved-cgroup), which Deckhand does not support; only \"pods\" and \"none\" are",
         ),
         (
             &[],

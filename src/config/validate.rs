@@ -30,6 +30,9 @@ pub const DEFAULT_CGROUP_ROOT: &str = "/";
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub const DEFAULT_MAX_PODS: u32 = 110;
 pub const DEFAULT_POD_PIDS_LIMIT: i64 = -1;
+pub const DEFAULT_CPU_CFS_QUOTA_PERIOD: Duration = Duration::from_millis(100);
+/// The `enforceNodeAllocatable` level that limits the kubepods cgroup to allocatable.
+pub const ENFORCE_PODS: &str = "pods";
 pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONTAINER_LOG_MAX_SIZE: &str = "10Mi";
 pub const DEFAULT_CONTAINER_LOG_MAX_FILES: u32 = 5;
@@ -462,13 +465,62 @@ pub(super) fn build(
     if max_pods < 1 {
         return Err(invalid(o.name(), "must be at least 1"));
     }
-    let pod_pids_limit = f.pod_pids_limit.unwrap_or(DEFAULT_POD_PIDS_LIMIT);
+    let (pod_pids_limit, o) = pick(
+        flags.pod_max_pids,
+        "--pod-max-pids",
+        f.pod_pids_limit,
+        "podPidsLimit",
+        || DEFAULT_POD_PIDS_LIMIT,
+    );
     if pod_pids_limit < -1 {
         return Err(invalid(
-            "podPidsLimit",
+            o.name(),
             format!("{pod_pids_limit} must be -1 (unlimited) or greater"),
         ));
     }
+
+    // CPU limits and node allocatable enforcement.
+    let (cpu_cfs_quota, _) = pick(
+        flags.cpu_cfs_quota,
+        "--cpu-cfs-quota",
+        f.cpu_cfs_quota,
+        "cpuCFSQuota",
+        || true,
+    );
+    let (cpu_cfs_quota_period, o) = pick(
+        flags.cpu_cfs_quota_period,
+        "--cpu-cfs-quota-period",
+        file_duration(f.cpu_cfs_quota_period.as_deref(), "cpuCFSQuotaPeriod")?,
+        "cpuCFSQuotaPeriod",
+        || DEFAULT_CPU_CFS_QUOTA_PERIOD,
+    );
+    if cpu_cfs_quota_period < Duration::from_millis(1)
+        || cpu_cfs_quota_period > Duration::from_secs(1)
+    {
+        return Err(invalid(
+            o.name(),
+            format!(
+                "{} must be between 1ms and 1s, inclusive",
+                format_go_duration(cpu_cfs_quota_period)
+            ),
+        ));
+    }
+    let (enforce, o) = pick(
+        flags.enforce_node_allocatable.clone(),
+        "--enforce-node-allocatable",
+        f.enforce_node_allocatable.clone(),
+        "enforceNodeAllocatable",
+        || vec![ENFORCE_PODS.to_string()],
+    );
+    // Upstream refuses its own default `pods` without the QoS cgroups; here the default
+    // quietly means none then, so `--cgroups-per-qos=false` alone still starts.
+    let defaulted =
+        flags.enforce_node_allocatable.is_none() && f.enforce_node_allocatable.is_none();
+    let enforce_node_allocatable = if defaulted && !cgroups_per_qos {
+        Vec::new()
+    } else {
+        check_enforcement(&enforce, cgroups_per_qos, o.name())?
+    };
 
     // Image pulls.
     let (serialize_image_pulls, serialize_origin) = pick(
@@ -591,6 +643,9 @@ pub(super) fn build(
         resolv_conf,
         max_pods,
         pod_pids_limit,
+        cpu_cfs_quota,
+        cpu_cfs_quota_period,
+        enforce_node_allocatable,
         node_status_update_frequency,
         serialize_image_pulls,
         max_parallel_image_pulls,
@@ -607,6 +662,71 @@ pub(super) fn build(
         config_file: None,
         warnings,
     })
+}
+
+/// `enforceNodeAllocatable` as upstream validates it: known levels, no duplicates, `none`
+/// alone, and the QoS cgroups on for any level. The reserved-cgroup levels need
+/// `--system-reserved-cgroup`/`--kube-reserved-cgroup`, which Deckhand does not have, so they
+/// are refused by name.
+fn check_enforcement(
+    levels: &[String],
+    cgroups_per_qos: bool,
+    field: &str,
+) -> Result<Vec<String>, ConfigError> {
+    let levels: Vec<&str> = levels
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut out: Vec<String> = Vec::new();
+    for level in &levels {
+        if out.iter().any(|l| l == level) {
+            return Err(invalid(field, format!("duplicated enforcement {level:?}")));
+        }
+        match *level {
+            "none" => {
+                if levels.len() > 1 {
+                    return Err(invalid(
+                        field,
+                        "may not contain other levels when \"none\" is given",
+                    ));
+                }
+                return Ok(Vec::new());
+            }
+            ENFORCE_PODS => {}
+            "system-reserved"
+            | "system-reserved-compressible"
+            | "kube-reserved"
+            | "kube-reserved-compressible" => {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{level:?} needs a reserved cgroup (--system-reserved-cgroup / \
+                         --kube-reserved-cgroup), which Deckhand does not support; only \"pods\" \
+                         and \"none\" are"
+                    ),
+                ));
+            }
+            other => {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "unknown level {other:?} (valid: \"pods\", \"system-reserved\", \
+                         \"system-reserved-compressible\", \"kube-reserved\", \
+                         \"kube-reserved-compressible\", \"none\")"
+                    ),
+                ));
+            }
+        }
+        if !cgroups_per_qos {
+            return Err(invalid(
+                field,
+                format!("{level:?} needs cgroupsPerQOS (--cgroups-per-qos) to be true"),
+            ));
+        }
+        out.push(level.to_string());
+    }
+    Ok(out)
 }
 
 fn check_file_only_fields(f: &KubeletConfigurationFile) -> Result<(), ConfigError> {

@@ -55,6 +55,8 @@ pub mod reason {
     pub const FAILED_MOUNT: &str = "FailedMount";
     pub const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
     pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+    /// The pod's cgroup could not be made or set.
+    pub const FAILED_TO_CREATE_POD_CONTAINER: &str = "FailedToCreatePodContainer";
     pub const SANDBOX_CHANGED: &str = "SandboxChanged";
     pub const STARTING: &str = "Starting";
     pub const NODE_READY: &str = "NodeReady";

@@ -117,6 +117,11 @@ pub struct Executor<R> {
     events: Recorder,
     /// With an API server: the configMaps, secrets and tokens the pods refer to.
     objects: Option<ApiObjects>,
+    /// The pods' cgroups (cgroupfs driver with cgroupsPerQOS); without it the runtime makes
+    /// them with its defaults.
+    cgroups: Option<Arc<crate::cm::CgroupManager>>,
+    /// How container limits are translated (CFS settings, cgroup version, huge page sizes).
+    resources: crate::cm::ContainerSettings,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -166,7 +171,52 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             volumes,
             events,
             objects: None,
+            cgroups: None,
+            resources: crate::cm::ContainerSettings::default(),
         }
+    }
+
+    /// Makes and removes the pods' cgroups through `cgroups`.
+    pub fn with_cgroups(mut self, cgroups: Arc<crate::cm::CgroupManager>) -> Self {
+        self.cgroups = Some(cgroups);
+        self
+    }
+
+    /// Translates container limits with `settings` (`cpuCFSQuota`, its period, the cgroup
+    /// version, the machine's huge page sizes).
+    pub fn with_container_settings(mut self, settings: crate::cm::ContainerSettings) -> Self {
+        self.resources = settings;
+        self
+    }
+
+    /// Makes sure the pod's cgroup exists before anything of it starts (upstream: before the
+    /// sandbox, volumes included); a pod that will not run again stops counting for the QoS
+    /// tiers. `Err` carries the message for the pod's event.
+    async fn ensure_pod_cgroup(&self, pod: &Pod, terminal: bool) -> Result<(), String> {
+        let Some(cgroups) = self.cgroups.clone() else {
+            return Ok(());
+        };
+        let uid = pod_uid(pod).to_string();
+        if terminal {
+            tokio::task::spawn_blocking(move || cgroups.pod_stopped(&uid))
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        let owned = pod.clone();
+        let started = std::time::Instant::now();
+        let ensured = tokio::task::spawn_blocking(move || cgroups.ensure_pod(&owned))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if ensured == crate::cm::Ensured::Created {
+            tracing::debug!(
+                pod_uid = %uid,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "pod cgroup created"
+            );
+        }
+        Ok(())
     }
 
     /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
@@ -290,6 +340,21 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
             );
         }
+        if let Err(message) = self.ensure_pod_cgroup(pod, decision.terminal).await {
+            tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
+            self.events.pod(
+                pod,
+                EventType::Warning,
+                reason::FAILED_TO_CREATE_POD_CONTAINER,
+                format!("unable to ensure pod container exists: {message}"),
+            );
+            return SyncOutcome {
+                observed,
+                runtime_unreachable: false,
+                retry_after: Some(ERROR_RETRY),
+                terminal: false,
+            };
+        }
         let executed = self.execute(pod, &observed, &decision, state).await;
         if let Err(err) = &executed {
             tracing::warn!(error = %err, "sync failed; will retry");
@@ -405,5 +470,153 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
         }
         self.start(pod, observed, decision, state).await
+    }
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::cm::fixture::Fixture;
+    use crate::cm::{CfsSettings, CgroupManager, HostCgroupFs, ManagerSettings, ResourceConfig};
+    use crate::cri::fake::FakeCri;
+
+    const IMAGE: &str = "example.test/app:1";
+
+    fn pod(uid: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some(IMAGE.into()),
+                    image_pull_policy: Some("IfNotPresent".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn executor(
+        dir: &Path,
+        rt: FakeCri,
+    ) -> (
+        Executor<FakeCri>,
+        tokio::sync::mpsc::Receiver<k8s_openapi::api::core::v1::Event>,
+    ) {
+        let node = Arc::new(NodeContext {
+            node_name: "node-a".into(),
+            host_ip: None,
+            root_dir: dir.join("root"),
+            pod_logs_dir: dir.join("logs"),
+            host_dns: HostDns::default(),
+            cluster_domain: None,
+            cluster_dns: vec![],
+            cgroup_driver: crate::config::CgroupDriver::Cgroupfs,
+            cgroup_root: "/".into(),
+            cgroups_per_qos: true,
+            cgroup_fs: dir.join("cgroup"),
+            node_memory_bytes: 1 << 30,
+            allocatable: Default::default(),
+            runtime_request_timeout: Duration::from_secs(5),
+            image_pull_progress_deadline: None,
+        });
+        let (recorder, events) = crate::events::Recorder::to_api("node-a");
+        (
+            Executor::new(
+                rt,
+                node,
+                DetailCache::default(),
+                BackoffPolicy::default(),
+                recorder,
+            ),
+            events,
+        )
+    }
+
+    fn manager(cgroups: &Path) -> Arc<CgroupManager> {
+        for h in ["cpu", "memory", "pids"] {
+            std::fs::create_dir_all(cgroups.join(h)).unwrap();
+        }
+        let m = CgroupManager::new(
+            Arc::new(Fixture(HostCgroupFs::new(cgroups))),
+            vec![],
+            ManagerSettings {
+                cgroup_root: "/".into(),
+                cfs: CfsSettings::default(),
+                pod_pids_limit: -1,
+                memory_reserve_percent: None,
+                allocatable_memory: 1 << 30,
+            },
+        )
+        .unwrap();
+        m.start(&ResourceConfig::default()).unwrap();
+        Arc::new(m)
+    }
+
+    #[tokio::test]
+    async fn the_pod_cgroup_is_made_before_the_sandbox_and_removed_with_the_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cgroup");
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_cgroups(manager(&cgroups));
+        let p = pod("uid-1");
+        let mut state = PodSyncState::default();
+        executor
+            .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
+            .await;
+        assert_eq!(rt.count("RunPodSandbox"), 1);
+        let pod_dir = cgroups.join("cpu/kubepods/besteffort/poduid-1");
+        assert_eq!(
+            std::fs::read_to_string(pod_dir.join("cpu.shares")).unwrap(),
+            "2"
+        );
+        executor
+            .terminate_pod("uid-1", Some(&p), Some(1))
+            .await
+            .unwrap();
+        assert!(!pod_dir.exists());
+        assert!(cgroups.join("cpu/kubepods/besteffort").exists());
+    }
+
+    #[tokio::test]
+    async fn no_sandbox_without_the_pod_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cgroup");
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, mut events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_cgroups(manager(&cgroups));
+        // A file where the pod's cgroup directory belongs: it cannot be made.
+        std::fs::write(cgroups.join("memory/kubepods/besteffort/poduid-2"), "").unwrap();
+        let p = pod("uid-2");
+        let outcome = executor
+            .sync_pod(
+                &p,
+                &mut PodSyncState::default(),
+                &HashMap::new(),
+                &HashMap::new(),
+            )
+            .await;
+        assert_eq!(rt.count("RunPodSandbox"), 0);
+        assert_eq!(outcome.retry_after, Some(ERROR_RETRY));
+        let event = events.try_recv().unwrap();
+        assert_eq!(event.reason.as_deref(), Some("FailedToCreatePodContainer"));
+        assert!(event.message.unwrap_or_default().starts_with(
+            "unable to ensure pod container exists: creating cgroup /kubepods/besteffort/poduid-2"
+        ),);
     }
 }

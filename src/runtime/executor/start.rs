@@ -307,6 +307,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             node_memory_capacity: self.node.node_memory_bytes,
             node_allocatable: self.node.allocatable,
             seccomp_profile_root: self.node.seccomp_profile_root(),
+            resources: self.resources.clone(),
         };
         // Resolved once: the mounts need it (`subPathExpr`), then the container config.
         let resolved = translate::env::container_env_with(pod, container, &ctx, objects)

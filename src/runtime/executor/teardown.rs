@@ -259,6 +259,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         FileTeardown {
             node: self.node.clone(),
             volumes: self.volumes.clone(),
+            cgroups: self.cgroups.clone(),
         }
     }
 }
@@ -268,6 +269,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 struct FileTeardown {
     node: std::sync::Arc<super::NodeContext>,
     volumes: crate::volume::VolumeManager,
+    cgroups: Option<std::sync::Arc<crate::cm::CgroupManager>>,
 }
 
 impl FileTeardown {
@@ -292,6 +294,14 @@ impl FileTeardown {
             return Err(TeardownError::Volumes(err.to_string()));
         }
         remove_child(&self.node.root_dir.join("pods"), uid)?;
+        // The manager removes the cgroup wherever its QoS class put it, after killing what is
+        // left in it, and takes the pod off the QoS tiers.
+        if let Some(cgroups) = &self.cgroups {
+            for problem in cgroups.destroy_pod(uid) {
+                tracing::warn!(%problem, "cannot remove the pod's cgroup");
+            }
+            return Ok(());
+        }
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
         for qos in [
             QosClass::Guaranteed,

@@ -5,9 +5,10 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::cm::pod_config::{milli_cpu_to_quota, milli_cpu_to_shares};
 use crate::cri::proto::{
-    Capability, ContainerConfig, ContainerMetadata, ImageSpec, Int64Value, LinuxContainerConfig,
-    LinuxContainerResources, LinuxContainerSecurityContext, Mount,
+    Capability, ContainerConfig, ContainerMetadata, HugepageLimit, ImageSpec, Int64Value,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, Mount,
 };
 use crate::runtime::labels;
 
@@ -28,12 +29,8 @@ pub const DEFAULT_TERMINATION_MESSAGE_POLICY: &str = "File";
 /// OOM score adjustments, as upstream.
 const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
-
-/// CFS period used with every CPU limit (100 ms).
-pub const CPU_PERIOD_US: i64 = 100_000;
-const MIN_CPU_QUOTA_US: i64 = 1_000;
-const MIN_CPU_SHARES: i64 = 2;
-const MAX_CPU_SHARES: i64 = 262_144;
+/// Upstream's lowest priority of critical system pods.
+const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 /// The log file of one container instance, relative to the sandbox log directory.
 pub fn container_log_path(container_name: &str, restart_count: u32) -> String {
@@ -151,8 +148,8 @@ fn container_annotations(
     Ok(out)
 }
 
-/// A non-zero quantity from `resources.<section>[name]`, or None when absent or zero.
-fn resource(
+/// The quantity at `resources.<section>[name]`, zero included, or None when absent.
+fn resource_any(
     c: &Container,
     section: &'static str,
     name: &str,
@@ -165,84 +162,161 @@ fn resource(
     let Some(raw) = map.and_then(|m| m.get(name)) else {
         return Ok(None);
     };
-    let q = quantity::parse(&raw.0).map_err(|e| TranslateError::InvalidQuantity {
-        container: c.name.clone(),
-        field: format!("resources.{section}.{name}"),
-        value: raw.0.clone(),
-        reason: Box::new(e.into()),
-    })?;
-    Ok((!q.is_zero()).then_some(q))
+    quantity::parse(&raw.0)
+        .map(Some)
+        .map_err(|e| TranslateError::InvalidQuantity {
+            container: c.name.clone(),
+            field: format!("resources.{section}.{name}"),
+            value: raw.0.clone(),
+            reason: Box::new(e.into()),
+        })
 }
 
-/// cpu.shares for a CPU request in millicores (the kernel's floor of 2 when none).
-pub fn milli_cpu_to_shares(milli: i64) -> i64 {
-    if milli <= 0 {
-        return MIN_CPU_SHARES;
+/// A non-zero quantity from `resources.<section>[name]`, or None when absent or zero.
+fn resource(
+    c: &Container,
+    section: &'static str,
+    name: &str,
+) -> Result<Option<Quantity>, TranslateError> {
+    Ok(resource_any(c, section, name)?.filter(|q| !q.is_zero()))
+}
+
+/// A container's memory request for the OOM score: the request, else the limit (API-server
+/// defaulting, which pods from files never went through), else 0.
+fn memory_request(c: &Container) -> i128 {
+    resource_any(c, "requests", "memory")
+        .ok()
+        .flatten()
+        .or_else(|| resource(c, "limits", "memory").ok().flatten())
+        .map(|q| i128::from(q.value().max(0)))
+        .unwrap_or(0)
+}
+
+/// Upstream's `IsNodeCriticalPod`: a critical pod (static, mirror, or of system-critical
+/// priority) of the `system-node-critical` class.
+fn is_node_critical(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.priority_class_name.as_deref()) != Some("system-node-critical") {
+        return false;
     }
-    (milli.saturating_mul(1024) / 1000).clamp(MIN_CPU_SHARES, MAX_CPU_SHARES)
+    let annotations = pod.metadata.annotations.as_ref();
+    let source = annotations.and_then(|a| a.get("kubernetes.io/config.source"));
+    let is_static = source.is_some_and(|s| s != "api");
+    let is_mirror = annotations.is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let critical_priority = spec
+        .and_then(|s| s.priority)
+        .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
+    is_static || is_mirror || critical_priority
 }
 
-/// CFS quota for a CPU limit in millicores over [`CPU_PERIOD_US`] (at least 1 ms).
-pub fn milli_cpu_to_quota(milli: i64) -> i64 {
-    (milli.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US)
-}
-
-/// OOM score adjustment of a container, by its pod's QoS class. A Burstable container scores
+/// OOM score adjustment of a container, by its pod's QoS class (upstream's
+/// `GetContainerOOMScoreAdjust`). A Burstable container scores
 /// `1000 - 1000 × memory request / node capacity`, kept within 3..=999 so it always ranks
-/// between Guaranteed and BestEffort containers.
+/// between Guaranteed and BestEffort containers; a sidecar never scores above the regular
+/// container with the smallest request.
 pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64) -> i64 {
-    let node_critical = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.priority_class_name.as_deref())
-        == Some("system-node-critical");
-    if node_critical {
+    if is_node_critical(pod) {
         return GUARANTEED_OOM_SCORE_ADJ;
     }
     match qos_class(pod) {
         QosClass::Guaranteed => GUARANTEED_OOM_SCORE_ADJ,
         QosClass::BestEffort => BEST_EFFORT_OOM_SCORE_ADJ,
         QosClass::Burstable => {
-            let request = resource(c, "requests", "memory")
-                .ok()
-                .flatten()
-                .or_else(|| resource(c, "limits", "memory").ok().flatten())
-                .map(|q| i128::from(q.value().max(0)))
-                .unwrap_or(0);
             let capacity = i128::from(node_memory_capacity);
-            let adj = if capacity > 0 {
-                1000 - (1000 * request) / capacity
-            } else {
-                // Unknown capacity: treat the request as negligible.
-                1000
+            let score = |request: i128| {
+                if capacity > 0 {
+                    1000 - (1000 * request) / capacity
+                } else {
+                    // Unknown capacity: treat the request as negligible.
+                    1000
+                }
             };
+            let mut adj = score(memory_request(c));
+            let spec = pod.spec.as_ref();
+            let is_sidecar = crate::k8s::is_sidecar(c)
+                && spec
+                    .and_then(|s| s.init_containers.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|i| i.name == c.name));
+            if is_sidecar
+                && let Some(min) = spec.and_then(|s| s.containers.iter().map(memory_request).min())
+            {
+                adj = adj.min(score(min));
+            }
             let floor = 1000 + i128::from(GUARANTEED_OOM_SCORE_ADJ);
             adj.clamp(floor, i128::from(BEST_EFFORT_OOM_SCORE_ADJ) - 1) as i64
         }
     }
 }
 
-/// cgroup settings of a container from its requests and limits.
+/// The huge page limits of a container (upstream's `GetHugepageLimitsFromResources`): every
+/// size the machine has is limited to 0 unless the container's limits name it.
+fn hugepage_limits(
+    c: &Container,
+    page_sizes: &[u64],
+) -> Result<Vec<HugepageLimit>, TranslateError> {
+    let mut asked: HashMap<u64, u64> = HashMap::new();
+    if let Some(limits) = c.resources.as_ref().and_then(|r| r.limits.as_ref()) {
+        for name in limits.keys() {
+            if let Some(size) = crate::cm::pod_config::hugepage_size(name)
+                && let Some(q) = resource_any(c, "limits", name)?
+            {
+                asked.insert(size, u64::try_from(q.value()).unwrap_or(0));
+            }
+        }
+    }
+    Ok(page_sizes
+        .iter()
+        .filter_map(|size| {
+            Some(HugepageLimit {
+                page_size: crate::cm::hugepage_unit(*size)?,
+                limit: asked.get(size).copied().unwrap_or(0),
+            })
+        })
+        .collect())
+}
+
+/// cgroup settings of a container from its requests and limits, as upstream's
+/// `generateLinuxContainerResources` (without the in-place resize and swap parts):
+/// - shares from the CPU request (the limit when no request is given; the minimum for none);
+/// - with `cpuCFSQuota`, the configured period always and the quota of the CPU limit
+///   (0, no quota, without one);
+/// - the memory limit; the OOM score; huge page limits;
+/// - on cgroup v2 the unified map upstream sends at its defaults: `memory.oom.group` 1
+///   (the whole container is killed on OOM) and no memory protection (`memory.min`,
+///   `memory.low` 0).
 pub fn linux_resources(
     pod: &Pod,
     c: &Container,
     node_memory_capacity: u64,
+    settings: &crate::cm::ContainerSettings,
 ) -> Result<LinuxContainerResources, TranslateError> {
     let cpu_limit = resource(c, "limits", "cpu")?;
-    // A missing request defaults to the limit, as API-server defaulting would have done.
-    let cpu_request = resource(c, "requests", "cpu")?.or(cpu_limit);
+    // A request given (zero included) wins; a missing one defaults to the limit.
+    let cpu_request = match resource_any(c, "requests", "cpu")? {
+        Some(q) => Some(q),
+        None => cpu_limit,
+    };
     let memory_limit = resource(c, "limits", "memory")?;
     resource(c, "requests", "memory")?; // validate it even though only the OOM score uses it
 
     let mut out = LinuxContainerResources {
-        cpu_shares: milli_cpu_to_shares(cpu_request.map_or(0, |q| q.milli_value())),
+        cpu_shares: cpu_request.map_or(2, |q| milli_cpu_to_shares(q.milli_value()) as i64),
         memory_limit_in_bytes: memory_limit.map_or(0, |q| q.value()),
         oom_score_adj: oom_score_adj(pod, c, node_memory_capacity),
+        hugepage_limits: hugepage_limits(c, &settings.page_sizes)?,
         ..Default::default()
     };
-    if let Some(limit) = cpu_limit {
-        out.cpu_period = CPU_PERIOD_US;
-        out.cpu_quota = milli_cpu_to_quota(limit.milli_value());
+    if settings.cfs.enforce_cpu_limits {
+        let period = settings.cfs.period_us;
+        out.cpu_period = i64::try_from(period).unwrap_or(i64::MAX);
+        out.cpu_quota = milli_cpu_to_quota(cpu_limit.map_or(0, |q| q.milli_value()), period);
+    }
+    if settings.is_v2() {
+        out.unified = HashMap::from([
+            ("memory.oom.group".to_string(), "1".to_string()),
+            ("memory.min".to_string(), "0".to_string()),
+            ("memory.low".to_string(), "0".to_string()),
+        ]);
     }
     Ok(out)
 }
@@ -404,7 +478,12 @@ pub fn container_config_with_env(
         stdin_once: container.stdin_once.unwrap_or(false),
         tty: container.tty.unwrap_or(false),
         linux: Some(LinuxContainerConfig {
-            resources: Some(linux_resources(pod, container, ctx.node_memory_capacity)?),
+            resources: Some(linux_resources(
+                pod,
+                container,
+                ctx.node_memory_capacity,
+                &ctx.resources,
+            )?),
             security_context: Some(linux_security_context(
                 pod,
                 container,
@@ -567,6 +646,7 @@ mod tests {
                 ..Default::default()
             }],
             seccomp_profile_root: std::path::PathBuf::from("/var/lib/deckhand/seccomp"),
+            resources: Default::default(),
         }
     }
 
@@ -760,8 +840,8 @@ mod tests {
             i64,
         );
         let rows: &[Row] = &[
-            // BestEffort: minimum shares, no limits.
-            (&[], &[], 2, 0, 0, 0, 1000),
+            // BestEffort: minimum shares, no quota (the period is always sent, as upstream).
+            (&[], &[], 2, 0, 100_000, 0, 1000),
             // Guaranteed through limits only (requests default to them).
             (
                 &[],
@@ -784,15 +864,33 @@ mod tests {
             ),
             // Tiny CPU: shares floor 2, quota floor 1000.
             (&[("cpu", "1m")], &[("cpu", "1m")], 2, 1000, 100_000, 0, 999),
+            // A request of zero is a request: minimum shares, whatever the limit.
+            (
+                &[("cpu", "0")],
+                &[("cpu", "1")],
+                2,
+                100_000,
+                100_000,
+                0,
+                999,
+            ),
             // Burstable, request only: a quarter of the node's memory.
-            (&[("memory", "1Gi")], &[], 2, 0, 0, 0, 750),
+            (&[("memory", "1Gi")], &[], 2, 0, 100_000, 0, 750),
             // Burstable requesting all memory: floor 3.
-            (&[("cpu", "100m"), ("memory", "4Gi")], &[], 102, 0, 0, 0, 3),
+            (
+                &[("cpu", "100m"), ("memory", "4Gi")],
+                &[],
+                102,
+                0,
+                100_000,
+                0,
+                3,
+            ),
         ];
         for (i, (req, lim, shares, quota, period, memory, oom)) in rows.iter().enumerate() {
             let c = with_resources(req, lim);
             let pod = web_pod(vec![c.clone()]);
-            let got = linux_resources(&pod, &c, 4 * GI).unwrap();
+            let got = linux_resources(&pod, &c, 4 * GI, &Default::default()).unwrap();
             assert_eq!(
                 (
                     got.cpu_shares,
@@ -812,6 +910,18 @@ mod tests {
         let c = with_resources(&[], &[]);
         let mut pod = web_pod(vec![c.clone()]);
         pod.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+        // Only a critical pod (here: of critical priority) counts as node-critical.
+        assert_eq!(oom_score_adj(&pod, &c, 4 * GI), 1000);
+        pod.spec.as_mut().unwrap().priority = Some(2_000_001_000);
+        assert_eq!(oom_score_adj(&pod, &c, 4 * GI), -997);
+        pod.spec.as_mut().unwrap().priority = None;
+        pod.metadata.annotations = Some(
+            [(
+                "kubernetes.io/config.source".to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
         assert_eq!(oom_score_adj(&pod, &c, 4 * GI), -997);
     }
 
@@ -943,11 +1053,83 @@ mod tests {
     }
 
     #[test]
-    fn shares_and_quota_helpers() {
-        assert_eq!(milli_cpu_to_shares(0), 2);
-        assert_eq!(milli_cpu_to_shares(250), 256);
-        assert_eq!(milli_cpu_to_shares(1_000_000), 262_144);
-        assert_eq!(milli_cpu_to_quota(500), 50_000);
-        assert_eq!(milli_cpu_to_quota(5), 1_000);
+    fn cfs_settings_hugepages_and_the_v2_unified_map() {
+        use crate::cm::{CfsSettings, CgroupVersion, ContainerSettings};
+        let c = with_resources(
+            &[],
+            &[
+                ("cpu", "500m"),
+                ("memory", "64Mi"),
+                ("hugepages-2Mi", "4Mi"),
+            ],
+        );
+        let pod = web_pod(vec![c.clone()]);
+        // cpuCFSQuota off: neither quota nor period.
+        let off = ContainerSettings {
+            cfs: CfsSettings {
+                enforce_cpu_limits: false,
+                period_us: 100_000,
+            },
+            ..Default::default()
+        };
+        let got = linux_resources(&pod, &c, 4 * GI, &off).unwrap();
+        assert_eq!((got.cpu_quota, got.cpu_period, got.cpu_shares), (0, 0, 512));
+        // A 50ms period scales the quota; every machine page size gets a limit, 0 unless
+        // asked for; v2 gets upstream's unified map.
+        let v2 = ContainerSettings {
+            cfs: CfsSettings {
+                enforce_cpu_limits: true,
+                period_us: 50_000,
+            },
+            version: Some(CgroupVersion::V2),
+            page_sizes: vec![2 << 20, 1 << 30],
+        };
+        let got = linux_resources(&pod, &c, 4 * GI, &v2).unwrap();
+        assert_eq!((got.cpu_quota, got.cpu_period), (25_000, 50_000));
+        assert_eq!(
+            got.hugepage_limits,
+            vec![
+                HugepageLimit {
+                    page_size: "2MB".into(),
+                    limit: 4 << 20
+                },
+                HugepageLimit {
+                    page_size: "1GB".into(),
+                    limit: 0
+                },
+            ]
+        );
+        assert_eq!(
+            got.unified,
+            map(&[
+                ("memory.oom.group", "1"),
+                ("memory.min", "0"),
+                ("memory.low", "0")
+            ])
+        );
+        // v1 sends no unified map.
+        let v1 = ContainerSettings {
+            version: Some(CgroupVersion::V1),
+            ..v2
+        };
+        assert!(
+            linux_resources(&pod, &c, 4 * GI, &v1)
+                .unwrap()
+                .unified
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_sidecar_scores_no_higher_than_the_smallest_regular_container() {
+        let mut sidecar = with_resources(&[("memory", "16Mi")], &[]);
+        sidecar.name = "log".into();
+        sidecar.restart_policy = Some("Always".into());
+        let app = with_resources(&[("memory", "1Gi")], &[]);
+        let mut pod = web_pod(vec![app.clone()]);
+        pod.spec.as_mut().unwrap().init_containers = Some(vec![sidecar.clone()]);
+        // Alone the sidecar would score 1000 - 1000 × 16Mi / 4Gi = 997; the app scores 750.
+        assert_eq!(oom_score_adj(&pod, &sidecar, 4 * GI), 750);
+        assert_eq!(oom_score_adj(&pod, &app, 4 * GI), 750);
     }
 }

@@ -46,6 +46,8 @@ pub struct ContainerContext {
     pub extra_mounts: Vec<crate::cri::proto::Mount>,
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
     pub seccomp_profile_root: std::path::PathBuf,
+    /// The node's CFS settings, cgroup version and huge page sizes.
+    pub resources: crate::cm::ContainerSettings,
 }
 
 /// Why a quantity a container refers to has no usable value.

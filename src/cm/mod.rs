@@ -1,8 +1,32 @@
-//! Cgroups of pods: where a pod's cgroup lives, and removing it once the pod is gone.
+//! Cgroups of pods, as upstream's container manager keeps them for the cgroupfs driver:
+//! `<cgroupRoot>/kubepods` limited to what the node gives pods, the QoS tiers `burstable` and
+//! `besteffort` below it, and one `pod<uid>` cgroup per pod with the pod's limits, made before
+//! its sandbox and removed after the pod is gone.
 //!
-//! With the cgroupfs driver runc creates the pod's cgroup (the sandbox's `cgroup_parent`) in every
-//! hierarchy, and nobody removes it afterwards: the kubelet must. Paths are rooted in config so
-//! tests and several agents can share a machine.
+//! - [`fs`]: the cgroup filesystem behind a trait (the real one first; tests use a directory).
+//! - [`pod_config`]: a pod's settings from its spec (pure).
+//! - [`v1`], [`v2`]: the files and contents for settings on each cgroup version (pure).
+//! - [`qos`]: the QoS tiers' settings (pure).
+//! - [`allocatable`]: what `kubepods` is limited to (pure).
+//! - [`systemd`]: slice names, and the check that systemd runs.
+//!
+//! The runtime (runc) then creates each container's cgroup below the pod's, with the limits
+//! translated into the CRI config (`runtime::translate::container`).
+
+pub mod allocatable;
+pub mod fs;
+mod manager;
+pub mod pod_config;
+pub mod qos;
+pub mod systemd;
+pub mod v1;
+pub mod v2;
+
+pub use fs::{CgroupFs, HostCgroupFs};
+pub use manager::{
+    CgroupError, CgroupManager, CgroupVersion, Ensured, ManagerSettings, detect_version,
+};
+pub use pod_config::{CfsSettings, ResourceConfig};
 
 use std::path::{Path, PathBuf};
 
@@ -97,6 +121,106 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+/// One write of a cgroup file: in which v1 hierarchy (empty on v2), which file, what value.
+/// `optional` writes are skipped when the kernel does not have the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileWrite {
+    pub controller: &'static str,
+    pub file: String,
+    pub value: String,
+    pub optional: bool,
+}
+
+impl FileWrite {
+    pub fn new(controller: &'static str, file: impl Into<String>, value: impl ToString) -> Self {
+        FileWrite {
+            controller,
+            file: file.into(),
+            value: value.to_string(),
+            optional: false,
+        }
+    }
+
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+}
+
+/// A huge page size as the kernel names it in hugetlb files (`2MB`, `1GB`), upstream's
+/// `HugePageUnitSizeFromByteSize`; `None` for a size that is not a whole power of 1024 unit.
+pub fn hugepage_unit(size: u64) -> Option<String> {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut size = size;
+    let mut unit = 0;
+    while size >= 1024 && unit < UNITS.len() - 1 {
+        if !size.is_multiple_of(1024) {
+            return None;
+        }
+        size /= 1024;
+        unit += 1;
+    }
+    (size > 0).then(|| format!("{size}{}", UNITS[unit]))
+}
+
+/// How containers' limits are translated for the runtime (part 2 of the cgroup work): the
+/// node's CFS settings, the cgroup version and the machine's huge page sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerSettings {
+    pub cfs: CfsSettings,
+    pub version: Option<CgroupVersion>,
+    /// Huge page sizes of the machine in bytes; each is limited to 0 unless the container
+    /// asks for it.
+    pub page_sizes: Vec<u64>,
+}
+
+impl ContainerSettings {
+    pub fn is_v2(&self) -> bool {
+        self.version == Some(CgroupVersion::V2)
+    }
+}
+
+/// A cgroup filesystem on a plain directory, for tests here and in the executor.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::io;
+    use std::path::Path;
+
+    use super::fs::{CgroupFs, HostCgroupFs};
+
+    /// The real filesystem code on a plain directory; only removal differs (a fixture
+    /// cgroup's "files" are real files, which rmdir would refuse).
+    #[derive(Debug)]
+    pub struct Fixture(pub HostCgroupFs);
+
+    impl CgroupFs for Fixture {
+        fn is_dir(&self, dir: &Path) -> bool {
+            self.0.is_dir(dir)
+        }
+        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+            self.0.create_dir_all(dir)
+        }
+        fn write(&self, dir: &Path, file: &str, value: &str) -> io::Result<()> {
+            self.0.write(dir, file, value)
+        }
+        fn read(&self, dir: &Path, file: &str) -> io::Result<String> {
+            self.0.read(dir, file)
+        }
+        fn exists(&self, dir: &Path, file: &str) -> bool {
+            self.0.exists(dir, file)
+        }
+        fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+            match std::fs::remove_dir_all(self.0.root().join(dir)) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        }
+        fn subdirs(&self, dir: &Path) -> Vec<String> {
+            self.0.subdirs(dir)
+        }
     }
 }
 
