@@ -282,6 +282,21 @@ pub async fn run(
         );
     }
 
+    let socket = server::local_socket_path(&config.root_dir);
+    match server::serve_local_socket(
+        &socket,
+        health.clone(),
+        states.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    )
+    .await
+    {
+        Ok(handle) => servers.push(handle),
+        // Only `deckhand pods` needs it; the node runs its pods without it.
+        Err(err) => tracing::warn!("{err}; `deckhand pods` will not reach this agent"),
+    }
+
     let host_ip = crate::node::detect_host_ip(config.node_ip);
     let machine = crate::node::MachineFacts::read(&config.root_dir);
     let node_memory_bytes = machine.memory_bytes;
@@ -412,6 +427,12 @@ pub async fn run(
     {
         let prober = prober.clone();
         metrics.register("/metrics/probes", move || prober.render_metrics());
+    }
+    {
+        let prober = prober.clone();
+        metrics.register("/debug/probes", move || {
+            serde_json::to_string(&prober.failing()).unwrap_or_default()
+        });
     }
     // Unbounded, yet bounded in practice: each worker sends exactly one message, when it ends.
     let (done_tx, done_rx) = mpsc::unbounded_channel();

@@ -6,6 +6,7 @@
 pub mod api_objects;
 pub mod apiserver;
 pub mod certificate;
+pub mod cli;
 pub mod cm;
 pub mod config;
 pub mod credentials;
