@@ -259,10 +259,11 @@ pub fn locate(text: &str, path: &[PathSegment]) -> Option<(usize, usize)> {
         let Some((node_path, at)) = placed else {
             continue;
         };
-        if node_path.len() <= path.len() && path[..node_path.len()] == node_path[..] {
-            if best.is_none_or(|(len, _)| node_path.len() > len) {
-                best = Some((node_path.len(), at));
-            }
+        if node_path.len() <= path.len()
+            && path[..node_path.len()] == node_path[..]
+            && best.is_none_or(|(len, _)| node_path.len() > len)
+        {
+            best = Some((node_path.len(), at));
         }
         match event {
             Event::MappingStart(..) => stack.push(Frame::Mapping {

@@ -375,7 +375,7 @@ mod tests {
             "u-ready".to_string(),
             [(
                 "app".to_string(),
-                "readiness probe failed: HTTP probe failed with statuscode: 503".to_string(),
+                "Readiness probe failed: HTTP probe failed with statuscode: 503".to_string(),
             )]
             .into(),
         )]
@@ -426,7 +426,7 @@ mod tests {
                 }),
                 &failing,
                 "Running",
-                "container app: not ready: readiness probe failed: HTTP probe failed with statuscode: 503",
+                "container app: not ready: Readiness probe failed: HTTP probe failed with statuscode: 503",
             ),
             (
                 "refused at admission",

@@ -92,6 +92,21 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
             message: e.reason.clone(),
         }),
         Err(LoadError::Invalid { errors, .. }) => {
+            // The loader stops at the first invalid pod; the decoder still knows which fields
+            // it did not understand, and a misspelt field often explains the error.
+            let origin = file.display().to_string();
+            if let Ok(decoded) = crate::source::manifest::decode(bytes, &origin, false) {
+                for field in decoded.unknown_fields {
+                    let at = place(&field);
+                    diagnostics.push(Diagnostic {
+                        severity: Severity::Warning,
+                        line: at.map(|a| a.0),
+                        column: at.map(|a| a.1),
+                        field: Some(field),
+                        message: "unknown field; it is ignored".into(),
+                    });
+                }
+            }
             for e in errors {
                 let at = place(&e.field);
                 diagnostics.push(Diagnostic {
@@ -104,6 +119,8 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
             }
         }
     }
+    // In file order, as an editor would walk them; findings without a place come last.
+    diagnostics.sort_by_key(|d| (d.line.is_none(), d.line, d.column));
     FileReport {
         file: file.display().to_string(),
         ok: !diagnostics.iter().any(|d| d.severity == Severity::Error),
