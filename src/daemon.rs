@@ -439,7 +439,11 @@ pub async fn run(
     let worker_stats = WorkerStats::default();
     {
         let stats = worker_stats.clone();
-        metrics.register("/metrics", move || stats.render());
+        let cache = runtime_cache.clone();
+        let node_name = config.node_name.clone();
+        metrics.register("/metrics", move || {
+            crate::metrics::render(&current_state(&cache, &node_name), &stats.render())
+        });
     }
     let workers = PodWorkers::new(
         WorkerDeps {
@@ -555,4 +559,37 @@ pub async fn run(
         Some(why) => Err(DaemonError::SyncLoopEnded(why)),
         None => Ok(()),
     }
+}
+
+/// Running pods and containers by state, from the last relist, for `/metrics`.
+fn current_state(cache: &RuntimeCache, node_name: &str) -> crate::metrics::CurrentState {
+    use crate::observed::{ContainerState, SandboxState};
+    let mut state = crate::metrics::CurrentState {
+        node_name: node_name.to_string(),
+        running_pods: 0,
+        containers: [
+            ("created", 0),
+            ("running", 0),
+            ("exited", 0),
+            ("unknown", 0),
+        ],
+    };
+    for uid in cache.pod_uids() {
+        let Some(pod) = cache.pod(&uid) else {
+            continue;
+        };
+        if pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready) {
+            state.running_pods += 1;
+        }
+        for c in &pod.containers {
+            let slot = match c.state {
+                ContainerState::Created => 0,
+                ContainerState::Running => 1,
+                ContainerState::Exited => 2,
+                ContainerState::Unknown => 3,
+            };
+            state.containers[slot].1 += 1;
+        }
+    }
+    state
 }

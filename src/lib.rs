@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod events;
 pub mod health;
 pub mod k8s;
+pub mod metrics;
 pub mod mirror_pods;
 pub mod node;
 pub mod observed;

@@ -299,7 +299,8 @@ pub async fn serve_read_only(
     serve("read-only API", addr, router, limits, cancel).await
 }
 
-/// The read-only pages (`/pods`, `/healthz`, `/metrics/...`).
+/// The read-only pages (`/pods`, `/healthz`, `/metrics/...`), counted in upstream's
+/// `kubelet_http_*` metrics as server type `readonly`.
 fn read_only_router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
@@ -307,6 +308,31 @@ fn read_only_router() -> Router<AppState> {
         .route("/pods/", get(list_pods))
         .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
+        .layer(axum::middleware::from_fn(|req, next| {
+            count_request("readonly", req, next)
+        }))
+}
+
+/// Counts and times one request (upstream's `kubelet_http_requests_total`, `…_duration_seconds`
+/// and `kubelet_http_inflight_requests`).
+pub async fn count_request(
+    server_type: &'static str,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let m = &crate::metrics::KUBELET;
+    let path = crate::metrics::http_path_bucket(req.uri().path());
+    let method = crate::metrics::http_method_bucket(req.method().as_str());
+    let long_running = "false";
+    let labels = [method, path.as_str(), server_type, long_running];
+    m.http_requests.inc(&labels);
+    m.http_inflight_requests.add(&labels, 1.0);
+    let began = std::time::Instant::now();
+    let response = next.run(req).await;
+    m.http_inflight_requests.add(&labels, -1.0);
+    m.http_requests_duration
+        .observe(&labels, began.elapsed().as_secs_f64());
+    response
 }
 
 /// Where the local socket lives under the root dir.
