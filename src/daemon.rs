@@ -391,6 +391,21 @@ pub async fn run(
         );
     }
 
+    let socket = server::local_socket_path(&config.root_dir);
+    match server::serve_local_socket(
+        &socket,
+        health.clone(),
+        states.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    )
+    .await
+    {
+        Ok(handle) => servers.push(handle),
+        // Only `deckhand pods` needs it; the node runs its pods without it.
+        Err(err) => tracing::warn!("{err}; `deckhand pods` will not reach this agent"),
+    }
+
     let host_ip = crate::node::detect_host_ip(config.node_ip);
     let machine = crate::node::MachineFacts::read(&config.root_dir);
     let node_memory_bytes = machine.memory_bytes;
@@ -528,12 +543,22 @@ pub async fn run(
         let prober = prober.clone();
         metrics.register("/metrics/probes", move || prober.render_metrics());
     }
+    {
+        let prober = prober.clone();
+        metrics.register("/debug/probes", move || {
+            serde_json::to_string(&prober.failing()).unwrap_or_default()
+        });
+    }
     // Unbounded, yet bounded in practice: each worker sends exactly one message, when it ends.
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let worker_stats = WorkerStats::default();
     {
         let stats = worker_stats.clone();
-        metrics.register("/metrics", move || stats.render());
+        let cache = runtime_cache.clone();
+        let node_name = config.node_name.clone();
+        metrics.register("/metrics", move || {
+            crate::metrics::render(&current_state(&cache, &node_name), &stats.render())
+        });
     }
     let workers = PodWorkers::new(
         WorkerDeps {
@@ -649,4 +674,37 @@ pub async fn run(
         Some(why) => Err(DaemonError::SyncLoopEnded(why)),
         None => Ok(()),
     }
+}
+
+/// Running pods and containers by state, from the last relist, for `/metrics`.
+fn current_state(cache: &RuntimeCache, node_name: &str) -> crate::metrics::CurrentState {
+    use crate::observed::{ContainerState, SandboxState};
+    let mut state = crate::metrics::CurrentState {
+        node_name: node_name.to_string(),
+        running_pods: 0,
+        containers: [
+            ("created", 0),
+            ("running", 0),
+            ("exited", 0),
+            ("unknown", 0),
+        ],
+    };
+    for uid in cache.pod_uids() {
+        let Some(pod) = cache.pod(&uid) else {
+            continue;
+        };
+        if pod.sandboxes.iter().any(|s| s.state == SandboxState::Ready) {
+            state.running_pods += 1;
+        }
+        for c in &pod.containers {
+            let slot = match c.state {
+                ContainerState::Created => 0,
+                ContainerState::Running => 1,
+                ContainerState::Exited => 2,
+                ContainerState::Unknown => 3,
+            };
+            state.containers[slot].1 += 1;
+        }
+    }
+    state
 }

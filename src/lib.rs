@@ -6,6 +6,7 @@
 pub mod api_objects;
 pub mod apiserver;
 pub mod certificate;
+pub mod cli;
 pub mod cm;
 pub mod config;
 pub mod credentials;
@@ -14,6 +15,7 @@ pub mod daemon;
 pub mod events;
 pub mod health;
 pub mod k8s;
+pub mod metrics;
 pub mod mirror_pods;
 pub mod node;
 pub mod observed;

@@ -24,6 +24,13 @@ fn log_filter(verbosity: u8) -> EnvFilter {
 }
 
 fn main() -> ExitCode {
+    // `deckhand pods|validate|version …` are commands for people; anything else runs the agent.
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| deckhand::cli::COMMANDS.contains(&a.as_str()))
+    {
+        return run_command(deckhand::cli::Cli::parse());
+    }
     let flags = Flags::parse();
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(flags.verbosity.unwrap_or(0)))
@@ -81,4 +88,29 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Runs one of the commands for people on a small single-threaded runtime.
+fn run_command(cli: deckhand::cli::Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("deckhand: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(deckhand::cli::run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(deckhand::cli::CliError::Usage(message)) => {
+            eprintln!("deckhand: {message}");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            eprintln!("deckhand: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -234,14 +234,23 @@ pub async fn run<R: RuntimeService>(
 
     let mut ticker = tokio::time::interval(config.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_relist_start: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
         let relist_started = Instant::now();
+        if let Some(previous) = last_relist_start.replace(relist_started) {
+            crate::metrics::KUBELET
+                .pleg_relist_interval
+                .observe(&[], (relist_started - previous).as_secs_f64());
+        }
         let result = inspect::observe_all(&rt, &details, &config.node_name).await;
         let took = relist_started.elapsed();
+        crate::metrics::KUBELET
+            .pleg_relist_duration
+            .observe(&[], took.as_secs_f64());
         if took > config.period * 5 {
             tracing::warn!(took_ms = took.as_millis() as u64, "a relist was slow");
         }

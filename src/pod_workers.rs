@@ -301,6 +301,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     let mut immediate = true;
     let mut panics_in_a_row = 0u32;
     let mut injected_panic = false;
+    // For upstream's metrics: when the worker first saw the pod, the pod it last synced (a new
+    // pod object is an update), and whether its start was recorded.
+    let first_seen = Instant::now();
+    let mut last_synced: Option<Arc<Pod>> = None;
+    let mut start_recorded = false;
     loop {
         if !immediate {
             tokio::select! {
@@ -318,6 +323,13 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 let inject =
                     !injected_panic && deps.panic_pod.as_deref() == pod.metadata.name.as_deref();
                 injected_panic |= inject;
+                let operation = match &last_synced {
+                    None => "create",
+                    Some(last) if !Arc::ptr_eq(last, &pod) => "update",
+                    Some(_) => "sync",
+                };
+                last_synced = Some(pod.clone());
+                let began = Instant::now();
                 let sync = sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span);
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -333,6 +345,12 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     Ok(wait) => {
                         panics_in_a_row = 0;
                         next = Instant::now() + wait;
+                        crate::metrics::KUBELET
+                            .pod_worker_duration
+                            .observe(&[operation], began.elapsed().as_secs_f64());
+                        if !start_recorded {
+                            start_recorded = record_pod_start(&pod, &state, first_seen);
+                        }
                     }
                     Err(payload) => {
                         let wait = deps.stats.caught_panic(
@@ -370,6 +388,9 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                             elapsed_ms = started.elapsed().as_millis() as u64,
                             "pod terminated and removed"
                         );
+                        crate::metrics::KUBELET
+                            .pod_worker_duration
+                            .observe(&["terminated"], started.elapsed().as_secs_f64());
                         deps.runtime_cache.update_pod(&uid, ObservedPod::default());
                         if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
                             sync.torn_down(pod);
@@ -399,6 +420,48 @@ async fn worker_loop<R: RuntimeService + ImageService>(
             }
         }
     }
+}
+
+/// Records upstream's start-up metrics once the pod runs with every container started: from
+/// first seen to running, and the SLI (from creation, less image and init-container time;
+/// the creation of a static pod is when the node first saw it).
+/// True once recorded.
+fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> bool {
+    let Some(status) = state.status.as_ref() else {
+        return false;
+    };
+    let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
+        !cs.is_empty()
+            && cs
+                .iter()
+                .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    });
+    if status.phase.as_deref() != Some("Running") || !all_running {
+        return false;
+    }
+    let m = &crate::metrics::KUBELET;
+    m.pod_start_duration
+        .observe(&[], first_seen.elapsed().as_secs_f64());
+    // A static pod has no creation time of its own: the node seeing it is its creation.
+    let since_creation = match pod.metadata.creation_timestamp.as_ref() {
+        Some(created) => jiff::Timestamp::now()
+            .duration_since(created.0)
+            .as_secs_f64(),
+        None => first_seen.elapsed().as_secs_f64(),
+    };
+    let init_time: f64 = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .filter_map(|t| {
+            let (start, end) = (t.started_at.as_ref()?, t.finished_at.as_ref()?);
+            Some(end.0.duration_since(start.0).as_secs_f64())
+        })
+        .sum();
+    let sli = since_creation - state.image_time.as_secs_f64() - init_time;
+    m.pod_start_sli_duration.observe(&[], sli.max(0.0));
+    true
 }
 
 /// One sync of a pod: act, then publish the status. Returns when to look again.

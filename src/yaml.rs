@@ -149,6 +149,198 @@ fn convert_error(err: serde_saphyr::Error) -> YamlError {
     }
 }
 
+/// One step of a field path such as `spec.containers[0].name`: a mapping key or a list index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// Splits a field path in the style of Kubernetes' field errors (`spec.containers[0].name`,
+/// `metadata.labels[app]`) into segments. A bracket holding a number is a list index; anything
+/// else in brackets is a key.
+pub fn parse_field_path(path: &str) -> Vec<PathSegment> {
+    let mut out = Vec::new();
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('[') {
+            let Some(end) = after.find(']') else {
+                out.push(PathSegment::Key(after.to_string()));
+                break;
+            };
+            let inside = &after[..end];
+            out.push(match inside.parse::<usize>() {
+                Ok(i) => PathSegment::Index(i),
+                Err(_) => PathSegment::Key(inside.to_string()),
+            });
+            rest = after[end + 1..].trim_start_matches('.');
+            continue;
+        }
+        let end = rest.find(['.', '[']).unwrap_or(rest.len());
+        if end > 0 {
+            out.push(PathSegment::Key(rest[..end].to_string()));
+        }
+        rest = rest[end..].strip_prefix('.').unwrap_or(&rest[end..]);
+    }
+    out
+}
+
+/// Where a field path is in a YAML (or JSON) document: the 1-based line and column of the
+/// deepest part of `path` that the document has — the key of a mapping entry, or the item of a
+/// list. Validation names fields by path only; this turns the path back into a place in the
+/// file for people (`deckhand validate`). `None` when the text does not parse or has none of
+/// the path.
+pub fn locate(text: &str, path: &[PathSegment]) -> Option<(usize, usize)> {
+    use serde_saphyr::granit_parser::{Event, Parser};
+
+    if check_size(text).is_err() {
+        return None;
+    }
+    /// An open collection: the path to it and where its next child goes.
+    enum Frame {
+        Mapping {
+            path: Vec<PathSegment>,
+            /// The key just read and where it starts, while its value is awaited.
+            key: Option<(String, (usize, usize))>,
+        },
+        Sequence {
+            path: Vec<PathSegment>,
+            next: usize,
+        },
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut best: Option<(usize, (usize, usize))> = None;
+    for (n, item) in Parser::new_from_str(text).enumerate() {
+        if n > MAX_EVENTS {
+            break;
+        }
+        let Ok((event, span)) = item else {
+            break;
+        };
+        let here = (span.start.line(), span.start.col() + 1);
+        let is_node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::MappingStart(..)
+                | Event::SequenceStart(..)
+                | Event::Alias(..)
+        );
+        if !is_node {
+            if matches!(event, Event::MappingEnd | Event::SequenceEnd) {
+                stack.pop();
+            }
+            continue;
+        }
+        // The node's own path and the position that stands for it, or None for a mapping key.
+        let placed: Option<(Vec<PathSegment>, (usize, usize))> = match stack.last_mut() {
+            None => Some((Vec::new(), here)),
+            Some(Frame::Mapping { path, key }) => match key.take() {
+                None => {
+                    let text = match &event {
+                        Event::Scalar(value, ..) => value.to_string(),
+                        _ => String::new(),
+                    };
+                    *key = Some((text, here));
+                    None
+                }
+                Some((name, at)) => {
+                    let mut p = path.clone();
+                    p.push(PathSegment::Key(name));
+                    Some((p, at))
+                }
+            },
+            Some(Frame::Sequence { path, next }) => {
+                let mut p = path.clone();
+                p.push(PathSegment::Index(*next));
+                *next += 1;
+                Some((p, here))
+            }
+        };
+        let Some((node_path, at)) = placed else {
+            continue;
+        };
+        if node_path.len() <= path.len()
+            && path[..node_path.len()] == node_path[..]
+            && best.is_none_or(|(len, _)| node_path.len() > len)
+        {
+            best = Some((node_path.len(), at));
+        }
+        match event {
+            Event::MappingStart(..) => stack.push(Frame::Mapping {
+                path: node_path,
+                key: None,
+            }),
+            Event::SequenceStart(..) => stack.push(Frame::Sequence {
+                path: node_path,
+                next: 0,
+            }),
+            _ => {}
+        }
+    }
+    best.map(|(_, at)| at)
+}
+
+#[cfg(test)]
+mod locate_tests {
+    use super::*;
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels:\n    app: x\nspec:\n  containers:\n  - name: app\n    image: busybox\n  - name: side\n    imagePullPolicy: Sometimes\n";
+
+    #[test]
+    fn field_paths_split_into_keys_and_indexes() {
+        use PathSegment::*;
+        assert_eq!(
+            parse_field_path("spec.containers[1].imagePullPolicy"),
+            vec![
+                Key("spec".into()),
+                Key("containers".into()),
+                Index(1),
+                Key("imagePullPolicy".into())
+            ]
+        );
+        assert_eq!(
+            parse_field_path("metadata.labels[app.kubernetes.io/name]"),
+            vec![
+                Key("metadata".into()),
+                Key("labels".into()),
+                Key("app.kubernetes.io/name".into())
+            ]
+        );
+        assert_eq!(parse_field_path(""), vec![]);
+    }
+
+    #[test]
+    fn locates_the_deepest_part_of_a_path_the_document_has() {
+        let rows = [
+            ("spec.containers[1].imagePullPolicy", Some((12, 5))),
+            ("spec.containers[1]", Some((11, 5))),
+            ("spec.containers[0].name", Some((9, 5))),
+            ("metadata.labels[app]", Some((6, 5))),
+            // Missing fields point at the nearest parent the file has.
+            ("spec.containers[1].image", Some((11, 5))),
+            ("spec.volumes[0].name", Some((7, 1))),
+            ("metadata.name", Some((4, 3))),
+        ];
+        for (path, want) in rows {
+            assert_eq!(locate(POD, &parse_field_path(path)), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn json_documents_are_located_too() {
+        let json = "{\n  \"metadata\": {\"name\": \"a\"},\n  \"spec\": {\n    \"containers\": [{\"name\": \"c\"}]\n  }\n}\n";
+        assert_eq!(
+            locate(json, &parse_field_path("spec.containers[0].name")),
+            Some((4, 21))
+        );
+    }
+
+    #[test]
+    fn text_that_does_not_parse_has_no_location_past_the_error() {
+        assert_eq!(locate("a: [\n", &parse_field_path("b")), Some((1, 1)));
+    }
+}
+
 #[cfg(test)]
 mod octal_tests {
     #[test]

@@ -18,7 +18,11 @@ use super::duration::{DurationError, parse_go_duration};
     name = "deckhand",
     version,
     about = "Deckhand: a kubelet-compatible node agent that runs pods on containerd over CRI v1",
-    long_about = None
+    long_about = None,
+    after_help = "Commands for people on the node (each has --help):\n  \
+                  deckhand pods [-o json]          this node's pods, and why one is not running\n  \
+                  deckhand validate FILE... [-o json]  check static-pod manifests, run nothing\n  \
+                  deckhand version [-o json]"
 )]
 pub struct Flags {
     /// Path to a KubeletConfiguration file (apiVersion kubelet.config.k8s.io/v1beta1, YAML or

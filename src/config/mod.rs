@@ -273,6 +273,11 @@ fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     })
 }
 
+/// The node name without `--hostname-override`: the machine's hostname, lowercased.
+pub fn default_node_name() -> Result<String, ConfigError> {
+    Ok(machine_hostname()?.trim().to_lowercase())
+}
+
 fn machine_hostname() -> Result<String, ConfigError> {
     let name = nix::unistd::gethostname().map_err(|e| {
         ConfigError::invalid(

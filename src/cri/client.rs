@@ -93,13 +93,18 @@ async fn call<T>(
     deadline: Option<Duration>,
     fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> CriResult<T> {
+    let began = std::time::Instant::now();
     let result = match deadline {
         Some(timeout) => match tokio::time::timeout(timeout, fut).await {
             Ok(result) => result,
-            Err(_) => return Err(CriError::Timeout { method, timeout }),
+            Err(_) => {
+                crate::metrics::record_runtime_call(method, began.elapsed(), false);
+                return Err(CriError::Timeout { method, timeout });
+            }
         },
         None => fut.await,
     };
+    crate::metrics::record_runtime_call(method, began.elapsed(), result.is_ok());
     result
         .map(tonic::Response::into_inner)
         .map_err(|status| CriError::rpc(method, status))

@@ -50,6 +50,16 @@ impl CriError {
     }
 
     /// True when the runtime said the object does not exist (already removed, never created).
+    /// The gRPC code's name as upstream's metrics label it (`Unknown` when there is none).
+    pub fn code_name(&self) -> String {
+        match self {
+            CriError::Rpc { code, .. } => format!("{code:?}"),
+            CriError::Timeout { .. } => "DeadlineExceeded".into(),
+            CriError::Connect { .. } => "Unavailable".into(),
+            _ => "Unknown".into(),
+        }
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,

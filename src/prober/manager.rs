@@ -6,7 +6,7 @@
 //! Verdicts are kept per instance; a change wakes the pod's worker, whose next sync publishes the
 //! new status or kills the unhealthy instance.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -59,6 +59,9 @@ struct Instance {
     attempt: u32,
     view: ProbeView,
     unhealthy: Option<Unhealthy>,
+    /// The last failed probe run's message while it is the newest result of its probe, for
+    /// `deckhand pods` to say why a container is not ready or was killed.
+    failing: Option<String>,
     /// Stops the instance's workers.
     stop: CancellationToken,
 }
@@ -146,6 +149,7 @@ impl<R: RuntimeService> ProbeManager<R> {
                             started: container.startup_probe.as_ref().map(|_| false),
                         },
                         unhealthy: None,
+                        failing: None,
                         stop: stop.clone(),
                     },
                 );
@@ -298,6 +302,31 @@ impl<R: RuntimeService> ProbeManager<R> {
             .collect()
     }
 
+    /// The newest failing probe of every container that has one, by pod UID and container
+    /// name (the newest instance of each container): what `deckhand pods` shows as the reason a
+    /// container is not ready.
+    pub fn failing(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let state = self.shared.lock();
+        let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for (uid, instances) in &state.pods {
+            let mut newest: HashMap<&str, &Instance> = HashMap::new();
+            for inst in instances.values() {
+                let slot = newest.entry(inst.name.as_str()).or_insert(inst);
+                if inst.attempt > slot.attempt {
+                    *slot = inst;
+                }
+            }
+            for (name, inst) in newest {
+                if let Some(message) = &inst.failing {
+                    out.entry(uid.clone())
+                        .or_default()
+                        .insert(name.to_string(), message.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// Prometheus text for `/metrics/probes` (`prober_probe_total`).
     pub fn render_metrics(&self) -> String {
         self.shared.lock().counters.render()
@@ -329,10 +358,25 @@ struct InstanceReport {
 
 impl Report for InstanceReport {
     fn outcome(&self, kind: ProbeKind, outcome: &ProbeOutcome) {
-        self.shared
-            .lock()
-            .counters
-            .inc(&self.series, outcome.metric_result());
+        {
+            let mut state = self.shared.lock();
+            state.counters.inc(&self.series, outcome.metric_result());
+            if let Some(inst) = state
+                .pods
+                .get_mut(&self.uid)
+                .and_then(|p| p.get_mut(&self.container_id))
+            {
+                inst.failing = match outcome {
+                    ProbeOutcome::Failure(out) => {
+                        Some(format!("{} probe failed: {out}", kind.as_str()))
+                    }
+                    ProbeOutcome::Error(err) => {
+                        Some(format!("{} probe errored: {err}", kind.as_str()))
+                    }
+                    ProbeOutcome::Success | ProbeOutcome::Warning(_) => None,
+                };
+            }
+        }
         // Upstream's probe events: every failed run, every warning, every error.
         let (why, message) = match outcome {
             ProbeOutcome::Success => return,

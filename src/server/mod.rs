@@ -1,8 +1,10 @@
-//! HTTP endpoints: the healthz port and the read-only port.
+//! HTTP endpoints: the healthz port, the read-only port and the local socket.
 //!
-//! Both are plain HTTP on the addresses the configuration names. The read-only port serves what
-//! upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status) and
-//! `/healthz`.
+//! The ports are plain HTTP on the addresses the configuration names. The read-only port serves
+//! what upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status) and
+//! `/healthz`. The local socket (`<root-dir>/deckhand.sock`, mode 0600) serves the same pages
+//! to root on the node, whether or not the read-only port is on, plus `/debug/probes`: it is
+//! what the `deckhand pods` command reads.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +19,8 @@ use axum::routing::get;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -30,9 +33,35 @@ use crate::pod_state::PodStates;
 #[error("cannot listen on {addr} for the {what}: {source}")]
 pub struct ServeError {
     pub what: &'static str,
-    pub addr: SocketAddr,
+    /// The address or socket path.
+    pub addr: String,
     #[source]
     pub source: std::io::Error,
+}
+
+/// A listening socket the accept loop takes connections from (TCP or Unix).
+trait Acceptor: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and a description of its peer for the log.
+    fn next(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, peer) = self.accept().await?;
+        Ok((stream, peer.to_string()))
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, _) = self.accept().await?;
+        Ok((stream, "local socket".to_string()))
+    }
 }
 
 /// Metric pages by path, each rendered on request in Prometheus' text format.
@@ -149,10 +178,11 @@ async fn serve(
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let listener =
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError { what, addr, source })?;
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError {
+        what,
+        addr: addr.to_string(),
+        source,
+    })?;
     let local = listener.local_addr().unwrap_or(addr);
     tracing::info!(%local, "serving the {what}");
     Ok(tokio::spawn(accept_loop(
@@ -163,7 +193,7 @@ async fn serve(
 /// Accepts connections while a slot is free and serves each on its own task.
 async fn accept_loop(
     what: &'static str,
-    listener: TcpListener,
+    listener: impl Acceptor,
     router: Router,
     limits: ListenerLimits,
     cancel: CancellationToken,
@@ -180,7 +210,7 @@ async fn accept_loop(
         };
         let (stream, peer) = tokio::select! {
             _ = cancel.cancelled() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = listener.next() => match accepted {
                 Ok(a) => a,
                 Err(err) => {
                     // Out of file descriptors, for instance: wait a little rather than spin.
@@ -261,18 +291,94 @@ pub async fn serve_read_only(
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let router = Router::new()
+    let router = read_only_router().with_state(AppState {
+        health,
+        pods,
+        metrics,
+    });
+    serve("read-only API", addr, router, limits, cancel).await
+}
+
+/// The read-only pages (`/pods`, `/healthz`, `/metrics/...`), counted in upstream's
+/// `kubelet_http_*` metrics as server type `readonly`.
+fn read_only_router() -> Router<AppState> {
+    Router::new()
         .route("/healthz", get(healthz))
         .route("/pods", get(list_pods))
         .route("/pods/", get(list_pods))
         .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
+        .layer(axum::middleware::from_fn(|req, next| {
+            count_request("readonly", req, next)
+        }))
+}
+
+/// Counts and times one request (upstream's `kubelet_http_requests_total`, `…_duration_seconds`
+/// and `kubelet_http_inflight_requests`).
+pub async fn count_request(
+    server_type: &'static str,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let m = &crate::metrics::KUBELET;
+    let path = crate::metrics::http_path_bucket(req.uri().path());
+    let method = crate::metrics::http_method_bucket(req.method().as_str());
+    let long_running = "false";
+    let labels = [method, path.as_str(), server_type, long_running];
+    m.http_requests.inc(&labels);
+    m.http_inflight_requests.add(&labels, 1.0);
+    let began = std::time::Instant::now();
+    let response = next.run(req).await;
+    m.http_inflight_requests.add(&labels, -1.0);
+    m.http_requests_duration
+        .observe(&labels, began.elapsed().as_secs_f64());
+    response
+}
+
+/// Where the local socket lives under the root dir.
+pub fn local_socket_path(root_dir: &std::path::Path) -> std::path::PathBuf {
+    root_dir.join("deckhand.sock")
+}
+
+/// Serves the read-only pages and `/debug/probes` (rendered from the page registry) on a Unix
+/// socket at `path`, readable and writable by its owner only: pod specs and probe output are
+/// not for every local user. A socket left by an earlier run is replaced.
+pub async fn serve_local_socket(
+    path: &std::path::Path,
+    health: Health,
+    pods: PodStates,
+    metrics: Metrics,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let failed = |source| ServeError {
+        what: "local socket",
+        addr: path.display().to_string(),
+        source,
+    };
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed(e)),
+        _ => {}
+    }
+    // Connecting needs write permission on the socket; it is narrowed to the owner before
+    // anything is served on it.
+    let listener = UnixListener::bind(path).map_err(failed)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+    tracing::info!(path = %path.display(), "serving the local socket");
+    let router = read_only_router()
+        .route("/debug/probes", get(metrics_page))
         .with_state(AppState {
             health,
             pods,
             metrics,
         });
-    serve("read-only API", addr, router, limits, cancel).await
+    Ok(tokio::spawn(accept_loop(
+        "local socket",
+        listener,
+        router,
+        ListenerLimits::default(),
+        cancel,
+    )))
 }
 
 #[cfg(test)]

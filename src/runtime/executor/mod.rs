@@ -89,6 +89,9 @@ pub struct PodSyncState {
     pub status: Option<PodStatus>,
     /// Termination messages already read, by container ID.
     pub messages: HashMap<String, String>,
+    /// Time spent making sure images are present (mostly pulling), which the pod start-up SLI
+    /// leaves out.
+    pub image_time: Duration,
 }
 
 /// The result of one sync.

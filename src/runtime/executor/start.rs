@@ -274,6 +274,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let name = container.name.as_str();
 
+        let began = std::time::Instant::now();
         let image = self
             .ensure_image(
                 pod,
@@ -283,7 +284,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 &mut state.backoff,
                 &mut state.pull_errors,
             )
-            .await?;
+            .await;
+        state.image_time += began.elapsed();
+        let image = image?;
         self.check_run_as_non_root(pod, container, image).await?;
 
         let dir = self.node.pod_dir(pod_uid(pod));
@@ -337,6 +340,18 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let log_dir = Path::new(&sandbox_config.log_directory).join(name);
         let _ = std::fs::create_dir_all(&log_dir);
 
+        let container_type = match start.kind {
+            ContainerKind::Init => "init_container",
+            ContainerKind::App => "container",
+        };
+        let start_failed = |err: &crate::cri::CriError| {
+            crate::metrics::KUBELET
+                .started_containers_errors
+                .inc(&[container_type, &err.code_name()]);
+        };
+        crate::metrics::KUBELET
+            .started_containers
+            .inc(&[container_type]);
         let id = self
             .rt
             .create_container(CreateContainerRequest {
@@ -345,7 +360,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 sandbox_config: Some(sandbox_config.clone()),
             })
             .await
-            .map_err(|err| WaitingReason::new(WaitReason::CreateContainerError, err.to_string()))?;
+            .map_err(|err| {
+                start_failed(&err);
+                WaitingReason::new(WaitReason::CreateContainerError, err.to_string())
+            })?;
         self.events.container(
             pod,
             name,
@@ -353,10 +371,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             reason::CREATED,
             "Container created",
         );
-        self.rt
-            .start_container(id.clone())
-            .await
-            .map_err(|err| WaitingReason::new(WaitReason::RunContainerError, err.to_string()))?;
+        self.rt.start_container(id.clone()).await.map_err(|err| {
+            start_failed(&err);
+            WaitingReason::new(WaitReason::RunContainerError, err.to_string())
+        })?;
         tracing::info!(id = %id, restart_count = start.restart_count, "container started");
         self.events.container(
             pod,
