@@ -81,6 +81,26 @@ pub struct AgentSettings {
     pub node_name: String,
     pub cluster: ClusterSettings,
     pub status_update_frequency: Duration,
+    /// Hears of every Node the API server returns (registration, status writes, re-reads),
+    /// so admission sees the Node's current labels and taints.
+    pub published: NodePublisher,
+}
+
+/// Where the node agent publishes the Node it last had back from the API server.
+#[derive(Clone, Default, Debug)]
+pub struct NodePublisher(Option<tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>>);
+
+impl NodePublisher {
+    /// Publishes to `tx`.
+    pub fn to(tx: tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>) -> NodePublisher {
+        NodePublisher(Some(tx))
+    }
+
+    fn publish(&self, node: &Node) {
+        if let Some(tx) = &self.0 {
+            tx.send_replace(Some(std::sync::Arc::new(node.clone())));
+        }
+    }
 }
 
 /// Registers the Node, then keeps its status and Lease current until `cancel`.
@@ -95,6 +115,7 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
     let Some(node) = register(&api, &snapshots, &settings, &problems, &cancel).await else {
         return;
     };
+    settings.published.publish(&node);
     let node_ref = NodeRef {
         name: settings.node_name.clone(),
         uid: node.metadata.uid.clone().unwrap_or_default(),
@@ -228,7 +249,9 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         let after_lease_failure = rereads.pending();
         reread |= after_lease_failure;
         if reread || due || status_changed(&known_status, &ours) {
-            match update_status(api, name, &mut known, &snap, reread, problems).await {
+            let result = update_status(api, name, &mut known, &snap, reread, problems).await;
+            settings.published.publish(&known);
+            match result {
                 Ok(before) => {
                     events.conditions(&before, known.status.as_ref());
                     last_report = Instant::now();
