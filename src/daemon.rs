@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::NodeSource;
 use crate::config::Config;
 use crate::cri::{self, CriClient, CriError};
 use crate::health::Health;
@@ -31,7 +32,6 @@ use crate::runtime::translate::{HostDns, parse_resolv_conf};
 use crate::server::Metrics;
 use crate::server::{self, ServeError};
 use crate::source::{self, SourceConfig};
-use crate::admission::NodeSource;
 use crate::sync_loop::{Admission, Refusals, SyncLoop, SyncLoopHealth};
 
 /// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.

@@ -263,14 +263,12 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     fn update(&mut self, pod: Arc<Pod>, batch: &mut Option<Batch>) {
         let uid = uid_of(&pod);
         let known = self.desired.contains_key(&uid) || self.workers.has(&uid);
-        if let Some(refused) = self.refused.get(&uid)
-            && !known
-        {
-            if deleting(&pod) {
+        if let Some(refused) = self.refused.get(&uid) {
+            if deleting(&pod) && !known {
                 self.admission.refusals.deleting(&pod);
                 return;
             }
-            if refused.final_ {
+            if refused.final_ && !deleting(&pod) {
                 return;
             }
         }
@@ -712,11 +710,9 @@ mod tests {
     fn named(uid: &str, name: &str, created: i64) -> Arc<Pod> {
         let mut p = (*pod(uid)).clone();
         p.metadata.name = Some(name.into());
-        p.metadata.creation_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                jiff::Timestamp::from_second(created).unwrap(),
-            ),
-        );
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(created).unwrap(),
+        ));
         Arc::new(p)
     }
 

@@ -31,10 +31,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn pod_with(name: &str, container_extra: &str, spec_extra: &str) -> String {
     let mut text = sleeping_pod(name);
     text.push_str(container_extra);
-    text.replace(
-        "spec:\n",
-        &format!("spec:\n{spec_extra}"),
-    )
+    text.replace("spec:\n", &format!("spec:\n{spec_extra}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +51,10 @@ async fn static_pods_past_the_nodes_limits_are_refused_while_the_others_run() {
                 "",
             ),
         ),
-        ("d-sel", pod_with("d-sel", "", "  nodeSelector: {disk: ssd}\n")),
+        (
+            "d-sel",
+            pod_with("d-sel", "", "  nodeSelector: {disk: ssd}\n"),
+        ),
         ("e-run", sleeping_pod("e-run")),
         ("f-run", sleeping_pod("f-run")),
         ("g-extra", sleeping_pod("g-extra")),
@@ -127,7 +127,9 @@ async fn a_noexecute_taint_admits_daemonset_pods_and_refuses_pods_without_the_to
     let client = admin().await;
     let cri = cri().await;
     let (mut agent, _node_cleanup) = joined_agent(node);
-    agent.extra_args.push(format!("--register-with-taints={TAINT}"));
+    agent
+        .extra_args
+        .push(format!("--register-with-taints={TAINT}"));
     let ns = "e2e-admission";
     let _ns_cleanup = create_namespace(&client, ns).await;
     agent.start();
@@ -222,9 +224,9 @@ async fn a_noexecute_taint_admits_daemonset_pods_and_refuses_pods_without_the_to
             .list(&ListParams::default().labels("app=agent"))
             .await
             .ok()?;
-        list.items.into_iter().find(|p| {
-            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
+        list.items
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
     })
     .await;
     let tolerations = ds_pod.spec.unwrap().tolerations.unwrap_or_default();

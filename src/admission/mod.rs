@@ -160,11 +160,13 @@ impl Usage {
     /// True when a port the pod wants is taken: the same protocol and port on the same host
     /// IP, or on any IP when either side binds every address (`0.0.0.0`).
     fn port_taken(&self, ip: &str, protocol: &str, port: i32) -> bool {
-        self.ports.iter().any(|(used_ip, used_protocol, used_port)| {
-            *used_port == port
-                && used_protocol == protocol
-                && (ip == "0.0.0.0" || used_ip == "0.0.0.0" || used_ip == ip)
-        })
+        self.ports
+            .iter()
+            .any(|(used_ip, used_protocol, used_port)| {
+                *used_port == port
+                    && used_protocol == protocol
+                    && (ip == "0.0.0.0" || used_ip == "0.0.0.0" || used_ip == ip)
+            })
     }
 }
 
@@ -178,7 +180,11 @@ fn is_static(pod: &Pod) -> bool {
 }
 
 /// Whether the node admits `pod`, given the pods it has admitted and not finished.
-pub fn admit<'a>(pod: &Pod, node: &NodeInfo, others: impl IntoIterator<Item = &'a Pod>) -> Decision {
+pub fn admit<'a>(
+    pod: &Pod,
+    node: &NodeInfo,
+    others: impl IntoIterator<Item = &'a Pod>,
+) -> Decision {
     admit_with_usage(pod, node, &Usage::of(others))
 }
 
@@ -218,8 +224,11 @@ pub fn admit_with_usage(pod: &Pod, node: &NodeInfo, usage: &Usage) -> Decision {
         return Decision::predicate(reason::NODE_PORTS, description::NODE_PORTS);
     }
     if !is_static(pod)
-        && untolerated_no_execute(&node.taints, spec.tolerations.as_deref().unwrap_or_default())
-            .is_some()
+        && untolerated_no_execute(
+            &node.taints,
+            spec.tolerations.as_deref().unwrap_or_default(),
+        )
+        .is_some()
     {
         return Decision::predicate(reason::TAINT_TOLERATION, description::TAINT_TOLERATION);
     }
@@ -248,12 +257,18 @@ fn insufficient_resource(pod: &Pod, node: &NodeInfo, usage: &Usage) -> Option<De
         return None;
     }
     let used = &usage.requested;
-    let over = |want: i64, used: i64, capacity: i64| want > 0 && want > capacity.saturating_sub(used);
+    let over =
+        |want: i64, used: i64, capacity: i64| want > 0 && want > capacity.saturating_sub(used);
     if over(wanted.cpu_millis, used.cpu_millis, alloc.cpu_millis) {
         return short(CPU, wanted.cpu_millis, used.cpu_millis, alloc.cpu_millis);
     }
     if over(wanted.memory_bytes, used.memory_bytes, alloc.memory_bytes) {
-        return short(MEMORY, wanted.memory_bytes, used.memory_bytes, alloc.memory_bytes);
+        return short(
+            MEMORY,
+            wanted.memory_bytes,
+            used.memory_bytes,
+            alloc.memory_bytes,
+        );
     }
     if over(
         wanted.ephemeral_storage_bytes,

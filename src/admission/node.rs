@@ -26,7 +26,10 @@ impl NodeSource {
     }
 
     /// The configuration's node, overlaid with the Node the node agent publishes.
-    pub fn with_node_object(base: NodeInfo, node: watch::Receiver<Option<Arc<Node>>>) -> NodeSource {
+    pub fn with_node_object(
+        base: NodeInfo,
+        node: watch::Receiver<Option<Arc<Node>>>,
+    ) -> NodeSource {
         NodeSource {
             base,
             node: Some(node),

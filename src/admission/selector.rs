@@ -21,7 +21,11 @@ use crate::k8s::labels::{check_label_key, check_label_value};
 const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// True when the pod's `nodeSelector` and required node affinity allow this node.
-pub fn node_affinity_matches(pod: &Pod, labels: &BTreeMap<String, String>, node_name: &str) -> bool {
+pub fn node_affinity_matches(
+    pod: &Pod,
+    labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return true;
     };
@@ -37,7 +41,10 @@ pub fn node_affinity_matches(pod: &Pod, labels: &BTreeMap<String, String>, node_
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     let Some(required) = required else {
         return true;
     };
@@ -66,7 +73,10 @@ fn term_matches(t: &NodeSelectorTerm, labels: &BTreeMap<String, String>, node_na
 }
 
 /// Whether the labels meet one expression; `None` when upstream would not parse it.
-fn label_requirement(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> Option<bool> {
+fn label_requirement(
+    r: &NodeSelectorRequirement,
+    labels: &BTreeMap<String, String>,
+) -> Option<bool> {
     check_label_key(&r.key).ok()?;
     let values = r.values.as_deref().unwrap_or_default();
     if values.iter().any(|v| check_label_value(v).is_err()) {
@@ -147,7 +157,10 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
 
 /// The first NoExecute taint none of the tolerations tolerates (the node agent looks at
 /// NoExecute taints only; NoSchedule ones are the scheduler's).
-pub fn untolerated_no_execute<'a>(taints: &'a [Taint], tolerations: &[Toleration]) -> Option<&'a Taint> {
+pub fn untolerated_no_execute<'a>(
+    taints: &'a [Taint],
+    tolerations: &[Toleration],
+) -> Option<&'a Taint> {
     taints
         .iter()
         .filter(|t| t.effect == "NoExecute")

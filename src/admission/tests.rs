@@ -96,7 +96,8 @@ fn daemonset_tolerations() -> Value {
     ])
 }
 
-const AFFINITY: &str = "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector";
+const AFFINITY: &str =
+    "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector";
 const PORTS: &str =
     "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports";
 const NAME: &str = "Predicate NodeName failed: node(s) didn't match the requested node name";
@@ -106,7 +107,10 @@ const TAINTS: &str =
 #[test]
 fn every_reason_in_upstreams_words() {
     let others = vec![
-        pod("a", requesting(json!({"cpu": "500m", "memory": "1Gi", "example.com/dongle": "1"}))),
+        pod(
+            "a",
+            requesting(json!({"cpu": "500m", "memory": "1Gi", "example.com/dongle": "1"})),
+        ),
         pod(
             "b",
             json!({"containers": [{"name": "web", "image": "busybox",
@@ -202,7 +206,10 @@ fn every_reason_in_upstreams_words() {
         },
         Case {
             name: "huge pages are checked even when the node has none",
-            pod: pod("new", requesting(json!({"hugepages-1Gi": "1Gi", "memory": "1Mi"}))),
+            pod: pod(
+                "new",
+                requesting(json!({"hugepages-1Gi": "1Gi", "memory": "1Mi"})),
+            ),
             others: vec![],
             node: node(),
             want: refused(
@@ -268,7 +275,10 @@ fn every_reason_in_upstreams_words() {
         },
         Case {
             name: "node affinity is reported before the node name",
-            pod: pod("new", json!({"nodeName": "n2", "nodeSelector": {"zone": "b"}})),
+            pod: pod(
+                "new",
+                json!({"nodeName": "n2", "nodeSelector": {"zone": "b"}}),
+            ),
             others: vec![],
             node: node(),
             want: refused("NodeAffinity", AFFINITY),
@@ -427,9 +437,7 @@ fn amounts(cpu: i64, memory: i64) -> Amounts {
 
 #[test]
 fn requests_count_init_containers_sidecars_pod_level_requests_and_overhead() {
-    let c = |name: &str, cpu: &str, mem: &str| {
-        json!({"name": name, "image": "busybox", "resources": {"requests": {"cpu": cpu, "memory": mem}}})
-    };
+    let c = |name: &str, cpu: &str, mem: &str| json!({"name": name, "image": "busybox", "resources": {"requests": {"cpu": cpu, "memory": mem}}});
     let sidecar = |name: &str, cpu: &str, mem: &str| {
         let mut v = c(name, cpu, mem);
         v["restartPolicy"] = json!("Always");
@@ -574,40 +582,116 @@ fn term(expressions: Value, fields: Value) -> Value {
 fn node_affinity_operators_terms_and_fields() {
     let expr = |key: &str, op: &str, values: Value| json!([{"key": key, "operator": op, "values": values}]);
     let cases: Vec<(&str, Value, bool)> = vec![
-        ("In matches", term(expr("zone", "In", json!(["a", "b"])), json!([])), true),
-        ("In misses", term(expr("zone", "In", json!(["b"])), json!([])), false),
-        ("In without values is invalid", term(expr("zone", "In", json!([])), json!([])), false),
-        ("NotIn of another value", term(expr("zone", "NotIn", json!(["b"])), json!([])), true),
-        ("NotIn of a missing label", term(expr("gpu", "NotIn", json!(["x"])), json!([])), true),
-        ("NotIn of the value", term(expr("zone", "NotIn", json!(["a"])), json!([])), false),
-        ("Exists", term(expr("zone", "Exists", json!([])), json!([])), true),
-        ("Exists with values is invalid", term(expr("zone", "Exists", json!(["a"])), json!([])), false),
-        ("DoesNotExist", term(expr("gpu", "DoesNotExist", json!([])), json!([])), true),
-        ("DoesNotExist of a label", term(expr("zone", "DoesNotExist", json!([])), json!([])), false),
-        ("Gt", term(expr("cores", "Gt", json!(["4"])), json!([])), true),
-        ("Gt at the bound", term(expr("cores", "Gt", json!(["8"])), json!([])), false),
-        ("Lt", term(expr("cores", "Lt", json!(["16"])), json!([])), true),
-        ("Gt of a label that is not a number", term(expr("zone", "Gt", json!(["1"])), json!([])), false),
-        ("Gt with a bound that is not a number", term(expr("cores", "Gt", json!(["x"])), json!([])), false),
-        ("an unknown operator", term(expr("zone", "Near", json!(["a"])), json!([])), false),
+        (
+            "In matches",
+            term(expr("zone", "In", json!(["a", "b"])), json!([])),
+            true,
+        ),
+        (
+            "In misses",
+            term(expr("zone", "In", json!(["b"])), json!([])),
+            false,
+        ),
+        (
+            "In without values is invalid",
+            term(expr("zone", "In", json!([])), json!([])),
+            false,
+        ),
+        (
+            "NotIn of another value",
+            term(expr("zone", "NotIn", json!(["b"])), json!([])),
+            true,
+        ),
+        (
+            "NotIn of a missing label",
+            term(expr("gpu", "NotIn", json!(["x"])), json!([])),
+            true,
+        ),
+        (
+            "NotIn of the value",
+            term(expr("zone", "NotIn", json!(["a"])), json!([])),
+            false,
+        ),
+        (
+            "Exists",
+            term(expr("zone", "Exists", json!([])), json!([])),
+            true,
+        ),
+        (
+            "Exists with values is invalid",
+            term(expr("zone", "Exists", json!(["a"])), json!([])),
+            false,
+        ),
+        (
+            "DoesNotExist",
+            term(expr("gpu", "DoesNotExist", json!([])), json!([])),
+            true,
+        ),
+        (
+            "DoesNotExist of a label",
+            term(expr("zone", "DoesNotExist", json!([])), json!([])),
+            false,
+        ),
+        (
+            "Gt",
+            term(expr("cores", "Gt", json!(["4"])), json!([])),
+            true,
+        ),
+        (
+            "Gt at the bound",
+            term(expr("cores", "Gt", json!(["8"])), json!([])),
+            false,
+        ),
+        (
+            "Lt",
+            term(expr("cores", "Lt", json!(["16"])), json!([])),
+            true,
+        ),
+        (
+            "Gt of a label that is not a number",
+            term(expr("zone", "Gt", json!(["1"])), json!([])),
+            false,
+        ),
+        (
+            "Gt with a bound that is not a number",
+            term(expr("cores", "Gt", json!(["x"])), json!([])),
+            false,
+        ),
+        (
+            "an unknown operator",
+            term(expr("zone", "Near", json!(["a"])), json!([])),
+            false,
+        ),
         (
             "matchFields on the node's name",
-            term(json!([]), json!([{"key": "metadata.name", "operator": "In", "values": ["n1"]}])),
+            term(
+                json!([]),
+                json!([{"key": "metadata.name", "operator": "In", "values": ["n1"]}]),
+            ),
             true,
         ),
         (
             "matchFields on another name",
-            term(json!([]), json!([{"key": "metadata.name", "operator": "In", "values": ["n2"]}])),
+            term(
+                json!([]),
+                json!([{"key": "metadata.name", "operator": "In", "values": ["n2"]}]),
+            ),
             false,
         ),
         (
             "matchFields NotIn",
-            term(json!([]), json!([{"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}])),
+            term(
+                json!([]),
+                json!([{"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]),
+            ),
             true,
         ),
         (
             "matchFields needs exactly one value",
-            term(json!([]), json!([{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}])),
+            term(
+                json!([]),
+                json!([{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]),
+            ),
             false,
         ),
         (
@@ -621,10 +705,10 @@ fn node_affinity_operators_terms_and_fields() {
         (
             "one of several terms is enough; an invalid term is skipped",
             json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "zone", "operator": "Bogus"}]},
-                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
-                ]}}}}),
+            {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "Bogus"}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            ]}}}}),
             true,
         ),
         (
@@ -653,30 +737,48 @@ fn node_affinity_operators_terms_and_fields() {
     let n = node();
     for (name, spec, want) in cases {
         let p = pod("p", spec);
-        assert_eq!(node_affinity_matches(&p, &n.labels, &n.name), want, "{name}");
+        assert_eq!(
+            node_affinity_matches(&p, &n.labels, &n.name),
+            want,
+            "{name}"
+        );
     }
 }
 
 #[test]
 fn tolerations_match_as_upstream() {
-    let tol = |v: Value| serde_json::from_value::<k8s_openapi::api::core::v1::Toleration>(v).unwrap();
+    let tol =
+        |v: Value| serde_json::from_value::<k8s_openapi::api::core::v1::Toleration>(v).unwrap();
     let t = taint("k", Some("v"), "NoExecute");
     for (toleration, want) in [
-        (json!({"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute"}), true),
+        (
+            json!({"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute"}),
+            true,
+        ),
         (json!({"key": "k", "value": "v"}), true),
         (json!({"key": "k", "value": "w"}), false),
         (json!({"key": "k", "operator": "Exists"}), true),
         (json!({"operator": "Exists"}), true),
-        (json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"}), false),
+        (
+            json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"}),
+            false,
+        ),
         (json!({"key": "other", "operator": "Exists"}), false),
         // Numeric comparison is an alpha feature upstream keeps off.
         (json!({"key": "k", "operator": "Gt", "value": "1"}), false),
         (json!({"key": "k", "operator": "Sometimes"}), false),
     ] {
-        assert_eq!(tolerates(&tol(toleration.clone()), &t), want, "{toleration}");
+        assert_eq!(
+            tolerates(&tol(toleration.clone()), &t),
+            want,
+            "{toleration}"
+        );
     }
     let no_value = taint("k", None, "NoExecute");
-    assert!(tolerates(&tol(json!({"key": "k", "operator": "Equal"})), &no_value));
+    assert!(tolerates(
+        &tol(json!({"key": "k", "operator": "Equal"})),
+        &no_value
+    ));
     assert!(tolerates(&tol(json!({"key": "k", "value": ""})), &no_value));
 }
 
