@@ -70,11 +70,11 @@ fn pod(i: usize) -> Pod {
                "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}}})
     };
     let mut app = container("app", "100m", "128Mi");
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         app["ports"] = json!([{"containerPort": 8080, "hostPort": 20000 + i}]);
     }
     let mut init = vec![container("setup", "200m", "64Mi")];
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         let mut sidecar = container("proxy", "50m", "32Mi");
         sidecar["restartPolicy"] = json!("Always");
         init.push(sidecar);
@@ -89,7 +89,7 @@ fn pod(i: usize) -> Pod {
             {"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoExecute"},
         ],
     });
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         spec["nodeSelector"] = json!({"disk": "ssd"});
         spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
         {"nodeSelectorTerms": [{"matchExpressions": [
