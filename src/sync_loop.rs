@@ -357,7 +357,11 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// first.
     fn refuse(&mut self, pod: Arc<Pod>, reason: &str, message: String, final_: bool) {
         let uid = uid_of(&pod);
-        tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason, %message, "refusing a pod");
+        if crate::mirror_pods::is_static(&pod) {
+            tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason, %message, "refusing a static pod");
+        } else {
+            tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason, %message, "refusing a pod");
+        }
         let shown = format!("Pod was rejected: {message}");
         if self.desired.contains_key(&uid) || self.workers.has(&uid) {
             self.terminate(pod.clone(), None, "the pod is refused now; terminating");

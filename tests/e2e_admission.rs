@@ -114,7 +114,10 @@ async fn static_pods_past_the_nodes_limits_are_refused_while_the_others_run() {
         );
     }
     let log = agent.log();
-    assert!(log.contains("refusing a pod"), "the refusals are logged");
+    assert!(
+        log.contains("refusing a static pod"),
+        "the refusals are logged"
+    );
     agent.stop();
 }
 
