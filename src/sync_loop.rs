@@ -23,7 +23,7 @@ use crate::pod_state::PodStates;
 use crate::pod_workers::{PodWorkers, Work};
 use crate::pokes::Pokes;
 use crate::source::{PodChange, SourcesReady};
-use crate::status_sync::{StatusSync, from_api};
+use crate::status_sync::StatusSync;
 
 /// The node and its usage while one batch of new pods is admitted; each admitted pod is
 /// added to the usage, so the next is admitted against it.
@@ -127,7 +127,13 @@ impl Refusals {
     /// The node refuses `pod` (`message` without the "Pod was rejected: " of the status).
     pub fn refused(&self, pod: &Pod, reason: &str, message: &str) {
         self.events.pod(pod, EventType::Warning, reason, message);
-        if let Some(status) = self.status.as_ref().filter(|_| from_api(pod)) {
+        // Not `from_api`: the API server source refuses pods before the merge marks their
+        // source, so "not static" is what tells an API server pod here.
+        if let Some(status) = self
+            .status
+            .as_ref()
+            .filter(|_| !crate::mirror_pods::is_static(pod))
+        {
             status.refused(pod, reason, message);
             if pod.metadata.deletion_timestamp.is_some() {
                 status.torn_down(Arc::new(pod.clone()));
