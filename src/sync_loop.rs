@@ -3,6 +3,10 @@
 //! It owns the set of desired pods and the pod workers. Periodic resyncs are the workers' own
 //! timers (each knows when its pod next needs a look: a back-off ending, `syncFrequency`), so the
 //! loop only routes events and runs housekeeping every two seconds.
+//!
+//! It is also where pods are admitted: a new pod from any source is checked by
+//! [`crate::admission`] against the pods admitted before it, and a refused one never reaches a
+//! worker; [`Refusals`] tells the rest of the agent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
