@@ -859,4 +859,30 @@ mod tests {
         }
         parts.cancel.cancel();
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_already_being_deleted_is_still_admitted_or_refused_first() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(0));
+        parts.ready.mark_seen("file");
+        let mut p = (*named("uid-del", "del", 100)).clone();
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ));
+        let p = Arc::new(p);
+        // Upstream admits a new pod even when its deletion has begun: it ends Failed with
+        // its reason, and nothing of it is started or torn down.
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        assert_eq!(
+            states.status("uid-del").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods")
+        );
+        assert!(!sl.workers.has("uid-del"));
+        // A later update of the deletion reaches no worker either.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        assert!(!sl.workers.has("uid-del"));
+        assert_eq!(parts.rt.count("RunPodSandbox"), 0);
+        parts.cancel.cancel();
+    }
 }
