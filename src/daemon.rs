@@ -499,7 +499,14 @@ pub async fn run(
 
     // With a kubeconfig: register the Node, keep its status and Lease current. This talks to
     // the API server only; pods are untouched by anything it does or fails to do.
-    if let Some((api_client, _, _)) = api_clients {
+    if let Some((api_client, watch_client, _)) = api_clients {
+        // Its own Node, watched, so admission sees label and taint changes at once.
+        tracker.spawn(crate::node::watch::run(
+            watch_client,
+            config.node_name.clone(),
+            crate::node::agent::NodePublisher::to(node_tx.clone()),
+            cancel.clone(),
+        ));
         let snapshots = crate::node::agent::LiveSnapshots {
             cri: client.clone(),
             health: health.clone(),

@@ -11,7 +11,8 @@
 //! Cluster: a node registered with a NoExecute taint; a DaemonSet's pod (the DaemonSet
 //! controller adds its tolerations; the template tolerates the taint) runs, while a bare pod
 //! bound to the node without the toleration is marked Failed with `TaintToleration` in the
-//! API server and never reaches containerd.
+//! API server and never reaches containerd; after `kubectl label node`, a pod that selects the
+//! new label runs.
 
 mod common;
 
@@ -243,5 +244,43 @@ async fn a_noexecute_taint_admits_daemonset_pods_and_refuses_pods_without_the_to
         sandboxes_of(&cri, name).await.is_empty(),
         "the refused pod reached containerd"
     );
+
+    // `kubectl label node` counts: a pod that selects the new label runs. (The label reaches
+    // the agent through its watch of the Node, a moment after kubectl returns; a pod created
+    // in that moment is refused, and the next one is tried.)
+    common::cluster::kubectl(&["label", "node", node, "deckhand.test/tier=gold"]);
+    let deadline = std::time::Instant::now() + WAIT;
+    for attempt in 1.. {
+        let name = format!("gold-{attempt}");
+        let mut gold = common::cluster::bound_pod(&name, node);
+        gold.metadata.namespace = Some(ns.into());
+        let spec = gold.spec.as_mut().unwrap();
+        spec.node_selector = Some([("deckhand.test/tier".to_string(), "gold".to_string())].into());
+        spec.tolerations = Some(vec![
+            serde_json::from_value(serde_json::json!(
+                {"key": "deckhand.test/dedicated", "operator": "Exists", "effect": "NoExecute"}
+            ))
+            .unwrap(),
+        ]);
+        pods.create(&PostParams::default(), &gold)
+            .await
+            .expect("create the gold pod");
+        let running = wait_until(&format!("{name} running or refused"), WAIT, || async {
+            let p = pods.get(&name).await.ok()?;
+            match p.status?.phase.as_deref() {
+                Some("Running") => Some(true),
+                Some("Failed") => Some(false),
+                _ => None,
+            }
+        })
+        .await;
+        if running {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node's new label never reached admission"
+        );
+    }
     agent.stop();
 }

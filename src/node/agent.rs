@@ -96,10 +96,30 @@ impl NodePublisher {
         NodePublisher(Some(tx))
     }
 
-    fn publish(&self, node: &Node) {
-        if let Some(tx) = &self.0 {
-            tx.send_replace(Some(std::sync::Arc::new(node.clone())));
-        }
+    /// Publishes `node` unless the one published already is newer: the node agent and the
+    /// Node watch both publish, and neither may put an older version back. (Versions are
+    /// compared as the numbers the API server hands out; one that is not a number replaces.)
+    pub fn publish(&self, node: &Node) {
+        let Some(tx) = &self.0 else {
+            return;
+        };
+        let version = |n: &Node| {
+            n.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        tx.send_if_modified(|current| {
+            let older = match (current.as_deref().and_then(version), version(node)) {
+                (Some(have), Some(new)) => new < have,
+                _ => false,
+            };
+            if older {
+                return false;
+            }
+            *current = Some(std::sync::Arc::new(node.clone()));
+            true
+        });
     }
 }
 
@@ -249,10 +269,9 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         let after_lease_failure = rereads.pending();
         reread |= after_lease_failure;
         if reread || due || status_changed(&known_status, &ours) {
-            let result = update_status(api, name, &mut known, &snap, reread, problems).await;
-            settings.published.publish(&known);
-            match result {
+            match update_status(api, name, &mut known, &snap, reread, problems).await {
                 Ok(before) => {
+                    settings.published.publish(&known);
                     events.conditions(&before, known.status.as_ref());
                     last_report = Instant::now();
                     reread = false;

@@ -498,3 +498,34 @@ async fn the_node_returned_by_the_api_server_is_published_for_admission() {
     cancel.cancel();
     task.await.unwrap();
 }
+
+#[test]
+fn the_published_node_never_goes_back_to_an_older_version() {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let publisher = super::NodePublisher::to(tx);
+    let version = |v: &str, label: &str| {
+        let mut n = initial_node("n1", &ClusterSettings::default(), NodeStatus::default());
+        n.metadata.resource_version = Some(v.into());
+        n.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), label.into());
+        n
+    };
+    let tier = || {
+        rx.borrow()
+            .as_ref()
+            .unwrap()
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()["tier"]
+            .clone()
+    };
+    publisher.publish(&version("10", "gold"));
+    publisher.publish(&version("9", "stale"));
+    assert_eq!(tier(), "gold");
+    publisher.publish(&version("11", "silver"));
+    assert_eq!(tier(), "silver");
+}
