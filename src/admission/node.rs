@@ -2,8 +2,8 @@
 //! registers, `--register-with-taints`, allocatable), and, once the node agent has the Node
 //! back from the API server, the Node's own labels and taints, so that `kubectl label node`
 //! and `kubectl taint node` count (upstream reads its Node from an informer the same way).
-//! The Node is as fresh as the node agent's last answer from the API server: at rest that is
-//! its last status write (when the status changes, at least every `nodeStatusReportFrequency`).
+//! The Node comes from `node::watch` (a watch of the node's own Node) and from the node
+//! agent's answers, whichever is newer.
 
 use std::sync::Arc;
 
