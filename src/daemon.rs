@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::NodeSource;
 use crate::config::Config;
 use crate::cri::{self, CriClient, CriError};
 use crate::health::Health;
@@ -31,7 +32,7 @@ use crate::runtime::translate::{HostDns, parse_resolv_conf};
 use crate::server::Metrics;
 use crate::server::{self, ServeError};
 use crate::source::{self, SourceConfig};
-use crate::sync_loop::{SyncLoop, SyncLoopHealth};
+use crate::sync_loop::{Admission, Refusals, SyncLoop, SyncLoopHealth};
 
 /// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.
 pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -480,6 +481,9 @@ pub async fn run(
                 tracker.spawn(writer);
                 handle
             });
+    // Every refusal, the API server source's and admission's, is told the same way: an
+    // event, and the pod's status in the API server.
+    let refusals = Refusals::new(events.clone(), status_sync.clone());
     let (changes_rx, sources_ready, _problems) = source::spawn_sources(
         SourceConfig {
             node_name: config.node_name.clone(),
@@ -493,12 +497,11 @@ pub async fn run(
                 .as_ref()
                 .map(|(_, watch, _)| source::apiserver::ApiSourceConfig {
                     client: watch.clone(),
-                    on_refused: status_sync.clone().map(|sync| {
-                        let events = events.clone();
+                    on_refused: status_sync.as_ref().map(|_| {
+                        let refusals = refusals.clone();
                         let tell: source::apiserver::OnRefused =
                             Arc::new(move |pod, reason, message| {
-                                events.pod(pod, crate::events::EventType::Warning, reason, message);
-                                sync.refused(pod, reason, message)
+                                refusals.refused(pod, reason, message)
                             });
                         tell
                     }),
@@ -585,7 +588,25 @@ pub async fn run(
             cancel.clone(),
         ));
     }
-    let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache);
+    // Admission checks new pods against the node as configured and, once the node agent has
+    // it back from the API server, the Node's own labels and taints.
+    let (node_tx, node_rx) = tokio::sync::watch::channel(None);
+    let admission_node = crate::admission::NodeInfo {
+        name: config.node_name.clone(),
+        labels: crate::node::registration::node_labels(&config.node_name, &config.cluster),
+        taints: config.cluster.register_with_taints.clone(),
+        allocatable: crate::admission::Allocatable::from_quantities(&allocatable.to_quantities()),
+    };
+    let admission = Admission {
+        node: if api_clients.is_some() {
+            NodeSource::with_node_object(admission_node, node_rx)
+        } else {
+            NodeSource::fixed(admission_node)
+        },
+        states: states.clone(),
+        refusals,
+    };
+    let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache, admission);
     let loop_health = SyncLoopHealth::default();
     {
         let loop_health = loop_health.clone();
@@ -618,7 +639,14 @@ pub async fn run(
 
     // With a kubeconfig: register the Node, keep its status and Lease current. This talks to
     // the API server only; pods are untouched by anything it does or fails to do.
-    if let Some((api_client, _, _)) = api_clients {
+    if let Some((api_client, watch_client, _)) = api_clients {
+        // Its own Node, watched, so admission sees label and taint changes at once.
+        tracker.spawn(crate::node::watch::run(
+            watch_client,
+            config.node_name.clone(),
+            crate::node::agent::NodePublisher::to(node_tx.clone()),
+            cancel.clone(),
+        ));
         let snapshots = crate::node::agent::LiveSnapshots {
             cri: client.clone(),
             health: health.clone(),
@@ -637,6 +665,7 @@ pub async fn run(
                 node_name: config.node_name.clone(),
                 cluster: config.cluster.clone(),
                 status_update_frequency: config.node_status_update_frequency,
+                published: crate::node::agent::NodePublisher::to(node_tx),
             },
             crate::apiserver::ProblemLog::default(),
             events.clone(),

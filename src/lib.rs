@@ -3,6 +3,7 @@
 //! The library holds everything; `main.rs` only parses flags, builds a [`config::Config`] and
 //! hands it to [`daemon::run`]. See the README for the module map.
 
+pub mod admission;
 pub mod api_objects;
 pub mod apiserver;
 pub mod certificate;

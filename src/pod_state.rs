@@ -45,6 +45,18 @@ impl PodStates {
             .map(|(_, s)| s.clone())
     }
 
+    /// The UIDs whose last published phase is terminal (`Succeeded` or `Failed`): pods that
+    /// no longer hold anything of the node, which admission leaves out.
+    pub fn finished(&self) -> std::collections::HashSet<String> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (_, s))| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
+
     /// A pod and its last published status.
     pub fn get(&self, uid: &str) -> Option<(Arc<Pod>, PodStatus)> {
         self.inner

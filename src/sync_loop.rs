@@ -3,6 +3,10 @@
 //! It owns the set of desired pods and the pod workers. Periodic resyncs are the workers' own
 //! timers (each knows when its pod next needs a look: a back-off ending, `syncFrequency`), so the
 //! loop only routes events and runs housekeeping every two seconds.
+//!
+//! It is also where pods are admitted: a new pod from any source is checked by
+//! [`crate::admission`] against the pods admitted before it, and a refused one never reaches a
+//! worker; [`Refusals`] tells the rest of the agent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,13 +17,24 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{self, Decision, NodeInfo, NodeSource, Usage};
 use crate::cri::{ImageService, RuntimeService};
+use crate::events::{EventType, Recorder};
 use crate::health::CheckFailure;
 use crate::k8s::full_name;
 use crate::pleg::RuntimeCache;
+use crate::pod_state::PodStates;
 use crate::pod_workers::{PodWorkers, Work};
 use crate::pokes::Pokes;
 use crate::source::{PodChange, SourcesReady};
+use crate::status_sync::StatusSync;
+
+/// The node and its usage while one batch of new pods is admitted; each admitted pod is
+/// added to the usage, so the next is admitted against it.
+struct Batch {
+    node: NodeInfo,
+    usage: Usage,
+}
 
 /// How often orphans are looked for.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
@@ -89,17 +104,80 @@ impl SyncLoopHealth {
     }
 }
 
+/// What admission needs besides the pods: the node, the published states (finished pods
+/// hold nothing of the node) and who hears of refusals.
+pub struct Admission {
+    pub node: NodeSource,
+    pub states: PodStates,
+    pub refusals: Refusals,
+}
+
+/// Who hears of a refused pod besides `/pods`, as upstream's `rejectPod` tells them: a
+/// Warning event with the reason and the bare message, and, for pods from the API server, the
+/// status writer, which marks the pod Failed there and, when the API server is deleting the
+/// pod, finishes the deletion (nothing runs for it that could still need stopping). The API
+/// server source's own refusals go the same way.
+#[derive(Clone)]
+pub struct Refusals {
+    events: Recorder,
+    status: Option<StatusSync>,
+}
+
+impl Refusals {
+    pub fn new(events: Recorder, status: Option<StatusSync>) -> Refusals {
+        Refusals { events, status }
+    }
+
+    /// The node refuses `pod` (`message` without the "Pod was rejected: " of the status).
+    pub fn refused(&self, pod: &Pod, reason: &str, message: &str) {
+        self.events.pod(pod, EventType::Warning, reason, message);
+        // Not `from_api`: the API server source refuses pods before the merge marks their
+        // source, so "not static" is what tells an API server pod here.
+        if let Some(status) = self
+            .status
+            .as_ref()
+            .filter(|_| !crate::mirror_pods::is_static(pod))
+        {
+            status.refused(pod, reason, message);
+            if pod.metadata.deletion_timestamp.is_some() {
+                status.torn_down(Arc::new(pod.clone()));
+            }
+        }
+    }
+
+    /// A pod refused earlier is being deleted in the API server: nothing runs for it, so the
+    /// deletion can be finished.
+    pub fn deleting(&self, pod: &Arc<Pod>) {
+        if let Some(status) = &self.status {
+            status.torn_down(pod.clone());
+        }
+    }
+}
+
+/// A pod the node refused, shown in `/pods` as Failed until its source drops it.
+struct Refused {
+    pod: Arc<Pod>,
+    reason: String,
+    /// As the status shows it ("Pod was rejected: …").
+    message: String,
+    /// Refused by admission: later updates do not bring it in (upstream admits a pod once,
+    /// when it is added). A static pod refused for referring to API objects is looked at
+    /// again when its manifest changes.
+    final_: bool,
+}
+
 /// The loop's state.
 pub struct SyncLoop<R> {
     workers: PodWorkers<R>,
     desired: HashMap<String, Arc<Pod>>,
     /// New UIDs of a static pod waiting for the old UID's teardown, by full name.
     waiting_for_name: HashMap<String, Arc<Pod>>,
-    /// Refused static pods whose earlier version is being torn down, with the refusal, shown
-    /// once the teardown is done (it clears the pod's status).
-    refused: HashMap<String, (Arc<Pod>, String)>,
+    /// Pods refused, by UID. One whose earlier version is being torn down is shown again once
+    /// the teardown is done (the teardown clears the pod's status).
+    refused: HashMap<String, Refused>,
     sources_ready: SourcesReady,
     runtime_cache: RuntimeCache,
+    admission: Admission,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -118,11 +196,26 @@ fn static_pod_refusal(pod: &Pod) -> Option<String> {
     crate::source::validate::static_pod_api_refusal(pod)
 }
 
+fn deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// The order upstream admits new pods in: oldest first. Static pods carry no creation time
+/// (they come first, as upstream's zero time does); ties go by name, so the order never
+/// depends on how a source listed them.
+fn admission_order(a: &Arc<Pod>, b: &Arc<Pod>) -> std::cmp::Ordering {
+    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    created(a)
+        .cmp(&created(b))
+        .then_with(|| full_name(a).cmp(&full_name(b)))
+}
+
 impl<R: RuntimeService + ImageService> SyncLoop<R> {
     pub fn new(
         workers: PodWorkers<R>,
         sources_ready: SourcesReady,
         runtime_cache: RuntimeCache,
+        admission: Admission,
     ) -> Self {
         SyncLoop {
             workers,
@@ -131,60 +224,169 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             refused: HashMap::new(),
             sources_ready,
             runtime_cache,
+            admission,
         }
     }
 
-    /// Applies one batch of source changes.
+    /// Applies one batch of source changes: removals first (an edited static pod arrives as
+    /// Remove(old) + Add(new), and the new one must see the old one terminating), then
+    /// updates, then new pods in admission order, each admitted against the pods admitted
+    /// before it.
     pub fn handle_changes(&mut self, changes: Vec<PodChange>) {
-        // Removals first: an edited static pod arrives as Remove(old) + Add(new), and the new
-        // one must see the old one terminating.
-        let (removes, others): (Vec<_>, Vec<_>) = changes
-            .into_iter()
-            .partition(|c| matches!(c, PodChange::Remove(_)));
-        for change in removes.into_iter().chain(others) {
+        let mut removes = Vec::new();
+        let mut updates = Vec::new();
+        let mut adds = Vec::new();
+        for change in changes {
             match change {
-                // The API server is deleting the pod: stop it with the grace period the
-                // deletion asked for; once it is torn down, the status writer deletes it.
-                PodChange::Add(pod) | PodChange::Update(pod)
-                    if pod.metadata.deletion_timestamp.is_some() =>
-                {
-                    let grace = pod.metadata.deletion_grace_period_seconds;
-                    self.terminate(pod, grace, "the pod is being deleted; terminating");
-                }
-                PodChange::Add(pod) | PodChange::Update(pod) => {
-                    if let Some(message) = static_pod_refusal(&pod) {
-                        self.refuse(pod, message);
-                        continue;
-                    }
-                    let uid = uid_of(&pod);
-                    let name = full_name(&pod);
-                    self.desired.insert(uid.clone(), pod.clone());
-                    if self.workers.terminating_other(&uid, &name) {
-                        tracing::info!(pod = %name, pod_uid = %uid, "waiting for the previous instance of the pod to stop");
-                        self.waiting_for_name.insert(name, pod);
-                    } else {
-                        self.workers.dispatch(&uid, Work::Sync(pod));
-                    }
-                }
-                PodChange::Remove(pod) => {
-                    self.terminate(pod, None, "pod removed from its source; terminating");
-                }
+                PodChange::Remove(p) => removes.push(p),
+                PodChange::Update(p) => updates.push(p),
+                PodChange::Add(p) => adds.push(p),
+            }
+        }
+        for pod in removes {
+            self.remove(pod);
+        }
+        let mut batch = None;
+        for pod in updates {
+            self.update(pod, &mut batch);
+        }
+        adds.sort_by(admission_order);
+        for pod in adds {
+            self.add(pod, &mut batch);
+        }
+    }
+
+    fn remove(&mut self, pod: Arc<Pod>) {
+        let uid = uid_of(&pod);
+        if self.refused.remove(&uid).is_some()
+            && !self.desired.contains_key(&uid)
+            && !self.workers.has(&uid)
+        {
+            // Refused and never run: there is nothing to tear down.
+            tracing::info!(pod = %full_name(&pod), pod_uid = %uid, "a refused pod was removed from its source");
+            self.admission.states.forget(&uid);
+            return;
+        }
+        self.terminate(pod, None, "pod removed from its source; terminating");
+    }
+
+    fn update(&mut self, pod: Arc<Pod>, batch: &mut Option<Batch>) {
+        let uid = uid_of(&pod);
+        let known = self.desired.contains_key(&uid) || self.workers.has(&uid);
+        if let Some(refused) = self.refused.get(&uid) {
+            if deleting(&pod) && !known {
+                self.admission.refusals.deleting(&pod);
+                return;
+            }
+            if refused.final_ && !deleting(&pod) {
+                return;
+            }
+        }
+        if deleting(&pod) {
+            // The API server is deleting the pod: stop it with the grace period the deletion
+            // asked for; once it is torn down, the status writer deletes it.
+            let grace = pod.metadata.deletion_grace_period_seconds;
+            self.terminate(pod, grace, "the pod is being deleted; terminating");
+            return;
+        }
+        if let Some(message) = static_pod_refusal(&pod) {
+            self.refuse(pod, REFUSED_REASON, message, false);
+            return;
+        }
+        if self.desired.contains_key(&uid) {
+            self.start(pod);
+        } else {
+            // Not admitted before (a static pod whose refusal is fixed, a pod whose worker is
+            // still tearing an earlier version down): it is admitted as a new one.
+            self.add(pod, batch);
+        }
+    }
+
+    fn add(&mut self, pod: Arc<Pod>, batch: &mut Option<Batch>) {
+        let uid = uid_of(&pod);
+        if self.desired.contains_key(&uid) {
+            // Admitted before (the same UID again in one batch): no second admission.
+            return self.update(pod, batch);
+        }
+        if !deleting(&pod)
+            && let Some(message) = static_pod_refusal(&pod)
+        {
+            self.refuse(pod, REFUSED_REASON, message, false);
+            return;
+        }
+        // Upstream admits a new pod even when the API server is already deleting it, so a
+        // pod the node would refuse ends Failed with its reason either way.
+        let batch = batch.get_or_insert_with(|| self.batch());
+        match admission::admit_with_usage(&pod, &batch.node, &batch.usage) {
+            Decision::Refuse(refusal) => {
+                self.refuse(pod, &refusal.reason, refusal.message, true);
+            }
+            Decision::Admit if deleting(&pod) => {
+                let grace = pod.metadata.deletion_grace_period_seconds;
+                self.terminate(pod, grace, "the pod is being deleted; terminating");
+            }
+            Decision::Admit => {
+                batch.usage.add(&pod);
+                self.refused.remove(&uid);
+                self.start(pod);
             }
         }
     }
 
-    /// Refuses a static pod at admission: it is not run, and `/pods` shows it Failed with the
-    /// reason (upstream: "static pods may not reference …"). An earlier version of it that
-    /// runs (a manifest that names its UID) is torn down first.
-    fn refuse(&mut self, pod: Arc<Pod>, message: String) {
+    /// The node and what the admitted, unfinished pods hold of it, for one batch of new pods.
+    fn batch(&self) -> Batch {
+        let finished = self.admission.states.finished();
+        let usage = admission::Usage::of(
+            self.desired
+                .iter()
+                .filter(|(uid, _)| !finished.contains(*uid))
+                .map(|(_, p)| &**p),
+        );
+        Batch {
+            node: self.admission.node.current(),
+            usage,
+        }
+    }
+
+    /// Wants `pod` and has its worker sync it, once no other instance of its name runs.
+    fn start(&mut self, pod: Arc<Pod>) {
         let uid = uid_of(&pod);
-        tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason = REFUSED_REASON, %message, "refusing a static pod");
-        let message = format!("Pod was rejected: {message}");
+        let name = full_name(&pod);
+        self.desired.insert(uid.clone(), pod.clone());
+        if self.workers.terminating_other(&uid, &name) {
+            tracing::info!(pod = %name, pod_uid = %uid, "waiting for the previous instance of the pod to stop");
+            self.waiting_for_name.insert(name, pod);
+        } else {
+            self.workers.dispatch(&uid, Work::Sync(pod));
+        }
+    }
+
+    /// Refuses a pod: it never reaches a worker or the runtime, `/pods` shows it Failed with
+    /// the reason and "Pod was rejected: <message>", and [`Refusals`] hears of it. An earlier
+    /// version of it that runs (a static manifest that names its UID, edited) is torn down
+    /// first.
+    fn refuse(&mut self, pod: Arc<Pod>, reason: &str, message: String, final_: bool) {
+        let uid = uid_of(&pod);
+        if crate::mirror_pods::is_static(&pod) {
+            tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason, %message, "refusing a static pod");
+        } else {
+            tracing::warn!(pod = %full_name(&pod), pod_uid = %uid, reason, %message, "refusing a pod");
+        }
+        let shown = format!("Pod was rejected: {message}");
         if self.desired.contains_key(&uid) || self.workers.has(&uid) {
             self.terminate(pod.clone(), None, "the pod is refused now; terminating");
-            self.refused.insert(uid, (pod.clone(), message.clone()));
         }
-        self.workers.refused(&pod, REFUSED_REASON, &message);
+        self.workers.refused(&pod, reason, &shown);
+        self.admission.refusals.refused(&pod, reason, &message);
+        self.refused.insert(
+            uid,
+            Refused {
+                pod,
+                reason: reason.to_string(),
+                message: shown,
+                final_,
+            },
+        );
     }
 
     /// Stops wanting `pod` and has its worker tear it down (`grace` overrides the pod's own).
@@ -192,7 +394,6 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         let uid = uid_of(&pod);
         let name = full_name(&pod);
         self.desired.remove(&uid);
-        self.refused.remove(&uid);
         if self
             .waiting_for_name
             .get(&name)
@@ -213,8 +414,10 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// A worker finished tearing its pod down.
     pub fn handle_done(&mut self, uid: &str) {
         self.workers.finished(uid);
-        if let Some((pod, message)) = self.refused.remove(uid) {
-            self.workers.refused(&pod, REFUSED_REASON, &message);
+        // A refused pod whose earlier version (or leftovers in the runtime) was just torn
+        // down: the teardown cleared its status, so it is shown again.
+        if let Some(r) = self.refused.get(uid) {
+            self.workers.refused(&r.pod, &r.reason, &r.message);
         }
         // The same UID came back while it was being torn down (a manifest restored to the
         // content it had): it starts afresh now.
@@ -313,8 +516,36 @@ mod tests {
     use crate::observed::{ObservedPod, ObservedSandbox, SandboxState};
     use crate::pod_workers::test_support::{IMAGE, eventually, harness, pod};
 
+    /// A node with room for `max_pods` pods, 2 cpus and 4 GiB.
+    fn node_info(max_pods: i64) -> NodeInfo {
+        NodeInfo {
+            name: "node-a".into(),
+            labels: BTreeMap::from([("kubernetes.io/hostname".into(), "node-a".into())]),
+            taints: vec![],
+            allocatable: crate::admission::Allocatable {
+                cpu_millis: 2000,
+                memory_bytes: 4 << 30,
+                ephemeral_storage_bytes: 10 << 30,
+                pods: max_pods,
+                scalar: BTreeMap::new(),
+            },
+        }
+    }
+
     fn sync_loop(h: crate::pod_workers::test_support::Harness) -> (SyncLoop<FakeCri>, Parts) {
+        sync_loop_on(h, node_info(110))
+    }
+
+    fn sync_loop_on(
+        h: crate::pod_workers::test_support::Harness,
+        node: NodeInfo,
+    ) -> (SyncLoop<FakeCri>, Parts) {
         let ready = SourcesReady::new(["file"]);
+        let admission = Admission {
+            node: NodeSource::fixed(node),
+            states: h.states.clone(),
+            refusals: Refusals::new(Recorder::log_only("node-a"), None),
+        };
         let parts = Parts {
             rt: h.rt,
             done: h.done,
@@ -323,7 +554,10 @@ mod tests {
             cancel: h.cancel,
             _dir: h.dir,
         };
-        (SyncLoop::new(h.workers, ready, h.runtime_cache), parts)
+        (
+            SyncLoop::new(h.workers, ready, h.runtime_cache, admission),
+            parts,
+        )
     }
 
     struct Parts {
@@ -430,7 +664,7 @@ mod tests {
     async fn a_static_pod_referring_to_a_secret_is_refused_and_shown_failed() {
         let h = harness(FakeCri::with_images(&[IMAGE]));
         let states = h.states.clone();
-        let (mut sl, mut parts) = sync_loop(h);
+        let (mut sl, parts) = sync_loop(h);
         parts.ready.mark_seen("file");
         let mut p = (*pod("uid-secret")).clone();
         p.metadata.annotations = Some(BTreeMap::from([(
@@ -454,12 +688,10 @@ mod tests {
         );
         // Every other pod runs.
         add_started(&mut sl, &parts, "uid-other").await;
-        // Its manifest removed: it is gone from /pods.
+        // Its manifest removed: it is gone from /pods, and there was nothing to tear down.
         sl.handle_changes(vec![PodChange::Remove(p)]);
-        let done = next_done(&mut parts).await;
-        assert_eq!(done.as_deref(), Some("uid-secret"));
-        sl.handle_done("uid-secret");
         assert!(states.status("uid-secret").is_none());
+        assert!(!sl.workers.has("uid-secret"));
         assert_eq!(parts.rt.count("RunPodSandbox"), 1, "only the other pod ran");
         parts.cancel.cancel();
     }
@@ -486,6 +718,171 @@ mod tests {
         sl.handle_done("uid-del");
         assert!(!sl.workers.has("uid-del"), "not started again");
         assert_eq!(parts.rt.count("StartContainer"), 1);
+        parts.cancel.cancel();
+    }
+    /// Pod `uid` named `name`, created `created` seconds into the epoch.
+    fn named(uid: &str, name: &str, created: i64) -> Arc<Pod> {
+        let mut p = (*pod(uid)).clone();
+        p.metadata.name = Some(name.into());
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(created).unwrap(),
+        ));
+        Arc::new(p)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_pod_never_reaches_the_runtime_while_the_others_run() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(2));
+        parts.ready.mark_seen("file");
+        // One batch, listed newest first; "a" sorts first by name but is the newest, so it
+        // is the one past maxPods.
+        sl.handle_changes(vec![
+            PodChange::Add(named("uid-a", "a", 300)),
+            PodChange::Add(named("uid-c", "c", 200)),
+            PodChange::Add(named("uid-b", "b", 100)),
+        ]);
+        assert!(!sl.workers.has("uid-a"), "the refused pod gets no worker");
+        let status = states.status("uid-a").expect("shown in /pods");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("OutOfpods"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(
+                "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 2, capacity: 2"
+            )
+        );
+        eventually("the other two started", || async {
+            parts.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert_eq!(parts.rt.count("RunPodSandbox"), 2);
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_pod_stays_refused_on_update_and_leaves_without_a_teardown() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, mut parts) = sync_loop_on(h, node_info(1));
+        parts.ready.mark_seen("file");
+        let first = named("uid-1", "first", 100);
+        let second = named("uid-2", "second", 200);
+        sl.handle_changes(vec![
+            PodChange::Add(first.clone()),
+            PodChange::Add(second.clone()),
+        ]);
+        eventually("the first started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        // The first goes; its room does not admit the refused pod when it is updated
+        // (upstream admits a pod once, when it is added).
+        sl.handle_changes(vec![PodChange::Remove(first)]);
+        assert_eq!(next_done(&mut parts).await.as_deref(), Some("uid-1"));
+        sl.handle_done("uid-1");
+        let mut edited = (*second).clone();
+        edited.metadata.labels = Some(BTreeMap::from([("v".into(), "2".into())]));
+        sl.handle_changes(vec![PodChange::Update(Arc::new(edited))]);
+        assert!(!sl.workers.has("uid-2"));
+        assert_eq!(
+            states.status("uid-2").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods")
+        );
+        // Removed from its source: gone from /pods, with nothing to tear down.
+        sl.handle_changes(vec![PodChange::Remove(second)]);
+        assert!(states.status("uid-2").is_none());
+        assert!(!sl.workers.has("uid-2"));
+        assert_eq!(parts.rt.count("RunPodSandbox"), 1);
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finished_pods_hold_nothing_and_pods_admitted_earlier_count() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(1));
+        parts.ready.mark_seen("file");
+        let done = named("uid-done", "done", 100);
+        sl.handle_changes(vec![PodChange::Add(done.clone())]);
+        // Another batch: the pod admitted before counts.
+        sl.handle_changes(vec![PodChange::Add(named("uid-x", "x", 150))]);
+        assert_eq!(
+            states.status("uid-x").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods")
+        );
+        // Once it has finished (a restartPolicy Never pod that exited), it holds nothing.
+        states.publish(
+            done,
+            k8s_openapi::api::core::v1::PodStatus {
+                phase: Some("Succeeded".into()),
+                ..Default::default()
+            },
+        );
+        sl.handle_changes(vec![PodChange::Add(named("uid-y", "y", 200))]);
+        assert!(sl.workers.has("uid-y"), "admitted");
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_on_a_taken_host_port_or_for_other_labels_is_refused() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop(h);
+        parts.ready.mark_seen("file");
+        let with_port = |uid: &str, name: &str, created: i64| {
+            let mut p = (*named(uid, name, created)).clone();
+            p.spec.as_mut().unwrap().containers[0].ports =
+                Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+                    container_port: 80,
+                    host_port: Some(8080),
+                    ..Default::default()
+                }]);
+            Arc::new(p)
+        };
+        let mut elsewhere = (*named("uid-sel", "sel", 300)).clone();
+        elsewhere.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+        sl.handle_changes(vec![
+            PodChange::Add(with_port("uid-p1", "p1", 100)),
+            PodChange::Add(with_port("uid-p2", "p2", 200)),
+            PodChange::Add(Arc::new(elsewhere)),
+        ]);
+        assert!(sl.workers.has("uid-p1"));
+        for (uid, reason) in [("uid-p2", "NodePorts"), ("uid-sel", "NodeAffinity")] {
+            assert!(!sl.workers.has(uid));
+            assert_eq!(
+                states.status(uid).and_then(|s| s.reason).as_deref(),
+                Some(reason)
+            );
+        }
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_already_being_deleted_is_still_admitted_or_refused_first() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(0));
+        parts.ready.mark_seen("file");
+        let mut p = (*named("uid-del", "del", 100)).clone();
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ));
+        let p = Arc::new(p);
+        // Upstream admits a new pod even when its deletion has begun: it ends Failed with
+        // its reason, and nothing of it is started or torn down.
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        assert_eq!(
+            states.status("uid-del").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods")
+        );
+        assert!(!sl.workers.has("uid-del"));
+        // A later update of the deletion reaches no worker either.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        assert!(!sl.workers.has("uid-del"));
+        assert_eq!(parts.rt.count("RunPodSandbox"), 0);
         parts.cancel.cancel();
     }
 }

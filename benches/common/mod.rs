@@ -355,6 +355,8 @@ impl Agent {
             format!("--read-only-port={read_only_port}"),
             "--address=127.0.0.1".to_string(),
             format!("--v={}", opts.verbosity),
+            // Benches run up to 240 pods; admission would refuse those past the default 110.
+            "--max-pods=250".to_string(),
         ];
         let log_path = dir.join(log_name);
         let log = std::fs::File::create(&log_path)?;

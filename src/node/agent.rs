@@ -81,6 +81,46 @@ pub struct AgentSettings {
     pub node_name: String,
     pub cluster: ClusterSettings,
     pub status_update_frequency: Duration,
+    /// Hears of every Node the API server returns (registration, status writes, re-reads),
+    /// so admission sees the Node's current labels and taints.
+    pub published: NodePublisher,
+}
+
+/// Where the node agent publishes the Node it last had back from the API server.
+#[derive(Clone, Default, Debug)]
+pub struct NodePublisher(Option<tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>>);
+
+impl NodePublisher {
+    /// Publishes to `tx`.
+    pub fn to(tx: tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>) -> NodePublisher {
+        NodePublisher(Some(tx))
+    }
+
+    /// Publishes `node` unless the one published already is newer: the node agent and the
+    /// Node watch both publish, and neither may put an older version back. (Versions are
+    /// compared as the numbers the API server hands out; one that is not a number replaces.)
+    pub fn publish(&self, node: &Node) {
+        let Some(tx) = &self.0 else {
+            return;
+        };
+        let version = |n: &Node| {
+            n.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        tx.send_if_modified(|current| {
+            let older = match (current.as_deref().and_then(version), version(node)) {
+                (Some(have), Some(new)) => new < have,
+                _ => false,
+            };
+            if older {
+                return false;
+            }
+            *current = Some(std::sync::Arc::new(node.clone()));
+            true
+        });
+    }
 }
 
 /// Registers the Node, then keeps its status and Lease current until `cancel`.
@@ -95,6 +135,7 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
     let Some(node) = register(&api, &snapshots, &settings, &problems, &cancel).await else {
         return;
     };
+    settings.published.publish(&node);
     let node_ref = NodeRef {
         name: settings.node_name.clone(),
         uid: node.metadata.uid.clone().unwrap_or_default(),
@@ -230,6 +271,7 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         if reread || due || status_changed(&known_status, &ours) {
             match update_status(api, name, &mut known, &snap, reread, problems).await {
                 Ok(before) => {
+                    settings.published.publish(&known);
                     events.conditions(&before, known.status.as_ref());
                     last_report = Instant::now();
                     reread = false;

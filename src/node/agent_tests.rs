@@ -168,6 +168,7 @@ fn settings() -> AgentSettings {
         node_name: "n1".into(),
         cluster: ClusterSettings::default(),
         status_update_frequency: Duration::from_secs(10),
+        published: Default::default(),
     }
 }
 
@@ -469,4 +470,62 @@ fn condition_events_name_each_condition_the_node_moved() {
     for (name, before, after, want) in rows {
         assert_eq!(condition_events(&before, &after), want, "{name}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_node_returned_by_the_api_server_is_published_for_admission() {
+    let api = FakeApi::default();
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(
+        api.clone(),
+        Snapshots::ready(),
+        AgentSettings {
+            published: super::NodePublisher::to(tx),
+            ..settings()
+        },
+        ProblemLog::default(),
+        crate::events::Recorder::log_only("n1"),
+        cancel.clone(),
+    ));
+    advance(Duration::from_millis(50)).await;
+    let published = rx.borrow().clone().expect("the registered Node");
+    assert_eq!(published.metadata.uid.as_deref(), Some("uid-1"));
+    assert_eq!(
+        published.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
+        "n1"
+    );
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[test]
+fn the_published_node_never_goes_back_to_an_older_version() {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let publisher = super::NodePublisher::to(tx);
+    let version = |v: &str, label: &str| {
+        let mut n = initial_node("n1", &ClusterSettings::default(), NodeStatus::default());
+        n.metadata.resource_version = Some(v.into());
+        n.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), label.into());
+        n
+    };
+    let tier = || {
+        rx.borrow()
+            .as_ref()
+            .unwrap()
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()["tier"]
+            .clone()
+    };
+    publisher.publish(&version("10", "gold"));
+    publisher.publish(&version("9", "stale"));
+    assert_eq!(tier(), "gold");
+    publisher.publish(&version("11", "silver"));
+    assert_eq!(tier(), "silver");
 }

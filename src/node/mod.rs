@@ -9,6 +9,7 @@
 //! - [`lease`]: the Lease to create or renew (pure).
 //! - [`api`]: the API calls, behind a trait.
 //! - [`agent`]: the loops that register, update the status and renew the Lease.
+//! - [`watch`]: a watch of the node's own Node, for admission (labels, taints).
 
 pub mod agent;
 pub mod allocatable;
@@ -17,5 +18,6 @@ pub mod facts;
 pub mod lease;
 pub mod registration;
 pub mod status;
+pub mod watch;
 
 pub use facts::{MachineFacts, default_route_interface, detect_host_ip, memory_capacity};

@@ -30,9 +30,10 @@ const OWNED_LABELS: &[&str] = &[
     "beta.kubernetes.io/instance-type",
 ];
 
-/// The Node to create: name, labels (`--node-labels` win over the defaults, as upstream),
-/// taints, the attach/detach annotation, and the first status (so it can be Ready at once).
-pub fn initial_node(node_name: &str, settings: &ClusterSettings, status: NodeStatus) -> Node {
+/// The labels the node registers with: hostname, OS and architecture, then `--node-labels`
+/// (which win over the defaults, as upstream). Admission matches node selectors against
+/// these until the Node is read back from the API server.
+pub fn node_labels(node_name: &str, settings: &ClusterSettings) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         ("kubernetes.io/hostname".to_string(), node_name.to_string()),
         ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -43,6 +44,13 @@ pub fn initial_node(node_name: &str, settings: &ClusterSettings, status: NodeSta
     for (k, v) in &settings.node_labels {
         labels.insert(k.clone(), v.clone());
     }
+    labels
+}
+
+/// The Node to create: name, labels ([`node_labels`]), taints, the attach/detach annotation,
+/// and the first status (so it can be Ready at once).
+pub fn initial_node(node_name: &str, settings: &ClusterSettings, status: NodeStatus) -> Node {
+    let labels = node_labels(node_name, settings);
     Node {
         metadata: ObjectMeta {
             name: Some(node_name.to_string()),
