@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::k8s::resources::{add_amounts, sum_over_containers};
 use crate::k8s::{is_sidecar, labels::check_label_key, quantity};
 
 /// `cpu`, in millicores.
@@ -99,19 +100,6 @@ fn milli_of(q: &Quantity) -> i128 {
     }
 }
 
-fn add(into: &mut Milli, from: &Milli) {
-    for (name, v) in from {
-        *into.entry(name.clone()).or_default() += v;
-    }
-}
-
-fn max_into(into: &mut Milli, from: &Milli) {
-    for (name, v) in from {
-        let e = into.entry(name.clone()).or_default();
-        *e = (*e).max(*v);
-    }
-}
-
 fn list(map: Option<&BTreeMap<String, Quantity>>, keep: &dyn Fn(&str) -> bool) -> Milli {
     map.into_iter()
         .flatten()
@@ -137,27 +125,7 @@ pub fn pod_requests(pod: &Pod, keep_container_request: &dyn Fn(&str) -> bool) ->
     let Some(spec) = pod.spec.as_ref() else {
         return Amounts::default();
     };
-    let mut total = Milli::new();
-    for c in &spec.containers {
-        add(&mut total, &container_requests(c, keep_container_request));
-    }
-    // While init container i runs, the node holds it and every sidecar started before it.
-    let mut sidecars = Milli::new();
-    let mut init_peak = Milli::new();
-    for c in spec.init_containers.iter().flatten() {
-        let own = container_requests(c, keep_container_request);
-        let running = if is_sidecar(c) {
-            add(&mut total, &own);
-            add(&mut sidecars, &own);
-            sidecars.clone()
-        } else {
-            let mut with_sidecars = own;
-            add(&mut with_sidecars, &sidecars);
-            with_sidecars
-        };
-        max_into(&mut init_peak, &running);
-    }
-    max_into(&mut total, &init_peak);
+    let mut total = sum_over_containers(pod, |c| container_requests(c, keep_container_request));
     let pod_level = list(
         spec.resources.as_ref().and_then(|r| r.requests.as_ref()),
         &|_| true,
@@ -169,7 +137,7 @@ pub fn pod_requests(pod: &Pod, keep_container_request: &dyn Fn(&str) -> bool) ->
             }
         }
     }
-    add(&mut total, &list(spec.overhead.as_ref(), &|_| true));
+    add_amounts(&mut total, &list(spec.overhead.as_ref(), &|_| true));
     to_amounts(total)
 }
 

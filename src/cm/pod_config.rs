@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use crate::k8s::qos::{QosClass, qos_class};
 use crate::k8s::quantity;
+use crate::k8s::resources::{add_amounts, sum_over_containers};
 
 /// The kernel's bounds for `cpu.shares`.
 pub const MIN_SHARES: u64 = 2;
@@ -112,64 +113,19 @@ fn container_limits(c: &Container) -> BTreeMap<String, i128> {
     parse_list(c.resources.as_ref().and_then(|r| r.limits.as_ref()))
 }
 
-fn add(into: &mut BTreeMap<String, i128>, from: &BTreeMap<String, i128>) {
-    for (k, v) in from {
-        *into.entry(k.clone()).or_default() += v;
-    }
-}
-
-fn max_into(into: &mut BTreeMap<String, i128>, from: &BTreeMap<String, i128>) {
-    for (k, v) in from {
-        let e = into.entry(k.clone()).or_insert(*v);
-        *e = (*e).max(*v);
-    }
-}
-
-/// Sums one resource list over the pod's containers as upstream's scheduler does (sidecars
-/// add up with the regular containers; a plain init container runs with the sidecars before
-/// it; the pod needs the larger of the two).
-fn aggregate(
-    pod: &Pod,
-    of: impl Fn(&Container) -> BTreeMap<String, i128>,
-) -> BTreeMap<String, i128> {
-    let mut total = BTreeMap::new();
-    let Some(spec) = pod.spec.as_ref() else {
-        return total;
-    };
-    for c in &spec.containers {
-        add(&mut total, &of(c));
-    }
-    let mut sidecars = BTreeMap::new();
-    let mut init_peak = BTreeMap::new();
-    for c in spec.init_containers.iter().flatten() {
-        let own = of(c);
-        if crate::k8s::is_sidecar(c) {
-            add(&mut total, &own);
-            add(&mut sidecars, &own);
-            max_into(&mut init_peak, &sidecars);
-        } else {
-            let mut running = own;
-            add(&mut running, &sidecars);
-            max_into(&mut init_peak, &running);
-        }
-    }
-    max_into(&mut total, &init_peak);
-    total
-}
-
 /// The pod's summed requests (pod overhead included), by resource name; CPU in millicores,
 /// the rest in bytes.
 pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
-    let mut reqs = aggregate(pod, container_requests);
+    let mut reqs = sum_over_containers(pod, container_requests);
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
-        add(&mut reqs, &parse_list(Some(overhead)));
+        add_amounts(&mut reqs, &parse_list(Some(overhead)));
     }
     reqs
 }
 
 /// The pod's summed limits; overhead is added to limits that are set.
 pub fn pod_limits(pod: &Pod) -> BTreeMap<String, i128> {
-    let mut limits = aggregate(pod, container_limits);
+    let mut limits = sum_over_containers(pod, container_limits);
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
         for (k, v) in parse_list(Some(overhead)) {
             if let Some(l) = limits.get_mut(&k).filter(|l| **l != 0) {

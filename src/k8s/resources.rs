@@ -169,3 +169,52 @@ fn ceil_div(a: i64, b: i64) -> i64 {
     let q = a / b;
     if a % b != 0 && a > 0 { q + 1 } else { q }
 }
+
+/// Amounts by resource name while they are added up (units are the caller's).
+pub type AmountsByName = std::collections::BTreeMap<String, i128>;
+
+/// Adds `from` into `into`, name by name.
+pub fn add_amounts(into: &mut AmountsByName, from: &AmountsByName) {
+    for (name, v) in from {
+        *into.entry(name.clone()).or_default() += v;
+    }
+}
+
+/// Keeps the larger of `into` and `from`, name by name.
+pub fn max_amounts(into: &mut AmountsByName, from: &AmountsByName) {
+    for (name, v) in from {
+        let e = into.entry(name.clone()).or_insert(*v);
+        *e = (*e).max(*v);
+    }
+}
+
+/// One resource list (`of`: a container's requests or limits) summed over the pod's
+/// containers as upstream's scheduler and kubelet count it (the sidecar KEP's formula): the app
+/// containers and the sidecars (restartable init containers) add up; while a plain init
+/// container runs the node holds it and the sidecars started before it; the pod needs the
+/// larger of the two. Admission (fit) and the pod cgroup (its limits) both count this way.
+pub fn sum_over_containers(pod: &Pod, of: impl Fn(&Container) -> AmountsByName) -> AmountsByName {
+    let mut total = AmountsByName::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return total;
+    };
+    for c in &spec.containers {
+        add_amounts(&mut total, &of(c));
+    }
+    let mut sidecars = AmountsByName::new();
+    let mut init_peak = AmountsByName::new();
+    for c in spec.init_containers.iter().flatten() {
+        let own = of(c);
+        if super::is_sidecar(c) {
+            add_amounts(&mut total, &own);
+            add_amounts(&mut sidecars, &own);
+            max_amounts(&mut init_peak, &sidecars);
+        } else {
+            let mut running = own;
+            add_amounts(&mut running, &sidecars);
+            max_amounts(&mut init_peak, &running);
+        }
+    }
+    max_amounts(&mut total, &init_peak);
+    total
+}
