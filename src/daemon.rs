@@ -370,6 +370,14 @@ pub async fn run(
         let stats = events.stats();
         metrics.register("/metrics/events", move || stats.render());
     }
+    // The node's facts and its cgroup tree come first: a node that cannot hold pods says so
+    // and stops before it answers as healthy.
+    let host_ip = crate::node::detect_host_ip(config.node_ip);
+    let machine = crate::node::MachineFacts::read(&config.root_dir);
+    let node_memory_bytes = machine.memory_bytes;
+    let capacity = crate::node::allocatable::capacity(&machine, config.max_pods);
+    let allocatable = crate::node::allocatable::allocatable(&capacity, &config.reservations);
+    let (cgroups, container_settings) = setup_cgroups(&config, &capacity)?;
     let mut servers = Vec::new();
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
@@ -407,12 +415,6 @@ pub async fn run(
         Err(err) => tracing::warn!("{err}; `deckhand pods` will not reach this agent"),
     }
 
-    let host_ip = crate::node::detect_host_ip(config.node_ip);
-    let machine = crate::node::MachineFacts::read(&config.root_dir);
-    let node_memory_bytes = machine.memory_bytes;
-    let capacity = crate::node::allocatable::capacity(&machine, config.max_pods);
-    let allocatable = crate::node::allocatable::allocatable(&capacity, &config.reservations);
-    let (cgroups, container_settings) = setup_cgroups(&config, &capacity)?;
     let node = Arc::new(NodeContext {
         node_name: config.node_name.clone(),
         host_ip: host_ip.map(|ip| ip.to_string()),

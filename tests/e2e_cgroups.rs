@@ -19,8 +19,6 @@ const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 const WAIT: Duration = Duration::from_secs(40);
 const MOUNT: &str = "/sys/fs/cgroup";
 /// The v1 hierarchies a pod cgroup is made in.
-const HIERARCHIES: [&str; 6] = ["cpu", "cpuacct", "cpuset", "memory", "pids", "systemd"];
-
 /// A private cgroup root in every hierarchy, removed (deepest first) when dropped.
 struct CgroupRoot {
     name: String,
@@ -35,8 +33,9 @@ impl CgroupRoot {
         let name = format!("/deckhand-e2e-{node}");
         let root = CgroupRoot { name };
         root.remove();
-        for h in HIERARCHIES {
-            std::fs::create_dir_all(root.dir(h, "")).expect("create the test's cgroup root");
+        // In every mounted hierarchy (the agent needs its root in each one it uses).
+        for h in mounted_hierarchies() {
+            std::fs::create_dir_all(root.dir(&h, "")).expect("create the test's cgroup root");
         }
         root
     }
@@ -63,6 +62,17 @@ impl CgroupRoot {
             remove_tree(&h.path().join(self.name.trim_start_matches('/')));
         }
     }
+}
+
+/// The cgroup v1 hierarchies mounted here (a directory under the mount with `cgroup.procs`).
+fn mounted_hierarchies() -> Vec<String> {
+    std::fs::read_dir(MOUNT)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("cgroup.procs").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
 }
 
 fn remove_tree(dir: &Path) {
@@ -329,10 +339,9 @@ async fn each_qos_class_gets_upstreams_cgroup_files_and_loses_them_with_the_pod(
     let dirs: Vec<PathBuf> = pod_dirs
         .iter()
         .flat_map(|rel| {
-            HIERARCHIES
-                .iter()
-                .chain(["devices", "freezer", "blkio"].iter())
-                .map(|h| root.dir(h, rel))
+            mounted_hierarchies()
+                .into_iter()
+                .map(|h| root.dir(&h, rel))
                 .collect::<Vec<_>>()
         })
         .collect();

@@ -111,9 +111,12 @@ impl CgroupManager {
     ) -> Result<Self, CgroupError> {
         let version = detect_version(fs.as_ref());
         let controllers: Vec<String> = match version {
+            // A hierarchy counts only where the kernel mounted one (its root has
+            // `cgroup.procs`): a plain directory of that name in the tmpfs above is not a
+            // cgroup, and writing limits into it would only create files.
             CgroupVersion::V1 => v1::CONTROLLERS
                 .iter()
-                .filter(|c| fs.is_dir(Path::new(c)))
+                .filter(|c| fs.exists(Path::new(c), "cgroup.procs"))
                 .map(|c| c.to_string())
                 .collect(),
             CgroupVersion::V2 => {

@@ -87,7 +87,9 @@ fn v1_fixture(with_hugetlb: bool) -> tempfile::TempDir {
     }
     for h in hierarchies {
         std::fs::create_dir_all(dir.path().join(h)).unwrap();
+        std::fs::write(dir.path().join(h).join("cgroup.procs"), "").unwrap();
     }
+
     std::fs::write(dir.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
     std::fs::write(dir.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
     dir
@@ -262,6 +264,27 @@ fn v1_hugetlb_and_cfs_settings() {
             ),
         ],
     );
+}
+
+#[test]
+fn a_plain_directory_named_like_a_hierarchy_is_not_one() {
+    // `/sys/fs/cgroup` is a tmpfs: `mkdir /sys/fs/cgroup/hugetlb` on a machine that does not
+    // mount hugetlb makes a directory that is no cgroup. Nothing is written there.
+    let dir = v1_fixture(false);
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("hugetlb")).unwrap();
+    let m = CgroupManager::new(
+        Arc::new(Fixture(HostCgroupFs::new(root))),
+        vec![2 << 20],
+        settings("/"),
+    )
+    .unwrap();
+    m.start(&kubepods_config()).unwrap();
+    let mut limits = GUARANTEED.to_vec();
+    limits.push(("hugepages-2Mi", "4Mi"));
+    m.ensure_pod(&pod("h-2", &limits, &limits)).unwrap();
+    assert!(root.join("cpu/kubepods/podh-2").is_dir());
+    assert!(!root.join("hugetlb/kubepods").exists());
 }
 
 #[test]
