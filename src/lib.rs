@@ -16,6 +16,7 @@ pub mod health;
 pub mod k8s;
 pub mod mirror_pods;
 pub mod node;
+pub mod node_api;
 pub mod observed;
 pub mod paths;
 pub mod pleg;

@@ -144,7 +144,7 @@ impl FileStore {
 
 /// Writes `bytes` to `dest` readable by root only (0600), never half-written: to `tmp` first
 /// (made fresh, synced), then renamed over `dest`.
-pub(super) fn write_private(tmp: &Path, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(tmp: &Path, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let _ = std::fs::remove_file(tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)

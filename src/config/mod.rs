@@ -13,6 +13,7 @@ pub mod duration;
 pub mod file;
 pub mod flags;
 pub mod node;
+pub mod server;
 mod validate;
 
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub use file::{
 };
 pub use flags::Flags;
 pub use node::{ClusterSettings, Reservations};
+pub use server::{AuthorizationMode, ServerSettings};
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +99,8 @@ pub struct Config {
     pub cluster: ClusterSettings,
     /// What the node holds back from pods.
     pub reservations: Reservations,
+    /// The node API on `port`: TLS, authentication, authorization.
+    pub server: ServerSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,
