@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use rustls::pki_types::CertificateDer;
@@ -31,27 +31,7 @@ pub enum TlsError {
     Config(String),
 }
 
-/// The serving certificate of the moment; empty until a CSR is signed (handshakes fail
-/// meanwhile, as upstream's "no serving certificate available").
-#[derive(Clone, Default, Debug)]
-pub struct ServingSlot(Arc<RwLock<Option<Arc<Credentials>>>>);
-
-impl ServingSlot {
-    pub fn with(credentials: Credentials) -> ServingSlot {
-        let slot = ServingSlot::default();
-        slot.set(credentials);
-        slot
-    }
-
-    pub fn get(&self) -> Option<Arc<Credentials>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// New handshakes present `credentials`; open connections keep theirs.
-    pub fn set(&self, credentials: Credentials) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(credentials));
-    }
-}
+pub use crate::certificate::serving::ServingSlot;
 
 #[derive(Debug)]
 struct SlotResolver(ServingSlot);
