@@ -57,8 +57,8 @@ fn client_cert() -> Vec<String> {
     ]
 }
 
-/// A pod on `node` with four containers: `app` writes three lines (one to stderr) and
-/// sleeps; `ticker` writes a line every 200 ms; `crasher` writes one line and fails after a
+/// A pod on `node` with four containers: `app` writes three lines (the second to stderr,
+/// a little later: the two streams reach the log through separate pipes) and sleeps; `ticker` writes a line every 200 ms; `crasher` writes one line and fails after a
 /// second (so it has a previous instance); `web` serves a page on 8080.
 fn test_pod(node: &str) -> Pod {
     let c = |name: &str, script: &str| {
@@ -76,7 +76,7 @@ fn test_pod(node: &str) -> Pod {
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
             "containers": [
-                c("app", "echo first; echo second >&2; echo third; trap 'exit 0' TERM; sleep 600 & wait"),
+                c("app", "echo first; sleep 0.1; echo second >&2; sleep 0.1; echo third; trap 'exit 0' TERM; sleep 600 & wait"),
                 c("ticker", "i=0; while true; do echo tick-$i; i=$((i+1)); sleep 0.2; done"),
                 c("crasher", "echo run-$(cat /proc/uptime); sleep 1; exit 1"),
                 c("web", "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www"),
@@ -182,7 +182,12 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
     assert_eq!(code, 200);
     assert!(body.contains("\"name\":\"talk\""), "{body}");
 
-    // kubectl logs, through the API server.
+    // Directly, then with kubectl logs through the API server.
+    wait_until("the app's three lines", WAIT, || async {
+        curl(port, &format!("/containerLogs/{ns}/talk/app"), &with_cert)
+            .filter(|(_, body)| body == "first\nsecond\nthird\n")
+    })
+    .await;
     let logs = kubectl(&["logs", "-n", ns, "talk", "-c", "app"]);
     assert_eq!(logs, "first\nsecond\nthird\n");
     assert_eq!(
