@@ -169,14 +169,21 @@ fn serving_certificate(
                 tokio::spawn(manager.run(cancel.clone()));
                 return Ok(slot);
             }
-            None => tracing::warn!("serverTLSBootstrap needs --kubeconfig; using a self-signed serving certificate"),
+            None => tracing::warn!(
+                "serverTLSBootstrap needs --kubeconfig; using a self-signed serving certificate"
+            ),
         }
     }
     let credentials = match &config.server.tls_files {
         Some((cert, key)) => tls::load_pair(cert, key)?,
         None => {
             let (cert, key) = crate::config::ServerSettings::self_signed_paths(&config.cert_dir);
-            tls::self_signed(&cert, &key, &config.node_name, &host_ip.into_iter().collect::<Vec<_>>())?
+            tls::self_signed(
+                &cert,
+                &key,
+                &config.node_name,
+                &host_ip.into_iter().collect::<Vec<_>>(),
+            )?
         }
     };
     Ok(crate::node_api::ServingSlot::with(credentials))
@@ -372,11 +379,15 @@ pub async fn run(
             metrics: metrics.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),
             configz: Arc::new(
-                serde_json::to_vec(&crate::node_api::configz::configz(&config))
-                    .unwrap_or_default(),
+                serde_json::to_vec(&crate::node_api::configz::configz(&config)).unwrap_or_default(),
             ),
         };
-        let slot = serving_certificate(&config, host_ip, api_clients.as_ref().map(|c| &c.0), &cancel)?;
+        let slot = serving_certificate(
+            &config,
+            host_ip,
+            api_clients.as_ref().map(|c| &c.0),
+            &cancel,
+        )?;
         servers.push(
             crate::node_api::serve(
                 SocketAddr::new(config.address, config.port),

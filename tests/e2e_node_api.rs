@@ -17,8 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::{
-    admin, clean_up_with_admin, cluster_dir, cluster_env, create_namespace, joined_agent,
-    kubectl, wait_node_ready,
+    admin, clean_up_with_admin, cluster_dir, cluster_env, create_namespace, joined_agent, kubectl,
+    wait_node_ready,
 };
 use common::{BUSYBOX, wait_until};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -140,11 +140,17 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
     let (code, body) = curl(port, "/pods", &["-k".into()]).expect("the node API answers");
     assert_eq!((code, body.as_str()), (401, "Unauthorized"));
     kubectl(&["create", "serviceaccount", "nobody", "-n", ns]);
-    let token = kubectl(&["create", "token", "nobody", "-n", ns]).trim().to_string();
+    let token = kubectl(&["create", "token", "nobody", "-n", ns])
+        .trim()
+        .to_string();
     let (code, body) = curl(
         port,
         "/pods",
-        &["-k".into(), "-H".into(), format!("Authorization: Bearer {token}")],
+        &[
+            "-k".into(),
+            "-H".into(),
+            format!("Authorization: Bearer {token}"),
+        ],
     )
     .unwrap();
     assert_eq!(code, 403, "{body}");
@@ -194,14 +200,29 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
         kubectl(&["logs", "-n", ns, "talk", "-c", "app", "--tail=1"]),
         "third\n"
     );
-    let stamped = kubectl(&["logs", "-n", ns, "talk", "-c", "app", "--timestamps", "--limit-bytes=40"]);
-    assert!(stamped.ends_with(" first\n") || stamped.len() == 40, "{stamped:?}");
+    let stamped = kubectl(&[
+        "logs",
+        "-n",
+        ns,
+        "talk",
+        "-c",
+        "app",
+        "--timestamps",
+        "--limit-bytes=40",
+    ]);
+    assert!(
+        stamped.ends_with(" first\n") || stamped.len() == 40,
+        "{stamped:?}"
+    );
     let previous = kubectl(&["logs", "-n", ns, "talk", "-c", "crasher", "--previous"]);
     assert!(previous.starts_with("run-"), "{previous:?}");
 
     // kubectl logs -f: new lines keep coming.
     let mut follow = Command::new(cluster_env("KUBECTL"))
-        .arg(format!("--kubeconfig={}", cluster_dir().join("admin.kubeconfig").display()))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster_dir().join("admin.kubeconfig").display()
+        ))
         .args(["logs", "-f", "--tail=1", "-n", ns, "talk", "-c", "ticker"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -225,13 +246,27 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
 
     // kubectl exec.
     let started = std::time::Instant::now();
-    let out = kubectl(&["exec", "-n", ns, "talk", "-c", "app", "--", "sh", "-c", "echo $((6*7)); echo to-stderr >&2"]);
+    let out = kubectl(&[
+        "exec",
+        "-n",
+        ns,
+        "talk",
+        "-c",
+        "app",
+        "--",
+        "sh",
+        "-c",
+        "echo $((6*7)); echo to-stderr >&2",
+    ]);
     eprintln!("kubectl exec round trip: {:?}", started.elapsed());
     assert_eq!(out, "42\n");
 
     // kubectl port-forward.
     let mut forward = Command::new(cluster_env("KUBECTL"))
-        .arg(format!("--kubeconfig={}", cluster_dir().join("admin.kubeconfig").display()))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster_dir().join("admin.kubeconfig").display()
+        ))
         .args(["port-forward", "-n", ns, "pod/talk", ":8080"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -296,7 +331,10 @@ async fn the_serving_certificate_comes_from_an_approved_csr() {
             .find(|c| {
                 c.spec.signer_name == "kubernetes.io/kubelet-serving"
                     && c.spec.username.as_deref() == Some(user.as_str())
-                    && c.status.as_ref().and_then(|s| s.certificate.as_ref()).is_none()
+                    && c.status
+                        .as_ref()
+                        .and_then(|s| s.certificate.as_ref())
+                        .is_none()
             })
     })
     .await;
@@ -311,12 +349,18 @@ async fn the_serving_certificate_comes_from_an_approved_csr() {
     let port = agent.port;
     let mut verified = client_cert();
     verified.extend(["--cacert".into(), pki("ca.crt").display().to_string()]);
-    assert_eq!(curl(port, "/healthz", &verified), None, "served before approval");
+    assert_eq!(
+        curl(port, "/healthz", &verified),
+        None,
+        "served before approval"
+    );
 
     kubectl(&["certificate", "approve", &name]);
-    let (code, body) = wait_until("the node API serves the signed certificate", WAIT, || async {
-        curl(port, "/healthz", &verified)
-    })
+    let (code, body) = wait_until(
+        "the node API serves the signed certificate",
+        WAIT,
+        || async { curl(port, "/healthz", &verified) },
+    )
     .await;
     assert_eq!((code, body.as_str()), (200, "ok"));
 
@@ -339,8 +383,14 @@ async fn the_serving_certificate_comes_from_an_approved_csr() {
         .trim_start_matches("subject=")
         .trim()
         .to_string();
-    assert!(text.contains(&format!("issuer={ca_cn}")), "{text} (CA {ca_cn})");
-    assert!(text.contains(&format!("CN = {user}")) || text.contains(&format!("CN={user}")), "{text}");
+    assert!(
+        text.contains(&format!("issuer={ca_cn}")),
+        "{text} (CA {ca_cn})"
+    );
+    assert!(
+        text.contains(&format!("CN = {user}")) || text.contains(&format!("CN={user}")),
+        "{text}"
+    );
     assert!(text.contains(&format!("DNS:{node}")), "{text}");
     assert!(text.contains("IP Address:127.0.0.1"), "{text}");
     let current = agent.root_dir().join("pki/kubelet-server-current.pem");

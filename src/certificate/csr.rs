@@ -103,7 +103,9 @@ pub fn generate_with_names(
         params.subject_alt_names.push(rcgen::SanType::DnsName(dns));
     }
     for ip in ips {
-        params.subject_alt_names.push(rcgen::SanType::IpAddress(*ip));
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(*ip));
     }
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, subject.organization);

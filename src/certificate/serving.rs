@@ -128,7 +128,9 @@ impl<A: CsrApi> ServingRotation<A> {
                 }
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "the stored serving certificate is unusable; requesting a new one"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the stored serving certificate is unusable; requesting a new one")
+            }
         }
         loop {
             let now = SystemTime::now();

@@ -301,9 +301,11 @@ mod tests {
     }
 
     fn flags(args: &[&str]) -> ServerFlags {
-        crate::config::Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))
-            .unwrap()
-            .server
+        crate::config::Flags::try_parse_from(
+            std::iter::once("deckhand").chain(args.iter().copied()),
+        )
+        .unwrap()
+        .server
     }
 
     fn resolve(s: &str) -> PathBuf {

@@ -86,9 +86,13 @@ impl CriClient {
 
     /// `Attach`: the streaming URL for a container's main process.
     pub async fn attach(&self, req: AttachRequest) -> CriResult<String> {
-        call("Attach", Some(self.timeout), self.runtime.clone().attach(req))
-            .await
-            .map(|r| r.url)
+        call(
+            "Attach",
+            Some(self.timeout),
+            self.runtime.clone().attach(req),
+        )
+        .await
+        .map(|r| r.url)
     }
 
     /// `PortForward`: the streaming URL for ports in a pod's network namespace.

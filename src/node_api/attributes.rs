@@ -20,8 +20,7 @@ pub struct RequestAttributes {
 /// Whether `path` is `base` or lies below it (`base` without its trailing slash).
 fn is_subpath(path: &str, base: &str) -> bool {
     let base = base.trim_end_matches('/');
-    path == base
-        || (path.starts_with(base) && path.as_bytes().get(base.len()) == Some(&b'/'))
+    path == base || (path.starts_with(base) && path.as_bytes().get(base.len()) == Some(&b'/'))
 }
 
 /// The verb upstream derives from the method.

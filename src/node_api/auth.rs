@@ -30,7 +30,12 @@ pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
     let subject = cert.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let name = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
     if name.is_empty() {
         return None;
     }
@@ -91,10 +96,14 @@ impl Gate {
     ) -> Gate {
         if reviewer.is_none() {
             if settings.token_webhook_enabled {
-                tracing::warn!("node API: bearer tokens cannot be checked without --kubeconfig; requests with tokens are refused");
+                tracing::warn!(
+                    "node API: bearer tokens cannot be checked without --kubeconfig; requests with tokens are refused"
+                );
             }
             if settings.authorization_mode == AuthorizationMode::Webhook {
-                tracing::warn!("node API: authorization mode Webhook needs --kubeconfig; every request is refused (set authorization.mode: AlwaysAllow for a standalone node)");
+                tracing::warn!(
+                    "node API: authorization mode Webhook needs --kubeconfig; every request is refused (set authorization.mode: AlwaysAllow for a standalone node)"
+                );
             }
         }
         Gate {
@@ -189,7 +198,9 @@ impl Gate {
                     Err(e) => {
                         tracing::error!(error = %e, user = %user.name, verb = attrs.verb, subresource, "node API: SubjectAccessReview failed");
                         return Verdict::Error(attributes::authorization_error_message(
-                            &user.name, attrs.verb, subresource,
+                            &user.name,
+                            attrs.verb,
+                            subresource,
                         ));
                     }
                 },
@@ -318,7 +329,14 @@ mod tests {
         let lister = cert_user("pod-lister");
         let get = Method::GET;
         let post = Method::POST;
-        let cases: Vec<(Option<&UserInfo>, Option<&str>, &Method, &str, Verdict)> = vec![
+        type Case<'a> = (
+            Option<&'a UserInfo>,
+            Option<&'a str>,
+            &'a Method,
+            &'a str,
+            Verdict,
+        );
+        let cases: Vec<Case> = vec![
             (None, None, &get, "/pods", Verdict::Unauthorized),
             (None, Some("Bearer unknown"), &get, "/pods", Verdict::Unauthorized),
             (None, Some("Basic abc"), &get, "/pods", Verdict::Unauthorized),
@@ -361,7 +379,9 @@ mod tests {
         for (i, (peer, header, method, path, want)) in cases.into_iter().enumerate() {
             let got = g.check(peer, header, method, path).await;
             match (&want, &got) {
-                (Verdict::Allowed(w), Verdict::Allowed(u)) => assert_eq!(w.name, u.name, "case {i}"),
+                (Verdict::Allowed(w), Verdict::Allowed(u)) => {
+                    assert_eq!(w.name, u.name, "case {i}")
+                }
                 _ => assert_eq!(got, want, "case {i} {path}"),
             }
         }
@@ -425,7 +445,8 @@ mod tests {
             Some(r.clone()),
         );
         assert!(matches!(
-            g.check(None, Some("Bearer nobody"), &Method::POST, "/exec/a/b/c").await,
+            g.check(None, Some("Bearer nobody"), &Method::POST, "/exec/a/b/c")
+                .await,
             Verdict::Allowed(_)
         ));
         assert_eq!(r.access_calls.load(Ordering::SeqCst), 0);
@@ -441,10 +462,20 @@ mod tests {
         let r = Arc::new(fake());
         let g = gate(ServerSettings::default(), Some(r.clone()));
         for _ in 0..3 {
-            g.check(None, Some("Bearer good"), &Method::GET, "/containerLogs/a/b/c")
-                .await;
-            g.check(None, Some("Bearer nobody"), &Method::GET, "/containerLogs/a/b/c")
-                .await;
+            g.check(
+                None,
+                Some("Bearer good"),
+                &Method::GET,
+                "/containerLogs/a/b/c",
+            )
+            .await;
+            g.check(
+                None,
+                Some("Bearer nobody"),
+                &Method::GET,
+                "/containerLogs/a/b/c",
+            )
+            .await;
         }
         assert_eq!(r.token_calls.load(Ordering::SeqCst), 2);
         assert_eq!(r.access_calls.load(Ordering::SeqCst), 2);
@@ -470,12 +501,15 @@ mod tests {
         );
         // A failed TokenReview is not a user.
         assert_eq!(
-            g.check(None, Some("Bearer good"), &Method::GET, "/pods").await,
+            g.check(None, Some("Bearer good"), &Method::GET, "/pods")
+                .await,
             Verdict::Unauthorized
         );
         let standalone = gate(ServerSettings::default(), None);
         assert!(matches!(
-            standalone.check(Some(&apiserver), None, &Method::GET, "/pods").await,
+            standalone
+                .check(Some(&apiserver), None, &Method::GET, "/pods")
+                .await,
             Verdict::Forbidden(_)
         ));
     }

@@ -85,14 +85,23 @@ fn json(body: Vec<u8>) -> Response {
 
 /// Every request passes the gate first: 401, 403 or 500 with upstream's bodies.
 async fn gate(State(state): State<NodeApiState>, req: Request, next: Next) -> Response {
-    let peer = req.extensions().get::<PeerUser>().cloned().unwrap_or_default();
+    let peer = req
+        .extensions()
+        .get::<PeerUser>()
+        .cloned()
+        .unwrap_or_default();
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let verdict = state
         .gate
-        .check(peer.0.as_ref(), authorization, req.method(), req.uri().path())
+        .check(
+            peer.0.as_ref(),
+            authorization,
+            req.method(),
+            req.uri().path(),
+        )
         .await;
     match verdict {
         Verdict::Allowed(user) => {
@@ -116,10 +125,7 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/configz", get(configz))
         .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
-        .route(
-            "/containerLogs/{ns}/{pod}/{container}",
-            get(container_logs),
-        )
+        .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/exec/{*rest}", any(exec))
         .route("/attach/{*rest}", any(attach))
         .route("/portForward/{*rest}", any(port_forward))
@@ -229,10 +235,7 @@ fn find_pod(state: &NodeApiState, namespace: &str, name: &str) -> Option<(Arc<Po
 fn has_container(pod: &Pod, name: &str) -> bool {
     pod.spec.as_ref().is_some_and(|s| {
         s.containers.iter().any(|c| c.name == name)
-            || s.init_containers
-                .iter()
-                .flatten()
-                .any(|c| c.name == name)
+            || s.init_containers.iter().flatten().any(|c| c.name == name)
             || s.ephemeral_containers
                 .iter()
                 .flatten()
@@ -260,7 +263,9 @@ async fn container_logs(
 ) -> Response {
     let options = match logs::parse_log_query(uri.query().unwrap_or(""), jiff::Timestamp::now()) {
         Ok(o) => o,
-        Err(e @ logs::LogQueryError::Decode) => return text(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ logs::LogQueryError::Decode) => {
+            return text(StatusCode::BAD_REQUEST, e.to_string());
+        }
         Err(e @ logs::LogQueryError::Invalid) => {
             return text(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
         }
@@ -288,7 +293,9 @@ async fn container_logs(
         return if options.previous {
             text(
                 StatusCode::BAD_REQUEST,
-                format!("previous terminated container {container:?} in pod {pod_name:?} not found"),
+                format!(
+                    "previous terminated container {container:?} in pod {pod_name:?} not found"
+                ),
             )
         } else {
             text(
@@ -317,8 +324,8 @@ async fn container_logs(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, file = %file.display(), follow = options.follow, "serving container logs");
     tokio::spawn(logs::stream_file(file, options, still_running, tx));
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
-        .map(Ok::<_, std::convert::Infallible>);
+    let stream =
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
     let mut response = Response::new(Body::from_stream(stream));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -329,7 +336,10 @@ async fn container_logs(
 
 /// `<ns>/<pod>/<container>` or `<ns>/<pod>/<uid>/<container>` (exec and attach);
 /// `<ns>/<pod>` or `<ns>/<pod>/<uid>` (port forward).
-fn split_target(rest: &str, with_container: bool) -> Option<(String, String, Option<String>, Option<String>)> {
+fn split_target(
+    rest: &str,
+    with_container: bool,
+) -> Option<(String, String, Option<String>, Option<String>)> {
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let s = |x: &str| x.to_string();
     match (with_container, parts.as_slice()) {
@@ -398,7 +408,8 @@ enum Kind {
 }
 
 async fn exec_or_attach(state: NodeApiState, rest: String, req: Request, kind: Kind) -> Response {
-    let Some((namespace, pod_name, uid_in_path, Some(container))) = split_target(&rest, true) else {
+    let Some((namespace, pod_name, uid_in_path, Some(container))) = split_target(&rest, true)
+    else {
         return text(StatusCode::NOT_FOUND, "404 page not found");
     };
     let options = match stream_options(req.uri().query().unwrap_or("")) {
@@ -531,8 +542,14 @@ mod tests {
         assert_eq!(o.command, ["sh", "-c", "echo hi"]);
         assert!(o.stdout && o.stderr && !o.stdin && !o.tty);
         let t = stream_options("command=sh&input=1&output=1&error=1&tty=1").unwrap();
-        assert!(t.tty && t.stdin && t.stdout && !t.stderr, "a tty has no stderr");
-        assert!(stream_options("command=ls&output=true").is_err(), "upstream wants \"1\"");
+        assert!(
+            t.tty && t.stdin && t.stdout && !t.stderr,
+            "a tty has no stderr"
+        );
+        assert!(
+            stream_options("command=ls&output=true").is_err(),
+            "upstream wants \"1\""
+        );
         assert!(stream_options("command=ls").is_err());
     }
 

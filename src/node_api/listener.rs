@@ -33,9 +33,10 @@ pub async fn serve_tls(
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let what = "node API";
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError { what, addr, source })?;
+    let listener =
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError { what, addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
     tracing::info!(%local, "serving the node API (HTTPS)");
     Ok(tokio::spawn(accept_loop(

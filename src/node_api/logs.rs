@@ -59,7 +59,10 @@ pub fn parse_log_query(query: &str, now: jiff::Timestamp) -> Result<LogOptions, 
     let mut limit_bytes = None;
     let pairs = form_pairs(query);
     // The old `tail` parameter stands for tailLines ("all" for no limit).
-    let legacy_tail = pairs.iter().find(|(k, _)| k == "tail").map(|(_, v)| v.clone());
+    let legacy_tail = pairs
+        .iter()
+        .find(|(k, _)| k == "tail")
+        .map(|(_, v)| v.clone());
     for (k, v) in &pairs {
         match k.as_str() {
             "follow" => o.follow = parse_bool(v)?,
@@ -304,13 +307,7 @@ pub fn log_numbers(dir: &Path) -> Vec<u32> {
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()?
-                        .strip_suffix(".log")?
-                        .parse()
-                        .ok()
-                })
+                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
                 .collect()
         })
         .unwrap_or_default();
@@ -569,8 +566,14 @@ not a cri line
         assert_eq!(e.message, b" spaced \n");
         assert!(parse_entry(b"garbage").is_none());
         assert!(parse_entry(b"2026-12-01T10:00:00Z stdin F x\n").is_none());
-        assert_eq!(format_time(ts("2026-12-01T10:00:00.100Z")), "2026-12-01T10:00:00.1Z");
-        assert_eq!(format_time(ts("2026-12-01T10:00:00Z")), "2026-12-01T10:00:00Z");
+        assert_eq!(
+            format_time(ts("2026-12-01T10:00:00.100Z")),
+            "2026-12-01T10:00:00.1Z"
+        );
+        assert_eq!(
+            format_time(ts("2026-12-01T10:00:00Z")),
+            "2026-12-01T10:00:00Z"
+        );
     }
 
     #[test]
@@ -581,8 +584,14 @@ not a cri line
             std::fs::write(dir.path().join(format!("{n}.log")), "").unwrap();
         }
         std::fs::write(dir.path().join("x.log"), "").unwrap();
-        assert_eq!(pick_log_file(dir.path(), false), Some(dir.path().join("10.log")));
-        assert_eq!(pick_log_file(dir.path(), true), Some(dir.path().join("2.log")));
+        assert_eq!(
+            pick_log_file(dir.path(), false),
+            Some(dir.path().join("10.log"))
+        );
+        assert_eq!(
+            pick_log_file(dir.path(), true),
+            Some(dir.path().join("2.log"))
+        );
         let one = tempfile::tempdir().unwrap();
         std::fs::write(one.path().join("0.log"), "").unwrap();
         assert_eq!(pick_log_file(one.path(), true), None);
@@ -609,10 +618,14 @@ not a cri line
             tx,
         ));
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"old\n"));
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"2026-12-01T10:00:01Z stdout P ne").unwrap();
         f.flush().unwrap();
-        f.write_all(b"w\n2026-12-01T10:00:01Z stdout F !\n").unwrap();
+        f.write_all(b"w\n2026-12-01T10:00:01Z stdout F !\n")
+            .unwrap();
         f.flush().unwrap();
         let mut got = Vec::new();
         while got != b"new!\n" {

@@ -91,8 +91,7 @@ pub async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> 
         }
     };
     let _ = tcp.set_nodelay(true);
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await
-    {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await {
         Ok(x) => x,
         Err(e) => {
             return plain(
@@ -250,7 +249,10 @@ mod tests {
         }
         let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
         assert!(head.starts_with("http/1.1 101"), "{head}");
-        assert!(head.contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
+        assert!(
+            head.contains("x-stream-protocol-version: v4.channel.k8s.io"),
+            "{head}"
+        );
         c.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         c.read_exact(&mut got).await.unwrap();
@@ -259,6 +261,9 @@ mod tests {
         let seen = server.await.unwrap().to_ascii_lowercase();
         assert!(seen.starts_with("post /exec/tok3n http/1.1"), "{seen}");
         assert!(seen.contains("upgrade: spdy/3.1"), "{seen}");
-        assert!(!seen.contains("secret"), "credentials are not forwarded: {seen}");
+        assert!(
+            !seen.contains("secret"),
+            "credentials are not forwarded: {seen}"
+        );
     }
 }

@@ -77,8 +77,12 @@ pub fn self_signed(
     if cert_path.exists() && key_path.exists() {
         match load_pair(cert_path, key_path) {
             Ok(c) if c.valid_at(SystemTime::now()) => return Ok(c),
-            Ok(_) => tracing::info!(cert = %cert_path.display(), "the self-signed serving certificate expired; making a new one"),
-            Err(e) => tracing::warn!(error = %e, "the self-signed serving certificate is unusable; making a new one"),
+            Ok(_) => {
+                tracing::info!(cert = %cert_path.display(), "the self-signed serving certificate expired; making a new one")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the self-signed serving certificate is unusable; making a new one")
+            }
         }
     }
     let (cert_pem, key_pem) = make_self_signed(node_name, ips)?;
@@ -111,19 +115,24 @@ pub fn make_self_signed(node_name: &str, ips: &[IpAddr]) -> Result<(String, Stri
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(err)?;
     let mut params = rcgen::CertificateParams::new(vec![node_name.to_string()]).map_err(err)?;
     for ip in ips {
-        params.subject_alt_names.push(rcgen::SanType::IpAddress(*ip));
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(*ip));
     }
     params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("{node_name}@{}", jiff::Timestamp::now().as_second()));
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        format!("{node_name}@{}", jiff::Timestamp::now().as_second()),
+    );
     // From the start of yesterday (UTC) to a year later: no clock skew trips it.
     let start = jiff::Timestamp::now()
         .to_zoned(jiff::tz::TimeZone::UTC)
         .date()
         .yesterday()
         .map_err(|e| TlsError::SelfSigned(e.to_string()))?;
-    let day = |d: jiff::civil::Date| rcgen::date_time_ymd(i32::from(d.year()), d.month() as u8, d.day() as u8);
+    let day = |d: jiff::civil::Date| {
+        rcgen::date_time_ymd(i32::from(d.year()), d.month() as u8, d.day() as u8)
+    };
     params.not_before = day(start);
     params.not_after = day(start.saturating_add(jiff::Span::new().years(1)));
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
@@ -182,7 +191,10 @@ mod tests {
     #[test]
     fn self_signed_is_made_once_and_reused() {
         let dir = tempfile::tempdir().unwrap();
-        let (crt, key) = (dir.path().join("pki/kubelet.crt"), dir.path().join("pki/kubelet.key"));
+        let (crt, key) = (
+            dir.path().join("pki/kubelet.crt"),
+            dir.path().join("pki/kubelet.key"),
+        );
         let ips = ["127.0.0.1".parse().unwrap()];
         let first = self_signed(&crt, &key, "node-a", &ips).unwrap();
         assert!(first.subject.contains("node-a@"), "{}", first.subject);
