@@ -3,8 +3,8 @@
 //!
 //! * Directly, with curl: no credentials → 401, a service account's token without RBAC →
 //!   403 with upstream's body, the API server's kubelet-client certificate → 200.
-//! * Through the API server with kubectl: `logs` (`--tail`, `-f`, `--previous`), `exec`,
-//!   `port-forward`.
+//! * Through the API server with kubectl: `logs` (`--tail`, `-f`, `--previous`), `attach`,
+//!   `exec`, `port-forward`.
 //! * The serving certificate by CSR: the node asks for a `kubernetes.io/kubelet-serving`
 //!   certificate, serves nothing until the test approves it, then serves the signed one
 //!   (verified against the cluster's CA, for the node's IP and name).
@@ -243,6 +243,24 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
         .map(|l| l.strip_prefix("tick-").unwrap().parse().unwrap())
         .collect();
     assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+
+    // kubectl attach: the ticker's output, live.
+    let mut attached = Command::new(cluster_env("KUBECTL"))
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster_dir().join("admin.kubeconfig").display()
+        ))
+        .args(["attach", "-n", ns, "talk", "-c", "ticker"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_reader(attached.stdout.take().unwrap());
+    let line = lines.recv_timeout(Duration::from_secs(20));
+    let _ = attached.kill();
+    let _ = attached.wait();
+    let line = line.expect("kubectl attach shows the ticker's output");
+    assert!(line.starts_with("tick-"), "{line:?}");
 
     // kubectl exec.
     let started = std::time::Instant::now();

@@ -248,8 +248,9 @@ pub enum RequestError {
     #[error("CSR {name} failed: {reason}")]
     Failed { name: String, reason: String },
     #[error(
-        "CSR {name} was not approved and signed within {waited:?} (is the controller-manager's \
-         CSR approver running, and may this identity create node client CSRs?)"
+        "CSR {name} was not approved and signed within {waited:?} (client CSRs: is the \
+         controller-manager's CSR approver running, and may this identity create them? serving \
+         CSRs: someone must approve them, e.g. `kubectl certificate approve {name}`)"
     )]
     TimedOut { name: String, waited: Duration },
     #[error("CSR {name} was signed, but the certificate is unusable: {reason}")]
