@@ -297,10 +297,14 @@ impl Config {
             Some(url) => out.push_str(&format!(" manifest-url={url}")),
             None => out.push_str(" manifest-url=none"),
         }
-        out.push_str(&format!(
-            " server={}",
-            SocketAddr::new(self.address, self.port)
-        ));
+        if self.server.enable_server {
+            out.push_str(&format!(
+                " server={}",
+                SocketAddr::new(self.address, self.port)
+            ));
+        } else {
+            out.push_str(" server=off");
+        }
         out.push_str(&format!(
             " read-only-port={}",
             port_or_off(self.read_only_port)

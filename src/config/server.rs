@@ -24,6 +24,11 @@ pub const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
 /// The node API's flags (flattened into [`super::Flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Args)]
 pub struct ServerFlags {
+    /// Serve the node API on --address:--port (true/false). [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = super::flags::parse_go_bool)]
+    pub enable_server: Option<bool>,
+
     /// Serving certificate of the node API (PEM, with intermediates after it). Without it
     /// and --tls-private-key-file, a self-signed certificate is made in --cert-dir.
     #[arg(long, value_name = "PATH")]
@@ -238,7 +243,7 @@ pub(super) fn server_settings(
         }
     };
     let settings = ServerSettings {
-        enable_server: f.enable_server.unwrap_or(true),
+        enable_server: flags.enable_server.or(f.enable_server).unwrap_or(true),
         tls_files,
         server_tls_bootstrap: flags
             .rotate_server_certificates
@@ -351,12 +356,14 @@ mod tests {
             "--authorization-mode=Webhook",
             "--authentication-token-webhook",
             "--rotate-server-certificates=false",
+            "--enable-server=false",
         ]);
         let s = server_settings(&over, &f, &resolve).unwrap();
         assert_eq!(s.client_ca_file, Some("/x/ca.pem".into()));
         assert!(!s.anonymous_enabled);
         assert!(s.token_webhook_enabled);
         assert!(!s.server_tls_bootstrap);
+        assert!(!s.enable_server);
         assert_eq!(s.authorization_mode, AuthorizationMode::Webhook);
     }
 
