@@ -4,7 +4,7 @@
 //! * Directly, with curl: no credentials → 401, a service account's token without RBAC →
 //!   403 with upstream's body, the API server's kubelet-client certificate → 200.
 //! * Through the API server with kubectl: `logs` (`--tail`, `-f`, `--previous`), `attach`,
-//!   `exec`, `port-forward`.
+//!   `exec` (with and without a terminal), `port-forward`.
 //! * The serving certificate by CSR: the node asks for a `kubernetes.io/kubelet-serving`
 //!   certificate, serves nothing until the test approves it, then serves the signed one
 //!   (verified against the cluster's CA, for the node's IP and name).
@@ -278,6 +278,23 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
     ]);
     eprintln!("kubectl exec round trip: {:?}", started.elapsed());
     assert_eq!(out, "42\n");
+
+    // kubectl exec with a terminal (`script` gives kubectl one): the shell sees a tty.
+    let command = format!(
+        "{} --kubeconfig={} exec -it -n {ns} talk -c app -- sh -c 'tty; echo done'",
+        cluster_env("KUBECTL"),
+        cluster_dir().join("admin.kubeconfig").display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("/dev/pts/") && text.contains("done\r\n"),
+        "{text:?}"
+    );
 
     // kubectl port-forward.
     let mut forward = Command::new(cluster_env("KUBECTL"))
