@@ -378,6 +378,7 @@ pub async fn run(
             streams: Arc::new(client.clone()),
             metrics: metrics.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),
+            node_log_dir: PathBuf::from(crate::node_api::node_logs::NODE_LOG_DIR),
             configz: Arc::new(
                 serde_json::to_vec(&crate::node_api::configz::configz(&config)).unwrap_or_default(),
             ),

@@ -170,6 +170,11 @@ async fn kubectl_reaches_the_node_through_the_api_server() {
     assert_eq!(configz["kubeletconfig"]["port"], port);
     assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "Webhook");
 
+    // The node's own logs (directly: the API server's node proxy refuses loopback nodes).
+    let (code, listing) = curl(port, "/logs/", &with_cert).unwrap();
+    assert_eq!(code, 200, "{listing}");
+    assert!(listing.contains("<pre>"), "{listing}");
+
     // A pod to talk to.
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     pods.create(&PostParams::default(), &test_pod(node))

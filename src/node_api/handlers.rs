@@ -61,6 +61,8 @@ pub struct NodeApiState {
     pub streams: Arc<dyn StreamUrls>,
     pub metrics: Metrics,
     pub pod_logs_dir: PathBuf,
+    /// `/logs/`'s root (`/var/log`).
+    pub node_log_dir: PathBuf,
     /// `/configz`'s body, rendered once at start.
     pub configz: Arc<Vec<u8>>,
 }
@@ -126,6 +128,9 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+        .route("/logs", get(node_logs_root))
+        .route("/logs/", get(node_logs_root))
+        .route("/logs/{*path}", get(node_logs))
         .route("/exec/{*rest}", any(exec))
         .route("/attach/{*rest}", any(attach))
         .route("/portForward/{*rest}", any(port_forward))
@@ -219,6 +224,45 @@ async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -
         )
             .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn node_logs_root(state: State<NodeApiState>) -> Response {
+    node_logs(state, UrlPath(String::new())).await
+}
+
+async fn node_logs(State(state): State<NodeApiState>, UrlPath(rel): UrlPath<String>) -> Response {
+    use super::node_logs::{Target, listing, resolve};
+    let root = state.node_log_dir.clone();
+    let target = tokio::task::spawn_blocking(move || resolve(&root, &rel))
+        .await
+        .unwrap_or(Target::NotFound);
+    match target {
+        Target::Dir(dir) => match tokio::task::spawn_blocking(move || listing(&dir)).await {
+            Ok(Ok(html)) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                html,
+            )
+                .into_response(),
+            _ => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot list the directory",
+            ),
+        },
+        Target::File(path) => match tokio::fs::File::open(&path).await {
+            Ok(file) => {
+                let stream = tokio_util::io::ReaderStream::new(file);
+                let mut r = Response::new(Body::from_stream(stream));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                );
+                r
+            }
+            Err(e) => text(StatusCode::NOT_FOUND, format!("404 page not found: {e}")),
+        },
+        Target::NotFound => text(StatusCode::NOT_FOUND, "404 page not found"),
     }
 }
 

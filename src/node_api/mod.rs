@@ -12,7 +12,7 @@
 //!   the client CA.
 //! * [`listener`]: the TLS accept loop with the listener limits.
 //! * [`handlers`]: the endpoints; [`logs`]: CRI log files; [`streaming`]: the upgrade proxy
-//!   to the runtime's streaming server; [`configz`]: `/configz`.
+//!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`.
 
 pub mod attributes;
 pub mod auth;
@@ -21,6 +21,7 @@ pub mod configz;
 pub mod handlers;
 pub mod listener;
 pub mod logs;
+pub mod node_logs;
 pub mod review;
 pub mod streaming;
 pub mod tls;
@@ -151,6 +152,7 @@ mod tests {
             streams: Arc::new(NoStreams),
             metrics: Default::default(),
             pod_logs_dir: dir.to_path_buf(),
+            node_log_dir: dir.to_path_buf(),
             configz: Arc::new(b"{}".to_vec()),
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
