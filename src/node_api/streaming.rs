@@ -110,11 +110,19 @@ pub async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> 
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
-    let mut upstream = Request::builder()
+    let mut upstream = match Request::builder()
         .method(req.method().clone())
         .uri(path)
         .body(http_body_util::Empty::<axum::body::Bytes>::new())
-        .expect("a request built from valid parts");
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("streaming URL {url:?}: {e}"),
+            );
+        }
+    };
     for (name, value) in req.headers() {
         if forwarded(name) {
             upstream.headers_mut().append(name.clone(), value.clone());
