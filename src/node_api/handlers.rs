@@ -10,6 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -410,7 +411,7 @@ pub fn stream_options(query: &str) -> Result<StreamOptions, String> {
     let mut o = StreamOptions::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = logs_decode(v);
+        let v = logs::parse_form_value(v);
         match k {
             "command" => o.command.push(v),
             "input" | "stdin" => o.stdin = v == "1",
@@ -430,12 +431,7 @@ pub fn stream_options(query: &str) -> Result<StreamOptions, String> {
     Ok(o)
 }
 
-fn logs_decode(v: &str) -> String {
-    // The same decoding the log options use.
-    logs::parse_form_value(v)
-}
-
-/// The running instance of `container` in pod `uid`, and the pod's ready sandbox.
+/// The running instance of `container` in pod `uid`.
 fn running_container(state: &NodeApiState, uid: &str, container: &str) -> Option<String> {
     let observed = state.runtime.pod(uid)?;
     observed
@@ -573,8 +569,6 @@ async fn port_forward(
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
-
-use futures::StreamExt;
 
 #[cfg(test)]
 mod tests {
