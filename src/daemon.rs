@@ -394,7 +394,7 @@ pub async fn run(
                 SocketAddr::new(config.address, config.port),
                 state,
                 slot,
-                config.server.client_ca_file.as_deref(),
+                &config.server,
                 server::ListenerLimits::default(),
                 cancel.clone(),
             )

@@ -89,6 +89,8 @@ pub struct KubeletConfigurationFile {
     pub system_reserved: Option<BTreeMap<String, String>>,
     pub tls_cert_file: Option<String>,
     pub tls_private_key_file: Option<String>,
+    pub tls_min_version: Option<String>,
+    pub tls_cipher_suites: Option<Vec<String>>,
     #[serde(rename = "serverTLSBootstrap")]
     pub server_tls_bootstrap: Option<bool>,
     pub authentication: Option<super::server::AuthenticationFile>,

@@ -38,6 +38,15 @@ pub struct ServerFlags {
     #[arg(long, value_name = "PATH")]
     pub tls_private_key_file: Option<PathBuf>,
 
+    /// Lowest TLS version of the node API: VersionTLS12 or VersionTLS13. [default: VersionTLS12]
+    #[arg(long, value_name = "VERSION")]
+    pub tls_min_version: Option<String>,
+
+    /// Comma-separated TLS 1.2 cipher suites (Go's names) the node API offers; TLS 1.3's are
+    /// not configurable. [default: every ECDHE suite with AES-GCM or ChaCha20-Poly1305]
+    #[arg(long, value_name = "SUITE,...", value_delimiter = ',')]
+    pub tls_cipher_suites: Option<Vec<String>>,
+
     /// Request the node API's serving certificate from the cluster by a
     /// kubernetes.io/kubelet-serving CSR, and renew it before it expires (serverTLSBootstrap).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
@@ -124,6 +133,52 @@ pub struct AuthzWebhookFile {
     pub cache_unauthorized_ttl: Option<String>,
 }
 
+/// The lowest TLS version the node API accepts (rustls has nothing older than 1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMinVersion {
+    #[default]
+    Tls12,
+    Tls13,
+}
+
+/// The TLS 1.2 cipher suites Deckhand can offer, by Go's names (and Go's short aliases of
+/// the ChaCha20 ones): ECDHE key exchange with an AEAD cipher only. Go's CBC, RC4, 3DES and
+/// plain-RSA suites are refused.
+pub const TLS12_SUITES: &[(&str, &str)] = &[
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+];
+
 /// How the node API decides who may do what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthorizationMode {
@@ -141,6 +196,11 @@ pub struct ServerSettings {
     pub tls_files: Option<(PathBuf, PathBuf)>,
     /// `serverTLSBootstrap` / `--rotate-server-certificates`.
     pub server_tls_bootstrap: bool,
+    /// `tlsMinVersion` / `--tls-min-version`.
+    pub tls_min_version: TlsMinVersion,
+    /// `tlsCipherSuites` / `--tls-cipher-suites`: the TLS 1.2 suites offered (rustls' names);
+    /// empty for all of [`TLS12_SUITES`].
+    pub tls_cipher_suites: Vec<String>,
     /// `authentication.x509.clientCAFile`.
     pub client_ca_file: Option<PathBuf>,
     pub anonymous_enabled: bool,
@@ -159,6 +219,8 @@ impl Default for ServerSettings {
             enable_server: true,
             tls_files: None,
             server_tls_bootstrap: false,
+            tls_min_version: TlsMinVersion::Tls12,
+            tls_cipher_suites: Vec::new(),
             client_ca_file: None,
             anonymous_enabled: false,
             token_webhook_enabled: true,
@@ -242,7 +304,63 @@ pub(super) fn server_settings(
             ));
         }
     };
+    let from_flag = |flag: bool, f: &'static str, file: &'static str| if flag { f } else { file };
+    let tls_min_version = match flags
+        .tls_min_version
+        .clone()
+        .or_else(|| f.tls_min_version.clone())
+        .as_deref()
+    {
+        None | Some("") | Some("VersionTLS12") => TlsMinVersion::Tls12,
+        Some("VersionTLS13") => TlsMinVersion::Tls13,
+        Some(other) => {
+            return Err(invalid(
+                from_flag(
+                    flags.tls_min_version.is_some(),
+                    "--tls-min-version",
+                    "tlsMinVersion",
+                ),
+                format!(
+                    "{other:?} is not supported (use VersionTLS12 or VersionTLS13; older versions are not offered)"
+                ),
+            ));
+        }
+    };
+    let suites_field = from_flag(
+        flags.tls_cipher_suites.is_some(),
+        "--tls-cipher-suites",
+        "tlsCipherSuites",
+    );
+    let mut tls_cipher_suites = Vec::new();
+    for name in flags
+        .tls_cipher_suites
+        .clone()
+        .or_else(|| f.tls_cipher_suites.clone())
+        .unwrap_or_default()
+    {
+        let name = name.trim();
+        if name.is_empty() {
+            continue;
+        }
+        match TLS12_SUITES.iter().find(|(go, _)| *go == name) {
+            Some((_, ours)) => {
+                if !tls_cipher_suites.iter().any(|s| s == ours) {
+                    tls_cipher_suites.push(ours.to_string());
+                }
+            }
+            None => {
+                return Err(invalid(
+                    suites_field,
+                    format!(
+                        "{name:?} is not offered: only ECDHE suites with AES-GCM or ChaCha20-Poly1305 are (TLS 1.3's are always on)"
+                    ),
+                ));
+            }
+        }
+    }
     let settings = ServerSettings {
+        tls_min_version,
+        tls_cipher_suites,
         enable_server: flags.enable_server.or(f.enable_server).unwrap_or(true),
         tls_files,
         server_tls_bootstrap: flags
@@ -368,11 +486,54 @@ mod tests {
     }
 
     #[test]
+    fn tls_version_and_suites() {
+        let f = file(
+            "tlsMinVersion: VersionTLS13\ntlsCipherSuites: [TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n",
+        );
+        let s = server_settings(&flags(&[]), &f, &resolve).unwrap();
+        assert_eq!(s.tls_min_version, TlsMinVersion::Tls13);
+        assert_eq!(
+            s.tls_cipher_suites,
+            [
+                "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"
+            ]
+        );
+        let over = flags(&[
+            "--tls-min-version=VersionTLS12",
+            "--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        ]);
+        let s = server_settings(&over, &f, &resolve).unwrap();
+        assert_eq!(s.tls_min_version, TlsMinVersion::Tls12);
+        assert_eq!(
+            s.tls_cipher_suites,
+            ["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"]
+        );
+        // Every name we accept is one rustls offers.
+        let offered: Vec<String> = rustls::crypto::ring::default_provider()
+            .cipher_suites
+            .iter()
+            .map(|s| format!("{:?}", s.suite()))
+            .collect();
+        for (_, ours) in TLS12_SUITES {
+            assert!(
+                offered.iter().any(|o| o == ours),
+                "{ours} not in {offered:?}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_field() {
         let cases = [
             ("tlsCertFile: a.crt\n", "tlsPrivateKeyFile"),
             ("tlsPrivateKeyFile: a.key\n", "tlsCertFile"),
             ("authorization:\n  mode: RBAC\n", "authorization.mode"),
+            ("tlsMinVersion: VersionTLS10\n", "tlsMinVersion"),
+            (
+                "tlsCipherSuites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
+                "tlsCipherSuites",
+            ),
             (
                 "authentication:\n  webhook:\n    cacheTTL: soon\n",
                 "authentication.webhook.cacheTTL",

@@ -50,11 +50,11 @@ pub async fn serve(
     addr: SocketAddr,
     state: NodeApiState,
     slot: ServingSlot,
-    client_ca: Option<&std::path::Path>,
+    settings: &crate::config::ServerSettings,
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, NodeApiError> {
-    let config = tls::server_config(slot, client_ca)?;
+    let config = tls::server_config(slot, settings)?;
     let router = handlers::router(state);
     Ok(listener::serve_tls(addr, router, Arc::new(config), limits, cancel).await?)
 }
@@ -165,7 +165,10 @@ mod tests {
             SocketAddr::from(([127, 0, 0, 1], port)),
             state,
             ServingSlot::with(serving),
-            Some(&ca_file),
+            &ServerSettings {
+                client_ca_file: Some(ca_file),
+                ..Default::default()
+            },
             ListenerLimits::default(),
             cancel.clone(),
         )
@@ -177,13 +180,23 @@ mod tests {
     /// GET `path` over TLS trusting `ca`, presenting `client` if given: the raw answer, or
     /// None when the handshake fails.
     async fn get(port: u16, ca: &Ca, client: Option<&str>, path: &str) -> Option<String> {
+        get_with(port, ca, client, path, rustls::DEFAULT_VERSIONS).await
+    }
+
+    async fn get_with(
+        port: u16,
+        ca: &Ca,
+        client: Option<&str>,
+        path: &str,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Option<String> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
             .unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots);
         let config = match client {
@@ -264,11 +277,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tls_min_version_13_refuses_tls12_clients() {
+        let cluster = ca("cluster-ca");
+        let slot = ServingSlot::with(
+            Credentials::from_pem(leaf(&cluster, "node", None, true).as_bytes()).unwrap(),
+        );
+        let settings = ServerSettings {
+            tls_min_version: crate::config::server::TlsMinVersion::Tls13,
+            ..Default::default()
+        };
+        let config = tls::server_config(slot, &settings).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cancel = CancellationToken::new();
+        let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        listener::serve_tls(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            router,
+            Arc::new(config),
+            ListenerLimits::default(),
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
+        let old = get_with(port, &cluster, None, "/healthz", &[&rustls::version::TLS12]).await;
+        assert_eq!(old, None, "a TLS 1.2 client is refused");
+        let new = get_with(port, &cluster, None, "/healthz", &[&rustls::version::TLS13]).await;
+        assert!(new.unwrap().starts_with("HTTP/1.1 200"));
+        cancel.cancel();
+    }
+
+    #[tokio::test]
     async fn an_empty_serving_slot_refuses_handshakes_until_filled() {
         let dir = tempfile::tempdir().unwrap();
         let cluster = ca("cluster-ca");
         let slot = ServingSlot::default();
-        let config = tls::server_config(slot.clone(), None).unwrap();
+        let config = tls::server_config(slot.clone(), &ServerSettings::default()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()

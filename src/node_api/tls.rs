@@ -17,6 +17,8 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 use crate::certificate::Credentials;
+use crate::config::ServerSettings;
+use crate::config::server::TlsMinVersion;
 
 /// Why the node API's TLS could not be set up (each names the file).
 #[derive(Debug, thiserror::Error)]
@@ -145,14 +147,30 @@ pub fn make_self_signed(node_name: &str, ips: &[IpAddr]) -> Result<(String, Stri
 }
 
 /// The rustls server configuration: the slot's certificate; client certificates verified
-/// against `client_ca` when one is configured (optional, so token clients still connect).
+/// against `settings.client_ca_file` when one is configured (optional, so token clients
+/// still connect); `tlsMinVersion` and the TLS 1.2 suites of `tlsCipherSuites`.
 pub fn server_config(
     slot: ServingSlot,
-    client_ca: Option<&Path>,
+    settings: &ServerSettings,
 ) -> Result<rustls::ServerConfig, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client_ca = settings.client_ca_file.as_deref();
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !settings.tls_cipher_suites.is_empty() {
+        provider.cipher_suites.retain(|s| {
+            s.version().version == rustls::ProtocolVersion::TLSv1_3
+                || settings
+                    .tls_cipher_suites
+                    .iter()
+                    .any(|name| *name == format!("{:?}", s.suite()))
+        });
+    }
+    let provider = Arc::new(provider);
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match settings.tls_min_version {
+        TlsMinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsMinVersion::Tls13 => &[&rustls::version::TLS13],
+    };
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .with_protocol_versions(versions)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match client_ca {
         Some(path) => {
@@ -215,8 +233,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.crt");
         std::fs::write(&ca, "not pem").unwrap();
-        let err = server_config(ServingSlot::default(), Some(&ca)).unwrap_err();
+        let with_ca = ServerSettings {
+            client_ca_file: Some(ca.clone()),
+            ..Default::default()
+        };
+        let err = server_config(ServingSlot::default(), &with_ca).unwrap_err();
         assert!(err.to_string().contains("ca.crt"), "{err}");
-        assert!(server_config(ServingSlot::default(), None).is_ok());
+        assert!(server_config(ServingSlot::default(), &ServerSettings::default()).is_ok());
     }
 }
