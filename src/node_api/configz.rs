@@ -25,6 +25,11 @@ pub fn configz(c: &Config) -> Value {
         "healthzBindAddress": c.healthz_bind_address.to_string(),
         "tlsCertFile": s.tls_files.as_ref().map(|(cert, _)| path(cert)).unwrap_or_default(),
         "tlsPrivateKeyFile": s.tls_files.as_ref().map(|(_, key)| path(key)).unwrap_or_default(),
+        "tlsMinVersion": match s.tls_min_version {
+            crate::config::server::TlsMinVersion::Tls12 => "VersionTLS12",
+            crate::config::server::TlsMinVersion::Tls13 => "VersionTLS13",
+        },
+        "tlsCipherSuites": s.tls_cipher_suites,
         "rotateCertificates": c.rotate_certificates,
         "serverTLSBootstrap": s.server_tls_bootstrap,
         "authentication": {
