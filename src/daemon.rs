@@ -56,6 +56,9 @@ pub enum DaemonError {
     /// The kubeconfig (or a file it names) cannot be used.
     #[error(transparent)]
     Apiserver(#[from] crate::apiserver::ConnectError),
+    /// The node API (port 10250) could not start.
+    #[error(transparent)]
+    NodeApi(#[from] crate::node_api::NodeApiError),
     /// TLS bootstrap could not finish.
     #[error(transparent)]
     Bootstrap(#[from] crate::certificate::bootstrap::BootstrapError),
@@ -241,6 +244,53 @@ fn host_dns(config: &Config) -> HostDns {
             HostDns::default()
         }
     }
+}
+
+/// The node API's serving certificate: requested by CSR with `serverTLSBootstrap` (the
+/// slot stays empty, and handshakes fail, until the CSR is approved and signed), else
+/// `tlsCertFile`/`tlsPrivateKeyFile`, else a self-signed one in the cert dir.
+fn serving_certificate(
+    config: &Config,
+    host_ip: Option<std::net::IpAddr>,
+    api: Option<&kube::Client>,
+    cancel: &CancellationToken,
+) -> Result<crate::node_api::ServingSlot, crate::node_api::NodeApiError> {
+    use crate::node_api::tls;
+    if config.server.server_tls_bootstrap {
+        match api {
+            Some(client) => {
+                let slot = crate::node_api::ServingSlot::default();
+                let manager = crate::certificate::serving::ServingRotation {
+                    api: crate::certificate::csr::KubeCsrApi(client.clone()),
+                    slot: slot.clone(),
+                    store: crate::certificate::FileStore::serving(&config.cert_dir),
+                    node_name: config.node_name.clone(),
+                    addresses: crate::certificate::serving::node_addresses(
+                        &config.node_name,
+                        host_ip,
+                    ),
+                };
+                tokio::spawn(manager.run(cancel.clone()));
+                return Ok(slot);
+            }
+            None => tracing::warn!(
+                "serverTLSBootstrap needs --kubeconfig; using a self-signed serving certificate"
+            ),
+        }
+    }
+    let credentials = match &config.server.tls_files {
+        Some((cert, key)) => tls::load_pair(cert, key)?,
+        None => {
+            let (cert, key) = crate::config::ServerSettings::self_signed_paths(&config.cert_dir);
+            tls::self_signed(
+                &cert,
+                &key,
+                &config.node_name,
+                &host_ip.into_iter().collect::<Vec<_>>(),
+            )?
+        }
+    };
+    Ok(crate::node_api::ServingSlot::with(credentials))
 }
 
 /// Runs the agent until `cancel` fires.
@@ -441,6 +491,44 @@ pub async fn run(
 
     let details = DetailCache::default();
     let runtime_cache = RuntimeCache::default();
+    if config.server.enable_server {
+        let state = crate::node_api::NodeApiState {
+            gate: Arc::new(crate::node_api::auth::Gate::new(
+                config.server.clone(),
+                config.node_name.clone(),
+                api_clients.as_ref().map(|(heartbeat, _, _)| {
+                    crate::node_api::review::KubeReviewer::shared(heartbeat.clone())
+                }),
+            )),
+            health: health.clone(),
+            pods: states.clone(),
+            runtime: runtime_cache.clone(),
+            streams: Arc::new(client.clone()),
+            metrics: metrics.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
+            node_log_dir: PathBuf::from(crate::node_api::node_logs::NODE_LOG_DIR),
+            configz: Arc::new(
+                serde_json::to_vec(&crate::node_api::configz::configz(&config)).unwrap_or_default(),
+            ),
+        };
+        let slot = serving_certificate(
+            &config,
+            host_ip,
+            api_clients.as_ref().map(|c| &c.0),
+            &cancel,
+        )?;
+        servers.push(
+            crate::node_api::serve(
+                SocketAddr::new(config.address, config.port),
+                state,
+                slot,
+                &config.server,
+                server::ListenerLimits::default(),
+                cancel.clone(),
+            )
+            .await?,
+        );
+    }
     // The PLEG and the probe workers ask for looks at pods through one coalescing set.
     let pokes = Pokes::default();
     tracker.spawn(pleg::run(

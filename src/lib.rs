@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod metrics;
 pub mod mirror_pods;
 pub mod node;
+pub mod node_api;
 pub mod observed;
 pub mod paths;
 pub mod pleg;

@@ -37,11 +37,10 @@ fn read_trim(path: &str) -> String {
 async fn the_node_registers_turns_ready_and_reports_the_machine() {
     let client = admin().await;
     let (mut agent, _cleanup) = joined_agent("dn-register");
-    let port = common::free_port();
+    let port = agent.port;
     agent.extra_args.extend([
         "--max-pods=17".to_string(),
         "--node-labels=deckhand.test/suite=e2e,node.kubernetes.io/pool=blue".to_string(),
-        format!("--port={port}"),
     ]);
     let started = Instant::now();
     agent.start();

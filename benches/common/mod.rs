@@ -353,6 +353,7 @@ impl Agent {
             format!("--pod-logs-dir={}", dir.join("logs").display()),
             format!("--healthz-port={healthz_port}"),
             format!("--read-only-port={read_only_port}"),
+            format!("--port={}", free_port()?),
             "--address=127.0.0.1".to_string(),
             format!("--v={}", opts.verbosity),
             // Benches run up to 240 pods; admission would refuse those past the default 110.

@@ -20,6 +20,9 @@ use x509_parser::prelude::FromDer;
 /// The signer of kubelet client certificates.
 pub const SIGNER_NAME: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
+/// The signer of the node API's serving certificates (never auto-approved upstream).
+pub const SERVING_SIGNER_NAME: &str = "kubernetes.io/kubelet-serving";
+
 /// The organisation of every node's certificate.
 pub const NODES_GROUP: &str = "system:nodes";
 
@@ -56,6 +59,16 @@ pub fn usages(kind: KeyKind) -> Vec<String> {
     u
 }
 
+/// The usages a kubelet serving CSR asks for (key encipherment only for RSA keys).
+pub fn serving_usages(kind: KeyKind) -> Vec<String> {
+    let mut u = vec!["digital signature".to_string()];
+    if kind == KeyKind::Rsa {
+        u.push("key encipherment".into());
+    }
+    u.push("server auth".into());
+    u
+}
+
 /// A new private key and a CSR signed with it.
 pub struct NewRequest {
     pub key_pem: String,
@@ -69,10 +82,31 @@ pub struct GenerateError(String);
 
 /// An ECDSA P-256 key (as upstream) and a CSR for the node's subject.
 pub fn generate(node_name: &str) -> Result<NewRequest, GenerateError> {
+    generate_with_names(node_name, &[], &[])
+}
+
+/// Like [`generate`], with subject alternative names (a serving certificate's).
+pub fn generate_with_names(
+    node_name: &str,
+    dns_names: &[String],
+    ips: &[std::net::IpAddr],
+) -> Result<NewRequest, GenerateError> {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map_err(|e| GenerateError(e.to_string()))?;
     let subject = node_subject(node_name);
     let mut params = rcgen::CertificateParams::default();
+    for name in dns_names {
+        let dns = name
+            .as_str()
+            .try_into()
+            .map_err(|e: rcgen::Error| GenerateError(format!("{name:?}: {e}")))?;
+        params.subject_alt_names.push(rcgen::SanType::DnsName(dns));
+    }
+    for ip in ips {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(*ip));
+    }
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, subject.organization);
     dn.push(rcgen::DnType::CommonName, subject.common_name);
@@ -118,6 +152,14 @@ pub fn csr_object(generate_name: &str, request: &NewRequest) -> CertificateSigni
         },
         status: None,
     }
+}
+
+/// The serving CSR object for `request` (`kubernetes.io/kubelet-serving`).
+pub fn serving_csr_object(generate_name: &str, request: &NewRequest) -> CertificateSigningRequest {
+    let mut csr = csr_object(generate_name, request);
+    csr.spec.signer_name = SERVING_SIGNER_NAME.into();
+    csr.spec.usages = Some(serving_usages(KeyKind::Ecdsa));
+    csr
 }
 
 /// Where a CSR stands.
@@ -206,8 +248,9 @@ pub enum RequestError {
     #[error("CSR {name} failed: {reason}")]
     Failed { name: String, reason: String },
     #[error(
-        "CSR {name} was not approved and signed within {waited:?} (is the controller-manager's \
-         CSR approver running, and may this identity create node client CSRs?)"
+        "CSR {name} was not approved and signed within {waited:?} (client CSRs: is the \
+         controller-manager's CSR approver running, and may this identity create them? serving \
+         CSRs: someone must approve them, e.g. `kubectl certificate approve {name}`)"
     )]
     TimedOut { name: String, waited: Duration },
     #[error("CSR {name} was signed, but the certificate is unusable: {reason}")]
@@ -234,8 +277,21 @@ pub async fn request_certificate<A: CsrApi>(
     cancel: &CancellationToken,
 ) -> Result<Issued, RequestError> {
     let request = generate(node_name)?;
+    let object = csr_object(generate_name, &request);
+    submit_and_wait(api, request, &object, wait, cancel).await
+}
+
+/// Creates `object` (made from `request`) and polls it (200 ms, doubling up to 2 s) until
+/// it is signed, denied, failed, or `wait` has passed.
+pub async fn submit_and_wait<A: CsrApi>(
+    api: &A,
+    request: NewRequest,
+    object: &CertificateSigningRequest,
+    wait: Duration,
+    cancel: &CancellationToken,
+) -> Result<Issued, RequestError> {
     let name = api
-        .create(&csr_object(generate_name, &request))
+        .create(object)
         .await
         .map_err(|e| RequestError::Create(crate::apiserver::problem::cause_chain(&e)))?;
     tracing::info!(csr = %name, "created a certificate signing request; waiting for it to be approved and signed");

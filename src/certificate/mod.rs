@@ -11,12 +11,14 @@
 //! * [`slot`]: the current key pair, shared by the API clients' TLS configuration, so a
 //!   rotated certificate is used by every new connection without a restart.
 //! * [`manager`]: the rotation loop.
+//! * [`serving`]: the node API's serving certificate by CSR (`serverTLSBootstrap`).
 
 pub mod bootstrap;
 pub mod credentials;
 pub mod csr;
 pub mod deadline;
 pub mod manager;
+pub mod serving;
 pub mod slot;
 pub mod store;
 

@@ -1,6 +1,7 @@
-//! The cert dir's client certificates, as upstream's file store keeps them:
-//! `kubelet-client-<YYYY-MM-DD-HH-MM-SS>.pem` (certificate chain then key, 0600) per
-//! certificate, and `kubelet-client-current.pem`, a symlink to the one in use.
+//! The cert dir's certificates, as upstream's file store keeps them:
+//! `<pair>-<YYYY-MM-DD-HH-MM-SS>.pem` (certificate chain then key, 0600) per certificate,
+//! and `<pair>-current.pem`, a symlink to the one in use; the pair is `kubelet-client` for
+//! the client certificate and `kubelet-server` for the node API's serving certificate.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -10,27 +11,45 @@ use super::Credentials;
 
 /// The link to the certificate in use.
 pub const CURRENT: &str = "kubelet-client-current.pem";
-const PREFIX: &str = "kubelet-client-";
 const SUFFIX: &str = ".pem";
 
-/// The file name of a certificate stored at `at` (UTC).
+/// The serving certificate's pair name.
+pub const SERVER_PAIR: &str = "kubelet-server";
+const CLIENT_PAIR: &str = "kubelet-client";
+
+/// The file name of a client certificate stored at `at` (UTC).
 pub fn file_name_for(at: jiff::Timestamp) -> String {
-    format!("{PREFIX}{}{SUFFIX}", at.strftime("%Y-%m-%d-%H-%M-%S"))
+    pair_file_name(CLIENT_PAIR, at)
 }
 
-/// Whether `name` is a stored certificate's name (not the link).
+fn pair_file_name(pair: &str, at: jiff::Timestamp) -> String {
+    format!("{pair}-{}{SUFFIX}", at.strftime("%Y-%m-%d-%H-%M-%S"))
+}
+
+/// Whether `name` is a stored client certificate's name (not the link).
 pub fn is_stored_name(name: &str) -> bool {
-    name != CURRENT
-        && name
-            .strip_prefix(PREFIX)
-            .and_then(|r| r.strip_suffix(SUFFIX))
-            .is_some_and(|ts| ts.len() == 19 && ts.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+    is_pair_name(CLIENT_PAIR, name)
 }
 
-/// Which stored file is current: the link's target when it names an existing stored file,
-/// otherwise (no link, a dangling one) the newest stored file; the timestamped names sort by
-/// time.
+fn is_pair_name(pair: &str, name: &str) -> bool {
+    name.strip_prefix(pair)
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|r| r.strip_suffix(SUFFIX))
+        .is_some_and(|ts| ts.len() == 19 && ts.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+}
+
+/// Which stored client certificate is current: the link's target when it names an existing
+/// stored file, otherwise (no link, a dangling one) the newest stored file; the timestamped
+/// names sort by time.
 pub fn pick_current<'a>(link_target: Option<&str>, names: &'a [String]) -> Option<&'a str> {
+    pick_pair_current(CLIENT_PAIR, link_target, names)
+}
+
+fn pick_pair_current<'a>(
+    pair: &str,
+    link_target: Option<&str>,
+    names: &'a [String],
+) -> Option<&'a str> {
     if let Some(t) = link_target
         && let Some(n) = names.iter().find(|n| n.as_str() == t)
     {
@@ -38,7 +57,7 @@ pub fn pick_current<'a>(link_target: Option<&str>, names: &'a [String]) -> Optio
     }
     names
         .iter()
-        .filter(|n| is_stored_name(n))
+        .filter(|n| is_pair_name(pair, n))
         .max()
         .map(String::as_str)
 }
@@ -62,15 +81,28 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     }
 }
 
-/// The certificates in a cert dir.
+/// The certificates of one pair in a cert dir.
 #[derive(Debug, Clone)]
 pub struct FileStore {
     dir: PathBuf,
+    pair: &'static str,
 }
 
 impl FileStore {
+    /// The client certificates (`kubelet-client-*`).
     pub fn new(dir: impl Into<PathBuf>) -> FileStore {
-        FileStore { dir: dir.into() }
+        FileStore {
+            dir: dir.into(),
+            pair: CLIENT_PAIR,
+        }
+    }
+
+    /// The node API's serving certificates (`kubelet-server-*`).
+    pub fn serving(dir: impl Into<PathBuf>) -> FileStore {
+        FileStore {
+            dir: dir.into(),
+            pair: SERVER_PAIR,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -79,7 +111,7 @@ impl FileStore {
 
     /// `<dir>/kubelet-client-current.pem`: what kubeconfigs name.
     pub fn current_path(&self) -> PathBuf {
-        self.dir.join(CURRENT)
+        self.dir.join(format!("{}-current{SUFFIX}", self.pair))
     }
 
     /// The current credentials, if there are any: the link's target, or (the link missing
@@ -99,7 +131,7 @@ impl FileStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io(&self.dir)(e)),
         };
-        let Some(name) = pick_current(target_name.as_deref(), &names) else {
+        let Some(name) = pick_pair_current(self.pair, target_name.as_deref(), &names) else {
             return Ok(None);
         };
         let path = self.dir.join(name);
@@ -119,14 +151,14 @@ impl FileStore {
     pub fn store(&self, pem: &[u8], at: jiff::Timestamp) -> Result<PathBuf, StoreError> {
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700));
-        let mut path = self.dir.join(file_name_for(at));
+        let mut path = self.dir.join(pair_file_name(self.pair, at));
         // Two certificates within a second: the later one waits for the next name.
         let mut bump = at;
         while path.exists() {
             bump += jiff::SignedDuration::from_secs(1);
-            path = self.dir.join(file_name_for(bump));
+            path = self.dir.join(pair_file_name(self.pair, bump));
         }
-        let tmp = self.dir.join(format!(".{CURRENT}.new"));
+        let tmp = self.dir.join(format!(".{}-current.pem.new", self.pair));
         write_private(&tmp, &path, pem).map_err(io(&path))?;
         self.link(&path)?;
         Ok(path)
@@ -135,7 +167,7 @@ impl FileStore {
     /// Points the link at `target`, atomically (a new link renamed over the old).
     fn link(&self, target: &Path) -> Result<(), StoreError> {
         let link = self.current_path();
-        let tmp = self.dir.join(format!(".{CURRENT}.link"));
+        let tmp = self.dir.join(format!(".{}-current.pem.link", self.pair));
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(target, &tmp).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &link).map_err(io(&link))
@@ -144,7 +176,7 @@ impl FileStore {
 
 /// Writes `bytes` to `dest` readable by root only (0600), never half-written: to `tmp` first
 /// (made fresh, synced), then renamed over `dest`.
-pub(super) fn write_private(tmp: &Path, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(tmp: &Path, dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let _ = std::fs::remove_file(tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)

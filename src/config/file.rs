@@ -92,6 +92,14 @@ pub struct KubeletConfigurationFile {
     pub node_status_max_images: Option<i64>,
     pub kube_reserved: Option<BTreeMap<String, String>>,
     pub system_reserved: Option<BTreeMap<String, String>>,
+    pub tls_cert_file: Option<String>,
+    pub tls_private_key_file: Option<String>,
+    pub tls_min_version: Option<String>,
+    pub tls_cipher_suites: Option<Vec<String>>,
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: Option<bool>,
+    pub authentication: Option<super::server::AuthenticationFile>,
+    pub authorization: Option<super::server::AuthorizationFile>,
 }
 
 /// `crashLoopBackOff` (upstream ≥ 1.32, behind KubeletCrashLoopBackOffMax there).
@@ -106,7 +114,7 @@ pub struct CrashLoopBackOffConfig {
 pub struct ParsedConfigFile {
     pub config: KubeletConfigurationFile,
     /// Dotted paths of ignored fields, in document order, e.g. `staticPodPth`,
-    /// `crashLoopBackOff.maxRestart`, `authentication`.
+    /// `crashLoopBackOff.maxRestart`, `authentication.x509.bogus`.
     pub unknown_fields: Vec<String>,
 }
 
@@ -313,6 +321,7 @@ staticPodPth: /etc/kubernetes/manifests
 authentication:
   anonymous:
     enabled: false
+    extra: 1
 crashLoopBackOff:
   maxContainerRestartPeriod: 10s
   maxRestart: 1
@@ -324,7 +333,7 @@ maxPods: 5
             parsed.unknown_fields,
             vec![
                 "staticPodPth".to_string(),
-                "authentication".to_string(),
+                "authentication.anonymous.extra".to_string(),
                 "crashLoopBackOff.maxRestart".to_string()
             ]
         );

@@ -107,9 +107,12 @@ pub struct Flags {
     #[arg(long, value_name = "IP")]
     pub address: Option<IpAddr>,
 
-    /// Port of the node server. [default: 10250]
+    /// Port of the node API (HTTPS). [default: 10250]
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
+
+    #[command(flatten)]
+    pub server: super::server::ServerFlags,
 
     /// Maximum period between syncs of running containers and config. [default: 1m0s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
@@ -312,7 +315,7 @@ fn parse_path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible>
     Ok(PathBuf::from(value))
 }
 
-fn parse_duration_arg(value: &str) -> Result<Duration, DurationArgError> {
+pub(super) fn parse_duration_arg(value: &str) -> Result<Duration, DurationArgError> {
     parse_go_duration(value).map_err(|source| DurationArgError {
         value: value.to_string(),
         source,
@@ -407,6 +410,7 @@ mod tests {
                 read_only_port: Some(10255),
                 address: Some("::".parse().unwrap()),
                 port: Some(11250),
+                server: Default::default(),
                 sync_frequency: Some(Duration::from_secs(30)),
                 file_check_frequency: Some(Duration::from_secs(5)),
                 http_check_frequency: Some(Duration::from_secs(60)),

@@ -13,6 +13,7 @@ pub mod duration;
 pub mod file;
 pub mod flags;
 pub mod node;
+pub mod server;
 mod validate;
 
 pub use validate::ENFORCE_PODS;
@@ -35,6 +36,7 @@ pub use file::{
 };
 pub use flags::Flags;
 pub use node::{ClusterSettings, Reservations};
+pub use server::{AuthorizationMode, ServerSettings};
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +108,8 @@ pub struct Config {
     pub cluster: ClusterSettings,
     /// What the node holds back from pods.
     pub reservations: Reservations,
+    /// The node API on `port`: TLS, authentication, authorization.
+    pub server: ServerSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,
@@ -307,10 +311,14 @@ impl Config {
             Some(url) => out.push_str(&format!(" manifest-url={url}")),
             None => out.push_str(" manifest-url=none"),
         }
-        out.push_str(&format!(
-            " server={}",
-            SocketAddr::new(self.address, self.port)
-        ));
+        if self.server.enable_server {
+            out.push_str(&format!(
+                " server={}",
+                SocketAddr::new(self.address, self.port)
+            ));
+        } else {
+            out.push_str(" server=off");
+        }
         out.push_str(&format!(
             " read-only-port={}",
             port_or_off(self.read_only_port)

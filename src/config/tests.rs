@@ -83,6 +83,7 @@ fn defaults() -> Config {
         verbosity: 0,
         cluster: super::ClusterSettings::default(),
         reservations: super::Reservations::default(),
+        server: super::ServerSettings::default(),
         config_file: None,
         warnings: vec![],
     }

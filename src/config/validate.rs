@@ -659,6 +659,9 @@ pub(super) fn build(
         verbosity: flags.verbosity.unwrap_or(0),
         cluster: super::node::cluster_settings(flags, f)?,
         reservations: super::node::reservations(flags, f)?,
+        server: super::server::server_settings(&flags.server, f, &|p| {
+            resolve_file_path(config_path, p)
+        })?,
         config_file: None,
         warnings,
     })

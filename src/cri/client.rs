@@ -76,6 +76,36 @@ impl CriClient {
         }
     }
 
+    /// `Exec`: the runtime's streaming URL for a command in a container (the node API
+    /// proxies the client's upgraded connection to it).
+    pub async fn exec(&self, req: ExecRequest) -> CriResult<String> {
+        call("Exec", Some(self.timeout), self.runtime.clone().exec(req))
+            .await
+            .map(|r| r.url)
+    }
+
+    /// `Attach`: the streaming URL for a container's main process.
+    pub async fn attach(&self, req: AttachRequest) -> CriResult<String> {
+        call(
+            "Attach",
+            Some(self.timeout),
+            self.runtime.clone().attach(req),
+        )
+        .await
+        .map(|r| r.url)
+    }
+
+    /// `PortForward`: the streaming URL for ports in a pod's network namespace.
+    pub async fn port_forward(&self, req: PortForwardRequest) -> CriResult<String> {
+        call(
+            "PortForward",
+            Some(self.timeout),
+            self.runtime.clone().port_forward(req),
+        )
+        .await
+        .map(|r| r.url)
+    }
+
     /// The endpoint this client talks to.
     pub fn endpoint_info(&self) -> &RuntimeEndpoint {
         &self.endpoint

@@ -81,7 +81,7 @@ impl Metrics {
             .insert(path.to_string(), Arc::new(render));
     }
 
-    fn render(&self, path: &str) -> Option<String> {
+    pub(crate) fn render(&self, path: &str) -> Option<String> {
         let page = self
             .pages
             .read()

@@ -96,6 +96,8 @@ pub struct Agent {
     pub dir: tempfile::TempDir,
     pub healthz_port: u16,
     pub read_only_port: u16,
+    /// The node API's port (`--port`; 10250 is never used, tests share the machine).
+    pub port: u16,
     pub child: Option<Child>,
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -118,6 +120,7 @@ impl Agent {
             dir,
             healthz_port: free_port(),
             read_only_port: free_port(),
+            port: free_port(),
             child: None,
             extra_args: Vec::new(),
             env: Vec::new(),
@@ -164,6 +167,7 @@ impl Agent {
             format!("--pod-logs-dir={}", self.logs_dir().display()),
             format!("--healthz-port={}", self.healthz_port),
             format!("--read-only-port={}", self.read_only_port),
+            format!("--port={}", self.port),
             "--address=127.0.0.1".to_string(),
             "--v=4".to_string(),
         ];

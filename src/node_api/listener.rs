@@ -1,0 +1,141 @@
+//! The node API's TLS listener: the same limits as the other listeners (headers within
+//! `header_read_timeout`, at most `max_connections` at once, none served for longer than
+//! `max_connection_age`), a TLS handshake that must also finish within the header
+//! timeout, and HTTP/1.1 with protocol upgrades for exec, attach and port forwarding.
+//!
+//! An upgraded stream leaves the connection's accounting once it switched protocols: it
+//! lives as long as the exec session does, as upstream's.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use super::auth::user_from_certificate;
+use super::handlers::PeerUser;
+use crate::server::{ListenerLimits, ServeError};
+
+/// Binds `addr` and serves `router` over TLS until `cancel` fires.
+pub async fn serve_tls(
+    addr: SocketAddr,
+    router: Router,
+    tls: Arc<rustls::ServerConfig>,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    let what = "node API";
+    let listener =
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError { what, addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    tracing::info!(%local, "serving the node API (HTTPS)");
+    Ok(tokio::spawn(accept_loop(
+        listener,
+        router,
+        TlsAcceptor::from(tls),
+        limits,
+        cancel,
+    )))
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    acceptor: TlsAcceptor,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let connections = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the node API cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "node API: TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "node API: TLS handshake timed out");
+                    return;
+                }
+            };
+            // rustls has verified the chain against the client CA; the leaf names the user.
+            let user = PeerUser(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|certs| certs.first())
+                    .and_then(|leaf| user_from_certificate(leaf)),
+            );
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(user.clone());
+                router.clone().oneshot(req)
+            });
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(64 * 1024);
+            let conn = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            let deadline = tokio::time::sleep(limits.max_connection_age);
+            tokio::pin!(deadline);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    result = conn.as_mut() => {
+                        if let Err(err) = result {
+                            tracing::debug!(%peer, error = %err, "node API connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = cancel.cancelled(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = &mut deadline, if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            }
+        });
+    }
+    connections.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
+}
