@@ -136,6 +136,10 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/attach/{*rest}", any(attach))
         .route("/portForward/{*rest}", any(port_forward))
         .layer(middleware::from_fn_with_state(state.clone(), gate))
+        // Outermost, so refused requests are counted too (upstream counts before auth).
+        .layer(middleware::from_fn(|req, next| {
+            crate::server::count_request("readwrite", req, next)
+        }))
         .with_state(state)
 }
 

@@ -33,10 +33,11 @@ pub async fn serve_tls(
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let what = "node API";
-    let listener =
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError { what, addr, source })?;
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError {
+        what,
+        addr: addr.to_string(),
+        source,
+    })?;
     let local = listener.local_addr().unwrap_or(addr);
     tracing::info!(%local, "serving the node API (HTTPS)");
     Ok(tokio::spawn(accept_loop(

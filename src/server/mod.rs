@@ -323,7 +323,12 @@ pub async fn count_request(
     let m = &crate::metrics::KUBELET;
     let path = crate::metrics::http_path_bucket(req.uri().path());
     let method = crate::metrics::http_method_bucket(req.method().as_str());
-    let long_running = "false";
+    // Upstream's long-running requests: the streaming ones.
+    let long_running = if matches!(path.as_str(), "exec" | "attach" | "portForward" | "debug") {
+        "true"
+    } else {
+        "false"
+    };
     let labels = [method, path.as_str(), server_type, long_running];
     m.http_requests.inc(&labels);
     m.http_inflight_requests.add(&labels, 1.0);
