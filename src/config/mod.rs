@@ -12,6 +12,7 @@
 pub mod duration;
 pub mod file;
 pub mod flags;
+pub mod gc;
 pub mod node;
 mod validate;
 
@@ -34,6 +35,7 @@ pub use file::{
     ParsedConfigFile, parse_config_file,
 };
 pub use flags::Flags;
+pub use gc::GcSettings;
 pub use node::{ClusterSettings, Reservations};
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
@@ -106,6 +108,8 @@ pub struct Config {
     pub cluster: ClusterSettings,
     /// What the node holds back from pods.
     pub reservations: Reservations,
+    /// Image GC and container log rotation.
+    pub gc: GcSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

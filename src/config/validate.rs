@@ -605,6 +605,7 @@ pub(super) fn build(
     // Fields parsed and checked for upstream compatibility but not carried into Config.
     check_file_only_fields(f)?;
 
+    let gc = super::gc::gc_settings(flags, f, &container_log_max_size, container_log_max_files)?;
     Ok(Config {
         node_name,
         node_ip: flags.node_ip,
@@ -659,6 +660,7 @@ pub(super) fn build(
         verbosity: flags.verbosity.unwrap_or(0),
         cluster: super::node::cluster_settings(flags, f)?,
         reservations: super::node::reservations(flags, f)?,
+        gc,
         config_file: None,
         warnings,
     })
