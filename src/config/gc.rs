@@ -98,7 +98,9 @@ pub(super) fn gc_settings(
     if low >= high {
         return Err(ConfigError::invalid(
             "imageGCLowThresholdPercent (--image-gc-low-threshold)",
-            format!("{low} must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) {high}"),
+            format!(
+                "{low} must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) {high}"
+            ),
         ));
     }
     // A Go duration cannot be negative here (the parser refuses a sign), which is upstream's
@@ -108,8 +110,8 @@ pub(super) fn gc_settings(
         None => duration(f.image_minimum_gc_age.as_deref(), "imageMinimumGCAge")?
             .unwrap_or(d.image_minimum_gc_age),
     };
-    let max_age = duration(f.image_maximum_gc_age.as_deref(), "imageMaximumGCAge")?
-        .unwrap_or(Duration::ZERO);
+    let max_age =
+        duration(f.image_maximum_gc_age.as_deref(), "imageMaximumGCAge")?.unwrap_or(Duration::ZERO);
     if !max_age.is_zero() && max_age <= min_age {
         return Err(ConfigError::invalid(
             "imageMaximumGCAge",
@@ -213,17 +215,41 @@ mod tests {
     #[test]
     fn refuses_what_upstream_refuses() {
         for (args, file, needle) in [
-            (&["--image-gc-high-threshold=101"][..], "", "between 0 and 100"),
-            (&[][..], r#"{"imageGCLowThresholdPercent": -1}"#, "between 0 and 100"),
-            (&["--image-gc-low-threshold=85"][..], "", "must be less than"),
+            (
+                &["--image-gc-high-threshold=101"][..],
+                "",
+                "between 0 and 100",
+            ),
+            (
+                &[][..],
+                r#"{"imageGCLowThresholdPercent": -1}"#,
+                "between 0 and 100",
+            ),
+            (
+                &["--image-gc-low-threshold=85"][..],
+                "",
+                "must be less than",
+            ),
             (
                 &[][..],
                 r#"{"imageMinimumGCAge": "2m", "imageMaximumGCAge": "1m"}"#,
                 "imageMaximumGCAge",
             ),
-            (&[][..], r#"{"containerLogMaxWorkers": 0}"#, "containerLogMaxWorkers"),
-            (&[][..], r#"{"containerLogMonitorInterval": "2s"}"#, "greater than or equal to 3s"),
-            (&[][..], r#"{"imageMinimumGCAge": "soon"}"#, "imageMinimumGCAge"),
+            (
+                &[][..],
+                r#"{"containerLogMaxWorkers": 0}"#,
+                "containerLogMaxWorkers",
+            ),
+            (
+                &[][..],
+                r#"{"containerLogMonitorInterval": "2s"}"#,
+                "greater than or equal to 3s",
+            ),
+            (
+                &[][..],
+                r#"{"imageMinimumGCAge": "soon"}"#,
+                "imageMinimumGCAge",
+            ),
         ] {
             let err = merge(args, file).unwrap_err();
             assert!(err.contains(needle), "{args:?} {file}: {err}");

@@ -72,7 +72,11 @@ pub fn plan_container_gc(
     activity: impl Fn(&str) -> PodActivity,
 ) -> ContainerGcPlan {
     let mut activities = BTreeMap::new();
-    let mut activity_of = |uid: &str| *activities.entry(uid.to_string()).or_insert_with(|| activity(uid));
+    let mut activity_of = |uid: &str| {
+        *activities
+            .entry(uid.to_string())
+            .or_insert_with(|| activity(uid))
+    };
 
     // Dead instances by (pod, container name), newest first.
     let mut units: BTreeMap<(&str, &str), Vec<&GcContainer>> = BTreeMap::new();
@@ -229,7 +233,10 @@ mod tests {
             ),
             (
                 "a pod being torn down is left alone",
-                vec![dead("d2", "ending", "app", 2), dead("d1", "ending", "app", 1)],
+                vec![
+                    dead("d2", "ending", "app", 2),
+                    dead("d1", "ending", "app", 1),
+                ],
                 policy,
                 vec![],
             ),
@@ -300,7 +307,10 @@ mod tests {
             ),
             (
                 "a pod being torn down keeps its sandboxes",
-                vec![sandbox("a", "ending", false, 2), sandbox("b", "ending", false, 1)],
+                vec![
+                    sandbox("a", "ending", false, 2),
+                    sandbox("b", "ending", false, 1),
+                ],
                 vec![],
                 vec![],
             ),

@@ -55,8 +55,10 @@ pub fn remove_file(path: &Path) -> Result<(), FileError> {
 /// Removes a container's log file and its rotations (`<log>.*`), as upstream's log manager
 /// does when its container is removed. Returns how many files went.
 pub fn remove_container_logs(log_path: &Path) -> Result<usize, FileError> {
-    let (Some(dir), Some(name)) = (log_path.parent(), log_path.file_name().and_then(|n| n.to_str()))
-    else {
+    let (Some(dir), Some(name)) = (
+        log_path.parent(),
+        log_path.file_name().and_then(|n| n.to_str()),
+    ) else {
         return Ok(0);
     };
     let prefix = format!("{name}.");
@@ -81,7 +83,9 @@ pub fn compress(dir: &Path, name: &str) -> Result<(), FileError> {
         let output = fs::File::create(&tmp).map_err(file_error("creating", &tmp))?;
         let mut encoder = flate2::write::GzEncoder::new(output, flate2::Compression::default());
         io::copy(&mut input, &mut encoder).map_err(file_error("compressing", &source))?;
-        let mut output = encoder.finish().map_err(file_error("compressing", &source))?;
+        let mut output = encoder
+            .finish()
+            .map_err(file_error("compressing", &source))?;
         output.flush().map_err(file_error("writing", &tmp))?;
         fs::rename(&tmp, &target).map_err(file_error("renaming", &tmp))?;
         remove_file(&source)
@@ -181,7 +185,14 @@ mod tests {
         let dir = tempdir("sweep");
         let app = dir.join("app");
         fs::create_dir_all(&app).unwrap();
-        for name in ["0.log", "0.log.20261201-153000.gz", "1.log", "2.log", "10.log", "notes"] {
+        for name in [
+            "0.log",
+            "0.log.20261201-153000.gz",
+            "1.log",
+            "2.log",
+            "10.log",
+            "notes",
+        ] {
             fs::write(app.join(name), "x").unwrap();
         }
         assert_eq!(remove_container_logs(&app.join("0.log")).unwrap(), 2);

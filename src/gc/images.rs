@@ -142,7 +142,8 @@ impl ImageTracker {
         candidates.sort_by(|a, b| {
             (a.1.last_used, a.1.first_detected, a.0).cmp(&(b.1.last_used, b.1.first_detected, b.0))
         });
-        let old_enough = |r: &ImageRecord| now.saturating_duration_since(r.first_detected) >= policy.min_age;
+        let old_enough =
+            |r: &ImageRecord| now.saturating_duration_since(r.first_detected) >= policy.min_age;
         let mut plan = ImageGcPlan::default();
         let mut taken: HashSet<&str> = HashSet::new();
         if !policy.max_age.is_zero() && now.saturating_duration_since(began) > policy.max_age {
@@ -162,9 +163,8 @@ impl ImageTracker {
         {
             return plan;
         }
-        let target_free =
-            usage.capacity / 100 * u64::from(100 - policy.low_threshold_percent)
-                + usage.capacity % 100 * u64::from(100 - policy.low_threshold_percent) / 100;
+        let target_free = usage.capacity / 100 * u64::from(100 - policy.low_threshold_percent)
+            + usage.capacity % 100 * u64::from(100 - policy.low_threshold_percent) / 100;
         plan.bytes_to_free = target_free.saturating_sub(usage.available);
         // What the age rule removes counts towards the goal.
         let mut freed: u64 = candidates
@@ -234,7 +234,12 @@ mod tests {
     #[test]
     fn space_removals() {
         let t0 = Instant::now();
-        let images = [image("a", 30), image("b", 30), image("c", 30), image("d", 30)];
+        let images = [
+            image("a", 30),
+            image("b", 30),
+            image("c", 30),
+            image("d", 30),
+        ];
         // 1000 MiB disk: 80 % is 800 MiB used, so 200 MiB must be available.
         let usage = |available_mib: u64| {
             Some(FsUsage {
@@ -243,7 +248,14 @@ mod tests {
             })
         };
         let later = t0 + Duration::from_secs(600);
-        let cases: Vec<(&str, ImageTracker, HashSet<String>, Option<FsUsage>, Instant, Vec<(&str, &str)>)> = vec![
+        let cases: Vec<(
+            &str,
+            ImageTracker,
+            HashSet<String>,
+            Option<FsUsage>,
+            Instant,
+            Vec<(&str, &str)>,
+        )> = vec![
             (
                 "below the high threshold nothing goes",
                 tracker(t0, &images, &[]),
@@ -346,6 +358,13 @@ mod tests {
             available: 31,
         };
         assert_eq!(u.usage_percent(), 85);
-        assert_eq!(FsUsage { capacity: 0, available: 0 }.usage_percent(), 0);
+        assert_eq!(
+            FsUsage {
+                capacity: 0,
+                available: 0
+            }
+            .usage_percent(),
+            0
+        );
     }
 }

@@ -100,7 +100,11 @@ mod tests {
                 "older rotations get compressed, other instances are not touched",
                 150,
                 5,
-                vec!["0.log.20261201-152900.gz", "0.log.20261201-152950", "1.log.20261201-150000"],
+                vec![
+                    "0.log.20261201-152900.gz",
+                    "0.log.20261201-152950",
+                    "1.log.20261201-150000",
+                ],
                 Some(RotationPlan {
                     compress: names(&["0.log.20261201-152950"]),
                     rotate_to: Some("0.log.20261201-153000".into()),

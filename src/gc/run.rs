@@ -97,12 +97,20 @@ pub fn spawn<R: RuntimeService + ImageService>(
             async move {
                 let began = Instant::now();
                 match container_gc_pass(&ctx, ContainerGcPolicy::default()).await {
-                    Ok(done) => tracing::debug!(
-                        containers = done.containers.len(),
-                        sandboxes = done.sandboxes.len(),
-                        took_ms = began.elapsed().as_millis() as u64,
-                        "container GC pass done"
-                    ),
+                    Ok(done) => {
+                        let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+                        let (containers, sandboxes) = (done.containers.len(), done.sandboxes.len());
+                        if containers + sandboxes > 0 {
+                            tracing::info!(
+                                containers,
+                                sandboxes,
+                                took_ms,
+                                "container GC pass done"
+                            );
+                        } else {
+                            tracing::debug!(took_ms, "container GC pass done; nothing to remove");
+                        }
+                    }
                     Err(err) => tracing::warn!(error = %err, "container GC failed"),
                 }
             }
@@ -153,7 +161,11 @@ fn label<'a>(labels: &'a HashMap<String, String>, key: &str) -> &'a str {
 
 fn gc_container(c: &Container) -> GcContainer {
     let name = match label(&c.labels, labels::CONTAINER_NAME_LABEL) {
-        "" => c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+        "" => c
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default(),
         name => name.to_string(),
     };
     GcContainer {
@@ -240,12 +252,18 @@ pub async fn container_gc_pass<R: RuntimeService>(
         if !log_path.is_empty() {
             let path = PathBuf::from(&log_path);
             match tokio::task::spawn_blocking(move || files::remove_container_logs(&path)).await? {
-                Ok(n) => crate::metrics::KUBELET.garbage_collected.add(&["log_file"], n as f64),
-                Err(err) => tracing::warn!(container_id = %id, %pod, %container, error = %err, "container GC: cannot remove the container's logs"),
+                Ok(n) => crate::metrics::KUBELET
+                    .garbage_collected
+                    .add(&["log_file"], n as f64),
+                Err(err) => {
+                    tracing::warn!(container_id = %id, %pod, %container, error = %err, "container GC: cannot remove the container's logs")
+                }
             }
         }
         tracing::info!(container_id = %id, %pod, %container, "container GC removed a dead container");
-        crate::metrics::KUBELET.garbage_collected.inc(&["container"]);
+        crate::metrics::KUBELET
+            .garbage_collected
+            .inc(&["container"]);
         done.containers.push(id.clone());
     }
     for id in &plan.sandboxes {
@@ -361,9 +379,7 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
         .collect();
     state.tracker.observe(&listed, &in_use, now);
     let usage = image_fs_usage(rt).await;
-    let plan = state
-        .tracker
-        .plan(&in_use, usage, policy, now, state.began);
+    let plan = state.tracker.plan(&in_use, usage, policy, now, state.began);
     if plan.bytes_to_free > 0 {
         tracing::info!(
             usage_percent = usage.map(|u| u.usage_percent()).unwrap_or_default(),
@@ -460,9 +476,11 @@ pub async fn rotate_logs_pass<R: RuntimeService>(
         .map(|c| async move {
             let pod = label(&c.labels, labels::POD_NAME_LABEL).to_string();
             let container = gc_container(&c).name;
+            let began = Instant::now();
             match rotate_one(&ctx.rt, &c.id, policy).await {
                 Ok(Some(to)) => {
-                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), "rotated a container log");
+                    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), took_ms, "rotated a container log");
                     crate::metrics::KUBELET.log_rotations.inc(&["rotated"]);
                     true
                 }
@@ -507,7 +525,9 @@ async fn rotate_one<R: RuntimeService>(
         return Ok(None);
     };
     let path = log_path.clone();
-    let timestamp = jiff::Timestamp::now().strftime(TIMESTAMP_FORMAT).to_string();
+    let timestamp = jiff::Timestamp::now()
+        .strftime(TIMESTAMP_FORMAT)
+        .to_string();
     let prepared =
         tokio::task::spawn_blocking(move || prepare_rotation(&path, policy, &timestamp)).await??;
     match prepared {
@@ -546,8 +566,10 @@ fn prepare_rotation(
             });
         }
     };
-    let (Some(dir), Some(name)) = (log_path.parent(), log_path.file_name().and_then(|n| n.to_str()))
-    else {
+    let (Some(dir), Some(name)) = (
+        log_path.parent(),
+        log_path.file_name().and_then(|n| n.to_str()),
+    ) else {
         return Ok(Prepared::Small);
     };
     let siblings = files::dir_names(dir)?;

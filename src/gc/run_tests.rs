@@ -103,7 +103,9 @@ async fn container_gc_removes_old_dead_instances_with_their_logs() {
     std::fs::write(dir.join("0.log.20261201-120000.gz"), "x").unwrap();
     // Another node's dead container is not ours.
     let mut foreign = container("x", "q", 0, ContainerState::ContainerExited);
-    foreign.labels.insert(labels::NODE_LABEL.into(), "other".into());
+    foreign
+        .labels
+        .insert(labels::NODE_LABEL.into(), "other".into());
     rt.add_container(foreign);
     let ctx = context(rt.clone(), &logs, true);
     ctx.activity.set("p", false);
@@ -228,7 +230,9 @@ async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
     let names = files::dir_names(&dir).unwrap();
     assert!(!names.contains(&"0.log".to_string()), "{names:?}");
     assert!(
-        names.iter().any(|n| n.starts_with("0.log.2") && !n.ends_with(".gz") && !n.starts_with("0.log.2020")),
+        names.iter().any(|n| n.starts_with("0.log.2")
+            && !n.ends_with(".gz")
+            && !n.starts_with("0.log.2020")),
         "{names:?}"
     );
     assert_eq!(rt.count("ReopenContainerLog"), 2);
