@@ -203,7 +203,8 @@ mod tests {
     #[test]
     fn containers_to_remove() {
         let policy = ContainerGcPolicy::default();
-        let cases: Vec<(&str, Vec<GcContainer>, ContainerGcPolicy, Vec<&str>)> = vec![
+        type Case<'a> = (&'a str, Vec<GcContainer>, ContainerGcPolicy, Vec<&'a str>);
+        let cases: Vec<Case> = vec![
             (
                 "a crash loop keeps the running one and the newest dead one",
                 vec![
@@ -274,7 +275,8 @@ mod tests {
     #[test]
     fn sandboxes_to_remove() {
         let policy = ContainerGcPolicy::default();
-        let cases: Vec<(&str, Vec<GcSandbox>, Vec<GcContainer>, Vec<&str>)> = vec![
+        type Case<'a> = (&'a str, Vec<GcSandbox>, Vec<GcContainer>, Vec<&'a str>);
+        let cases: Vec<Case> = vec![
             (
                 "an old dead sandbox of a live pod goes, the newest stays",
                 vec![sandbox("new", "p", true, 2), sandbox("old", "p", false, 1)],

@@ -248,14 +248,15 @@ mod tests {
             })
         };
         let later = t0 + Duration::from_secs(600);
-        let cases: Vec<(
-            &str,
+        type Case<'a> = (
+            &'a str,
             ImageTracker,
             HashSet<String>,
             Option<FsUsage>,
             Instant,
-            Vec<(&str, &str)>,
-        )> = vec![
+            Vec<(&'a str, &'a str)>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "below the high threshold nothing goes",
                 tracker(t0, &images, &[]),

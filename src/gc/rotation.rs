@@ -84,7 +84,8 @@ mod tests {
     #[test]
     fn rotation_plans() {
         let ts = "20261201-153000";
-        let cases: Vec<(&str, u64, u32, Vec<&str>, Option<RotationPlan>)> = vec![
+        type Case<'a> = (&'a str, u64, u32, Vec<&'a str>, Option<RotationPlan>);
+        let cases: Vec<Case> = vec![
             ("under the limit", 99, 5, vec![], None),
             (
                 "first rotation",

@@ -220,7 +220,7 @@ pub async fn container_gc_pass<R: RuntimeService>(
         &containers.iter().map(gc_container).collect::<Vec<_>>(),
         &sandboxes.iter().map(gc_sandbox).collect::<Vec<_>>(),
         policy,
-        &activity,
+        activity,
     );
     let mut done = ContainerGcPlan::default();
     for id in &plan.containers {
