@@ -63,13 +63,24 @@ spec:
     );
     let full = agent.pod_name("crash");
     let started = Instant::now();
+    // Only this run's instances: a container an earlier run's agent was creating when it was
+    // killed can outlive that run's clean-up.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+        - 5_000_000_000;
     // While the newest instance waits out its back-off the executor keeps it and the one
     // before; the GC takes that one away: one dead instance, nothing running, and the logs
     // of the removed instances gone too.
     let (restarts, files) = wait_until("a crash loop trimmed to one dead instance", WAIT, || {
         let (cri, agent, full) = (&cri, &agent, &full);
         async move {
-            let cs = containers_of(cri, full).await;
+            let cs: Vec<_> = containers_of(cri, full)
+                .await
+                .into_iter()
+                .filter(|c| c.created_at > since)
+                .collect();
             let restarts = cs
                 .iter()
                 .filter_map(|c| c.metadata.as_ref())
@@ -95,8 +106,22 @@ spec:
     );
     // Never more than the running instance, one dead one and the one the executor keeps
     // until the next pass.
-    let total = containers_of(&cri, &full).await.len();
+    let total = containers_of(&cri, &full)
+        .await
+        .iter()
+        .filter(|c| c.created_at > since)
+        .count();
     assert!(total <= 3, "{total} instances");
+    // Stop the pod through the agent, so no restart is half-way when the agent is killed.
+    agent.remove_manifest("crash.yaml");
+    wait_until("the crash loop's pod removed", WAIT, || {
+        let (cri, full) = (&cri, &full);
+        async move {
+            (containers_of(cri, full).await.is_empty() && sandboxes_of(cri, full).await.is_empty())
+                .then_some(())
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
