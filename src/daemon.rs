@@ -611,6 +611,7 @@ pub async fn run(
                 sources_ready: Arc::new(move || ready.all_ready()),
             },
             &config.gc,
+            config.pod_infra_container_image.as_slice(),
             crate::gc::run::GcPeriods {
                 container_gc: tuning
                     .container_gc_period

@@ -238,3 +238,43 @@ spec:
         "the agent logged its rotations"
     );
 }
+
+/// What image GC measures, on the real runtime (nothing is removed): containerd names its
+/// image filesystem through CRI `ImageFsInfo`, and statvfs there gives a usage.
+#[tokio::test]
+async fn the_image_filesystem_can_be_measured() {
+    use deckhand::cri::{ImageService, RuntimeService};
+    let cri = cri().await;
+    let info = cri.image_fs_info().await.expect("ImageFsInfo answers");
+    let fs = info
+        .image_filesystems
+        .first()
+        .expect("containerd reports an image filesystem");
+    let mountpoint = fs
+        .fs_id
+        .as_ref()
+        .expect("with a mountpoint")
+        .mountpoint
+        .clone();
+    let usage = deckhand::gc::files::fs_usage(Path::new(&mountpoint)).expect("statvfs works");
+    // Image GC keeps the sandbox image, which containerd 1.6 neither pins nor lists as any
+    // container's image; it reads it from the verbose status.
+    let status = cri.status(true).await.expect("Status answers");
+    let config: serde_json::Value = serde_json::from_str(
+        status
+            .info
+            .get("config")
+            .expect("a config in the status info"),
+    )
+    .expect("JSON");
+    assert_eq!(config["sandboxImage"], "localhost/deckhand/pause:3.10");
+    assert!(
+        usage.capacity > 0 && usage.available <= usage.capacity,
+        "{usage:?}"
+    );
+    eprintln!(
+        "image filesystem {mountpoint}: {}% used, images {} bytes",
+        usage.usage_percent(),
+        fs.used_bytes.as_ref().map(|u| u.value).unwrap_or_default()
+    );
+}

@@ -51,6 +51,8 @@ struct State {
     listed_images: Vec<Image>,
     /// What `ImageFsInfo` answers.
     image_fs: ImageFsInfoResponse,
+    /// What a verbose `Status` carries in `info`.
+    status_info: HashMap<String, String>,
     /// The log path `ContainerStatus` reports, by container ID.
     log_paths: HashMap<String, String>,
     progress: Option<PullProgress>,
@@ -124,6 +126,11 @@ impl FakeCri {
     /// What `ImageFsInfo` answers from now on.
     pub fn set_image_fs(&self, info: ImageFsInfoResponse) {
         self.lock().image_fs = info;
+    }
+
+    /// What a verbose `Status` answers in `info` from now on (containerd's `config`, ...).
+    pub fn set_status_info(&self, key: &str, value: &str) {
+        self.lock().status_info.insert(key.into(), value.into());
     }
 
     /// The log path `ContainerStatus` reports for the container from now on.
@@ -235,9 +242,17 @@ impl RuntimeService for FakeCri {
         })
     }
 
-    async fn status(&self, _verbose: bool) -> CriResult<StatusResponse> {
+    async fn status(&self, verbose: bool) -> CriResult<StatusResponse> {
         self.enter("Status").await?;
-        Ok(StatusResponse::default())
+        let info = if verbose {
+            self.lock().status_info.clone()
+        } else {
+            HashMap::new()
+        };
+        Ok(StatusResponse {
+            info,
+            ..Default::default()
+        })
     }
 
     async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {

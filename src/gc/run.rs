@@ -86,6 +86,7 @@ where
 pub fn spawn<R: RuntimeService + ImageService>(
     ctx: GcContext<R>,
     settings: &GcSettings,
+    keep_images: &[String],
     periods: GcPeriods,
     tracker: &tokio_util::task::TaskTracker,
     cancel: CancellationToken,
@@ -128,11 +129,12 @@ pub fn spawn<R: RuntimeService + ImageService>(
             tracker: ImageTracker::default(),
             began: Instant::now(),
         }));
+        let keep: Arc<Vec<String>> = Arc::new(keep_images.to_vec());
         tracker.spawn(every(periods.image_gc, cancel.clone(), move || {
-            let (ctx, state) = (ctx.clone(), state.clone());
+            let (ctx, state, keep) = (ctx.clone(), state.clone(), keep.clone());
             async move {
                 let mut state = state.lock().await;
-                if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy).await {
+                if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy, &keep).await {
                     tracing::warn!(error = %err, "image GC failed");
                 }
             }
@@ -342,13 +344,19 @@ pub struct ImageGc {
 
 /// One image GC pass: record what is in use, measure the image filesystem, remove what the
 /// plan says. Returns the IDs removed.
+/// `keep` names images never to remove besides those in use (`--pod-infra-container-image`).
 pub async fn image_gc_pass<R: RuntimeService + ImageService>(
     rt: &R,
     state: &mut ImageGc,
     policy: ImageGcPolicy,
+    keep: &[String],
 ) -> Result<Vec<String>, GcError> {
     let now = Instant::now();
     let images = rt.list_images().await?;
+    // The sandbox image: containerd 1.6 does not pin it, and no container lists it as its
+    // image, yet every new pod needs it (and it may not be pullable from here).
+    let mut protected: HashSet<String> = sandbox_image(rt).await.into_iter().collect();
+    protected.extend(keep.iter().cloned());
     // Every container in the runtime counts, whoever made it, in any state.
     let containers = rt.list_containers(None).await?;
     let mut in_use: HashSet<String> = HashSet::new();
@@ -365,7 +373,13 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
             .iter()
             .chain(&image.repo_digests)
             .any(|n| specs.contains(n.as_str()));
-        if named || specs.contains(image.id.as_str()) {
+        let kept = image
+            .repo_tags
+            .iter()
+            .chain(&image.repo_digests)
+            .chain(std::iter::once(&image.id))
+            .any(|n| protected.contains(n));
+        if named || kept || specs.contains(image.id.as_str()) {
             in_use.insert(image.id.clone());
         }
     }
@@ -417,6 +431,18 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
         );
     }
     Ok(removed)
+}
+
+/// The runtime's sandbox image, from the configuration containerd shows in its verbose
+/// status (`config.sandboxImage`); `None` when it does not say.
+async fn sandbox_image<R: RuntimeService>(rt: &R) -> Option<String> {
+    let status = rt.status(true).await.ok()?;
+    let config: serde_json::Value = serde_json::from_str(status.info.get("config")?).ok()?;
+    config
+        .get("sandboxImage")?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 /// The image filesystem's size and free space: its mountpoint from CRI `ImageFsInfo`, then

@@ -160,7 +160,10 @@ async fn image_gc_removes_only_unused_unpinned_images() {
         listed("sha256:byname", "example/byname:1", false),
         listed("sha256:unused", "example/unused:1", false),
         listed("sha256:pause", "example/pause:1", true),
+        listed("sha256:kept", "example/kept:1", false),
+        listed("sha256:sandbox", "example/sandbox:1", false),
     ]);
+    rt.set_status_info("config", r#"{"sandboxImage": "example/sandbox:1"}"#);
     rt.add_container(Container {
         id: "a".into(),
         image_ref: "sha256:used".into(),
@@ -195,9 +198,11 @@ async fn image_gc_removes_only_unused_unpinned_images() {
         tracker: ImageTracker::default(),
         began: Instant::now(),
     };
-    let removed = image_gc_pass(&rt, &mut state, policy).await.unwrap();
+    let removed = image_gc_pass(&rt, &mut state, policy, &["example/kept:1".to_string()])
+        .await
+        .unwrap();
     assert_eq!(removed, vec!["sha256:unused"]);
-    assert_eq!(rt.listed_images().len(), 3);
+    assert_eq!(rt.listed_images().len(), 5);
     assert_eq!(rt.count("ImageFsInfo"), 1);
 }
 
