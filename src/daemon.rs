@@ -86,6 +86,12 @@ pub struct Tuning {
     /// one is taken into use instead of at 70-90 % of its life (end-to-end tests of rotation,
     /// whose certificates live for a year; never set in production).
     pub cert_rotate_after: Option<Duration>,
+    /// `DECKHAND_CONTAINER_GC_PERIOD`, `DECKHAND_IMAGE_GC_PERIOD`,
+    /// `DECKHAND_CONTAINER_LOG_MONITOR_INTERVAL`: shorter housekeeping periods for the
+    /// end-to-end tests (upstream's 1m, 5m and `containerLogMonitorInterval`).
+    pub container_gc_period: Option<Duration>,
+    pub image_gc_period: Option<Duration>,
+    pub log_monitor_interval: Option<Duration>,
 }
 
 /// A test knob given in the environment is malformed.
@@ -131,6 +137,22 @@ impl Tuning {
             t.pleg.period = d;
         }
         t.cert_rotate_after = env_duration("DECKHAND_TEST_CERT_ROTATE_AFTER")?;
+        for (name, slot) in [
+            ("DECKHAND_CONTAINER_GC_PERIOD", &mut t.container_gc_period),
+            ("DECKHAND_IMAGE_GC_PERIOD", &mut t.image_gc_period),
+            (
+                "DECKHAND_CONTAINER_LOG_MONITOR_INTERVAL",
+                &mut t.log_monitor_interval,
+            ),
+        ] {
+            *slot = env_duration(name)?;
+            if slot.is_some_and(|d| d.is_zero()) {
+                return Err(TuningError {
+                    name,
+                    reason: "must be more than zero".into(),
+                });
+            }
+        }
         t.panic_pod = std::env::var("DECKHAND_TEST_PANIC_POD")
             .ok()
             .filter(|v| !v.is_empty());
@@ -670,6 +692,34 @@ pub async fn run(
         cancel.clone(),
         done_tx,
     );
+    // Housekeeping of the disk: dead containers and sandboxes, unused images, large logs.
+    {
+        let ready = sources_ready.clone();
+        crate::gc::run::spawn(
+            crate::gc::run::GcContext {
+                rt: client.clone(),
+                node_name: config.node_name.clone(),
+                pod_logs_dir: config.pod_logs_dir.clone(),
+                activity: workers.activity(),
+                sources_ready: Arc::new(move || ready.all_ready()),
+            },
+            &config.gc,
+            config.pod_infra_container_image.as_slice(),
+            crate::gc::run::GcPeriods {
+                container_gc: tuning
+                    .container_gc_period
+                    .unwrap_or(crate::gc::run::CONTAINER_GC_PERIOD),
+                image_gc: tuning
+                    .image_gc_period
+                    .unwrap_or(crate::gc::run::IMAGE_GC_PERIOD),
+                log_monitor: tuning
+                    .log_monitor_interval
+                    .unwrap_or(config.gc.container_log_monitor_interval),
+            },
+            &tracker,
+            cancel.clone(),
+        );
+    }
     if let (Some(mirrors), Some((heartbeat, _, _))) = (mirror_pods, api_clients.as_ref()) {
         tracker.spawn(mirrors.run(
             crate::mirror_pods::KubeMirrorApi::new(heartbeat.clone()),

@@ -163,6 +163,8 @@ pub struct PodWorkers<R> {
     tracker: TaskTracker,
     cancel: CancellationToken,
     done_tx: mpsc::UnboundedSender<String>,
+    /// Which pods have a worker and which of them terminate, for the container GC.
+    activity: crate::gc::WorkerActivity,
 }
 
 impl<R: RuntimeService + ImageService> PodWorkers<R> {
@@ -179,7 +181,14 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
             tracker,
             cancel,
             done_tx,
+            activity: crate::gc::WorkerActivity::default(),
         }
+    }
+
+    /// The shared view of which pods have a worker and which terminate (the container GC
+    /// reads it so that it never races a teardown).
+    pub fn activity(&self) -> crate::gc::WorkerActivity {
+        self.activity.clone()
     }
 
     /// Hands work to the pod's worker, starting one if needed.
@@ -201,6 +210,7 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
                 return;
             }
             handle.terminating = terminating;
+            self.activity.set(uid, terminating);
             if name.is_some() {
                 handle.full_name = name;
             }
@@ -209,6 +219,7 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
             return;
         }
         note_mirror(self.deps.mirror_pods.as_ref(), uid, &work);
+        self.activity.set(uid, terminating);
         let (tx, rx) = watch::channel(work);
         let poke = Arc::new(Notify::new());
         self.handles.insert(
@@ -264,6 +275,7 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
     /// Forgets a worker that reported it is done.
     pub fn finished(&mut self, uid: &str) {
         self.handles.remove(uid);
+        self.activity.forget(uid);
     }
 
     /// How many workers run.

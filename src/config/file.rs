@@ -75,6 +75,16 @@ pub struct KubeletConfigurationFile {
     pub eviction_pressure_transition_period: Option<String>,
     pub container_log_max_size: Option<String>,
     pub container_log_max_files: Option<i64>,
+    pub container_log_max_workers: Option<i64>,
+    pub container_log_monitor_interval: Option<String>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: Option<i64>,
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    pub image_maximum_gc_age: Option<String>,
     pub shutdown_grace_period: Option<String>,
     pub shutdown_grace_period_critical_pods: Option<String>,
     pub fail_swap_on: Option<bool>,

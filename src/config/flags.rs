@@ -255,6 +255,20 @@ pub struct Flags {
     /// [default: memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%]
     #[arg(long, value_name = "SIGNAL<VALUE,...")]
     pub eviction_hard: Option<String>,
+
+    /// Image use (percent of the image filesystem) above which image GC runs
+    /// (imageGCHighThresholdPercent); 100 turns it off. [default: 85]
+    #[arg(long, value_name = "PERCENT")]
+    pub image_gc_high_threshold: Option<i32>,
+
+    /// Image use (percent) image GC frees down to (imageGCLowThresholdPercent). [default: 80]
+    #[arg(long, value_name = "PERCENT")]
+    pub image_gc_low_threshold: Option<i32>,
+
+    /// Minimum age of an unused image before image GC may remove it (imageMinimumGCAge).
+    /// [default: 2m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub minimum_image_ttl_duration: Option<Duration>,
 }
 
 /// A `--manifest-url-header` item that is not a usable `key:value` pair.
@@ -386,6 +400,9 @@ mod tests {
             "--kube-reserved=cpu=100m",
             "--system-reserved=memory=1Gi",
             "--eviction-hard=memory.available<1Gi",
+            "--image-gc-high-threshold=90",
+            "--image-gc-low-threshold=70",
+            "--minimum-image-ttl-duration=5m",
         ])
         .unwrap();
         assert_eq!(
@@ -442,6 +459,9 @@ mod tests {
                 kube_reserved: Some(vec![("cpu".into(), "100m".into())]),
                 system_reserved: Some(vec![("memory".into(), "1Gi".into())]),
                 eviction_hard: Some("memory.available<1Gi".into()),
+                image_gc_high_threshold: Some(90),
+                image_gc_low_threshold: Some(70),
+                minimum_image_ttl_duration: Some(Duration::from_secs(300)),
                 allowed_unsafe_sysctls: Some(vec![
                     "kernel.msg*".into(),
                     "net.core.somaxconn".into()

@@ -12,6 +12,7 @@
 pub mod duration;
 pub mod file;
 pub mod flags;
+pub mod gc;
 pub mod node;
 pub mod server;
 mod validate;
@@ -35,6 +36,7 @@ pub use file::{
     ParsedConfigFile, parse_config_file,
 };
 pub use flags::Flags;
+pub use gc::GcSettings;
 pub use node::{ClusterSettings, Reservations};
 pub use server::{AuthorizationMode, ServerSettings};
 
@@ -110,6 +112,8 @@ pub struct Config {
     pub reservations: Reservations,
     /// The node API on `port`: TLS, authentication, authorization.
     pub server: ServerSettings,
+    /// Image GC and container log rotation.
+    pub gc: GcSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

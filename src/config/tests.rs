@@ -84,6 +84,7 @@ fn defaults() -> Config {
         cluster: super::ClusterSettings::default(),
         reservations: super::Reservations::default(),
         server: super::ServerSettings::default(),
+        gc: super::GcSettings::default(),
         config_file: None,
         warnings: vec![],
     }
@@ -187,6 +188,11 @@ crashLoopBackOff:
         // A configured evictionHard replaces upstream's defaults whole.
         reservations: super::Reservations {
             eviction_hard: crate::k8s::threshold::parse_flag("memory.available<100Mi").unwrap(),
+            ..Default::default()
+        },
+        gc: super::GcSettings {
+            container_log_max_size_bytes: 50 * 1024 * 1024,
+            container_log_max_files: 3,
             ..Default::default()
         },
         ..defaults()

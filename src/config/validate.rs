@@ -605,6 +605,7 @@ pub(super) fn build(
     // Fields parsed and checked for upstream compatibility but not carried into Config.
     check_file_only_fields(f)?;
 
+    let gc = super::gc::gc_settings(flags, f, &container_log_max_size, container_log_max_files)?;
     Ok(Config {
         node_name,
         node_ip: flags.node_ip,
@@ -662,6 +663,7 @@ pub(super) fn build(
         server: super::server::server_settings(&flags.server, f, &|p| {
             resolve_file_path(config_path, p)
         })?,
+        gc,
         config_file: None,
         warnings,
     })

@@ -328,6 +328,17 @@ impl RuntimeService for CriClient {
         )
         .await
     }
+
+    async fn reopen_container_log(&self, container_id: String) -> CriResult<()> {
+        let req = ReopenContainerLogRequest { container_id };
+        call(
+            "ReopenContainerLog",
+            Some(self.timeout),
+            self.runtime.clone().reopen_container_log(req),
+        )
+        .await
+        .map(drop)
+    }
 }
 
 impl ImageService for CriClient {
@@ -407,5 +418,14 @@ impl ImageService for CriClient {
         )
         .await
         .map(drop)
+    }
+
+    async fn image_fs_info(&self) -> CriResult<ImageFsInfoResponse> {
+        call(
+            "ImageFsInfo",
+            Some(self.timeout),
+            self.image.clone().image_fs_info(ImageFsInfoRequest {}),
+        )
+        .await
     }
 }

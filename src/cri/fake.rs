@@ -47,6 +47,14 @@ struct State {
     sandboxes: Vec<PodSandbox>,
     containers: Vec<Container>,
     images: HashSet<String>,
+    /// What `ListImages` answers (empty unless a test sets it; image GC tests do).
+    listed_images: Vec<Image>,
+    /// What `ImageFsInfo` answers.
+    image_fs: ImageFsInfoResponse,
+    /// What a verbose `Status` carries in `info`.
+    status_info: HashMap<String, String>,
+    /// The log path `ContainerStatus` reports, by container ID.
+    log_paths: HashMap<String, String>,
     progress: Option<PullProgress>,
     /// The image of every container created, in order.
     created: Vec<String>,
@@ -103,6 +111,41 @@ impl FakeCri {
     /// What `pull_progress` reports from now on.
     pub fn set_progress(&self, progress: Option<PullProgress>) {
         self.lock().progress = progress;
+    }
+
+    /// What `ListImages` answers from now on (`RemoveImage` takes an image out by ID).
+    pub fn set_listed_images(&self, images: Vec<Image>) {
+        self.lock().listed_images = images;
+    }
+
+    /// The images `ListImages` would answer now.
+    pub fn listed_images(&self) -> Vec<Image> {
+        self.lock().listed_images.clone()
+    }
+
+    /// What `ImageFsInfo` answers from now on.
+    pub fn set_image_fs(&self, info: ImageFsInfoResponse) {
+        self.lock().image_fs = info;
+    }
+
+    /// What a verbose `Status` answers in `info` from now on (containerd's `config`, ...).
+    pub fn set_status_info(&self, key: &str, value: &str) {
+        self.lock().status_info.insert(key.into(), value.into());
+    }
+
+    /// The log path `ContainerStatus` reports for the container from now on.
+    pub fn set_log_path(&self, id: &str, path: &str) {
+        self.lock().log_paths.insert(id.into(), path.into());
+    }
+
+    /// Puts a container in, as a relist would find it (GC and rotation tests).
+    pub fn add_container(&self, container: Container) {
+        self.lock().containers.push(container);
+    }
+
+    /// Puts a sandbox in, as a relist would find it.
+    pub fn add_sandbox(&self, sandbox: PodSandbox) {
+        self.lock().sandboxes.push(sandbox);
     }
 
     /// Lets every hanging call go on.
@@ -199,9 +242,17 @@ impl RuntimeService for FakeCri {
         })
     }
 
-    async fn status(&self, _verbose: bool) -> CriResult<StatusResponse> {
+    async fn status(&self, verbose: bool) -> CriResult<StatusResponse> {
         self.enter("Status").await?;
-        Ok(StatusResponse::default())
+        let info = if verbose {
+            self.lock().status_info.clone()
+        } else {
+            HashMap::new()
+        };
+        Ok(StatusResponse {
+            info,
+            ..Default::default()
+        })
     }
 
     async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {
@@ -332,12 +383,14 @@ impl RuntimeService for FakeCri {
 
     async fn list_containers(&self, f: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
         self.enter("ListContainers").await?;
+        let state = f.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
         let selector = f.map(|f| f.label_selector).unwrap_or_default();
         Ok(self
             .lock()
             .containers
             .iter()
             .filter(|c| matches(&c.labels, &selector))
+            .filter(|c| state.is_none_or(|s| c.state == s))
             .cloned()
             .collect())
     }
@@ -361,6 +414,7 @@ impl RuntimeService for FakeCri {
                 image_ref: c.image_ref.clone(),
                 labels: c.labels.clone(),
                 annotations: c.annotations.clone(),
+                log_path: st.log_paths.get(&id).cloned().unwrap_or_default(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -398,6 +452,20 @@ impl RuntimeService for FakeCri {
             }
         }
     }
+
+    async fn reopen_container_log(&self, id: String) -> CriResult<()> {
+        self.enter("ReopenContainerLog").await?;
+        let st = self.lock();
+        match st.containers.iter().find(|c| c.id == id) {
+            Some(c) if c.state == ContainerState::ContainerRunning as i32 => Ok(()),
+            Some(_) => Err(CriError::Rpc {
+                method: "ReopenContainerLog",
+                code: tonic::Code::FailedPrecondition,
+                message: "container is not running".into(),
+            }),
+            None => Err(Self::not_found("ReopenContainerLog", &id)),
+        }
+    }
 }
 
 impl ImageService for FakeCri {
@@ -428,12 +496,19 @@ impl ImageService for FakeCri {
 
     async fn list_images(&self) -> CriResult<Vec<Image>> {
         self.enter("ListImages").await?;
-        Ok(Vec::new())
+        Ok(self.lock().listed_images.clone())
     }
 
     async fn remove_image(&self, image: String) -> CriResult<()> {
         self.enter("RemoveImage").await?;
-        self.lock().images.remove(&image);
+        let mut st = self.lock();
+        st.images.remove(&image);
+        st.listed_images.retain(|i| i.id != image);
         Ok(())
+    }
+
+    async fn image_fs_info(&self) -> CriResult<ImageFsInfoResponse> {
+        self.enter("ImageFsInfo").await?;
+        Ok(self.lock().image_fs.clone())
     }
 }

@@ -64,6 +64,12 @@ pub trait RuntimeService: Clone + Send + Sync + 'static {
         cmd: Vec<String>,
         timeout_seconds: i64,
     ) -> impl Future<Output = CriResult<ExecSyncResponse>> + Send;
+    /// Asks the runtime to close the container's log file and open it again at its path
+    /// (log rotation renamed the old one away). Only running containers can do it.
+    fn reopen_container_log(
+        &self,
+        container_id: String,
+    ) -> impl Future<Output = CriResult<()>> + Send;
 }
 
 /// Images (`runtime.v1.ImageService`).
@@ -83,4 +89,6 @@ pub trait ImageService: Clone + Send + Sync + 'static {
     /// `None` when it cannot say.
     fn pull_progress(&self) -> impl Future<Output = Option<PullProgress>> + Send;
     fn remove_image(&self, image: String) -> impl Future<Output = CriResult<()>> + Send;
+    /// The filesystems that hold images, with what the images use on them (image GC).
+    fn image_fs_info(&self) -> impl Future<Output = CriResult<ImageFsInfoResponse>> + Send;
 }

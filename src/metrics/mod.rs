@@ -38,6 +38,9 @@ pub struct KubeletMetrics {
     pub http_requests: Family,
     pub http_requests_duration: Family,
     pub http_inflight_requests: Family,
+    pub image_garbage_collected: Family,
+    pub garbage_collected: Family,
+    pub log_rotations: Family,
 }
 
 /// The process-wide families.
@@ -119,6 +122,21 @@ pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
         "kubelet_http_inflight_requests",
         "HTTP requests being served now.",
         HTTP_LABELS,
+    ),
+    image_garbage_collected: Family::counter(
+        "kubelet_image_garbage_collected_total",
+        "Images removed by image GC, by reason (space: the image filesystem was above the high threshold; age: unused longer than imageMaximumGCAge).",
+        &["reason"],
+    ),
+    garbage_collected: Family::counter(
+        "deckhand_garbage_collected_total",
+        "What the container GC removed, by kind (container, sandbox, log_file).",
+        &["kind"],
+    ),
+    log_rotations: Family::counter(
+        "deckhand_container_log_rotations_total",
+        "Container log rotations, by result (rotated, failed).",
+        &["result"],
     ),
 });
 
@@ -276,6 +294,9 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
         &k.http_requests,
         &k.http_requests_duration,
         &k.http_inflight_requests,
+        &k.image_garbage_collected,
+        &k.garbage_collected,
+        &k.log_rotations,
     ] {
         f.render(&mut out);
     }

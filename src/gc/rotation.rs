@@ -1,0 +1,166 @@
+//! What rotating one container's log does (pure; upstream's `container_log_manager.go`).
+//!
+//! The runtime writes `<dir>/<restart>.log`. When it grows past `containerLogMaxSize` it is
+//! renamed to `<restart>.log.<YYYYMMDD-HHMMSS>` and the runtime is asked to reopen the
+//! original name, so readers that follow `<restart>.log` (log shippers, `kubectl logs`) find
+//! the new file where they expect it. Earlier rotations are gzip-compressed
+//! (`….gz`), and at most `containerLogMaxFiles` files are kept, counting the current one and
+//! the one being rotated.
+
+/// Upstream's suffix layout: `<log>.<timestamp>[.gz]`, with `.tmp` while compressing.
+pub const COMPRESS_SUFFIX: &str = ".gz";
+pub const TMP_SUFFIX: &str = ".tmp";
+/// Upstream's timestamp (Go's `20060102-150405`), in strftime's words.
+pub const TIMESTAMP_FORMAT: &str = "%Y%m%d-%H%M%S";
+
+/// The file operations of one rotation, file names relative to the log's directory, in the
+/// order they are done: remove, compress, then rename and reopen.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RotationPlan {
+    /// Left-overs of an interrupted compression and the oldest rotations beyond the limit.
+    pub remove: Vec<String>,
+    /// Rotated files not compressed yet.
+    pub compress: Vec<String>,
+    /// The new name of the current file; `None` when a rotation with the same timestamp
+    /// exists (two in one second): it waits for the next round rather than overwrite one.
+    pub rotate_to: Option<String>,
+}
+
+/// Plans the rotation of `log` (its file name) of `size` bytes, given the names of the other
+/// files in its directory. `None` when the file is still under `max_size`.
+pub fn plan_rotation(
+    log: &str,
+    size: u64,
+    max_size: u64,
+    max_files: u32,
+    siblings: &[String],
+    timestamp: &str,
+) -> Option<RotationPlan> {
+    if size < max_size {
+        return None;
+    }
+    let prefix = format!("{log}.");
+    let rotated: Vec<&str> = siblings
+        .iter()
+        .map(String::as_str)
+        .filter(|name| name.starts_with(&prefix))
+        .collect();
+    let mut plan = RotationPlan::default();
+    // A `.tmp` is a compression that did not finish; an uncompressed file whose `.gz` exists
+    // was compressed but not removed. Both go.
+    let (unused, mut kept): (Vec<&str>, Vec<&str>) = rotated.iter().partition(|name| {
+        name.ends_with(TMP_SUFFIX)
+            || (!name.ends_with(COMPRESS_SUFFIX)
+                && rotated.contains(&format!("{name}{COMPRESS_SUFFIX}").as_str()))
+    });
+    plan.remove.extend(unused.iter().map(|s| s.to_string()));
+    // Oldest first (the timestamps sort as text); room for max_files - 2 rotated files
+    // besides the current file and the one about to be rotated.
+    kept.sort_unstable();
+    let room = max_files.saturating_sub(2) as usize;
+    let excess = kept.len().saturating_sub(room);
+    plan.remove.extend(kept.drain(..excess).map(str::to_string));
+    plan.compress = kept
+        .iter()
+        .filter(|name| !name.ends_with(COMPRESS_SUFFIX))
+        .map(|s| s.to_string())
+        .collect();
+    let target = format!("{log}.{timestamp}");
+    let taken = kept
+        .iter()
+        .any(|name| *name == target || *name == format!("{target}{COMPRESS_SUFFIX}"));
+    plan.rotate_to = (!taken).then_some(target);
+    Some(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn rotation_plans() {
+        let ts = "20261201-153000";
+        type Case<'a> = (&'a str, u64, u32, Vec<&'a str>, Option<RotationPlan>);
+        let cases: Vec<Case> = vec![
+            ("under the limit", 99, 5, vec![], None),
+            (
+                "first rotation",
+                100,
+                5,
+                vec!["1.log"],
+                Some(RotationPlan {
+                    rotate_to: Some("0.log.20261201-153000".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "older rotations get compressed, other instances are not touched",
+                150,
+                5,
+                vec![
+                    "0.log.20261201-152900.gz",
+                    "0.log.20261201-152950",
+                    "1.log.20261201-150000",
+                ],
+                Some(RotationPlan {
+                    compress: names(&["0.log.20261201-152950"]),
+                    rotate_to: Some("0.log.20261201-153000".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "the oldest beyond max files go; left-overs of compression too",
+                100,
+                4,
+                vec![
+                    "0.log.20261201-152000.gz",
+                    "0.log.20261201-152100.gz",
+                    "0.log.20261201-152200.gz",
+                    "0.log.20261201-152300",
+                    "0.log.20261201-152300.gz",
+                    "0.log.20261201-152400.tmp",
+                ],
+                Some(RotationPlan {
+                    remove: names(&[
+                        "0.log.20261201-152300",
+                        "0.log.20261201-152400.tmp",
+                        "0.log.20261201-152000.gz",
+                        "0.log.20261201-152100.gz",
+                    ]),
+                    rotate_to: Some("0.log.20261201-153000".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "two files at most: no rotated file survives the new one",
+                100,
+                2,
+                vec!["0.log.20261201-152000.gz"],
+                Some(RotationPlan {
+                    remove: names(&["0.log.20261201-152000.gz"]),
+                    rotate_to: Some("0.log.20261201-153000".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "a rotation in the same second waits",
+                100,
+                5,
+                vec!["0.log.20261201-153000"],
+                Some(RotationPlan {
+                    compress: names(&["0.log.20261201-153000"]),
+                    rotate_to: None,
+                    ..Default::default()
+                }),
+            ),
+        ];
+        for (name, size, max_files, siblings, want) in cases {
+            let got = plan_rotation("0.log", size, 100, max_files, &names(&siblings), ts);
+            assert_eq!(got, want, "{name}");
+        }
+    }
+}
