@@ -358,6 +358,8 @@ impl Agent {
             format!("--v={}", opts.verbosity),
             // Benches run up to 240 pods; admission would refuse those past the default 110.
             "--max-pods=250".to_string(),
+            // The bench images are built locally and cannot be pulled again.
+            "--image-gc-high-threshold=100".to_string(),
         ];
         let log_path = dir.join(log_name);
         let log = std::fs::File::create(&log_path)?;

@@ -170,6 +170,9 @@ impl Agent {
             format!("--port={}", self.port),
             "--address=127.0.0.1".to_string(),
             "--v=4".to_string(),
+            // The testbed's images are built locally and cannot be pulled again; on a nearly
+            // full disk an agent living past the first image GC pass would remove the unused ones.
+            "--image-gc-high-threshold=100".to_string(),
         ];
         args.extend(self.extra_args.iter().cloned());
         args
