@@ -315,12 +315,16 @@ pub async fn run(
     let runtime_cache = RuntimeCache::default();
     // The PLEG and the probe workers ask for looks at pods through one coalescing set.
     let pokes = Pokes::default();
+    // The PLEG follows the runtime's events where it can, and tells the workers whether it does.
+    let pleg_state = pleg::PlegState::default();
     tracker.spawn(pleg::run(
         client.clone(),
+        Some(pleg::feed::RuntimeFeed::new(client.channel())),
         details.clone(),
         runtime_cache.clone(),
         pokes.clone(),
         health.clone(),
+        pleg_state.clone(),
         PlegConfig {
             node_name: config.node_name.clone(),
             ..tuning.pleg.clone()
@@ -390,7 +394,8 @@ pub async fn run(
         details,
         tuning.backoff,
         events.clone(),
-    );
+    )
+    .with_pleg(pleg_state.clone());
     // With a kubeconfig: the configMaps, secrets and tokens the pods refer to, watched one by
     // one; a change pokes the pods that refer to the object.
     if let Some((heartbeat, watch, _)) = &api_clients {
@@ -418,7 +423,10 @@ pub async fn run(
     let worker_stats = WorkerStats::default();
     {
         let stats = worker_stats.clone();
-        metrics.register("/metrics", move || stats.render());
+        let pleg_state = pleg_state.clone();
+        metrics.register("/metrics", move || {
+            format!("{}{}", stats.render(), pleg_state.render_metrics())
+        });
     }
     let workers = PodWorkers::new(
         WorkerDeps {

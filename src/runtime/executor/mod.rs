@@ -117,6 +117,9 @@ pub struct Executor<R> {
     events: Recorder,
     /// With an API server: the configMaps, secrets and tokens the pods refer to.
     objects: Option<ApiObjects>,
+    /// The PLEG's mode and the exits it heard of: with events flowing, a worker waits for the
+    /// exit it needs instead of polling for it.
+    pleg: Option<crate::pleg::PlegState>,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -166,7 +169,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             volumes,
             events,
             objects: None,
+            pleg: None,
         }
+    }
+
+    /// Lets the next-look decision know whether the PLEG's event stream flows.
+    pub fn with_pleg(mut self, pleg: crate::pleg::PlegState) -> Self {
+        self.pleg = Some(pleg);
+        self
     }
 
     /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
@@ -316,6 +326,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             followup: followup.as_ref(),
             blocked: &blocked,
             init_running: revisit::init_running(pod, &observed),
+            events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
+            exit_pending: self
+                .pleg
+                .as_ref()
+                .is_some_and(|p| p.exit_pending(&observed)),
         });
         if state.backoff != backoff_before {
             let dir = self.node.pod_dir(&uid);
