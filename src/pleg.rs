@@ -341,7 +341,7 @@ impl PlegState {
         matches!(self.mode(), Mode::Events(_))
     }
 
-    fn set_mode(&self, mode: Mode) {
+    pub(crate) fn set_mode(&self, mode: Mode) {
         self.inner.mode.send_if_modified(|m| {
             let changed = *m != mode;
             *m = mode;
@@ -349,7 +349,7 @@ impl PlegState {
         });
     }
 
-    fn note_exit(&self, id: &str) {
+    pub(crate) fn note_exit(&self, id: &str) {
         let now = Instant::now();
         let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
@@ -797,6 +797,238 @@ mod tests {
         ];
         for (i, (old, new, want)) in rows.into_iter().enumerate() {
             assert_eq!(kinds(old, new), want, "row {i}");
+        }
+    }
+
+    mod stream {
+        use std::collections::VecDeque;
+
+        use tokio::sync::mpsc;
+        use tokio_stream::wrappers::ReceiverStream;
+
+        use super::super::feed::{EventStream, FeedSource, Happening};
+        use super::super::*;
+        use crate::cri::fake::FakeCri;
+        use crate::cri::proto::{
+            ContainerConfig, ContainerMetadata, CreateContainerRequest, PodSandboxConfig,
+            PodSandboxMetadata, RunPodSandboxRequest,
+        };
+        use crate::runtime::labels;
+
+        type Sender = mpsc::Sender<Result<RuntimeEvent, FeedError>>;
+
+        /// Hands out scripted subscriptions, one per attempt.
+        #[derive(Clone, Default)]
+        struct FakeFeed {
+            script: Arc<Mutex<VecDeque<Result<EventStream, FeedError>>>>,
+        }
+
+        impl FakeFeed {
+            fn stream(&self) -> Sender {
+                let (tx, rx) = mpsc::channel(16);
+                self.script
+                    .lock()
+                    .unwrap()
+                    .push_back(Ok(Box::pin(ReceiverStream::new(rx))));
+                tx
+            }
+
+            fn fail(&self) {
+                self.script.lock().unwrap().push_back(Err(FeedError::Ended { what: "fake" }));
+            }
+        }
+
+        impl EventFeed for FakeFeed {
+            async fn subscribe(&self) -> Result<(FeedSource, EventStream), FeedError> {
+                let next = self.script.lock().unwrap().pop_front();
+                match next {
+                    Some(Ok(s)) => Ok((FeedSource::Containerd, s)),
+                    Some(Err(e)) => Err(e),
+                    None => Err(FeedError::Unsupported),
+                }
+            }
+        }
+
+        /// A runtime holding one pod `u1` of node `node-a`: its sandbox and container IDs.
+        async fn runtime_with_a_pod() -> (FakeCri, String, String) {
+            let rt = FakeCri::default();
+            let mut labels = inspect::pod_selector("node-a", "u1");
+            let sandbox = rt
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(PodSandboxConfig {
+                        metadata: Some(PodSandboxMetadata {
+                            name: "web".into(),
+                            uid: "u1".into(),
+                            namespace: "default".into(),
+                            attempt: 0,
+                        }),
+                        labels: labels.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .pod_sandbox_id;
+            labels.insert(labels::CONTAINER_NAME_LABEL.into(), "app".into());
+            let container = rt
+                .create_container(CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(ContainerConfig {
+                        metadata: Some(ContainerMetadata {
+                            name: "app".into(),
+                            attempt: 0,
+                        }),
+                        labels,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            rt.start_container(container.clone()).await.unwrap();
+            (rt, sandbox, container)
+        }
+
+        struct Running {
+            rt: FakeCri,
+            cache: RuntimeCache,
+            pokes: Pokes,
+            health: Health,
+            state: PlegState,
+            cancel: CancellationToken,
+        }
+
+        fn start(rt: &FakeCri, feed: FakeFeed) -> Running {
+            let r = Running {
+                rt: rt.clone(),
+                cache: RuntimeCache::default(),
+                pokes: Pokes::default(),
+                health: Health::default(),
+                state: PlegState::default(),
+                cancel: CancellationToken::new(),
+            };
+            tokio::spawn(run(
+                rt.clone(),
+                Some(feed),
+                DetailCache::default(),
+                r.cache.clone(),
+                r.pokes.clone(),
+                r.health.clone(),
+                r.state.clone(),
+                PlegConfig {
+                    node_name: "node-a".into(),
+                    ..Default::default()
+                },
+                r.cancel.clone(),
+            ));
+            r
+        }
+
+        async fn until(what: &str, mut check: impl FnMut() -> bool) {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !check() {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        fn event(id: &str, happening: Happening) -> Result<RuntimeEvent, FeedError> {
+            Ok(RuntimeEvent {
+                id: id.into(),
+                happening,
+                pod_uid: None,
+            })
+        }
+
+        async fn drain(pokes: &Pokes) -> Vec<String> {
+            if pokes.pending() == 0 {
+                return vec![];
+            }
+            pokes.take().await
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_exit_pokes_its_pod_at_once_and_unknown_ids_are_settled_by_a_relist() {
+            let (rt, sandbox, container) = runtime_with_a_pod().await;
+            let feed = FakeFeed::default();
+            let tx = feed.stream();
+            let r = start(&rt, feed);
+            until("events and a relist", || {
+                r.state.events_live() && r.cache.owner_of(&container).is_some()
+            })
+            .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"], "the first relist's news");
+
+            // A crash: the owner is poked at once, with no relist.
+            let relists = r.rt.count("ListPodSandbox");
+            tx.send(event(&container, Happening::Exited)).await.unwrap();
+            until("the poke", || r.pokes.pending() == 1).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"]);
+            // The pause process dying is the sandbox's exit.
+            tx.send(event(&sandbox, Happening::Exited)).await.unwrap();
+            until("the poke", || r.pokes.pending() == 1).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"]);
+            // A start is the worker's own doing.
+            tx.send(event(&container, Happening::Started)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(r.pokes.pending(), 0);
+            assert_eq!(r.rt.count("ListPodSandbox"), relists, "no relist for known IDs");
+
+            // Another node's container exits: one relist looks for it, then it is foreign.
+            tx.send(event("elsewhere", Happening::Exited)).await.unwrap();
+            until("a relist", || r.rt.count("ListPodSandbox") == relists + 1).await;
+            until("the ID marked foreign", || r.cache.is_foreign("elsewhere")).await;
+            tx.send(event("elsewhere", Happening::Removed)).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), relists + 1);
+            assert_eq!(r.pokes.pending(), 0);
+            assert!(r.state.render_metrics().contains("deckhand_pleg_event_pokes_total 2\n"));
+            r.cancel.cancel();
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_broken_stream_brings_back_the_fast_relist_until_a_new_one_stands() {
+            let (rt, _, _) = runtime_with_a_pod().await;
+            let feed = FakeFeed::default();
+            let first = feed.stream();
+            feed.fail();
+            let second = feed.stream();
+            let r = start(&rt, feed);
+            until("events", || r.state.events_live()).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let verbose = r.health.report().render(true);
+            assert!(
+                verbose.contains("[+]pleg ok: events from containerd (relist every 300s as a check)"),
+                "{verbose}"
+            );
+            // While events flow, the relist is a rare check.
+            let relists = r.rt.count("ListPodSandbox");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), relists);
+
+            // The stream breaks: relisting every second at once.
+            drop(first);
+            until("relist mode", || !r.state.events_live()).await;
+            let broke = r.rt.count("ListPodSandbox");
+            let verbose = r.health.report().render(true);
+            assert!(verbose.contains("[+]pleg ok: relisting every 1000ms"), "{verbose}");
+            assert!(r.state.render_metrics().contains("deckhand_pleg_mode{mode=\"relist\",source=\"none\"} 1\n"));
+            // One failed attempt, then the second stream stands after the back-off.
+            until("events again", || r.state.events_live()).await;
+            assert!(r.rt.count("ListPodSandbox") > broke, "relisted meanwhile");
+            let metrics = r.state.render_metrics();
+            assert!(metrics.contains("deckhand_pleg_subscriptions_total 2\n"), "{metrics}");
+            assert!(metrics.contains("deckhand_pleg_stream_breaks_total 1\n"), "{metrics}");
+            assert!(metrics.contains("deckhand_pleg_mode{mode=\"events\",source=\"containerd\"} 1\n"), "{metrics}");
+            // A relist right after subscribing catches up, then quiet again.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let caught_up = r.rt.count("ListPodSandbox");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), caught_up);
+            drop(second);
+            r.cancel.cancel();
         }
     }
 
