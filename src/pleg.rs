@@ -288,7 +288,8 @@ impl PlegConfig {
 
 /// How long an exit heard from the event stream is remembered while the runtime's own view
 /// has not caught up with it (containerd's CRI plugin updates a container's status a moment
-/// after it publishes the exit, once it has deleted the task).
+/// after it publishes the exit, once it has deleted the task, which on a busy node takes up to
+/// a second or more).
 pub const EXIT_NOTE_TTL: Duration = Duration::from_secs(2);
 
 /// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
@@ -354,6 +355,14 @@ impl PlegState {
         let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
         exits.insert(id.to_string(), now);
+    }
+
+    /// True when an exit of `id` was heard and no worker has seen it in the view since.
+    fn exit_awaited(&self, id: &str) -> bool {
+        let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        exits
+            .get(id)
+            .is_some_and(|at| at.elapsed() < EXIT_NOTE_TTL)
     }
 
     /// True when the stream told of an exit (within [`EXIT_NOTE_TTL`]) that `observed` does
@@ -608,7 +617,12 @@ fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state
     state.inner.events.fetch_add(1, Ordering::Relaxed);
     let owner = cache.owner_of(&event.id);
     let foreign = owner.is_none() && cache.is_foreign(&event.id);
-    let decision = route::route(event, owner.as_deref(), foreign);
+    let decision = route::route(
+        event,
+        owner.as_deref(),
+        foreign,
+        state.exit_awaited(&event.id),
+    );
     tracing::trace!(id = %event.id, happening = ?event.happening, ?decision, "runtime event");
     if matches!(
         event.happening,

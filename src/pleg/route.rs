@@ -38,20 +38,28 @@ pub enum Route {
 }
 
 /// Decides what an event asks for. `owner` is the pod the object belongs to as far as the
-/// runtime cache knows; `foreign` says an earlier relist showed the object is not this node's.
+/// runtime cache knows; `foreign` says an earlier relist showed the object is not this node's;
+/// `exit_awaited` says its exit was heard but its worker has not seen it in the runtime's view
+/// yet.
 ///
 /// Only what a worker cannot see coming is routed: an exit (crash, OOM kill, an init
 /// container's end, a sandbox's pause process dying) and a removal done by someone else.
 /// Creations and starts are the worker's own doing (the CRI calls that make them answer only
 /// once they happened, and the worker observes right after), so poking it again would cost
-/// a second observation per start for nothing. A task's deletion follows its exit within
-/// milliseconds (containerd's CRI plugin deletes the task of every process that exits), so it
-/// is left to the exit too.
-pub fn route(event: &RuntimeEvent, owner: Option<&str>, foreign: bool) -> Route {
-    let matters = matches!(
-        event.happening,
-        Happening::Exited | Happening::OomKilled | Happening::Removed
-    );
+/// a second observation per start for nothing. A task's deletion follows its exit (containerd's
+/// CRI plugin deletes the task of every process that exits, and only then shows the container
+/// as exited): it matters only when the worker is still waiting for the view to show the exit.
+pub fn route(
+    event: &RuntimeEvent,
+    owner: Option<&str>,
+    foreign: bool,
+    exit_awaited: bool,
+) -> Route {
+    let matters = match event.happening {
+        Happening::Exited | Happening::OomKilled | Happening::Removed => true,
+        Happening::Deleted => exit_awaited && owner.is_some(),
+        Happening::Created | Happening::Started => false,
+    };
     if !matters {
         return Route::Ignore;
     }
@@ -124,6 +132,7 @@ mod tests {
         use Happening::*;
         let poke = |u: &str| Route::Poke(u.into());
         let rows: Vec<(&str, RuntimeEvent, Option<&str>, bool, Route)> = vec![
+            ("a deletion after an exit the worker has not seen yet", ev(Deleted, None), Some("u1"), false, poke("u1")),
             ("a known exit", ev(Exited, None), Some("u1"), false, poke("u1")),
             ("a known OOM kill", ev(OomKilled, None), Some("u1"), false, poke("u1")),
             ("a known removal", ev(Removed, None), Some("u1"), false, poke("u1")),
@@ -139,7 +148,8 @@ mod tests {
             ("the cache wins over the event", ev(Exited, Some("u2")), Some("u1"), false, poke("u1")),
         ];
         for (name, event, owner, foreign, want) in rows {
-            assert_eq!(route(&event, owner, foreign), want, "{name}");
+            let awaited = name.starts_with("a deletion after");
+            assert_eq!(route(&event, owner, foreign, awaited), want, "{name}");
         }
     }
 

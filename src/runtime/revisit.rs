@@ -10,8 +10,9 @@
 //! ([`EVENT_DEADLINE`]) in case the event got lost; without a stream it re-observes every
 //! 50 ms while a regular init container runs ([`INIT_POLL`]). The stream can also be a moment
 //! ahead of the runtime's own view (containerd's CRI plugin records an exit after publishing
-//! it): a view that still shows running what the stream said exited is read again in 20 ms,
-//! until the view agrees (for at most `pleg::EXIT_NOTE_TTL`).
+//! it, once the task is deleted): the deletion's event pokes the worker again, and a view that
+//! still shows running what the stream said exited is read again every 50 ms until it agrees
+//! (for at most `pleg::EXIT_NOTE_TTL`).
 
 use std::time::Duration;
 
@@ -28,7 +29,9 @@ pub const INIT_POLL: Duration = Duration::from_millis(50);
 /// before it looks anyway (a lost event costs this much, not a relist period).
 pub const EVENT_DEADLINE: Duration = Duration::from_secs(5);
 /// How soon the view is read again when the event stream told of an exit it does not show.
-pub const CATCH_UP: Duration = Duration::from_millis(20);
+/// The task's deletion, after which containerd's CRI plugin shows the exit, pokes the worker
+/// too; this is the fallback should the view lag even that.
+pub const CATCH_UP: Duration = Duration::from_millis(50);
 /// How soon a pod is looked at again after a step of its start-up went through.
 pub const PROGRESS_RETRY: Duration = Duration::from_millis(20);
 /// How soon a sync that hit an error is retried.
