@@ -360,9 +360,7 @@ impl PlegState {
     /// True when an exit of `id` was heard and no worker has seen it in the view since.
     fn exit_awaited(&self, id: &str) -> bool {
         let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
-        exits
-            .get(id)
-            .is_some_and(|at| at.elapsed() < EXIT_NOTE_TTL)
+        exits.get(id).is_some_and(|at| at.elapsed() < EXIT_NOTE_TTL)
     }
 
     /// True when the stream told of an exit (within [`EXIT_NOTE_TTL`]) that `observed` does
@@ -557,7 +555,11 @@ async fn relist_loop<R: RuntimeService>(
         }
         let relist_started = Instant::now();
         let unknown: Vec<String> = std::mem::take(
-            &mut *state.inner.unknown.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut *state
+                .inner
+                .unknown
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
         )
         .into_iter()
         .collect();
@@ -848,7 +850,10 @@ mod tests {
             }
 
             fn fail(&self) {
-                self.script.lock().unwrap().push_back(Err(FeedError::Ended { what: "fake" }));
+                self.script
+                    .lock()
+                    .unwrap()
+                    .push_back(Err(FeedError::Ended { what: "fake" }));
             }
         }
 
@@ -985,20 +990,34 @@ mod tests {
             until("the poke", || r.pokes.pending() == 1).await;
             assert_eq!(drain(&r.pokes).await, ["u1"]);
             // A start is the worker's own doing.
-            tx.send(event(&container, Happening::Started)).await.unwrap();
+            tx.send(event(&container, Happening::Started))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert_eq!(r.pokes.pending(), 0);
-            assert_eq!(r.rt.count("ListPodSandbox"), relists, "no relist for known IDs");
+            assert_eq!(
+                r.rt.count("ListPodSandbox"),
+                relists,
+                "no relist for known IDs"
+            );
 
             // Another node's container exits: one relist looks for it, then it is foreign.
-            tx.send(event("elsewhere", Happening::Exited)).await.unwrap();
+            tx.send(event("elsewhere", Happening::Exited))
+                .await
+                .unwrap();
             until("a relist", || r.rt.count("ListPodSandbox") == relists + 1).await;
             until("the ID marked foreign", || r.cache.is_foreign("elsewhere")).await;
-            tx.send(event("elsewhere", Happening::Removed)).await.unwrap();
+            tx.send(event("elsewhere", Happening::Removed))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_secs(5)).await;
             assert_eq!(r.rt.count("ListPodSandbox"), relists + 1);
             assert_eq!(r.pokes.pending(), 0);
-            assert!(r.state.render_metrics().contains("deckhand_pleg_event_pokes_total 2\n"));
+            assert!(
+                r.state
+                    .render_metrics()
+                    .contains("deckhand_pleg_event_pokes_total 2\n")
+            );
             r.cancel.cancel();
         }
 
@@ -1014,7 +1033,8 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let verbose = r.health.report().render(true);
             assert!(
-                verbose.contains("[+]pleg ok: events from containerd (relist every 300s as a check)"),
+                verbose
+                    .contains("[+]pleg ok: events from containerd (relist every 300s as a check)"),
                 "{verbose}"
             );
             // While events flow, the relist is a rare check.
@@ -1027,15 +1047,31 @@ mod tests {
             until("relist mode", || !r.state.events_live()).await;
             let broke = r.rt.count("ListPodSandbox");
             let verbose = r.health.report().render(true);
-            assert!(verbose.contains("[+]pleg ok: relisting every 1000ms"), "{verbose}");
-            assert!(r.state.render_metrics().contains("deckhand_pleg_mode{mode=\"relist\",source=\"none\"} 1\n"));
+            assert!(
+                verbose.contains("[+]pleg ok: relisting every 1000ms"),
+                "{verbose}"
+            );
+            assert!(
+                r.state
+                    .render_metrics()
+                    .contains("deckhand_pleg_mode{mode=\"relist\",source=\"none\"} 1\n")
+            );
             // One failed attempt, then the second stream stands after the back-off.
             until("events again", || r.state.events_live()).await;
             assert!(r.rt.count("ListPodSandbox") > broke, "relisted meanwhile");
             let metrics = r.state.render_metrics();
-            assert!(metrics.contains("deckhand_pleg_subscriptions_total 2\n"), "{metrics}");
-            assert!(metrics.contains("deckhand_pleg_stream_breaks_total 1\n"), "{metrics}");
-            assert!(metrics.contains("deckhand_pleg_mode{mode=\"events\",source=\"containerd\"} 1\n"), "{metrics}");
+            assert!(
+                metrics.contains("deckhand_pleg_subscriptions_total 2\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("deckhand_pleg_stream_breaks_total 1\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("deckhand_pleg_mode{mode=\"events\",source=\"containerd\"} 1\n"),
+                "{metrics}"
+            );
             // A relist right after subscribing catches up, then quiet again.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let caught_up = r.rt.count("ListPodSandbox");

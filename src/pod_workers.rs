@@ -1088,7 +1088,8 @@ mod tests {
         let pleg = crate::pleg::PlegState::default();
         pleg.set_mode(Mode::Events(FeedSource::Containerd));
         let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
-        h.workers.dispatch("uid-e1", Work::Sync(pod_with_init("uid-e1")));
+        h.workers
+            .dispatch("uid-e1", Work::Sync(pod_with_init("uid-e1")));
         eventually("the init container running", || async {
             running_init(&h.rt).is_some()
         })
@@ -1111,7 +1112,11 @@ mod tests {
             h.rt.count("StartContainer") == 2
         })
         .await;
-        assert!(heard.elapsed() < Duration::from_millis(100), "{:?}", heard.elapsed());
+        assert!(
+            heard.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            heard.elapsed()
+        );
         h.cancel.cancel();
     }
 
@@ -1122,7 +1127,8 @@ mod tests {
         let pleg = crate::pleg::PlegState::default();
         pleg.set_mode(Mode::Events(FeedSource::Containerd));
         let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
-        h.workers.dispatch("uid-e2", Work::Sync(pod_with_init("uid-e2")));
+        h.workers
+            .dispatch("uid-e2", Work::Sync(pod_with_init("uid-e2")));
         eventually("the init container running", || async {
             running_init(&h.rt).is_some()
         })
@@ -1149,7 +1155,8 @@ mod tests {
         let pleg = crate::pleg::PlegState::default();
         pleg.set_mode(Mode::Events(FeedSource::Containerd));
         let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg.clone());
-        h.workers.dispatch("uid-e3", Work::Sync(pod_with_init("uid-e3")));
+        h.workers
+            .dispatch("uid-e3", Work::Sync(pod_with_init("uid-e3")));
         eventually("the init container running", || async {
             running_init(&h.rt).is_some()
         })
@@ -1166,7 +1173,11 @@ mod tests {
             h.rt.count("StartContainer") == 2
         })
         .await;
-        assert!(heard.elapsed() < Duration::from_millis(200), "{:?}", heard.elapsed());
+        assert!(
+            heard.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            heard.elapsed()
+        );
         h.cancel.cancel();
     }
 
@@ -1176,7 +1187,8 @@ mod tests {
             FakeCri::with_images(&[IMAGE]),
             crate::pleg::PlegState::default(),
         );
-        h.workers.dispatch("uid-e4", Work::Sync(pod_with_init("uid-e4")));
+        h.workers
+            .dispatch("uid-e4", Work::Sync(pod_with_init("uid-e4")));
         eventually("the init container running", || async {
             running_init(&h.rt).is_some()
         })

@@ -53,7 +53,9 @@ async fn with_a_60s_relist_a_crash_is_restarted_and_an_init_chain_proceeds_on_ev
     agent.start();
     agent.wait_healthy(WAIT).await;
     let line = wait_until("the PLEG to follow events", WAIT, || async {
-        pleg_line(&agent).await.filter(|l| l.contains("events from"))
+        pleg_line(&agent)
+            .await
+            .filter(|l| l.contains("events from"))
     })
     .await;
     assert!(line.contains("events from containerd"), "{line}");
@@ -96,7 +98,10 @@ spec:
     for init in inits {
         let t = &init["state"]["terminated"];
         assert_eq!(t["exitCode"], 0, "{init}");
-        let (start, end) = (secs(&t["startedAt"]).unwrap(), secs(&t["finishedAt"]).unwrap());
+        let (start, end) = (
+            secs(&t["startedAt"]).unwrap(),
+            secs(&t["finishedAt"]).unwrap(),
+        );
         assert!(start >= previous_end, "{pod}");
         previous_end = end;
     }

@@ -256,7 +256,8 @@ impl EventFeed for RuntimeFeed {
     async fn subscribe(&self) -> Result<(FeedSource, EventStream), FeedError> {
         const CRI: &str = "CRI container events";
         const CONTAINERD: &str = "containerd's event service";
-        let mut cri = proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
+        let mut cri =
+            proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
         let call = async move { cri.get_container_events(proto::GetEventsRequest {}).await };
         match open(CRI, call, |m: proto::ContainerEventResponse| from_cri(&m)).await {
             Ok(stream) => return Ok((FeedSource::Cri, stream)),
@@ -381,10 +382,15 @@ mod tests {
     fn envelopes_decode_by_topic() {
         let got = |e: events_proto::Envelope| from_envelope(&e).map(|e| (e.id, e.happening));
         let some = |id: &str, h| Some((id.to_string(), h));
-        let rows: Vec<(&str, events_proto::Envelope, Option<(String, Happening)>)> = vec![
+        type Row = (&'static str, events_proto::Envelope, Option<(String, Happening)>);
+        let rows: Vec<Row> = vec![
             (
                 "the container's own exit",
-                envelope("/tasks/exit", "containerd.events.TaskExit", exit("c1", "c1")),
+                envelope(
+                    "/tasks/exit",
+                    "containerd.events.TaskExit",
+                    exit("c1", "c1"),
+                ),
                 some("c1", Happening::Exited),
             ),
             (
@@ -394,7 +400,11 @@ mod tests {
             ),
             (
                 "an exec process's exit",
-                envelope("/tasks/exit", "containerd.events.TaskExit", exit("c1", "probe-1")),
+                envelope(
+                    "/tasks/exit",
+                    "containerd.events.TaskExit",
+                    exit("c1", "probe-1"),
+                ),
                 None,
             ),
             (
@@ -447,12 +457,20 @@ mod tests {
             ),
             (
                 "a payload of another type",
-                envelope("/tasks/exit", "containerd.events.TaskStart", exit("c1", "c1")),
+                envelope(
+                    "/tasks/exit",
+                    "containerd.events.TaskStart",
+                    exit("c1", "c1"),
+                ),
                 None,
             ),
             (
                 "garbage",
-                envelope("/tasks/exit", "containerd.events.TaskExit", vec![0xff, 0xff]),
+                envelope(
+                    "/tasks/exit",
+                    "containerd.events.TaskExit",
+                    vec![0xff, 0xff],
+                ),
                 None,
             ),
             (
@@ -464,7 +482,11 @@ mod tests {
         for (name, env, want) in rows {
             assert_eq!(got(env), want, "{name}");
         }
-        let mut other = envelope("/tasks/exit", "containerd.events.TaskExit", exit("c1", "c1"));
+        let mut other = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            exit("c1", "c1"),
+        );
         other.namespace = "moby".into();
         assert_eq!(from_envelope(&other), None, "another namespace");
         other.namespace = CRI_NAMESPACE.into();

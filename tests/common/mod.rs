@@ -496,7 +496,14 @@ impl OwnTestbed {
     /// Starts (or restarts) its containerd; the shims and pods of a stopped one live on.
     pub fn up(&self) {
         let out = Command::new(Self::script())
-            .args(["up", &self.tb(), "--bridge", self.bridge, "--subnet", self.subnet])
+            .args([
+                "up",
+                &self.tb(),
+                "--bridge",
+                self.bridge,
+                "--subnet",
+                self.subnet,
+            ])
             .output()
             .expect("run scripts/testbed");
         assert!(
