@@ -382,7 +382,11 @@ mod tests {
     fn envelopes_decode_by_topic() {
         let got = |e: events_proto::Envelope| from_envelope(&e).map(|e| (e.id, e.happening));
         let some = |id: &str, h| Some((id.to_string(), h));
-        type Row = (&'static str, events_proto::Envelope, Option<(String, Happening)>);
+        type Row = (
+            &'static str,
+            events_proto::Envelope,
+            Option<(String, Happening)>,
+        );
         let rows: Vec<Row> = vec![
             (
                 "the container's own exit",
