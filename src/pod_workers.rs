@@ -296,6 +296,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     done: mpsc::UnboundedSender<String>,
 ) {
     let mut state = deps.executor.load_state(&uid);
+    // Only this worker creates objects for its UID, and a worker that ended removed them all:
+    // when a relist has completed and neither it nor a worker since saw anything of the pod,
+    // the runtime holds nothing of it and the first sync need not read it (on a node starting
+    // many pods at once, two list calls per pod that each walk every container).
+    state.known_empty = deps.runtime_cache.has_relisted() && deps.runtime_cache.pod(&uid).is_none();
     let mut next = Instant::now();
     // Look at the work at once (first round, or a terminate that interrupted a sync).
     let mut immediate = true;
@@ -1178,6 +1183,41 @@ mod tests {
             "{:?}",
             heard.elapsed()
         );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_the_runtime_cannot_hold_yet_is_started_without_reading_it_first() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.workers.dispatch("uid-n1", Work::Sync(pod("uid-n1")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        let calls = h.rt.calls();
+        let first_list = calls.iter().position(|c| c.starts_with("List"));
+        let run = calls.iter().position(|c| *c == "RunPodSandbox");
+        assert!(first_list > run, "{calls:?}");
+        // A pod the cache knows is read first, as before.
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.runtime_cache.update_pod(
+            "uid-n2",
+            crate::observed::ObservedPod {
+                names: Some(("default".into(), "web".into())),
+                sandboxes: vec![crate::observed::ObservedSandbox {
+                    id: "gone".into(),
+                    attempt: 0,
+                    state: crate::observed::SandboxState::NotReady,
+                    created_at: 1,
+                    ip: None,
+                    additional_ips: vec![],
+                    host_network: false,
+                }],
+                containers: vec![],
+            },
+        );
+        h.workers.dispatch("uid-n2", Work::Sync(pod("uid-n2")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        assert_eq!(h.rt.calls()[0], "ListPodSandbox");
         h.cancel.cancel();
     }
 

@@ -89,6 +89,10 @@ pub struct PodSyncState {
     pub status: Option<PodStatus>,
     /// Termination messages already read, by container ID.
     pub messages: HashMap<String, String>,
+    /// The runtime is known to hold nothing of the pod (a new worker whose pod no relist or
+    /// worker ever saw): the next sync starts from an empty view instead of reading one. Taken
+    /// by that sync.
+    pub known_empty: bool,
 }
 
 /// The result of one sync.
@@ -249,7 +253,15 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         probes: &HashMap<String, ProbeView>,
     ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
-        let observed = match self.observe(&uid).await {
+        // A pod the runtime cannot hold anything of yet costs no read: its first look is the
+        // start itself.
+        let known_empty = std::mem::take(&mut state.known_empty);
+        let read = if known_empty {
+            Ok(ObservedPod::default())
+        } else {
+            self.observe(&uid).await
+        };
+        let observed = match read {
             Ok(o) => o,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
