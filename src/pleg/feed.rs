@@ -14,6 +14,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
@@ -244,11 +246,17 @@ const BUFFER: usize = 1024;
 #[derive(Clone)]
 pub struct RuntimeFeed {
     channel: Channel,
+    /// The runtime answered `Unimplemented` to CRI events (perhaps only after the grace, on a
+    /// busy node): later subscriptions go to containerd's event service at once.
+    cri_unimplemented: Arc<AtomicBool>,
 }
 
 impl RuntimeFeed {
     pub fn new(channel: Channel) -> Self {
-        RuntimeFeed { channel }
+        RuntimeFeed {
+            channel,
+            cri_unimplemented: Arc::default(),
+        }
     }
 }
 
@@ -256,17 +264,29 @@ impl EventFeed for RuntimeFeed {
     async fn subscribe(&self) -> Result<(FeedSource, EventStream), FeedError> {
         const CRI: &str = "CRI container events";
         const CONTAINERD: &str = "containerd's event service";
-        let mut cri =
-            proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
-        let call = async move { cri.get_container_events(proto::GetEventsRequest {}).await };
-        match open(CRI, call, |m: proto::ContainerEventResponse| from_cri(&m)).await {
-            Ok(stream) => return Ok((FeedSource::Cri, stream)),
-            Err(status) if status.code() == tonic::Code::Unimplemented => {}
-            Err(status) => {
-                return Err(FeedError::Subscribe {
-                    what: CRI,
-                    status: Box::new(status),
-                });
+        if !self.cri_unimplemented.load(Ordering::Relaxed) {
+            let mut cri =
+                proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
+            let call = async move { cri.get_container_events(proto::GetEventsRequest {}).await };
+            let flag = Some(self.cri_unimplemented.clone());
+            match open(
+                CRI,
+                call,
+                |m: proto::ContainerEventResponse| from_cri(&m),
+                flag,
+            )
+            .await
+            {
+                Ok(stream) => return Ok((FeedSource::Cri, stream)),
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    self.cri_unimplemented.store(true, Ordering::Relaxed);
+                }
+                Err(status) => {
+                    return Err(FeedError::Subscribe {
+                        what: CRI,
+                        status: Box::new(status),
+                    });
+                }
             }
         }
         let mut events = events_proto::events_client::EventsClient::new(self.channel.clone());
@@ -274,11 +294,8 @@ impl EventFeed for RuntimeFeed {
             filters: subscribe_filters(),
         };
         let call = async move { events.subscribe(request).await };
-        match open(CONTAINERD, call, |m: events_proto::Envelope| {
-            from_envelope(&m)
-        })
-        .await
-        {
+        let decode = |m: events_proto::Envelope| from_envelope(&m);
+        match open(CONTAINERD, call, decode, None).await {
             Ok(stream) => Ok((FeedSource::Containerd, stream)),
             Err(status) if status.code() == tonic::Code::Unimplemented => {
                 Err(FeedError::Unsupported)
@@ -293,11 +310,12 @@ impl EventFeed for RuntimeFeed {
 
 /// Starts a server-streaming call in a task of its own that decodes and forwards its messages,
 /// and answers once the call failed or [`SUBSCRIBE_GRACE`] passed without failing. The task
-/// ends when the returned stream is dropped.
+/// ends when the returned stream is dropped. A late `Unimplemented` sets `unimplemented`.
 async fn open<M, F>(
     what: &'static str,
     call: F,
     decode: fn(M) -> Option<RuntimeEvent>,
+    unimplemented: Option<Arc<AtomicBool>>,
 ) -> Result<EventStream, tonic::Status>
 where
     M: Send + 'static,
@@ -318,6 +336,11 @@ where
                 response.into_inner()
             }
             Err(status) => {
+                if status.code() == tonic::Code::Unimplemented
+                    && let Some(flag) = &unimplemented
+                {
+                    flag.store(true, Ordering::Relaxed);
+                }
                 let _ = ready_tx.send(Err(status));
                 return;
             }
