@@ -13,10 +13,10 @@
 //! Phases (each bounded by a deadline; the whole run by a budget):
 //! 1. init containers: a pod with three `exit 0` init containers and one app container, dropped
 //!    `--init-runs` times under new names; drop -> app RUNNING over CRI, and from containerd's
-//!    timestamps the gap between one init container finishing and the next one starting;
-//! 1b. crash restart: `--crash-pods` pods whose container exits 1 after 2 s, dropped at once;
-//!    from containerd's timestamps, the crashed instance's finishedAt -> the next attempt's
-//!    createdAt (the restart begun);
+//!    timestamps the gap between one init container finishing and the next one starting; then
+//!    the crash restart: `--crash-pods` pods whose container exits 1 after 2 s, dropped at
+//!    once; from containerd's timestamps, the crashed instance's finishedAt -> the next
+//!    attempt's createdAt (the restart begun);
 //! 2. restart adoption: N pods running, every sandbox and container ID recorded, the agent
 //!    SIGKILLed and started again with the same flags, directories and ports; new process ->
 //!    `/healthz` ok, -> `/pods` shows all N running; then a watch of `--watch-secs` that no ID
