@@ -13,7 +13,10 @@
 //! Phases (each bounded by a deadline; the whole run by a budget):
 //! 1. init containers: a pod with three `exit 0` init containers and one app container, dropped
 //!    `--init-runs` times under new names; drop -> app RUNNING over CRI, and from containerd's
-//!    timestamps the gap between one init container finishing and the next one starting;
+//!    timestamps the gap between one init container finishing and the next one starting; then
+//!    the crash restart: `--crash-pods` pods whose container exits 1 after 2 s, dropped at
+//!    once; from containerd's timestamps, the crashed instance's finishedAt -> the next
+//!    attempt's createdAt (the restart begun);
 //! 2. restart adoption: N pods running, every sandbox and container ID recorded, the agent
 //!    SIGKILLed and started again with the same flags, directories and ports; new process ->
 //!    `/healthz` ok, -> `/pods` shows all N running; then a watch of `--watch-secs` that no ID
@@ -69,6 +72,9 @@ struct Args {
     /// How many init-container pods, one after the other.
     #[arg(long, default_value_t = 5)]
     init_runs: usize,
+    /// Pods whose container crashes once, dropped at once, for exit -> restart begun.
+    #[arg(long, default_value_t = 10)]
+    crash_pods: usize,
     /// Seconds of watching the adopted pods for changes.
     #[arg(long, default_value_t = 10)]
     watch_secs: u64,
@@ -257,6 +263,7 @@ impl Bench {
             .set("first_start.healthz_ms", json!(r1(ms(healthy))));
 
         self.init_phase().await?;
+        self.crash_phase().await?;
         self.adoption_phase().await?;
         self.graceful_phase().await?;
         self.teardown_phase().await?;
@@ -446,6 +453,70 @@ impl Bench {
             json!(all_gaps.iter().map(|g| r1(median(g))).collect::<Vec<_>>()),
         );
         r.set("init.median_gap_sum_ms", json!(r1(median(&gap_sums))));
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // 1b. Crash restart
+
+    async fn crash_phase(&mut self) -> Result<()> {
+        let k = self.args.crash_pods;
+        if k == 0 {
+            return Ok(());
+        }
+        self.report.section(&format!(
+            "1b. Crash restart: {k} pods whose container exits 1 after 2 s, dropped at once"
+        ));
+        progress(format!("crash: {k} pods"));
+        let names: Vec<String> = (0..k).map(|i| format!("crash-{i}")).collect();
+        let agent = self.agent();
+        for name in &names {
+            agent.stage(&format!("{name}.yaml"), &manifest(name, "sleep 2; exit 1"))?;
+        }
+        let fulls: Vec<String> = names.iter().map(|n| agent.full(n)).collect();
+        for name in &names {
+            agent.publish(&format!("{name}.yaml"))?;
+        }
+        // Each pod's first crash and the attempt that follows it.
+        let deadline = Instant::now() + Duration::from_secs(60 + k as u64);
+        let mut gaps: BTreeMap<String, f64> = BTreeMap::new();
+        while gaps.len() < k && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for full in &fulls {
+                if gaps.contains_key(full) {
+                    continue;
+                }
+                let list = pod_containers(&self.cri, full).await;
+                let attempt = |a: u32| {
+                    list.iter()
+                        .find(|c| c.metadata.as_ref().is_some_and(|m| m.attempt == a))
+                };
+                let (Some(first), Some(second)) = (attempt(0), attempt(1)) else {
+                    continue;
+                };
+                let Ok(st) = self.cri.container_status(first.id.clone()).await else {
+                    continue;
+                };
+                let finished = st.status.map(|s| s.finished_at).unwrap_or(0);
+                if finished > 0 {
+                    gaps.insert(full.clone(), ms_ns(second.created_at - finished));
+                }
+            }
+        }
+        let values: Vec<f64> = gaps.values().copied().collect();
+        let d = dist(&values);
+        let r = &mut self.report;
+        r.row("exit (finishedAt) -> restart begun (createdAt)", d.text());
+        r.set("crash.exit_to_restart", d.json());
+        r.set("crash.seen", json!(gaps.len()));
+        for name in &names {
+            self.agent().remove(&format!("{name}.yaml"))?;
+        }
+        let want: HashSet<String> = fulls.iter().cloned().collect();
+        poll_sandboxes_gone(&self.cri, Instant::now(), &want, Duration::from_secs(60)).await;
+        if gaps.len() < k {
+            bail!("only {} of {k} crashed pods restarted in time", gaps.len());
+        }
         Ok(())
     }
 

@@ -104,6 +104,14 @@ struct Args {
     /// The agent's --v.
     #[arg(long, default_value_t = 4)]
     verbosity: u8,
+    /// Instead of the phases: R rounds of the floor and R of Deckhand, alternately, at N pods,
+    /// with Deckhand behind a counting gRPC proxy (CRI calls per pod start by method) and
+    /// containerd's CPU measured during each batch; reports the medians and the ratio.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// containerd's PID (for its CPU time during each batch in --rounds).
+    #[arg(long)]
+    containerd_pid: Option<u32>,
     /// Ignored: `cargo bench` passes it to harness-less benches.
     #[arg(long, hide = true)]
     bench: bool,
@@ -117,8 +125,8 @@ fn main() -> Result<()> {
     if let Some(url) = &args.poll_ready {
         return runtime.block_on(poll_ready(url, Duration::from_millis(args.poll_ms)));
     }
-    if args.pods < 2 || args.pods > 240 {
-        bail!("--pods must be between 2 and 240 (the testbed's /24 holds 250 pods)");
+    if args.pods < 2 || args.pods > 1000 {
+        bail!("--pods must be between 2 and 1000 (and the testbed's subnet must hold them)");
     }
     runtime.block_on(run(args))
 }
@@ -482,6 +490,9 @@ async fn run(args: Args) -> Result<()> {
     let budget = Duration::from_secs(900 + 10 * args.pods as u64 + 2 * args.idle_secs);
     let outcome = if args.floor_only {
         tokio::time::timeout(budget, bench.floor_only()).await
+    } else if let Some(rounds) = args.rounds {
+        let budget = budget * rounds.max(1) as u32;
+        tokio::time::timeout(budget, bench.rounds(rounds)).await
     } else {
         tokio::time::timeout(budget, bench.phases()).await
     };
@@ -1491,5 +1502,265 @@ impl Bench {
         for cg in &self.floor_cgroups {
             remove_pod_cgroup(cg);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --rounds: the floor and Deckhand alternately, with CRI calls counted
+
+/// One batch of N pods: to RUNNING (ms), and containerd's CPU time during it.
+struct Round {
+    running: Dist,
+    containerd_cpu_s: Option<f64>,
+    /// Deckhand's rounds: CRI calls per pod by method, from the drop until 2 s after the last
+    /// pod ran.
+    calls: Option<BTreeMap<String, f64>>,
+}
+
+fn cpu_of(pid: Option<u32>) -> Option<f64> {
+    proc_sample(pid?).map(|s| s.cpu_s)
+}
+
+/// Removes the sandboxes whose names `matches`, all at once.
+async fn remove_all(cri: &CriClient, matches: impl Fn(&str) -> bool) -> usize {
+    let Ok(list) = cri.list_pod_sandbox(None).await else {
+        return 0;
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for sb in list {
+        let name = sb
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        if !matches(&name) {
+            continue;
+        }
+        let cri = cri.clone();
+        tasks.spawn(async move {
+            let _ = cri.stop_pod_sandbox(sb.id.clone()).await;
+            let _ = cri.remove_pod_sandbox(sb.id).await;
+        });
+    }
+    let n = tasks.len();
+    while tasks.join_next().await.is_some() {}
+    n
+}
+
+impl Bench {
+    async fn rounds(&mut self, rounds: usize) -> Result<()> {
+        let n = self.args.pods;
+        self.warm_up().await?;
+        let proxy_socket = self.work_dir.join("cri-proxy.sock");
+        let upstream = self
+            .args
+            .endpoint
+            .strip_prefix("unix://")
+            .ok_or_else(|| anyhow!("--rounds needs a unix:// endpoint"))?
+            .to_string();
+        let proxy = proxy::CountingProxy::start(Path::new(&upstream), &proxy_socket).await?;
+        let mut floors = Vec::new();
+        let mut decks = Vec::new();
+        for i in 0..rounds {
+            progress(format!("round {}/{rounds}: floor, {n} pods", i + 1));
+            floors.push(self.floor_round(n, i).await?);
+            progress(format!("round {}/{rounds}: deckhand, {n} pods", i + 1));
+            decks.push(self.deckhand_round(n, i, &proxy).await?);
+        }
+        let r = &mut self.report;
+        r.section(&format!(
+            "R. {rounds} rounds each, alternating, {n} pods at once (drop/first call -> RUNNING, CRI poll 20 ms both)"
+        ));
+        let mut ratios_p50 = Vec::new();
+        let mut ratios_max = Vec::new();
+        for (i, (f, d)) in floors.iter().zip(&decks).enumerate() {
+            ratios_p50.push(d.running.p50 / f.running.p50);
+            ratios_max.push(d.running.max / f.running.max);
+            r.row(
+                &format!("round {}: floor", i + 1),
+                format!(
+                    "{}   containerd CPU {}",
+                    f.running.text(),
+                    f.containerd_cpu_s
+                        .map(|c| format!("{c:.2} s"))
+                        .unwrap_or("-".into())
+                ),
+            );
+            r.row(
+                &format!("round {}: deckhand", i + 1),
+                format!(
+                    "{}   containerd CPU {}",
+                    d.running.text(),
+                    d.containerd_cpu_s
+                        .map(|c| format!("{c:.2} s"))
+                        .unwrap_or("-".into())
+                ),
+            );
+        }
+        let med = |v: Vec<f64>| median(&v);
+        let floor_p50 = med(floors.iter().map(|f| f.running.p50).collect());
+        let floor_max = med(floors.iter().map(|f| f.running.max).collect());
+        let deck_p50 = med(decks.iter().map(|d| d.running.p50).collect());
+        let deck_max = med(decks.iter().map(|d| d.running.max).collect());
+        r.row(
+            "median floor p50 / max",
+            format!("{floor_p50:.0} / {floor_max:.0} ms"),
+        );
+        r.row(
+            "median deckhand p50 / max",
+            format!("{deck_p50:.0} / {deck_max:.0} ms"),
+        );
+        r.row(
+            "median ratio of the rounds (p50 / max)",
+            format!("{:.3}x / {:.3}x", median(&ratios_p50), median(&ratios_max)),
+        );
+        r.set("rounds.n", json!(n));
+        r.set("rounds.rounds", json!(rounds));
+        r.set("rounds.floor_p50_ms", json!(r1(floor_p50)));
+        r.set("rounds.floor_max_ms", json!(r1(floor_max)));
+        r.set("rounds.deckhand_p50_ms", json!(r1(deck_p50)));
+        r.set("rounds.deckhand_max_ms", json!(r1(deck_max)));
+        r.set("rounds.ratio_p50", json!(r3(median(&ratios_p50))));
+        r.set("rounds.ratio_max", json!(r3(median(&ratios_max))));
+        let cpu = |v: &[Round]| {
+            let c: Vec<f64> = v.iter().filter_map(|x| x.containerd_cpu_s).collect();
+            (!c.is_empty()).then(|| median(&c))
+        };
+        if let (Some(f), Some(d)) = (cpu(&floors), cpu(&decks)) {
+            r.row(
+                "containerd CPU-s per batch, median (floor / deckhand)",
+                format!("{f:.2} / {d:.2} s"),
+            );
+            r.set("rounds.containerd_cpu_s_floor", json!(r3(f)));
+            r.set("rounds.containerd_cpu_s_deckhand", json!(r3(d)));
+        }
+        // CRI calls per pod start, median over the rounds, by method.
+        let mut methods: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for d in &decks {
+            for (m, v) in d.calls.iter().flatten() {
+                methods.entry(m.clone()).or_default().push(*v);
+            }
+        }
+        let mut total = 0.0;
+        r.row("CRI calls per pod start (deckhand, median)", "".to_string());
+        for (m, v) in &methods {
+            let x = median(v);
+            total += x;
+            r.row(&format!("  {m}"), format!("{x:.2}"));
+            r.set(&format!("rounds.calls_per_pod.{m}"), json!(r3(x)));
+        }
+        r.row("  all methods", format!("{total:.2} (the floor: 3)"));
+        r.set("rounds.calls_per_pod_total", json!(r3(total)));
+        Ok(())
+    }
+
+    async fn floor_round(&mut self, n: usize, round: usize) -> Result<Round> {
+        let logs = self.work_dir.join("floor-logs");
+        let uids: Vec<String> = (0..n).map(|i| fake_uid(i + 1000 * (round + 1))).collect();
+        self.floor_cgroups
+            .extend(uids.iter().map(|u| floor_cgroup(u)));
+        let observer = {
+            let cri = self.cri.clone();
+            tokio::spawn(async move {
+                let mut ticker = tokio::time::interval(CRI_POLL);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticker.tick().await;
+                    let _ = cri
+                        .list_containers(Some(running_filter(HashMap::new())))
+                        .await;
+                }
+            })
+        };
+        let cpu0 = cpu_of(self.args.containerd_pid);
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, uid) in uids.iter().enumerate() {
+            tasks.spawn(floor_pod(
+                self.cri.clone(),
+                format!("floor-{i}"),
+                uid.clone(),
+                logs.clone(),
+                self.args.script.clone(),
+                t0,
+            ));
+        }
+        let mut running = Vec::new();
+        let mut failed = 0;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(p)) => running.push(ms(p.running_at)),
+                _ => failed += 1,
+            }
+        }
+        let cpu1 = cpu_of(self.args.containerd_pid);
+        observer.abort();
+        if failed > 0 {
+            self.report
+                .note(format!("floor round {}: {failed} pods failed", round + 1));
+        }
+        remove_all(&self.cri, |name| name.starts_with("floor-")).await;
+        for uid in &uids {
+            remove_pod_cgroup(&floor_cgroup(uid));
+        }
+        let _ = std::fs::remove_dir_all(&logs);
+        Ok(Round {
+            running: dist(&running),
+            containerd_cpu_s: cpu0.zip(cpu1).map(|(a, b)| b - a),
+            calls: None,
+        })
+    }
+
+    async fn deckhand_round(
+        &mut self,
+        n: usize,
+        round: usize,
+        proxy: &proxy::CountingProxy,
+    ) -> Result<Round> {
+        let dir = self.work_dir.join(format!("agent-round-{}", round + 1));
+        let mut opts = agent_opts(&self.args);
+        opts.endpoint = proxy.endpoint();
+        let agent = self.agent.insert(Agent::start(&opts, NODE, &dir, None)?);
+        agent.wait_healthy(Duration::from_secs(60)).await?;
+        // Let the first relist and the subscription settle.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let agent = self.agent.as_ref().expect("the agent");
+        let names: Vec<String> = (0..n).map(|i| format!("b-{i}")).collect();
+        for name in &names {
+            agent.stage(&format!("{name}.yaml"), &manifest(name, SCRIPT))?;
+        }
+        let want: HashSet<String> = names.iter().map(|n| agent.full(n)).collect();
+        proxy.reset();
+        let cpu0 = cpu_of(self.args.containerd_pid);
+        let t0 = Instant::now();
+        for name in &names {
+            agent.publish(&format!("{name}.yaml"))?;
+        }
+        let deadline = Duration::from_secs(60 + 2 * n as u64);
+        let seen = poll_running(&self.cri, t0, &want, CRI_POLL, deadline).await;
+        let cpu1 = cpu_of(self.args.containerd_pid);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let counts = proxy.counts();
+        let running: Vec<f64> = seen.values().map(|d| ms(*d)).collect();
+        if let Some(mut agent) = self.agent.take() {
+            let _ = agent.stop().await;
+        }
+        remove_all(&self.cri, |name| name.ends_with(&format!("-{NODE}"))).await;
+        if seen.len() < n {
+            bail!(
+                "round {}: only {} of {n} pods were running after {deadline:?}",
+                round + 1,
+                seen.len()
+            );
+        }
+        let calls = counts
+            .into_iter()
+            .map(|(path, c)| (proxy::method(&path).to_string(), c as f64 / n as f64))
+            .collect();
+        Ok(Round {
+            running: dist(&running),
+            containerd_cpu_s: cpu0.zip(cpu1).map(|(a, b)| b - a),
+            calls: Some(calls),
+        })
     }
 }

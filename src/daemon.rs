@@ -553,12 +553,16 @@ pub async fn run(
     }
     // The PLEG and the probe workers ask for looks at pods through one coalescing set.
     let pokes = Pokes::default();
+    // The PLEG follows the runtime's events where it can, and tells the workers whether it does.
+    let pleg_state = pleg::PlegState::default();
     tracker.spawn(pleg::run(
         client.clone(),
+        Some(pleg::feed::RuntimeFeed::new(client.channel())),
         details.clone(),
         runtime_cache.clone(),
         pokes.clone(),
         health.clone(),
+        pleg_state.clone(),
         PlegConfig {
             node_name: config.node_name.clone(),
             ..tuning.pleg.clone()
@@ -631,7 +635,8 @@ pub async fn run(
         tuning.backoff,
         events.clone(),
     )
-    .with_container_settings(container_settings);
+    .with_container_settings(container_settings)
+    .with_pleg(pleg_state.clone());
     if let Some(cgroups) = cgroups {
         tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);
@@ -671,8 +676,10 @@ pub async fn run(
         let stats = worker_stats.clone();
         let cache = runtime_cache.clone();
         let node_name = config.node_name.clone();
+        let pleg_state = pleg_state.clone();
         metrics.register("/metrics", move || {
-            crate::metrics::render(&current_state(&cache, &node_name), &stats.render())
+            let own = format!("{}{}", stats.render(), pleg_state.render_metrics());
+            crate::metrics::render(&current_state(&cache, &node_name), &own)
         });
     }
     let workers = PodWorkers::new(

@@ -23,7 +23,10 @@ impl From<&str> for CheckFailure {
     }
 }
 
-type Check = Arc<dyn Fn() -> Result<(), CheckFailure> + Send + Sync>;
+/// A check's answer: passed (with a note for the verbose report, or none), or why not.
+pub type CheckResult = Result<Option<String>, CheckFailure>;
+
+type Check = Arc<dyn Fn() -> CheckResult + Send + Sync>;
 
 /// The set of checks; cheap to clone.
 #[derive(Clone, Default)]
@@ -35,6 +38,8 @@ pub struct Health {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthReport {
     pub results: Vec<(String, Result<(), CheckFailure>)>,
+    /// What passing checks had to say (the PLEG's mode), shown in the verbose report.
+    pub notes: Vec<(String, String)>,
 }
 
 impl HealthReport {
@@ -50,7 +55,10 @@ impl HealthReport {
         let mut text = String::new();
         for (name, result) in &self.results {
             match result {
-                Ok(()) => text.push_str(&format!("[+]{name} ok\n")),
+                Ok(()) => match self.notes.iter().find(|(n, _)| n == name) {
+                    Some((_, note)) => text.push_str(&format!("[+]{name} ok: {note}\n")),
+                    None => text.push_str(&format!("[+]{name} ok\n")),
+                },
                 Err(reason) => text.push_str(&format!("[-]{name} failed: {reason}\n")),
             }
         }
@@ -70,6 +78,15 @@ impl Health {
         name: &str,
         check: impl Fn() -> Result<(), CheckFailure> + Send + Sync + 'static,
     ) {
+        self.register_noted(name, move || check().map(|()| None));
+    }
+
+    /// Adds (or replaces) a named check whose pass may carry a note for the verbose report.
+    pub fn register_noted(
+        &self,
+        name: &str,
+        check: impl Fn() -> CheckResult + Send + Sync + 'static,
+    ) {
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
         checks.retain(|(n, _)| n != name);
         checks.push((name.to_string(), Arc::new(check)));
@@ -83,8 +100,15 @@ impl Health {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut results = vec![("ping".to_string(), Ok(()))];
-        results.extend(checks.iter().map(|(name, check)| (name.clone(), check())));
-        HealthReport { results }
+        let mut notes = Vec::new();
+        for (name, check) in &checks {
+            let result = check();
+            if let Ok(Some(note)) = &result {
+                notes.push((name.clone(), note.clone()));
+            }
+            results.push((name.clone(), result.map(|_| ())));
+        }
+        HealthReport { results, notes }
     }
 }
 

@@ -1,16 +1,31 @@
-//! The pod lifecycle event generator: relist the runtime, diff, tell the sync loop what changed.
+//! The pod lifecycle event generator: hear of runtime changes, tell the sync loop whose pod
+//! changed.
 //!
-//! containerd 1.6 does not implement `GetContainerEvents`, so state is relisted every second
-//! (upstream's period). A relist costs two list calls when nothing changed (see
-//! `runtime::inspect`). The newest snapshot is kept in a [`RuntimeCache`] for housekeeping, and
-//! `/healthz` turns unhealthy when no relist has completed for three minutes, or when the last
-//! one could not reach the runtime.
+//! Two ways in. An event stream from the runtime ([`feed`]: CRI `GetContainerEvents` where the
+//! runtime has it, else containerd's own event service, which 1.6 has) pokes the owning pod's
+//! worker the moment a container exits. A relist (two list calls when nothing changed, see
+//! `runtime::inspect`) diffs the runtime against the last view: every second while no stream
+//! flows (upstream's period), every `events_period` (300 s, upstream's evented-PLEG value) as a
+//! consistency check while one does. A stream that breaks (containerd restarted) puts the PLEG
+//! back on the one-second relist at once, and it subscribes again with a back-off; each new
+//! subscription is followed by a relist, which catches what happened while none stood.
+//!
+//! The newest view is kept in a [`RuntimeCache`] (which also maps object IDs to pods for the
+//! events), and `/healthz` turns unhealthy when no relist has completed for three minutes (or
+//! twice the period in effect), or when the last one could not reach the runtime. `/healthz?verbose`
+//! and `/metrics` say which mode is on.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+pub mod feed;
+pub mod route;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use tokio::time::{Instant, MissedTickBehavior};
+use futures::StreamExt;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::RuntimeService;
@@ -18,6 +33,9 @@ use crate::health::Health;
 use crate::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::pokes::Pokes;
 use crate::runtime::inspect::{self, DetailCache};
+
+use feed::{EventFeed, FeedError, RuntimeEvent};
+use route::{Mode, Route};
 
 /// What changed for one pod between two relists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +64,43 @@ pub struct RuntimeCache {
 #[derive(Default)]
 struct Snapshot {
     pods: BTreeMap<String, ObservedPod>,
+    /// Container and sandbox IDs to the pod UID they belong to, for events.
+    owners: HashMap<String, String>,
+    /// IDs an event named that a relist since showed are not this node's (another agent's
+    /// pods on a shared containerd): their events are ignored without relisting again.
+    foreign: HashSet<String>,
     relisted: bool,
+}
+
+/// At most this many foreign IDs are remembered; the set starts afresh beyond it.
+const MAX_FOREIGN: usize = 4096;
+
+impl Snapshot {
+    fn index(&mut self, uid: &str) {
+        if let Some(pod) = self.pods.get(uid) {
+            for id in pod
+                .containers
+                .iter()
+                .map(|c| &c.id)
+                .chain(pod.sandboxes.iter().map(|s| &s.id))
+            {
+                self.owners.insert(id.clone(), uid.to_string());
+            }
+        }
+    }
+
+    fn unindex(&mut self, uid: &str) {
+        if let Some(pod) = self.pods.get(uid) {
+            for id in pod
+                .containers
+                .iter()
+                .map(|c| &c.id)
+                .chain(pod.sandboxes.iter().map(|s| &s.id))
+            {
+                self.owners.remove(id);
+            }
+        }
+    }
 }
 
 impl RuntimeCache {
@@ -75,6 +129,11 @@ impl RuntimeCache {
         let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let changes = diff(&s.pods, &current);
         s.pods = current;
+        s.owners.clear();
+        let uids: Vec<String> = s.pods.keys().cloned().collect();
+        for uid in uids {
+            s.index(&uid);
+        }
         s.relisted = true;
         changes
     }
@@ -82,10 +141,37 @@ impl RuntimeCache {
     /// Replaces one pod's entry with a fresher view (a worker just inspected it).
     pub fn update_pod(&self, uid: &str, pod: ObservedPod) {
         let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        s.unindex(uid);
         if pod.is_empty() {
             s.pods.remove(uid);
         } else {
             s.pods.insert(uid.to_string(), pod);
+            s.index(uid);
+        }
+    }
+
+    /// The pod a container or sandbox belongs to, as far as the newest view knows.
+    pub fn owner_of(&self, id: &str) -> Option<String> {
+        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        s.owners.get(id).cloned()
+    }
+
+    /// True when a relist showed the object is not this node's.
+    pub fn is_foreign(&self, id: &str) -> bool {
+        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        s.foreign.contains(id)
+    }
+
+    /// Remembers the IDs among `ids` that the newest view does not know as not this node's.
+    fn mark_foreign(&self, ids: impl IntoIterator<Item = String>) {
+        let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if !s.owners.contains_key(&id) {
+                if s.foreign.len() >= MAX_FOREIGN {
+                    s.foreign.clear();
+                }
+                s.foreign.insert(id);
+            }
         }
     }
 }
@@ -170,8 +256,16 @@ pub fn diff(
 pub struct PlegConfig {
     /// The node whose pods are relisted (objects carry it as a label).
     pub node_name: String,
+    /// The relist period while no event stream flows (upstream's 1 s; `DECKHAND_RELIST_PERIOD`).
     pub period: Duration,
-    /// `/healthz` fails when no relist completed for this long (upstream: 3 minutes).
+    /// The relist period while events flow: only a consistency check then. Upstream's evented
+    /// PLEG uses 300 s, and so does Deckhand: every worker also re-observes its own pod each
+    /// `syncFrequency` (1 min), so a lost event costs a pod at most that; the relist is left
+    /// to find what has no worker (objects someone else made with this node's labels) and to
+    /// refresh the runtime cache, and each relist costs containerd two list calls.
+    pub events_period: Duration,
+    /// `/healthz` fails when no relist completed for this long (upstream: 3 minutes), or for
+    /// twice the period in effect, whichever is longer.
     pub unhealthy_after: Duration,
 }
 
@@ -180,8 +274,180 @@ impl Default for PlegConfig {
         PlegConfig {
             node_name: String::new(),
             period: Duration::from_secs(1),
+            events_period: Duration::from_secs(300),
             unhealthy_after: Duration::from_secs(180),
         }
+    }
+}
+
+impl PlegConfig {
+    fn period_in(&self, mode: Mode) -> Duration {
+        route::relist_period(mode, self.period, self.events_period)
+    }
+}
+
+/// How long an exit heard from the event stream is remembered while the runtime's own view
+/// has not caught up with it (containerd's CRI plugin updates a container's status a moment
+/// after it publishes the exit, once it has deleted the task, which on a busy node takes up to
+/// a second or more).
+pub const EXIT_NOTE_TTL: Duration = Duration::from_secs(2);
+
+/// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
+/// the counters for `/metrics`. Cheap to clone.
+#[derive(Clone)]
+pub struct PlegState {
+    inner: Arc<StateInner>,
+}
+
+struct StateInner {
+    mode: watch::Sender<Mode>,
+    /// Exits heard from the stream, by object ID, with when.
+    exits: Mutex<HashMap<String, Instant>>,
+    /// IDs an event named that no view knew, for the relist to settle.
+    unknown: Mutex<HashSet<String>>,
+    relist_now: Notify,
+    events: AtomicU64,
+    pokes: AtomicU64,
+    relists: AtomicU64,
+    subscriptions: AtomicU64,
+    breaks: AtomicU64,
+}
+
+impl Default for PlegState {
+    fn default() -> Self {
+        PlegState {
+            inner: Arc::new(StateInner {
+                mode: watch::Sender::new(Mode::Relist),
+                exits: Mutex::default(),
+                unknown: Mutex::default(),
+                relist_now: Notify::new(),
+                events: AtomicU64::new(0),
+                pokes: AtomicU64::new(0),
+                relists: AtomicU64::new(0),
+                subscriptions: AtomicU64::new(0),
+                breaks: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl PlegState {
+    /// The mode in effect.
+    pub fn mode(&self) -> Mode {
+        *self.inner.mode.borrow()
+    }
+
+    /// True while an event stream flows: workers then wait for events instead of polling.
+    pub fn events_live(&self) -> bool {
+        matches!(self.mode(), Mode::Events(_))
+    }
+
+    pub(crate) fn set_mode(&self, mode: Mode) {
+        self.inner.mode.send_if_modified(|m| {
+            let changed = *m != mode;
+            *m = mode;
+            changed
+        });
+    }
+
+    pub(crate) fn note_exit(&self, id: &str) {
+        let now = Instant::now();
+        let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
+        exits.insert(id.to_string(), now);
+    }
+
+    /// True when an exit of `id` was heard and no worker has seen it in the view since.
+    fn exit_awaited(&self, id: &str) -> bool {
+        let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        exits.get(id).is_some_and(|at| at.elapsed() < EXIT_NOTE_TTL)
+    }
+
+    /// True when the stream told of an exit (within [`EXIT_NOTE_TTL`]) that `observed` does
+    /// not show yet: a container still running, a sandbox still ready. The worker then looks
+    /// again in a moment instead of waiting for the next event, which would not come.
+    pub fn exit_pending(&self, observed: &ObservedPod) -> bool {
+        let now = Instant::now();
+        let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
+        if exits.is_empty() {
+            return false;
+        }
+        let running = observed
+            .containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+            .map(|c| c.id.as_str());
+        let ready = observed
+            .sandboxes
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .map(|s| s.id.as_str());
+        let mut pending = false;
+        for id in running.chain(ready) {
+            pending |= exits.contains_key(id);
+        }
+        // What the view already shows as exited needs no note any more.
+        for c in &observed.containers {
+            if c.state != ContainerState::Running {
+                exits.remove(&c.id);
+            }
+        }
+        pending
+    }
+
+    /// One line for `/healthz?verbose`.
+    pub fn describe(&self, config_period: Duration, events_period: Duration) -> String {
+        match self.mode() {
+            Mode::Events(source) => format!(
+                "events from {} (relist every {}s as a check)",
+                source.as_str(),
+                route::relist_period(self.mode(), config_period, events_period).as_secs()
+            ),
+            Mode::Relist => format!(
+                "relisting every {}ms (no event stream)",
+                config_period.as_millis()
+            ),
+        }
+    }
+
+    /// The PLEG's counters in Prometheus' text format.
+    pub fn render_metrics(&self) -> String {
+        let mode = self.mode();
+        let source = match mode {
+            Mode::Events(s) => s.as_str(),
+            Mode::Relist => "none",
+        };
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let i = &self.inner;
+        format!(
+            "# HELP deckhand_pleg_mode Where the PLEG learns of changes: 1 for the mode in effect (events: an event stream with a slow relist as a check; relist: relisting every second).\n\
+             # TYPE deckhand_pleg_mode gauge\n\
+             deckhand_pleg_mode{{mode=\"events\",source=\"{source}\"}} {}\n\
+             deckhand_pleg_mode{{mode=\"relist\",source=\"none\"}} {}\n\
+             # HELP deckhand_pleg_events_total Runtime events received.\n\
+             # TYPE deckhand_pleg_events_total counter\n\
+             deckhand_pleg_events_total {}\n\
+             # HELP deckhand_pleg_event_pokes_total Pod workers woken by a runtime event.\n\
+             # TYPE deckhand_pleg_event_pokes_total counter\n\
+             deckhand_pleg_event_pokes_total {}\n\
+             # HELP deckhand_pleg_relists_total Relists completed.\n\
+             # TYPE deckhand_pleg_relists_total counter\n\
+             deckhand_pleg_relists_total {}\n\
+             # HELP deckhand_pleg_subscriptions_total Event subscriptions that stood.\n\
+             # TYPE deckhand_pleg_subscriptions_total counter\n\
+             deckhand_pleg_subscriptions_total {}\n\
+             # HELP deckhand_pleg_stream_breaks_total Event streams that broke.\n\
+             # TYPE deckhand_pleg_stream_breaks_total counter\n\
+             deckhand_pleg_stream_breaks_total {}\n",
+            u8::from(matches!(mode, Mode::Events(_))),
+            u8::from(mode == Mode::Relist),
+            n(&i.events),
+            n(&i.pokes),
+            n(&i.relists),
+            n(&i.subscriptions),
+            n(&i.breaks),
+        )
     }
 }
 
@@ -191,13 +457,16 @@ struct Progress {
     last_error: Option<String>,
 }
 
-/// Runs the relist loop until `cancel` fires.
-pub async fn run<R: RuntimeService>(
+/// Runs the PLEG until `cancel` fires: the relist loop, and with `feed` the event stream.
+#[allow(clippy::too_many_arguments)]
+pub async fn run<R: RuntimeService, F: EventFeed>(
     rt: R,
+    feed: Option<F>,
     details: DetailCache,
     cache: RuntimeCache,
     pokes: Pokes,
     health: Health,
+    state: PlegState,
     config: PlegConfig,
     cancel: CancellationToken,
 ) {
@@ -205,10 +474,14 @@ pub async fn run<R: RuntimeService>(
     let progress = Arc::new(RwLock::new(Progress::default()));
     {
         let progress = progress.clone();
-        let limit = config.unhealthy_after;
-        health.register("pleg", move || {
+        let state = state.clone();
+        let config = config.clone();
+        health.register_noted("pleg", move || {
             let p = progress.read().unwrap_or_else(|e| e.into_inner());
             let since = p.last_ok.unwrap_or(started).elapsed();
+            let limit = config
+                .unhealthy_after
+                .max(config.period_in(state.mode()) * 2);
             if since > limit {
                 Err(format!(
                     "PLEG has not completed a relist for {}s (limit {}s)",
@@ -217,7 +490,7 @@ pub async fn run<R: RuntimeService>(
                 )
                 .into())
             } else {
-                Ok(())
+                Ok(Some(state.describe(config.period, config.events_period)))
             }
         });
     }
@@ -231,14 +504,55 @@ pub async fn run<R: RuntimeService>(
             }
         });
     }
+    if let Some(feed) = feed {
+        tokio::spawn(follow_events(
+            feed,
+            cache.clone(),
+            pokes.clone(),
+            state.clone(),
+            cancel.clone(),
+        ));
+    }
+    relist_loop(rt, details, cache, pokes, state, progress, config, cancel).await;
+}
 
-    let mut ticker = tokio::time::interval(config.period);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+#[allow(clippy::too_many_arguments)]
+async fn relist_loop<R: RuntimeService>(
+    rt: R,
+    details: DetailCache,
+    cache: RuntimeCache,
+    pokes: Pokes,
+    state: PlegState,
+    progress: Arc<RwLock<Progress>>,
+    config: PlegConfig,
+    cancel: CancellationToken,
+) {
+    let mut mode_rx = state.inner.mode.subscribe();
+    // The first relist at once (it adopts what the runtime holds).
+    let mut due = Instant::now();
+    let mut last = Instant::now();
     let mut last_relist_start: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
+            _ = tokio::time::sleep_until(due) => {}
+            _ = state.inner.relist_now.notified() => {
+                // Asked for by the stream (a new subscription, an unknown object): soon, but
+                // never two such relists closer than the gap.
+                let at = last + route::RELIST_SOON_GAP;
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+            }
+            changed = mode_rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let mode = *mode_rx.borrow_and_update();
+                due = last + config.period_in(mode);
+                continue;
+            }
         }
         let relist_started = Instant::now();
         if let Some(previous) = last_relist_start.replace(relist_started) {
@@ -246,8 +560,19 @@ pub async fn run<R: RuntimeService>(
                 .pleg_relist_interval
                 .observe(&[], (relist_started - previous).as_secs_f64());
         }
+        let unknown: Vec<String> = std::mem::take(
+            &mut *state
+                .inner
+                .unknown
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+        .into_iter()
+        .collect();
         let result = inspect::observe_all(&rt, &details, &config.node_name).await;
         let took = relist_started.elapsed();
+        last = Instant::now();
+        due = last + config.period_in(state.mode());
         crate::metrics::KUBELET
             .pleg_relist_duration
             .observe(&[], took.as_secs_f64());
@@ -261,10 +586,12 @@ pub async fn run<R: RuntimeService>(
                     took_us = took.as_micros() as u64,
                     "relisted"
                 );
+                state.inner.relists.fetch_add(1, Ordering::Relaxed);
                 // Compare with the freshest known state, which includes what workers saw since
                 // the last relist: a container created and removed between two relists still
                 // shows up as a change.
                 let changes = cache.store_relist(current);
+                cache.mark_foreign(unknown);
                 {
                     let mut p = progress.write().unwrap_or_else(|e| e.into_inner());
                     if p.last_error.take().is_some() {
@@ -278,6 +605,13 @@ pub async fn run<R: RuntimeService>(
                 }
             }
             Err(err) => {
+                // The unknown IDs stay unsettled: the next relist looks for them again.
+                state
+                    .inner
+                    .unknown
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(unknown);
                 let mut p = progress.write().unwrap_or_else(|e| e.into_inner());
                 let text = err.to_string();
                 if p.last_error.as_deref() != Some(text.as_str()) {
@@ -285,6 +619,111 @@ pub async fn run<R: RuntimeService>(
                 }
                 p.last_error = Some(text);
             }
+        }
+    }
+}
+
+/// Handles one event: pokes the owner, or asks for a relist to find it.
+fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state: &PlegState) {
+    state.inner.events.fetch_add(1, Ordering::Relaxed);
+    let owner = cache.owner_of(&event.id);
+    let foreign = owner.is_none() && cache.is_foreign(&event.id);
+    let decision = route::route(
+        event,
+        owner.as_deref(),
+        foreign,
+        state.exit_awaited(&event.id),
+    );
+    tracing::trace!(id = %event.id, happening = ?event.happening, ?decision, "runtime event");
+    if matches!(
+        event.happening,
+        feed::Happening::Exited | feed::Happening::OomKilled
+    ) && !foreign
+    {
+        state.note_exit(&event.id);
+    }
+    match decision {
+        Route::Poke(uid) => {
+            tracing::debug!(pod_uid = %uid, id = %event.id, happening = ?event.happening, "PLEG event from the runtime");
+            state.inner.pokes.fetch_add(1, Ordering::Relaxed);
+            pokes.poke(&uid);
+        }
+        Route::RelistSoon => {
+            state
+                .inner
+                .unknown
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(event.id.clone());
+            state.inner.relist_now.notify_one();
+        }
+        Route::Ignore => {}
+    }
+}
+
+/// Subscribes, follows the stream while it stands, and subscribes again with a back-off when
+/// it breaks; the mode says meanwhile whether events flow.
+async fn follow_events<F: EventFeed>(
+    feed: F,
+    cache: RuntimeCache,
+    pokes: Pokes,
+    state: PlegState,
+    cancel: CancellationToken,
+) {
+    let mut failures = 0u32;
+    let mut said_failure = false;
+    loop {
+        let subscribed = tokio::select! {
+            _ = cancel.cancelled() => return,
+            s = feed.subscribe() => s,
+        };
+        let unsupported = match subscribed {
+            Ok((source, mut stream)) => {
+                state.inner.subscriptions.fetch_add(1, Ordering::Relaxed);
+                state.set_mode(Mode::Events(source));
+                // Whatever happened while no stream stood is found by a relist now.
+                state.inner.relist_now.notify_one();
+                tracing::info!(
+                    source = source.as_str(),
+                    "following the runtime's events; relisting only as a check"
+                );
+                said_failure = false;
+                let since = Instant::now();
+                let why = loop {
+                    let item = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        item = stream.next() => item,
+                    };
+                    match item {
+                        Some(Ok(event)) => handle_event(&event, &cache, &pokes, &state),
+                        Some(Err(err)) => break err,
+                        None => break FeedError::Ended { what: "event" },
+                    }
+                };
+                state.inner.breaks.fetch_add(1, Ordering::Relaxed);
+                state.set_mode(Mode::Relist);
+                state.inner.relist_now.notify_one();
+                tracing::warn!(error = %why, "the runtime's event stream broke; relisting every period until it is back");
+                failures = route::failures_after_break(failures, since.elapsed());
+                false
+            }
+            Err(err) => {
+                state.set_mode(Mode::Relist);
+                failures = failures.saturating_add(1);
+                let unsupported = matches!(err, FeedError::Unsupported);
+                if !said_failure {
+                    tracing::warn!(error = %err, "no event stream from the runtime; relisting meanwhile");
+                    said_failure = true;
+                } else {
+                    tracing::debug!(error = %err, "subscribing failed again");
+                }
+                unsupported
+            }
+        };
+        let wait = route::resubscribe_delay(failures.saturating_sub(1), unsupported);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -383,6 +822,272 @@ mod tests {
         ];
         for (i, (old, new, want)) in rows.into_iter().enumerate() {
             assert_eq!(kinds(old, new), want, "row {i}");
+        }
+    }
+
+    mod stream {
+        use std::collections::VecDeque;
+
+        use tokio::sync::mpsc;
+        use tokio_stream::wrappers::ReceiverStream;
+
+        use super::super::feed::{EventStream, FeedSource, Happening};
+        use super::super::*;
+        use crate::cri::fake::FakeCri;
+        use crate::cri::proto::{
+            ContainerConfig, ContainerMetadata, CreateContainerRequest, PodSandboxConfig,
+            PodSandboxMetadata, RunPodSandboxRequest,
+        };
+        use crate::runtime::labels;
+
+        type Sender = mpsc::Sender<Result<RuntimeEvent, FeedError>>;
+
+        /// Hands out scripted subscriptions, one per attempt.
+        #[derive(Clone, Default)]
+        struct FakeFeed {
+            script: Arc<Mutex<VecDeque<Result<EventStream, FeedError>>>>,
+        }
+
+        impl FakeFeed {
+            fn stream(&self) -> Sender {
+                let (tx, rx) = mpsc::channel(16);
+                self.script
+                    .lock()
+                    .unwrap()
+                    .push_back(Ok(Box::pin(ReceiverStream::new(rx))));
+                tx
+            }
+
+            fn fail(&self) {
+                self.script
+                    .lock()
+                    .unwrap()
+                    .push_back(Err(FeedError::Ended { what: "fake" }));
+            }
+        }
+
+        impl EventFeed for FakeFeed {
+            async fn subscribe(&self) -> Result<(FeedSource, EventStream), FeedError> {
+                let next = self.script.lock().unwrap().pop_front();
+                match next {
+                    Some(Ok(s)) => Ok((FeedSource::Containerd, s)),
+                    Some(Err(e)) => Err(e),
+                    None => Err(FeedError::Unsupported),
+                }
+            }
+        }
+
+        /// A runtime holding one pod `u1` of node `node-a`: its sandbox and container IDs.
+        async fn runtime_with_a_pod() -> (FakeCri, String, String) {
+            let rt = FakeCri::default();
+            let mut labels = inspect::pod_selector("node-a", "u1");
+            let sandbox = rt
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(PodSandboxConfig {
+                        metadata: Some(PodSandboxMetadata {
+                            name: "web".into(),
+                            uid: "u1".into(),
+                            namespace: "default".into(),
+                            attempt: 0,
+                        }),
+                        labels: labels.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .pod_sandbox_id;
+            labels.insert(labels::CONTAINER_NAME_LABEL.into(), "app".into());
+            let container = rt
+                .create_container(CreateContainerRequest {
+                    pod_sandbox_id: sandbox.clone(),
+                    config: Some(ContainerConfig {
+                        metadata: Some(ContainerMetadata {
+                            name: "app".into(),
+                            attempt: 0,
+                        }),
+                        labels,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            rt.start_container(container.clone()).await.unwrap();
+            (rt, sandbox, container)
+        }
+
+        struct Running {
+            rt: FakeCri,
+            cache: RuntimeCache,
+            pokes: Pokes,
+            health: Health,
+            state: PlegState,
+            cancel: CancellationToken,
+        }
+
+        fn start(rt: &FakeCri, feed: FakeFeed) -> Running {
+            let r = Running {
+                rt: rt.clone(),
+                cache: RuntimeCache::default(),
+                pokes: Pokes::default(),
+                health: Health::default(),
+                state: PlegState::default(),
+                cancel: CancellationToken::new(),
+            };
+            tokio::spawn(run(
+                rt.clone(),
+                Some(feed),
+                DetailCache::default(),
+                r.cache.clone(),
+                r.pokes.clone(),
+                r.health.clone(),
+                r.state.clone(),
+                PlegConfig {
+                    node_name: "node-a".into(),
+                    ..Default::default()
+                },
+                r.cancel.clone(),
+            ));
+            r
+        }
+
+        async fn until(what: &str, mut check: impl FnMut() -> bool) {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !check() {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        fn event(id: &str, happening: Happening) -> Result<RuntimeEvent, FeedError> {
+            Ok(RuntimeEvent {
+                id: id.into(),
+                happening,
+                pod_uid: None,
+            })
+        }
+
+        async fn drain(pokes: &Pokes) -> Vec<String> {
+            if pokes.pending() == 0 {
+                return vec![];
+            }
+            pokes.take().await
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_exit_pokes_its_pod_at_once_and_unknown_ids_are_settled_by_a_relist() {
+            let (rt, sandbox, container) = runtime_with_a_pod().await;
+            let feed = FakeFeed::default();
+            let tx = feed.stream();
+            let r = start(&rt, feed);
+            until("events and a relist", || {
+                r.state.events_live() && r.cache.owner_of(&container).is_some()
+            })
+            .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"], "the first relist's news");
+
+            // A crash: the owner is poked at once, with no relist.
+            let relists = r.rt.count("ListPodSandbox");
+            tx.send(event(&container, Happening::Exited)).await.unwrap();
+            until("the poke", || r.pokes.pending() == 1).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"]);
+            // The pause process dying is the sandbox's exit.
+            tx.send(event(&sandbox, Happening::Exited)).await.unwrap();
+            until("the poke", || r.pokes.pending() == 1).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"]);
+            // A start is the worker's own doing.
+            tx.send(event(&container, Happening::Started))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(r.pokes.pending(), 0);
+            assert_eq!(
+                r.rt.count("ListPodSandbox"),
+                relists,
+                "no relist for known IDs"
+            );
+
+            // Another node's container exits: one relist looks for it, then it is foreign.
+            tx.send(event("elsewhere", Happening::Exited))
+                .await
+                .unwrap();
+            until("a relist", || r.rt.count("ListPodSandbox") == relists + 1).await;
+            until("the ID marked foreign", || r.cache.is_foreign("elsewhere")).await;
+            tx.send(event("elsewhere", Happening::Removed))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), relists + 1);
+            assert_eq!(r.pokes.pending(), 0);
+            assert!(
+                r.state
+                    .render_metrics()
+                    .contains("deckhand_pleg_event_pokes_total 2\n")
+            );
+            r.cancel.cancel();
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_broken_stream_brings_back_the_fast_relist_until_a_new_one_stands() {
+            let (rt, _, _) = runtime_with_a_pod().await;
+            let feed = FakeFeed::default();
+            let first = feed.stream();
+            feed.fail();
+            let second = feed.stream();
+            let r = start(&rt, feed);
+            until("events", || r.state.events_live()).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let verbose = r.health.report().render(true);
+            assert!(
+                verbose
+                    .contains("[+]pleg ok: events from containerd (relist every 300s as a check)"),
+                "{verbose}"
+            );
+            // While events flow, the relist is a rare check.
+            let relists = r.rt.count("ListPodSandbox");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), relists);
+
+            // The stream breaks: relisting every second at once.
+            drop(first);
+            until("relist mode", || !r.state.events_live()).await;
+            let broke = r.rt.count("ListPodSandbox");
+            let verbose = r.health.report().render(true);
+            assert!(
+                verbose.contains("[+]pleg ok: relisting every 1000ms"),
+                "{verbose}"
+            );
+            assert!(
+                r.state
+                    .render_metrics()
+                    .contains("deckhand_pleg_mode{mode=\"relist\",source=\"none\"} 1\n")
+            );
+            // One failed attempt, then the second stream stands after the back-off.
+            until("events again", || r.state.events_live()).await;
+            assert!(r.rt.count("ListPodSandbox") > broke, "relisted meanwhile");
+            let metrics = r.state.render_metrics();
+            assert!(
+                metrics.contains("deckhand_pleg_subscriptions_total 2\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("deckhand_pleg_stream_breaks_total 1\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("deckhand_pleg_mode{mode=\"events\",source=\"containerd\"} 1\n"),
+                "{metrics}"
+            );
+            // A relist right after subscribing catches up, then quiet again.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let caught_up = r.rt.count("ListPodSandbox");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(r.rt.count("ListPodSandbox"), caught_up);
+            drop(second);
+            r.cancel.cancel();
         }
     }
 

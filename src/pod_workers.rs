@@ -308,6 +308,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     done: mpsc::UnboundedSender<String>,
 ) {
     let mut state = deps.executor.load_state(&uid);
+    // Only this worker creates objects for its UID, and a worker that ended removed them all:
+    // when a relist has completed and neither it nor a worker since saw anything of the pod,
+    // the runtime holds nothing of it and the first sync need not read it (on a node starting
+    // many pods at once, two list calls per pod that each walk every container).
+    state.known_empty = deps.runtime_cache.has_relisted() && deps.runtime_cache.pod(&uid).is_none();
     let mut next = Instant::now();
     // Look at the work at once (first round, or a terminate that interrupted a sync).
     let mut immediate = true;
@@ -569,6 +574,19 @@ pub(crate) mod test_support {
         rt: FakeCri,
         objects: Option<crate::api_objects::ApiObjects>,
     ) -> Harness {
+        harness_full(rt, objects, None)
+    }
+
+    /// [`harness`] whose executor knows the PLEG's mode through `pleg`.
+    pub fn harness_with_pleg(rt: FakeCri, pleg: crate::pleg::PlegState) -> Harness {
+        harness_full(rt, None, Some(pleg))
+    }
+
+    fn harness_full(
+        rt: FakeCri,
+        objects: Option<crate::api_objects::ApiObjects>,
+        pleg: Option<crate::pleg::PlegState>,
+    ) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let node = Arc::new(NodeContext {
             node_name: "node-a".into(),
@@ -606,6 +624,10 @@ pub(crate) mod test_support {
                     BackoffPolicy::default(),
                     recorder,
                 );
+                let executor = match pleg {
+                    Some(p) => executor.with_pleg(p),
+                    None => executor,
+                };
                 match objects {
                     Some(o) => executor.with_api_objects(o),
                     None => executor,
@@ -1116,6 +1138,185 @@ mod tests {
             "{events:?}"
         );
         assert_eq!(h.rt.count("StartContainer"), 1, "the good pod runs on");
+        h.cancel.cancel();
+    }
+
+    /// A pod with one regular init container before its app.
+    fn pod_with_init(uid: &str) -> Arc<Pod> {
+        let mut p = (*pod(uid)).clone();
+        let spec = p.spec.as_mut().unwrap();
+        let mut init = spec.containers[0].clone();
+        init.name = "init".into();
+        spec.init_containers = Some(vec![init]);
+        Arc::new(p)
+    }
+
+    fn running_init(rt: &FakeCri) -> Option<String> {
+        rt.containers()
+            .into_iter()
+            .find(|c| {
+                c.metadata.as_ref().is_some_and(|m| m.name == "init")
+                    && c.state == crate::cri::proto::ContainerState::ContainerRunning as i32
+            })
+            .map(|c| c.id)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_a_running_init_container_is_waited_for_not_polled() {
+        use crate::pleg::feed::FeedSource;
+        use crate::pleg::route::Mode;
+        let pleg = crate::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
+        h.workers
+            .dispatch("uid-e1", Work::Sync(pod_with_init("uid-e1")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let init = running_init(&h.rt).unwrap();
+        // Let the sync that started it finish, then count: nothing is read while it runs.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let lists = h.rt.count("ListContainers");
+        tokio::time::sleep(crate::runtime::revisit::EVENT_DEADLINE - Duration::from_secs(1)).await;
+        assert_eq!(
+            h.rt.count("ListContainers"),
+            lists,
+            "the worker polled while waiting for the init container's exit"
+        );
+        // Its exit, told by the event stream, starts the app at once.
+        h.rt.exit_container(&init);
+        let heard = Instant::now();
+        h.workers.poke("uid-e1");
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert!(
+            heard.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            heard.elapsed()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_a_lost_exit_is_found_at_the_deadline() {
+        use crate::pleg::feed::FeedSource;
+        use crate::pleg::route::Mode;
+        let pleg = crate::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
+        h.workers
+            .dispatch("uid-e2", Work::Sync(pod_with_init("uid-e2")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let started = Instant::now();
+        h.rt.exit_container(&running_init(&h.rt).unwrap());
+        // No poke: the event got lost.
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        let waited = started.elapsed();
+        assert!(
+            waited <= crate::runtime::revisit::EVENT_DEADLINE + Duration::from_millis(100),
+            "{waited:?}"
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_heard_before_the_runtime_shows_it_is_read_again_until_it_does() {
+        use crate::pleg::feed::FeedSource;
+        use crate::pleg::route::Mode;
+        let pleg = crate::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg.clone());
+        h.workers
+            .dispatch("uid-e3", Work::Sync(pod_with_init("uid-e3")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let init = running_init(&h.rt).unwrap();
+        // The stream is a moment ahead of the runtime's view: the poke finds it still running.
+        pleg.note_exit(&init);
+        let heard = Instant::now();
+        h.workers.poke("uid-e3");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        h.rt.exit_container(&init);
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert!(
+            heard.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            heard.elapsed()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_the_runtime_cannot_hold_yet_is_started_without_reading_it_first() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.workers.dispatch("uid-n1", Work::Sync(pod("uid-n1")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        let calls = h.rt.calls();
+        let first_list = calls.iter().position(|c| c.starts_with("List"));
+        let run = calls.iter().position(|c| *c == "RunPodSandbox");
+        assert!(first_list > run, "{calls:?}");
+        // A pod the cache knows is read first, as before.
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.runtime_cache.update_pod(
+            "uid-n2",
+            crate::observed::ObservedPod {
+                names: Some(("default".into(), "web".into())),
+                sandboxes: vec![crate::observed::ObservedSandbox {
+                    id: "gone".into(),
+                    attempt: 0,
+                    state: crate::observed::SandboxState::NotReady,
+                    created_at: 1,
+                    ip: None,
+                    additional_ips: vec![],
+                    host_network: false,
+                }],
+                containers: vec![],
+            },
+        );
+        h.workers.dispatch("uid-n2", Work::Sync(pod("uid-n2")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        assert_eq!(h.rt.calls()[0], "ListPodSandbox");
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_events_a_running_init_container_is_polled() {
+        let mut h = harness_with_pleg(
+            FakeCri::with_images(&[IMAGE]),
+            crate::pleg::PlegState::default(),
+        );
+        h.workers
+            .dispatch("uid-e4", Work::Sync(pod_with_init("uid-e4")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let init = running_init(&h.rt).unwrap();
+        let lists = h.rt.count("ListContainers");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(h.rt.count("ListContainers") >= lists + 10);
+        h.rt.exit_container(&init);
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
         h.cancel.cancel();
     }
 

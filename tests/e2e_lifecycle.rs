@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Agent, containers_of, cri, sandboxes_of, wait_until};
@@ -605,65 +603,10 @@ spec:
     .await;
 }
 
-/// A private testbed of its own, torn down even when the test fails.
-struct OwnTestbed {
-    dir: tempfile::TempDir,
-}
-
-impl OwnTestbed {
-    fn script() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed")
-    }
-
-    fn up(&self) {
-        let out = Command::new(Self::script())
-            .args([
-                "up",
-                &self.tb(),
-                "--bridge",
-                "dhr0",
-                "--subnet",
-                "10.88.49.0/24",
-            ])
-            .output()
-            .expect("run scripts/testbed");
-        assert!(
-            out.status.success(),
-            "testbed up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn tb(&self) -> String {
-        self.dir.path().join("tb").display().to_string()
-    }
-
-    fn containerd_pid(&self) -> i32 {
-        std::fs::read_to_string(self.dir.path().join("tb/containerd.pid"))
-            .expect("containerd.pid")
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for OwnTestbed {
-    fn drop(&mut self) {
-        let _ = Command::new(Self::script())
-            .args(["down", &self.tb()])
-            .output();
-    }
-}
-
 #[tokio::test]
 async fn containerd_restarts_under_deckhand_and_pods_keep_running() {
     let _ = common::runtime_endpoint();
-    let tb = OwnTestbed {
-        dir: tempfile::Builder::new()
-            .prefix("deckhand-tbr-")
-            .tempdir()
-            .unwrap(),
-    };
+    let tb = common::OwnTestbed::new("deckhand-tbr-", "dhr0", "10.88.49.0/24");
     tb.up();
     let endpoint = format!("unix://{}/containerd.sock", tb.tb());
     let mut agent = Agent::new("e2e-lc-ctrd");

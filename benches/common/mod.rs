@@ -15,6 +15,8 @@ use deckhand::cri::proto::{ContainerFilter, ContainerState, ContainerStateValue}
 use deckhand::cri::{CriClient, RuntimeService};
 use serde_json::{Map, Value, json};
 
+pub mod proxy;
+
 pub const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 pub const POD_NAME: &str = "io.kubernetes.pod.name";
 pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";

@@ -27,6 +27,8 @@ pub struct CriClient {
     image: ImageServiceClient<Channel>,
     /// containerd's content service on the same socket, only to watch pulls progress.
     content: ContentClient<Channel>,
+    /// The connection itself, for the long-lived event subscriptions (`pleg::feed`).
+    channel: Channel,
     timeout: Duration,
     endpoint: RuntimeEndpoint,
 }
@@ -70,7 +72,9 @@ impl CriClient {
             image: ImageServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            content: ContentClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            content: ContentClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            channel,
             timeout,
             endpoint: endpoint.clone(),
         }
@@ -109,6 +113,11 @@ impl CriClient {
     /// The endpoint this client talks to.
     pub fn endpoint_info(&self) -> &RuntimeEndpoint {
         &self.endpoint
+    }
+
+    /// The shared connection (reconnects by itself), for streams that outlive one call.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     /// The per-call deadline.

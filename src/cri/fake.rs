@@ -80,6 +80,14 @@ fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>)
 }
 
 impl FakeCri {
+    /// Makes a container's process exit with code 0 (an init container's end, a crash), as
+    /// the runtime would report it afterwards.
+    pub fn exit_container(&self, id: &str) {
+        if let Some(c) = self.lock().containers.iter_mut().find(|c| c.id == id) {
+            c.state = ContainerState::ContainerExited as i32;
+        }
+    }
+
     /// A runtime that has these images.
     pub fn with_images(images: &[&str]) -> Self {
         let fake = FakeCri::default();

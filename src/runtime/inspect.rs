@@ -84,20 +84,30 @@ pub fn pod_selector(node: &str, uid: &str) -> HashMap<String, String> {
     sel
 }
 
+/// A sandbox's IP, read once and remembered (the start of a pod's containers needs it, and
+/// the observation right after then reads no status again).
+pub async fn sandbox_ip<R: RuntimeService>(
+    rt: &R,
+    cache: &DetailCache,
+    sandbox_id: &str,
+) -> CriResult<Option<String>> {
+    Ok(sandbox_detail(rt, cache, sandbox_id).await?.ip)
+}
+
 async fn sandbox_detail<R: RuntimeService>(
     rt: &R,
     cache: &DetailCache,
-    sandbox: &proto::PodSandbox,
+    sandbox_id: &str,
 ) -> CriResult<SandboxDetail> {
     if let Some(d) = cache
         .sandboxes
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&sandbox.id)
+        .get(sandbox_id)
     {
         return Ok(d.clone());
     }
-    let resp = rt.pod_sandbox_status(sandbox.id.clone()).await?;
+    let resp = rt.pod_sandbox_status(sandbox_id.to_string()).await?;
     let status = resp.status.unwrap_or_default();
     let network = status.network.unwrap_or_default();
     let host_network = status
@@ -114,7 +124,7 @@ async fn sandbox_detail<R: RuntimeService>(
         .sandboxes
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(sandbox.id.clone(), detail.clone());
+        .insert(sandbox_id.to_string(), detail.clone());
     Ok(detail)
 }
 
@@ -211,7 +221,7 @@ async fn observe<R: RuntimeService>(
         let Some(uid) = sb.labels.get(labels::POD_UID_LABEL) else {
             continue;
         };
-        let detail = match sandbox_detail(rt, cache, sb).await {
+        let detail = match sandbox_detail(rt, cache, &sb.id).await {
             Ok(d) => d,
             // Removed between the list and the status call: it is simply gone.
             Err(e) if e.is_not_found() => continue,

@@ -2,8 +2,17 @@
 //!
 //! Upstream's worker looks again at the next relist (1 s) or resync. Deckhand comes back sooner
 //! when it knows more is due: at once after a step of the start-up went through and the fresh
-//! view already calls for the next one, every 50 ms while a regular init container runs (its
-//! exit starts the next), after 2 s when a step failed, and when a back-off ends.
+//! view already calls for the next one, after 2 s when a step failed, and when a back-off ends.
+//!
+//! What a worker cannot know is when a container exits (an init container's end starts the
+//! next one; a crash calls for a restart). While the runtime's event stream flows the exit
+//! pokes the worker the moment it happens, so the worker only sets a deadline
+//! ([`EVENT_DEADLINE`]) in case the event got lost; without a stream it re-observes every
+//! 50 ms while a regular init container runs ([`INIT_POLL`]). The stream can also be a moment
+//! ahead of the runtime's own view (containerd's CRI plugin records an exit after publishing
+//! it, once the task is deleted): the deletion's event pokes the worker again, and a view that
+//! still shows running what the stream said exited is read again every 50 ms until it agrees
+//! (for at most `pleg::EXIT_NOTE_TTL`).
 
 use std::time::Duration;
 
@@ -13,8 +22,16 @@ use super::actions::PodActions;
 use crate::k8s::is_sidecar;
 use crate::observed::{ContainerState, ObservedPod};
 
-/// How often a pod is looked at while one of its init containers runs.
+/// How often a pod is looked at while one of its init containers runs and no event stream
+/// flows.
 pub const INIT_POLL: Duration = Duration::from_millis(50);
+/// While events flow: how long a worker waits for the exit of its running init container
+/// before it looks anyway (a lost event costs this much, not a relist period).
+pub const EVENT_DEADLINE: Duration = Duration::from_secs(5);
+/// How soon the view is read again when the event stream told of an exit it does not show.
+/// The task's deletion, after which containerd's CRI plugin shows the exit, pokes the worker
+/// too; this is the fallback should the view lag even that.
+pub const CATCH_UP: Duration = Duration::from_millis(50);
 /// How soon a pod is looked at again after a step of its start-up went through.
 pub const PROGRESS_RETRY: Duration = Duration::from_millis(20);
 /// How soon a sync that hit an error is retried.
@@ -34,6 +51,10 @@ pub struct SyncFacts<'a> {
     pub blocked: &'a dyn Fn(&str) -> bool,
     /// A regular init container runs in the newest sandbox.
     pub init_running: bool,
+    /// The runtime's event stream flows (its exits poke the worker).
+    pub events_live: bool,
+    /// The stream told of an exit that the view does not show yet.
+    pub exit_pending: bool,
 }
 
 /// The wait before the next look; `None` means only events and the resync bring it.
@@ -59,7 +80,14 @@ pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
         }
     }
     if facts.init_running {
-        sooner(INIT_POLL);
+        sooner(if facts.events_live {
+            EVENT_DEADLINE
+        } else {
+            INIT_POLL
+        });
+    }
+    if facts.exit_pending {
+        sooner(CATCH_UP);
     }
     next
 }
@@ -134,7 +162,21 @@ mod tests {
             followup,
             blocked,
             init_running,
+            events_live: false,
+            exit_pending: false,
         };
+        fn live(f: SyncFacts<'_>) -> SyncFacts<'_> {
+            SyncFacts {
+                events_live: true,
+                ..f
+            }
+        }
+        fn pending(f: SyncFacts<'_>) -> SyncFacts<'_> {
+            SyncFacts {
+                exit_pending: true,
+                ..f
+            }
+        }
         let ms = Duration::from_millis;
         let rows: Vec<(&str, SyncFacts, Option<Duration>)> = vec![
             (
@@ -176,6 +218,26 @@ mod tests {
                 "an init container runs",
                 facts(&waits_7, false, false, None, nobody, true),
                 Some(INIT_POLL),
+            ),
+            (
+                "with events, its exit is waited for with a deadline",
+                live(facts(&waits_7, false, false, None, nobody, true)),
+                Some(EVENT_DEADLINE),
+            ),
+            (
+                "with events, a sooner back-off still counts",
+                live(facts(&waits_3, false, false, None, nobody, true)),
+                Some(Duration::from_secs(3)),
+            ),
+            (
+                "with events and nothing running, nothing to wait for",
+                live(facts(&none, false, false, None, nobody, false)),
+                None,
+            ),
+            (
+                "an exit the view does not show yet",
+                pending(live(facts(&none, false, false, None, nobody, false))),
+                Some(CATCH_UP),
             ),
         ];
         for (name, f, want) in rows {

@@ -476,3 +476,74 @@ pub async fn running_containers(
     )
     .await
 }
+
+/// A private containerd of a test's own (`scripts/testbed` in a temp dir, with its own bridge
+/// and subnet), for tests that stop or restart containerd without disturbing the tests that
+/// share the suite's testbed. Torn down even when the test fails.
+pub struct OwnTestbed {
+    dir: tempfile::TempDir,
+    bridge: &'static str,
+    subnet: &'static str,
+}
+
+impl OwnTestbed {
+    /// Prepares (does not start) a testbed; `bridge` and `subnet` must be unique in the suite.
+    pub fn new(prefix: &str, bridge: &'static str, subnet: &'static str) -> OwnTestbed {
+        OwnTestbed {
+            dir: tempfile::Builder::new().prefix(prefix).tempdir().unwrap(),
+            bridge,
+            subnet,
+        }
+    }
+
+    fn script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed")
+    }
+
+    /// Starts (or restarts) its containerd; the shims and pods of a stopped one live on.
+    pub fn up(&self) {
+        let out = Command::new(Self::script())
+            .args([
+                "up",
+                &self.tb(),
+                "--bridge",
+                self.bridge,
+                "--subnet",
+                self.subnet,
+            ])
+            .output()
+            .expect("run scripts/testbed");
+        assert!(
+            out.status.success(),
+            "testbed up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The testbed's directory.
+    pub fn tb(&self) -> String {
+        self.dir.path().join("tb").display().to_string()
+    }
+
+    /// The CRI endpoint of its containerd.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}/containerd.sock", self.tb())
+    }
+
+    /// The PID of its containerd.
+    pub fn containerd_pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.path().join("tb/containerd.pid"))
+            .expect("containerd.pid")
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for OwnTestbed {
+    fn drop(&mut self) {
+        let _ = Command::new(Self::script())
+            .args(["down", &self.tb()])
+            .output();
+    }
+}

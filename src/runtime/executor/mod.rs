@@ -92,6 +92,10 @@ pub struct PodSyncState {
     /// Time spent making sure images are present (mostly pulling), which the pod start-up SLI
     /// leaves out.
     pub image_time: Duration,
+    /// The runtime is known to hold nothing of the pod (a new worker whose pod no relist or
+    /// worker ever saw): the next sync starts from an empty view instead of reading one. Taken
+    /// by that sync.
+    pub known_empty: bool,
 }
 
 /// The result of one sync.
@@ -125,6 +129,9 @@ pub struct Executor<R> {
     cgroups: Option<Arc<crate::cm::CgroupManager>>,
     /// How container limits are translated (CFS settings, cgroup version, huge page sizes).
     resources: crate::cm::ContainerSettings,
+    /// The PLEG's mode and the exits it heard of: with events flowing, a worker waits for the
+    /// exit it needs instead of polling for it.
+    pleg: Option<crate::pleg::PlegState>,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -176,6 +183,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             objects: None,
             cgroups: None,
             resources: crate::cm::ContainerSettings::default(),
+            pleg: None,
         }
     }
 
@@ -220,6 +228,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             );
         }
         Ok(())
+    }
+
+    /// Lets the next-look decision know whether the PLEG's event stream flows.
+    pub fn with_pleg(mut self, pleg: crate::pleg::PlegState) -> Self {
+        self.pleg = Some(pleg);
+        self
     }
 
     /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
@@ -292,7 +306,15 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         probes: &HashMap<String, ProbeView>,
     ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
-        let observed = match self.observe(&uid).await {
+        // A pod the runtime cannot hold anything of yet costs no read: its first look is the
+        // start itself.
+        let known_empty = std::mem::take(&mut state.known_empty);
+        let read = if known_empty {
+            Ok(ObservedPod::default())
+        } else {
+            self.observe(&uid).await
+        };
+        let observed = match read {
             Ok(o) => o,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
@@ -384,6 +406,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             followup: followup.as_ref(),
             blocked: &blocked,
             init_running: revisit::init_running(pod, &observed),
+            events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
+            exit_pending: self
+                .pleg
+                .as_ref()
+                .is_some_and(|p| p.exit_pending(&observed)),
         });
         if state.backoff != backoff_before {
             let dir = self.node.pod_dir(&uid);
@@ -553,6 +580,8 @@ mod cgroup_tests {
     fn manager(cgroups: &Path) -> Arc<CgroupManager> {
         for h in ["cpu", "memory", "pids"] {
             std::fs::create_dir_all(cgroups.join(h)).unwrap();
+            // What marks a mounted hierarchy.
+            std::fs::write(cgroups.join(h).join("cgroup.procs"), "").unwrap();
         }
         let m = CgroupManager::new(
             Arc::new(Fixture(HostCgroupFs::new(cgroups))),

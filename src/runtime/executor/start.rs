@@ -204,13 +204,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if observed.sandboxes.iter().any(|s| s.id == sandbox_id) {
             return observed.reachable_ip(Some(sandbox_id), self.node.host_ip.as_deref());
         }
-        let status = self
-            .rt
-            .pod_sandbox_status(sandbox_id.to_string())
+        // Remembered, so the observation after the start reads no status again.
+        super::inspect::sandbox_ip(&self.rt, &self.details, sandbox_id)
             .await
             .ok()?
-            .status?;
-        status.network.map(|n| n.ip).filter(|ip| !ip.is_empty())
     }
 
     /// Creates the pod's sandbox and its log directory.
