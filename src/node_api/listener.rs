@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -82,17 +81,20 @@ async fn accept_loop(
         let cancel = cancel.clone();
         connections.spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "node API: TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "node API: TLS handshake timed out");
-                    return;
-                }
-            };
+            let tls =
+                match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "node API: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "node API: TLS handshake timed out");
+                        return;
+                    }
+                };
             // rustls has verified the chain against the client CA; the leaf names the user.
             let user = PeerUser(
                 tls.get_ref()
@@ -101,40 +103,20 @@ async fn accept_loop(
                     .and_then(|certs| certs.first())
                     .and_then(|leaf| user_from_certificate(leaf)),
             );
-            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(user.clone());
-                router.clone().oneshot(req)
-            });
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(64 * 1024);
-            let conn = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            let deadline = tokio::time::sleep(limits.max_connection_age);
-            tokio::pin!(deadline);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    result = conn.as_mut() => {
-                        if let Err(err) = result {
-                            tracing::debug!(%peer, error = %err, "node API connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = cancel.cancelled(), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = &mut deadline, if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                }
-            }
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(user.clone());
+                    router.clone().oneshot(req)
+                },
+            );
+            crate::server::serve_connection(
+                TokioIo::new(tls),
+                service,
+                limits,
+                cancel,
+                &peer.to_string(),
+            )
+            .await;
         });
     }
     connections.close();

@@ -224,38 +224,57 @@ async fn accept_loop(
         let cancel = cancel.clone();
         connections.spawn(async move {
             let _permit = permit;
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(64 * 1024);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let deadline = tokio::time::sleep(limits.max_connection_age);
-            tokio::pin!(deadline);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    result = conn.as_mut() => {
-                        if let Err(err) = result {
-                            tracing::debug!(%peer, error = %err, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = cancel.cancelled(), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = &mut deadline, if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                }
-            }
+            serve_connection(TokioIo::new(stream), service, limits, cancel, &peer).await;
         });
     }
     connections.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
+}
+
+/// Serves one HTTP/1.1 connection of any listener under `limits` (its headers within the
+/// header timeout, a bounded read buffer), protocol upgrades allowed, and ends it gracefully
+/// when `cancel` fires or once it has been served for `max_connection_age`.
+pub(crate) async fn serve_connection<I, S, B>(
+    io: I,
+    service: S,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+    peer: &str,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(64 * 1024);
+    let conn = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
+    let deadline = tokio::time::sleep(limits.max_connection_age);
+    tokio::pin!(deadline);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+                break;
+            }
+            _ = cancel.cancelled(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = &mut deadline, if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
 }
 
 /// Serves `GET /healthz` on the healthz address.
