@@ -490,7 +490,10 @@ impl RuntimeService for FakeCri {
     ) -> CriResult<Vec<ContainerStats>> {
         self.enter("ListContainerStats").await?;
         let st = self.lock();
-        let selector = f.as_ref().map(|f| f.label_selector.clone()).unwrap_or_default();
+        let selector = f
+            .as_ref()
+            .map(|f| f.label_selector.clone())
+            .unwrap_or_default();
         let id = f.map(|f| f.id).unwrap_or_default();
         Ok(st
             .containers

@@ -251,34 +251,33 @@ fn proc_stat_cpu_ns(text: &str) -> Option<u64> {
     Some(busy.saturating_mul(10_000_000))
 }
 
-/// The previous CPU sample per key (`node`, `pod/<uid>`, `container/<id>`), to turn cumulative
-/// CPU time into a rate.
+/// The kept CPU sample per key (`node`, `pod/<uid>`, `container/<id>`) and the rate it ended,
+/// to turn cumulative CPU time into a rate.
 #[derive(Debug, Default)]
 pub struct Rates {
-    last: HashMap<String, (i64, u64)>,
+    /// key → (time ns, cumulative core-ns, the rate up to that sample).
+    last: HashMap<String, (i64, u64, Option<u64>)>,
 }
 
-/// Samples closer than this to the kept one do not replace it: two scrapers a few
-/// milliseconds apart would otherwise make a rate out of noise.
+/// A sample closer than this to the kept one neither replaces it nor makes a new rate: two
+/// scrapers a few milliseconds apart would otherwise make a rate out of noise. The rate of the
+/// kept sample is answered instead.
 const MIN_SAMPLE_GAP_NS: i64 = 1_000_000_000;
 
 impl Rates {
-    /// Nano-cores between the kept sample of `key` and this one (`None` for the first sample
-    /// or when the counter went back, as when a pod's container restarted).
+    /// Nano-cores between the kept sample of `key` and this one: `None` for the first sample
+    /// or when the counter went back (as when a pod's container restarted).
     pub fn rate(&mut self, key: &str, at_ns: i64, total: u64) -> Option<u64> {
         let rate = match self.last.get(key) {
-            Some(&(t0, v0)) if at_ns > t0 && total >= v0 => {
+            Some(&(_, v0, _)) if total < v0 => None,
+            Some(&(t0, _, kept)) if at_ns - t0 < MIN_SAMPLE_GAP_NS => return kept,
+            Some(&(t0, v0, _)) => {
                 let delta = u128::from(total - v0) * 1_000_000_000 / (at_ns - t0) as u128;
                 Some(u64::try_from(delta).unwrap_or(u64::MAX))
             }
-            _ => None,
+            None => None,
         };
-        match self.last.get(key) {
-            Some(&(t0, v0)) if at_ns - t0 < MIN_SAMPLE_GAP_NS && total >= v0 => {}
-            _ => {
-                self.last.insert(key.to_string(), (at_ns, total));
-            }
-        }
+        self.last.insert(key.to_string(), (at_ns, total, rate));
         rate
     }
 
@@ -394,7 +393,9 @@ pub fn build_summary(
     }
     let node_stats = NodeStats {
         node_name: node_name.to_string(),
-        start_time: node.boot_time_s.map(|s| time_ns(s.saturating_mul(1_000_000_000))),
+        start_time: node
+            .boot_time_s
+            .map(|s| time_ns(s.saturating_mul(1_000_000_000))),
         cpu: node.cpu_core_ns.map(|total| CpuStats {
             time: time_ns(node.at_ns),
             usage_nano_cores: rates.rate("node", node.at_ns, total),
@@ -468,7 +469,10 @@ fn sum_memory(containers: &[ContainerStats]) -> Option<MemoryStats> {
 }
 
 fn sum_rootfs(containers: &[ContainerStats], node: &NodeSample) -> Option<FsStats> {
-    let used: Vec<&FsStats> = containers.iter().filter_map(|c| c.rootfs.as_ref()).collect();
+    let used: Vec<&FsStats> = containers
+        .iter()
+        .filter_map(|c| c.rootfs.as_ref())
+        .collect();
     if used.is_empty() {
         return None;
     }
@@ -560,7 +564,11 @@ pub fn render_resource_metrics(summary: &Summary, error: bool) -> String {
             .filter_map(|(p, c)| {
                 let start = c.start_time.as_ref()?;
                 // Upstream stamps it with the CPU sample's time.
-                let ms = c.cpu.as_ref().map(|c| millis(&c.time)).unwrap_or(millis(start));
+                let ms = c
+                    .cpu
+                    .as_ref()
+                    .map(|c| millis(&c.time))
+                    .unwrap_or(millis(start));
                 Some((
                     container_labels(c, p),
                     start.0.as_nanosecond() as f64 / 1e9,
@@ -693,15 +701,29 @@ impl StatsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::proto::{ContainerAttributes, ContainerMetadata, CpuUsage, MemoryUsage, UInt64Value};
+    use crate::cri::proto::{
+        ContainerAttributes, ContainerMetadata, CpuUsage, MemoryUsage, UInt64Value,
+    };
 
     #[test]
     fn parses_key_value_files() {
         let cases: &[(&str, &str, Option<u64>)] = &[
-            ("MemTotal:       16384 kB\nMemFree: 1 kB\n", "MemTotal", Some(16384 * 1024)),
-            ("cache 10\ntotal_inactive_file 4096\n", "total_inactive_file", Some(4096)),
+            (
+                "MemTotal:       16384 kB\nMemFree: 1 kB\n",
+                "MemTotal",
+                Some(16384 * 1024),
+            ),
+            (
+                "cache 10\ntotal_inactive_file 4096\n",
+                "total_inactive_file",
+                Some(4096),
+            ),
             ("usage_usec 77\nuser_usec 5\n", "usage_usec", Some(77)),
-            ("cpu 1 2 3\nbtime 1700000000\n", "btime", Some(1_700_000_000)),
+            (
+                "cpu 1 2 3\nbtime 1700000000\n",
+                "btime",
+                Some(1_700_000_000),
+            ),
             ("garbage\nx y\n", "x", None),
         ];
         for (text, key, want) in cases {
@@ -734,11 +756,11 @@ mod tests {
         let s = 1_000_000_000i64;
         // (at, total, want)
         let steps: &[(i64, u64, Option<u64>)] = &[
-            (10 * s, 5_000_000_000, None),                // first sample
-            (12 * s, 6_000_000_000, Some(500_000_000)),   // 1 s of CPU in 2 s
-            (12 * s + 1000, 6_000_000_100, Some(100_000_000)), // too close: not kept
-            (14 * s, 8_000_000_000, Some(1_000_000_000)), // against the 12 s sample
-            (15 * s, 1_000, None),                        // counter went back
+            (10 * s, 5_000_000_000, None),                     // first sample
+            (12 * s, 6_000_000_000, Some(500_000_000)),        // 1 s of CPU in 2 s
+            (12 * s + 1000, 6_000_000_100, Some(500_000_000)), // too close: the kept rate
+            (14 * s, 8_000_000_000, Some(1_000_000_000)),      // against the 12 s sample
+            (15 * s, 1_000, None),                             // counter went back
             (17 * s, 1_000 + 2 * 250_000_000, Some(250_000_000)),
         ];
         let mut rates = Rates::default();
@@ -749,7 +771,15 @@ mod tests {
         assert_eq!(rates.rate("k", 20 * s, 9), None);
     }
 
-    fn stat(id: &str, pod: &str, uid: &str, name: &str, at: i64, cpu: u64, ws: u64) -> proto::ContainerStats {
+    fn stat(
+        id: &str,
+        pod: &str,
+        uid: &str,
+        name: &str,
+        at: i64,
+        cpu: u64,
+        ws: u64,
+    ) -> proto::ContainerStats {
         proto::ContainerStats {
             attributes: Some(ContainerAttributes {
                 id: id.into(),
@@ -760,7 +790,10 @@ mod tests {
                 labels: HashMap::from([
                     (labels::POD_UID_LABEL.to_string(), uid.to_string()),
                     (labels::POD_NAME_LABEL.to_string(), pod.to_string()),
-                    (labels::POD_NAMESPACE_LABEL.to_string(), "default".to_string()),
+                    (
+                        labels::POD_NAMESPACE_LABEL.to_string(),
+                        "default".to_string(),
+                    ),
                 ]),
                 annotations: HashMap::new(),
             }),
@@ -802,11 +835,18 @@ mod tests {
             stat("b1", "db", "u2", "db", 100 * s, 7, 10),
             stat("gone", "db", "u2", "old", 100 * s, 7, 10), // not running
         ];
-        let run = vec![running("a1", 5 * s), running("a2", 3 * s), running("b1", 9 * s)];
+        let run = vec![
+            running("a1", 5 * s),
+            running("a2", 3 * s),
+            running("b1", 9 * s),
+        ];
         let mut rates = Rates::default();
         let sum = build_summary("n1", &node, &stats, &run, &mut rates);
         assert_eq!(sum.node.node_name, "n1");
-        assert_eq!(sum.node.memory.as_ref().unwrap().available_bytes, Some(10_000 - 4096));
+        assert_eq!(
+            sum.node.memory.as_ref().unwrap().available_bytes,
+            Some(10_000 - 4096)
+        );
         let pods: Vec<(&str, Vec<&str>, Option<u64>, Option<u64>)> = sum
             .pods
             .iter()
@@ -842,12 +882,18 @@ mod tests {
         let sum2 = build_summary("n1", &node2, &stats2, &run, &mut rates);
         assert_eq!(sum2.node.cpu.unwrap().usage_nano_cores, Some(1_000_000_000));
         let web = &sum2.pods[0];
-        assert_eq!(web.cpu.as_ref().unwrap().usage_nano_cores, Some(500_000_000));
+        assert_eq!(
+            web.cpu.as_ref().unwrap().usage_nano_cores,
+            Some(500_000_000)
+        );
         assert_eq!(
             web.containers[0].cpu.as_ref().unwrap().usage_nano_cores,
             Some(500_000_000)
         );
-        assert_eq!(web.containers[1].cpu.as_ref().unwrap().usage_nano_cores, Some(0));
+        assert_eq!(
+            web.containers[1].cpu.as_ref().unwrap().usage_nano_cores,
+            Some(0)
+        );
         // The vanished pod's samples are forgotten.
         assert!(!rates.last.contains_key("pod/u2"));
     }
@@ -869,15 +915,27 @@ mod tests {
             ..Default::default()
         };
         let stats = vec![stat("a1", "web", "u1", "app", 100 * s, 3, 4)];
-        let sum = build_summary("n1", &node, &stats, &[running("a1", s)], &mut Rates::default());
+        let sum = build_summary(
+            "n1",
+            &node,
+            &stats,
+            &[running("a1", s)],
+            &mut Rates::default(),
+        );
         let v = serde_json::to_value(&sum).unwrap();
         assert_eq!(v["node"]["nodeName"], "n1");
         assert_eq!(v["node"]["cpu"]["usageCoreNanoSeconds"], 1);
         assert_eq!(v["node"]["fs"]["capacityBytes"], 10);
         assert_eq!(v["node"]["fs"]["inodesUsed"], 2);
         assert_eq!(v["pods"][0]["podRef"]["uid"], "u1");
-        assert_eq!(v["pods"][0]["containers"][0]["memory"]["workingSetBytes"], 4);
-        assert_eq!(v["pods"][0]["containers"][0]["startTime"], "1970-01-01T00:00:01Z");
+        assert_eq!(
+            v["pods"][0]["containers"][0]["memory"]["workingSetBytes"],
+            4
+        );
+        assert_eq!(
+            v["pods"][0]["containers"][0]["startTime"],
+            "1970-01-01T00:00:01Z"
+        );
         assert!(v["pods"][0]["cpu"].get("usageNanoCores").is_none());
     }
 
@@ -891,7 +949,13 @@ mod tests {
             ..Default::default()
         };
         let stats = vec![stat("a1", "web", "u1", "app", 100 * s, 1_500_000_000, 4)];
-        let sum = build_summary("n1", &node, &stats, &[running("a1", s)], &mut Rates::default());
+        let sum = build_summary(
+            "n1",
+            &node,
+            &stats,
+            &[running("a1", s)],
+            &mut Rates::default(),
+        );
         let text = render_resource_metrics(&sum, false);
         for line in [
             "# TYPE container_cpu_usage_seconds_total counter",
@@ -904,7 +968,10 @@ mod tests {
             "pod_memory_working_set_bytes{namespace=\"default\",pod=\"web\"} 4 100000",
             "scrape_error 0",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
         assert!(render_resource_metrics(&Summary::default(), true).ends_with("scrape_error 1\n"));
     }
