@@ -847,7 +847,9 @@ mod tests {
             sum.node.memory.as_ref().unwrap().available_bytes,
             Some(10_000 - 4096)
         );
-        let pods: Vec<(&str, Vec<&str>, Option<u64>, Option<u64>)> = sum
+        // (pod, containers, CPU core-ns, working set)
+        type Row<'a> = (&'a str, Vec<&'a str>, Option<u64>, Option<u64>);
+        let pods: Vec<Row> = sum
             .pods
             .iter()
             .map(|p| {
