@@ -532,6 +532,11 @@ pub async fn run(
             configz: Arc::new(
                 serde_json::to_vec(&crate::node_api::configz::configz(&config)).unwrap_or_default(),
             ),
+            stats: Arc::new(crate::node_api::stats::StatsProvider::new(
+                Arc::new(client.clone()),
+                Arc::new(crate::node_api::stats::HostFiles::default()),
+                config.node_name.clone(),
+            )),
         };
         let slot = serving_certificate(
             &config,

@@ -348,6 +348,20 @@ impl RuntimeService for CriClient {
         .await
         .map(drop)
     }
+
+    async fn list_container_stats(
+        &self,
+        filter: Option<ContainerStatsFilter>,
+    ) -> CriResult<Vec<ContainerStats>> {
+        let req = ListContainerStatsRequest { filter };
+        call(
+            "ListContainerStats",
+            Some(self.timeout),
+            self.runtime.clone().list_container_stats(req),
+        )
+        .await
+        .map(|r| r.stats)
+    }
 }
 
 impl ImageService for CriClient {

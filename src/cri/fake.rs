@@ -46,6 +46,8 @@ struct State {
     next_id: u64,
     sandboxes: Vec<PodSandbox>,
     containers: Vec<Container>,
+    /// The usage `ListContainerStats` reports per container ID (unset: none).
+    container_stats: HashMap<String, ContainerStats>,
     images: HashSet<String>,
     /// What `ListImages` answers (empty unless a test sets it; image GC tests do).
     listed_images: Vec<Image>,
@@ -144,6 +146,11 @@ impl FakeCri {
     /// The log path `ContainerStatus` reports for the container from now on.
     pub fn set_log_path(&self, id: &str, path: &str) {
         self.lock().log_paths.insert(id.into(), path.into());
+    }
+
+    /// What `ListContainerStats` reports for container `id` (its attributes are filled in).
+    pub fn set_container_stats(&self, id: &str, stats: ContainerStats) {
+        self.lock().container_stats.insert(id.to_string(), stats);
     }
 
     /// Puts a container in, as a relist would find it (GC and rotation tests).
@@ -473,6 +480,37 @@ impl RuntimeService for FakeCri {
             }),
             None => Err(Self::not_found("ReopenContainerLog", &id)),
         }
+    }
+
+    /// Every container that matches, with the usage a test set (`set_container_stats`) or
+    /// none.
+    async fn list_container_stats(
+        &self,
+        f: Option<ContainerStatsFilter>,
+    ) -> CriResult<Vec<ContainerStats>> {
+        self.enter("ListContainerStats").await?;
+        let st = self.lock();
+        let selector = f
+            .as_ref()
+            .map(|f| f.label_selector.clone())
+            .unwrap_or_default();
+        let id = f.map(|f| f.id).unwrap_or_default();
+        Ok(st
+            .containers
+            .iter()
+            .filter(|c| matches(&c.labels, &selector))
+            .filter(|c| id.is_empty() || c.id == id)
+            .map(|c| {
+                let mut stats = st.container_stats.get(&c.id).cloned().unwrap_or_default();
+                stats.attributes = Some(ContainerAttributes {
+                    id: c.id.clone(),
+                    metadata: c.metadata.clone(),
+                    labels: c.labels.clone(),
+                    annotations: c.annotations.clone(),
+                });
+                stats
+            })
+            .collect())
     }
 }
 

@@ -70,6 +70,12 @@ pub trait RuntimeService: Clone + Send + Sync + 'static {
         &self,
         container_id: String,
     ) -> impl Future<Output = CriResult<()>> + Send;
+    /// Resource usage of the containers the filter selects (`/stats/summary`,
+    /// `/metrics/resource`): cumulative CPU, memory working set, writable layer.
+    fn list_container_stats(
+        &self,
+        filter: Option<ContainerStatsFilter>,
+    ) -> impl Future<Output = CriResult<Vec<ContainerStats>>> + Send;
 }
 
 /// Images (`runtime.v1.ImageService`).

@@ -66,6 +66,8 @@ pub struct NodeApiState {
     pub node_log_dir: PathBuf,
     /// `/configz`'s body, rendered once at start.
     pub configz: Arc<Vec<u8>>,
+    /// `/stats/summary` and `/metrics/resource`.
+    pub stats: Arc<super::stats::StatsProvider>,
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {
@@ -127,6 +129,8 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/runningpods/", get(running_pods))
         .route("/configz", get(configz))
         .route("/metrics", get(metrics_page))
+        .route("/metrics/resource", get(resource_metrics))
+        .route("/stats/summary", get(stats_summary))
         .route("/metrics/{*rest}", get(metrics_page))
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/logs", get(node_logs_root))
@@ -230,6 +234,35 @@ async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -
             .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     }
+}
+
+/// `/stats/summary` (`only_cpu_and_memory` is accepted; the whole summary is always sent).
+async fn stats_summary(State(state): State<NodeApiState>) -> Response {
+    match state.stats.summary().await {
+        Ok(summary) => match serde_json::to_vec(&summary) {
+            Ok(b) => json(b),
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "stats summary failed");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Error: {e}"),
+            )
+        }
+    }
+}
+
+async fn resource_metrics(State(state): State<NodeApiState>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.stats.resource_metrics().await,
+    )
+        .into_response()
 }
 
 async fn node_logs_root(state: State<NodeApiState>) -> Response {

@@ -1,7 +1,7 @@
 //! The node API on port 10250 (`--port`, `--address`): HTTPS with client-certificate and
 //! token authentication and SubjectAccessReview authorization, serving what the API server
 //! and operators ask a node for: `/pods`, `/runningpods/`, `/healthz`, `/configz`,
-//! `/metrics…`, `/containerLogs/…` (`kubectl logs`), `/exec`, `/attach`, `/portForward`
+//! `/metrics…`, `/stats/summary`, `/containerLogs/…` (`kubectl logs`), `/exec`, `/attach`, `/portForward`
 //! (`kubectl exec`/`attach`/`port-forward`).
 //!
 //! * [`attributes`]: request path and method → verb and `nodes` subresources (pure).
@@ -12,7 +12,8 @@
 //!   the client CA.
 //! * [`listener`]: the TLS accept loop with the listener limits.
 //! * [`handlers`]: the endpoints; [`logs`]: CRI log files; [`streaming`]: the upgrade proxy
-//!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`.
+//!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`;
+//!   [`stats`]: `/stats/summary` and `/metrics/resource` (types in [`stats_types`]).
 
 pub mod attributes;
 pub mod auth;
@@ -23,6 +24,8 @@ pub mod listener;
 pub mod logs;
 pub mod node_logs;
 pub mod review;
+pub mod stats;
+pub mod stats_types;
 pub mod streaming;
 pub mod tls;
 
@@ -154,6 +157,11 @@ mod tests {
             pod_logs_dir: dir.to_path_buf(),
             node_log_dir: dir.to_path_buf(),
             configz: Arc::new(b"{}".to_vec()),
+            stats: Arc::new(stats::StatsProvider::new(
+                Arc::new(crate::cri::fake::FakeCri::default()),
+                Arc::new(stats::HostFiles::default()),
+                "n1".into(),
+            )),
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
