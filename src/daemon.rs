@@ -641,7 +641,7 @@ pub async fn run(
         events.clone(),
     )
     .with_container_settings(container_settings)
-    .with_pleg(pleg_state.clone());
+    .with_pleg(Arc::new(pleg_state.clone()));
     if let Some(cgroups) = cgroups {
         tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);

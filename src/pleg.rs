@@ -331,6 +331,16 @@ impl Default for PlegState {
     }
 }
 
+impl crate::runtime::executor::RuntimeEvents for PlegState {
+    fn events_live(&self) -> bool {
+        PlegState::events_live(self)
+    }
+
+    fn exit_pending(&self, observed: &ObservedPod) -> bool {
+        PlegState::exit_pending(self, observed)
+    }
+}
+
 impl PlegState {
     /// The mode in effect.
     pub fn mode(&self) -> Mode {

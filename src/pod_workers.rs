@@ -625,7 +625,7 @@ pub(crate) mod test_support {
                     recorder,
                 );
                 let executor = match pleg {
-                    Some(p) => executor.with_pleg(p),
+                    Some(p) => executor.with_pleg(Arc::new(p)),
                     None => executor,
                 };
                 match objects {

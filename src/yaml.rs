@@ -191,6 +191,12 @@ pub fn parse_field_path(path: &str) -> Vec<PathSegment> {
 /// file for people (`deckhand validate`). `None` when the text does not parse or has none of
 /// the path.
 pub fn locate(text: &str, path: &[PathSegment]) -> Option<(usize, usize)> {
+    locate_part(text, path).map(|(at, _)| at)
+}
+
+/// [`locate`], and whether the document has the whole path (false: the place is the deepest
+/// part of it the document has).
+pub fn locate_part(text: &str, path: &[PathSegment]) -> Option<((usize, usize), bool)> {
     use serde_saphyr::granit_parser::{Event, Parser};
 
     if check_size(text).is_err() {
@@ -277,7 +283,7 @@ pub fn locate(text: &str, path: &[PathSegment]) -> Option<(usize, usize)> {
             _ => {}
         }
     }
-    best.map(|(_, at)| at)
+    best.map(|(len, at)| (at, len == path.len()))
 }
 
 #[cfg(test)]

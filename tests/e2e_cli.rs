@@ -75,6 +75,20 @@ spec:
         ),
     );
 
+    agent.write_manifest(
+        "elsewhere.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: elsewhere}}
+spec:
+  nodeSelector: {{disk: ssd}}
+  containers:
+  - {{name: app, image: {BUSYBOX}}}
+"#
+        ),
+    );
+
     let root = agent.root_dir().display().to_string();
     let socket = agent.root_dir().join("deckhand.sock");
     let mode = std::fs::metadata(&socket)
@@ -87,7 +101,7 @@ spec:
         "the local socket is for its owner only"
     );
 
-    let names = ["ok", "crash", "nopull", "unready"].map(|n| agent.pod_name(n));
+    let names = ["ok", "crash", "nopull", "unready", "elsewhere"].map(|n| agent.pod_name(n));
     let rows: Vec<Value> = wait_until("deckhand pods to explain every broken pod", WAIT, || {
         let root = root.clone();
         let names = names.clone();
@@ -109,7 +123,9 @@ spec:
             let crash = why(&names[1])?.contains("last exit code 3 (Error)");
             let nopull = why(&names[2])?.contains("ErrImageNeverPull");
             let unready = why(&names[3])?.contains("Readiness probe failed");
-            (ok && crash && nopull && unready).then_some(rows)
+            let refused = why(&names[4])?
+                .starts_with("NodeAffinity: Pod was rejected: Predicate NodeAffinity failed");
+            (ok && crash && nopull && unready && refused).then_some(rows)
         }
     })
     .await;
@@ -218,6 +234,41 @@ spec:
 
     let (code, _, err) = deckhand(&["validate"]);
     assert_eq!(code, 2, "a usage error: {err}");
+}
+
+/// Every manifest of `tests/manifests/bad` names its mistake's place on its first line
+/// (`# expect: LINE:COLUMN [FIELD]`); validate must point there.
+#[test]
+fn deckhand_validate_points_at_each_mistake_of_the_bad_manifest_corpus() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/manifests/bad");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "the corpus is in {}", dir.display());
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let expect = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect: "))
+            .unwrap_or_else(|| panic!("{}: no `# expect:` line", file.display()));
+        let (place, field) = expect.split_once(' ').unwrap_or((expect, ""));
+        let path = file.display().to_string();
+        let (code, out, err) = deckhand(&["validate", "--hostname-override", "n1", &path]);
+        assert_eq!(code, 1, "{path}: {out}{err}");
+        let mut want = format!("{path}:{place}: error: ");
+        if !field.is_empty() {
+            want.push_str(&format!("{field}: "));
+        }
+        assert!(
+            out.lines().next().is_some_and(|l| l.starts_with(&want)),
+            "{path}: want a first finding starting {want:?}, got:\n{out}"
+        );
+    }
 }
 
 #[test]

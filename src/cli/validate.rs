@@ -48,6 +48,11 @@ pub struct FileReport {
 pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity) -> FileReport {
     let text = String::from_utf8_lossy(bytes);
     let place = |field: &str| yaml::locate(&text, &yaml::parse_field_path(field));
+    // Fields the file does not have came from defaulting (a request copied from its limit):
+    // their findings repeat one about a field the file has, and are dropped below.
+    let written = |field: &str| {
+        yaml::locate_part(&text, &yaml::parse_field_path(field)).is_some_and(|(_, whole)| whole)
+    };
     let mut diagnostics = Vec::new();
     let mut pods = Vec::new();
     match load_static_pods(
@@ -84,13 +89,21 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
                 pods.push(name);
             }
         }
-        Err(LoadError::Decode(e)) => diagnostics.push(Diagnostic {
-            severity: Severity::Error,
-            line: e.line,
-            column: e.column,
-            field: e.field.clone(),
-            message: e.reason.clone(),
-        }),
+        Err(LoadError::Decode(e)) => {
+            // The decoder knows the place of a syntax error; a wrong `kind` or `apiVersion`
+            // only names its field.
+            let at = match (e.line, &e.field) {
+                (None, Some(field)) => place(field),
+                _ => e.line.map(|l| (l, e.column.unwrap_or(0))),
+            };
+            diagnostics.push(Diagnostic {
+                severity: Severity::Error,
+                line: at.map(|a| a.0),
+                column: at.map(|a| a.1).filter(|c| *c > 0),
+                field: e.field.clone(),
+                message: e.reason.clone(),
+            })
+        }
         Err(LoadError::Invalid { errors, .. }) => {
             // The loader stops at the first invalid pod; the decoder still knows which fields
             // it did not understand, and a misspelt field often explains the error.
@@ -107,7 +120,13 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
                     });
                 }
             }
-            for e in errors {
+            let repeated = |e: &crate::source::validate::ValidationError| {
+                !written(&e.field)
+                    && errors
+                        .iter()
+                        .any(|other| other.reason == e.reason && written(&other.field))
+            };
+            for e in errors.iter().filter(|e| !repeated(e)) {
                 let at = place(&e.field);
                 diagnostics.push(Diagnostic {
                     severity: Severity::Error,

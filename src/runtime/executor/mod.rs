@@ -98,6 +98,16 @@ pub struct PodSyncState {
     pub known_empty: bool,
 }
 
+/// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
+/// again. `pleg::PlegState` implements it; a trait, so the runtime never depends on the PLEG
+/// (which reads the runtime).
+pub trait RuntimeEvents: Send + Sync {
+    /// Events from the runtime flow now (an exit will wake the worker).
+    fn events_live(&self) -> bool;
+    /// The stream told of an exit that `observed` does not show yet.
+    fn exit_pending(&self, observed: &ObservedPod) -> bool;
+}
+
 /// The result of one sync.
 pub struct SyncOutcome {
     pub observed: ObservedPod,
@@ -131,7 +141,7 @@ pub struct Executor<R> {
     resources: crate::cm::ContainerSettings,
     /// The PLEG's mode and the exits it heard of: with events flowing, a worker waits for the
     /// exit it needs instead of polling for it.
-    pleg: Option<crate::pleg::PlegState>,
+    pleg: Option<Arc<dyn RuntimeEvents>>,
 }
 
 fn pod_uid(pod: &Pod) -> &str {
@@ -231,7 +241,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Lets the next-look decision know whether the PLEG's event stream flows.
-    pub fn with_pleg(mut self, pleg: crate::pleg::PlegState) -> Self {
+    pub fn with_pleg(mut self, pleg: Arc<dyn RuntimeEvents>) -> Self {
         self.pleg = Some(pleg);
         self
     }
