@@ -4,53 +4,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Agent, http_get, sleeping_pod, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// promtool, unpacked by `scripts/install-deps`; a clear failure when it is missing.
-fn promtool() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".testbed/tools/promtool");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/install-deps (it unpacks promtool from Debian's prometheus package)",
-        path.display()
-    );
-    path
-}
-
-/// `promtool check metrics` on `page`: its complaints, empty when there are none.
-fn lint(page: &str) -> String {
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        String::new()
-    } else {
-        text
-    }
-}
 
 /// The value of the first sample line starting with `series` (name and labels).
 fn sample(page: &str, series: &str) -> Option<f64> {
@@ -143,6 +101,10 @@ async fn metrics_use_upstreams_names_follow_the_pods_and_pass_promtool() {
     for path in ["/metrics", "/metrics/probes", "/metrics/events"] {
         let (code, page) = http_get(&format!("{base}{path}")).await.expect(path);
         assert_eq!(code, 200, "{path}");
-        assert_eq!(lint(&page), "", "promtool on {path}:\n{page}");
+        assert_eq!(
+            common::promtool_lint(&page),
+            "",
+            "promtool on {path}:\n{page}"
+        );
     }
 }

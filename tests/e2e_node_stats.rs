@@ -9,9 +9,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::{Agent, BUSYBOX, sleeping_pod, wait_until};
@@ -48,43 +46,6 @@ fn curl(port: u16, path: &str) -> Option<(u16, String)> {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n')?;
     Some((code.trim().parse().ok()?, body.to_string()))
-}
-
-fn promtool() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".testbed/tools/promtool");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/install-deps (it unpacks promtool from Debian's prometheus package)",
-        path.display()
-    );
-    path
-}
-
-/// `promtool check metrics`'s complaints about `page`, empty when there are none.
-fn lint(page: &str) -> String {
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    if out.status.success() {
-        String::new()
-    } else {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    }
 }
 
 fn pod<'a>(summary: &'a Value, name: &str) -> Option<&'a Value> {
@@ -176,7 +137,7 @@ async fn stats_summary_and_resource_metrics_follow_the_pods() {
         .unwrap()
         .expect("GET /metrics/resource");
     assert_eq!(code, 200, "{page}");
-    assert_eq!(lint(&page), "", "promtool on\n{page}");
+    assert_eq!(common::promtool_lint(&page), "", "promtool on\n{page}");
     for series in [
         format!(
             "container_cpu_usage_seconds_total{{container=\"spin\",namespace=\"default\",pod=\"{busy}\"}} "

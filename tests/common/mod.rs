@@ -547,3 +547,43 @@ impl Drop for OwnTestbed {
             .output();
     }
 }
+
+/// promtool, unpacked by `scripts/install-deps`; a clear failure when it is missing.
+fn promtool() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".testbed/tools/promtool");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/install-deps (it unpacks promtool from Debian's prometheus package)",
+        path.display()
+    );
+    path
+}
+
+/// `promtool check metrics` on `page`: its complaints, empty when there are none.
+pub fn promtool_lint(page: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        String::new()
+    } else {
+        text
+    }
+}
