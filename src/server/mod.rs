@@ -380,9 +380,23 @@ pub async fn serve_local_socket(
         addr: path.display().to_string(),
         source,
     };
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed(e)),
-        _ => {}
+    use std::os::unix::fs::FileTypeExt;
+    // A socket left by an earlier run is replaced; anything else there is not ours to delete.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(failed)?;
+        }
+        Ok(_) => {
+            return Err(failed(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "something other than a socket is in the way",
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(failed(e)),
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
     }
     // Connecting needs write permission on the socket; it is narrowed to the owner before
     // anything is served on it.
@@ -514,6 +528,37 @@ mod tests {
                 .is_some()
         );
         cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn the_local_socket_replaces_an_old_socket_but_never_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("root/deckhand.sock");
+        let serve = |cancel: CancellationToken| {
+            serve_local_socket(
+                &path,
+                Health::default(),
+                PodStates::default(),
+                Metrics::default(),
+                cancel,
+            )
+        };
+        // A missing root dir is made; a socket from an earlier run is replaced.
+        let first = CancellationToken::new();
+        serve(first.clone()).await.unwrap();
+        first.cancel();
+        let second = CancellationToken::new();
+        serve(second.clone()).await.unwrap();
+        second.cancel();
+        // Something else in the way is left alone.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "precious").unwrap();
+        let err = serve(CancellationToken::new())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("other than a socket"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious");
     }
 
     #[tokio::test]
