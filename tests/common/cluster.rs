@@ -314,3 +314,57 @@ pub async fn event_reasons(client: &kube::Client, ns: &str, name: &str) -> Vec<(
         .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
         .collect()
 }
+
+/// metrics-server for the cluster (`scripts/cluster metrics-server DIR --address IP`), on a
+/// non-loopback address of this host, behind the APIService `v1beta1.metrics.k8s.io`. It
+/// starts on a thread of its own (a test does other things meanwhile); when dropped, even
+/// when the test failed half-way, the start is waited for, then metrics-server is stopped
+/// and its API objects removed.
+pub struct MetricsServer {
+    starting: Option<std::thread::JoinHandle<std::io::Result<std::process::Output>>>,
+}
+
+impl MetricsServer {
+    /// Starts it in the background.
+    pub fn start(address: &str) -> MetricsServer {
+        let dir = cluster_dir().to_string_lossy().into_owned();
+        let address = address.to_string();
+        let starting = std::thread::spawn(move || {
+            Command::new(script())
+                .args(["metrics-server", &dir, "--address", &address])
+                .output()
+        });
+        MetricsServer {
+            starting: Some(starting),
+        }
+    }
+
+    /// Waits until the API server finds the APIService Available; fails the test with
+    /// scripts/cluster's output when it does not get there.
+    pub fn wait_available(&mut self) {
+        let Some(starting) = self.starting.take() else {
+            return;
+        };
+        let out = starting
+            .join()
+            .expect("the thread running scripts/cluster metrics-server")
+            .expect("run scripts/cluster");
+        assert!(
+            out.status.success(),
+            "scripts/cluster metrics-server failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(starting) = self.starting.take() {
+            let _ = starting.join();
+        }
+        let _ = Command::new(script())
+            .args(["metrics-server-down", &cluster_dir().to_string_lossy()])
+            .output();
+    }
+}

@@ -98,6 +98,10 @@ pub struct Agent {
     pub read_only_port: u16,
     /// The node API's port (`--port`; 10250 is never used, tests share the machine).
     pub port: u16,
+    /// Where the node API and the read-only port listen (`--address`): 127.0.0.1 unless a
+    /// test needs the API server to reach the node, which it refuses to do on loopback (see
+    /// [`HostAddress`]).
+    pub address: String,
     pub child: Option<Child>,
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -121,6 +125,7 @@ impl Agent {
             healthz_port: free_port(),
             read_only_port: free_port(),
             port: free_port(),
+            address: "127.0.0.1".to_string(),
             child: None,
             extra_args: Vec::new(),
             env: Vec::new(),
@@ -168,7 +173,7 @@ impl Agent {
             format!("--healthz-port={}", self.healthz_port),
             format!("--read-only-port={}", self.read_only_port),
             format!("--port={}", self.port),
-            "--address=127.0.0.1".to_string(),
+            format!("--address={}", self.address),
             "--v=4".to_string(),
             // The testbed's images are built locally and cannot be pulled again; on a nearly
             // full disk an agent living past the first image GC pass would remove the unused ones.
@@ -266,7 +271,7 @@ impl Agent {
 
     /// `GET /pods` on the read-only port.
     pub async fn pods(&self) -> Option<serde_json::Value> {
-        let url = format!("http://127.0.0.1:{}/pods", self.read_only_port);
+        let url = format!("http://{}:{}/pods", self.address, self.read_only_port);
         let (code, body) = http_get(&url).await?;
         if code != 200 {
             return None;
@@ -585,5 +590,51 @@ pub fn promtool_lint(page: &str) -> String {
         String::new()
     } else {
         text
+    }
+}
+
+/// A non-loopback IPv4 address of this host, for as long as the value lives: the API server
+/// refuses to proxy to a node (`nodes/proxy`) or to route to an extension API server on a
+/// loopback or link-local address, and the tests' agents otherwise listen on 127.0.0.1.
+/// The address (a /32 from a documentation range, so it routes nowhere else) goes on `lo`:
+/// that needs no kernel module (dummy interfaces may be missing) and reaches no network.
+/// One left on `lo` by an earlier, killed run is taken over; the same address on any other
+/// interface is someone's real address and fails the test.
+pub struct HostAddress {
+    pub ip: String,
+}
+
+impl HostAddress {
+    pub fn add(ip: &str) -> HostAddress {
+        let out = Command::new("ip")
+            .args(["-4", "-o", "addr", "show"])
+            .output()
+            .expect("run ip (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let needle = format!(" inet {ip}/");
+        match text.lines().find(|l| l.contains(&needle)) {
+            Some(line) if line.split_whitespace().nth(1) == Some("lo") => {}
+            Some(line) => panic!("{ip} is already an address of this host ({line}); pick another"),
+            None => {
+                let out = Command::new("ip")
+                    .args(["addr", "add", &format!("{ip}/32"), "dev", "lo"])
+                    .output()
+                    .expect("run ip (iproute2)");
+                assert!(
+                    out.status.success(),
+                    "ip addr add {ip}/32 dev lo failed (the tests run as root): {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        HostAddress { ip: ip.to_string() }
+    }
+}
+
+impl Drop for HostAddress {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["addr", "del", &format!("{}/32", self.ip), "dev", "lo"])
+            .output();
     }
 }
