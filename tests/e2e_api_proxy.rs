@@ -184,11 +184,12 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
             .is_some_and(|v| v > 0),
         "{pod}"
     );
+    // A spinning shell uses a good part of a core; 10m leaves room for a crowded machine.
     assert!(
         pod["cpu"]["usageNanoCores"]
             .as_u64()
-            .is_some_and(|v| v > 100_000_000),
-        "a spinning shell uses a good part of a core: {pod}"
+            .is_some_and(|v| v > 10_000_000),
+        "CPU of a spinning shell: {pod}"
     );
 
     // /metrics/resource (what metrics-server scrapes) and /pods, the same way.
@@ -216,10 +217,9 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
     )
     .expect("/pods is JSON");
     assert!(
-        list["items"]
-            .as_array()
-            .is_some_and(|items| items.iter().any(|p| p["metadata"]["name"] == "busy"
-                && p["metadata"]["namespace"] == ns)),
+        list["items"].as_array().is_some_and(|items| items
+            .iter()
+            .any(|p| p["metadata"]["name"] == "busy" && p["metadata"]["namespace"] == ns)),
         "{list}"
     );
 
@@ -229,17 +229,37 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
         top(&["pod", "busy"], Some(ns)).await
     })
     .await;
+    println!("kubectl top pod: {rows:?}");
     // NAME CPU(cores) MEMORY(bytes)
     let cols: Vec<&str> = rows[0].split_whitespace().collect();
     assert_eq!(cols.len(), 3, "{rows:?}");
     assert_eq!(cols[0], "busy", "{rows:?}");
-    assert!(cols[1].ends_with('m') && leading_number(cols[1]) > 100, "CPU: {rows:?}");
-    assert!(cols[2].ends_with("Mi") || cols[2].ends_with("Ki"), "memory: {rows:?}");
+    assert!(
+        cols[1].ends_with('m') && leading_number(cols[1]) > 10,
+        "CPU: {rows:?}"
+    );
+    assert!(cols[2].ends_with("Mi"), "memory: {rows:?}");
+    // kubectl rounds a shell's few hundred KiB down to 0Mi: the PodMetrics object has them.
+    let metrics: Value = serde_json::from_str(&kubectl(&[
+        "get",
+        "--raw",
+        &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/busy"),
+    ]))
+    .unwrap();
+    let usage = &metrics["containers"][0]["usage"];
+    assert_eq!(metrics["containers"][0]["name"], "spin", "{metrics}");
+    assert!(
+        usage["memory"]
+            .as_str()
+            .is_some_and(|m| leading_number(m) > 0),
+        "{metrics}"
+    );
 
     let rows = wait_until("kubectl top node", WAIT, || async {
         top(&["node", "dn-apiproxy"], None).await
     })
     .await;
+    println!("kubectl top node: {rows:?}");
     // NAME CPU(cores) CPU(%) MEMORY(bytes) MEMORY(%)
     let cols: Vec<&str> = rows[0].split_whitespace().collect();
     assert_eq!(cols.len(), 5, "{rows:?}");
