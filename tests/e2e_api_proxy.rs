@@ -22,7 +22,7 @@ use std::time::Duration;
 use common::cluster::{
     MetricsServer, admin, cluster_dir, create_namespace, joined_agent, kubectl, wait_node_ready,
 };
-use common::{BUSYBOX, HostAddress, wait_until};
+use common::{BUSYBOX, HostAddress};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
@@ -54,8 +54,15 @@ fn busy_pod(node: &str) -> Pod {
     .unwrap()
 }
 
+/// kubectl's last complaint, for the failure message of a wait that timed out.
+static LAST_ERROR: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+fn last_error() -> String {
+    LAST_ERROR.lock().map(|e| e.clone()).unwrap_or_default()
+}
+
 /// `kubectl get --raw` of a path on the node through the API server, or `None` while it
-/// fails (kubectl's own failure is what the wait reports on time-out).
+/// fails (kubectl's complaint is kept in [`LAST_ERROR`]).
 async fn raw(node: &str, path: &str) -> Option<String> {
     let url = format!("/api/v1/nodes/{node}/proxy{path}");
     tokio::task::spawn_blocking(move || {
@@ -66,13 +73,41 @@ async fn raw(node: &str, path: &str) -> Option<String> {
             ))
             .args(["get", "--raw", &url])
             .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+            .expect("run kubectl");
+        if out.status.success() {
+            return Some(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        if let Ok(mut e) = LAST_ERROR.lock() {
+            *e = format!(
+                "kubectl get --raw {url}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        None
     })
     .await
     .ok()?
+}
+
+/// As `common::wait_until` (with [`WAIT`]), failing with kubectl's last complaint too.
+async fn wait_kubectl<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > WAIT {
+            panic!(
+                "timed out after {WAIT:?} waiting for {what}; kubectl's last complaint: {}",
+                last_error()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// `kubectl top ...`'s rows (header left out), or `None` while metrics-server has no
@@ -90,8 +125,14 @@ async fn top(args: &'static [&'static str], ns: Option<&'static str>) -> Option<
         if let Some(ns) = ns {
             cmd.args(["-n", ns]);
         }
-        let out = cmd.output().ok()?;
+        let out = cmd.output().expect("run kubectl");
         if !out.status.success() {
+            if let Ok(mut e) = LAST_ERROR.lock() {
+                *e = format!(
+                    "kubectl top {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
             return None;
         }
         let rows: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -150,9 +191,8 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
 
     // stats/summary through the API server: the node, and the pod with its container's CPU
     // rate (the second scrape of the agent's stats gives one) and memory.
-    let summary: Value = wait_until(
+    let summary: Value = wait_kubectl(
         "the pod with a CPU rate in stats/summary through the API server",
-        WAIT,
         || async {
             let s: Value = serde_json::from_str(&raw(node, "/stats/summary").await?).ok()?;
             let pod = s["pods"]
@@ -225,7 +265,7 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
 
     // kubectl top, once metrics-server has scraped the node twice (a CPU rate needs two).
     metrics_server.wait_available();
-    let rows = wait_until("kubectl top pod busy", WAIT, || async {
+    let rows = wait_kubectl("kubectl top pod busy", || async {
         top(&["pod", "busy"], Some(ns)).await
     })
     .await;
@@ -255,7 +295,7 @@ async fn node_stats_through_the_api_server_and_metrics_server() {
         "{metrics}"
     );
 
-    let rows = wait_until("kubectl top node", WAIT, || async {
+    let rows = wait_kubectl("kubectl top node", || async {
         top(&["node", "dn-apiproxy"], None).await
     })
     .await;
