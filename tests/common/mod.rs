@@ -596,8 +596,8 @@ pub fn promtool_lint(page: &str) -> String {
 /// A non-loopback IPv4 address of this host, for as long as the value lives: the API server
 /// refuses to proxy to a node (`nodes/proxy`) or to route to an extension API server on a
 /// loopback or link-local address, and the tests' agents otherwise listen on 127.0.0.1.
-/// The address (a /32 from a documentation range, so it routes nowhere else) goes on `lo`:
-/// that needs no kernel module (dummy interfaces may be missing) and reaches no network.
+/// The address (a /32 from a documentation range, which no network routes to this host)
+/// goes on `lo`: that needs no kernel module (dummy interfaces may be missing here).
 /// One left on `lo` by an earlier, killed run is taken over; the same address on any other
 /// interface is someone's real address and fails the test.
 pub struct HostAddress {
