@@ -256,6 +256,32 @@ pub struct Flags {
     #[arg(long, value_name = "SIGNAL<VALUE,...")]
     pub eviction_hard: Option<String>,
 
+    /// Soft eviction thresholds, e.g. memory.available<1.5Gi; each needs a grace period.
+    #[arg(long, value_name = "SIGNAL<VALUE,...")]
+    pub eviction_soft: Option<String>,
+
+    /// How long each soft threshold must hold before a pod is evicted, e.g.
+    /// memory.available=1m30s (evictionSoftGracePeriod).
+    #[arg(long, value_name = "SIGNAL=DURATION,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub eviction_soft_grace_period: Option<Vec<(String, String)>>,
+
+    /// How much more than a met threshold must be free again before the pressure ends, e.g.
+    /// memory.available=0Mi,nodefs.available=500Mi (evictionMinimumReclaim).
+    #[arg(long, value_name = "SIGNAL=QUANTITY,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub eviction_minimum_reclaim: Option<Vec<(String, String)>>,
+
+    /// How long a pressure condition stays true after its threshold was last met
+    /// (evictionPressureTransitionPeriod). [default: 5m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub eviction_pressure_transition_period: Option<Duration>,
+
+    /// The longest grace period (seconds) a pod evicted for a soft threshold gets; negative
+    /// means the pod's own (evictionMaxPodGracePeriod). [default: 0]
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub eviction_max_pod_grace_period: Option<i32>,
+
     /// Image use (percent of the image filesystem) above which image GC runs
     /// (imageGCHighThresholdPercent); 100 turns it off. [default: 85]
     #[arg(long, value_name = "PERCENT")]
