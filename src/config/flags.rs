@@ -492,10 +492,7 @@ mod tests {
                 eviction_hard: Some("memory.available<1Gi".into()),
                 eviction_soft: Some("memory.available<2Gi".into()),
                 eviction_soft_grace_period: Some(vec![("memory.available".into(), "1m".into())]),
-                eviction_minimum_reclaim: Some(vec![(
-                    "memory.available".into(),
-                    "100Mi".into()
-                )]),
+                eviction_minimum_reclaim: Some(vec![("memory.available".into(), "100Mi".into())]),
                 eviction_pressure_transition_period: Some(Duration::from_secs(30)),
                 eviction_max_pod_grace_period: Some(-1),
                 image_gc_high_threshold: Some(90),

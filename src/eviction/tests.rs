@@ -304,15 +304,15 @@ fn what_is_reclaimed_for_each_signal() {
             &[DeadContainers, UnusedImages][..],
         ),
     ] {
-        assert_eq!(reclaim_steps(signal, dedicated), want, "{signal:?} {dedicated}");
+        assert_eq!(
+            reclaim_steps(signal, dedicated),
+            want,
+            "{signal:?} {dedicated}"
+        );
     }
 }
 
-fn ranked(
-    pods: &[(Pod, Option<PodUsage>)],
-    signal: Signal,
-    dedicated: bool,
-) -> Vec<String> {
+fn ranked(pods: &[(Pod, Option<PodUsage>)], signal: Signal, dedicated: bool) -> Vec<String> {
     let mut c: Vec<Candidate<'_>> = pods
         .iter()
         .map(|(p, u)| Candidate {
@@ -372,7 +372,11 @@ fn memory_ranking_is_upstreams() {
         ),
     ];
     for (what, pods, want) in cases {
-        assert_eq!(ranked(&pods, Signal::MemoryAvailable, false), want, "{what}");
+        assert_eq!(
+            ranked(&pods, Signal::MemoryAvailable, false),
+            want,
+            "{what}"
+        );
     }
 }
 
@@ -552,7 +556,12 @@ fn an_evicted_pod_ends_failed() {
         }]),
         ..Default::default()
     };
-    let s = evicted_status(&p, Some(last), "The node was low on resource: memory. ", now);
+    let s = evicted_status(
+        &p,
+        Some(last),
+        "The node was low on resource: memory. ",
+        now,
+    );
     assert_eq!(s.phase.as_deref(), Some("Failed"));
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(
@@ -588,7 +597,11 @@ struct Fakes {
 impl Observer for Fakes {
     fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
         let mut r = self.readings.lock().unwrap();
-        let next = if r.len() > 1 { r.remove(0) } else { r[0].clone() };
+        let next = if r.len() > 1 {
+            r.remove(0)
+        } else {
+            r[0].clone()
+        };
         Box::pin(async move { Ok(next) })
     }
 }
