@@ -649,6 +649,8 @@ pub async fn run(
     )
     .with_container_settings(container_settings)
     .with_pleg(Arc::new(pleg_state.clone()));
+    // The eviction manager counts each pod's processes in its cgroup.
+    let eviction_cgroups = cgroups.clone();
     if let Some(cgroups) = cgroups {
         tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);
@@ -773,12 +775,15 @@ pub async fn run(
                     .unwrap_or(crate::eviction::MONITORING_PERIOD),
                 node_name: config.node_name.clone(),
             },
-            crate::eviction::observe::LiveObserver::new(
-                client.clone(),
-                config.node_name.clone(),
-                config.root_dir.clone(),
-                config.pod_logs_dir.clone(),
-            ),
+            crate::eviction::observe::LiveObserver {
+                cgroups: eviction_cgroups,
+                ..crate::eviction::observe::LiveObserver::new(
+                    client.clone(),
+                    config.node_name.clone(),
+                    config.root_dir.clone(),
+                    config.pod_logs_dir.clone(),
+                )
+            },
             crate::eviction::observe::GcReclaimer {
                 ctx: gc_ctx,
                 images: tokio::sync::Mutex::new(crate::gc::run::ImageGc {

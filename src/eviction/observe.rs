@@ -91,6 +91,8 @@ pub struct LiveObserver<R> {
     pub root_dir: PathBuf,
     pub pod_logs_dir: PathBuf,
     pub proc_root: PathBuf,
+    /// The pod cgroups, for each pod's process count (`None`: not counted).
+    pub cgroups: Option<Arc<crate::cm::CgroupManager>>,
 }
 
 impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
@@ -105,6 +107,7 @@ impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
             root_dir,
             pod_logs_dir,
             proc_root: PathBuf::from("/proc"),
+            cgroups: None,
         }
     }
 }
@@ -208,6 +211,7 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
             let root_dir = self.root_dir.clone();
             let logs_dir = self.pod_logs_dir.clone();
             let proc_root = self.proc_root.clone();
+            let cgroups = self.cgroups.clone();
             let (node_fs, image_fs, pid, usages) = tokio::task::spawn_blocking(move || {
                 let node_fs = statvfs_observations(&root_dir);
                 let image_fs = image_mount.as_deref().and_then(statvfs_observations);
@@ -237,6 +241,7 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
                             logs_bytes: logs.map(|(b, _)| b),
                         });
                     }
+                    usage.processes = cgroups.as_ref().and_then(|c| c.pod_process_count(&uid));
                     if crate::paths::component_problem(&uid).is_none() {
                         let (b, i) = disk_use(&root_dir.join("pods").join(&uid).join("volumes"));
                         usage.volumes_bytes = b;
