@@ -223,6 +223,10 @@ pub fn disk_usage(usage: &PodUsage, signal: Signal, dedicated_imagefs: bool) -> 
     }
 }
 
+/// A candidate's (usage exceeds its request, usage − request); `None` without stats.
+type Measure = Option<Measured>;
+type Measured = (bool, i128);
+
 /// Sorts candidates, first to evict first, for the signal (upstream's rank functions):
 /// memory: usage above requests, then lower priority, then larger usage − requests;
 /// disk: the same with ephemeral storage; PIDs: lower priority, then more processes.
@@ -230,7 +234,7 @@ pub fn disk_usage(usage: &PodUsage, signal: Signal, dedicated_imagefs: bool) -> 
 pub fn rank(candidates: &mut [Candidate<'_>], signal: Signal, dedicated_imagefs: bool) {
     let resource = signal.resource();
     // (exceeds its request, usage − request) per pod, computed once.
-    let measure = |c: &Candidate<'_>| -> Option<(bool, i128)> {
+    let measure = |c: &Candidate<'_>| -> Measure {
         let u = c.usage?;
         let (used, request) = match resource {
             Resource::Memory => (u.memory_working_set, memory_request(c.pod)),
@@ -246,17 +250,8 @@ pub fn rank(candidates: &mut [Candidate<'_>], signal: Signal, dedicated_imagefs:
             i128::from(used) - i128::from(request),
         ))
     };
-    let mut keyed: Vec<(Option<(bool, i128)>, Candidate<'_>)> =
+    let mut keyed: Vec<(Measure, Candidate<'_>)> =
         candidates.iter().map(|c| (measure(c), c.clone())).collect();
-    let by_stats =
-        |a: &Option<(bool, i128)>,
-         b: &Option<(bool, i128)>,
-         f: &dyn Fn(&(bool, i128), &(bool, i128)) -> Ordering| match (a, b) {
-            (None, None) => Ordering::Equal,
-            (None, Some(_)) => Ordering::Less,
-            (Some(_), None) => Ordering::Greater,
-            (Some(x), Some(y)) => f(x, y),
-        };
     keyed.sort_by(|(ma, a), (mb, b)| {
         let prio = priority(a.pod).cmp(&priority(b.pod));
         if resource == Resource::Pids {
@@ -268,6 +263,16 @@ pub fn rank(candidates: &mut [Candidate<'_>], signal: Signal, dedicated_imagefs:
     });
     for (slot, (_, c)) in candidates.iter_mut().zip(keyed) {
         *slot = c;
+    }
+}
+
+/// Compares two measures: a pod without stats first, else as `f` says.
+fn by_stats(a: &Measure, b: &Measure, f: &dyn Fn(&Measured, &Measured) -> Ordering) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(x), Some(y)) => f(x, y),
     }
 }
 

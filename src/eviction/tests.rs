@@ -328,7 +328,12 @@ fn ranked(pods: &[(Pod, Option<PodUsage>)], signal: Signal, dedicated: bool) -> 
 
 #[test]
 fn memory_ranking_is_upstreams() {
-    let cases: Vec<(&str, Vec<(Pod, Option<PodUsage>)>, Vec<&str>)> = vec![
+    type Case = (
+        &'static str,
+        Vec<(Pod, Option<PodUsage>)>,
+        Vec<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "a BestEffort pod over its (zero) request goes before a Guaranteed pod under it",
             vec![
