@@ -111,7 +111,7 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     );
     assert_eq!(
         quantity_value(&node, "allocatable", "ephemeral-storage"),
-        disk - (disk as f64 * 0.01) as i64
+        disk - (disk as f64 * 1.0 / 100.0) as i64
     );
     assert_eq!(quantity_value(&node, "allocatable", "cpu"), cpus);
 
