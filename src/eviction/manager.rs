@@ -119,15 +119,26 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                 }
             };
             if let (Outcome::Evicted(uid), Some(done)) = (&outcome, done) {
-                tokio::select! {
+                let cleaned = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    r = tokio::time::timeout(POD_CLEANUP_TIMEOUT, done) => match r {
-                        Ok(Ok(())) => tracing::info!(pod_uid = %uid, "eviction manager: the evicted pod is cleaned up"),
-                        Ok(Err(_)) => tracing::warn!(pod_uid = %uid, "eviction manager: the sync loop dropped the eviction"),
-                        Err(_) => tracing::warn!(pod_uid = %uid, "eviction manager: timed out waiting for the evicted pod's cleanup"),
-                    },
+                    r = tokio::time::timeout(POD_CLEANUP_TIMEOUT, done) => r,
+                };
+                match cleaned {
+                    Ok(Ok(())) => {
+                        tracing::info!(pod_uid = %uid, "eviction manager: the evicted pod is cleaned up");
+                        // As upstream: look again at once.
+                        continue;
+                    }
+                    // The pod was gone before the sync loop got to it: wait a period, so the
+                    // same stale choice is not made in a tight loop.
+                    Ok(Err(_)) => {
+                        tracing::warn!(pod_uid = %uid, "eviction manager: the sync loop did not have the pod")
+                    }
+                    Err(_) => {
+                        tracing::warn!(pod_uid = %uid, "eviction manager: timed out waiting for the evicted pod's cleanup");
+                        continue;
+                    }
                 }
-                continue;
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
