@@ -375,10 +375,11 @@ async fn main() {
         // Somewhere in the period, not in step with it.
         let offset = period.mul_f64(((trial * 37 + 11) % 100) as f64 / 100.0);
         tokio::time::sleep(Duration::from_millis(200) + offset).await;
+        // The blocks are allocated in one call, so the crossing has a moment.
         let ballast = root.join("ballast");
-        std::fs::write(&ballast, vec![1u8; ballast_size as usize]).unwrap();
-        let file = std::fs::File::open(&ballast).unwrap();
-        file.sync_all().unwrap();
+        let file = std::fs::File::create(&ballast).unwrap();
+        nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, ballast_size)
+            .expect("fallocate on the bench's filesystem");
         let crossed = Instant::now();
         let deadline = crossed + period * 3;
         let at = loop {
