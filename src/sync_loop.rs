@@ -806,6 +806,68 @@ mod tests {
         assert_eq!(parts.rt.count("StartContainer"), 1);
         parts.cancel.cancel();
     }
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_pod_is_stopped_shown_evicted_and_not_run_again() {
+        let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let p = add_started(&mut sl, &parts, "uid-ev").await;
+        let (tx, mut cleaned) = oneshot::channel();
+        let message = "The node was low on resource: memory. ";
+        sl.evict(EvictRequest {
+            uid: "uid-ev".into(),
+            grace_seconds: 1,
+            message: message.into(),
+            done: tx,
+        });
+        let done = next_done(&mut parts).await;
+        assert_eq!(done.as_deref(), Some("uid-ev"));
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![2],
+            "stopped with the grace asked for, raised to the 2 s floor as upstream"
+        );
+        assert!(
+            cleaned.try_recv().is_err(),
+            "not before the loop hears of it"
+        );
+        sl.handle_done("uid-ev");
+        assert_eq!(
+            cleaned.try_recv(),
+            Ok(()),
+            "the manager hears of the cleanup"
+        );
+        let status = sl.admission.states.status("uid-ev").unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(status.message.as_deref(), Some(message));
+        // Later updates of the pod do not run it again.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        assert!(!sl.workers.has("uid-ev"));
+        assert_eq!(parts.rt.count("StartContainer"), 1);
+        // A pod the loop does not run is not evicted; the manager is told by the drop.
+        let (tx, gone) = oneshot::channel();
+        sl.evict(EvictRequest {
+            uid: "uid-unknown".into(),
+            grace_seconds: 0,
+            message: message.into(),
+            done: tx,
+        });
+        assert!(gone.await.is_err());
+        // Under memory pressure a new BestEffort pod is refused as upstream refuses it.
+        sl.admission
+            .pressure
+            .set([crate::eviction::Condition::MemoryPressure].into());
+        sl.handle_changes(vec![PodChange::Add(pod("uid-new"))]);
+        assert!(!sl.workers.has("uid-new"));
+        let status = sl.admission.states.status("uid-new").unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
+        );
+        parts.cancel.cancel();
+    }
+
     /// Pod `uid` named `name`, created `created` seconds into the epoch.
     fn named(uid: &str, name: &str, created: i64) -> Arc<Pod> {
         let mut p = (*pod(uid)).clone();

@@ -276,11 +276,16 @@ fn by_stats(a: &Measure, b: &Measure, f: &dyn Fn(&Measured, &Measured) -> Orderi
     }
 }
 
-/// The grace period of an eviction: none for a hard threshold; for a soft one the pod's own,
-/// capped at `evictionMaxPodGracePeriod` (negative: not capped).
+/// The grace period of a pod evicted for a hard threshold (upstream's
+/// `immediateEvictionGracePeriodSeconds`; the executor's 2 s floor for stopping a container
+/// applies on top, as upstream's).
+pub const IMMEDIATE_EVICTION_GRACE_SECONDS: i64 = 1;
+
+/// The grace period of an eviction: [`IMMEDIATE_EVICTION_GRACE_SECONDS`] for a hard threshold;
+/// for a soft one the pod's own, capped at `evictionMaxPodGracePeriod` (negative: not capped).
 pub fn grace_period(threshold: &ThresholdSpec, pod: &Pod, max_pod_grace_period: i64) -> i64 {
     if threshold.is_hard() {
-        return 0;
+        return IMMEDIATE_EVICTION_GRACE_SECONDS;
     }
     let own = pod
         .spec

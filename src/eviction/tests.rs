@@ -443,7 +443,7 @@ fn grace_periods() {
     let mut p = pod("p", &[], None);
     // (threshold, pod's own, evictionMaxPodGracePeriod, want)
     for (t, own, max, want) in [
-        (hard_t, Some(30), 10, 0),
+        (hard_t, Some(30), 10, 1),
         (&soft_t, Some(30), 10, 10),
         (&soft_t, Some(5), 10, 5),
         (&soft_t, Some(30), 0, 0),
@@ -717,7 +717,10 @@ async fn memory_pressure_evicts_the_top_ranked_pod_but_never_a_static_one() {
     );
     let evicted = fakes.evicted.lock().unwrap().clone();
     assert_eq!(evicted.len(), 1, "one pod per round");
-    assert_eq!(evicted[0].1, 0, "hard threshold: no grace");
+    assert_eq!(
+        evicted[0].1, 1,
+        "hard threshold: upstream's immediate grace"
+    );
     assert!(
         evicted[0]
             .2
