@@ -92,6 +92,9 @@ pub struct Tuning {
     pub container_gc_period: Option<Duration>,
     pub image_gc_period: Option<Duration>,
     pub log_monitor_interval: Option<Duration>,
+    /// `DECKHAND_EVICTION_MONITORING_PERIOD`: how often the eviction manager looks (upstream's
+    /// `evictionMonitoringPeriod`, 10 s), shorter for the end-to-end tests.
+    pub eviction_monitoring_period: Option<Duration>,
 }
 
 /// A test knob given in the environment is malformed.
@@ -143,6 +146,10 @@ impl Tuning {
             (
                 "DECKHAND_CONTAINER_LOG_MONITOR_INTERVAL",
                 &mut t.log_monitor_interval,
+            ),
+            (
+                "DECKHAND_EVICTION_MONITORING_PERIOD",
+                &mut t.eviction_monitoring_period,
             ),
         ] {
             *slot = env_duration(name)?;
@@ -642,6 +649,8 @@ pub async fn run(
     )
     .with_container_settings(container_settings)
     .with_pleg(Arc::new(pleg_state.clone()));
+    // The eviction manager counts each pod's processes in its cgroup.
+    let eviction_cgroups = cgroups.clone();
     if let Some(cgroups) = cgroups {
         tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);
@@ -740,6 +749,62 @@ pub async fn run(
             cancel.clone(),
         ));
     }
+    // The eviction manager: pressure conditions for the node status and admission, node-level
+    // reclaim through the GC passes, and evictions carried out by the sync loop.
+    let pressure = crate::eviction::PressureView::default();
+    let (evict_tx, evict_rx) = mpsc::channel(4);
+    {
+        let ready = sources_ready.clone();
+        let gc_ctx = crate::gc::run::GcContext {
+            rt: client.clone(),
+            node_name: config.node_name.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
+            activity: workers.activity(),
+            sources_ready: Arc::new(move || ready.all_ready()),
+        };
+        let manager = crate::eviction::manager::Manager::new(
+            crate::eviction::manager::ManagerSettings {
+                thresholds: crate::eviction::signals::thresholds(
+                    &config.reservations.eviction_hard,
+                    &config.eviction,
+                ),
+                pressure_transition_period: config.eviction.pressure_transition_period,
+                max_pod_grace_period_seconds: config.eviction.max_pod_grace_period_seconds,
+                monitoring_period: tuning
+                    .eviction_monitoring_period
+                    .unwrap_or(crate::eviction::MONITORING_PERIOD),
+                node_name: config.node_name.clone(),
+            },
+            crate::eviction::observe::LiveObserver {
+                cgroups: eviction_cgroups,
+                ..crate::eviction::observe::LiveObserver::new(
+                    client.clone(),
+                    config.node_name.clone(),
+                    config.root_dir.clone(),
+                    config.pod_logs_dir.clone(),
+                )
+            },
+            crate::eviction::observe::GcReclaimer {
+                ctx: gc_ctx,
+                images: tokio::sync::Mutex::new(crate::gc::run::ImageGc {
+                    tracker: Default::default(),
+                    began: std::time::Instant::now(),
+                }),
+                min_image_age: config.gc.image_minimum_gc_age,
+                keep_images: config.pod_infra_container_image.iter().cloned().collect(),
+            },
+            crate::eviction::observe::SyncLoopEvictor { tx: evict_tx },
+            states.clone(),
+            pressure.clone(),
+            events.clone(),
+        );
+        let last = manager.last.clone();
+        metrics.register("/debug/eviction", move || {
+            let last = last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            serde_json::to_string(&last).unwrap_or_default()
+        });
+        tracker.spawn(manager.run(cancel.clone()));
+    }
     // Admission checks new pods against the node as configured and, once the node agent has
     // it back from the API server, the Node's own labels and taints.
     let (node_tx, node_rx) = tokio::sync::watch::channel(None);
@@ -757,8 +822,10 @@ pub async fn run(
         },
         states: states.clone(),
         refusals,
+        pressure: pressure.clone(),
     };
-    let sync_loop = SyncLoop::new(workers, sources_ready, runtime_cache, admission);
+    let sync_loop =
+        SyncLoop::new(workers, sources_ready, runtime_cache, admission).with_evictions(evict_rx);
     let loop_health = SyncLoopHealth::default();
     {
         let loop_health = loop_health.clone();
@@ -809,6 +876,7 @@ pub async fn run(
             max_images: config.cluster.node_status_max_images,
             reservations: config.reservations.clone(),
             kubelet_port: config.port,
+            pressure: pressure.clone(),
         };
         tracker.spawn(crate::node::agent::run(
             crate::node::api::KubeNodeApi::new(api_client),

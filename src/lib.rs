@@ -14,6 +14,7 @@ pub mod credentials;
 pub mod cri;
 pub mod daemon;
 pub mod events;
+pub mod eviction;
 pub mod gc;
 pub mod health;
 pub mod k8s;

@@ -272,6 +272,11 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         self.deps.states.publish(pod.clone(), status);
     }
 
+    /// Publishes a pod's final status as it is (an evicted pod: Failed, reason Evicted).
+    pub fn publish_final(&self, pod: &Arc<Pod>, status: k8s_openapi::api::core::v1::PodStatus) {
+        self.deps.states.publish(pod.clone(), status);
+    }
+
     /// Forgets a worker that reported it is done.
     pub fn finished(&mut self, uid: &str) {
         self.handles.remove(uid);

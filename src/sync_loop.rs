@@ -12,14 +12,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{self, Decision, NodeInfo, NodeSource, Usage};
 use crate::cri::{ImageService, RuntimeService};
 use crate::events::{EventType, Recorder};
+use crate::eviction::{EvictRequest, PressureView};
 use crate::health::CheckFailure;
 use crate::k8s::full_name;
 use crate::pleg::RuntimeCache;
@@ -110,6 +111,9 @@ pub struct Admission {
     pub node: NodeSource,
     pub states: PodStates,
     pub refusals: Refusals,
+    /// The eviction manager's pressure conditions: under pressure, new pods are refused as
+    /// upstream's eviction admit handler refuses them.
+    pub pressure: PressureView,
 }
 
 /// Who hears of a refused pod besides `/pods`, as upstream's `rejectPod` tells them: a
@@ -145,6 +149,13 @@ impl Refusals {
         }
     }
 
+    /// A pod was evicted: its Failed status is published; the status writer should look.
+    pub fn evicted(&self, pod: &Pod) {
+        if let Some(status) = &self.status {
+            status.changed(pod.metadata.uid.as_deref().unwrap_or_default());
+        }
+    }
+
     /// A pod refused earlier is being deleted in the API server: nothing runs for it, so the
     /// deletion can be finished.
     pub fn deleting(&self, pod: &Arc<Pod>) {
@@ -164,6 +175,8 @@ struct Refused {
     /// when it is added). A static pod refused for referring to API objects is looked at
     /// again when its manifest changes.
     final_: bool,
+    /// The status to show instead of the refusal's (an evicted pod's: Failed, Evicted).
+    status: Option<PodStatus>,
 }
 
 /// The loop's state.
@@ -178,6 +191,9 @@ pub struct SyncLoop<R> {
     sources_ready: SourcesReady,
     runtime_cache: RuntimeCache,
     admission: Admission,
+    /// Evictions asked for by the eviction manager, and who waits for each pod's teardown.
+    evictions: Option<mpsc::Receiver<EvictRequest>>,
+    evicting: HashMap<String, oneshot::Sender<()>>,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -225,7 +241,50 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             sources_ready,
             runtime_cache,
             admission,
+            evictions: None,
+            evicting: HashMap::new(),
         }
+    }
+
+    /// Takes evictions from the eviction manager.
+    pub fn with_evictions(mut self, rx: mpsc::Receiver<EvictRequest>) -> Self {
+        self.evictions = Some(rx);
+        self
+    }
+
+    /// Evicts a pod as the eviction manager asked: it is stopped with the given grace period
+    /// and shown Failed with reason Evicted, and is not run again for later updates (as a
+    /// refused pod). A pod the loop does not run (gone meanwhile) is not evicted; dropping
+    /// `done` tells the manager.
+    pub fn evict(&mut self, req: EvictRequest) {
+        let Some(pod) = self.desired.get(&req.uid).cloned() else {
+            tracing::info!(pod_uid = %req.uid, "eviction of a pod that no longer runs here; ignored");
+            return;
+        };
+        let status = crate::eviction::decide::evicted_status(
+            &pod,
+            self.admission.states.status(&req.uid),
+            &req.message,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        self.terminate(
+            pod.clone(),
+            Some(req.grace_seconds),
+            "the pod is evicted; terminating",
+        );
+        self.workers.publish_final(&pod, status.clone());
+        self.admission.refusals.evicted(&pod);
+        self.refused.insert(
+            req.uid.clone(),
+            Refused {
+                pod,
+                reason: crate::eviction::REASON.to_string(),
+                message: req.message,
+                final_: true,
+                status: Some(status),
+            },
+        );
+        self.evicting.insert(req.uid, req.done);
     }
 
     /// Applies one batch of source changes: removals first (an edited static pod arrives as
@@ -316,6 +375,12 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         }
         // Upstream admits a new pod even when the API server is already deleting it, so a
         // pod the node would refuse ends Failed with its reason either way.
+        if let Some((reason, message)) =
+            crate::eviction::decide::admit(&pod, &self.admission.pressure.conditions())
+        {
+            self.refuse(pod, reason, message, true);
+            return;
+        }
         let batch = batch.get_or_insert_with(|| self.batch());
         match admission::admit_with_usage(&pod, &batch.node, &batch.usage) {
             Decision::Refuse(refusal) => {
@@ -385,6 +450,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 reason: reason.to_string(),
                 message: shown,
                 final_,
+                status: None,
             },
         );
     }
@@ -417,7 +483,16 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         // A refused pod whose earlier version (or leftovers in the runtime) was just torn
         // down: the teardown cleared its status, so it is shown again.
         if let Some(r) = self.refused.get(uid) {
-            self.workers.refused(&r.pod, &r.reason, &r.message);
+            match &r.status {
+                Some(status) => {
+                    self.workers.publish_final(&r.pod, status.clone());
+                    self.admission.refusals.evicted(&r.pod);
+                }
+                None => self.workers.refused(&r.pod, &r.reason, &r.message),
+            }
+        }
+        if let Some(done) = self.evicting.remove(uid) {
+            let _ = done.send(());
         }
         // The same UID came back while it was being torn down (a manifest restored to the
         // content it had): it starts afresh now.
@@ -475,6 +550,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     ) {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut evictions = self.evictions.take();
         loop {
             health.turned();
             tokio::select! {
@@ -483,8 +559,17 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 uids = pokes.take() => for uid in uids { self.workers.poke(&uid) },
                 Some(uid) = done.recv() => self.handle_done(&uid),
                 _ = housekeeping.tick() => self.housekeeping(),
+                Some(req) = next_eviction(&mut evictions) => self.evict(req),
             }
         }
+    }
+}
+
+/// The next eviction, or never when there is no eviction manager (or it is gone).
+async fn next_eviction(rx: &mut Option<mpsc::Receiver<EvictRequest>>) -> Option<EvictRequest> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -545,6 +630,7 @@ mod tests {
             node: NodeSource::fixed(node),
             states: h.states.clone(),
             refusals: Refusals::new(Recorder::log_only("node-a"), None),
+            pressure: PressureView::default(),
         };
         let parts = Parts {
             rt: h.rt,
@@ -720,6 +806,68 @@ mod tests {
         assert_eq!(parts.rt.count("StartContainer"), 1);
         parts.cancel.cancel();
     }
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_pod_is_stopped_shown_evicted_and_not_run_again() {
+        let (mut sl, mut parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let p = add_started(&mut sl, &parts, "uid-ev").await;
+        let (tx, mut cleaned) = oneshot::channel();
+        let message = "The node was low on resource: memory. ";
+        sl.evict(EvictRequest {
+            uid: "uid-ev".into(),
+            grace_seconds: 1,
+            message: message.into(),
+            done: tx,
+        });
+        let done = next_done(&mut parts).await;
+        assert_eq!(done.as_deref(), Some("uid-ev"));
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![2],
+            "stopped with the grace asked for, raised to the 2 s floor as upstream"
+        );
+        assert!(
+            cleaned.try_recv().is_err(),
+            "not before the loop hears of it"
+        );
+        sl.handle_done("uid-ev");
+        assert_eq!(
+            cleaned.try_recv(),
+            Ok(()),
+            "the manager hears of the cleanup"
+        );
+        let status = sl.admission.states.status("uid-ev").unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(status.message.as_deref(), Some(message));
+        // Later updates of the pod do not run it again.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        assert!(!sl.workers.has("uid-ev"));
+        assert_eq!(parts.rt.count("StartContainer"), 1);
+        // A pod the loop does not run is not evicted; the manager is told by the drop.
+        let (tx, gone) = oneshot::channel();
+        sl.evict(EvictRequest {
+            uid: "uid-unknown".into(),
+            grace_seconds: 0,
+            message: message.into(),
+            done: tx,
+        });
+        assert!(gone.await.is_err());
+        // Under memory pressure a new BestEffort pod is refused as upstream refuses it.
+        sl.admission
+            .pressure
+            .set([crate::eviction::Condition::MemoryPressure].into());
+        sl.handle_changes(vec![PodChange::Add(pod("uid-new"))]);
+        assert!(!sl.workers.has("uid-new"));
+        let status = sl.admission.states.status("uid-new").unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
+        );
+        parts.cancel.cancel();
+    }
+
     /// Pod `uid` named `name`, created `created` seconds into the epoch.
     fn named(uid: &str, name: &str, created: i64) -> Arc<Pod> {
         let mut p = (*pod(uid)).clone();

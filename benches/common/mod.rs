@@ -362,6 +362,9 @@ impl Agent {
             "--max-pods=250".to_string(),
             // The bench images are built locally and cannot be pulled again.
             "--image-gc-high-threshold=100".to_string(),
+            // Upstream's disk thresholds would put the bench node under DiskPressure on a
+            // nearly full disk; these do not trigger here.
+            format!("--eviction-hard={}", BENCH_EVICTION_HARD),
         ];
         let log_path = dir.join(log_name);
         let log = std::fs::File::create(&log_path)?;
@@ -800,3 +803,8 @@ pub fn conclude(
     report.print();
     result
 }
+
+/// Hard eviction thresholds for bench agents: upstream's memory one, disk ones that a nearly
+/// full disk does not reach.
+pub const BENCH_EVICTION_HARD: &str =
+    "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%";

@@ -191,6 +191,25 @@ impl CgroupManager {
         }
     }
 
+    /// The processes (and threads) in a pod's cgroup (`pids.current`), whatever its QoS tier;
+    /// `None` when no tier has it or the pids controller is absent. For the eviction manager's
+    /// ranking under PID pressure.
+    pub fn pod_process_count(&self, uid: &str) -> Option<u64> {
+        if crate::paths::component_problem(uid).is_some() {
+            return None;
+        }
+        [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ]
+        .into_iter()
+        .find_map(|qos| {
+            let dir = self.dir_of("pids", &self.pod_cgroup(qos, uid));
+            self.fs.read(&dir, "pids.current").ok()?.trim().parse().ok()
+        })
+    }
+
     /// Whether the cgroup exists everywhere it should (every hierarchy on v1).
     pub fn exists(&self, cgroup: &str) -> bool {
         self.dirs(cgroup).iter().all(|d| self.fs.is_dir(d))

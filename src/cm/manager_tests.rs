@@ -502,3 +502,22 @@ fn a_refused_setting_is_logged_and_the_cgroups_are_still_made() {
         .to_string();
     assert!(err.contains("pids/kubepods/pids.max"), "{err}");
 }
+
+#[test]
+fn a_pods_process_count_is_read_from_its_tier() {
+    let dir = v1_fixture(false);
+    let root = dir.path();
+    let m = manager(root, "/", vec![]);
+    m.start(&kubepods_config()).unwrap();
+    for (path, n) in [
+        ("pids/kubepods/burstable/podb1", "7\n"),
+        ("pids/kubepods/podg1", "3\n"),
+    ] {
+        std::fs::create_dir_all(root.join(path)).unwrap();
+        std::fs::write(root.join(path).join("pids.current"), n).unwrap();
+    }
+    assert_eq!(m.pod_process_count("b1"), Some(7));
+    assert_eq!(m.pod_process_count("g1"), Some(3));
+    assert_eq!(m.pod_process_count("gone"), None);
+    assert_eq!(m.pod_process_count("../b1"), None);
+}

@@ -256,6 +256,32 @@ pub struct Flags {
     #[arg(long, value_name = "SIGNAL<VALUE,...")]
     pub eviction_hard: Option<String>,
 
+    /// Soft eviction thresholds, e.g. memory.available<1.5Gi; each needs a grace period.
+    #[arg(long, value_name = "SIGNAL<VALUE,...")]
+    pub eviction_soft: Option<String>,
+
+    /// How long each soft threshold must hold before a pod is evicted, e.g.
+    /// memory.available=1m30s (evictionSoftGracePeriod).
+    #[arg(long, value_name = "SIGNAL=DURATION,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub eviction_soft_grace_period: Option<Vec<(String, String)>>,
+
+    /// How much more than a met threshold must be free again before the pressure ends, e.g.
+    /// memory.available=0Mi,nodefs.available=500Mi (evictionMinimumReclaim).
+    #[arg(long, value_name = "SIGNAL=QUANTITY,...", value_delimiter = ',',
+          value_parser = super::node::parse_key_value)]
+    pub eviction_minimum_reclaim: Option<Vec<(String, String)>>,
+
+    /// How long a pressure condition stays true after its threshold was last met
+    /// (evictionPressureTransitionPeriod). [default: 5m0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub eviction_pressure_transition_period: Option<Duration>,
+
+    /// The longest grace period (seconds) a pod evicted for a soft threshold gets; negative
+    /// means the pod's own (evictionMaxPodGracePeriod). [default: 0]
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub eviction_max_pod_grace_period: Option<i32>,
+
     /// Image use (percent of the image filesystem) above which image GC runs
     /// (imageGCHighThresholdPercent); 100 turns it off. [default: 85]
     #[arg(long, value_name = "PERCENT")]
@@ -400,6 +426,11 @@ mod tests {
             "--kube-reserved=cpu=100m",
             "--system-reserved=memory=1Gi",
             "--eviction-hard=memory.available<1Gi",
+            "--eviction-soft=memory.available<2Gi",
+            "--eviction-soft-grace-period=memory.available=1m",
+            "--eviction-minimum-reclaim=memory.available=100Mi",
+            "--eviction-pressure-transition-period=30s",
+            "--eviction-max-pod-grace-period=-1",
             "--image-gc-high-threshold=90",
             "--image-gc-low-threshold=70",
             "--minimum-image-ttl-duration=5m",
@@ -459,6 +490,11 @@ mod tests {
                 kube_reserved: Some(vec![("cpu".into(), "100m".into())]),
                 system_reserved: Some(vec![("memory".into(), "1Gi".into())]),
                 eviction_hard: Some("memory.available<1Gi".into()),
+                eviction_soft: Some("memory.available<2Gi".into()),
+                eviction_soft_grace_period: Some(vec![("memory.available".into(), "1m".into())]),
+                eviction_minimum_reclaim: Some(vec![("memory.available".into(), "100Mi".into())]),
+                eviction_pressure_transition_period: Some(Duration::from_secs(30)),
+                eviction_max_pod_grace_period: Some(-1),
                 image_gc_high_threshold: Some(90),
                 image_gc_low_threshold: Some(70),
                 minimum_image_ttl_duration: Some(Duration::from_secs(300)),

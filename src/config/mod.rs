@@ -10,6 +10,7 @@
 //! - `validate`: merging the three layers and checking the result.
 
 pub mod duration;
+pub mod eviction;
 pub mod file;
 pub mod flags;
 pub mod gc;
@@ -31,6 +32,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use duration::{DurationError, format_go_duration, parse_go_duration};
+pub use eviction::EvictionSettings;
 pub use file::{
     API_VERSION, CrashLoopBackOffConfig, KIND, KubeletConfigurationFile, MAX_CONFIG_FILE_BYTES,
     ParsedConfigFile, parse_config_file,
@@ -114,6 +116,8 @@ pub struct Config {
     pub server: ServerSettings,
     /// Image GC and container log rotation.
     pub gc: GcSettings,
+    /// The eviction manager: soft thresholds, minimum reclaim, transition period.
+    pub eviction: EvictionSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

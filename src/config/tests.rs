@@ -85,6 +85,7 @@ fn defaults() -> Config {
         reservations: super::Reservations::default(),
         server: super::ServerSettings::default(),
         gc: super::GcSettings::default(),
+        eviction: super::EvictionSettings::default(),
         config_file: None,
         warnings: vec![],
     }

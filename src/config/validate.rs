@@ -664,6 +664,7 @@ pub(super) fn build(
             resolve_file_path(config_path, p)
         })?,
         gc,
+        eviction: super::eviction::eviction_settings(flags, f)?,
         config_file: None,
         warnings,
     })

@@ -489,6 +489,8 @@ pub struct LiveSnapshots<R> {
     pub max_images: i32,
     pub reservations: Reservations,
     pub kubelet_port: u16,
+    /// The eviction manager's pressure conditions.
+    pub pressure: crate::eviction::PressureView,
 }
 
 impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
@@ -563,7 +565,15 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
             unhealthy,
             images,
             max_images: self.max_images,
-            pressure: Pressure::default(),
+            pressure: {
+                use crate::eviction::Condition;
+                let c = self.pressure.conditions();
+                Pressure {
+                    memory: c.contains(&Condition::MemoryPressure),
+                    disk: c.contains(&Condition::DiskPressure),
+                    pid: c.contains(&Condition::PidPressure),
+                }
+            },
             kubelet_port: self.kubelet_port,
         }
     }

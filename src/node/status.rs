@@ -53,7 +53,7 @@ pub struct ImageEntry {
     pub size_bytes: i64,
 }
 
-/// Which pressure conditions hold (the eviction manager sets them; until it exists, none).
+/// Which pressure conditions hold (the eviction manager sets them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pressure {
     pub memory: bool,

@@ -3,8 +3,8 @@
 //! The ports are plain HTTP on the addresses the configuration names. The read-only port serves
 //! what upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status) and
 //! `/healthz`. The local socket (`<root-dir>/deckhand.sock`, mode 0600) serves the same pages
-//! to root on the node, whether or not the read-only port is on, plus `/debug/probes`: it is
-//! what the `deckhand pods` command reads.
+//! to root on the node, whether or not the read-only port is on, plus `/debug/probes` (what
+//! the `deckhand pods` command reads) and `/debug/eviction` (the eviction manager's last round).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -405,6 +405,7 @@ pub async fn serve_local_socket(
     tracing::info!(path = %path.display(), "serving the local socket");
     let router = read_only_router()
         .route("/debug/probes", get(metrics_page))
+        .route("/debug/eviction", get(metrics_page))
         .with_state(AppState {
             health,
             pods,

@@ -109,6 +109,11 @@ pub struct Agent {
     pub runtime: Option<String>,
 }
 
+/// The hard eviction thresholds every test agent runs with unless its test sets its own:
+/// upstream's memory threshold, and disk thresholds this machine's full disk does not reach.
+pub const TEST_EVICTION_HARD: &str =
+    "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%";
+
 impl Agent {
     /// Prepares (does not start) an agent whose node name is `node` (unique per test).
     pub fn new(node: &str) -> Agent {
@@ -179,6 +184,16 @@ impl Agent {
             // full disk an agent living past the first image GC pass would remove the unused ones.
             "--image-gc-high-threshold=100".to_string(),
         ];
+        // Upstream's default disk thresholds (10 % and 15 % free) would put every test agent
+        // under DiskPressure on a nearly full disk, refusing and evicting its pods; a test
+        // that is about eviction gives its own.
+        if !self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--eviction-hard"))
+        {
+            args.push(format!("--eviction-hard={TEST_EVICTION_HARD}"));
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }

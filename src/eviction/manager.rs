@@ -1,0 +1,274 @@
+//! The eviction loop: a round every monitoring period (at once again after an eviction, as
+//! upstream), each reading the node, deciding, reclaiming, and evicting at most one pod.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
+
+use super::PressureView;
+use super::decide::{
+    Candidate, EvictionState, Observations, REASON, eviction_message, grace_period, is_critical,
+    rank, reclaim_steps, thresholds_met,
+};
+use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reclaimer};
+use super::signals::{Condition, ThresholdSpec};
+use crate::events::{EventType, Recorder};
+use crate::k8s::full_name;
+
+/// Upstream waits this long for an evicted pod's cleanup before the next round.
+pub const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the manager is set to.
+#[derive(Debug, Clone)]
+pub struct ManagerSettings {
+    pub thresholds: Vec<ThresholdSpec>,
+    pub pressure_transition_period: Duration,
+    pub max_pod_grace_period_seconds: i64,
+    pub monitoring_period: Duration,
+    pub node_name: String,
+}
+
+/// What the last round saw, for `/debug/eviction`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LastRound {
+    pub conditions: BTreeSet<Condition>,
+    /// Signal name → observation.
+    pub observations: std::collections::BTreeMap<String, super::Observation>,
+    /// Signals whose thresholds are met with their grace periods passed.
+    pub thresholds_met: Vec<String>,
+    pub dedicated_imagefs: bool,
+    /// What the round did: nothing, reclaimed, evicted <pod>.
+    pub action: String,
+}
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// No threshold met (or no reading).
+    Nothing,
+    /// Node-level reclaim was enough.
+    Reclaimed,
+    /// This pod (UID) was evicted.
+    Evicted(String),
+    /// Thresholds met but no pod could be evicted.
+    NoneEvictable,
+}
+
+/// The manager: decisions in [`EvictionState`], I/O through the traits.
+pub struct Manager<O, R, E, P> {
+    pub settings: ManagerSettings,
+    pub observer: O,
+    pub reclaimer: R,
+    pub evictor: E,
+    pub pods: P,
+    pub pressure: PressureView,
+    pub events: Recorder,
+    pub last: Arc<Mutex<LastRound>>,
+    state: EvictionState,
+}
+
+impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        settings: ManagerSettings,
+        observer: O,
+        reclaimer: R,
+        evictor: E,
+        pods: P,
+        pressure: PressureView,
+        events: Recorder,
+    ) -> Self {
+        Manager {
+            settings,
+            observer,
+            reclaimer,
+            evictor,
+            pods,
+            pressure,
+            events,
+            last: Arc::default(),
+            state: EvictionState::default(),
+        }
+    }
+
+    /// Runs rounds until `cancel`. After an eviction it waits for the pod's cleanup (at most
+    /// [`POD_CLEANUP_TIMEOUT`]) and goes again at once; otherwise every monitoring period.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        if self.settings.thresholds.is_empty() {
+            tracing::info!("eviction manager: no thresholds configured; not monitoring");
+            return;
+        }
+        tracing::info!(
+            thresholds = self.settings.thresholds.len(),
+            period_ms = self.settings.monitoring_period.as_millis() as u64,
+            "eviction manager: starting"
+        );
+        loop {
+            let round = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = self.round() => r,
+            };
+            let (outcome, done) = match round {
+                Ok(x) => x,
+                Err(err) => {
+                    tracing::warn!(error = %err, "eviction manager: round failed");
+                    (Outcome::Nothing, None)
+                }
+            };
+            if let (Outcome::Evicted(uid), Some(done)) = (&outcome, done) {
+                let cleaned = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = tokio::time::timeout(POD_CLEANUP_TIMEOUT, done) => r,
+                };
+                match cleaned {
+                    Ok(Ok(())) => {
+                        tracing::info!(pod_uid = %uid, "eviction manager: the evicted pod is cleaned up");
+                        // As upstream: look again at once.
+                        continue;
+                    }
+                    // The pod was gone before the sync loop got to it: wait a period, so the
+                    // same stale choice is not made in a tight loop.
+                    Ok(Err(_)) => {
+                        tracing::warn!(pod_uid = %uid, "eviction manager: the sync loop did not have the pod")
+                    }
+                    Err(_) => {
+                        tracing::warn!(pod_uid = %uid, "eviction manager: timed out waiting for the evicted pod's cleanup");
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.monitoring_period) => {}
+            }
+        }
+    }
+
+    fn note(&self, f: impl FnOnce(&mut LastRound)) {
+        f(&mut self.last.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// One round. On an eviction, also the receiver that fires when the pod is cleaned up.
+    pub async fn round(
+        &mut self,
+    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
+        let reading = self.observer.observe().await?;
+        let thresholds = &self.settings.thresholds;
+        let round = self.state.step(
+            thresholds,
+            &reading.observations,
+            self.settings.pressure_transition_period,
+            Instant::now(),
+        );
+        let before = self.pressure.conditions();
+        if before != round.conditions {
+            tracing::info!(
+                conditions = ?round.conditions.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+                "eviction manager: node pressure conditions changed"
+            );
+        }
+        self.pressure.set(round.conditions.clone());
+        let named = |obs: &Observations| {
+            obs.iter()
+                .map(|(s, o)| (s.as_str().to_string(), *o))
+                .collect()
+        };
+        self.note(|l| {
+            l.conditions = round.conditions.clone();
+            l.observations = named(&reading.observations);
+            l.thresholds_met = round
+                .act_on
+                .iter()
+                .map(|i| thresholds[*i].signal.as_str().to_string())
+                .collect();
+            l.dedicated_imagefs = reading.dedicated_imagefs;
+            l.action = "nothing".into();
+        });
+        let Some(threshold) = round.to_reclaim(thresholds).cloned() else {
+            return Ok((Outcome::Nothing, None));
+        };
+        let resource = threshold.signal.resource();
+        tracing::info!(
+            signal = threshold.signal.as_str(),
+            resource = resource.as_str(),
+            "eviction manager: attempting to reclaim"
+        );
+        self.events.record(
+            crate::events::node_ref(&self.settings.node_name, None),
+            EventType::Warning,
+            "EvictionThresholdMet",
+            format!("Attempting to reclaim {}", resource.as_str()),
+        );
+        // Node-level reclaim first; enough when every threshold (with its minimum reclaim)
+        // is clear afterwards.
+        let steps = reclaim_steps(threshold.signal, reading.dedicated_imagefs);
+        if !steps.is_empty() {
+            for step in steps {
+                match self.reclaimer.reclaim(*step).await {
+                    Ok(n) => {
+                        tracing::info!(what = ?step, removed = n, "eviction manager: reclaimed node resources")
+                    }
+                    Err(err) => {
+                        tracing::warn!(what = ?step, error = %err, "eviction manager: reclaim failed")
+                    }
+                }
+            }
+            let after = self.observer.observe().await?;
+            let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
+            if still.is_empty() {
+                tracing::info!(
+                    resource = resource.as_str(),
+                    "eviction manager: reduced the pressure without evicting pods"
+                );
+                self.note(|l| l.action = "reclaimed".into());
+                return Ok((Outcome::Reclaimed, None));
+            }
+        }
+        let active: Vec<Arc<Pod>> = self.pods.active();
+        let evictable: Vec<&Arc<Pod>> = active.iter().filter(|p| !is_critical(p)).collect();
+        let mut candidates: Vec<Candidate<'_>> = evictable
+            .iter()
+            .map(|p| Candidate {
+                pod: p,
+                usage: p
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|uid| reading.pods.get(uid)),
+            })
+            .collect();
+        rank(&mut candidates, threshold.signal, reading.dedicated_imagefs);
+        let Some(victim) = candidates.first() else {
+            tracing::warn!(
+                resource = resource.as_str(),
+                "eviction manager: thresholds are met, but no pod can be evicted"
+            );
+            self.note(|l| l.action = "no pod to evict".into());
+            return Ok((Outcome::NoneEvictable, None));
+        };
+        let pod = victim.pod;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let grace = grace_period(&threshold, pod, self.settings.max_pod_grace_period_seconds);
+        let message = eviction_message(
+            resource,
+            pod,
+            victim.usage,
+            thresholds,
+            &round.act_on,
+            &reading.observations,
+        );
+        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, grace_seconds = grace, signal = threshold.signal.as_str(), %message, "eviction manager: evicting a pod");
+        self.events
+            .pod(pod, EventType::Warning, REASON, message.clone());
+        let done = self.evictor.evict(&uid, grace, message).await?;
+        crate::metrics::KUBELET
+            .evictions
+            .inc(&[threshold.signal.as_str()]);
+        let name = full_name(pod);
+        self.note(|l| l.action = format!("evicted {name}"));
+        Ok((Outcome::Evicted(uid), Some(done)))
+    }
+}

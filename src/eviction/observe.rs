@@ -1,0 +1,349 @@
+//! The eviction manager's I/O, behind small traits: reading the signals and the pods' usage
+//! ([`Observer`]), reclaiming node resources ([`Reclaimer`]), evicting a pod ([`Evictor`]) and
+//! listing the pods that run ([`ActivePods`]). The real implementations come first; the
+//! tests use their own.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, oneshot};
+
+use super::EvictRequest;
+use super::decide::{ContainerUsage, Observation, Observations, PodUsage, Reclaim};
+use super::signals::Signal;
+use crate::cri::{CriError, ImageService, RuntimeService};
+use crate::gc::containers::ContainerGcPolicy;
+use crate::gc::images::ImageGcPolicy;
+use crate::gc::run::{GcContext, GcError, ImageGc, container_gc_pass, image_gc_pass};
+use crate::node_api::stats::{HostFiles, StatsError, StatsProvider};
+use crate::pod_state::PodStates;
+
+/// Why a round could not read or act.
+#[derive(Debug, thiserror::Error)]
+pub enum EvictionError {
+    #[error("cannot read the node's usage: {0}")]
+    Stats(#[from] StatsError),
+    #[error("the runtime failed: {0}")]
+    Runtime(#[from] CriError),
+    #[error("reclaiming failed: {0}")]
+    Gc(#[from] GcError),
+    #[error("a blocking task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("the sync loop is gone")]
+    SyncLoopGone,
+}
+
+/// One reading: the signals, each pod's usage by UID, and whether images live on a
+/// filesystem of their own.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    pub observations: Observations,
+    pub pods: HashMap<String, PodUsage>,
+    pub dedicated_imagefs: bool,
+}
+
+/// Reads the node's signals and the pods' usage.
+pub trait Observer: Send + Sync + 'static {
+    fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>>;
+}
+
+/// Frees node resources; answers how many objects went.
+pub trait Reclaimer: Send + Sync + 'static {
+    fn reclaim(&self, what: Reclaim) -> BoxFuture<'_, Result<usize, EvictionError>>;
+}
+
+/// Evicts a pod; the receiver fires once the pod's containers are gone.
+pub trait Evictor: Send + Sync + 'static {
+    fn evict(
+        &self,
+        uid: &str,
+        grace_seconds: i64,
+        message: String,
+    ) -> BoxFuture<'_, Result<oneshot::Receiver<()>, EvictionError>>;
+}
+
+/// The pods that run (or are about to): admitted and not finished.
+pub trait ActivePods: Send + Sync + 'static {
+    fn active(&self) -> Vec<Arc<Pod>>;
+}
+
+impl ActivePods for PodStates {
+    fn active(&self) -> Vec<Arc<Pod>> {
+        self.uids()
+            .into_iter()
+            .filter_map(|uid| self.get(&uid))
+            .filter(|(_, status)| !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")))
+            .map(|(pod, _)| pod)
+            .collect()
+    }
+}
+
+/// The real observer: the node API's stats (root memory cgroup, `statvfs` of the root dir,
+/// CRI container stats), CRI `ImageFsInfo`, `pid_max` and the process count, and the sizes
+/// of each pod's logs and volumes on disk.
+pub struct LiveObserver<R> {
+    pub rt: R,
+    pub stats: StatsProvider,
+    pub root_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub proc_root: PathBuf,
+    /// The pod cgroups, for each pod's process count (`None`: not counted).
+    pub cgroups: Option<Arc<crate::cm::CgroupManager>>,
+}
+
+impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
+    pub fn new(rt: R, node_name: String, root_dir: PathBuf, pod_logs_dir: PathBuf) -> Self {
+        let host = HostFiles {
+            root_dir: root_dir.clone(),
+            ..HostFiles::default()
+        };
+        LiveObserver {
+            stats: StatsProvider::new(Arc::new(rt.clone()), Arc::new(host), node_name),
+            rt,
+            root_dir,
+            pod_logs_dir,
+            proc_root: PathBuf::from("/proc"),
+            cgroups: None,
+        }
+    }
+}
+
+/// Bytes (allocated blocks) and inodes under `dir`, not following symbolic links; 0 for a
+/// directory that is not there.
+pub fn disk_use(dir: &Path) -> (u64, u64) {
+    let mut bytes = 0u64;
+    let mut inodes = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            bytes = bytes.saturating_add(meta.blocks().saturating_mul(512));
+            inodes += 1;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    (bytes, inodes)
+}
+
+fn statvfs_observations(path: &Path) -> Option<(Observation, Observation, u64)> {
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    let frag = st.fragment_size() as u64;
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let dev = std::fs::metadata(path).ok()?.dev();
+    Some((
+        Observation {
+            available: clamp((st.blocks_available() as u64).saturating_mul(frag)),
+            capacity: clamp((st.blocks() as u64).saturating_mul(frag)),
+        },
+        Observation {
+            available: clamp(st.files_free() as u64),
+            capacity: clamp(st.files() as u64),
+        },
+        dev,
+    ))
+}
+
+/// `pid_max` and the number of processes (threads included, as upstream's `sysinfo`).
+fn pids(proc_root: &Path) -> Option<Observation> {
+    let max: i64 = std::fs::read_to_string(proc_root.join("sys/kernel/pid_max"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let running = nix::sys::sysinfo::sysinfo().ok()?.process_count();
+    Some(Observation {
+        available: max - i64::from(running),
+        capacity: max,
+    })
+}
+
+impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
+    fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+        Box::pin(async move {
+            let summary = self.stats.summary().await?;
+            let image_mount = match self.rt.image_fs_info().await {
+                Ok(info) => info
+                    .image_filesystems
+                    .first()
+                    .and_then(|fs| fs.fs_id.as_ref())
+                    .map(|id| PathBuf::from(&id.mountpoint)),
+                Err(err) => {
+                    tracing::debug!(error = %err, "eviction: the runtime does not report its image filesystem");
+                    None
+                }
+            };
+            let mut observations = Observations::new();
+            if let Some(m) = &summary.node.memory
+                && let (Some(avail), Some(ws)) = (m.available_bytes, m.working_set_bytes)
+            {
+                let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                observations.insert(
+                    Signal::MemoryAvailable,
+                    Observation {
+                        available: clamp(avail),
+                        capacity: clamp(avail.saturating_add(ws)),
+                    },
+                );
+            }
+            let pods: Vec<(String, String, String, Vec<_>)> = summary
+                .pods
+                .iter()
+                .map(|p| {
+                    (
+                        p.pod_ref.uid.clone(),
+                        p.pod_ref.namespace.clone(),
+                        p.pod_ref.name.clone(),
+                        p.containers.clone(),
+                    )
+                })
+                .collect();
+            let root_dir = self.root_dir.clone();
+            let logs_dir = self.pod_logs_dir.clone();
+            let proc_root = self.proc_root.clone();
+            let cgroups = self.cgroups.clone();
+            let (node_fs, image_fs, pid, usages) = tokio::task::spawn_blocking(move || {
+                let node_fs = statvfs_observations(&root_dir);
+                let image_fs = image_mount.as_deref().and_then(statvfs_observations);
+                let pid = pids(&proc_root);
+                let mut usages = HashMap::new();
+                for (uid, ns, name, containers) in pods {
+                    // A UID or name that is not one path component is never a directory here.
+                    let log_dir = format!("{ns}_{name}_{uid}");
+                    let mut usage = PodUsage::default();
+                    for c in &containers {
+                        let logs = (crate::paths::component_problem(&log_dir).is_none()
+                            && crate::paths::component_problem(&c.name).is_none())
+                        .then(|| disk_use(&logs_dir.join(&log_dir).join(&c.name)));
+                        let ws = c.memory.as_ref().and_then(|m| m.working_set_bytes);
+                        let rootfs = c.rootfs.as_ref().and_then(|r| r.used_bytes);
+                        usage.memory_working_set += ws.unwrap_or(0);
+                        usage.rootfs_bytes += rootfs.unwrap_or(0);
+                        usage.inodes += c.rootfs.as_ref().and_then(|r| r.inodes_used).unwrap_or(0);
+                        if let Some((b, i)) = logs {
+                            usage.logs_bytes += b;
+                            usage.inodes += i;
+                        }
+                        usage.containers.push(ContainerUsage {
+                            name: c.name.clone(),
+                            memory_working_set: ws,
+                            rootfs_bytes: rootfs,
+                            logs_bytes: logs.map(|(b, _)| b),
+                        });
+                    }
+                    usage.processes = cgroups.as_ref().and_then(|c| c.pod_process_count(&uid));
+                    if crate::paths::component_problem(&uid).is_none() {
+                        let (b, i) = disk_use(&root_dir.join("pods").join(&uid).join("volumes"));
+                        usage.volumes_bytes = b;
+                        usage.inodes += i;
+                    }
+                    usages.insert(uid, usage);
+                }
+                (node_fs, image_fs, pid, usages)
+            })
+            .await?;
+            let mut dedicated_imagefs = false;
+            if let Some((bytes, inodes, dev)) = node_fs {
+                observations.insert(Signal::NodeFsAvailable, bytes);
+                observations.insert(Signal::NodeFsInodesFree, inodes);
+                // Without a reading of its own, the image filesystem is taken to be the node's.
+                let (ibytes, iinodes) = match image_fs {
+                    Some((b, i, idev)) => {
+                        dedicated_imagefs = idev != dev;
+                        (b, i)
+                    }
+                    None => (bytes, inodes),
+                };
+                for (s, o) in [
+                    (Signal::ImageFsAvailable, ibytes),
+                    (Signal::ImageFsInodesFree, iinodes),
+                    (Signal::ContainerFsAvailable, ibytes),
+                    (Signal::ContainerFsInodesFree, iinodes),
+                ] {
+                    observations.insert(s, o);
+                }
+            }
+            if let Some(p) = pid {
+                observations.insert(Signal::PidAvailable, p);
+            }
+            Ok(Reading {
+                observations,
+                pods: usages,
+                dedicated_imagefs,
+            })
+        })
+    }
+}
+
+/// The real reclaimer: the GC's passes, run at once. Images go as upstream's
+/// `DeleteUnusedImages`: every unused image old enough, whatever the GC thresholds.
+pub struct GcReclaimer<R> {
+    pub ctx: GcContext<R>,
+    pub images: tokio::sync::Mutex<ImageGc>,
+    pub min_image_age: std::time::Duration,
+    pub keep_images: Vec<String>,
+}
+
+impl<R: RuntimeService + ImageService> Reclaimer for GcReclaimer<R> {
+    fn reclaim(&self, what: Reclaim) -> BoxFuture<'_, Result<usize, EvictionError>> {
+        Box::pin(async move {
+            match what {
+                Reclaim::DeadContainers => {
+                    let done = container_gc_pass(&self.ctx, ContainerGcPolicy::default()).await?;
+                    Ok(done.containers.len() + done.sandboxes.len())
+                }
+                Reclaim::UnusedImages => {
+                    let mut state = self.images.lock().await;
+                    let policy = ImageGcPolicy {
+                        high_threshold_percent: 0,
+                        low_threshold_percent: 0,
+                        min_age: self.min_image_age,
+                        max_age: std::time::Duration::ZERO,
+                    };
+                    let removed =
+                        image_gc_pass(&self.ctx.rt, &mut state, policy, &self.keep_images).await?;
+                    Ok(removed.len())
+                }
+            }
+        })
+    }
+}
+
+/// The real evictor: hands the pod to the sync loop.
+pub struct SyncLoopEvictor {
+    pub tx: mpsc::Sender<EvictRequest>,
+}
+
+impl Evictor for SyncLoopEvictor {
+    fn evict(
+        &self,
+        uid: &str,
+        grace_seconds: i64,
+        message: String,
+    ) -> BoxFuture<'_, Result<oneshot::Receiver<()>, EvictionError>> {
+        let uid = uid.to_string();
+        Box::pin(async move {
+            let (done, rx) = oneshot::channel();
+            self.tx
+                .send(EvictRequest {
+                    uid,
+                    grace_seconds,
+                    message,
+                    done,
+                })
+                .await
+                .map_err(|_| EvictionError::SyncLoopGone)?;
+            Ok(rx)
+        })
+    }
+}

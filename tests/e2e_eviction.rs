@@ -1,0 +1,425 @@
+//! End to end, against the real test control plane and the private containerd: the eviction
+//! manager under real memory and disk pressure.
+//!
+//! - Memory: the hard `memory.available` threshold is set a little below what the node has
+//!   free when the test starts; a BestEffort pod that takes 1 GiB is evicted (Failed, reason
+//!   Evicted, upstream's message, an event), a Guaranteed pod keeps running, and
+//!   MemoryPressure turns True, then False once the (shortened) transition period is over.
+//! - Disk: the agent's root and log directories are on a 64 MiB tmpfs; a crash-looping
+//!   container's first instance leaves a 24 MiB log; once the disk crosses the threshold, the
+//!   dead instance is removed with its log before any pod is evicted, and DiskPressure clears.
+//!
+//! Both need root (tmpfs, cgroups) and a cluster (`DECKHAND_TEST_CLUSTER`): evicted pods come
+//! from the API server, since static pods are never evicted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{
+    NamespaceCleanup, admin, condition, create_namespace, get_node, joined_agent, sleeping_spec,
+    wait_node_ready,
+};
+use common::{http_get, wait_until};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+
+const WAIT: Duration = Duration::from_secs(40);
+const MI: u64 = 1 << 20;
+
+/// What the agent reckons `memory.available` to be: MemTotal less the root memory cgroup's
+/// working set (usage less inactive file pages), cgroup v1 as this machine runs.
+fn memory_available() -> u64 {
+    let read =
+        |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"));
+    let value = |text: &str, key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next()?.trim_end_matches(':') == key).then(|| w.next()?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("{key} not found"))
+    };
+    let total = value(&read("/proc/meminfo"), "MemTotal") * 1024;
+    let usage: u64 = read("/sys/fs/cgroup/memory/memory.usage_in_bytes")
+        .trim()
+        .parse()
+        .unwrap();
+    let inactive = value(
+        &read("/sys/fs/cgroup/memory/memory.stat"),
+        "total_inactive_file",
+    );
+    total.saturating_sub(usage.saturating_sub(inactive))
+}
+
+fn pod_from(name: &str, node: &str, spec: serde_json::Value) -> Pod {
+    let mut spec = spec;
+    spec["nodeName"] = node.into();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn phase_reason(p: &Pod) -> (Option<String>, Option<String>) {
+    let s = p.status.as_ref();
+    (
+        s.and_then(|s| s.phase.clone()),
+        s.and_then(|s| s.reason.clone()),
+    )
+}
+
+async fn running(pods: &Api<Pod>, name: &str) -> bool {
+    pods.get(name)
+        .await
+        .ok()
+        .is_some_and(|p| phase_reason(&p).0.as_deref() == Some("Running"))
+}
+
+/// Watches a Node condition in the background: whether it was seen True, and when it was
+/// last seen True.
+struct ConditionWatch {
+    seen_true: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConditionWatch {
+    fn start(client: kube::Client, node: &str, kind: &'static str) -> ConditionWatch {
+        let seen_true = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let (seen, node) = (seen_true.clone(), node.to_string());
+        let task = tokio::spawn(async move {
+            loop {
+                if let Some(n) = get_node(&client, &node).await
+                    && condition(&n, kind).as_deref() == Some("True")
+                {
+                    *seen.lock().unwrap() = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        ConditionWatch { seen_true, task }
+    }
+
+    fn seen(&self) -> bool {
+        self.seen_true.lock().unwrap().is_some()
+    }
+}
+
+impl Drop for ConditionWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn metrics_line(port: u16, prefix: &str) -> Option<String> {
+    let (_, body) = http_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+}
+
+#[tokio::test]
+async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one() {
+    let started = Instant::now();
+    let client = admin().await;
+    let node = "dev-memory";
+    // 1 GiB taken by the pod, the threshold 600 MiB below what is free now: the pod takes the
+    // node 400 MiB past it, and other processes' noise of a few hundred MiB either way neither
+    // triggers it early (the pod would still rank first) nor hides it.
+    let threshold_mi = memory_available() / MI - 600;
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.extra_args.extend([
+        format!("--eviction-hard=memory.available<{threshold_mi}Mi,nodefs.available<1%,imagefs.available<1%"),
+        "--eviction-pressure-transition-period=5s".to_string(),
+        "--node-status-update-frequency=1s".to_string(),
+    ]);
+    agent
+        .env
+        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-evict-memory";
+    let _ns: NamespaceCleanup = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+    let mut guaranteed = sleeping_spec(1);
+    guaranteed["containers"][0]["resources"] = serde_json::json!({
+        "requests": {"cpu": "100m", "memory": "64Mi"},
+        "limits": {"cpu": "100m", "memory": "64Mi"},
+    });
+    let mut hog = sleeping_spec(1);
+    // dd holds its 1 GiB buffer, filled from /dev/zero, while it waits to write it to a pipe
+    // nobody reads.
+    hog["containers"][0]["command"] =
+        serde_json::json!(["sh", "-c", "dd if=/dev/zero bs=1024M count=1 | sleep 600"]);
+    pods.create(
+        &PostParams::default(),
+        &pod_from("guaranteed", node, guaranteed),
+    )
+    .await
+    .unwrap();
+    wait_until("the guaranteed pod running", WAIT, || async {
+        running(&pods, "guaranteed").await.then_some(())
+    })
+    .await;
+    let pressure = ConditionWatch::start(client.clone(), node, "MemoryPressure");
+    pods.create(&PostParams::default(), &pod_from("hog", node, hog))
+        .await
+        .unwrap();
+
+    let evicted = wait_until("the BestEffort pod evicted", WAIT, || async {
+        let p = pods.get("hog").await.ok()?;
+        (phase_reason(&p) == (Some("Failed".into()), Some("Evicted".into()))).then_some(p)
+    })
+    .await;
+    let message = evicted.status.unwrap().message.unwrap_or_default();
+    let want = format!(
+        "The node was low on resource: memory. Threshold quantity: {threshold_mi}Mi, available: "
+    );
+    assert!(message.starts_with(&want), "{message}");
+    assert!(
+        message.contains("Container app was using ")
+            && message.ends_with(", request is 0, has larger consumption of memory. "),
+        "{message}"
+    );
+    wait_until("the Evicted event", WAIT, || async {
+        common::cluster::event_reasons(&client, ns, "hog")
+            .await
+            .into_iter()
+            .any(|(reason, m)| reason == "Evicted" && m == message)
+            .then_some(())
+    })
+    .await;
+    let cri = common::cri().await;
+    wait_until("the evicted pod's containers gone", WAIT, || async {
+        common::containers_of(&cri, "hog")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    wait_until("MemoryPressure True on the Node", WAIT, || async {
+        pressure.seen().then_some(())
+    })
+    .await;
+    // The pressure ends once the transition period (5 s) has passed without the threshold met.
+    wait_until("MemoryPressure back to False", WAIT, || async {
+        let n = get_node(&client, node).await?;
+        (condition(&n, "MemoryPressure").as_deref() == Some("False")).then_some(())
+    })
+    .await;
+    assert!(
+        running(&pods, "guaranteed").await,
+        "the Guaranteed pod keeps running"
+    );
+    let line = metrics_line(agent.read_only_port, "kubelet_evictions{")
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        line, "kubelet_evictions{eviction_signal=\"memory.available\"} 1",
+        "one eviction counted"
+    );
+    eprintln!(
+        "memory eviction test took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A tmpfs mounted for the test's duration (lazily unmounted when dropped, even on failure),
+/// and bind mounts of directories in it.
+struct Mounts(Vec<PathBuf>);
+
+impl Mounts {
+    fn tmpfs(at: &Path, size: &str) -> Mounts {
+        run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                &at.display().to_string(),
+            ],
+        );
+        Mounts(vec![at.to_path_buf()])
+    }
+
+    fn bind(&mut self, from: &Path, at: &Path) {
+        run(
+            "mount",
+            &[
+                "--bind",
+                &from.display().to_string(),
+                &at.display().to_string(),
+            ],
+        );
+        self.0.push(at.to_path_buf());
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for at in self.0.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(at).status();
+        }
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().expect(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed (the eviction tests need root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The body of a GET on the agent's local socket.
+async fn local_get(socket: &Path, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::UnixStream::connect(socket).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out).await;
+    out.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+fn available(dir: &Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(dir).unwrap();
+    st.blocks_available() as u64 * st.fragment_size() as u64
+}
+
+#[tokio::test]
+async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
+    let started = Instant::now();
+    let client = admin().await;
+    let node = "dev-disk";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    // The root and log directories on one 64 MiB filesystem.
+    let mut mounts = Mounts::tmpfs(&agent.root_dir(), "64m");
+    let logs_in_tmpfs = agent.root_dir().join("pod-logs");
+    std::fs::create_dir_all(&logs_in_tmpfs).unwrap();
+    mounts.bind(&logs_in_tmpfs, &agent.logs_dir());
+    agent.extra_args.extend([
+        "--eviction-hard=nodefs.available<20Mi,memory.available<100Mi,imagefs.available<1%"
+            .to_string(),
+        "--eviction-pressure-transition-period=3s".to_string(),
+        "--node-status-update-frequency=1s".to_string(),
+    ]);
+    agent
+        .env
+        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+    // Instance 0 leaves its log and is restarted at once; instance 1 exits at once, and the
+    // back-off that follows (upstream's 10 s) keeps both dead instances there while the test
+    // fills the disk.
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-evict-disk";
+    let _ns = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+    let mut filler = sleeping_spec(1);
+    filler["containers"][0]["name"] = "filler".into();
+    filler["containers"][0]["command"] = serde_json::json!([
+        "sh",
+        "-c",
+        "if [ ! -f /data/once ]; then touch /data/once; head -c 24m /dev/zero | tr '\\0' x | fold -w 1000; fi; exit 1"
+    ]);
+    filler["containers"][0]["volumeMounts"] =
+        serde_json::json!([{"name": "data", "mountPath": "/data"}]);
+    filler["volumes"] = serde_json::json!([{"name": "data", "emptyDir": {}}]);
+    for (name, spec) in [("sleeper", sleeping_spec(1)), ("filler", filler)] {
+        pods.create(&PostParams::default(), &pod_from(name, node, spec))
+            .await
+            .unwrap();
+    }
+    // Both instances dead: restarted once and waiting in back-off again.
+    let filler_pod = wait_until("the filler's second instance dead", WAIT, || async {
+        let p = pods.get("filler").await.ok()?;
+        let c = p
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        let waiting = c.state.as_ref()?.waiting.as_ref()?.reason.clone();
+        (c.restart_count >= 1 && waiting.as_deref() == Some("CrashLoopBackOff")).then_some(p)
+    })
+    .await;
+    assert!(running(&pods, "sleeper").await);
+    let uid = filler_pod.metadata.uid.clone().unwrap();
+    let first_log = agent
+        .logs_dir()
+        .join(format!("{ns}_filler_{uid}"))
+        .join("filler")
+        .join("0.log");
+    let size = std::fs::metadata(&first_log)
+        .unwrap_or_else(|e| panic!("{}: {e}", first_log.display()))
+        .len();
+    assert!(size > 24 * MI, "the first instance's log is {size} bytes");
+
+    // Push the disk past the threshold: the dead instance's log is what can go.
+    let pressure = ConditionWatch::start(client.clone(), node, "DiskPressure");
+    let free = available(&agent.root_dir());
+    let fill = free - 16 * MI;
+    std::fs::write(agent.root_dir().join("ballast"), vec![0u8; fill as usize]).unwrap();
+    let crossed = Instant::now();
+    wait_until("the dead instance removed with its log", WAIT, || async {
+        (!first_log.exists()).then_some(())
+    })
+    .await;
+    let reclaimed_after = crossed.elapsed();
+    wait_until("the disk back above the threshold", WAIT, || async {
+        (available(&agent.root_dir()) > 20 * MI).then_some(())
+    })
+    .await;
+    wait_until("DiskPressure True on the Node", WAIT, || async {
+        pressure.seen().then_some(())
+    })
+    .await;
+    wait_until("DiskPressure back to False", WAIT, || async {
+        let n = get_node(&client, node).await?;
+        (condition(&n, "DiskPressure").as_deref() == Some("False")).then_some(())
+    })
+    .await;
+    // No pod was evicted: the reclaim was enough.
+    for name in ["sleeper", "filler"] {
+        let p = pods.get(name).await.unwrap();
+        assert_ne!(
+            phase_reason(&p).1.as_deref(),
+            Some("Evicted"),
+            "{name} was evicted"
+        );
+    }
+    assert!(running(&pods, "sleeper").await);
+    assert_eq!(
+        metrics_line(agent.read_only_port, "kubelet_evictions{").await,
+        None,
+        "no eviction counted"
+    );
+    // The root dir's tmpfs is not containerd's filesystem: a dedicated image filesystem, for
+    // which Deckhand still reclaims dead containers under nodefs pressure (their logs are
+    // on nodefs; upstream would go straight to evicting).
+    let debug = local_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
+    assert!(debug.contains("\"dedicated_imagefs\":true"), "{debug}");
+    eprintln!(
+        "disk test: reclaimed {:.1}s after the threshold was crossed; took {:.1}s",
+        reclaimed_after.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    drop(mounts);
+}
