@@ -345,6 +345,26 @@ impl Drop for Agent {
                 .block_on(cleanup)
         });
         let _ = handle.join();
+        unmount_under(self.dir.path());
+    }
+}
+
+/// Detaches every mount below `dir` (deepest first): volumes the killed agent left mounted
+/// (secrets and tokens are tmpfs mounts) would otherwise outlive the test and keep its temporary
+/// directory from being removed.
+pub fn unmount_under(dir: &Path) {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(point.replace("\\040", " ")))
+        .filter(|point| point.starts_with(dir) && point != dir)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
