@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -24,8 +24,9 @@ use crate::health::CheckFailure;
 use crate::k8s::full_name;
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
-use crate::pod_workers::{PodWorkers, Work};
+use crate::pod_workers::{FinalStatus, Kill, PodWorkers, Work};
 use crate::pokes::Pokes;
+use crate::shutdown::ShutdownStatus;
 use crate::source::{PodChange, SourcesReady};
 use crate::status_sync::StatusSync;
 
@@ -166,6 +167,63 @@ struct Refused {
     final_: bool,
 }
 
+/// Requests to the loop from parts that need its view of the pods (the node shutdown
+/// manager).
+pub enum Control {
+    /// The pods admitted and not finished.
+    ActivePods(oneshot::Sender<Vec<Arc<Pod>>>),
+    /// Stop a pod and give it a final status (see [`Work::Kill`]); `done` is cancelled when
+    /// it has stopped, or at once when the loop does not run the pod.
+    Kill {
+        uid: String,
+        grace: i64,
+        outcome: FinalStatus,
+        done: CancellationToken,
+    },
+}
+
+/// The handle that sends [`Control`] requests; it is the shutdown manager's
+/// [`crate::shutdown::NodePods`].
+#[derive(Clone)]
+pub struct SyncLoopControl {
+    tx: mpsc::UnboundedSender<Control>,
+}
+
+impl SyncLoopControl {
+    /// The handle and the receiver to give [`SyncLoop::with_control`].
+    pub fn channel() -> (SyncLoopControl, mpsc::UnboundedReceiver<Control>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (SyncLoopControl { tx }, rx)
+    }
+}
+
+impl crate::shutdown::NodePods for SyncLoopControl {
+    async fn active(&self) -> Vec<Arc<Pod>> {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Control::ActivePods(tx)).is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    async fn kill(&self, uid: &str, grace: i64) {
+        let done = CancellationToken::new();
+        let request = Control::Kill {
+            uid: uid.to_string(),
+            grace,
+            outcome: FinalStatus {
+                reason: crate::shutdown::POD_REASON.into(),
+                message: crate::shutdown::POD_MESSAGE.into(),
+                disruption_reason: Some(crate::shutdown::DISRUPTION_REASON.into()),
+            },
+            done: done.clone(),
+        };
+        if self.tx.send(request).is_ok() {
+            done.cancelled().await;
+        }
+    }
+}
+
 /// The loop's state.
 pub struct SyncLoop<R> {
     workers: PodWorkers<R>,
@@ -178,6 +236,10 @@ pub struct SyncLoop<R> {
     sources_ready: SourcesReady,
     runtime_cache: RuntimeCache,
     admission: Admission,
+    /// Requests from the shutdown manager, when there is one.
+    control: Option<mpsc::UnboundedReceiver<Control>>,
+    /// While the node shuts down, new pods are refused (upstream's shutdown admit handler).
+    shutdown: ShutdownStatus,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -225,6 +287,66 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             sources_ready,
             runtime_cache,
             admission,
+            control: None,
+            shutdown: ShutdownStatus::default(),
+        }
+    }
+
+    /// Takes [`Control`] requests from `rx`, and refuses new pods while `shutdown` says the
+    /// node shuts down.
+    pub fn with_control(
+        mut self,
+        rx: mpsc::UnboundedReceiver<Control>,
+        shutdown: ShutdownStatus,
+    ) -> Self {
+        self.control = Some(rx);
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Answers one [`Control`] request.
+    pub fn handle_control(&mut self, request: Control) {
+        match request {
+            Control::ActivePods(reply) => {
+                let finished = self.admission.states.finished();
+                let pods = self
+                    .desired
+                    .iter()
+                    .filter(|(uid, _)| !finished.contains(*uid))
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                let _ = reply.send(pods);
+            }
+            Control::Kill {
+                uid,
+                grace,
+                outcome,
+                done,
+            } => {
+                let Some(pod) = self.desired.get(&uid).cloned() else {
+                    done.cancel();
+                    return;
+                };
+                // A new instance waiting for its name would start once the old one is gone.
+                let name = full_name(&pod);
+                if self
+                    .waiting_for_name
+                    .get(&name)
+                    .is_some_and(|p| uid_of(p) == uid)
+                {
+                    self.waiting_for_name.remove(&name);
+                }
+                tracing::info!(pod = %name, pod_uid = %uid, grace, reason = %outcome.reason, "killing the pod");
+                self.workers.dispatch(
+                    &uid,
+                    Work::Kill(Kill {
+                        pod,
+                        grace,
+                        outcome,
+                        done,
+                    }),
+                );
+            }
         }
     }
 
@@ -312,6 +434,15 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             && let Some(message) = static_pod_refusal(&pod)
         {
             self.refuse(pod, REFUSED_REASON, message, false);
+            return;
+        }
+        if self.shutdown.shutting_down() && !deleting(&pod) {
+            self.refuse(
+                pod,
+                crate::shutdown::NOT_ADMITTED_REASON,
+                crate::shutdown::NOT_ADMITTED_MESSAGE.to_string(),
+                true,
+            );
             return;
         }
         // Upstream admits a new pod even when the API server is already deleting it, so a
@@ -475,10 +606,18 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     ) {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut control = self.control.take();
         loop {
             health.turned();
+            let next_control = async {
+                match control.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                Some(request) = next_control => self.handle_control(request),
                 Some(changes) = config.recv() => self.handle_changes(changes),
                 uids = pokes.take() => for uid in uids { self.workers.poke(&uid) },
                 Some(uid) = done.recv() => self.handle_done(&uid),

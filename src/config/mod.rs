@@ -15,6 +15,7 @@ pub mod flags;
 pub mod gc;
 pub mod node;
 pub mod server;
+pub mod shutdown;
 mod validate;
 
 pub use validate::ENFORCE_PODS;
@@ -39,6 +40,7 @@ pub use flags::Flags;
 pub use gc::GcSettings;
 pub use node::{ClusterSettings, Reservations};
 pub use server::{AuthorizationMode, ServerSettings};
+pub use shutdown::ShutdownSettings;
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -114,6 +116,8 @@ pub struct Config {
     pub server: ServerSettings,
     /// Image GC and container log rotation.
     pub gc: GcSettings,
+    /// Graceful node shutdown (file-only fields, as upstream).
+    pub shutdown: ShutdownSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

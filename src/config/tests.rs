@@ -85,6 +85,7 @@ fn defaults() -> Config {
         reservations: super::Reservations::default(),
         server: super::ServerSettings::default(),
         gc: super::GcSettings::default(),
+        shutdown: super::ShutdownSettings::default(),
         config_file: None,
         warnings: vec![],
     }
@@ -194,6 +195,11 @@ crashLoopBackOff:
             container_log_max_size_bytes: 50 * 1024 * 1024,
             container_log_max_files: 3,
             ..Default::default()
+        },
+        shutdown: super::ShutdownSettings {
+            grace_period: secs(30),
+            grace_period_critical_pods: secs(10),
+            by_pod_priority: vec![],
         },
         ..defaults()
     };
