@@ -102,7 +102,7 @@ impl Logind for ZbusLogind {
             .body()
             .deserialize()
             .map_err(LogindError::InhibitDelay)?;
-        let micros = u64::try_from(value).map_err(|e| LogindError::InhibitDelay(e.into()))?;
+        let micros = u64::try_from(value).map_err(LogindError::InhibitDelay)?;
         Ok(Duration::from_micros(micros))
     }
 

@@ -178,13 +178,14 @@ mod tests {
     #[test]
     fn buckets_from_the_configuration() {
         let s = Duration::from_secs;
-        let cases: &[(
-            &str,
+        type Case = (
+            &'static str,
             Duration,
             Duration,
             Vec<PriorityGrace>,
             Vec<PriorityGrace>,
-        )] = &[
+        );
+        let cases: &[Case] = &[
             ("off by default", s(0), s(0), vec![], vec![]),
             (
                 "critical part only when the whole is set",
