@@ -859,6 +859,66 @@ mod tests {
         assert_eq!(parts.rt.count("StartContainer"), 1);
         parts.cancel.cancel();
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_pod_stops_in_place_ends_failed_and_is_not_started_again() {
+        let (sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        let (control, rx) = SyncLoopControl::channel();
+        let shutdown = ShutdownStatus::default();
+        let mut sl = sl.with_control(rx, shutdown.clone());
+        parts.ready.mark_seen("file");
+        let p = add_started(&mut sl, &parts, "uid-k").await;
+        let active = |sl: &mut SyncLoop<FakeCri>| {
+            let (tx, mut rx) = oneshot::channel();
+            sl.handle_control(Control::ActivePods(tx));
+            rx.try_recv().unwrap().len()
+        };
+        assert_eq!(active(&mut sl), 1);
+        let done = CancellationToken::new();
+        sl.handle_control(Control::Kill {
+            uid: "uid-k".into(),
+            grace: 5,
+            outcome: FinalStatus {
+                reason: crate::shutdown::POD_REASON.into(),
+                message: crate::shutdown::POD_MESSAGE.into(),
+                disruption_reason: Some(crate::shutdown::DISRUPTION_REASON.into()),
+            },
+            done: done.clone(),
+        });
+        tokio::time::timeout(Duration::from_secs(60), done.cancelled())
+            .await
+            .expect("the kill completes");
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![5],
+            "stopped with the given grace"
+        );
+        assert_eq!(parts.rt.count("RemoveContainer"), 0, "left in place");
+        let status = sl.admission.states.status("uid-k").unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Terminated"));
+        assert!(
+            status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        );
+        assert_eq!(active(&mut sl), 0, "a killed pod is finished");
+        // A later update does not bring it back.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(parts.rt.count("StartContainer"), 1);
+        // While the node shuts down, a new pod is refused.
+        shutdown.set(true);
+        sl.handle_changes(vec![PodChange::Add(pod("uid-new"))]);
+        let refused = sl.admission.states.status("uid-new").unwrap();
+        assert_eq!(refused.reason.as_deref(), Some("NodeShutdown"));
+        assert!(!sl.workers.has("uid-new"));
+        drop(control);
+        parts.cancel.cancel();
+    }
+
     /// Pod `uid` named `name`, created `created` seconds into the epoch.
     fn named(uid: &str, name: &str, created: i64) -> Arc<Pod> {
         let mut p = (*pod(uid)).clone();

@@ -469,6 +469,8 @@ mod tests {
         pleg.unhealthy = vec![("PLEG".into(), "relist has not completed for 200s".into())];
         let mut no_cpu = snapshot(runtime_up(true));
         no_cpu.capacity.cpu_millis = 0;
+        let mut shutting_down = snapshot(runtime_up(true));
+        shutting_down.shutting_down = true;
         let cases: Vec<(&str, NodeSnapshot, &str, &str, &str)> = vec![
             (
                 "all well",
@@ -511,6 +513,13 @@ mod tests {
                 "False",
                 "KubeletNotReady",
                 "missing node capacity for resources: cpu",
+            ),
+            (
+                "shutting down",
+                shutting_down,
+                "False",
+                "KubeletNotReady",
+                "node is shutting down",
             ),
         ];
         for (name, snap, status, reason, message) in cases {

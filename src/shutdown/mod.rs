@@ -59,7 +59,8 @@ impl ShutdownStatus {
         *self.0.borrow()
     }
 
-    fn set(&self, on: bool) {
+    /// Says whether the node shuts down (the manager, and tests).
+    pub fn set(&self, on: bool) {
         self.0.send_replace(on);
     }
 
