@@ -773,6 +773,8 @@ pub async fn run(
             crate::shutdown::ManagerSettings {
                 buckets: shutdown_buckets,
                 state_file: config.root_dir.join(crate::shutdown::STATE_FILE),
+                events: events.clone(),
+                node_name: config.node_name.clone(),
             },
             shutdown_status.clone(),
         );

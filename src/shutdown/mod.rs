@@ -7,8 +7,8 @@
 //! ready again; pods already stopped stay stopped (as upstream).
 //!
 //! The order and the graces are pure ([`plan`]); logind is behind [`logind::Logind`]; the pods
-//! are behind [`NodePods`] (the sync loop implements it). This module depends on no other part
-//! of the agent.
+//! are behind [`NodePods`] (the sync loop implements it). Of the rest of the agent it uses only
+//! the event recorder.
 
 pub mod logind;
 pub mod plan;
@@ -85,13 +85,19 @@ pub trait NodePods: Send + Sync + 'static {
 }
 
 /// What the manager is configured with.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ManagerSettings {
     /// From [`plan::buckets`]; empty = graceful shutdown off.
     pub buckets: Vec<PriorityGrace>,
     /// `<root-dir>/graceful_node_shutdown_state`.
     pub state_file: PathBuf,
+    /// The Node's `NodeShutdown` events go here, as upstream records them.
+    pub events: crate::events::Recorder,
+    pub node_name: String,
 }
+
+/// Upstream's event reason for a shutdown announced or cancelled.
+pub const EVENT_REASON: &str = "NodeShutdown";
 
 /// One connection to logind with the lock held (or not, after a shutdown).
 struct Session<B> {
@@ -212,6 +218,7 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
                 None => return Ended::Lost,
                 Some(true) => {
                     tracing::info!("logind announced the node's shutdown; stopping pods");
+                    self.node_event("Shutdown manager detected shutdown event");
                     self.status.set(true);
                     if !self.shut_down(session, cancel).await {
                         return Ended::Cancelled;
@@ -233,6 +240,15 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
                 }
             }
         }
+    }
+
+    fn node_event(&self, message: &str) {
+        self.settings.events.record(
+            crate::events::node_ref(&self.settings.node_name, None),
+            crate::events::EventType::Normal,
+            EVENT_REASON,
+            message,
+        );
     }
 
     /// Stops the pods step by step, then releases the lock. False when the agent stops first.

@@ -144,6 +144,8 @@ fn settings(dir: &tempfile::TempDir) -> ManagerSettings {
     ManagerSettings {
         buckets: plan::buckets(Duration::from_secs(30), Duration::from_secs(10), &[]),
         state_file: dir.path().join(STATE_FILE),
+        events: crate::events::Recorder::log_only("node-a"),
+        node_name: "node-a".into(),
     }
 }
 
