@@ -33,6 +33,7 @@ use crate::server::Metrics;
 use crate::server::{self, ServeError};
 use crate::source::{self, SourceConfig};
 use crate::sync_loop::{Admission, Refusals, SyncLoop, SyncLoopHealth};
+use tracing::Instrument;
 
 /// How long start-up waits for the runtime to report RuntimeReady and NetworkReady.
 pub const RUNTIME_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -824,8 +825,32 @@ pub async fn run(
         refusals,
         pressure: pressure.clone(),
     };
-    let sync_loop =
+    let mut sync_loop =
         SyncLoop::new(workers, sources_ready, runtime_cache, admission).with_evictions(evict_rx);
+    // Graceful node shutdown, when a grace period is configured: a delay lock from logind,
+    // and the pods stopped in priority order when the node shuts down.
+    let shutdown_status = crate::shutdown::ShutdownStatus::default();
+    let shutdown_buckets = config.shutdown.buckets();
+    if !shutdown_buckets.is_empty() {
+        let (control, control_rx) = crate::sync_loop::SyncLoopControl::channel();
+        sync_loop = sync_loop.with_control(control_rx, shutdown_status.clone());
+        let manager = crate::shutdown::Manager::new(
+            crate::shutdown::logind::SystemBus,
+            control,
+            crate::shutdown::ManagerSettings {
+                buckets: shutdown_buckets,
+                state_file: config.root_dir.join(crate::shutdown::STATE_FILE),
+                events: events.clone(),
+                node_name: config.node_name.clone(),
+            },
+            shutdown_status.clone(),
+        );
+        tracker.spawn(
+            manager
+                .run(cancel.clone())
+                .instrument(tracing::info_span!("node_shutdown")),
+        );
+    }
     let loop_health = SyncLoopHealth::default();
     {
         let loop_health = loop_health.clone();
@@ -877,6 +902,7 @@ pub async fn run(
             reservations: config.reservations.clone(),
             kubelet_port: config.port,
             pressure: pressure.clone(),
+            shutdown: shutdown_status.clone(),
         };
         tracker.spawn(crate::node::agent::run(
             crate::node::api::KubeNodeApi::new(api_client),

@@ -31,6 +31,7 @@ pub mod pokes;
 pub mod prober;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod source;
 pub mod status;
 pub mod status_sync;

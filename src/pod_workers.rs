@@ -40,6 +40,60 @@ pub enum Work {
         pod: Option<Arc<Pod>>,
         grace_override: Option<i64>,
     },
+    /// Stop the pod's containers (and sandbox) with a grace period, leave them in place, and
+    /// publish the pod's final status: upstream's `killPodNow`, as the node shutdown manager
+    /// uses it. The worker then syncs the pod no more; a later `Terminate` removes it.
+    Kill(Kill),
+}
+
+/// A [`Work::Kill`] request.
+#[derive(Clone, Debug)]
+pub struct Kill {
+    pub pod: Arc<Pod>,
+    /// Seconds the containers get (the pod's own grace is not consulted).
+    pub grace: i64,
+    pub outcome: FinalStatus,
+    /// Cancelled once the pod has stopped and its final status is published.
+    pub done: CancellationToken,
+}
+
+/// The status a killed pod ends with: phase Failed (unless it had Succeeded), the reason and
+/// message, and a `DisruptionTarget` condition with `disruption_reason` when given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinalStatus {
+    pub reason: String,
+    pub message: String,
+    pub disruption_reason: Option<String>,
+}
+
+impl FinalStatus {
+    /// Puts the outcome on the status computed from what the runtime shows after the stop.
+    pub fn apply(&self, status: &mut k8s_openapi::api::core::v1::PodStatus, now: SystemTime) {
+        if status.phase.as_deref() != Some("Succeeded") {
+            status.phase = Some("Failed".into());
+        }
+        status.reason = Some(self.reason.clone());
+        status.message = Some(self.message.clone());
+        if let Some(reason) = &self.disruption_reason {
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            let at = jiff::Timestamp::new(since.as_secs() as i64, 0)
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+            let conditions = status.conditions.get_or_insert_with(Vec::new);
+            conditions.retain(|c| c.type_ != "DisruptionTarget");
+            conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some(reason.clone()),
+                message: Some(self.message.clone()),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    at,
+                )),
+                ..Default::default()
+            });
+        }
+    }
 }
 
 struct Handle {
@@ -48,6 +102,8 @@ struct Handle {
     terminating: bool,
     /// `namespace/name`, to keep two UIDs of one static pod from running at once.
     full_name: Option<String>,
+    /// Asked to kill the pod: later syncs are not passed on (they would undo the kill).
+    killed: bool,
 }
 
 /// Shared pieces every worker uses.
@@ -197,7 +253,9 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         let name = match &work {
             Work::Sync(p) => Some(full_name(p)),
             Work::Terminate { pod, .. } => pod.as_deref().map(full_name),
+            Work::Kill(k) => Some(full_name(&k.pod)),
         };
+        let killing = matches!(work, Work::Kill(_));
         // Nothing is ever run for a UID that cannot be a path component (the sources refuse
         // such pods; this guards every other way in). Tearing one down is still allowed.
         if !terminating && let Some(problem) = crate::paths::component_problem(uid) {
@@ -209,6 +267,11 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
                 // A pod being torn down is not brought back by a late update.
                 return;
             }
+            if handle.killed && !terminating {
+                // A killed pod stays stopped; only its removal is still to come.
+                return;
+            }
+            handle.killed |= killing;
             handle.terminating = terminating;
             self.activity.set(uid, terminating);
             if name.is_some() {
@@ -229,6 +292,7 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
                 poke: poke.clone(),
                 terminating,
                 full_name: name,
+                killed: killing,
             },
         );
         let deps = self.deps.clone();
@@ -301,6 +365,8 @@ fn note_mirror(mirrors: Option<&crate::mirror_pods::MirrorPods>, uid: &str, work
     match work {
         Work::Sync(pod) => mirrors.desired(pod),
         Work::Terminate { .. } => mirrors.terminating(uid),
+        // The static pod stays (stopped, Failed): its mirror pod shows that.
+        Work::Kill(_) => {}
     }
 }
 
@@ -328,6 +394,8 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     let first_seen = Instant::now();
     let mut last_synced: Option<Arc<Pod>> = None;
     let mut start_recorded = false;
+    // The kill asked for has been carried out: nothing is synced any more.
+    let mut killed = false;
     loop {
         if !immediate {
             tokio::select! {
@@ -340,6 +408,51 @@ async fn worker_loop<R: RuntimeService + ImageService>(
         immediate = false;
         let work = rx.borrow_and_update().clone();
         match work {
+            Work::Sync(_) | Work::Kill(_) if killed => {
+                next = Instant::now() + KILLED_IDLE;
+            }
+            Work::Kill(kill) => {
+                deps.prober.remove_pod(&uid);
+                let span =
+                    tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
+                let started = Instant::now();
+                let once = kill_once(&uid, &kill, &mut state, &deps).instrument(span);
+                let result = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = terminate_requested(&mut rx) => {
+                        tracing::info!("the pod is to be terminated; the kill in progress is abandoned");
+                        immediate = true;
+                        continue;
+                    }
+                    r = AssertUnwindSafe(once).catch_unwind() => r,
+                };
+                match result {
+                    Ok(Ok(())) => {
+                        tracing::info!(
+                            pod = %full_name(&kill.pod),
+                            reason = %kill.outcome.reason,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "pod killed"
+                        );
+                        killed = true;
+                        kill.done.cancel();
+                        next = Instant::now() + KILLED_IDLE;
+                    }
+                    Ok(Err(err)) => {
+                        tracing::warn!(pod = %full_name(&kill.pod), error = %err, "killing the pod failed; will retry");
+                        next = Instant::now() + Duration::from_secs(1);
+                    }
+                    Err(payload) => {
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &full_name(&kill.pod),
+                            "killing",
+                        );
+                        next = Instant::now() + wait;
+                    }
+                }
+            }
             Work::Sync(pod) => {
                 let span = tracing::info_span!("sync", pod = %full_name(&pod));
                 let inject =
@@ -487,6 +600,44 @@ fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> boo
 }
 
 /// One sync of a pod: act, then publish the status. Returns when to look again.
+/// How long a worker whose pod was killed sleeps between looks at its (unchanging) work.
+const KILLED_IDLE: Duration = Duration::from_secs(3600);
+
+/// Stops the pod for a [`Work::Kill`] and publishes its final status.
+async fn kill_once<R: RuntimeService + ImageService>(
+    uid: &str,
+    kill: &Kill,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+) -> Result<(), crate::runtime::executor::TeardownError> {
+    let observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    deps.runtime_cache.update_pod(uid, observed.clone());
+    let now = SystemTime::now();
+    let no_probes = HashMap::new();
+    let mut status = compute_pod_status(
+        &kill.pod,
+        &observed,
+        &StatusInputs {
+            now,
+            host_ip: deps.host_ip.clone(),
+            waiting: &state.waiting,
+            previous: state.status.as_ref(),
+            terminating: true,
+            probes: &no_probes,
+        },
+    );
+    kill.outcome.apply(&mut status, now);
+    state.status = Some(status.clone());
+    deps.states.publish(kill.pod.clone(), status);
+    if let Some(mirrors) = &deps.mirror_pods {
+        mirrors.synced(&kill.pod);
+    }
+    if let Some(sync) = &deps.status_sync {
+        sync.changed(uid);
+    }
+    Ok(())
+}
+
 async fn sync_once<R: RuntimeService + ImageService>(
     uid: &str,
     pod: &Arc<Pod>,

@@ -25,8 +25,9 @@ use crate::health::CheckFailure;
 use crate::k8s::full_name;
 use crate::pleg::RuntimeCache;
 use crate::pod_state::PodStates;
-use crate::pod_workers::{PodWorkers, Work};
+use crate::pod_workers::{FinalStatus, Kill, PodWorkers, Work};
 use crate::pokes::Pokes;
+use crate::shutdown::ShutdownStatus;
 use crate::source::{PodChange, SourcesReady};
 use crate::status_sync::StatusSync;
 
@@ -179,6 +180,63 @@ struct Refused {
     status: Option<PodStatus>,
 }
 
+/// Requests to the loop from parts that need its view of the pods (the node shutdown
+/// manager).
+pub enum Control {
+    /// The pods admitted and not finished.
+    ActivePods(oneshot::Sender<Vec<Arc<Pod>>>),
+    /// Stop a pod and give it a final status (see [`Work::Kill`]); `done` is cancelled when
+    /// it has stopped, or at once when the loop does not run the pod.
+    Kill {
+        uid: String,
+        grace: i64,
+        outcome: FinalStatus,
+        done: CancellationToken,
+    },
+}
+
+/// The handle that sends [`Control`] requests; it is the shutdown manager's
+/// [`crate::shutdown::NodePods`].
+#[derive(Clone)]
+pub struct SyncLoopControl {
+    tx: mpsc::UnboundedSender<Control>,
+}
+
+impl SyncLoopControl {
+    /// The handle and the receiver to give [`SyncLoop::with_control`].
+    pub fn channel() -> (SyncLoopControl, mpsc::UnboundedReceiver<Control>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (SyncLoopControl { tx }, rx)
+    }
+}
+
+impl crate::shutdown::NodePods for SyncLoopControl {
+    async fn active(&self) -> Vec<Arc<Pod>> {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Control::ActivePods(tx)).is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    async fn kill(&self, uid: &str, grace: i64) {
+        let done = CancellationToken::new();
+        let request = Control::Kill {
+            uid: uid.to_string(),
+            grace,
+            outcome: FinalStatus {
+                reason: crate::shutdown::POD_REASON.into(),
+                message: crate::shutdown::POD_MESSAGE.into(),
+                disruption_reason: Some(crate::shutdown::DISRUPTION_REASON.into()),
+            },
+            done: done.clone(),
+        };
+        if self.tx.send(request).is_ok() {
+            done.cancelled().await;
+        }
+    }
+}
+
 /// The loop's state.
 pub struct SyncLoop<R> {
     workers: PodWorkers<R>,
@@ -194,6 +252,10 @@ pub struct SyncLoop<R> {
     /// Evictions asked for by the eviction manager, and who waits for each pod's teardown.
     evictions: Option<mpsc::Receiver<EvictRequest>>,
     evicting: HashMap<String, oneshot::Sender<()>>,
+    /// Requests from the shutdown manager, when there is one.
+    control: Option<mpsc::UnboundedReceiver<Control>>,
+    /// While the node shuts down, new pods are refused (upstream's shutdown admit handler).
+    shutdown: ShutdownStatus,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -243,6 +305,66 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             admission,
             evictions: None,
             evicting: HashMap::new(),
+            control: None,
+            shutdown: ShutdownStatus::default(),
+        }
+    }
+
+    /// Takes [`Control`] requests from `rx`, and refuses new pods while `shutdown` says the
+    /// node shuts down.
+    pub fn with_control(
+        mut self,
+        rx: mpsc::UnboundedReceiver<Control>,
+        shutdown: ShutdownStatus,
+    ) -> Self {
+        self.control = Some(rx);
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Answers one [`Control`] request.
+    pub fn handle_control(&mut self, request: Control) {
+        match request {
+            Control::ActivePods(reply) => {
+                let finished = self.admission.states.finished();
+                let pods = self
+                    .desired
+                    .iter()
+                    .filter(|(uid, _)| !finished.contains(*uid))
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                let _ = reply.send(pods);
+            }
+            Control::Kill {
+                uid,
+                grace,
+                outcome,
+                done,
+            } => {
+                let Some(pod) = self.desired.get(&uid).cloned() else {
+                    done.cancel();
+                    return;
+                };
+                // A new instance waiting for its name would start once the old one is gone.
+                let name = full_name(&pod);
+                if self
+                    .waiting_for_name
+                    .get(&name)
+                    .is_some_and(|p| uid_of(p) == uid)
+                {
+                    self.waiting_for_name.remove(&name);
+                }
+                tracing::info!(pod = %name, pod_uid = %uid, grace, reason = %outcome.reason, "killing the pod");
+                self.workers.dispatch(
+                    &uid,
+                    Work::Kill(Kill {
+                        pod,
+                        grace,
+                        outcome,
+                        done,
+                    }),
+                );
+            }
         }
     }
 
@@ -371,6 +493,15 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             && let Some(message) = static_pod_refusal(&pod)
         {
             self.refuse(pod, REFUSED_REASON, message, false);
+            return;
+        }
+        if self.shutdown.shutting_down() && !deleting(&pod) {
+            self.refuse(
+                pod,
+                crate::shutdown::NOT_ADMITTED_REASON,
+                crate::shutdown::NOT_ADMITTED_MESSAGE.to_string(),
+                true,
+            );
             return;
         }
         // Upstream admits a new pod even when the API server is already deleting it, so a
@@ -551,10 +682,18 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut evictions = self.evictions.take();
+        let mut control = self.control.take();
         loop {
             health.turned();
+            let next_control = async {
+                match control.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                Some(request) = next_control => self.handle_control(request),
                 Some(changes) = config.recv() => self.handle_changes(changes),
                 uids = pokes.take() => for uid in uids { self.workers.poke(&uid) },
                 Some(uid) = done.recv() => self.handle_done(&uid),
@@ -865,6 +1004,65 @@ mod tests {
             status.message.as_deref(),
             Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
         );
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_pod_stops_in_place_ends_failed_and_is_not_started_again() {
+        let (sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        let (control, rx) = SyncLoopControl::channel();
+        let shutdown = ShutdownStatus::default();
+        let mut sl = sl.with_control(rx, shutdown.clone());
+        parts.ready.mark_seen("file");
+        let p = add_started(&mut sl, &parts, "uid-k").await;
+        let active = |sl: &mut SyncLoop<FakeCri>| {
+            let (tx, mut rx) = oneshot::channel();
+            sl.handle_control(Control::ActivePods(tx));
+            rx.try_recv().unwrap().len()
+        };
+        assert_eq!(active(&mut sl), 1);
+        let done = CancellationToken::new();
+        sl.handle_control(Control::Kill {
+            uid: "uid-k".into(),
+            grace: 5,
+            outcome: FinalStatus {
+                reason: crate::shutdown::POD_REASON.into(),
+                message: crate::shutdown::POD_MESSAGE.into(),
+                disruption_reason: Some(crate::shutdown::DISRUPTION_REASON.into()),
+            },
+            done: done.clone(),
+        });
+        tokio::time::timeout(Duration::from_secs(60), done.cancelled())
+            .await
+            .expect("the kill completes");
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![5],
+            "stopped with the given grace"
+        );
+        assert_eq!(parts.rt.count("RemoveContainer"), 0, "left in place");
+        let status = sl.admission.states.status("uid-k").unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Terminated"));
+        assert!(
+            status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        );
+        assert_eq!(active(&mut sl), 0, "a killed pod is finished");
+        // A later update does not bring it back.
+        sl.handle_changes(vec![PodChange::Update(p)]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(parts.rt.count("StartContainer"), 1);
+        // While the node shuts down, a new pod is refused.
+        shutdown.set(true);
+        sl.handle_changes(vec![PodChange::Add(pod("uid-new"))]);
+        let refused = sl.admission.states.status("uid-new").unwrap();
+        assert_eq!(refused.reason.as_deref(), Some("NodeShutdown"));
+        assert!(!sl.workers.has("uid-new"));
+        drop(control);
         parts.cancel.cancel();
     }
 

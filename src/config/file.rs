@@ -90,6 +90,8 @@ pub struct KubeletConfigurationFile {
     pub image_maximum_gc_age: Option<String>,
     pub shutdown_grace_period: Option<String>,
     pub shutdown_grace_period_critical_pods: Option<String>,
+    pub shutdown_grace_period_by_pod_priority:
+        Option<Vec<super::shutdown::ShutdownGracePeriodByPodPriorityFile>>,
     pub fail_swap_on: Option<bool>,
     pub crash_loop_back_off: Option<CrashLoopBackOffConfig>,
     pub register_node: Option<bool>,

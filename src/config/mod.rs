@@ -16,6 +16,7 @@ pub mod flags;
 pub mod gc;
 pub mod node;
 pub mod server;
+pub mod shutdown;
 mod validate;
 
 pub use validate::ENFORCE_PODS;
@@ -41,6 +42,7 @@ pub use flags::Flags;
 pub use gc::GcSettings;
 pub use node::{ClusterSettings, Reservations};
 pub use server::{AuthorizationMode, ServerSettings};
+pub use shutdown::ShutdownSettings;
 
 /// The validated, merged configuration. Built by [`load`] (or [`load_from`] in tests).
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +120,8 @@ pub struct Config {
     pub gc: GcSettings,
     /// The eviction manager: soft thresholds, minimum reclaim, transition period.
     pub eviction: EvictionSettings,
+    /// Graceful node shutdown (file-only fields, as upstream).
+    pub shutdown: ShutdownSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

@@ -86,6 +86,7 @@ fn defaults() -> Config {
         server: super::ServerSettings::default(),
         gc: super::GcSettings::default(),
         eviction: super::EvictionSettings::default(),
+        shutdown: super::ShutdownSettings::default(),
         config_file: None,
         warnings: vec![],
     }
@@ -195,6 +196,11 @@ crashLoopBackOff:
             container_log_max_size_bytes: 50 * 1024 * 1024,
             container_log_max_files: 3,
             ..Default::default()
+        },
+        shutdown: super::ShutdownSettings {
+            grace_period: secs(30),
+            grace_period_critical_pods: secs(10),
+            by_pod_priority: vec![],
         },
         ..defaults()
     };

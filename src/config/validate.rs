@@ -606,6 +606,7 @@ pub(super) fn build(
     check_file_only_fields(f)?;
 
     let gc = super::gc::gc_settings(flags, f, &container_log_max_size, container_log_max_files)?;
+    let shutdown = super::shutdown::shutdown_settings(f)?;
     Ok(Config {
         node_name,
         node_ip: flags.node_ip,
@@ -665,6 +666,7 @@ pub(super) fn build(
         })?,
         gc,
         eviction: super::eviction::eviction_settings(flags, f)?,
+        shutdown,
         config_file: None,
         warnings,
     })
@@ -750,34 +752,6 @@ fn check_file_only_fields(f: &KubeletConfigurationFile) -> Result<(), ConfigErro
         return Err(invalid(
             "nodeLeaseDurationSeconds",
             format!("{n} must be greater than 0"),
-        ));
-    }
-    let grace = file_duration(f.shutdown_grace_period.as_deref(), "shutdownGracePeriod")?
-        .unwrap_or_default();
-    let critical = file_duration(
-        f.shutdown_grace_period_critical_pods.as_deref(),
-        "shutdownGracePeriodCriticalPods",
-    )?
-    .unwrap_or_default();
-    for (name, d) in [
-        ("shutdownGracePeriod", grace),
-        ("shutdownGracePeriodCriticalPods", critical),
-    ] {
-        if !d.is_zero() && d < Duration::from_secs(1) {
-            return Err(invalid(
-                name,
-                format!("{} must be 0 or at least 1s", format_go_duration(d)),
-            ));
-        }
-    }
-    if critical > grace {
-        return Err(invalid(
-            "shutdownGracePeriodCriticalPods",
-            format!(
-                "{} must not exceed shutdownGracePeriod ({})",
-                format_go_duration(critical),
-                format_go_duration(grace)
-            ),
         ));
     }
     Ok(())

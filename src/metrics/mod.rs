@@ -300,6 +300,7 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
     ] {
         f.render(&mut out);
     }
+    crate::shutdown::SHUTDOWN_TIMES.render(&mut out);
     process::render(&mut out);
     out.push_str(extra);
     out

@@ -73,6 +73,11 @@ impl Rereads {
 /// Gathers what the node status is computed from.
 pub trait SnapshotSource: Send + Sync + 'static {
     fn gather(&self) -> impl Future<Output = NodeSnapshot> + Send;
+    /// Resolves when something changed that must be reported before the next period (the
+    /// node starting to shut down); never, by default.
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
 }
 
 /// Timing and identity of the agent.
@@ -292,7 +297,11 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         } else {
             settings.status_update_frequency
         };
-        if !pause(wait, cancel).await {
+        let go_on = tokio::select! {
+            go_on = pause(wait, cancel) => go_on,
+            _ = snapshots.changed() => true,
+        };
+        if !go_on {
             return;
         }
     }
@@ -491,9 +500,15 @@ pub struct LiveSnapshots<R> {
     pub kubelet_port: u16,
     /// The eviction manager's pressure conditions.
     pub pressure: crate::eviction::PressureView,
+    /// Whether the node shuts down (the Ready condition says so).
+    pub shutdown: crate::shutdown::ShutdownStatus,
 }
 
 impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        self.shutdown.changed()
+    }
+
     async fn gather(&self) -> NodeSnapshot {
         let root_dir = self.root_dir.clone();
         let configured_ip = self.node_ip;
@@ -575,6 +590,7 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
                 }
             },
             kubelet_port: self.kubelet_port,
+            shutting_down: self.shutdown.shutting_down(),
         }
     }
 }

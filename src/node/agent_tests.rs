@@ -158,6 +158,7 @@ impl SnapshotSource for Snapshots {
             images: vec![],
             max_images: 50,
             pressure: Pressure::default(),
+            shutting_down: false,
             kubelet_port: 10250,
         }
     }

@@ -77,6 +77,8 @@ pub struct NodeSnapshot {
     pub max_images: i32,
     pub pressure: Pressure,
     pub kubelet_port: u16,
+    /// The node shutdown manager is stopping pods for a shutdown: the node is not ready.
+    pub shutting_down: bool,
 }
 
 /// Upstream reports at most this many names per image.
@@ -239,6 +241,9 @@ fn ready_problems(snap: &NodeSnapshot) -> (String, Vec<String>) {
     };
     for (name, reason) in &snap.unhealthy {
         problems.push(format!("{name} is not healthy: {reason}"));
+    }
+    if snap.shutting_down {
+        problems.push(crate::shutdown::NOT_READY_MESSAGE.into());
     }
     let mut missing = Vec::new();
     if snap.capacity.cpu_millis == 0 {
@@ -444,6 +449,7 @@ mod tests {
             images: vec![],
             max_images: 50,
             pressure: Pressure::default(),
+            shutting_down: false,
             kubelet_port: 10250,
         }
     }
@@ -463,6 +469,8 @@ mod tests {
         pleg.unhealthy = vec![("PLEG".into(), "relist has not completed for 200s".into())];
         let mut no_cpu = snapshot(runtime_up(true));
         no_cpu.capacity.cpu_millis = 0;
+        let mut shutting_down = snapshot(runtime_up(true));
+        shutting_down.shutting_down = true;
         let cases: Vec<(&str, NodeSnapshot, &str, &str, &str)> = vec![
             (
                 "all well",
@@ -505,6 +513,13 @@ mod tests {
                 "False",
                 "KubeletNotReady",
                 "missing node capacity for resources: cpu",
+            ),
+            (
+                "shutting down",
+                shutting_down,
+                "False",
+                "KubeletNotReady",
+                "node is shutting down",
             ),
         ];
         for (name, snap, status, reason, message) in cases {

@@ -73,6 +73,8 @@ pub fn configz(c: &Config) -> Value {
         "eventBurst": c.cluster.event_burst,
         "registerNode": c.cluster.register_node,
         "containerRuntimeEndpoint": c.container_runtime_endpoint,
+        "shutdownGracePeriod": d(c.shutdown.grace_period),
+        "shutdownGracePeriodCriticalPods": d(c.shutdown.grace_period_critical_pods),
     });
     if let (Some(obj), Value::Object(rest)) = (kc.as_object_mut(), more) {
         obj.extend(rest);
@@ -81,6 +83,17 @@ pub fn configz(c: &Config) -> Value {
         && let Some(obj) = kc.as_object_mut()
     {
         obj.insert("maxParallelImagePulls".into(), json!(n));
+    }
+    if !c.shutdown.by_pod_priority.is_empty()
+        && let Some(obj) = kc.as_object_mut()
+    {
+        let buckets: Vec<Value> = c
+            .shutdown
+            .by_pod_priority
+            .iter()
+            .map(|b| json!({"priority": b.priority, "shutdownGracePeriodSeconds": b.grace_seconds}))
+            .collect();
+        obj.insert("shutdownGracePeriodByPodPriority".into(), json!(buckets));
     }
     if let Some(ep) = &c.image_service_endpoint
         && let Some(obj) = kc.as_object_mut()

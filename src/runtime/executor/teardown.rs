@@ -199,6 +199,20 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         self.details.forget_container(id);
     }
 
+    /// Stops every container and the sandbox of a pod with `grace`, and leaves them in place
+    /// (upstream's kill: the dead containers, their logs and volumes stay until the pod is
+    /// removed). Returns what the runtime shows afterwards.
+    pub async fn kill_pod(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        grace: i64,
+    ) -> Result<ObservedPod, TeardownError> {
+        let observed = self.observe(uid).await?;
+        self.stop_pod(Some(pod), &observed, grace).await?;
+        Ok(self.observe(uid).await?)
+    }
+
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
     /// `pod` is absent for orphans found in the runtime; their names come from the labels.
     pub async fn terminate_pod(

@@ -1,0 +1,374 @@
+//! Graceful node shutdown against a real `dbus-daemon` on a private bus, with a minimal
+//! stand-in for systemd-logind living in this test (logind itself needs systemd as PID 1,
+//! which these machines do not have): the agent takes a delay lock, and on
+//! `PrepareForShutdown(true)` stops the regular pods first and the critical pod last, each
+//! within its grace, marks them Failed with upstream's reason and message, refuses new pods,
+//! and releases the lock (the stand-in sees its end of the lock reach EOF). A cancelled
+//! shutdown takes a new lock and admits pods again.
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Agent, BUSYBOX, wait_until};
+use futures::StreamExt;
+
+const LOGIND_PATH: &str = "/org/freedesktop/login1";
+const LOGIND_MANAGER: &str = "org.freedesktop.login1.Manager";
+
+/// A private system-type bus: `dbus-daemon` with its own configuration and socket.
+struct Bus {
+    child: Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Bus {
+    fn start() -> Bus {
+        let dir = tempfile::Builder::new()
+            .prefix("deckhand-dbus-")
+            .tempdir()
+            .unwrap();
+        let socket = dir.path().join("bus.sock");
+        let config = dir.path().join("bus.conf");
+        std::fs::write(&config, bus_config(&socket)).unwrap();
+        let child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .arg("--nofork")
+            .arg("--nopidfile")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start dbus-daemon ({e}); install Debian's dbus-daemon package (scripts/install-deps)")
+            });
+        Bus {
+            child,
+            address: format!("unix:path={}", socket.display()),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Anyone may own names and send anything: the bus is private to this test.
+fn bus_config(socket: &Path) -> String {
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#,
+        socket.display()
+    )
+}
+
+/// What the stand-in has seen: one entry per lock handed out, with when it was released.
+#[derive(Default)]
+struct Locks {
+    taken: Vec<Instant>,
+    released: Vec<Option<Instant>>,
+}
+
+/// A minimal `org.freedesktop.login1` on the bus: `InhibitDelayMaxUSec`, `Inhibit` (an fd of
+/// a socket pair whose other end it watches for EOF) and the `PrepareForShutdown` signal.
+struct Logind {
+    conn: zbus::Connection,
+    locks: Arc<Mutex<Locks>>,
+}
+
+impl Logind {
+    async fn start(address: &str, inhibit_delay_max: Duration) -> Logind {
+        let conn = zbus::connection::Builder::address(address)
+            .build()
+            .await
+            .expect("the stand-in connects to the private bus");
+        conn.request_name("org.freedesktop.login1")
+            .await
+            .expect("the stand-in owns org.freedesktop.login1");
+        let locks = Arc::new(Mutex::new(Locks::default()));
+        let mut calls = zbus::MessageStream::from(&conn);
+        let served = conn.clone();
+        let seen = locks.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = calls.next().await {
+                let header = msg.header();
+                if header.message_type() != zbus::message::Type::MethodCall {
+                    continue;
+                }
+                let member = header.member().map(|m| m.to_string()).unwrap_or_default();
+                let interface = header
+                    .interface()
+                    .map(|i| i.to_string())
+                    .unwrap_or_default();
+                match (interface.as_str(), member.as_str()) {
+                    ("org.freedesktop.DBus.Properties", "Get") => {
+                        let (_, property): (String, String) = msg.body().deserialize().unwrap();
+                        assert_eq!(property, "InhibitDelayMaxUSec");
+                        let value = zbus::Variant::from(inhibit_delay_max.as_micros() as u64);
+                        served.reply(&header, &value).await.unwrap();
+                    }
+                    (LOGIND_MANAGER, "Inhibit") => {
+                        let (what, _who, _why, mode): (String, String, String, String) =
+                            msg.body().deserialize().unwrap();
+                        assert_eq!((what.as_str(), mode.as_str()), ("shutdown", "delay"));
+                        let (ours, theirs) = UnixStream::pair().unwrap();
+                        let index = {
+                            let mut l = seen.lock().unwrap();
+                            l.taken.push(Instant::now());
+                            l.released.push(None);
+                            l.released.len() - 1
+                        };
+                        let fd = zbus::OwnedFd::from(std::os::fd::OwnedFd::from(theirs));
+                        served.reply(&header, &fd).await.unwrap();
+                        drop(fd);
+                        let seen = seen.clone();
+                        // EOF once every copy of the other end is closed: the agent let go.
+                        tokio::task::spawn_blocking(move || {
+                            let mut ours = ours;
+                            let mut buf = [0u8; 16];
+                            while !matches!(ours.read(&mut buf), Ok(0) | Err(_)) {}
+                            seen.lock().unwrap().released[index] = Some(Instant::now());
+                        });
+                    }
+                    _ => {
+                        let _ = served
+                            .reply_dbus_error(&header, zbus::fdo::Error::UnknownMethod(member))
+                            .await;
+                    }
+                }
+            }
+        });
+        Logind { conn, locks }
+    }
+
+    async fn prepare_for_shutdown(&self, active: bool) {
+        self.conn
+            .emit_signal(
+                None::<&str>,
+                LOGIND_PATH,
+                LOGIND_MANAGER,
+                "PrepareForShutdown",
+                &active,
+            )
+            .await
+            .unwrap();
+    }
+
+    fn locks(&self) -> (usize, Vec<Option<Instant>>) {
+        let l = self.locks.lock().unwrap();
+        (l.taken.len(), l.released.clone())
+    }
+}
+
+fn pod(name: &str, grace: i64, class: Option<&str>, script: &str) -> String {
+    let class = class
+        .map(|c| format!("  priorityClassName: {c}\n"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+{class}  terminationGracePeriodSeconds: {grace}
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "{script}"]
+"#
+    )
+}
+
+/// Stops at once on SIGTERM.
+const POLITE: &str = "trap 'exit 0' TERM; sleep 600 & wait";
+/// Ignores SIGTERM (PID 1 without a handler): only the kill at the end of its grace stops it.
+const STUBBORN: &str = "exec sleep 600";
+
+fn phase(pod: &serde_json::Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_releases_the_lock() {
+    let bus = Bus::start();
+    let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
+    wait_until("the private bus's socket", Duration::from_secs(10), || {
+        let ready = socket.exists();
+        async move { ready.then_some(()) }
+    })
+    .await;
+    // A logind that allows 30 s of delay: the configured 14 s fit.
+    let logind = Logind::start(&bus.address, Duration::from_secs(30)).await;
+
+    let mut agent = Agent::new("e2e-shutdown");
+    let config = agent.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         shutdownGracePeriod: 14s\nshutdownGracePeriodCriticalPods: 6s\n",
+    )
+    .unwrap();
+    agent
+        .extra_args
+        .push(format!("--config={}", config.display()));
+    agent
+        .env
+        .push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address.clone()));
+    // Regular pods get 8 s: `web` stops at once, `stubborn` is killed after its own 3 s.
+    agent.write_manifest("web.yaml", &pod("web", 30, None, POLITE));
+    agent.write_manifest("stubborn.yaml", &pod("stubborn", 3, None, STUBBORN));
+    // The critical pod, last, with the 6 s of the critical part.
+    agent.write_manifest(
+        "crit.yaml",
+        &pod("crit", 30, Some("system-node-critical"), POLITE),
+    );
+    agent.start();
+    agent.wait_healthy(Duration::from_secs(30)).await;
+
+    wait_until("the delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 1).then_some(()) }
+    })
+    .await;
+    for name in ["web", "stubborn", "crit"] {
+        wait_until(
+            &format!("{name} running"),
+            Duration::from_secs(30),
+            || async {
+                let p = agent.pod(name).await?;
+                (phase(&p) == "Running"
+                    && p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+                .then_some(())
+            },
+        )
+        .await;
+    }
+
+    let signal = Instant::now();
+    logind.prepare_for_shutdown(true).await;
+    // Watch /pods: when each pod turns Failed, until the lock is released.
+    let mut failed_at: std::collections::HashMap<&str, Duration> = Default::default();
+    let released = loop {
+        if let Some(list) = agent.pods().await {
+            for name in ["web", "stubborn", "crit"] {
+                let full = agent.pod_name(name);
+                let failed = list["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["metadata"]["name"] == full.as_str() && phase(p) == "Failed");
+                if failed {
+                    failed_at.entry(name).or_insert_with(|| signal.elapsed());
+                }
+            }
+        }
+        if let Some(Some(at)) = logind.locks().1.first().cloned() {
+            break at.duration_since(signal);
+        }
+        assert!(
+            signal.elapsed() < Duration::from_secs(25),
+            "the lock was not released; pods failed at {failed_at:?}; log:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Every pod ended Failed with upstream's reason and message, the condition, and no
+    // running container.
+    for name in ["web", "stubborn", "crit"] {
+        let p = agent.pod(name).await.expect("the pod is still shown");
+        assert_eq!(phase(&p), "Failed", "{name}: {p}");
+        assert_eq!(p["status"]["reason"], "Terminated", "{name}");
+        assert_eq!(
+            p["status"]["message"],
+            "Pod was terminated in response to imminent node shutdown."
+        );
+        let conditions = p["status"]["conditions"].as_array().unwrap();
+        assert!(
+            conditions.iter().any(|c| c["type"] == "DisruptionTarget"
+                && c["status"] == "True"
+                && c["reason"] == "TerminationByKubelet"),
+            "{name}: {conditions:?}"
+        );
+        assert!(
+            p["status"]["containerStatuses"][0]["state"]["terminated"].is_object(),
+            "{name}: {p}"
+        );
+        failed_at.entry(name).or_insert(released);
+    }
+    let (web, stubborn, crit) = (failed_at["web"], failed_at["stubborn"], failed_at["crit"]);
+    eprintln!(
+        "signal -> web stopped {web:?}, stubborn {stubborn:?}, crit {crit:?}, lock released {released:?}"
+    );
+    // Regular pods first, each within its grace (the stubborn one needs all of its 3 s);
+    // the critical pod only after both.
+    assert!(stubborn >= Duration::from_secs(3) && stubborn < Duration::from_secs(8));
+    assert!(web < Duration::from_secs(8));
+    assert!(
+        crit >= stubborn && crit >= web,
+        "critical last: {failed_at:?}"
+    );
+    assert!(crit < Duration::from_secs(14));
+    assert!(released <= Duration::from_secs(14) + Duration::from_secs(1));
+
+    // While the node shuts down, a new pod is refused.
+    agent.write_manifest("late.yaml", &pod("late", 1, None, POLITE));
+    let late = wait_until("the late pod refused", Duration::from_secs(15), || async {
+        let p = agent.pod("late").await?;
+        (phase(&p) == "Failed").then_some(p)
+    })
+    .await;
+    assert_eq!(late["status"]["reason"], "NodeShutdown");
+    let page = common::http_get(&format!(
+        "http://127.0.0.1:{}/metrics",
+        agent.read_only_port
+    ))
+    .await
+    .unwrap()
+    .1;
+    let end = page
+        .lines()
+        .find_map(|l| l.strip_prefix("kubelet_graceful_shutdown_end_time_seconds "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(end > 0.0, "the end time is recorded");
+
+    // Cancelled: a new lock is taken, and a new pod runs again.
+    logind.prepare_for_shutdown(false).await;
+    wait_until("a new delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 2).then_some(()) }
+    })
+    .await;
+    agent.write_manifest("after.yaml", &pod("after", 1, None, POLITE));
+    wait_until(
+        "a pod after the cancellation",
+        Duration::from_secs(30),
+        || async {
+            let p = agent.pod("after").await?;
+            (phase(&p) == "Running").then_some(())
+        },
+    )
+    .await;
+    agent.stop();
+}
