@@ -271,7 +271,14 @@ mod tests {
             create_sandbox: Some(0),
             ..starts_b.clone()
         };
-        let rows: Vec<(&str, &PodActions, bool, &dyn Fn(&str) -> bool, bool)> = vec![
+        type Row<'a> = (
+            &'a str,
+            &'a PodActions,
+            bool,
+            &'a dyn Fn(&str) -> bool,
+            bool,
+        );
+        let rows: Vec<Row> = vec![
             ("a start that went", &starts_b, false, nobody, true),
             (
                 "a start that waits on an error",
