@@ -1150,6 +1150,37 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_exit_is_kept_until_the_runtime_shows_it_or_it_ages_out() {
+        use ContainerState::*;
+        let state = PlegState::default();
+        let ready = Some(SandboxState::Ready);
+        let running = pod(vec![container("a", Running)], ready);
+        state.note_exit("a", Some(feed::ExitFacts { code: 1, at_ns: 5 }), false);
+        let heard = state.heard_exits(&running);
+        assert_eq!(heard.len(), 1);
+        assert_eq!((heard[0].exit_code, heard[0].finished_at), (Some(1), 5));
+        assert!(
+            !state.exit_awaited("a"),
+            "its facts are known: no need to wait"
+        );
+        // A view with the exit written in asks nothing, and drops nothing.
+        let mut written = running.clone();
+        inspect::apply_heard_exits(&mut written, &heard, 0);
+        assert!(state.heard_exits(&written).is_empty());
+        assert_eq!(state.heard_exits(&running).len(), 1);
+        // A read that shows it: forgotten.
+        state.confirmed(&pod(vec![container("a", Exited)], ready));
+        assert!(state.heard_exits(&running).is_empty());
+        // An OOM kill before its exit: waited for, then aged out.
+        state.note_exit("a", None, true);
+        assert!(state.exit_awaited("a"));
+        assert_eq!(state.heard_exits(&running)[0].exit_code, None);
+        tokio::time::advance(EXIT_NOTE_TTL + Duration::from_millis(1)).await;
+        assert!(!state.exit_awaited("a"));
+        assert!(state.heard_exits(&running).is_empty());
+    }
+
     #[test]
     fn diff_reports_pods_that_vanish() {
         let old = BTreeMap::from([(

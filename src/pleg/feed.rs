@@ -572,6 +572,70 @@ mod tests {
     }
 
     #[test]
+    fn exits_carry_their_code_and_time() {
+        let env = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            TaskExit {
+                container_id: "c1".into(),
+                id: "c1".into(),
+                pid: 7,
+                exit_status: 137,
+                exited_at: Some(prost_types::Timestamp {
+                    seconds: 1_700_000_000,
+                    nanos: 5,
+                }),
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(
+            from_envelope(&env).and_then(|e| e.exit),
+            Some(ExitFacts {
+                code: 137,
+                at_ns: 1_700_000_000_000_000_005,
+            })
+        );
+        // No time told: 0, and the worker uses its own clock.
+        let untimed = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            exit("c1", "c1"),
+        );
+        assert_eq!(
+            from_envelope(&untimed).and_then(|e| e.exit),
+            Some(ExitFacts { code: 1, at_ns: 0 })
+        );
+        // A start carries none.
+        let start = envelope(
+            "/tasks/start",
+            "containerd.events.TaskStart",
+            TaskStart {
+                container_id: "c1".into(),
+                pid: 3,
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(from_envelope(&start).and_then(|e| e.exit), None);
+        // A CRI stop event carries the container's status.
+        let stopped = proto::ContainerEventResponse {
+            container_id: "c1".into(),
+            container_event_type: ContainerEventType::ContainerStoppedEvent as i32,
+            created_at: 1,
+            pod_sandbox_status: None,
+            containers_statuses: vec![proto::ContainerStatus {
+                id: "c1".into(),
+                exit_code: 2,
+                finished_at: 99,
+                ..Default::default()
+            }],
+        };
+        assert_eq!(
+            from_cri(&stopped).and_then(|e| e.exit),
+            Some(ExitFacts { code: 2, at_ns: 99 })
+        );
+    }
+
+    #[test]
     fn cri_events_carry_the_pod() {
         let event = proto::ContainerEventResponse {
             container_id: "c1".into(),
