@@ -23,6 +23,42 @@ fn log_filter(verbosity: u8) -> EnvFilter {
     EnvFilter::new(format!("warn,deckhand={level}"))
 }
 
+/// glibc's allocator gives each thread that allocates its own arena (up to eight per core),
+/// and memory freed into one arena is not reused by another. The agent's threads are the two
+/// runtime workers plus blocking threads that come and go (file and mount work for each pod
+/// start), so after starting 110 pods the freed memory sits in a dozen arenas. Two arenas are
+/// plenty for a process that is idle most of the time.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn limit_malloc_arenas() {
+    // SAFETY: mallopt only changes the allocator's tuning; it is called before any other
+    // thread exists, and an unknown value is refused with 0, which changes nothing.
+    let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+    if ok == 0 {
+        eprintln!("deckhand: cannot limit malloc arenas (mallopt refused); continuing");
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
+
+/// How often memory freed since the last time is handed back to the kernel.
+const TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A burst of work (many pods starting) leaves freed memory in the heap that glibc keeps for
+/// later, which shows as resident memory long after the burst; trimming now and then returns
+/// it. Costs a walk over the free lists, a few microseconds when nothing is to be returned.
+async fn trim_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    loop {
+        tokio::time::sleep(TRIM_PERIOD).await;
+        // SAFETY: malloc_trim only returns free pages to the kernel; it takes the
+        // allocator's own locks and touches no memory the program holds.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // `deckhand pods|validate|version …` are commands for people; anything else runs the agent.
     if std::env::args()
@@ -31,6 +67,7 @@ fn main() -> ExitCode {
     {
         return run_command(deckhand::cli::Cli::parse());
     }
+    limit_malloc_arenas();
     let flags = Flags::parse();
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(flags.verbosity.unwrap_or(0)))
@@ -64,6 +101,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        tokio::spawn(trim_freed_memory());
         let cancel = CancellationToken::new();
         let stopper = cancel.clone();
         tokio::spawn(async move {

@@ -32,7 +32,7 @@ use crate::cri::RuntimeService;
 use crate::health::Health;
 use crate::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::pokes::Pokes;
-use crate::runtime::inspect::{self, DetailCache};
+use crate::runtime::inspect::{self, DetailCache, HeardExit};
 
 use feed::{EventFeed, FeedError, RuntimeEvent};
 use route::{Mode, Route};
@@ -289,8 +289,19 @@ impl PlegConfig {
 /// How long an exit heard from the event stream is remembered while the runtime's own view
 /// has not caught up with it (containerd's CRI plugin updates a container's status a moment
 /// after it publishes the exit, once it has deleted the task, which on a busy node takes up to
-/// a second or more).
-pub const EXIT_NOTE_TTL: Duration = Duration::from_secs(2);
+/// a second or more). Workers act on the exit's own facts meanwhile, so the note must outlive
+/// the lag: a view that showed the old container running again would confuse them.
+pub const EXIT_NOTE_TTL: Duration = Duration::from_secs(10);
+
+/// One exit heard from the stream.
+#[derive(Clone, Copy, Debug)]
+struct ExitNote {
+    at: Instant,
+    /// The exit's code and time, when the event told them.
+    facts: Option<feed::ExitFacts>,
+    /// The OOM killer hit the object before it exited.
+    oom: bool,
+}
 
 /// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
 /// the counters for `/metrics`. Cheap to clone.
@@ -301,8 +312,8 @@ pub struct PlegState {
 
 struct StateInner {
     mode: watch::Sender<Mode>,
-    /// Exits heard from the stream, by object ID, with when.
-    exits: Mutex<HashMap<String, Instant>>,
+    /// Exits heard from the stream, by object ID.
+    exits: Mutex<HashMap<String, ExitNote>>,
     /// IDs an event named that no view knew, for the relist to settle.
     unknown: Mutex<HashSet<String>>,
     relist_now: Notify,
@@ -336,8 +347,12 @@ impl crate::runtime::executor::RuntimeEvents for PlegState {
         PlegState::events_live(self)
     }
 
-    fn exit_pending(&self, observed: &ObservedPod) -> bool {
-        PlegState::exit_pending(self, observed)
+    fn heard_exits(&self, observed: &ObservedPod) -> Vec<HeardExit> {
+        PlegState::heard_exits(self, observed)
+    }
+
+    fn confirmed(&self, read: &ObservedPod) {
+        PlegState::confirmed(self, read)
     }
 }
 
@@ -360,28 +375,38 @@ impl PlegState {
         });
     }
 
-    pub(crate) fn note_exit(&self, id: &str) {
+    /// Remembers an exit (or an OOM kill, which its exit follows) heard from the stream.
+    pub(crate) fn note_exit(&self, id: &str, facts: Option<feed::ExitFacts>, oom: bool) {
         let now = Instant::now();
         let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
-        exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
-        exits.insert(id.to_string(), now);
+        exits.retain(|_, n| now.duration_since(n.at) < EXIT_NOTE_TTL);
+        let note = exits.entry(id.to_string()).or_insert(ExitNote {
+            at: now,
+            facts: None,
+            oom: false,
+        });
+        note.at = now;
+        note.facts = facts.or(note.facts);
+        note.oom |= oom;
     }
 
-    /// True when an exit of `id` was heard and no worker has seen it in the view since.
+    /// True when an exit of `id` was heard without its facts and no worker has seen it in the
+    /// view since: only then does the task's deletion, after which the view shows it, need
+    /// to wake the worker.
     fn exit_awaited(&self, id: &str) -> bool {
         let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
-        exits.get(id).is_some_and(|at| at.elapsed() < EXIT_NOTE_TTL)
+        exits
+            .get(id)
+            .is_some_and(|n| n.facts.is_none() && n.at.elapsed() < EXIT_NOTE_TTL)
     }
 
-    /// True when the stream told of an exit (within [`EXIT_NOTE_TTL`]) that `observed` does
-    /// not show yet: a container still running, a sandbox still ready. The worker then looks
-    /// again in a moment instead of waiting for the next event, which would not come.
-    pub fn exit_pending(&self, observed: &ObservedPod) -> bool {
-        let now = Instant::now();
-        let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
-        exits.retain(|_, at| now.duration_since(*at) < EXIT_NOTE_TTL);
+    /// The exits heard (within [`EXIT_NOTE_TTL`]) of objects that `observed` still shows
+    /// running or ready. Reads only: a view built partly from earlier views must not drop
+    /// notes (see [`PlegState::confirmed`]).
+    pub fn heard_exits(&self, observed: &ObservedPod) -> Vec<HeardExit> {
+        let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         if exits.is_empty() {
-            return false;
+            return Vec::new();
         }
         let running = observed
             .containers
@@ -393,17 +418,36 @@ impl PlegState {
             .iter()
             .filter(|s| s.state == SandboxState::Ready)
             .map(|s| s.id.as_str());
-        let mut pending = false;
-        for id in running.chain(ready) {
-            pending |= exits.contains_key(id);
+        running
+            .chain(ready)
+            .filter_map(|id| {
+                let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
+                Some(HeardExit {
+                    id: id.to_string(),
+                    exit_code: note.facts.map(|f| f.code),
+                    finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
+                    oom: note.oom,
+                })
+            })
+            .collect()
+    }
+
+    /// `read` came straight from the runtime: the exits it shows need no note any more.
+    pub fn confirmed(&self, read: &ObservedPod) {
+        let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        if exits.is_empty() {
+            return;
         }
-        // What the view already shows as exited needs no note any more.
-        for c in &observed.containers {
+        for c in &read.containers {
             if c.state != ContainerState::Running {
                 exits.remove(&c.id);
             }
         }
-        pending
+        for s in &read.sandboxes {
+            if s.state != SandboxState::Ready {
+                exits.remove(&s.id);
+            }
+        }
     }
 
     /// One line for `/healthz?verbose`.
@@ -650,7 +694,11 @@ fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state
         feed::Happening::Exited | feed::Happening::OomKilled
     ) && !foreign
     {
-        state.note_exit(&event.id);
+        state.note_exit(
+            &event.id,
+            event.exit,
+            event.happening == feed::Happening::OomKilled,
+        );
     }
     match decision {
         Route::Poke(uid) => {
@@ -976,6 +1024,7 @@ mod tests {
                 id: id.into(),
                 happening,
                 pod_uid: None,
+                exit: None,
             })
         }
 
@@ -1099,6 +1148,37 @@ mod tests {
             drop(second);
             r.cancel.cancel();
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_exit_is_kept_until_the_runtime_shows_it_or_it_ages_out() {
+        use ContainerState::*;
+        let state = PlegState::default();
+        let ready = Some(SandboxState::Ready);
+        let running = pod(vec![container("a", Running)], ready);
+        state.note_exit("a", Some(feed::ExitFacts { code: 1, at_ns: 5 }), false);
+        let heard = state.heard_exits(&running);
+        assert_eq!(heard.len(), 1);
+        assert_eq!((heard[0].exit_code, heard[0].finished_at), (Some(1), 5));
+        assert!(
+            !state.exit_awaited("a"),
+            "its facts are known: no need to wait"
+        );
+        // A view with the exit written in asks nothing, and drops nothing.
+        let mut written = running.clone();
+        inspect::apply_heard_exits(&mut written, &heard, 0);
+        assert!(state.heard_exits(&written).is_empty());
+        assert_eq!(state.heard_exits(&running).len(), 1);
+        // A read that shows it: forgotten.
+        state.confirmed(&pod(vec![container("a", Exited)], ready));
+        assert!(state.heard_exits(&running).is_empty());
+        // An OOM kill before its exit: waited for, then aged out.
+        state.note_exit("a", None, true);
+        assert!(state.exit_awaited("a"));
+        assert_eq!(state.heard_exits(&running)[0].exit_code, None);
+        tokio::time::advance(EXIT_NOTE_TTL + Duration::from_millis(1)).await;
+        assert!(!state.exit_awaited("a"));
+        assert!(state.heard_exits(&running).is_empty());
     }
 
     #[test]

@@ -383,7 +383,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     // when a relist has completed and neither it nor a worker since saw anything of the pod,
     // the runtime holds nothing of it and the first sync need not read it (on a node starting
     // many pods at once, two list calls per pod that each walk every container).
-    state.known_empty = deps.runtime_cache.has_relisted() && deps.runtime_cache.pod(&uid).is_none();
+    let cached = deps.runtime_cache.pod(&uid);
+    state.known_empty = deps.runtime_cache.has_relisted() && cached.is_none();
+    // A pod the relist saw (adopted after a restart) is read from there on through its own
+    // sandbox, not by lists of the node.
+    state.view = cached;
     let mut next = Instant::now();
     // Look at the work at once (first round, or a terminate that interrupted a sync).
     let mut immediate = true;
@@ -1400,7 +1404,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let init = running_init(&h.rt).unwrap();
         // The stream is a moment ahead of the runtime's view: the poke finds it still running.
-        pleg.note_exit(&init);
+        pleg.note_exit(&init, None, false);
         let heard = Instant::now();
         h.workers.poke("uid-e3");
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -1418,15 +1422,76 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_exit_heard_with_its_code_is_acted_on_without_reading_the_runtime() {
+        use crate::pleg::feed::{ExitFacts, FeedSource};
+        use crate::pleg::route::Mode;
+        let pleg = crate::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg.clone());
+        h.workers
+            .dispatch("uid-e5", Work::Sync(pod_with_init("uid-e5")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let init = running_init(&h.rt).unwrap();
+        let reads = |rt: &FakeCri| {
+            ["ListContainers", "ListPodSandbox", "PodSandboxStatus"].map(|m| rt.count(m))
+        };
+        let before = reads(&h.rt);
+        // The stream tells of the exit with its code; the runtime still shows it running.
+        pleg.note_exit(
+            &init,
+            Some(ExitFacts {
+                code: 0,
+                at_ns: 1_700_000_000_000_000_000,
+            }),
+            false,
+        );
+        h.workers.poke("uid-e5");
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert_eq!(reads(&h.rt), before, "{:?}", h.rt.calls());
+        // The status shows the init container's end as the runtime will.
+        eventually("the status", || async {
+            h.states.status("uid-e5").is_some_and(|s| {
+                s.init_container_statuses.iter().flatten().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some_and(|t| {
+                            t.exit_code == 0 && t.reason.as_deref() == Some("Completed")
+                        })
+                })
+            })
+        })
+        .await;
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_pod_the_runtime_cannot_hold_yet_is_started_without_reading_it_first() {
         let mut h = harness(FakeCri::with_images(&[IMAGE]));
         h.runtime_cache.store_relist(Default::default());
         h.workers.dispatch("uid-n1", Work::Sync(pod("uid-n1")));
         eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
-        let calls = h.rt.calls();
-        let first_list = calls.iter().position(|c| c.starts_with("List"));
-        let run = calls.iter().position(|c| *c == "RunPodSandbox");
-        assert!(first_list > run, "{calls:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Only the calls the pod's start needs: no read before, and after it only the status
+        // of what was made (the sandbox's was read for its IP).
+        assert_eq!(
+            h.rt.calls(),
+            [
+                "RunPodSandbox",
+                "PodSandboxStatus",
+                "ImageStatus",
+                "CreateContainer",
+                "StartContainer",
+                "ContainerStatus"
+            ]
+        );
         // A pod the cache knows is read first, as before.
         let mut h = harness(FakeCri::with_images(&[IMAGE]));
         h.runtime_cache.store_relist(Default::default());
@@ -1448,7 +1513,11 @@ mod tests {
         );
         h.workers.dispatch("uid-n2", Work::Sync(pod("uid-n2")));
         eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
-        assert_eq!(h.rt.calls()[0], "ListPodSandbox");
+        // Through the sandbox it knows of; that one gone, by the pod's labels.
+        assert_eq!(
+            h.rt.calls()[..3],
+            ["PodSandboxStatus", "ListPodSandbox", "ListContainers"]
+        );
         h.cancel.cancel();
     }
 

@@ -319,6 +319,7 @@ impl RuntimeService for FakeCri {
                 id: sb.id.clone(),
                 metadata: sb.metadata.clone(),
                 state: sb.state,
+                created_at: sb.created_at,
                 network: Some(PodSandboxNetworkStatus {
                     ip: "10.0.0.2".into(),
                     ..Default::default()
@@ -399,11 +400,16 @@ impl RuntimeService for FakeCri {
     async fn list_containers(&self, f: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
         self.enter("ListContainers").await?;
         let state = f.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
+        let sandbox = f
+            .as_ref()
+            .map(|f| f.pod_sandbox_id.clone())
+            .unwrap_or_default();
         let selector = f.map(|f| f.label_selector).unwrap_or_default();
         Ok(self
             .lock()
             .containers
             .iter()
+            .filter(|c| sandbox.is_empty() || c.pod_sandbox_id == sandbox)
             .filter(|c| matches(&c.labels, &selector))
             .filter(|c| state.is_none_or(|s| c.state == s))
             .cloned()

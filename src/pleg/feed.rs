@@ -63,6 +63,32 @@ pub struct RuntimeEvent {
     pub happening: Happening,
     /// The pod's UID when the event itself says (CRI events carry the sandbox's status).
     pub pod_uid: Option<String>,
+    /// For an exit: the code and time the event carries, which are what the runtime's own view
+    /// will show once it catches up (containerd records them from this very event). A worker
+    /// acts on them at once instead of waiting for that.
+    pub exit: Option<ExitFacts>,
+}
+
+/// How a process ended, as the exit event tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitFacts {
+    pub code: i32,
+    /// Nanoseconds since the epoch; 0 when the event gave no time.
+    pub at_ns: i64,
+}
+
+fn timestamp_ns(t: Option<&prost_types::Timestamp>) -> i64 {
+    t.map(|t| {
+        t.seconds
+            .saturating_mul(1_000_000_000)
+            .saturating_add(i64::from(t.nanos))
+    })
+    .unwrap_or(0)
+}
+
+/// containerd keeps an exit status as an unsigned number and CRI reports it as a signed one.
+fn exit_code(status: u32) -> i32 {
+    status as i32
 }
 
 /// Which stream the events come from.
@@ -159,6 +185,7 @@ pub fn from_envelope(env: &events_proto::Envelope) -> Option<RuntimeEvent> {
     // An exec process (a probe's, `kubectl exec`) has its own process ID; the container's own
     // process has the container's ID or none.
     let own = |container: &str, process: &str| process.is_empty() || process == container;
+    let mut exit = None;
     let (id, happening) = match env.topic.as_str() {
         "/tasks/start" => (
             decode::<TaskStart>(any, "TaskStart")?.container_id,
@@ -169,6 +196,10 @@ pub fn from_envelope(env: &events_proto::Envelope) -> Option<RuntimeEvent> {
             if !own(&e.container_id, &e.id) {
                 return None;
             }
+            exit = Some(ExitFacts {
+                code: exit_code(e.exit_status),
+                at_ns: timestamp_ns(e.exited_at.as_ref()),
+            });
             (e.container_id, Happening::Exited)
         }
         "/tasks/oom" => (
@@ -198,16 +229,21 @@ pub fn from_envelope(env: &events_proto::Envelope) -> Option<RuntimeEvent> {
             decode::<SandboxStart>(any, "SandboxStart")?.sandbox_id,
             Happening::Started,
         ),
-        "/sandboxes/exit" => (
-            decode::<SandboxExit>(any, "SandboxExit")?.sandbox_id,
-            Happening::Exited,
-        ),
+        "/sandboxes/exit" => {
+            let e = decode::<SandboxExit>(any, "SandboxExit")?;
+            exit = Some(ExitFacts {
+                code: exit_code(e.exit_status),
+                at_ns: timestamp_ns(e.exited_at.as_ref()),
+            });
+            (e.sandbox_id, Happening::Exited)
+        }
         _ => return None,
     };
     (!id.is_empty()).then_some(RuntimeEvent {
         id,
         happening,
         pod_uid: None,
+        exit,
     })
 }
 
@@ -228,10 +264,24 @@ pub fn from_cri(event: &proto::ContainerEventResponse) -> Option<RuntimeEvent> {
         .and_then(|s| s.metadata.as_ref())
         .map(|m| m.uid.clone())
         .filter(|u| !u.is_empty());
+    // A stop event carries the container's status as the runtime recorded it.
+    let exit = (happening == Happening::Exited)
+        .then(|| {
+            event
+                .containers_statuses
+                .iter()
+                .find(|s| s.id == event.container_id && s.finished_at > 0)
+        })
+        .flatten()
+        .map(|s| ExitFacts {
+            code: s.exit_code,
+            at_ns: s.finished_at,
+        });
     Some(RuntimeEvent {
         id: event.container_id.clone(),
         happening,
         pod_uid,
+        exit,
     })
 }
 
@@ -522,6 +572,70 @@ mod tests {
     }
 
     #[test]
+    fn exits_carry_their_code_and_time() {
+        let env = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            TaskExit {
+                container_id: "c1".into(),
+                id: "c1".into(),
+                pid: 7,
+                exit_status: 137,
+                exited_at: Some(prost_types::Timestamp {
+                    seconds: 1_700_000_000,
+                    nanos: 5,
+                }),
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(
+            from_envelope(&env).and_then(|e| e.exit),
+            Some(ExitFacts {
+                code: 137,
+                at_ns: 1_700_000_000_000_000_005,
+            })
+        );
+        // No time told: 0, and the worker uses its own clock.
+        let untimed = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            exit("c1", "c1"),
+        );
+        assert_eq!(
+            from_envelope(&untimed).and_then(|e| e.exit),
+            Some(ExitFacts { code: 1, at_ns: 0 })
+        );
+        // A start carries none.
+        let start = envelope(
+            "/tasks/start",
+            "containerd.events.TaskStart",
+            TaskStart {
+                container_id: "c1".into(),
+                pid: 3,
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(from_envelope(&start).and_then(|e| e.exit), None);
+        // A CRI stop event carries the container's status.
+        let stopped = proto::ContainerEventResponse {
+            container_id: "c1".into(),
+            container_event_type: ContainerEventType::ContainerStoppedEvent as i32,
+            created_at: 1,
+            pod_sandbox_status: None,
+            containers_statuses: vec![proto::ContainerStatus {
+                id: "c1".into(),
+                exit_code: 2,
+                finished_at: 99,
+                ..Default::default()
+            }],
+        };
+        assert_eq!(
+            from_cri(&stopped).and_then(|e| e.exit),
+            Some(ExitFacts { code: 2, at_ns: 99 })
+        );
+    }
+
+    #[test]
     fn cri_events_carry_the_pod() {
         let event = proto::ContainerEventResponse {
             container_id: "c1".into(),
@@ -542,6 +656,7 @@ mod tests {
                 id: "c1".into(),
                 happening: Happening::Exited,
                 pod_uid: Some("u1".into()),
+                exit: None,
             })
         );
         let unknown_type = proto::ContainerEventResponse {

@@ -124,6 +124,7 @@ mod tests {
             id: "c1".into(),
             happening,
             pod_uid: pod_uid.map(String::from),
+            exit: None,
         }
     }
 

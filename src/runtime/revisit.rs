@@ -65,14 +65,7 @@ pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
         sooner(ERROR_RETRY);
     }
     if let Some(followup) = facts.followup.filter(|_| !facts.failed) {
-        let more = followup.create_sandbox.is_some()
-            || followup.kill_pod.is_some()
-            || !followup.kill_containers.is_empty()
-            || followup
-                .start_containers
-                .iter()
-                .any(|s| !(facts.blocked)(&s.name));
-        if more {
+        if makes_progress(followup, facts.blocked) {
             sooner(PROGRESS_RETRY);
         }
         if let Some(wait) = followup.retry_after() {
@@ -90,6 +83,27 @@ pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
         sooner(CATCH_UP);
     }
     next
+}
+
+/// True when carrying out `followup` would move the pod on: a sandbox to make, something to
+/// stop, or a container to start whose start is not blocked by an error.
+pub fn makes_progress(followup: &PodActions, blocked: &dyn Fn(&str) -> bool) -> bool {
+    followup.create_sandbox.is_some()
+        || followup.kill_pod.is_some()
+        || !followup.kill_containers.is_empty()
+        || followup.start_containers.iter().any(|s| !blocked(&s.name))
+}
+
+/// True when a step carried out all of `decision`: the sandbox it was to make was made and no
+/// container it was to start waits on an error. Only then does the same sync go on with the
+/// next step; a step that fell short is retried at its own pace.
+pub fn went_through(
+    decision: &PodActions,
+    made_sandbox: bool,
+    blocked: &dyn Fn(&str) -> bool,
+) -> bool {
+    (decision.create_sandbox.is_none() || made_sandbox)
+        && !decision.start_containers.iter().any(|s| blocked(&s.name))
 }
 
 /// True when a regular init container of the pod runs in its newest sandbox.
@@ -242,6 +256,48 @@ mod tests {
         ];
         for (name, f, want) in rows {
             assert_eq!(next_look(&f), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_step_went_through_only_when_all_of_it_was_done() {
+        let nobody: &dyn Fn(&str) -> bool = &|_| false;
+        let b_blocked: &dyn Fn(&str) -> bool = &|n| n == "b";
+        let starts_b = PodActions {
+            start_containers: vec![start("b")],
+            ..Default::default()
+        };
+        let new_sandbox = PodActions {
+            create_sandbox: Some(0),
+            ..starts_b.clone()
+        };
+        type Row<'a> = (
+            &'a str,
+            &'a PodActions,
+            bool,
+            &'a dyn Fn(&str) -> bool,
+            bool,
+        );
+        let rows: Vec<Row> = vec![
+            ("a start that went", &starts_b, false, nobody, true),
+            (
+                "a start that waits on an error",
+                &starts_b,
+                false,
+                b_blocked,
+                false,
+            ),
+            ("the sandbox made", &new_sandbox, true, nobody, true),
+            (
+                "the sandbox not made (volumes not ready)",
+                &new_sandbox,
+                false,
+                nobody,
+                false,
+            ),
+        ];
+        for (name, decision, made, blocked, want) in rows {
+            assert_eq!(went_through(decision, made, blocked), want, "{name}");
         }
     }
 

@@ -29,7 +29,7 @@ use crate::volume::VolumeManager;
 
 use super::actions::{self, DecisionContext, PodActions};
 use super::backoff::{BackoffPolicy, BackoffTable};
-use super::inspect::{self, DetailCache};
+use super::inspect::{self, DetailCache, HeardExit, Made};
 use super::pod_files;
 use super::revisit::{self, ERROR_RETRY, SyncFacts};
 use super::translate::{self, HostDns, SandboxContext};
@@ -96,6 +96,10 @@ pub struct PodSyncState {
     /// worker ever saw): the next sync starts from an empty view instead of reading one. Taken
     /// by that sync.
     pub known_empty: bool,
+    /// The pod as the last sync left it (with the exits heard since written in): what the
+    /// next observation starts from, so that it reads only the pod's own sandbox and
+    /// containers, or nothing when an exit event already says what changed.
+    pub view: Option<ObservedPod>,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -104,8 +108,21 @@ pub struct PodSyncState {
 pub trait RuntimeEvents: Send + Sync {
     /// Events from the runtime flow now (an exit will wake the worker).
     fn events_live(&self) -> bool;
-    /// The stream told of an exit that `observed` does not show yet.
-    fn exit_pending(&self, observed: &ObservedPod) -> bool;
+    /// The exits the stream told of for objects `observed` still shows running or ready.
+    fn heard_exits(&self, observed: &ObservedPod) -> Vec<HeardExit>;
+    /// `read` came from the runtime just now: exits it shows need no remembering.
+    fn confirmed(&self, read: &ObservedPod);
+}
+
+/// At most this many steps in one sync (each acting on the view the previous one left): a
+/// start-up whose next step is due at once goes on without waiting for another sync.
+const MAX_STEPS: usize = 8;
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// The result of one sync.
@@ -307,7 +324,86 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
 
-    /// Brings the pod one step closer to its spec.
+    /// Reads the pod for a sync. With events flowing, an exit heard for what the last view
+    /// shows running is all that changed (only this worker changes the pod otherwise, and
+    /// exits arrive as events): the last view with the exit written in is used without a read.
+    /// Else a pod seen before costs its own sandbox's status and the list of its containers,
+    /// and only a pod nobody has seen is read by its labels.
+    async fn read_for_sync(
+        &self,
+        uid: &str,
+        state: &mut PodSyncState,
+    ) -> Result<ObservedPod, CriError> {
+        if std::mem::take(&mut state.known_empty) {
+            return Ok(ObservedPod::default());
+        }
+        let Some(view) = state.view.take() else {
+            let read = self.observe(uid).await?;
+            self.confirm(&read);
+            return Ok(read);
+        };
+        if let Some(pleg) = self.pleg.as_ref().filter(|p| p.events_live()) {
+            let heard = pleg.heard_exits(&view);
+            if !heard.is_empty() && heard.iter().all(|h| h.exit_code.is_some()) {
+                tracing::debug!(
+                    exits = heard.len(),
+                    "acting on the exit events without a read"
+                );
+                return Ok(view);
+            }
+        }
+        let read =
+            inspect::observe_known_pod(&self.rt, &self.details, &self.node.node_name, uid, &view)
+                .await?;
+        self.confirm(&read);
+        Ok(read)
+    }
+
+    fn confirm(&self, read: &ObservedPod) {
+        if let Some(pleg) = &self.pleg {
+            pleg.confirmed(read);
+        }
+    }
+
+    /// Writes the exits heard from the stream into `view`; true when one came without its
+    /// code (the view must be read again soon).
+    fn apply_heard(&self, view: &mut ObservedPod) -> bool {
+        let Some(pleg) = &self.pleg else {
+            return false;
+        };
+        let heard = pleg.heard_exits(view);
+        !heard.is_empty() && inspect::apply_heard_exits(view, &heard, now_ns())
+    }
+
+    /// The view after a step: only what the step made is read when it made things and
+    /// stopped or removed nothing; otherwise the pod is read again.
+    async fn read_after_step(
+        &self,
+        uid: &str,
+        before: &ObservedPod,
+        decision: &PodActions,
+        made: &Made,
+    ) -> Result<ObservedPod, CriError> {
+        let only_made = decision.kill_pod.is_none()
+            && decision.kill_containers.is_empty()
+            && decision.remove_containers.is_empty()
+            && decision.remove_sandboxes.is_empty();
+        if only_made {
+            return inspect::refresh_after_start(&self.rt, &self.details, before, made).await;
+        }
+        let read = if made.sandbox.is_none() && decision.kill_pod.is_none() {
+            inspect::observe_known_pod(&self.rt, &self.details, &self.node.node_name, uid, before)
+                .await?
+        } else {
+            self.observe(uid).await?
+        };
+        self.confirm(&read);
+        Ok(read)
+    }
+
+    /// Brings the pod closer to its spec: reads it, then decides and acts, step after step
+    /// while the view after one step already calls for the next (the next init container, a
+    /// container that exited meanwhile), at most [`MAX_STEPS`] times.
     pub async fn sync_pod(
         &self,
         pod: &Pod,
@@ -316,15 +412,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         probes: &HashMap<String, ProbeView>,
     ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
-        // A pod the runtime cannot hold anything of yet costs no read: its first look is the
-        // start itself.
-        let known_empty = std::mem::take(&mut state.known_empty);
-        let read = if known_empty {
-            Ok(ObservedPod::default())
-        } else {
-            self.observe(&uid).await
-        };
-        let observed = match read {
+        let read_started = std::time::Instant::now();
+        let mut observed = match self.read_for_sync(&uid, state).await {
             Ok(o) => o,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
@@ -336,6 +425,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 };
             }
         };
+        let mut behind = self.apply_heard(&mut observed);
+        tracing::trace!(
+            took_us = read_started.elapsed().as_micros() as u64,
+            "pod read"
+        );
         let backoff_before = state.backoff.clone();
         let hash = |c: &Container| spec_hash(c);
         let decide = |observed: &ObservedPod, backoff: &BackoffTable| {
@@ -352,57 +446,92 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 },
             )
         };
-        let decision = decide(&observed, &state.backoff);
-        let changed = revisit::changes_anything(&decision);
-        if changed {
-            tracing::debug!(?decision, "pod actions");
-        }
-        // Back-off waits are shown as CrashLoopBackOff until the container starts again.
-        for w in &decision.waiting {
-            self.events.container(
-                pod,
-                &w.name,
-                EventType::Warning,
-                reason::BACK_OFF,
-                format!(
-                    "Back-off restarting failed container {} in pod {}",
-                    w.name,
-                    actions::pod_label(pod)
-                ),
+        let mut decision = decide(&observed, &state.backoff);
+        let mut step = 0;
+        let (executed, followup) = loop {
+            step += 1;
+            let changed = revisit::changes_anything(&decision);
+            if changed {
+                tracing::debug!(step, ?decision, "pod actions");
+            }
+            // Back-off waits are shown as CrashLoopBackOff until the container starts again.
+            for w in &decision.waiting {
+                self.events.container(
+                    pod,
+                    &w.name,
+                    EventType::Warning,
+                    reason::BACK_OFF,
+                    format!(
+                        "Back-off restarting failed container {} in pod {}",
+                        w.name,
+                        actions::pod_label(pod)
+                    ),
+                );
+                state.waiting.insert(
+                    w.name.clone(),
+                    WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
+                );
+            }
+            if step == 1
+                && let Err(message) = self.ensure_pod_cgroup(pod, decision.terminal).await
+            {
+                tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
+                self.events.pod(
+                    pod,
+                    EventType::Warning,
+                    reason::FAILED_TO_CREATE_POD_CONTAINER,
+                    format!("unable to ensure pod container exists: {message}"),
+                );
+                state.view = Some(observed.clone());
+                return SyncOutcome {
+                    observed,
+                    runtime_unreachable: false,
+                    retry_after: Some(ERROR_RETRY),
+                    terminal: false,
+                };
+            }
+            let acted = std::time::Instant::now();
+            let mut made = Made::default();
+            let executed = self
+                .execute(pod, &observed, &decision, state, &mut made)
+                .await;
+            if let Err(err) = &executed {
+                tracing::warn!(error = %err, "sync failed; will retry");
+            }
+            if !changed {
+                break (executed, None);
+            }
+            let read = self
+                .read_after_step(&uid, &observed, &decision, &made)
+                .await;
+            if let Ok(read) = read {
+                observed = read;
+                behind = self.apply_heard(&mut observed);
+            }
+            tracing::debug!(
+                step,
+                took_us = acted.elapsed().as_micros() as u64,
+                "step carried out"
             );
-            state.waiting.insert(
-                w.name.clone(),
-                WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
-            );
-        }
-        if let Err(message) = self.ensure_pod_cgroup(pod, decision.terminal).await {
-            tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
-            self.events.pod(
-                pod,
-                EventType::Warning,
-                reason::FAILED_TO_CREATE_POD_CONTAINER,
-                format!("unable to ensure pod container exists: {message}"),
-            );
-            return SyncOutcome {
-                observed,
-                runtime_unreachable: false,
-                retry_after: Some(ERROR_RETRY),
-                terminal: false,
+            // What the runtime shows now may already call for the next step: the pure
+            // decision is made again on the fresh view.
+            let followup = executed.is_ok().then(|| decide(&observed, &state.backoff));
+            let blocked = |name: &str| {
+                state
+                    .waiting
+                    .get(name)
+                    .is_some_and(|w| w.reason.retried_soon())
             };
-        }
-        let executed = self.execute(pod, &observed, &decision, state).await;
-        if let Err(err) = &executed {
-            tracing::warn!(error = %err, "sync failed; will retry");
-        }
-        let mut observed = if changed {
-            self.observe(&uid).await.unwrap_or(observed)
-        } else {
-            observed
+            let through = revisit::went_through(&decision, made.sandbox.is_some(), &blocked);
+            match followup {
+                Some(next)
+                    if through && step < MAX_STEPS && revisit::makes_progress(&next, &blocked) =>
+                {
+                    decision = next;
+                }
+                followup => break (executed, followup),
+            }
         };
-        // What the runtime shows now may already call for the next step (the next init
-        // container, a restart of a container that exited meanwhile): the pure decision is
-        // made again on the fresh view, and `next_look` brings the worker back at once.
-        let followup = (executed.is_ok() && changed).then(|| decide(&observed, &state.backoff));
         let blocked = |name: &str| {
             state
                 .waiting
@@ -417,10 +546,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             blocked: &blocked,
             init_running: revisit::init_running(pod, &observed),
             events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
-            exit_pending: self
-                .pleg
-                .as_ref()
-                .is_some_and(|p| p.exit_pending(&observed)),
+            exit_pending: behind,
         });
         if state.backoff != backoff_before {
             let dir = self.node.pod_dir(&uid);
@@ -441,6 +567,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             &log_dir,
             &mut state.messages,
         );
+        state.view = Some(observed.clone());
         SyncOutcome {
             observed,
             runtime_unreachable: false,
@@ -471,6 +598,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         observed: &ObservedPod,
         decision: &PodActions,
         state: &mut PodSyncState,
+        made: &mut Made,
     ) -> Result<(), CriError> {
         if let Some(why) = &decision.kill_pod {
             tracing::info!(reason = %why, "stopping the pod");
@@ -509,7 +637,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .await?;
             }
         }
-        self.start(pod, observed, decision, state).await
+        self.start(pod, observed, decision, state, made).await
     }
 }
 

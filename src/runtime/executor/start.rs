@@ -16,6 +16,7 @@ use crate::volume::{PodVolumes, VolumeError, VolumeProblem};
 
 use super::super::actions::{ContainerKind, PodActions, StartContainer};
 use super::super::hooks::{HookKind, run_hook};
+use super::super::inspect::Made;
 use super::super::pod_files;
 use super::super::translate::{self, ContainerContext};
 use super::{Executor, PodSyncState, grace_period, pod_name, pod_namespace, pod_uid};
@@ -44,6 +45,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         observed: &ObservedPod,
         decision: &PodActions,
         state: &mut PodSyncState,
+        made: &mut Made,
     ) -> Result<(), CriError> {
         if decision.create_sandbox.is_none() && decision.start_containers.is_empty() {
             if decision.sandbox_id.is_some() {
@@ -107,7 +109,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     return Ok(());
                 }
                 match self.create_sandbox(pod, attempt).await {
-                    Ok(id) => (id, attempt),
+                    Ok(id) => {
+                        made.sandbox = Some(id.clone());
+                        (id, attempt)
+                    }
                     Err(err) => {
                         self.sandbox_failed(pod, &err.to_string());
                         return Err(err);
@@ -150,7 +155,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
             let span = tracing::info_span!("container", container = %start.name);
             let result = self
-                .start_container(pod, start, &target, state)
+                .start_container(pod, start, &target, state, made)
                 .instrument(span)
                 .await;
             match result {
@@ -247,6 +252,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         start: &StartContainer,
         target: &StartTarget<'_>,
         state: &mut PodSyncState,
+        made: &mut Made,
     ) -> Result<(), WaitingReason> {
         let StartTarget {
             sandbox_id,
@@ -361,6 +367,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 start_failed(&err);
                 WaitingReason::new(WaitReason::CreateContainerError, err.to_string())
             })?;
+        made.containers.push((id.clone(), sandbox_id.to_string()));
         self.events.container(
             pod,
             name,
