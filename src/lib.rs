@@ -17,6 +17,7 @@ pub mod events;
 pub mod gc;
 pub mod health;
 pub mod k8s;
+pub mod logging;
 pub mod metrics;
 pub mod mirror_pods;
 pub mod node;

@@ -1,27 +1,14 @@
-//! `deckhand`: parse flags, build the configuration, run the agent, exit 0 on SIGTERM/SIGINT.
+//! `deckhand`: parse flags, build the configuration, set up logging (`deckhand::logging`), run
+//! the agent, exit 0 on SIGTERM/SIGINT.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use deckhand::config::{self, Flags};
 use deckhand::daemon::{self, Tuning};
-
-/// Upstream's `--v` levels mapped onto tracing levels (RUST_LOG overrides).
-fn log_filter(verbosity: u8) -> EnvFilter {
-    if let Ok(filter) = EnvFilter::try_from_default_env() {
-        return filter;
-    }
-    let level = match verbosity {
-        0..=2 => "info",
-        3..=5 => "debug",
-        _ => "trace",
-    };
-    EnvFilter::new(format!("warn,deckhand={level}"))
-}
 
 fn main() -> ExitCode {
     // `deckhand pods|validate|version …` are commands for people; anything else runs the agent.
@@ -32,12 +19,8 @@ fn main() -> ExitCode {
         return run_command(deckhand::cli::Cli::parse());
     }
     let flags = Flags::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(flags.verbosity.unwrap_or(0)))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-
+    // The configuration picks the log format, so it is read first; what it has to say is
+    // kept in `warnings` and logged by the daemon, and a refusal goes to stderr.
     let config = match config::load(&flags) {
         Ok(c) => c,
         Err(err) => {
@@ -45,6 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    deckhand::logging::init(config.logging_format, config.verbosity);
     let tuning = match Tuning::from_config_and_env(&config) {
         Ok(t) => t,
         Err(err) => {
