@@ -468,12 +468,10 @@ pub async fn run(
             )),
             config.node_name.clone(),
         )
-        .with_sandboxes(Arc::new(
-            crate::node_api::stats::CriSandboxInspector::new(
-                client.channel(),
-                config.runtime_request_timeout,
-            ),
-        )),
+        .with_sandboxes(Arc::new(crate::node_api::stats::CriSandboxInspector::new(
+            client.channel(),
+            config.runtime_request_timeout,
+        ))),
     );
     let mut servers = Vec::new();
     if config.healthz_port != 0 {

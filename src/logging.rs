@@ -66,14 +66,27 @@ pub fn verbosity_of(level: &Level) -> Option<u8> {
 
 /// Fields in the order they were recorded; a later field of the same name replaces the
 /// earlier (an event's own field wins over its span's).
+/// An event's own fields are kept as recorded (`raw`), duplicates included: an event with
+/// an explicit `message = …` field and a format string has two `message`s, the format
+/// string's first (tracing's macros put it first).
 #[derive(Debug, Default, Clone)]
-struct Fields(Vec<(String, Value)>);
+struct Fields {
+    list: Vec<(String, Value)>,
+    raw: bool,
+}
 
 impl Fields {
+    fn raw() -> Self {
+        Fields {
+            list: Vec::new(),
+            raw: true,
+        }
+    }
+
     fn set(&mut self, key: &str, value: Value) {
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some(slot) => slot.1 = value,
-            None => self.0.push((key.to_string(), value)),
+        match self.list.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) if !self.raw => slot.1 = value,
+            _ => self.list.push((key.to_string(), value)),
         }
     }
 }
@@ -185,17 +198,19 @@ where
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
                 if let Some(span_fields) = span.extensions().get::<Fields>() {
-                    for (k, v) in &span_fields.0 {
+                    for (k, v) in &span_fields.list {
                         fields.set(k, v.clone());
                     }
                 }
             }
         }
-        let mut own = Fields::default();
+        let mut own = Fields::raw();
         event.record(&mut own);
+        // The first `message` is the line's text; a later one stays a field.
+        let first_message = own.list.iter().position(|(k, _)| k == "message");
         let mut message = String::new();
-        for (k, v) in own.0 {
-            if k == "message" {
+        for (i, (k, v)) in own.list.into_iter().enumerate() {
+            if Some(i) == first_message {
                 message = match v {
                     Value::String(s) => s,
                     other => other.to_string(),
@@ -210,7 +225,7 @@ where
             .map(|d| d.as_nanos() as f64 / 1e6)
             .unwrap_or_default();
         let caller = meta.file().zip(meta.line());
-        let mut line = render_line(ts_ms, caller, meta.level(), &message, &fields.0);
+        let mut line = render_line(ts_ms, caller, meta.level(), &message, &fields.list);
         line.push('\n');
         // One write per line, so lines from different threads never interleave.
         let _ = self.make_writer.make_writer().write_all(line.as_bytes());
@@ -283,7 +298,11 @@ mod tests {
             let inner = tracing::info_span!("container", container = "app");
             let _i = inner.enter();
             tracing::info!(attempt = 2, pod = "default/other", "container started");
-            tracing::warn!("plain");
+            tracing::warn!(
+                message = "Started container app",
+                reason = "Started",
+                "event"
+            );
         });
         let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<Value> = text
@@ -294,7 +313,10 @@ mod tests {
         assert_eq!(lines[0]["msg"], "container started");
         assert_eq!(lines[0]["v"], 0);
         assert_eq!(lines[0]["container"], "app");
-        assert_eq!(lines[0]["pod"], "default/other", "the event's own field wins");
+        assert_eq!(
+            lines[0]["pod"], "default/other",
+            "the event's own field wins"
+        );
         assert_eq!(lines[0]["attempt"], 2);
         assert!(lines[0]["ts"].as_f64().unwrap() > 1.6e12, "{text}");
         assert!(
@@ -304,5 +326,8 @@ mod tests {
                 .starts_with("src/logging.rs:")
         );
         assert_eq!(lines[1]["pod"], "default/web");
+        assert_eq!(lines[1]["msg"], "event");
+        assert_eq!(lines[1]["message"], "Started container app");
+        assert_eq!(lines[1]["reason"], "Started");
     }
 }

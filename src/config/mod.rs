@@ -32,8 +32,8 @@ use std::time::Duration;
 
 pub use duration::{DurationError, format_go_duration, parse_go_duration};
 pub use file::{
-    API_VERSION, CrashLoopBackOffConfig, KIND, KubeletConfigurationFile, MAX_CONFIG_FILE_BYTES,
-    LoggingFile, ParsedConfigFile, parse_config_file,
+    API_VERSION, CrashLoopBackOffConfig, KIND, KubeletConfigurationFile, LoggingFile,
+    MAX_CONFIG_FILE_BYTES, ParsedConfigFile, parse_config_file,
 };
 pub use flags::Flags;
 pub use gc::GcSettings;

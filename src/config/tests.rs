@@ -1110,7 +1110,11 @@ fn logging_format_and_volume_stats_period() {
     );
     let cases: &[Case] = &[
         (&[], None, Ok((LoggingFormat::Text, 60))),
-        (&["--logging-format=json"], None, Ok((LoggingFormat::Json, 60))),
+        (
+            &["--logging-format=json"],
+            None,
+            Ok((LoggingFormat::Json, 60)),
+        ),
         (
             &[],
             Some("logging:\n  format: json\nvolumeStatsAggPeriod: 5s\n"),
@@ -1121,16 +1125,36 @@ fn logging_format_and_volume_stats_period() {
             Some("logging: {format: json}\n"),
             Ok((LoggingFormat::Text, 60)),
         ),
-        (&[], Some("volumeStatsAggPeriod: 0s\n"), Ok((LoggingFormat::Text, 0))),
-        (&["--logging-format=yaml"], None, Err("--logging-format: unsupported log format \"yaml\"")),
-        (&[], Some("logging: {format: xml}\n"), Err("logging.format: unsupported")),
-        (&[], Some("volumeStatsAggPeriod: soon\n"), Err("volumeStatsAggPeriod: invalid")),
+        (
+            &[],
+            Some("volumeStatsAggPeriod: 0s\n"),
+            Ok((LoggingFormat::Text, 0)),
+        ),
+        (
+            &["--logging-format=yaml"],
+            None,
+            Err("--logging-format: unsupported log format \"yaml\""),
+        ),
+        (
+            &[],
+            Some("logging: {format: xml}\n"),
+            Err("logging.format: unsupported"),
+        ),
+        (
+            &[],
+            Some("volumeStatsAggPeriod: soon\n"),
+            Err("volumeStatsAggPeriod: invalid"),
+        ),
     ];
     for (args, body, want) in cases {
         match (load_with(args, *body), want) {
             (Ok(c), Ok((format, period))) => {
                 assert_eq!(c.logging_format, *format, "{args:?} {body:?}");
-                assert_eq!(c.volume_stats_agg_period, secs(*period), "{args:?} {body:?}");
+                assert_eq!(
+                    c.volume_stats_agg_period,
+                    secs(*period),
+                    "{args:?} {body:?}"
+                );
             }
             (Err(e), Err(start)) => {
                 assert!(e.to_string().starts_with(start), "{args:?} {body:?}: {e}")

@@ -620,11 +620,9 @@ pub(super) fn build(
             .map_err(|e: String| invalid("logging.format", e))?,
         (None, None) => super::LoggingFormat::Text,
     };
-    let volume_stats_agg_period = file_duration(
-        f.volume_stats_agg_period.as_deref(),
-        "volumeStatsAggPeriod",
-    )?
-    .unwrap_or(DEFAULT_VOLUME_STATS_AGG_PERIOD);
+    let volume_stats_agg_period =
+        file_duration(f.volume_stats_agg_period.as_deref(), "volumeStatsAggPeriod")?
+            .unwrap_or(DEFAULT_VOLUME_STATS_AGG_PERIOD);
 
     let gc = super::gc::gc_settings(flags, f, &container_log_max_size, container_log_max_files)?;
     Ok(Config {

@@ -506,8 +506,7 @@ impl HostReader for HostFiles {
                 if crate::paths::component_problem(c).is_some() {
                     continue;
                 }
-                if let Some(u) = stats_host::disk_usage(&pod_logs.join(c), stats_host::WALK_LIMIT)
-                {
+                if let Some(u) = stats_host::disk_usage(&pod_logs.join(c), stats_host::WALK_LIMIT) {
                     logs.insert(c.clone(), u);
                 }
             }
@@ -802,10 +801,9 @@ pub fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> S
             process_count: Some(n),
         });
         if let Some(host) = host {
-            pod.network = host
-                .network
-                .as_ref()
-                .map(|ifaces| network_stats(host.network_at_ns, ifaces, Some(POD_DEFAULT_INTERFACE)));
+            pod.network = host.network.as_ref().map(|ifaces| {
+                network_stats(host.network_at_ns, ifaces, Some(POD_DEFAULT_INTERFACE))
+            });
             pod.volume_stats = host
                 .volumes
                 .iter()
@@ -1267,10 +1265,13 @@ impl StatsProvider {
             image_fs,
             container_fs,
         };
-        let summary = {
+        let mut summary = {
             let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
             build_summary(&self.node_name, &reading, &mut rates)
         };
+        if cpu_and_memory_only {
+            keep_cpu_and_memory(&mut summary);
+        }
         if !cpu_and_memory_only {
             // Stale volume figures are measured again after this answer, not before it.
             let host = self.host.clone();
@@ -1281,7 +1282,10 @@ impl StatsProvider {
 
     /// Each ready sandbox's facts, asking the runtime only about sandboxes not seen before;
     /// facts of sandboxes that are gone are forgotten.
-    async fn sandbox_facts(&self, sandboxes: &[proto::PodSandbox]) -> HashMap<String, SandboxFacts> {
+    async fn sandbox_facts(
+        &self,
+        sandboxes: &[proto::PodSandbox],
+    ) -> HashMap<String, SandboxFacts> {
         let Some(inspector) = &self.sandboxes else {
             return HashMap::new();
         };
@@ -1323,7 +1327,11 @@ impl StatsProvider {
         let host = self.host.clone();
         tokio::task::spawn_blocking(move || {
             let sample = |u: &proto::FilesystemUsage| RuntimeFsSample {
-                at_ns: if u.timestamp > 0 { u.timestamp } else { now_ns() },
+                at_ns: if u.timestamp > 0 {
+                    u.timestamp
+                } else {
+                    now_ns()
+                },
                 used: u.used_bytes.as_ref().map(|v| v.value),
                 inodes_used: u.inodes_used.as_ref().map(|v| v.value),
                 fs: u
@@ -1359,6 +1367,26 @@ impl StatsProvider {
                 let summary = build_summary(&self.node_name, &reading, &mut rates);
                 render_resource_metrics(&summary, true)
             }
+        }
+    }
+}
+
+/// Leaves CPU and memory alone in the summary (upstream's `only_cpu_and_memory` answer):
+/// no filesystems, network, volumes, process counts or limits.
+pub fn keep_cpu_and_memory(summary: &mut Summary) {
+    let node = &mut summary.node;
+    node.network = None;
+    node.fs = None;
+    node.runtime = None;
+    node.rlimit = None;
+    for pod in &mut summary.pods {
+        pod.network = None;
+        pod.volume_stats.clear();
+        pod.ephemeral_storage = None;
+        pod.process_stats = None;
+        for c in &mut pod.containers {
+            c.rootfs = None;
+            c.logs = None;
         }
     }
 }
@@ -1418,10 +1446,7 @@ pub async fn summary_response(
 ) -> axum::response::Response {
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
-    let only = query.is_some_and(|q| {
-        q.split('&')
-            .any(|kv| kv == "only_cpu_and_memory=true")
-    });
+    let only = query.is_some_and(|q| q.split('&').any(|kv| kv == "only_cpu_and_memory=true"));
     match stats.summary(only).await {
         Ok(summary) => match serde_json::to_vec(&summary) {
             Ok(body) => (
@@ -1746,5 +1771,279 @@ mod tests {
             );
         }
         assert!(render_resource_metrics(&Summary::default(), true).ends_with("scrape_error 1\n"));
+    }
+
+    #[test]
+    fn sandbox_facts_from_verbose_status() {
+        use crate::cri::proto::{
+            LinuxPodSandboxStatus, Namespace, NamespaceMode, NamespaceOption, PodSandboxStatus,
+            PodSandboxStatusResponse,
+        };
+        let resp = |info: Option<&str>, network: NamespaceMode| PodSandboxStatusResponse {
+            status: Some(PodSandboxStatus {
+                linux: Some(LinuxPodSandboxStatus {
+                    namespaces: Some(Namespace {
+                        options: Some(NamespaceOption {
+                            network: network as i32,
+                            ..Default::default()
+                        }),
+                    }),
+                }),
+                ..Default::default()
+            }),
+            info: info
+                .map(|i| HashMap::from([("info".to_string(), i.to_string())]))
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let cases = [
+            (
+                resp(
+                    Some(r#"{"pid": 4242, "image": "pause"}"#),
+                    NamespaceMode::Pod,
+                ),
+                SandboxFacts {
+                    pid: Some(4242),
+                    host_network: false,
+                },
+            ),
+            (
+                resp(Some(r#"{"pid": 7}"#), NamespaceMode::Node),
+                SandboxFacts {
+                    pid: Some(7),
+                    host_network: true,
+                },
+            ),
+            (
+                resp(Some(r#"{"pid": 0}"#), NamespaceMode::Pod),
+                SandboxFacts::default(),
+            ),
+            (
+                resp(Some("not json"), NamespaceMode::Pod),
+                SandboxFacts::default(),
+            ),
+            (resp(None, NamespaceMode::Pod), SandboxFacts::default()),
+        ];
+        for (i, (r, want)) in cases.iter().enumerate() {
+            assert_eq!(sandbox_facts(r), *want, "case {i}");
+        }
+    }
+
+    fn labelled(uid: &str, name: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (labels::POD_UID_LABEL.to_string(), uid.to_string()),
+            (labels::POD_NAME_LABEL.to_string(), name.to_string()),
+            (
+                labels::POD_NAMESPACE_LABEL.to_string(),
+                "default".to_string(),
+            ),
+        ])
+    }
+
+    #[test]
+    fn pod_targets_take_the_sandbox_namespace_unless_it_is_the_nodes() {
+        let container = |id: &str, uid: &str, pod: &str, name: &str| proto::Container {
+            id: id.into(),
+            labels: labelled(uid, pod),
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        };
+        let running = vec![
+            container("c1", "u1", "web", "app"),
+            container("c2", "u1", "web", "side"),
+            container("c3", "u2", "hostnet", "app"),
+            container("c4", "u3", "unknown", "app"),
+        ];
+        let sandbox = |id: &str, uid: &str, pod: &str| proto::PodSandbox {
+            id: id.into(),
+            labels: labelled(uid, pod),
+            ..Default::default()
+        };
+        let sandboxes = vec![
+            sandbox("s1", "u1", "web"),
+            sandbox("s2", "u2", "hostnet"),
+            sandbox("s3", "u3", "unknown"),
+        ];
+        let facts = HashMap::from([
+            (
+                "s1".to_string(),
+                SandboxFacts {
+                    pid: Some(10),
+                    host_network: false,
+                },
+            ),
+            (
+                "s2".to_string(),
+                SandboxFacts {
+                    pid: Some(20),
+                    host_network: true,
+                },
+            ),
+        ]);
+        let got: Vec<(String, Vec<String>, Option<u32>)> =
+            pod_targets(&running, &sandboxes, &facts)
+                .into_iter()
+                .map(|t| (t.name, t.containers, t.netns_pid))
+                .collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            got,
+            vec![
+                ("web".to_string(), s(&["app", "side"]), Some(10)),
+                ("hostnet".to_string(), s(&["app"]), None),
+                ("unknown".to_string(), s(&["app"]), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn host_figures_compose_the_pod_and_the_node() {
+        let s = 1_000_000_000i64;
+        let disk = FsSample {
+            capacity: 1000,
+            available: 600,
+            used: 400,
+            inodes: 100,
+            inodes_free: 60,
+        };
+        let node = NodeSample {
+            at_ns: 100 * s,
+            memory_total: Some(10_000),
+            fs: Some(disk.clone()),
+            logs_fs: Some(disk.clone()),
+            network: Some(vec![
+                InterfaceSample {
+                    name: "ens3".into(),
+                    rx_bytes: 5,
+                    tx_bytes: 6,
+                    ..Default::default()
+                },
+                InterfaceSample {
+                    name: "cni0".into(),
+                    rx_bytes: 1,
+                    ..Default::default()
+                },
+            ]),
+            default_interface: Some("ens3".into()),
+            max_pid: Some(4096),
+            processes: Some(300),
+            pods_cgroup: Some(CgroupSample {
+                at_ns: 100 * s,
+                cpu_core_ns: Some(9),
+                memory_working_set: Some(4000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut st = stat("a1", "web", "u1", "app", 100 * s, 30, 100);
+        st.writable_layer = Some(proto::FilesystemUsage {
+            timestamp: 100 * s,
+            used_bytes: Some(UInt64Value { value: 8 }),
+            inodes_used: Some(UInt64Value { value: 2 }),
+            ..Default::default()
+        });
+        let volume = |name: &str, bytes: u64, ephemeral: bool| VolumeSample {
+            name: name.into(),
+            at_ns: 90 * s,
+            usage: DiskUsage { bytes, inodes: 3 },
+            fs: Some(disk.clone()),
+            ephemeral,
+        };
+        let host = PodHostSample {
+            cgroup: Some(CgroupSample {
+                at_ns: 100 * s,
+                cpu_core_ns: Some(50),
+                memory_usage: Some(700),
+                memory_working_set: Some(500),
+                pids: Some(3),
+                ..Default::default()
+            }),
+            network_at_ns: 100 * s,
+            network: Some(vec![InterfaceSample {
+                name: "eth0".into(),
+                rx_bytes: 1000,
+                rx_errors: 1,
+                tx_bytes: 2000,
+                tx_errors: 2,
+            }]),
+            volumes: vec![volume("cache", 4096, true), volume("token", 100, false)],
+            logs: HashMap::from([(
+                "app".to_string(),
+                DiskUsage {
+                    bytes: 16,
+                    inodes: 2,
+                },
+            )]),
+            etc_hosts: Some(DiskUsage {
+                bytes: 4,
+                inodes: 1,
+            }),
+        };
+        let image = RuntimeFsSample {
+            at_ns: 100 * s,
+            used: Some(77),
+            inodes_used: Some(7),
+            fs: Some(disk.clone()),
+        };
+        let reading = Reading {
+            node,
+            stats: vec![st],
+            running: vec![running("a1", s)],
+            pods: HashMap::from([("u1".to_string(), host)]),
+            image_fs: Some(image),
+            container_fs: None,
+        };
+        let sum = build_summary("n1", &reading, &mut Rates::default());
+        let v = serde_json::to_value(&sum).unwrap();
+        let p = &v["pods"][0];
+        // The pod's cgroup, not the container's sum.
+        assert_eq!(p["cpu"]["usageCoreNanoSeconds"], 50);
+        assert_eq!(p["memory"]["workingSetBytes"], 500);
+        assert_eq!(p["process_stats"]["process_count"], 3);
+        // eth0 at the top level and in the list.
+        assert_eq!(p["network"]["name"], "eth0");
+        assert_eq!(p["network"]["rxBytes"], 1000);
+        assert_eq!(p["network"]["txErrors"], 2);
+        assert_eq!(p["network"]["interfaces"][0]["txBytes"], 2000);
+        // Volumes with their filesystem.
+        assert_eq!(p["volume"][0]["name"], "cache");
+        assert_eq!(p["volume"][0]["usedBytes"], 4096);
+        assert_eq!(p["volume"][0]["capacityBytes"], 1000);
+        assert_eq!(p["volume"][1]["name"], "token");
+        // Logs of the container.
+        assert_eq!(p["containers"][0]["logs"]["usedBytes"], 16);
+        assert_eq!(p["containers"][0]["rootfs"]["usedBytes"], 8);
+        // rootfs 8 + logs 16 + the ephemeral volume 4096 + etc-hosts 4; not the token.
+        assert_eq!(p["ephemeral-storage"]["usedBytes"], 8 + 16 + 4096 + 4);
+        assert_eq!(p["ephemeral-storage"]["inodesUsed"], 2 + 2 + 3 + 1);
+        assert_eq!(p["ephemeral-storage"]["capacityBytes"], 1000);
+        // The node: the default route's interface when there is no eth0.
+        let n = &v["node"];
+        assert_eq!(n["network"]["name"], "ens3");
+        assert_eq!(n["network"]["interfaces"].as_array().unwrap().len(), 2);
+        assert_eq!(n["runtime"]["imageFs"]["usedBytes"], 77);
+        assert_eq!(n["runtime"]["containerFs"]["usedBytes"], 77);
+        assert_eq!(n["runtime"]["imageFs"]["availableBytes"], 600);
+        assert_eq!(n["rlimit"]["maxpid"], 4096);
+        assert_eq!(n["rlimit"]["curproc"], 300);
+        assert_eq!(n["systemContainers"][0]["name"], "pods");
+        assert_eq!(n["systemContainers"][0]["memory"]["workingSetBytes"], 4000);
+        assert_eq!(n["systemContainers"][0]["memory"]["availableBytes"], 6000);
+
+        // Only CPU and memory: the rest goes.
+        let mut small = sum.clone();
+        keep_cpu_and_memory(&mut small);
+        let v = serde_json::to_value(&small).unwrap();
+        for key in ["network", "volume", "ephemeral-storage", "process_stats"] {
+            assert!(v["pods"][0].get(key).is_none(), "{key}");
+        }
+        assert!(v["pods"][0]["containers"][0].get("rootfs").is_none());
+        for key in ["network", "fs", "runtime", "rlimit"] {
+            assert!(v["node"].get(key).is_none(), "{key}");
+        }
+        assert_eq!(v["pods"][0]["cpu"]["usageCoreNanoSeconds"], 50);
     }
 }

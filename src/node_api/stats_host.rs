@@ -176,11 +176,7 @@ pub enum CacheDecision {
 }
 
 /// Whether a kept figure measured at `measured` is still good at `now`.
-pub fn decide(
-    measured: Option<(Instant, bool)>,
-    now: Instant,
-    period: Duration,
-) -> CacheDecision {
+pub fn decide(measured: Option<(Instant, bool)>, now: Instant, period: Duration) -> CacheDecision {
     match measured {
         None => CacheDecision::Missing,
         Some((_, true)) => CacheDecision::Refreshing,
@@ -315,9 +311,8 @@ pub fn cgroup_sample(
             at_ns,
             cpu_core_ns: num("cpuacct", "cpuacct.usage"),
             memory_usage: usage,
-            memory_working_set: usage.map(|u| {
-                super::stats::working_set(u, stat.get("total_inactive_file").copied())
-            }),
+            memory_working_set: usage
+                .map(|u| super::stats::working_set(u, stat.get("total_inactive_file").copied())),
             rss: stat.get("total_rss").copied(),
             page_faults: stat.get("total_pgfault").copied(),
             major_page_faults: stat.get("total_pgmajfault").copied(),
