@@ -73,6 +73,11 @@ pub fn configz(c: &Config) -> Value {
         "eventBurst": c.cluster.event_burst,
         "registerNode": c.cluster.register_node,
         "containerRuntimeEndpoint": c.container_runtime_endpoint,
+        "volumeStatsAggPeriod": d(c.volume_stats_agg_period),
+        "logging": {"format": match c.logging_format {
+            crate::config::LoggingFormat::Text => "text",
+            crate::config::LoggingFormat::Json => "json",
+        }},
     });
     if let (Some(obj), Value::Object(rest)) = (kc.as_object_mut(), more) {
         obj.extend(rest);

@@ -395,15 +395,15 @@ fn statfs(path: &Path) -> (Option<FsSample>, bool) {
     match nix::sys::statfs::statfs(path) {
         Ok(st) => {
             let bsize = st.block_size() as u64;
-            let capacity = (st.blocks() as u64).saturating_mul(bsize);
-            let free = (st.blocks_free() as u64).saturating_mul(bsize);
+            let capacity = st.blocks().saturating_mul(bsize);
+            let free = st.blocks_free().saturating_mul(bsize);
             (
                 Some(FsSample {
                     capacity,
-                    available: (st.blocks_available() as u64).saturating_mul(bsize),
+                    available: st.blocks_available().saturating_mul(bsize),
                     used: capacity.saturating_sub(free),
-                    inodes: st.files() as u64,
-                    inodes_free: st.files_free() as u64,
+                    inodes: st.files(),
+                    inodes_free: st.files_free(),
                 }),
                 st.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC,
             )
