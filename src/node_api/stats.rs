@@ -1219,32 +1219,42 @@ impl StatsProvider {
     /// The summary now: everything, or (`cpu_and_memory_only`, what metrics-server asks for)
     /// CPU and memory alone, which skips the network, volumes, logs and filesystems.
     pub async fn summary(&self, cpu_and_memory_only: bool) -> Result<Summary, StatsError> {
+        let began = std::time::Instant::now();
         let selector = managed_selector(&self.node_name);
-        let (stats, running, sandboxes) = futures::try_join!(
-            self.runtime.container_stats(selector.clone()),
-            self.runtime.running_containers(selector.clone()),
-            async {
-                // Without sandboxes a summary can still be made: pods just lack a network.
-                match self.runtime.ready_sandboxes(selector.clone()).await {
-                    Ok(s) => Ok(s),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "stats: sandboxes not listed");
-                        Ok(Vec::new())
+        let listing = async {
+            futures::try_join!(
+                self.runtime.container_stats(selector.clone()),
+                self.runtime.running_containers(selector.clone()),
+                async {
+                    // Without sandboxes a summary can still be made: pods just lack a network.
+                    match self.runtime.ready_sandboxes(selector.clone()).await {
+                        Ok(s) => Ok(s),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "stats: sandboxes not listed");
+                            Ok(Vec::new())
+                        }
                     }
-                }
-            },
-        )?;
+                },
+            )
+        };
+        // The image filesystem is asked for at the same time as the containers.
+        let runtime_fs = async {
+            if cpu_and_memory_only {
+                (None, None)
+            } else {
+                self.runtime_fs().await
+            }
+        };
+        let (listed, (image_fs, container_fs)) = futures::join!(listing, runtime_fs);
+        let (stats, running, sandboxes) = listed?;
+        let listed_at = began.elapsed();
         let targets = if cpu_and_memory_only {
             pod_targets(&running, &sandboxes, &HashMap::new())
         } else {
             let facts = self.sandbox_facts(&sandboxes).await;
             pod_targets(&running, &sandboxes, &facts)
         };
-        let (image_fs, container_fs) = if cpu_and_memory_only {
-            (None, None)
-        } else {
-            self.runtime_fs().await
-        };
+        let facts_at = began.elapsed();
         let host = self.host.clone();
         let (node, pods) = tokio::task::spawn_blocking(move || {
             let node = host.node();
@@ -1256,6 +1266,14 @@ impl StatsProvider {
         })
         .await
         .unwrap_or_default();
+        tracing::debug!(
+            pods = pods.len(),
+            cpu_and_memory_only,
+            runtime_ms = listed_at.as_millis() as u64,
+            sandboxes_ms = (facts_at - listed_at).as_millis() as u64,
+            host_ms = (began.elapsed() - facts_at).as_millis() as u64,
+            "stats: summary read"
+        );
         let live: HashSet<String> = pods.keys().cloned().collect();
         let reading = Reading {
             node,
