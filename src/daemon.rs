@@ -458,6 +458,29 @@ pub async fn run(
     let capacity = crate::node::allocatable::capacity(&machine, config.max_pods);
     let allocatable = crate::node::allocatable::allocatable(&capacity, &config.reservations);
     let (cgroups, container_settings) = setup_cgroups(&config, &capacity)?;
+    // One stats provider for both ports, so both see the same rates and kept volume figures.
+    let stats = Arc::new(
+        crate::node_api::stats::StatsProvider::new(
+            Arc::new(client.clone()),
+            Arc::new(crate::node_api::stats::HostFiles::new(
+                config.root_dir.clone(),
+                config.pod_logs_dir.clone(),
+                cgroups
+                    .as_ref()
+                    .map(|m| crate::node_api::stats_host::PodCgroups {
+                        mount: PathBuf::from(CGROUP_MOUNT),
+                        kubepods: m.kubepods(),
+                        v2: m.version() == crate::cm::CgroupVersion::V2,
+                    }),
+                config.volume_stats_agg_period,
+            )),
+            config.node_name.clone(),
+        )
+        .with_sandboxes(Arc::new(crate::node_api::stats::CriSandboxInspector::new(
+            client.channel(),
+            config.runtime_request_timeout,
+        ))),
+    );
     let mut servers = Vec::new();
     if config.healthz_port != 0 {
         let addr = SocketAddr::new(config.healthz_bind_address, config.healthz_port);
@@ -473,6 +496,7 @@ pub async fn run(
                 health.clone(),
                 states.clone(),
                 metrics.clone(),
+                Some(stats.clone()),
                 server::ListenerLimits::default(),
                 cancel.clone(),
             )
@@ -486,6 +510,7 @@ pub async fn run(
         health.clone(),
         states.clone(),
         metrics.clone(),
+        Some(stats.clone()),
         cancel.clone(),
     )
     .await
@@ -540,11 +565,7 @@ pub async fn run(
             configz: Arc::new(
                 serde_json::to_vec(&crate::node_api::configz::configz(&config)).unwrap_or_default(),
             ),
-            stats: Arc::new(crate::node_api::stats::StatsProvider::new(
-                Arc::new(client.clone()),
-                Arc::new(crate::node_api::stats::HostFiles::default()),
-                config.node_name.clone(),
-            )),
+            stats: stats.clone(),
         };
         let slot = serving_certificate(
             &config,

@@ -18,6 +18,7 @@ pub mod eviction;
 pub mod gc;
 pub mod health;
 pub mod k8s;
+pub mod logging;
 pub mod metrics;
 pub mod mirror_pods;
 pub mod node;

@@ -1,63 +1,14 @@
-//! `deckhand`: parse flags, build the configuration, run the agent, exit 0 on SIGTERM/SIGINT.
+//! `deckhand`: parse flags, build the configuration, set up logging (`deckhand::logging`), run
+//! the agent, exit 0 on SIGTERM/SIGINT.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use deckhand::config::{self, Flags};
 use deckhand::daemon::{self, Tuning};
-
-/// Upstream's `--v` levels mapped onto tracing levels (RUST_LOG overrides).
-fn log_filter(verbosity: u8) -> EnvFilter {
-    if let Ok(filter) = EnvFilter::try_from_default_env() {
-        return filter;
-    }
-    let level = match verbosity {
-        0..=2 => "info",
-        3..=5 => "debug",
-        _ => "trace",
-    };
-    EnvFilter::new(format!("warn,deckhand={level}"))
-}
-
-/// glibc's allocator gives each thread that allocates its own arena (up to eight per core),
-/// and memory freed into one arena is not reused by another. The agent's threads are the two
-/// runtime workers plus blocking threads that come and go (file and mount work for each pod
-/// start), so after starting 110 pods the freed memory sits in a dozen arenas. Two arenas are
-/// plenty for a process that is idle most of the time.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    // SAFETY: mallopt only changes the allocator's tuning; it is called before any other
-    // thread exists, and an unknown value is refused with 0, which changes nothing.
-    let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
-    if ok == 0 {
-        eprintln!("deckhand: cannot limit malloc arenas (mallopt refused); continuing");
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
-
-/// How often memory freed since the last time is handed back to the kernel.
-const TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A burst of work (many pods starting) leaves freed memory in the heap that glibc keeps for
-/// later, which shows as resident memory long after the burst; trimming now and then returns
-/// it. Costs a walk over the free lists, a few microseconds when nothing is to be returned.
-async fn trim_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    loop {
-        tokio::time::sleep(TRIM_PERIOD).await;
-        // SAFETY: malloc_trim only returns free pages to the kernel; it takes the
-        // allocator's own locks and touches no memory the program holds.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    }
-}
 
 fn main() -> ExitCode {
     // `deckhand pods|validate|version …` are commands for people; anything else runs the agent.
@@ -67,14 +18,9 @@ fn main() -> ExitCode {
     {
         return run_command(deckhand::cli::Cli::parse());
     }
-    limit_malloc_arenas();
     let flags = Flags::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(flags.verbosity.unwrap_or(0)))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-
+    // The configuration picks the log format, so it is read first; what it has to say is
+    // kept in `warnings` and logged by the daemon, and a refusal goes to stderr.
     let config = match config::load(&flags) {
         Ok(c) => c,
         Err(err) => {
@@ -82,6 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    deckhand::logging::init(config.logging_format, config.verbosity);
     let tuning = match Tuning::from_config_and_env(&config) {
         Ok(t) => t,
         Err(err) => {
@@ -101,7 +48,6 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        tokio::spawn(trim_freed_memory());
         let cancel = CancellationToken::new();
         let stopper = cancel.clone();
         tokio::spawn(async move {

@@ -115,6 +115,15 @@ pub struct KubeletConfigurationFile {
     pub server_tls_bootstrap: Option<bool>,
     pub authentication: Option<super::server::AuthenticationFile>,
     pub authorization: Option<super::server::AuthorizationFile>,
+    pub logging: Option<LoggingFile>,
+    pub volume_stats_agg_period: Option<String>,
+}
+
+/// `logging` (upstream's `LoggingConfiguration`): the format only.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoggingFile {
+    pub format: Option<String>,
 }
 
 /// `crashLoopBackOff` (upstream ≥ 1.32, behind KubeletCrashLoopBackOffMax there).

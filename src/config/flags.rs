@@ -91,6 +91,11 @@ pub struct Flags {
           value_parser = clap::value_parser!(u8).range(0..=10))]
     pub verbosity: Option<u8>,
 
+    /// Log format: text (one line per event for people) or json (one JSON object per line,
+    /// upstream's JSON format). [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    pub logging_format: Option<String>,
+
     /// Port of the localhost healthz endpoint; 0 disables it. [default: 10248]
     #[arg(long, value_name = "PORT")]
     pub healthz_port: Option<u16>,
@@ -453,6 +458,7 @@ mod tests {
                 cert_dir: None,
                 rotate_certificates: None,
                 verbosity: Some(4),
+                logging_format: None,
                 healthz_port: Some(0),
                 healthz_bind_address: Some("0.0.0.0".parse().unwrap()),
                 read_only_port: Some(10255),

@@ -35,8 +35,8 @@ use std::time::Duration;
 pub use duration::{DurationError, format_go_duration, parse_go_duration};
 pub use eviction::EvictionSettings;
 pub use file::{
-    API_VERSION, CrashLoopBackOffConfig, KIND, KubeletConfigurationFile, MAX_CONFIG_FILE_BYTES,
-    ParsedConfigFile, parse_config_file,
+    API_VERSION, CrashLoopBackOffConfig, KIND, KubeletConfigurationFile, LoggingFile,
+    MAX_CONFIG_FILE_BYTES, ParsedConfigFile, parse_config_file,
 };
 pub use flags::Flags;
 pub use gc::GcSettings;
@@ -110,6 +110,11 @@ pub struct Config {
     /// Pause image hint (informational).
     pub pod_infra_container_image: Option<String>,
     pub verbosity: u8,
+    /// `--logging-format` / `logging.format`.
+    pub logging_format: LoggingFormat,
+    /// `volumeStatsAggPeriod`: how long a volume's measured disk use is kept for
+    /// `/stats/summary` before it is walked again; zero: volumes are not measured.
+    pub volume_stats_agg_period: Duration,
     /// Registration, Lease and node status settings (used with `kubeconfig`).
     pub cluster: ClusterSettings,
     /// What the node holds back from pods.
@@ -159,6 +164,30 @@ impl FromStr for CgroupDriver {
             "systemd" => Ok(CgroupDriver::Systemd),
             _ => Err(format!(
                 "{s:?} is not a cgroup driver (use cgroupfs or systemd)"
+            )),
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LoggingFormat {
+    /// For people: one line per event, fields as `key=value`.
+    #[default]
+    Text,
+    /// Upstream's JSON format: one object per line (`ts`, `caller`, `msg`, `v`, the fields).
+    Json,
+}
+
+impl FromStr for LoggingFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LoggingFormat::Text),
+            "json" => Ok(LoggingFormat::Json),
+            _ => Err(format!(
+                "unsupported log format {s:?} (use \"text\" or \"json\")"
             )),
         }
     }

@@ -81,6 +81,8 @@ fn defaults() -> Config {
         crash_loop_max_backoff: secs(300),
         pod_infra_container_image: None,
         verbosity: 0,
+        logging_format: super::LoggingFormat::Text,
+        volume_stats_agg_period: secs(60),
         cluster: super::ClusterSettings::default(),
         reservations: super::Reservations::default(),
         server: super::ServerSettings::default(),
@@ -1101,6 +1103,70 @@ fn bootstrap_cert_dir_and_rotation() {
             }
             (Err(e), Err(start)) => assert!(e.to_string().contains(start), "{args:?}: {e}"),
             (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn logging_format_and_volume_stats_period() {
+    // (args, file body, format and period) — or the start of the error.
+    type Case<'a> = (
+        &'a [&'a str],
+        Option<&'a str>,
+        Result<(LoggingFormat, u64), &'a str>,
+    );
+    let cases: &[Case] = &[
+        (&[], None, Ok((LoggingFormat::Text, 60))),
+        (
+            &["--logging-format=json"],
+            None,
+            Ok((LoggingFormat::Json, 60)),
+        ),
+        (
+            &[],
+            Some("logging:\n  format: json\nvolumeStatsAggPeriod: 5s\n"),
+            Ok((LoggingFormat::Json, 5)),
+        ),
+        (
+            &["--logging-format", "text"],
+            Some("logging: {format: json}\n"),
+            Ok((LoggingFormat::Text, 60)),
+        ),
+        (
+            &[],
+            Some("volumeStatsAggPeriod: 0s\n"),
+            Ok((LoggingFormat::Text, 0)),
+        ),
+        (
+            &["--logging-format=yaml"],
+            None,
+            Err("--logging-format: unsupported log format \"yaml\""),
+        ),
+        (
+            &[],
+            Some("logging: {format: xml}\n"),
+            Err("logging.format: unsupported"),
+        ),
+        (
+            &[],
+            Some("volumeStatsAggPeriod: soon\n"),
+            Err("volumeStatsAggPeriod: invalid"),
+        ),
+    ];
+    for (args, body, want) in cases {
+        match (load_with(args, *body), want) {
+            (Ok(c), Ok((format, period))) => {
+                assert_eq!(c.logging_format, *format, "{args:?} {body:?}");
+                assert_eq!(
+                    c.volume_stats_agg_period,
+                    secs(*period),
+                    "{args:?} {body:?}"
+                );
+            }
+            (Err(e), Err(start)) => {
+                assert!(e.to_string().starts_with(start), "{args:?} {body:?}: {e}")
+            }
+            (got, want) => panic!("{args:?} {body:?}: got {got:?}, want {want:?}"),
         }
     }
 }

@@ -37,6 +37,8 @@ pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(1
 pub const DEFAULT_CONTAINER_LOG_MAX_SIZE: &str = "10Mi";
 pub const DEFAULT_CONTAINER_LOG_MAX_FILES: u32 = 5;
 pub const DEFAULT_CRASH_LOOP_MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// `volumeStatsAggPeriod` (upstream's default; 0 turns the volume measurement off).
+pub const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
 
 /// Where a merged value came from, for naming it in errors.
 #[derive(Clone, Copy)]
@@ -605,6 +607,23 @@ pub(super) fn build(
     // Fields parsed and checked for upstream compatibility but not carried into Config.
     check_file_only_fields(f)?;
 
+    // Logging and the stats' volume measurement.
+    let logging_format = match (
+        flags.logging_format.as_deref(),
+        f.logging.as_ref().and_then(|l| l.format.as_deref()),
+    ) {
+        (Some(flag), _) => flag
+            .parse()
+            .map_err(|e: String| invalid("--logging-format", e))?,
+        (None, Some(file)) => file
+            .parse()
+            .map_err(|e: String| invalid("logging.format", e))?,
+        (None, None) => super::LoggingFormat::Text,
+    };
+    let volume_stats_agg_period =
+        file_duration(f.volume_stats_agg_period.as_deref(), "volumeStatsAggPeriod")?
+            .unwrap_or(DEFAULT_VOLUME_STATS_AGG_PERIOD);
+
     let gc = super::gc::gc_settings(flags, f, &container_log_max_size, container_log_max_files)?;
     let shutdown = super::shutdown::shutdown_settings(f)?;
     Ok(Config {
@@ -659,6 +678,8 @@ pub(super) fn build(
             .clone()
             .filter(|s| !s.trim().is_empty()),
         verbosity: flags.verbosity.unwrap_or(0),
+        logging_format,
+        volume_stats_agg_period,
         cluster: super::node::cluster_settings(flags, f)?,
         reservations: super::node::reservations(flags, f)?,
         server: super::server::server_settings(&flags.server, f, &|p| {

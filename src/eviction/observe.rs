@@ -97,10 +97,14 @@ pub struct LiveObserver<R> {
 
 impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
     pub fn new(rt: R, node_name: String, root_dir: PathBuf, pod_logs_dir: PathBuf) -> Self {
-        let host = HostFiles {
-            root_dir: root_dir.clone(),
-            ..HostFiles::default()
-        };
+        // Only the containers' figures are read from the summary; volumes and logs are walked
+        // here, so the summary's own volume walks are off (period 0).
+        let host = HostFiles::new(
+            root_dir.clone(),
+            pod_logs_dir.clone(),
+            None,
+            std::time::Duration::ZERO,
+        );
         LiveObserver {
             stats: StatsProvider::new(Arc::new(rt.clone()), Arc::new(host), node_name),
             rt,
@@ -112,28 +116,12 @@ impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
     }
 }
 
-/// Bytes (allocated blocks) and inodes under `dir`, not following symbolic links; 0 for a
+/// Bytes (allocated blocks) and inodes under `dir`, counted as `/stats/summary` counts them
+/// (`du -x`: links not followed, memory-backed mounts such as secrets left out); 0 for a
 /// directory that is not there.
-pub fn disk_use(dir: &Path) -> (u64, u64) {
-    let mut bytes = 0u64;
-    let mut inodes = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            bytes = bytes.saturating_add(meta.blocks().saturating_mul(512));
-            inodes += 1;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            }
-        }
-    }
-    (bytes, inodes)
+fn disk_use(dir: &Path) -> (u64, u64) {
+    crate::node_api::stats_host::disk_usage(dir, crate::node_api::stats_host::WALK_LIMIT)
+        .map_or((0, 0), |u| (u.bytes, u.inodes))
 }
 
 fn statvfs_observations(path: &Path) -> Option<(Observation, Observation, u64)> {
@@ -171,7 +159,7 @@ fn pids(proc_root: &Path) -> Option<Observation> {
 impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
     fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
         Box::pin(async move {
-            let summary = self.stats.summary().await?;
+            let summary = self.stats.summary(false).await?;
             let image_mount = match self.rt.image_fs_info().await {
                 Ok(info) => info
                     .image_filesystems

@@ -75,6 +75,11 @@ pub fn configz(c: &Config) -> Value {
         "containerRuntimeEndpoint": c.container_runtime_endpoint,
         "shutdownGracePeriod": d(c.shutdown.grace_period),
         "shutdownGracePeriodCriticalPods": d(c.shutdown.grace_period_critical_pods),
+        "volumeStatsAggPeriod": d(c.volume_stats_agg_period),
+        "logging": {"format": match c.logging_format {
+            crate::config::LoggingFormat::Text => "text",
+            crate::config::LoggingFormat::Json => "json",
+        }},
     });
     if let (Some(obj), Value::Object(rest)) = (kc.as_object_mut(), more) {
         obj.extend(rest);

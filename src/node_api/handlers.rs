@@ -130,7 +130,7 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/configz", get(configz))
         .route("/metrics", get(metrics_page))
         .route("/metrics/resource", get(resource_metrics))
-        .route("/stats/summary", get(stats_summary))
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
         .route("/metrics/{*rest}", get(metrics_page))
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/logs", get(node_logs_root))
@@ -236,33 +236,13 @@ async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -
     }
 }
 
-/// `/stats/summary` (`only_cpu_and_memory` is accepted; the whole summary is always sent).
-async fn stats_summary(State(state): State<NodeApiState>) -> Response {
-    match state.stats.summary().await {
-        Ok(summary) => match serde_json::to_vec(&summary) {
-            Ok(b) => json(b),
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "stats summary failed");
-            text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("Internal Error: {e}"),
-            )
-        }
-    }
+/// `/stats/summary`, GET or POST (`only_cpu_and_memory=true` gives CPU and memory alone).
+async fn stats_summary(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
+    super::stats::summary_response(&state.stats, uri.query()).await
 }
 
 async fn resource_metrics(State(state): State<NodeApiState>) -> Response {
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.stats.resource_metrics().await,
-    )
-        .into_response()
+    super::stats::resource_metrics_response(&state.stats).await
 }
 
 async fn node_logs_root(state: State<NodeApiState>) -> Response {

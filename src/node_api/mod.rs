@@ -13,7 +13,8 @@
 //! * [`listener`]: the TLS accept loop with the listener limits.
 //! * [`handlers`]: the endpoints; [`logs`]: CRI log files; [`streaming`]: the upgrade proxy
 //!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`;
-//!   [`stats`]: `/stats/summary` and `/metrics/resource` (types in [`stats_types`]).
+//!   [`stats`]: `/stats/summary` and `/metrics/resource` (types in [`stats_types`], host
+//!   readings in [`stats_host`]).
 
 pub mod attributes;
 pub mod auth;
@@ -25,6 +26,7 @@ pub mod logs;
 pub mod node_logs;
 pub mod review;
 pub mod stats;
+pub mod stats_host;
 pub mod stats_types;
 pub mod streaming;
 pub mod tls;

@@ -25,7 +25,80 @@ pub struct NodeStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsStats>,
+    /// The runtime's image filesystem (and the one its writable layers live on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimit: Option<RlimitStats>,
+    /// Named cgroups of the node (`pods`, the cgroup every pod lives under).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub system_containers: Vec<ContainerStats>,
+}
+
+/// The filesystems the runtime uses.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeStats {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_fs: Option<FsStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_fs: Option<FsStats>,
+}
+
+/// The node's process limit and how many processes there are (upstream's PID pressure input).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RlimitStats {
+    pub time: Time,
+    /// The lower of `pid_max` and `threads-max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maxpid: Option<i64>,
+    /// Tasks that exist (the total of `/proc/loadavg`'s fourth field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curproc: Option<i64>,
+}
+
+/// One network interface's counters since it came up.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStats {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_errors: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_errors: Option<u64>,
+}
+
+/// A network namespace's interfaces; the default one's counters are also given at the top
+/// level (upstream embeds an `InterfaceStats` there, so its fields sit beside `time`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NetworkStats {
+    pub time: Time,
+    #[serde(flatten)]
+    pub default: InterfaceStats,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceStats>,
+}
+
+/// A volume of a pod: what it uses and the filesystem it is on.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct VolumeStats {
+    #[serde(flatten)]
+    pub fs: FsStats,
+    pub name: String,
+}
+
+/// How many processes a pod runs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessStats {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_count: Option<u64>,
 }
 
 /// Identifies a pod (`podRef`).
@@ -49,12 +122,22 @@ pub struct PodStats {
     pub cpu: Option<CpuStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkStats>,
+    #[serde(rename = "volume", default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_stats: Vec<VolumeStats>,
     #[serde(
         rename = "ephemeral-storage",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub ephemeral_storage: Option<FsStats>,
+    #[serde(
+        rename = "process_stats",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub process_stats: Option<ProcessStats>,
 }
 
 /// One container of a pod.
@@ -70,6 +153,9 @@ pub struct ContainerStats {
     pub memory: Option<MemoryStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<FsStats>,
+    /// The container's log files under the pod log directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<FsStats>,
 }
 
 /// CPU: the cumulative use and the rate over the last two samples.

@@ -1,10 +1,11 @@
 //! HTTP endpoints: the healthz port, the read-only port and the local socket.
 //!
 //! The ports are plain HTTP on the addresses the configuration names. The read-only port serves
-//! what upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status) and
-//! `/healthz`. The local socket (`<root-dir>/deckhand.sock`, mode 0600) serves the same pages
-//! to root on the node, whether or not the read-only port is on, plus `/debug/probes` (what
-//! the `deckhand pods` command reads) and `/debug/eviction` (the eviction manager's last round).
+//! what upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status),
+//! `/healthz`, `/metrics…`, `/stats/summary` and `/metrics/resource`. The local socket
+//! (`<root-dir>/deckhand.sock`, mode 0600) serves the same pages to root on the node, whether or
+//! not the read-only port is on, plus `/debug/probes` (what the `deckhand pods` command reads)
+//! and `/debug/eviction` (the eviction manager's last round).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -97,7 +98,13 @@ struct AppState {
     health: Health,
     pods: PodStates,
     metrics: Metrics,
+    /// `/stats/summary` and `/metrics/resource` (none in tests that do not need them).
+    stats: Option<Arc<StatsProvider>>,
 }
+
+/// The node's usage, as the read-only port serves it (upstream serves `/stats/summary` and
+/// `/metrics/resource` there without authentication, like `/pods`).
+pub type StatsProvider = crate::node_api::stats::StatsProvider;
 
 #[derive(serde::Deserialize)]
 struct HealthQuery {
@@ -133,7 +140,19 @@ async fn list_pods(State(state): State<AppState>) -> Response {
     }
 }
 
+async fn stats_summary(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    match &state.stats {
+        Some(stats) => crate::node_api::stats::summary_response(stats, uri.query()).await,
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
 async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    if uri.path() == "/metrics/resource"
+        && let Some(stats) = &state.stats
+    {
+        return crate::node_api::stats::resource_metrics_response(stats).await;
+    }
     match state.metrics.render(uri.path()) {
         Some(text) => (
             StatusCode::OK,
@@ -290,6 +309,7 @@ pub async fn serve_healthz(
             health,
             pods,
             metrics: Metrics::default(),
+            stats: None,
         });
     serve(
         "healthz endpoint",
@@ -307,6 +327,7 @@ pub async fn serve_read_only(
     health: Health,
     pods: PodStates,
     metrics: Metrics,
+    stats: Option<Arc<StatsProvider>>,
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
@@ -314,6 +335,7 @@ pub async fn serve_read_only(
         health,
         pods,
         metrics,
+        stats,
     });
     serve("read-only API", addr, router, limits, cancel).await
 }
@@ -325,6 +347,7 @@ fn read_only_router() -> Router<AppState> {
         .route("/healthz", get(healthz))
         .route("/pods", get(list_pods))
         .route("/pods/", get(list_pods))
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
         .route("/metrics", get(metrics_page))
         .route("/metrics/{*rest}", get(metrics_page))
         .layer(axum::middleware::from_fn(|req, next| {
@@ -372,6 +395,7 @@ pub async fn serve_local_socket(
     health: Health,
     pods: PodStates,
     metrics: Metrics,
+    stats: Option<Arc<StatsProvider>>,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     use std::os::unix::fs::PermissionsExt;
@@ -410,6 +434,7 @@ pub async fn serve_local_socket(
             health,
             pods,
             metrics,
+            stats,
         });
     Ok(tokio::spawn(accept_loop(
         "local socket",
@@ -447,6 +472,7 @@ mod tests {
             Health::default(),
             PodStates::default(),
             Metrics::default(),
+            None,
             limits,
             cancel.clone(),
         )
@@ -541,6 +567,7 @@ mod tests {
                 Health::default(),
                 PodStates::default(),
                 Metrics::default(),
+                None,
                 cancel,
             )
         };
@@ -575,6 +602,7 @@ mod tests {
             Health::default(),
             PodStates::default(),
             metrics,
+            None,
             quick_limits(4),
             cancel.clone(),
         )
