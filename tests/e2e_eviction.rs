@@ -362,6 +362,23 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
     .await;
     assert!(running(&pods, "sleeper").await);
     let uid = filler_pod.metadata.uid.clone().unwrap();
+    // The agent reports an exit as soon as containerd's exit event arrives; containerd's CRI
+    // shows the container exited only once it has deleted the task. Until then the container
+    // GC would see one dead instance, not two, and keep it.
+    let cri = common::cri().await;
+    wait_until("both instances exited in the runtime", WAIT, || async {
+        let mine: Vec<_> = common::containers_of(&cri, "filler")
+            .await
+            .into_iter()
+            .filter(|c| c.labels.get("io.kubernetes.pod.uid") == Some(&uid))
+            .collect();
+        (mine.len() >= 2
+            && mine
+                .iter()
+                .all(|c| c.state == deckhand::cri::proto::ContainerState::ContainerExited as i32))
+        .then_some(())
+    })
+    .await;
     let first_log = agent
         .logs_dir()
         .join(format!("{ns}_filler_{uid}"))
