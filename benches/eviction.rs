@@ -15,6 +15,8 @@
 //! `BENCH_EVICTION_TRIALS` its trials (3). Everything it makes carries its own node name and is
 //! removed at the end.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -36,8 +38,6 @@ use deckhand::eviction::manager::{Manager, ManagerSettings};
 use deckhand::eviction::observe::*;
 use deckhand::eviction::signals::{Resource, Signal, thresholds};
 use deckhand::k8s::threshold::parse_flag;
-use deckhand::runtime::inspect::managed_selector;
-use deckhand::runtime::labels;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
 
@@ -182,17 +182,6 @@ fn decisions(n: usize) -> Duration {
     began.elapsed() / rounds
 }
 
-fn labels_for(node: &str, uid: &str, container: Option<&str>) -> HashMap<String, String> {
-    let mut l = managed_selector(node);
-    l.insert(labels::POD_UID_LABEL.into(), uid.into());
-    l.insert(labels::POD_NAME_LABEL.into(), format!("bench-{uid}"));
-    l.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
-    if let Some(c) = container {
-        l.insert(labels::CONTAINER_NAME_LABEL.into(), c.into());
-    }
-    l
-}
-
 /// Records when an eviction was asked for.
 #[derive(Clone, Default)]
 struct Recording {
@@ -260,27 +249,8 @@ async fn main() {
 
     // n pods, as n running containers with their own pod UIDs, in one host-network sandbox.
     let sandbox_uid = format!("{node}-sandbox");
-    let sandbox_config = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "bench".into(),
-            uid: sandbox_uid.clone(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        log_directory: logs.to_string_lossy().into_owned(),
-        labels: labels_for(&node, &sandbox_uid, None),
-        linux: Some(LinuxPodSandboxConfig {
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let sandbox_config =
+        common::host_network_sandbox(&node, &sandbox_uid, &format!("bench-{sandbox_uid}"), &logs);
     let sandbox = cri
         .run_pod_sandbox(RunPodSandboxRequest {
             config: Some(sandbox_config.clone()),
@@ -308,7 +278,7 @@ async fn main() {
                     }),
                     command: vec!["sleep".into(), "600".into()],
                     log_path: format!("{name}/0.log"),
-                    labels: labels_for(&node, &uid, Some("app")),
+                    labels: common::pod_labels(&node, &uid, &format!("bench-{uid}"), Some("app")),
                     ..Default::default()
                 }),
                 sandbox_config: Some(sandbox_config.clone()),

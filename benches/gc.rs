@@ -7,7 +7,8 @@
 //! `cargo test --bench gc` (a quick debug-build figure). `BENCH_GC_CONTAINERS` sets N (50).
 //! Everything it makes carries its own node name and is removed at the end.
 
-use std::collections::HashMap;
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,20 +19,8 @@ use deckhand::gc::WorkerActivity;
 use deckhand::gc::containers::ContainerGcPolicy;
 use deckhand::gc::run::{GcContext, RotationPolicy, container_gc_pass, rotate_logs_pass};
 use deckhand::runtime::inspect::managed_selector;
-use deckhand::runtime::labels;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
-
-fn labels_for(node: &str, uid: &str, container: Option<&str>) -> HashMap<String, String> {
-    let mut l = managed_selector(node);
-    l.insert(labels::POD_UID_LABEL.into(), uid.into());
-    l.insert(labels::POD_NAME_LABEL.into(), "bench".into());
-    l.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
-    if let Some(c) = container {
-        l.insert(labels::CONTAINER_NAME_LABEL.into(), c.into());
-    }
-    l
-}
 
 async fn wait_states(cri: &CriClient, node: &str, state: ContainerState, n: usize) {
     let start = Instant::now();
@@ -76,27 +65,7 @@ async fn main() {
     let logs: PathBuf =
         std::env::temp_dir().join(format!("deckhand-bench-gc-{}", std::process::id()));
     std::fs::create_dir_all(&logs).unwrap();
-    let sandbox_config = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "bench".into(),
-            uid: uid.clone(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        log_directory: logs.to_string_lossy().into_owned(),
-        labels: labels_for(&node, &uid, None),
-        linux: Some(LinuxPodSandboxConfig {
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let sandbox_config = common::host_network_sandbox(&node, &uid, "bench", &logs);
     let sandbox = cri
         .run_pod_sandbox(RunPodSandboxRequest {
             config: Some(sandbox_config.clone()),
@@ -119,7 +88,7 @@ async fn main() {
             }),
             command,
             log_path: format!("{name}/0.log"),
-            labels: labels_for(&node, &uid, Some(&name)),
+            labels: common::pod_labels(&node, &uid, "bench", Some(&name)),
             ..Default::default()
         }),
         sandbox_config: Some(sandbox_config.clone()),

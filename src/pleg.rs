@@ -892,11 +892,6 @@ mod tests {
         use super::super::feed::{EventStream, FeedSource, Happening};
         use super::super::*;
         use crate::cri::fake::FakeCri;
-        use crate::cri::proto::{
-            ContainerConfig, ContainerMetadata, CreateContainerRequest, PodSandboxConfig,
-            PodSandboxMetadata, RunPodSandboxRequest,
-        };
-        use crate::runtime::labels;
 
         type Sender = mpsc::Sender<Result<RuntimeEvent, FeedError>>;
 
@@ -933,47 +928,6 @@ mod tests {
                     None => Err(FeedError::Unsupported),
                 }
             }
-        }
-
-        /// A runtime holding one pod `u1` of node `node-a`: its sandbox and container IDs.
-        async fn runtime_with_a_pod() -> (FakeCri, String, String) {
-            let rt = FakeCri::default();
-            let mut labels = inspect::pod_selector("node-a", "u1");
-            let sandbox = rt
-                .run_pod_sandbox(RunPodSandboxRequest {
-                    config: Some(PodSandboxConfig {
-                        metadata: Some(PodSandboxMetadata {
-                            name: "web".into(),
-                            uid: "u1".into(),
-                            namespace: "default".into(),
-                            attempt: 0,
-                        }),
-                        labels: labels.clone(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .pod_sandbox_id;
-            labels.insert(labels::CONTAINER_NAME_LABEL.into(), "app".into());
-            let container = rt
-                .create_container(CreateContainerRequest {
-                    pod_sandbox_id: sandbox.clone(),
-                    config: Some(ContainerConfig {
-                        metadata: Some(ContainerMetadata {
-                            name: "app".into(),
-                            attempt: 0,
-                        }),
-                        labels,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            rt.start_container(container.clone()).await.unwrap();
-            (rt, sandbox, container)
         }
 
         struct Running {
@@ -1037,7 +991,8 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn an_exit_pokes_its_pod_at_once_and_unknown_ids_are_settled_by_a_relist() {
-            let (rt, sandbox, container) = runtime_with_a_pod().await;
+            let (rt, sandbox, container) =
+                crate::runtime::inspect::test_support::one_pod("node-a").await;
             let feed = FakeFeed::default();
             let tx = feed.stream();
             let r = start(&rt, feed);
@@ -1091,7 +1046,7 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn a_broken_stream_brings_back_the_fast_relist_until_a_new_one_stands() {
-            let (rt, _, _) = runtime_with_a_pod().await;
+            let (rt, _, _) = crate::runtime::inspect::test_support::one_pod("node-a").await;
             let feed = FakeFeed::default();
             let first = feed.stream();
             feed.fail();

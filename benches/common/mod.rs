@@ -808,3 +808,54 @@ pub fn conclude(
 /// full disk does not reach.
 pub const BENCH_EVICTION_HARD: &str =
     "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%";
+
+/// The labels Deckhand puts on what it makes for pod `uid` (named `pod_name`) of `node`, and on
+/// its container `container`: what the benches that drive CRI directly make look like ours.
+pub fn pod_labels(
+    node: &str,
+    uid: &str,
+    pod_name: &str,
+    container: Option<&str>,
+) -> HashMap<String, String> {
+    use deckhand::runtime::labels;
+    let mut l = deckhand::runtime::inspect::managed_selector(node);
+    l.insert(labels::POD_UID_LABEL.into(), uid.into());
+    l.insert(labels::POD_NAME_LABEL.into(), pod_name.into());
+    l.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
+    if let Some(c) = container {
+        l.insert(labels::CONTAINER_NAME_LABEL.into(), c.into());
+    }
+    l
+}
+
+/// A host-network sandbox for pod `uid` of `node` (no CNI work, so a bench measures what it
+/// means to and not the network set-up), its logs under `logs`.
+pub fn host_network_sandbox(
+    node: &str,
+    uid: &str,
+    pod_name: &str,
+    logs: &Path,
+) -> deckhand::cri::proto::PodSandboxConfig {
+    use deckhand::cri::proto::*;
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "bench".into(),
+            uid: uid.into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        log_directory: logs.to_string_lossy().into_owned(),
+        labels: pod_labels(node, uid, pod_name, None),
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -169,17 +169,9 @@ pub(super) fn eviction_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     fn merge(args: &[&str], file: &str) -> Result<EvictionSettings, String> {
-        let mut argv = vec!["deckhand"];
-        argv.extend_from_slice(args);
-        let flags = Flags::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let f: KubeletConfigurationFile = if file.is_empty() {
-            KubeletConfigurationFile::default()
-        } else {
-            serde_json::from_str(file).map_err(|e| e.to_string())?
-        };
+        let (flags, f) = crate::config::tests::flags_and_file(args, file)?;
         eviction_settings(&flags, &f).map_err(|e| e.to_string())
     }
 

@@ -18,6 +18,22 @@ fn flags(args: &[&str]) -> Flags {
         .unwrap_or_else(|e| panic!("flags {args:?}: {e}"))
 }
 
+/// Flags parsed from `args` and a configuration file from JSON `file` (empty: no fields), for
+/// the tests of one group of settings (`gc`, `eviction`).
+pub(super) fn flags_and_file(
+    args: &[&str],
+    file: &str,
+) -> Result<(Flags, KubeletConfigurationFile), String> {
+    let flags = Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))
+        .map_err(|e| e.to_string())?;
+    let f = if file.is_empty() {
+        KubeletConfigurationFile::default()
+    } else {
+        serde_json::from_str(file).map_err(|e| e.to_string())?
+    };
+    Ok((flags, f))
+}
+
 /// Loads with the given flags and (when `body` is `Some`) a config file of `HEADER` + body.
 fn load_with(args: &[&str], body: Option<&str>) -> Result<Config, ConfigError> {
     let text = body.map(|b| format!("{HEADER}{b}"));

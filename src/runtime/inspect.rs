@@ -558,14 +558,64 @@ pub fn apply_heard_exits(pod: &mut ObservedPod, heard: &[HeardExit], now_ns: i64
     behind
 }
 
+/// Shared by the tests of the modules that read pods (this one and the PLEG).
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use super::*;
     use crate::cri::fake::FakeCri;
     use crate::cri::proto::{
         ContainerConfig, ContainerMetadata, CreateContainerRequest, PodSandboxConfig,
         PodSandboxMetadata, RunPodSandboxRequest,
     };
+
+    /// A fake runtime holding pod `default/web` (UID `u1`) of node `node` with one running
+    /// container `app`: the runtime, the sandbox ID and the container ID.
+    pub(crate) async fn one_pod(node: &str) -> (FakeCri, String, String) {
+        let rt = FakeCri::default();
+        let mut labels = pod_selector(node, "u1");
+        labels.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
+        labels.insert(labels::POD_NAME_LABEL.into(), "web".into());
+        let sandbox = rt
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(PodSandboxConfig {
+                    metadata: Some(PodSandboxMetadata {
+                        name: "web".into(),
+                        uid: "u1".into(),
+                        namespace: "default".into(),
+                        attempt: 0,
+                    }),
+                    labels: labels.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .pod_sandbox_id;
+        labels.insert(labels::CONTAINER_NAME_LABEL.into(), "app".into());
+        let container = rt
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox.clone(),
+                config: Some(ContainerConfig {
+                    metadata: Some(ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    labels,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        rt.start_container(container.clone()).await.unwrap();
+        (rt, sandbox, container)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn container(id: &str, state: ContainerState) -> ObservedContainer {
         ObservedContainer {
@@ -673,52 +723,9 @@ mod tests {
         assert_eq!(pod.sandboxes[0].state, SandboxState::NotReady);
     }
 
-    /// A runtime holding pod `u1` of node `n` with one container `app`.
-    async fn one_pod() -> (FakeCri, String, String) {
-        let rt = FakeCri::default();
-        let mut labels = pod_selector("n", "u1");
-        labels.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
-        labels.insert(labels::POD_NAME_LABEL.into(), "web".into());
-        let sandbox = rt
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(PodSandboxConfig {
-                    metadata: Some(PodSandboxMetadata {
-                        name: "web".into(),
-                        uid: "u1".into(),
-                        namespace: "default".into(),
-                        attempt: 0,
-                    }),
-                    labels: labels.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .pod_sandbox_id;
-        labels.insert(labels::CONTAINER_NAME_LABEL.into(), "app".into());
-        let container = rt
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: sandbox.clone(),
-                config: Some(ContainerConfig {
-                    metadata: Some(ContainerMetadata {
-                        name: "app".into(),
-                        attempt: 0,
-                    }),
-                    labels,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        rt.start_container(container.clone()).await.unwrap();
-        (rt, sandbox, container)
-    }
-
     #[tokio::test]
     async fn a_known_pod_costs_its_sandbox_status_and_one_list_of_its_containers() {
-        let (rt, sandbox, container) = one_pod().await;
+        let (rt, sandbox, container) = test_support::one_pod("n").await;
         let cache = DetailCache::default();
         let full = observe_pod(&rt, &cache, "n", "u1").await.unwrap();
         assert_eq!(full.sandboxes.len(), 1);
@@ -759,7 +766,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_a_start_only_what_was_made_is_read() {
-        let (rt, sandbox, container) = one_pod().await;
+        let (rt, sandbox, container) = test_support::one_pod("n").await;
         let cache = DetailCache::default();
         let before = rt.calls().len();
         let made = Made {
