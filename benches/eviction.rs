@@ -39,8 +39,6 @@ use deckhand::eviction::observe::*;
 use deckhand::eviction::signals::{Resource, Signal, thresholds};
 use deckhand::k8s::threshold::parse_flag;
 
-const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
-
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -265,24 +263,13 @@ async fn main() {
         let name = format!("c{i}");
         std::fs::create_dir_all(logs.join(&name)).unwrap();
         let id = cri
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: sandbox.clone(),
-                config: Some(ContainerConfig {
-                    metadata: Some(ContainerMetadata {
-                        name: name.clone(),
-                        attempt: 0,
-                    }),
-                    image: Some(ImageSpec {
-                        image: BUSYBOX.into(),
-                        ..Default::default()
-                    }),
-                    command: vec!["sleep".into(), "600".into()],
-                    log_path: format!("{name}/0.log"),
-                    labels: common::pod_labels(&node, &uid, &format!("bench-{uid}"), Some("app")),
-                    ..Default::default()
-                }),
-                sandbox_config: Some(sandbox_config.clone()),
-            })
+            .create_container(common::busybox_container(
+                &sandbox,
+                &sandbox_config,
+                &name,
+                vec!["sleep".into(), "600".into()],
+                common::pod_labels(&node, &uid, &format!("bench-{uid}"), Some("app")),
+            ))
             .await
             .unwrap();
         cri.start_container(id).await.unwrap();

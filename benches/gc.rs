@@ -20,8 +20,6 @@ use deckhand::gc::containers::ContainerGcPolicy;
 use deckhand::gc::run::{GcContext, RotationPolicy, container_gc_pass, rotate_logs_pass};
 use deckhand::runtime::inspect::managed_selector;
 
-const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
-
 async fn wait_states(cri: &CriClient, node: &str, state: ContainerState, n: usize) {
     let start = Instant::now();
     loop {
@@ -75,23 +73,9 @@ async fn main() {
         .expect("a host-network sandbox")
         .pod_sandbox_id;
 
-    let container = |name: String, command: Vec<String>| CreateContainerRequest {
-        pod_sandbox_id: sandbox.clone(),
-        config: Some(ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: name.clone(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: BUSYBOX.into(),
-                ..Default::default()
-            }),
-            command,
-            log_path: format!("{name}/0.log"),
-            labels: common::pod_labels(&node, &uid, "bench", Some(&name)),
-            ..Default::default()
-        }),
-        sandbox_config: Some(sandbox_config.clone()),
+    let container = |name: String, command: Vec<String>| {
+        let labels = common::pod_labels(&node, &uid, "bench", Some(&name));
+        common::busybox_container(&sandbox, &sandbox_config, &name, command, labels)
     };
 
     // N dead containers, each in its own name (so each has a log), and one that runs.

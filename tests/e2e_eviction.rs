@@ -123,6 +123,24 @@ async fn metrics_line(port: u16, prefix: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Waits until the Node has shown `kind` True (as `pressure` saw it) and then shows it False.
+async fn pressure_came_and_went(
+    client: &kube::Client,
+    node: &str,
+    pressure: &ConditionWatch,
+    kind: &str,
+) {
+    wait_until(&format!("{kind} True on the Node"), WAIT, || async {
+        pressure.seen().then_some(())
+    })
+    .await;
+    wait_until(&format!("{kind} back to False"), WAIT, || async {
+        let n = get_node(client, node).await?;
+        (condition(&n, kind).as_deref() == Some("False")).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one() {
     let started = Instant::now();
@@ -203,16 +221,8 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
             .then_some(())
     })
     .await;
-    wait_until("MemoryPressure True on the Node", WAIT, || async {
-        pressure.seen().then_some(())
-    })
-    .await;
     // The pressure ends once the transition period (5 s) has passed without the threshold met.
-    wait_until("MemoryPressure back to False", WAIT, || async {
-        let n = get_node(&client, node).await?;
-        (condition(&n, "MemoryPressure").as_deref() == Some("False")).then_some(())
-    })
-    .await;
+    pressure_came_and_went(&client, node, &pressure, "MemoryPressure").await;
     assert!(
         running(&pods, "guaranteed").await,
         "the Guaranteed pod keeps running"
@@ -404,15 +414,7 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
         (available(&agent.root_dir()) > 20 * MI).then_some(())
     })
     .await;
-    wait_until("DiskPressure True on the Node", WAIT, || async {
-        pressure.seen().then_some(())
-    })
-    .await;
-    wait_until("DiskPressure back to False", WAIT, || async {
-        let n = get_node(&client, node).await?;
-        (condition(&n, "DiskPressure").as_deref() == Some("False")).then_some(())
-    })
-    .await;
+    pressure_came_and_went(&client, node, &pressure, "DiskPressure").await;
     // No pod was evicted: the reclaim was enough.
     for name in ["sleeper", "filler"] {
         let p = pods.get(name).await.unwrap();

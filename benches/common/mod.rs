@@ -859,3 +859,33 @@ pub fn host_network_sandbox(
         ..Default::default()
     }
 }
+
+/// Creating container `name` (log `<name>/0.log`) running `command` in the testbed's busybox,
+/// in the sandbox `sandbox` made from `sandbox_config`, labelled `labels`.
+pub fn busybox_container(
+    sandbox: &str,
+    sandbox_config: &deckhand::cri::proto::PodSandboxConfig,
+    name: &str,
+    command: Vec<String>,
+    labels: HashMap<String, String>,
+) -> deckhand::cri::proto::CreateContainerRequest {
+    use deckhand::cri::proto::*;
+    CreateContainerRequest {
+        pod_sandbox_id: sandbox.into(),
+        config: Some(ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: BUSYBOX.into(),
+                ..Default::default()
+            }),
+            command,
+            log_path: format!("{name}/0.log"),
+            labels,
+            ..Default::default()
+        }),
+        sandbox_config: Some(sandbox_config.clone()),
+    }
+}
