@@ -460,23 +460,21 @@ pub async fn run(
     let (cgroups, container_settings) = setup_cgroups(&config, &capacity)?;
     // One stats provider for both ports, so both see the same rates and kept volume figures.
     let stats = Arc::new(
-        crate::node_api::stats::StatsProvider::new(
+        crate::stats::StatsProvider::new(
             Arc::new(client.clone()),
-            Arc::new(crate::node_api::stats::HostFiles::new(
+            Arc::new(crate::stats::HostFiles::new(
                 config.root_dir.clone(),
                 config.pod_logs_dir.clone(),
-                cgroups
-                    .as_ref()
-                    .map(|m| crate::node_api::stats_host::PodCgroups {
-                        mount: PathBuf::from(CGROUP_MOUNT),
-                        kubepods: m.kubepods(),
-                        v2: m.version() == crate::cm::CgroupVersion::V2,
-                    }),
+                cgroups.as_ref().map(|m| crate::stats::host::PodCgroups {
+                    mount: PathBuf::from(CGROUP_MOUNT),
+                    kubepods: m.kubepods(),
+                    v2: m.version() == crate::cm::CgroupVersion::V2,
+                }),
                 config.volume_stats_agg_period,
             )),
             config.node_name.clone(),
         )
-        .with_sandboxes(Arc::new(crate::node_api::stats::CriSandboxInspector::new(
+        .with_sandboxes(Arc::new(crate::stats::CriSandboxInspector::new(
             client.channel(),
             config.runtime_request_timeout,
         ))),

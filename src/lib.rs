@@ -34,6 +34,7 @@ pub mod runtime;
 pub mod server;
 pub mod shutdown;
 pub mod source;
+pub mod stats;
 pub mod status;
 pub mod status_sync;
 pub mod sync_loop;

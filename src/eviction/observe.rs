@@ -19,8 +19,8 @@ use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::gc::containers::ContainerGcPolicy;
 use crate::gc::images::ImageGcPolicy;
 use crate::gc::run::{GcContext, GcError, ImageGc, container_gc_pass, image_gc_pass};
-use crate::node_api::stats::{HostFiles, StatsError, StatsProvider};
 use crate::pod_state::PodStates;
+use crate::stats::{HostFiles, StatsError, StatsProvider};
 
 /// Why a round could not read or act.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +120,7 @@ impl<R: RuntimeService + ImageService + Clone> LiveObserver<R> {
 /// (`du -x`: links not followed, memory-backed mounts such as secrets left out); 0 for a
 /// directory that is not there.
 fn disk_use(dir: &Path) -> (u64, u64) {
-    crate::node_api::stats_host::disk_usage(dir, crate::node_api::stats_host::WALK_LIMIT)
+    crate::stats::host::disk_usage(dir, crate::stats::host::WALK_LIMIT)
         .map_or((0, 0), |u| (u.bytes, u.inodes))
 }
 

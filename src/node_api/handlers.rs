@@ -67,7 +67,7 @@ pub struct NodeApiState {
     /// `/configz`'s body, rendered once at start.
     pub configz: Arc<Vec<u8>>,
     /// `/stats/summary` and `/metrics/resource`.
-    pub stats: Arc<super::stats::StatsProvider>,
+    pub stats: Arc<crate::stats::StatsProvider>,
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {
@@ -238,11 +238,11 @@ async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -
 
 /// `/stats/summary`, GET or POST (`only_cpu_and_memory=true` gives CPU and memory alone).
 async fn stats_summary(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
-    super::stats::summary_response(&state.stats, uri.query()).await
+    crate::stats::summary_response(&state.stats, uri.query()).await
 }
 
 async fn resource_metrics(State(state): State<NodeApiState>) -> Response {
-    super::stats::resource_metrics_response(&state.stats).await
+    crate::stats::resource_metrics_response(&state.stats).await
 }
 
 async fn node_logs_root(state: State<NodeApiState>) -> Response {

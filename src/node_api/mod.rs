@@ -13,8 +13,7 @@
 //! * [`listener`]: the TLS accept loop with the listener limits.
 //! * [`handlers`]: the endpoints; [`logs`]: CRI log files; [`streaming`]: the upgrade proxy
 //!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`;
-//!   [`stats`]: `/stats/summary` and `/metrics/resource` (types in [`stats_types`], host
-//!   readings in [`stats_host`]).
+//!   `/stats/summary` and `/metrics/resource` are answered by [`crate::stats`].
 
 pub mod attributes;
 pub mod auth;
@@ -25,9 +24,6 @@ pub mod listener;
 pub mod logs;
 pub mod node_logs;
 pub mod review;
-pub mod stats;
-pub mod stats_host;
-pub mod stats_types;
 pub mod streaming;
 pub mod tls;
 
@@ -159,9 +155,9 @@ mod tests {
             pod_logs_dir: dir.to_path_buf(),
             node_log_dir: dir.to_path_buf(),
             configz: Arc::new(b"{}".to_vec()),
-            stats: Arc::new(stats::StatsProvider::new(
+            stats: Arc::new(crate::stats::StatsProvider::new(
                 Arc::new(crate::cri::fake::FakeCri::default()),
-                Arc::new(stats::HostFiles::default()),
+                Arc::new(crate::stats::HostFiles::default()),
                 "n1".into(),
             )),
         };

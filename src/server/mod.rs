@@ -104,7 +104,7 @@ struct AppState {
 
 /// The node's usage, as the read-only port serves it (upstream serves `/stats/summary` and
 /// `/metrics/resource` there without authentication, like `/pods`).
-pub type StatsProvider = crate::node_api::stats::StatsProvider;
+pub type StatsProvider = crate::stats::StatsProvider;
 
 #[derive(serde::Deserialize)]
 struct HealthQuery {
@@ -142,7 +142,7 @@ async fn list_pods(State(state): State<AppState>) -> Response {
 
 async fn stats_summary(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
     match &state.stats {
-        Some(stats) => crate::node_api::stats::summary_response(stats, uri.query()).await,
+        Some(stats) => crate::stats::summary_response(stats, uri.query()).await,
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }
@@ -151,7 +151,7 @@ async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Re
     if uri.path() == "/metrics/resource"
         && let Some(stats) = &state.stats
     {
-        return crate::node_api::stats::resource_metrics_response(stats).await;
+        return crate::stats::resource_metrics_response(stats).await;
     }
     match state.metrics.render(uri.path()) {
         Some(text) => (

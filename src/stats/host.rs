@@ -1,7 +1,7 @@
 //! What `/stats/summary` reads from the host besides the runtime: network counters of a
 //! network namespace (`/proc/<pid>/net/dev`), a pod's cgroup, the disk use of volume and log
 //! directories, the process limits. Parsers are pure and table-tested; the walks and file
-//! reads are plain functions the [`super::stats::HostFiles`] reader calls on a blocking thread.
+//! reads are plain functions the [`super::HostFiles`] reader calls on a blocking thread.
 //!
 //! Walking a volume is the one costly reading (upstream runs `du` for it), so its answers are
 //! kept in a [`DiskUsageCache`]: a scrape answers the kept figure and, when it is older than
@@ -219,7 +219,7 @@ impl DiskUsageCache {
             }
             CacheDecision::Missing => {
                 let usage = disk_usage(path, WALK_LIMIT)?;
-                let at_ns = super::stats::now_ns();
+                let at_ns = super::now_ns();
                 self.lock().insert(
                     path.to_path_buf(),
                     CacheEntry {
@@ -246,7 +246,7 @@ impl DiskUsageCache {
                         CacheEntry {
                             usage,
                             measured: Instant::now(),
-                            at_ns: super::stats::now_ns(),
+                            at_ns: super::now_ns(),
                             refreshing: false,
                         },
                     );
@@ -293,7 +293,7 @@ pub fn cgroup_sample(
     read: &dyn Fn(&str, &str) -> Option<String>,
 ) -> Option<CgroupSample> {
     let num = |c: &str, f: &str| read(c, f).and_then(|t| t.trim().parse::<u64>().ok());
-    let kv = |c: &str, f: &str| read(c, f).map(|t| super::stats::key_values(&t));
+    let kv = |c: &str, f: &str| read(c, f).map(|t| super::key_values(&t));
     let sample = if v2 {
         let stat = kv("memory", "memory.stat").unwrap_or_default();
         let usage = num("memory", "memory.current");
@@ -303,7 +303,7 @@ pub fn cgroup_sample(
                 .and_then(|s| s.get("usage_usec").map(|u| u.saturating_mul(1000))),
             memory_usage: usage,
             memory_working_set: usage
-                .map(|u| super::stats::working_set(u, stat.get("inactive_file").copied())),
+                .map(|u| super::working_set(u, stat.get("inactive_file").copied())),
             rss: stat.get("anon").copied(),
             page_faults: stat.get("pgfault").copied(),
             major_page_faults: stat.get("pgmajfault").copied(),
@@ -317,7 +317,7 @@ pub fn cgroup_sample(
             cpu_core_ns: num("cpuacct", "cpuacct.usage"),
             memory_usage: usage,
             memory_working_set: usage
-                .map(|u| super::stats::working_set(u, stat.get("total_inactive_file").copied())),
+                .map(|u| super::working_set(u, stat.get("total_inactive_file").copied())),
             rss: stat.get("total_rss").copied(),
             page_faults: stat.get("total_pgfault").copied(),
             major_page_faults: stat.get("total_pgmajfault").copied(),
@@ -352,7 +352,7 @@ impl PodCgroups {
         let read = |controller: &str, file: &str| {
             std::fs::read_to_string(self.dir(controller, cgroup).join(file)).ok()
         };
-        cgroup_sample(self.v2, super::stats::now_ns(), &read)
+        cgroup_sample(self.v2, super::now_ns(), &read)
     }
 
     /// The pod's cgroup, whichever QoS tier it is in; `None` when it has none (yet).

@@ -5,7 +5,7 @@
 //! its cgroup where it has one (what upstream reports: the sandbox and everything else in the
 //! pod counts), else they are the sums of its running containers. Pods also get their network
 //! counters (read in the sandbox's network namespace, `/proc/<sandbox pid>/net/dev`), their
-//! volumes' disk use (walked, and kept for `volumeStatsAggPeriod`, see [`stats_host`]), their
+//! volumes' disk use (walked, and kept for `volumeStatsAggPeriod`, see [`host`]), their
 //! containers' log files, and the ephemeral storage all of that adds up to.
 //!
 //! The node comes from the root cgroup (cgroup v1 `cpuacct.usage`, `memory.usage_in_bytes`
@@ -18,9 +18,12 @@
 //!
 //! The reading is behind [`StatsRuntime`], [`SandboxInspector`] and [`HostReader`]; grouping,
 //! working set, rates, the composition of the summary and the rendering of both pages are pure
-//! functions, table-tested below.
-//!
-//! [`stats_host`]: super::stats_host
+//! functions, table-tested below. The summary's types are in [`types`]; what it reads of the
+//! host in [`host`]. It is its own module because the node API, the read-only port and the
+//! eviction manager all read it.
+
+pub mod host;
+pub mod types;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -31,10 +34,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::stats_host::{
-    self, CgroupSample, DiskUsage, DiskUsageCache, InterfaceSample, PodCgroups,
-};
-use super::stats_types::{
+use self::host::{CgroupSample, DiskUsage, DiskUsageCache, InterfaceSample, PodCgroups};
+use self::types::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
     PodReference, PodStats, ProcessStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
@@ -457,17 +458,17 @@ impl HostReader for HostFiles {
             fs: statvfs(&self.root_dir),
             network: self
                 .read(self.proc_root.join("net/dev"))
-                .map(|t| stats_host::parse_net_dev(&t)),
+                .map(|t| host::parse_net_dev(&t)),
             default_interface: self
                 .read(self.proc_root.join("net/route"))
-                .and_then(|t| stats_host::default_route_interface(&t)),
-            max_pid: stats_host::max_pid(
+                .and_then(|t| host::default_route_interface(&t)),
+            max_pid: host::max_pid(
                 self.read(sys.join("pid_max")).as_deref(),
                 self.read(sys.join("threads-max")).as_deref(),
             ),
             processes: self
                 .read(self.proc_root.join("loadavg"))
-                .and_then(|t| stats_host::loadavg_tasks(&t)),
+                .and_then(|t| host::loadavg_tasks(&t)),
             pods_cgroup: self.pod_cgroups.as_ref().and_then(|c| c.read(&c.kubepods)),
             logs_fs: statvfs(&self.pod_logs_dir),
         }
@@ -484,7 +485,7 @@ impl HostReader for HostFiles {
         let network_at_ns = now_ns();
         let network = pod.netns_pid.and_then(|pid| {
             self.read(self.proc_root.join(pid.to_string()).join("net/dev"))
-                .map(|t| stats_host::parse_net_dev(&t))
+                .map(|t| host::parse_net_dev(&t))
         });
         let mut stale = Vec::new();
         let volumes = self.volumes(&pod.uid, &mut stale);
@@ -509,14 +510,14 @@ impl HostReader for HostFiles {
                 if crate::paths::component_problem(c).is_some() {
                     continue;
                 }
-                if let Some(u) = stats_host::disk_usage(&pod_logs.join(c), stats_host::WALK_LIMIT) {
+                if let Some(u) = host::disk_usage(&pod_logs.join(c), host::WALK_LIMIT) {
                     logs.insert(c.clone(), u);
                 }
             }
         }
         let etc_hosts = self
             .pod_dir(&pod.uid)
-            .and_then(|d| stats_host::disk_usage(&d.join("etc-hosts"), 1));
+            .and_then(|d| host::disk_usage(&d.join("etc-hosts"), 1));
         PodHostSample {
             cgroup,
             network_at_ns,
