@@ -54,18 +54,6 @@ fn memory_available() -> u64 {
     total.saturating_sub(usage.saturating_sub(inactive))
 }
 
-fn pod_from(name: &str, node: &str, spec: serde_json::Value) -> Pod {
-    let mut spec = spec;
-    spec["nodeName"] = node.into();
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
 fn phase_reason(p: &Pod) -> (Option<String>, Option<String>) {
     let s = p.status.as_ref();
     (
@@ -177,7 +165,7 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
         serde_json::json!(["sh", "-c", "dd if=/dev/zero bs=1024M count=1 | sleep 600"]);
     pods.create(
         &PostParams::default(),
-        &pod_from("guaranteed", node, guaranteed),
+        &common::cluster::bound_pod_with("guaranteed", node, guaranteed),
     )
     .await
     .unwrap();
@@ -186,9 +174,12 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
     })
     .await;
     let pressure = ConditionWatch::start(client.clone(), node, "MemoryPressure");
-    pods.create(&PostParams::default(), &pod_from("hog", node, hog))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &common::cluster::bound_pod_with("hog", node, hog),
+    )
+    .await
+    .unwrap();
 
     let evicted = wait_until("the BestEffort pod evicted", WAIT, || async {
         let p = pods.get("hog").await.ok()?;
@@ -352,9 +343,12 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
         serde_json::json!([{"name": "data", "mountPath": "/data"}]);
     filler["volumes"] = serde_json::json!([{"name": "data", "emptyDir": {}}]);
     for (name, spec) in [("sleeper", sleeping_spec(1)), ("filler", filler)] {
-        pods.create(&PostParams::default(), &pod_from(name, node, spec))
-            .await
-            .unwrap();
+        pods.create(
+            &PostParams::default(),
+            &common::cluster::bound_pod_with(name, node, spec),
+        )
+        .await
+        .unwrap();
     }
     // Both instances dead: restarted once and waiting in back-off again.
     let filler_pod = wait_until("the filler's second instance dead", WAIT, || async {

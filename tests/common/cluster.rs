@@ -205,7 +205,11 @@ pub fn sleeping_spec(grace: i64) -> serde_json::Value {
 
 /// A bare pod bound to `node` directly (no scheduler, no controller to replace it).
 pub fn bound_pod(name: &str, node: &str) -> Pod {
-    let mut spec = sleeping_spec(30);
+    bound_pod_with(name, node, sleeping_spec(30))
+}
+
+/// [`bound_pod`] with a spec of the caller's.
+pub fn bound_pod_with(name: &str, node: &str, mut spec: serde_json::Value) -> Pod {
     spec["nodeName"] = node.into();
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
