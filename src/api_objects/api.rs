@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 
 use super::{Kind, ObjectKey};
-use crate::apiserver::{Problem, ProblemKind};
+use crate::apiserver::Problem;
 
 /// How long one watch request lasts before the API server ends it (and the next starts).
 const WATCH_SECONDS: u32 = 290;
@@ -106,13 +106,7 @@ fn watch_event<T>(event: WatchEvent<T>, wrap: fn(T) -> ApiObject) -> Result<Chan
         WatchEvent::Deleted(o) => Ok(Change::Deleted(wrap(o))),
         WatchEvent::Bookmark(b) => Ok(Change::Bookmark(b.metadata.resource_version)),
         WatchEvent::Error(status) if status.code == 410 => Ok(Change::Expired),
-        WatchEvent::Error(status) => Err(Problem {
-            kind: ProblemKind::Refused,
-            message: format!(
-                "the watch ended ({} {}): {}",
-                status.code, status.reason, status.message
-            ),
-        }),
+        WatchEvent::Error(status) => Err(Problem::watch_ended("the watch", &status)),
     }
 }
 

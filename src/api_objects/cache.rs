@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::api::{ApiObject, Change, ObjectApi};
 use super::{ObjectError, ObjectKey, refs};
 use crate::apiserver::retry::{Backoff, pause};
-use crate::apiserver::{Problem, ProblemLog};
+use crate::apiserver::{Problem, ProblemKind, ProblemLog};
 use crate::pokes::Pokes;
 
 /// How long a read waits for an object's first list (upstream's one second).
@@ -291,7 +291,7 @@ impl Watcher {
         };
         let mut stream = match stream {
             Ok(s) => s,
-            Err(problem) if problem.message.contains("(410") => return Next::List,
+            Err(problem) if problem.is(ProblemKind::Expired) => return Next::List,
             Err(problem) => {
                 self.failed(&problem);
                 return Next::Pause;

@@ -16,6 +16,9 @@ pub enum ProblemKind {
     Unauthorized,
     /// 403: authenticated, but not allowed (the Node authorizer, NodeRestriction, RBAC).
     Forbidden,
+    /// 410 Gone: the resource version a watch started from is older than the API server keeps;
+    /// the caller lists again rather than backing off.
+    Expired,
     /// Any other answer from the API server.
     Refused,
     /// No answer: connection refused, TLS failure, time-out.
@@ -33,6 +36,23 @@ pub struct Problem {
 impl Problem {
     pub fn is(&self, kind: ProblemKind) -> bool {
         self.kind == kind
+    }
+
+    /// A watch stream's error event (`what` names the watch): `Expired` for 410 Gone, which
+    /// arrives this way once a watch is open, otherwise `Refused`.
+    pub fn watch_ended(what: &str, status: &kube::core::Status) -> Problem {
+        let kind = if status.code == 410 {
+            ProblemKind::Expired
+        } else {
+            ProblemKind::Refused
+        };
+        Problem {
+            kind,
+            message: format!(
+                "{what} ended ({} {}): {}",
+                status.code, status.reason, status.message
+            ),
+        }
     }
 }
 
@@ -54,6 +74,7 @@ pub fn describe(err: &kube::Error) -> Problem {
             (409, _) => ProblemKind::Conflict,
             (401, _) => ProblemKind::Unauthorized,
             (403, _) => ProblemKind::Forbidden,
+            (410, _) => ProblemKind::Expired,
             _ => ProblemKind::Refused,
         };
         let what = match kind {
@@ -165,6 +186,7 @@ mod tests {
             (409, "Conflict", ProblemKind::Conflict),
             (401, "Unauthorized", ProblemKind::Unauthorized),
             (403, "Forbidden", ProblemKind::Forbidden),
+            (410, "Expired", ProblemKind::Expired),
             (500, "InternalError", ProblemKind::Refused),
         ];
         for (code, reason, kind) in cases {
@@ -185,6 +207,22 @@ mod tests {
                 p.message
             );
         }
+    }
+
+    #[test]
+    fn a_watch_error_event_is_expired_only_for_410() {
+        let mut gone = Status::failure("too old resource version: 5 (9)", "Expired");
+        gone.code = 410;
+        let p = Problem::watch_ended("the pod watch", &gone);
+        assert_eq!(p.kind, ProblemKind::Expired);
+        assert_eq!(
+            p.message,
+            "the pod watch ended (410 Expired): too old resource version: 5 (9)"
+        );
+        let mut internal = Status::failure("etcd is slow", "InternalError");
+        internal.code = 500;
+        let p = Problem::watch_ended("the pod watch", &internal);
+        assert_eq!(p.kind, ProblemKind::Refused);
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub async fn run(
                 backoff.reset();
                 problems.succeeded("watching the Node");
             }
-            Err(p) if p.message.contains("(410") => {
+            Err(p) if p.is(ProblemKind::Expired) => {
                 tracing::debug!(node = %name, "the Node watch's version expired; listing again");
                 version = None;
             }
@@ -111,13 +111,7 @@ async fn watch(
             }
             WatchEvent::Bookmark(b) => newest = b.metadata.resource_version,
             WatchEvent::Error(status) => {
-                return Err(Problem {
-                    kind: ProblemKind::Refused,
-                    message: format!(
-                        "the Node watch ended ({} {}): {}",
-                        status.code, status.reason, status.message
-                    ),
-                });
+                return Err(Problem::watch_ended("the Node watch", &status));
             }
         }
     }

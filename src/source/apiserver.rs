@@ -229,7 +229,7 @@ impl ApiSource {
                     backoff.reset();
                     self.problems.succeeded("watching the node's pods");
                 }
-                Err(p) if p.message.contains("(410") => {
+                Err(p) if p.is(ProblemKind::Expired) => {
                     tracing::info!("the pod watch's version expired; listing again");
                     seen = None;
                     continue;
@@ -374,13 +374,7 @@ fn apply(seen: &mut Seen, event: WatchEvent<Pod>) -> Result<bool, Problem> {
             seen.version = b.metadata.resource_version;
             Ok(false)
         }
-        WatchEvent::Error(status) => Err(Problem {
-            kind: ProblemKind::Refused,
-            message: format!(
-                "the pod watch ended ({} {}): {}",
-                status.code, status.reason, status.message
-            ),
-        }),
+        WatchEvent::Error(status) => Err(Problem::watch_ended("the pod watch", &status)),
     }
 }
 
@@ -489,6 +483,6 @@ mod tests {
         let mut gone = kube::core::Status::failure("too old resource version", "Expired");
         gone.code = 410;
         let err = apply(&mut seen, WatchEvent::Error(Box::new(gone))).unwrap_err();
-        assert!(err.message.contains("(410"), "{}", err.message);
+        assert!(err.is(ProblemKind::Expired), "{err:?}");
     }
 }
