@@ -37,9 +37,17 @@ pub async fn run(
             return;
         }
         let result = match version.clone() {
-            None => list(&nodes, &fields, &publisher).await.map(|v| {
-                version = Some(v);
-            }),
+            // Neither a slow list nor a slow watch request holds up a stop.
+            None => match tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = list(&nodes, &fields, &publisher) => r,
+            } {
+                Ok(v) => {
+                    version = Some(v);
+                    Ok(())
+                }
+                Err(p) => Err(p),
+            },
             Some(from) => watch(&nodes, &fields, &from, &publisher, &cancel)
                 .await
                 .map(|newest| version = Some(newest)),
@@ -86,7 +94,10 @@ async fn watch(
     cancel: &CancellationToken,
 ) -> Result<String, Problem> {
     let params = WatchParams::default().fields(fields).timeout(WATCH_SECONDS);
-    let stream = nodes.watch(&params, from).await?;
+    let stream = tokio::select! {
+        _ = cancel.cancelled() => return Ok(from.to_string()),
+        r = nodes.watch(&params, from) => r?,
+    };
     let mut stream = std::pin::pin!(stream);
     let mut newest = from.to_string();
     loop {

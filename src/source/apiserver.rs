@@ -215,7 +215,11 @@ impl ApiSource {
                 return;
             }
             let result = match seen.as_mut() {
-                None => match self.list().await {
+                // A list against a slow API server can take long; a stop must not wait for it.
+                None => match tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = self.list() => r,
+                } {
                     Ok(list) => {
                         seen = Some(list);
                         Ok(())
@@ -277,7 +281,10 @@ impl ApiSource {
         let params = WatchParams::default()
             .fields(&self.field_selector())
             .timeout(WATCH_SECONDS);
-        let stream = self.pods.watch(&params, &seen.version).await?;
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            r = self.pods.watch(&params, &seen.version) => r?,
+        };
         let mut stream = std::pin::pin!(stream);
         loop {
             let event = tokio::select! {
@@ -484,5 +491,35 @@ mod tests {
         gone.code = 410;
         let err = apply(&mut seen, WatchEvent::Error(Box::new(gone))).unwrap_err();
         assert!(err.is(ProblemKind::Expired), "{err:?}");
+    }
+
+    /// An API server that accepts the connection and never answers: the source must still stop
+    /// when asked, not wait out its list.
+    #[tokio::test]
+    async fn a_stop_does_not_wait_for_an_unanswered_list() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let source = ApiSource::new(
+            ApiSourceConfig {
+                client,
+                on_refused: None,
+                view: ApiPodsView::default(),
+            },
+            "n1".into(),
+            Arc::new(NodeSecurity::default()),
+        );
+        let (tx, _rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(source.run(tx, cancel.clone()));
+        // The list request is on its way once the connection is accepted.
+        let (_held, _) = listener.accept().await.unwrap();
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the source stopped while its list was unanswered")
+            .unwrap();
     }
 }
