@@ -144,7 +144,25 @@ struct Write {
     patch: Map<String, Value>,
 }
 
+/// Adds `uids` to the queue of pods to write; `reconcile` sticks until the write is made.
+fn queue(
+    pending: &mut std::collections::BTreeMap<String, bool>,
+    uids: Vec<String>,
+    reconcile: bool,
+) {
+    for uid in uids {
+        *pending.entry(uid).or_insert(false) |= reconcile;
+    }
+}
+
+/// A write on its way: the state UID it is for, the write, and the answer.
+type Flight = futures::future::BoxFuture<'static, (String, Write, Result<Pod, Problem>)>;
+
 impl Writer {
+    /// The writer's loop. Writes run as a pipeline: a pod poked while others are being written
+    /// starts as soon as one of the [`IN_FLIGHT`] slots frees, not after the whole group, so a
+    /// burst of pods going Ready at once does not queue behind the slowest write. Each pod has
+    /// at most one write on its way; a poke meanwhile is written after it, against its answer.
     async fn run(
         mut self,
         changed: Pokes,
@@ -154,18 +172,27 @@ impl Writer {
         let mut tick = tokio::time::interval(RECONCILE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut view_changes = self.view.subscribe();
+        // State UID → whether its next write compares with the API server's copy (reconcile).
+        let mut pending: std::collections::BTreeMap<String, bool> = Default::default();
+        let mut in_flight: futures::stream::FuturesUnordered<Flight> = Default::default();
+        let mut busy: HashSet<String> = HashSet::new();
         loop {
+            self.start_writes(&mut pending, &mut in_flight, &mut busy);
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                uids = changed.take() => self.write(uids, false).await,
+                uids = changed.take() => queue(&mut pending, uids, false),
                 _ = tick.tick() => {
                     let uids = self.states.uids();
-                    self.write(uids, true).await;
+                    self.forget_other_targets(&uids);
+                    queue(&mut pending, uids, true);
                 }
                 // A mirror pod may have appeared: its static pod's status goes there at once.
                 Ok(()) = view_changes.changed() => {
-                    let uids = self.without_mirror_status();
-                    self.write(uids, false).await;
+                    queue(&mut pending, self.without_mirror_status(), false);
+                }
+                Some((uid, write, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    busy.remove(&uid);
+                    self.written(write, result);
                 }
                 Some(request) = requests.recv() => match request {
                     Request::Delete(pod) => self.delete(&pod).await,
@@ -201,74 +228,95 @@ impl Writer {
         }
     }
 
-    /// Writes the statuses of `uids` that differ from what was last written there (with
-    /// `reconcile`, that differ from what the API server holds), a few at a time, one request
-    /// per pod.
-    async fn write(&mut self, uids: Vec<String>, reconcile: bool) {
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let mut todo = Vec::new();
+    /// Forgets what was written to pods the node no longer writes to (`uids` are all it holds).
+    fn forget_other_targets(&mut self, uids: &[String]) {
         let mut targets = HashSet::new();
         for uid in uids {
-            let Some((pod, status)) = self.states.get(&uid) else {
+            if let Some((pod, _)) = self.states.get(uid)
+                && let Some(target) = self.target(uid, &pod)
+            {
+                targets.insert(target.metadata.uid.clone().unwrap_or_default());
+            }
+        }
+        self.sent.retain(|uid, _| targets.contains(uid));
+    }
+
+    /// Starts the pending writes that have a free slot and no write of their pod on its way.
+    /// A pod whose status is what was last written there (with `reconcile`, what the API server
+    /// holds) needs no request and leaves the queue at once.
+    fn start_writes(
+        &mut self,
+        pending: &mut std::collections::BTreeMap<String, bool>,
+        in_flight: &mut futures::stream::FuturesUnordered<Flight>,
+        busy: &mut HashSet<String>,
+    ) {
+        if pending.is_empty() || in_flight.len() >= IN_FLIGHT {
+            return;
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let ready: Vec<(String, bool)> = pending
+            .iter()
+            .filter(|(uid, _)| !busy.contains(*uid))
+            .map(|(uid, reconcile)| (uid.clone(), *reconcile))
+            .collect();
+        for (uid, reconcile) in ready {
+            if in_flight.len() >= IN_FLIGHT {
+                break;
+            }
+            pending.remove(&uid);
+            let Some(w) = self.prepare(&uid, reconcile, &now) else {
                 continue;
             };
-            let Some(target) = self.target(&uid, &pod) else {
-                continue;
-            };
-            let target_uid = target.metadata.uid.clone().unwrap_or_default();
-            targets.insert(target_uid.clone());
-            let base = target.status.as_ref();
-            let merged = merge_status(&pod, base, &status, &now);
-            let merged = serde_json::to_value(&merged).unwrap_or_default();
-            let written = normalized(&merged);
-            if !reconcile && self.sent.get(&target_uid) == Some(&written) {
-                continue;
-            }
-            let base = base
-                .and_then(|b| serde_json::to_value(b).ok())
-                .unwrap_or_default();
-            let patch = status_patch(&base, &merged);
-            if patch.is_empty() {
-                self.sent.insert(target_uid, written);
-                continue;
-            }
-            todo.push(Write {
-                target,
-                written,
-                patch,
-            });
+            let client = self.client.clone();
+            busy.insert(uid.clone());
+            in_flight.push(Box::pin(async move {
+                let result = patch_status(client, &w.target, Value::Object(w.patch.clone())).await;
+                (uid, w, result)
+            }));
         }
-        if reconcile {
-            // Forget what was written to pods the node no longer writes to.
-            self.sent.retain(|uid, _| targets.contains(uid));
+    }
+
+    /// The write that brings the pod's target up to the pod's status, if one is needed.
+    fn prepare(&mut self, uid: &str, reconcile: bool, now: &Time) -> Option<Write> {
+        let (pod, status) = self.states.get(uid)?;
+        let target = self.target(uid, &pod)?;
+        let target_uid = target.metadata.uid.clone().unwrap_or_default();
+        let base = target.status.as_ref();
+        let merged = merge_status(&pod, base, &status, now);
+        let merged = serde_json::to_value(&merged).unwrap_or_default();
+        let written = normalized(&merged);
+        if !reconcile && self.sent.get(&target_uid) == Some(&written) {
+            return None;
         }
-        let client = self.client.clone();
-        let results: Vec<(Write, Result<Pod, Problem>)> = futures::stream::iter(todo)
-            .map(|w| {
-                let client = client.clone();
-                async move {
-                    let result =
-                        patch_status(client, &w.target, Value::Object(w.patch.clone())).await;
-                    (w, result)
-                }
-            })
-            .buffer_unordered(IN_FLIGHT)
-            .collect()
-            .await;
-        for (w, result) in results {
-            let target_uid = w.target.metadata.uid.clone().unwrap_or_default();
-            match result {
-                Ok(pod) => {
-                    self.view.note_written(pod);
-                    self.sent.insert(target_uid, w.written);
-                    self.problems.succeeded("writing pod status");
-                }
-                // The pod is gone from the API server, or is another pod by now.
-                Err(p) if p.is(ProblemKind::NotFound) || p.is(ProblemKind::Conflict) => {
-                    self.sent.remove(&target_uid);
-                }
-                Err(p) => self.problems.failed("writing pod status", &p),
+        let base = base
+            .and_then(|b| serde_json::to_value(b).ok())
+            .unwrap_or_default();
+        let patch = status_patch(&base, &merged);
+        if patch.is_empty() {
+            self.sent.insert(target_uid, written);
+            return None;
+        }
+        Some(Write {
+            target,
+            written,
+            patch,
+        })
+    }
+
+    /// Takes in the answer to one write.
+    fn written(&mut self, w: Write, result: Result<Pod, Problem>) {
+        let target_uid = w.target.metadata.uid.clone().unwrap_or_default();
+        match result {
+            Ok(pod) => {
+                self.view.note_written(pod);
+                self.sent.insert(target_uid, w.written);
+                self.problems.succeeded("writing pod status");
             }
+            // The pod is gone from the API server, or is another pod by now.
+            Err(p) if p.is(ProblemKind::NotFound) || p.is(ProblemKind::Conflict) => {
+                self.sent.remove(&target_uid);
+            }
+            Err(p) => self.problems.failed("writing pod status", &p),
         }
     }
 
@@ -883,5 +931,85 @@ mod tests {
         let ours = serde_json::to_value(&computed).unwrap();
         assert!(status_patch(&echoed, &ours).is_empty());
         assert_eq!(normalized(&ours), normalized(&echoed));
+    }
+
+    /// An API pod, as the source hands it on.
+    fn api_pod(name: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                             "annotations": {CONFIG_SOURCE_ANNOTATION: SOURCE_API}},
+                "spec": {"containers": [{"name": "app", "image": "i"}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// A pod poked while another pod's write is still unanswered is written meanwhile: the
+    /// writer is a pipeline, not a batch that waits for its slowest write.
+    #[tokio::test]
+    async fn a_slow_write_does_not_hold_up_the_next_pod() {
+        use axum::extract::Path as UrlPath;
+        use std::sync::Mutex as StdMutex;
+        let seen: Arc<StdMutex<Vec<String>>> = Arc::default();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let app = {
+            let (seen, release) = (seen.clone(), release.clone());
+            axum::Router::new().route(
+                "/api/v1/namespaces/ns/pods/{name}/status",
+                axum::routing::patch(move |UrlPath(name): UrlPath<String>| {
+                    let (seen, release) = (seen.clone(), release.clone());
+                    async move {
+                        seen.lock().unwrap().push(name.clone());
+                        if name == "slow" {
+                            release.notified().await;
+                        }
+                        axum::Json(serde_json::to_value(&*api_pod(&name)).unwrap())
+                    }
+                }),
+            )
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let states = PodStates::default();
+        let view = ApiPodsView::default();
+        let cancel = CancellationToken::new();
+        let (sync, writer) = start(
+            client,
+            states.clone(),
+            view.clone(),
+            MirrorPods::new(view),
+            cancel.clone(),
+        );
+        let writer = tokio::spawn(writer);
+        let phase = |p: &str| PodStatus {
+            phase: Some(p.into()),
+            ..Default::default()
+        };
+        let wait_for = |name: &'static str| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    while !seen.lock().unwrap().iter().any(|n| n == name) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("no status write of {name} reached the API server"));
+            }
+        };
+        states.publish(api_pod("slow"), phase("Running"));
+        sync.changed("uid-slow");
+        wait_for("slow").await;
+        states.publish(api_pod("fast"), phase("Running"));
+        sync.changed("uid-fast");
+        wait_for("fast").await;
+        release.notify_waiters();
+        cancel.cancel();
+        writer.await.unwrap();
     }
 }
