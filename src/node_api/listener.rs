@@ -8,20 +8,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::auth::user_from_certificate;
 use super::handlers::PeerUser;
-use crate::server::{ListenerLimits, ServeError};
+use crate::server::{ListenerLimits, ServeError, accept_connections, serve_connection};
 
 /// Binds `addr` and serves `router` over TLS until `cancel` fires.
 pub async fn serve_tls(
@@ -55,32 +52,12 @@ async fn accept_loop(
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let connections = TaskTracker::new();
-    loop {
-        let permit = tokio::select! {
-            _ = cancel.cancelled() => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            _ = cancel.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    tracing::warn!(error = %err, "the node API cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    let serve_cancel = cancel.clone();
+    accept_connections("node API", listener, limits, cancel, move |stream, peer| {
         let acceptor = acceptor.clone();
         let router = router.clone();
-        let cancel = cancel.clone();
-        connections.spawn(async move {
-            let _permit = permit;
+        let cancel = serve_cancel.clone();
+        async move {
             let tls =
                 match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
                     .await
@@ -109,16 +86,8 @@ async fn accept_loop(
                     router.clone().oneshot(req)
                 },
             );
-            crate::server::serve_connection(
-                TokioIo::new(tls),
-                service,
-                limits,
-                cancel,
-                &peer.to_string(),
-            )
-            .await;
-        });
-    }
-    connections.close();
-    let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
+            serve_connection(TokioIo::new(tls), service, limits, cancel, &peer).await;
+        }
+    })
+    .await
 }

@@ -41,7 +41,7 @@ pub struct ServeError {
 }
 
 /// A listening socket the accept loop takes connections from (TCP or Unix).
-trait Acceptor: Send + 'static {
+pub(crate) trait Acceptor: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// The next connection and a description of its peer for the log.
     fn next(
@@ -209,7 +209,7 @@ async fn serve(
     )))
 }
 
-/// Accepts connections while a slot is free and serves each on its own task.
+/// Accepts plain HTTP connections while a slot is free and serves each on its own task.
 async fn accept_loop(
     what: &'static str,
     listener: impl Acceptor,
@@ -217,6 +217,30 @@ async fn accept_loop(
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) {
+    let serve_cancel = cancel.clone();
+    accept_connections(what, listener, limits, cancel, move |stream, peer| {
+        let service = TowerToHyperService::new(router.clone());
+        let cancel = serve_cancel.clone();
+        async move { serve_connection(TokioIo::new(stream), service, limits, cancel, &peer).await }
+    })
+    .await
+}
+
+/// Every listener's accept loop: takes a connection while one of `max_connections` slots is
+/// free (the rest wait in the kernel's backlog), hands it to `serve` on its own task, and on
+/// `cancel` stops accepting and gives the open connections 2 s to finish. `serve` is what
+/// differs between listeners (plain HTTP, or a TLS handshake first).
+pub(crate) async fn accept_connections<A, F, Fut>(
+    what: &'static str,
+    listener: A,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+    serve: F,
+) where
+    A: Acceptor,
+    F: Fn(A::Stream, String) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let connections = TaskTracker::new();
     loop {
@@ -239,11 +263,10 @@ async fn accept_loop(
                 }
             },
         };
-        let service = TowerToHyperService::new(router.clone());
-        let cancel = cancel.clone();
+        let connection = serve(stream, peer);
         connections.spawn(async move {
             let _permit = permit;
-            serve_connection(TokioIo::new(stream), service, limits, cancel, &peer).await;
+            connection.await;
         });
     }
     connections.close();
