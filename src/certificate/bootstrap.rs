@@ -11,14 +11,12 @@ use kube::config::{AuthInfo, Context, Kubeconfig, NamedAuthInfo, NamedCluster, N
 use tokio_util::sync::CancellationToken;
 
 use super::csr::{KubeCsrApi, RequestError, request_certificate};
+use super::deadline::retry_with_backoff;
 use super::{Credentials, FileStore};
 use crate::apiserver::problem::cause_chain;
 
 /// How long one CSR may wait for approval (upstream waits as long before trying again).
 const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
-/// Pauses between failed attempts: doubling from the first to the last.
-const RETRY_FIRST: Duration = Duration::from_secs(2);
-const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// Why bootstrap could not finish (each stops the agent with its own line).
 #[derive(Debug, thiserror::Error)]
@@ -128,20 +126,22 @@ pub async fn load_client_cert(
             tracing::warn!(error = %e, "the cert dir's current certificate is not usable; requesting a new one")
         }
     }
-    let mut pause = RETRY_FIRST;
-    loop {
-        match bootstrap_once(bootstrap, store, node_name, cancel).await {
-            Ok(()) => break,
-            Err(Attempt::Fatal(e)) => return Err(e),
-            Err(Attempt::Retry(why)) => {
+    let done = retry_with_backoff(
+        cancel,
+        || bootstrap_once(bootstrap, store, node_name, cancel),
+        |e, pause| match e {
+            Attempt::Fatal(_) => false,
+            Attempt::Retry(why) => {
                 tracing::error!(error = %why, retry_in = ?pause, "TLS bootstrap failed; trying again");
+                true
             }
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return Err(BootstrapError::Cancelled),
-            _ = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(RETRY_MAX);
+        },
+    )
+    .await;
+    match done {
+        Ok(()) => {}
+        Err(Some(Attempt::Fatal(e))) => return Err(e),
+        Err(_) => return Err(BootstrapError::Cancelled),
     }
     write_kubeconfig(kubeconfig, &boot, bootstrap, &store.current_path())
 }

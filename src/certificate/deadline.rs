@@ -1,9 +1,45 @@
 //! When to rotate a certificate: at a jittered 70-90 % of its life, as upstream's
 //! certificate manager does, so that a fleet of nodes does not renew at once and a
-//! certificate is replaced well before it expires.
+//! certificate is replaced well before it expires; and how to retry a failed attempt to get
+//! one (the same for bootstrap, client rotation and the serving certificate).
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+/// The pause after the first failed attempt to get a certificate; it doubles after each
+/// further failure, up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(2);
+/// The longest pause between two attempts.
+pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
+
+/// Runs `attempt` until it succeeds, pausing [`RETRY_FIRST`], then twice as long each time up
+/// to [`RETRY_MAX`], between failures. Each failure goes to `failed` with the pause that
+/// follows; `failed` returns false to give up, and the failure comes back as `Err(Some(_))`.
+/// `Err(None)`: `cancel` fired during a pause.
+pub async fn retry_with_backoff<E, Fut>(
+    cancel: &CancellationToken,
+    mut attempt: impl FnMut() -> Fut,
+    mut failed: impl FnMut(&E, Duration) -> bool,
+) -> Result<(), Option<E>>
+where
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    let mut pause = RETRY_FIRST;
+    loop {
+        match attempt().await {
+            Ok(()) => return Ok(()),
+            Err(e) if !failed(&e, pause) => return Err(Some(e)),
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(None),
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+}
 
 /// The rotation deadline of a certificate valid from `not_before` to `not_after`, for a
 /// `jitter` in [0, 1] (clamped): `not_before + life × (0.7 + 0.2 × jitter)`. A certificate
@@ -87,5 +123,34 @@ mod tests {
             let j = jitter();
             assert!((0.0..1.0).contains(&j), "{j}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_and_stop_when_told() {
+        let cancel = CancellationToken::new();
+        let mut calls = 0;
+        let mut pauses = Vec::new();
+        let r: Result<(), Option<&str>> = retry_with_backoff(
+            &cancel,
+            || {
+                calls += 1;
+                let n = calls;
+                async move { if n < 4 { Err("not yet") } else { Ok(()) } }
+            },
+            |_, pause| {
+                pauses.push(pause.as_secs());
+                true
+            },
+        )
+        .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(pauses, [2, 4, 8]);
+        let r: Result<(), Option<&str>> =
+            retry_with_backoff(&cancel, || async { Err("fatal") }, |_, _| false).await;
+        assert_eq!(r, Err(Some("fatal")));
+        cancel.cancel();
+        let r: Result<(), Option<&str>> =
+            retry_with_backoff(&cancel, || async { Err("down") }, |_, _| true).await;
+        assert_eq!(r, Err(None));
     }
 }

@@ -9,13 +9,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::bootstrap::jiff_time;
 use super::csr::{CsrApi, RequestError, request_certificate};
-use super::deadline::{jitter, rotation_deadline, wait_for};
+use super::deadline::{jitter, retry_with_backoff, rotation_deadline, wait_for};
 use super::{CertSlot, FileStore};
 
 /// How long one renewal CSR may wait for approval.
 const CSR_WAIT: Duration = Duration::from_secs(5 * 60);
-const RETRY_FIRST: Duration = Duration::from_secs(2);
-const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// What the rotation loop needs.
 pub struct Rotation<A> {
@@ -48,21 +46,21 @@ impl<A: CsrApi> Rotation<A> {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait_for(deadline, now)) => {}
             }
-            let mut pause = RETRY_FIRST;
-            loop {
-                match self.rotate_once(&cancel).await {
-                    Ok(()) => break,
-                    Err(RequestError::Cancelled) => return,
-                    Err(e) => {
-                        let expired = !self.slot.get().valid_at(SystemTime::now());
-                        tracing::error!(error = %e, retry_in = ?pause, current_expired = expired, "client certificate rotation failed; trying again");
+            let renewed = retry_with_backoff(
+                &cancel,
+                || self.rotate_once(&cancel),
+                |e, pause| {
+                    if matches!(e, RequestError::Cancelled) {
+                        return false;
                     }
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(RETRY_MAX);
+                    let expired = !self.slot.get().valid_at(SystemTime::now());
+                    tracing::error!(error = %e, retry_in = ?pause, current_expired = expired, "client certificate rotation failed; trying again");
+                    true
+                },
+            )
+            .await;
+            if renewed.is_err() {
+                return;
             }
         }
     }

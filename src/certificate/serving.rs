@@ -19,13 +19,11 @@ use x509_parser::prelude::FromDer;
 
 use super::bootstrap::jiff_time;
 use super::csr::{CsrApi, RequestError, generate_with_names, serving_csr_object, submit_and_wait};
-use super::deadline::{jitter, rotation_deadline, wait_for};
+use super::deadline::{jitter, retry_with_backoff, rotation_deadline, wait_for};
 use super::{Credentials, FileStore};
 
 /// How long one serving CSR waits for someone to approve it before a new one is made.
 const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
-const RETRY_FIRST: Duration = Duration::from_secs(2);
-const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// The serving certificate of the moment, shared with the node API's TLS configuration;
 /// empty until the first CSR is signed.
@@ -145,20 +143,20 @@ impl<A: CsrApi> ServingRotation<A> {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait_for(deadline, now)) => {}
             }
-            let mut pause = RETRY_FIRST;
-            loop {
-                match self.request_once(&cancel).await {
-                    Ok(()) => break,
-                    Err(RequestError::Cancelled) => return,
-                    Err(e) => {
-                        tracing::error!(error = %e, retry_in = ?pause, "could not get a serving certificate; trying again");
+            let got = retry_with_backoff(
+                &cancel,
+                || self.request_once(&cancel),
+                |e, pause| {
+                    if matches!(e, RequestError::Cancelled) {
+                        return false;
                     }
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(RETRY_MAX);
+                    tracing::error!(error = %e, retry_in = ?pause, "could not get a serving certificate; trying again");
+                    true
+                },
+            )
+            .await;
+            if got.is_err() {
+                return;
             }
         }
     }
