@@ -671,6 +671,7 @@ pub async fn run(
     .with_pleg(Arc::new(pleg_state.clone()));
     // The eviction manager counts each pod's processes in its cgroup.
     let eviction_cgroups = cgroups.clone();
+    let orphan_cgroups = cgroups.clone();
     if let Some(cgroups) = cgroups {
         tracker.spawn(keep_qos_cgroups(cgroups.clone(), cancel.clone()));
         executor = executor.with_cgroups(cgroups);
@@ -844,6 +845,30 @@ pub async fn run(
         refusals,
         pressure: pressure.clone(),
     };
+    // Pod cgroups left behind by pods the node no longer has.
+    if let Some(cgroups) = orphan_cgroups {
+        let (activity, listed, known_runtime) = (
+            workers.activity(),
+            runtime_cache.clone(),
+            runtime_cache.clone(),
+        );
+        let pods_dir = config.root_dir.join("pods");
+        let inputs = crate::cm::orphans::SweepInputs {
+            ready: Arc::new(move || listed.has_relisted()),
+            known: Arc::new(move |uid| {
+                activity.activity(uid) != crate::gc::PodActivity::Gone
+                    || known_runtime.pod(uid).is_some()
+            }),
+            volumes_left: Arc::new(move |uid| {
+                std::fs::read_dir(pods_dir.join(uid).join("volumes"))
+                    .is_ok_and(|mut d| d.next().is_some())
+            }),
+        };
+        tracker.spawn(
+            crate::cm::orphans::run(cgroups, inputs, cancel.clone())
+                .instrument(tracing::info_span!("orphan_cgroups")),
+        );
+    }
     let mut sync_loop =
         SyncLoop::new(workers, sources_ready, runtime_cache, admission).with_evictions(evict_rx);
     // Graceful node shutdown, when a grace period is configured: a delay lock from logind,

@@ -422,3 +422,70 @@ async fn a_memory_hog_is_oom_killed_and_a_cpu_spinner_is_throttled() {
     }
     agent.stop();
 }
+
+/// A pod cgroup left behind by a pod the node no longer has (here: made before the agent
+/// starts, with a process in it) is found by the orphan sweep, its process killed and its
+/// directories removed in every hierarchy; a running pod's cgroup is left alone.
+#[tokio::test]
+async fn an_orphaned_pod_cgroup_is_removed_with_its_processes() {
+    let node = "e2e-cg-orphan";
+    let root = CgroupRoot::new(node);
+    let orphan = "kubepods/besteffort/pod6f1c7a52-0rph-4a2e-9d1b-000000000001";
+    let hierarchies = ["cpu", "memory", "pids"];
+    for h in hierarchies {
+        std::fs::create_dir_all(root.dir(h, orphan)).expect("make the orphan's cgroup");
+    }
+    // Killed on drop too, should the test fail before the agent kills it.
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut left_over = Child(
+        std::process::Command::new("sleep")
+            .arg("3600")
+            .spawn()
+            .expect("start sleep"),
+    );
+    let pid = left_over.0.id().to_string();
+    for h in hierarchies {
+        std::fs::write(root.dir(h, orphan).join("cgroup.procs"), &pid)
+            .expect("move the process into the orphan's cgroup");
+    }
+    let mut agent = agent_with_root(node, &root, &[]);
+    agent.write_manifest("live.yaml", &pod_yaml("live", "Always", SLEEP, ""));
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    let live = running_pod(&agent, "live").await;
+    let live_dir = format!(
+        "kubepods/besteffort/pod{}",
+        live["metadata"]["uid"].as_str().unwrap()
+    );
+
+    let orphan_dirs: Vec<PathBuf> = hierarchies.iter().map(|h| root.dir(h, orphan)).collect();
+    let orphan_dirs = &orphan_dirs;
+    wait_until("the orphaned pod cgroup removed", WAIT, || async move {
+        orphan_dirs.iter().all(|d| !d.exists()).then_some(())
+    })
+    .await;
+    let status = wait_until("the left-over process killed", WAIT, || {
+        let done = left_over.0.try_wait().expect("wait for sleep");
+        async move { done }
+    })
+    .await;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "killed with SIGKILL: {status:?}");
+    assert!(
+        root.dir("memory", &live_dir).exists(),
+        "the running pod's cgroup stays"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("removing the cgroup of a pod the node no longer has"),
+        "the agent says why it removed the cgroup"
+    );
+    agent.stop();
+}

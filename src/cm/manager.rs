@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::fs::CgroupFs;
 use super::pod_config::{CfsSettings, ResourceConfig, pod_requests, resource_config_for_pod};
-use super::{FileWrite, qos, v1, v2};
+use super::{FileWrite, qos, qos_dir, v1, v2};
 use crate::k8s::{QosClass, qos_class};
 
 /// cgroup v1 (one hierarchy per controller) or v2 (the unified hierarchy).
@@ -91,14 +91,6 @@ pub enum Ensured {
     Existed,
     /// The UID cannot be a path component: no cgroup is made (the runtime's default applies).
     Skipped,
-}
-
-fn qos_dir(qos: QosClass) -> Option<&'static str> {
-    match qos {
-        QosClass::Guaranteed => None,
-        QosClass::Burstable => Some("burstable"),
-        QosClass::BestEffort => Some("besteffort"),
-    }
 }
 
 impl CgroupManager {
@@ -452,25 +444,7 @@ impl CgroupManager {
         if crate::paths::component_problem(uid).is_some() {
             return Vec::new();
         }
-        // Runc made the pod's cgroup in every hierarchy (devices, freezer, …), not only in
-        // the ones Deckhand writes to.
-        let mut hierarchies: Vec<PathBuf> = match self.version {
-            CgroupVersion::V1 => self
-                .fs
-                .subdirs(Path::new(""))
-                .into_iter()
-                .map(PathBuf::from)
-                .collect(),
-            CgroupVersion::V2 => vec![PathBuf::new()],
-        };
-        if self.version == CgroupVersion::V1 {
-            for c in &self.controllers {
-                let p = PathBuf::from(c);
-                if !hierarchies.contains(&p) {
-                    hierarchies.push(p);
-                }
-            }
-        }
+        let hierarchies = self.hierarchies();
         let mut problems = Vec::new();
         for qos in [
             QosClass::Guaranteed,
@@ -491,6 +465,53 @@ impl CgroupManager {
             }
         }
         problems
+    }
+
+    /// Where pod cgroups can be (relative to the mount): on v1 every hierarchy, since runc
+    /// makes the pod's cgroup in each (devices, freezer, …), not only in the ones Deckhand
+    /// writes to; on v2 the one tree.
+    fn hierarchies(&self) -> Vec<PathBuf> {
+        let mut hierarchies: Vec<PathBuf> = match self.version {
+            CgroupVersion::V1 => self
+                .fs
+                .subdirs(Path::new(""))
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            CgroupVersion::V2 => vec![PathBuf::new()],
+        };
+        if self.version == CgroupVersion::V1 {
+            for c in &self.controllers {
+                let p = PathBuf::from(c);
+                if !hierarchies.contains(&p) {
+                    hierarchies.push(p);
+                }
+            }
+        }
+        hierarchies
+    }
+
+    /// The UIDs of every `pod<uid>` cgroup under the QoS tiers, in any hierarchy: what the
+    /// orphan sweep compares with the pods the node knows.
+    pub fn pod_cgroup_uids(&self) -> std::collections::BTreeSet<String> {
+        let mut uids = std::collections::BTreeSet::new();
+        for h in self.hierarchies() {
+            for qos in [
+                QosClass::Guaranteed,
+                QosClass::Burstable,
+                QosClass::BestEffort,
+            ] {
+                let tier = h.join(self.tier(qos).trim_start_matches('/'));
+                for name in self.fs.subdirs(&tier) {
+                    if let Some(uid) = name.strip_prefix("pod")
+                        && !uid.is_empty()
+                    {
+                        uids.insert(uid.to_string());
+                    }
+                }
+            }
+        }
+        uids
     }
 
     /// Sends SIGKILL to every process left in `dir` and below.

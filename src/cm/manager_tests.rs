@@ -521,3 +521,34 @@ fn a_pods_process_count_is_read_from_its_tier() {
     assert_eq!(m.pod_process_count("gone"), None);
     assert_eq!(m.pod_process_count("../b1"), None);
 }
+
+#[test]
+fn the_orphan_sweep_removes_only_cgroups_no_pod_owns() {
+    use crate::cm::orphans::{SweepInputs, sweep_once};
+    let dir = v1_fixture(false);
+    let root = dir.path();
+    let m = manager(root, "/", vec![]);
+    m.start(&kubepods_config()).unwrap();
+    // A live pod, an orphan (only in the devices hierarchy, as runc leaves them), an orphan
+    // whose volumes are still on disk, and the QoS tiers themselves (never pods).
+    for path in [
+        "memory/kubepods/burstable/podlive",
+        "cpu/kubepods/burstable/podlive",
+        "devices/kubepods/besteffort/podgone",
+        "memory/kubepods/podvols",
+    ] {
+        std::fs::create_dir_all(root.join(path)).unwrap();
+    }
+    let found: Vec<String> = m.pod_cgroup_uids().into_iter().collect();
+    assert_eq!(found, ["gone", "live", "vols"]);
+    let inputs = SweepInputs {
+        ready: Arc::new(|| true),
+        known: Arc::new(|uid| uid == "live"),
+        volumes_left: Arc::new(|uid| uid == "vols"),
+    };
+    assert_eq!(sweep_once(&m, &inputs), ["gone"]);
+    assert!(!root.join("devices/kubepods/besteffort/podgone").exists());
+    assert!(root.join("memory/kubepods/burstable/podlive").exists());
+    assert!(root.join("memory/kubepods/podvols").exists());
+    assert!(root.join("memory/kubepods/besteffort").exists());
+}

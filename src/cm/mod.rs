@@ -9,6 +9,7 @@
 //! - [`qos`]: the QoS tiers' settings (pure).
 //! - [`allocatable`]: what `kubepods` is limited to (pure).
 //! - [`systemd`]: slice names, and the check that systemd runs.
+//! - [`orphans`]: pod cgroups no pod owns any more, found and removed.
 //!
 //! The runtime (runc) then creates each container's cgroup below the pod's, with the limits
 //! translated into the CRI config (`runtime::translate::container`).
@@ -16,6 +17,7 @@
 pub mod allocatable;
 pub mod fs;
 mod manager;
+pub mod orphans;
 pub mod pod_config;
 pub mod qos;
 pub mod systemd;
