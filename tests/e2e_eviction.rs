@@ -273,7 +273,12 @@ impl Mounts {
 impl Drop for Mounts {
     fn drop(&mut self) {
         for at in self.0.iter().rev() {
-            let _ = Command::new("umount").arg("-l").arg(at).status();
+            // Quiet: a testbed's `down` may have unmounted it already.
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(at)
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }
@@ -551,7 +556,10 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
     // The images in use stay: busybox (the sleeper's) and pause (the sandbox image).
     let names = image_names().await;
     for want in [PAUSE, common::BUSYBOX] {
-        assert!(names.iter().any(|n| n == want), "{want} was removed: {names:?}");
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} was removed: {names:?}"
+        );
     }
     // No pod evicted: the sleeper still runs, no Evicted event, no eviction counted.
     assert!(running(&pods, "sleeper").await, "the sleeper keeps running");

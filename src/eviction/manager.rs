@@ -234,7 +234,12 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                 match self.reclaimer.reclaim(*step).await {
                     Ok(n) => {
                         let took_ms = step_began.elapsed().as_secs_f64() * 1000.0;
-                        tracing::info!(what = step.as_str(), removed = n, took_ms, "eviction manager: reclaimed node resources");
+                        tracing::info!(
+                            what = step.as_str(),
+                            removed = n,
+                            took_ms,
+                            "eviction manager: reclaimed node resources"
+                        );
                         record.removed.insert(step.as_str().to_string(), n);
                     }
                     Err(err) => {

@@ -347,7 +347,13 @@ mod tests {
         ];
         let min_age = Duration::from_secs(120);
         let later = t0 + Duration::from_secs(600);
-        type Case<'a> = (&'a str, ImageTracker, HashSet<String>, Instant, Vec<&'a str>);
+        type Case<'a> = (
+            &'a str,
+            ImageTracker,
+            HashSet<String>,
+            Instant,
+            Vec<&'a str>,
+        );
         let cases: Vec<Case> = vec![
             (
                 "all unused ones, least recently used first, whatever their size",
@@ -370,7 +376,13 @@ mod tests {
                 t0 + Duration::from_secs(119),
                 vec![],
             ),
-            ("nothing known, nothing removed", ImageTracker::default(), set(&[]), later, vec![]),
+            (
+                "nothing known, nothing removed",
+                ImageTracker::default(),
+                set(&[]),
+                later,
+                vec![],
+            ),
         ];
         for (name, tracker, in_use, now, want) in cases {
             assert_eq!(tracker.plan_unused(&in_use, min_age, now), want, "{name}");

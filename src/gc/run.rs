@@ -134,8 +134,13 @@ pub fn spawn<R: RuntimeService + ImageService>(
             {
                 let mut state = images.lock().await;
                 match record_images(&ctx.rt, &mut state, &keep).await {
-                    Ok(n) => tracing::debug!(images = n, "image GC: recorded the images present at start"),
-                    Err(err) => tracing::warn!(error = %err, "image GC: cannot list the images at start"),
+                    Ok(n) => tracing::debug!(
+                        images = n,
+                        "image GC: recorded the images present at start"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "image GC: cannot list the images at start")
+                    }
                 }
             }
             every(periods.image_gc, cancel, move || {
@@ -506,9 +511,18 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
     }
     let took_ms = began.elapsed().as_secs_f64() * 1000.0;
     if removed.is_empty() {
-        tracing::debug!(images = detected.images.len(), took_ms, "image GC pass done; nothing removed");
+        tracing::debug!(
+            images = detected.images.len(),
+            took_ms,
+            "image GC pass done; nothing removed"
+        );
     } else {
-        tracing::info!(images = detected.images.len(), removed = removed.len(), took_ms, "image GC pass done");
+        tracing::info!(
+            images = detected.images.len(),
+            removed = removed.len(),
+            took_ms,
+            "image GC pass done"
+        );
     }
     Ok(removed)
 }

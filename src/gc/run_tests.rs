@@ -211,7 +211,11 @@ async fn reclaim_removes_every_unused_image_the_shared_record_has_seen_long_enou
     let rt = FakeCri::default();
     let image = |id: &str, size: u64| Image {
         size,
-        ..listed(id, &format!("example/{}:1", id.trim_start_matches("sha256:")), false)
+        ..listed(
+            id,
+            &format!("example/{}:1", id.trim_start_matches("sha256:")),
+            false,
+        )
     };
     rt.set_listed_images(vec![
         image("sha256:used", 1 << 20),
@@ -229,7 +233,12 @@ async fn reclaim_removes_every_unused_image_the_shared_record_has_seen_long_enou
 
     // Pressure in the agent's first minutes: the images were all first seen just now.
     let shared = ImageGc::shared();
-    assert_eq!(record_images(&rt, &mut *shared.lock().await, &[]).await.unwrap(), 4);
+    assert_eq!(
+        record_images(&rt, &mut *shared.lock().await, &[])
+            .await
+            .unwrap(),
+        4
+    );
     let removed = delete_unused_images(&rt, &mut *shared.lock().await, min_age, &[])
         .await
         .unwrap();
