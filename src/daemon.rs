@@ -734,7 +734,9 @@ pub async fn run(
         cancel.clone(),
         done_tx,
     );
-    // Housekeeping of the disk: dead containers and sandboxes, unused images, large logs.
+    // Housekeeping of the disk: dead containers and sandboxes, unused images, large logs. The
+    // image record is shared with the eviction manager's reclaim.
+    let image_gc = crate::gc::run::ImageGc::shared();
     {
         let ready = sources_ready.clone();
         crate::gc::run::spawn(
@@ -747,6 +749,7 @@ pub async fn run(
             },
             &config.gc,
             config.pod_infra_container_image.as_slice(),
+            image_gc.clone(),
             crate::gc::run::GcPeriods {
                 container_gc: tuning
                     .container_gc_period
@@ -807,10 +810,7 @@ pub async fn run(
             },
             crate::eviction::observe::GcReclaimer {
                 ctx: gc_ctx,
-                images: tokio::sync::Mutex::new(crate::gc::run::ImageGc {
-                    tracker: Default::default(),
-                    began: std::time::Instant::now(),
-                }),
+                images: image_gc.clone(),
                 min_image_age: config.gc.image_minimum_gc_age,
                 keep_images: config.pod_infra_container_image.iter().cloned().collect(),
             },

@@ -9,7 +9,13 @@
 //!   container's first instance leaves a 24 MiB log; once the disk crosses the threshold, the
 //!   dead instance is removed with its log before any pod is evicted, and DiskPressure clears.
 //!
-//! Both need root (tmpfs, cgroups) and a cluster (`DECKHAND_TEST_CLUSTER`): evicted pods come
+//! - Images: a containerd of the test's own keeps its root (content store and overlayfs
+//!   snapshots, the image filesystem) on a 96 MiB tmpfs, with a third image no pod uses
+//!   (`localhost/deckhand/filler:1`, 20 MiB). A ballast file takes the tmpfs below the
+//!   `imagefs.available` threshold; the eviction manager removes the unused image (and only
+//!   it), which alone takes the signal back over the threshold, and no pod is evicted.
+//!
+//! All need root (tmpfs, cgroups) and a cluster (`DECKHAND_TEST_CLUSTER`): evicted pods come
 //! from the API server, since static pods are never evicted.
 
 mod common;
@@ -267,7 +273,12 @@ impl Mounts {
 impl Drop for Mounts {
     fn drop(&mut self) {
         for at in self.0.iter().rev() {
-            let _ = Command::new("umount").arg("-l").arg(at).status();
+            // Quiet: a testbed's `down` may have unmounted it already.
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(at)
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }
@@ -434,5 +445,169 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
         reclaimed_after.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
+    drop(mounts);
+}
+
+/// The image filesystem of the test's own containerd, under pressure: the unused image is
+/// removed before any pod is evicted, and that removal alone ends the pressure.
+#[tokio::test]
+async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
+    const FILLER: &str = "localhost/deckhand/filler:1";
+    const PAUSE: &str = "localhost/deckhand/pause:3.10";
+    // Threshold and what the ballast leaves free: removing the filler frees its 20 MiB
+    // snapshot (and as much again in the content store), so the signal goes from 6 MiB to at
+    // least 26 MiB, over 16 MiB, with the ballast still there.
+    const THRESHOLD: u64 = 16 * MI;
+    const LEFT_FREE: u64 = 6 * MI;
+    let min_age = Duration::from_secs(4);
+    let started = Instant::now();
+    let client = admin().await;
+    let node = "dev-imagefs";
+
+    // Declared first so that it is dropped last: the testbed's `down` unmounts the tmpfs
+    // itself, and this lazy unmount is only for a test that failed before `up`.
+    let mounts;
+    let tb = common::OwnTestbed::new("deckhand-tbimg-", "dhimg", "10.88.82.0/24")
+        .with_env("TESTBED_EXTRA_IMAGES", "filler");
+    std::fs::create_dir_all(tb.root_dir()).unwrap();
+    mounts = Mounts::tmpfs(&tb.root_dir(), "96m");
+    tb.up();
+    let endpoint = deckhand::cri::parse_endpoint(&tb.endpoint()).unwrap();
+    let cri = deckhand::cri::CriClient::connect(&endpoint, Duration::from_secs(30))
+        .await
+        .expect("the test's containerd answers");
+    let image_names = || async {
+        use deckhand::cri::ImageService;
+        cri.list_images()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|i| i.repo_tags)
+            .collect::<Vec<String>>()
+    };
+    let names = image_names().await;
+    for want in [FILLER, PAUSE, common::BUSYBOX] {
+        assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
+    }
+
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.runtime = Some(tb.endpoint());
+    agent.extra_args.extend([
+        format!(
+            "--eviction-hard=imagefs.available<{}Mi,nodefs.available<1%,nodefs.inodesFree<1%,memory.available<100Mi",
+            THRESHOLD / MI
+        ),
+        format!("--minimum-image-ttl-duration={}s", min_age.as_secs()),
+        "--eviction-pressure-transition-period=3s".to_string(),
+        "--node-status-update-frequency=1s".to_string(),
+    ]);
+    agent
+        .env
+        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+    agent.start();
+    let agent_started = Instant::now();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-evict-imagefs";
+    let _ns = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.create(
+        &PostParams::default(),
+        &common::cluster::bound_pod_with("sleeper", node, sleeping_spec(1)),
+    )
+    .await
+    .unwrap();
+    wait_until("the sleeper running", WAIT, || async {
+        running(&pods, "sleeper").await.then_some(())
+    })
+    .await;
+    // The agent records the images when it starts; an image seen for less than the minimum
+    // age is never removed (upstream's rule, it may be about to be used). Past it (with a
+    // margin for the agent's start), the filler may go.
+    wait_until("the filler past the minimum image age", WAIT, || async {
+        (agent_started.elapsed() >= min_age + Duration::from_secs(2)).then_some(())
+    })
+    .await;
+
+    let root = tb.root_dir();
+    let free = available(&root);
+    assert!(
+        free > THRESHOLD + 8 * MI,
+        "the image filesystem has only {free} bytes free before the ballast"
+    );
+    let pressure = ConditionWatch::start(client.clone(), node, "DiskPressure");
+    let ballast = root.join("ballast");
+    std::fs::write(&ballast, vec![b'b'; (free - LEFT_FREE) as usize]).unwrap();
+    let crossed = Instant::now();
+    wait_until("the unused image removed", WAIT, || async {
+        let names = image_names().await;
+        (!names.iter().any(|n| n == FILLER)).then_some(())
+    })
+    .await;
+    let removed_after = crossed.elapsed();
+    let free_after = available(&root);
+    assert!(
+        free_after >= THRESHOLD,
+        "with the filler gone, {free_after} bytes free: still under the threshold"
+    );
+    assert!(ballast.exists());
+    pressure_came_and_went(&client, node, &pressure, "DiskPressure").await;
+    let cleared_after = crossed.elapsed();
+
+    // The images in use stay: busybox (the sleeper's) and pause (the sandbox image).
+    let names = image_names().await;
+    for want in [PAUSE, common::BUSYBOX] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} was removed: {names:?}"
+        );
+    }
+    // No pod evicted: the sleeper still runs, no Evicted event, no eviction counted.
+    assert!(running(&pods, "sleeper").await, "the sleeper keeps running");
+    let p = pods.get("sleeper").await.unwrap();
+    assert_ne!(phase_reason(&p).1.as_deref(), Some("Evicted"));
+    assert!(
+        !common::cluster::event_reasons(&client, ns, "sleeper")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "Evicted"),
+        "an Evicted event"
+    );
+    assert_eq!(
+        metrics_line(agent.read_only_port, "kubelet_evictions{").await,
+        None,
+        "no eviction counted"
+    );
+    assert_eq!(
+        metrics_line(
+            agent.read_only_port,
+            "kubelet_image_garbage_collected_total{reason=\"space\"}"
+        )
+        .await
+        .as_deref(),
+        Some("kubelet_image_garbage_collected_total{reason=\"space\"} 1"),
+        "one image removed"
+    );
+    // The manager's own account: the reclaim for imagefs.available took one image and was
+    // enough; the image filesystem is a dedicated one (the tmpfs, not the agent's root dir).
+    let debug = local_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
+    let debug: serde_json::Value =
+        serde_json::from_str(&debug).unwrap_or_else(|e| panic!("{e}: {debug}"));
+    assert_eq!(debug["dedicated_imagefs"], true, "{debug}");
+    let reclaim = &debug["last_reclaim"];
+    assert_eq!(reclaim["signal"], "imagefs.available", "{debug}");
+    assert_eq!(reclaim["removed"]["unused_images"], 1, "{debug}");
+    assert_eq!(reclaim["enough"], true, "{debug}");
+    eprintln!(
+        "imagefs test: threshold crossed -> image removed {:.2}s -> DiskPressure False {:.1}s; \
+         reclaim round {:.0} ms; free {} MiB -> {} MiB; took {:.1}s",
+        removed_after.as_secs_f64(),
+        cleared_after.as_secs_f64(),
+        reclaim["took_ms"].as_f64().unwrap_or_default(),
+        LEFT_FREE / MI,
+        free_after / MI,
+        started.elapsed().as_secs_f64()
+    );
+    drop(agent);
+    drop(tb);
     drop(mounts);
 }

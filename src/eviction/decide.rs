@@ -138,6 +138,16 @@ pub enum Reclaim {
     UnusedImages,
 }
 
+impl Reclaim {
+    /// The name `/debug/eviction` shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reclaim::DeadContainers => "dead_containers",
+            Reclaim::UnusedImages => "unused_images",
+        }
+    }
+}
+
 /// What may be reclaimed for a signal. Memory and PIDs: nothing. Disk with images on the
 /// node filesystem: dead containers, then unused images (upstream). With a dedicated image
 /// filesystem, upstream reclaims nothing for nodefs; Deckhand still removes dead containers

@@ -42,6 +42,23 @@ pub struct LastRound {
     pub dedicated_imagefs: bool,
     /// What the round did: nothing, reclaimed, evicted <pod>.
     pub action: String,
+    /// The latest node-level reclaim (kept across rounds until the next one).
+    pub last_reclaim: Option<ReclaimRecord>,
+}
+
+/// One node-level reclaim, as `/debug/eviction` shows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReclaimRecord {
+    /// When it ran (RFC 3339).
+    pub at: String,
+    /// The signal whose threshold was met.
+    pub signal: String,
+    /// Step name (`dead_containers`, `unused_images`) → objects removed.
+    pub removed: std::collections::BTreeMap<String, usize>,
+    /// The steps' time, measuring again after them included.
+    pub took_ms: f64,
+    /// Whether it cleared every threshold, so that no pod was evicted.
+    pub enough: bool,
 }
 
 /// What one round did.
@@ -206,18 +223,35 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
         // is clear afterwards.
         let steps = reclaim_steps(threshold.signal, reading.dedicated_imagefs);
         if !steps.is_empty() {
+            let began = Instant::now();
+            let mut record = ReclaimRecord {
+                at: jiff::Timestamp::now().to_string(),
+                signal: threshold.signal.as_str().to_string(),
+                ..Default::default()
+            };
             for step in steps {
+                let step_began = Instant::now();
                 match self.reclaimer.reclaim(*step).await {
                     Ok(n) => {
-                        tracing::info!(what = ?step, removed = n, "eviction manager: reclaimed node resources")
+                        let took_ms = step_began.elapsed().as_secs_f64() * 1000.0;
+                        tracing::info!(
+                            what = step.as_str(),
+                            removed = n,
+                            took_ms,
+                            "eviction manager: reclaimed node resources"
+                        );
+                        record.removed.insert(step.as_str().to_string(), n);
                     }
                     Err(err) => {
-                        tracing::warn!(what = ?step, error = %err, "eviction manager: reclaim failed")
+                        tracing::warn!(what = step.as_str(), error = %err, "eviction manager: reclaim failed")
                     }
                 }
             }
             let after = self.observer.observe().await?;
             let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
+            record.took_ms = began.elapsed().as_secs_f64() * 1000.0;
+            record.enough = still.is_empty();
+            self.note(|l| l.last_reclaim = Some(record));
             if still.is_empty() {
                 tracing::info!(
                     resource = resource.as_str(),

@@ -17,8 +17,7 @@ use super::decide::{ContainerUsage, Observation, Observations, PodUsage, Reclaim
 use super::signals::Signal;
 use crate::cri::{CriError, ImageService, RuntimeService};
 use crate::gc::containers::ContainerGcPolicy;
-use crate::gc::images::ImageGcPolicy;
-use crate::gc::run::{GcContext, GcError, ImageGc, container_gc_pass, image_gc_pass};
+use crate::gc::run::{GcContext, GcError, SharedImageGc, container_gc_pass, delete_unused_images};
 use crate::pod_state::PodStates;
 use crate::stats::{HostFiles, StatsError, StatsProvider};
 
@@ -273,11 +272,13 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
     }
 }
 
-/// The real reclaimer: the GC's passes, run at once. Images go as upstream's
-/// `DeleteUnusedImages`: every unused image old enough, whatever the GC thresholds.
+/// The real reclaimer: the GC's passes, run at once. Dead containers go as in the periodic
+/// container GC; images as upstream's `DeleteUnusedImages`: every unused image seen for at
+/// least the minimum age, whatever the GC thresholds, through the image record the periodic
+/// image GC keeps (so an image's age counts from when the agent first saw it).
 pub struct GcReclaimer<R> {
     pub ctx: GcContext<R>,
-    pub images: tokio::sync::Mutex<ImageGc>,
+    pub images: SharedImageGc,
     pub min_image_age: std::time::Duration,
     pub keep_images: Vec<String>,
 }
@@ -292,14 +293,13 @@ impl<R: RuntimeService + ImageService> Reclaimer for GcReclaimer<R> {
                 }
                 Reclaim::UnusedImages => {
                     let mut state = self.images.lock().await;
-                    let policy = ImageGcPolicy {
-                        high_threshold_percent: 0,
-                        low_threshold_percent: 0,
-                        min_age: self.min_image_age,
-                        max_age: std::time::Duration::ZERO,
-                    };
-                    let removed =
-                        image_gc_pass(&self.ctx.rt, &mut state, policy, &self.keep_images).await?;
+                    let removed = delete_unused_images(
+                        &self.ctx.rt,
+                        &mut state,
+                        self.min_image_age,
+                        &self.keep_images,
+                    )
+                    .await?;
                     Ok(removed.len())
                 }
             }

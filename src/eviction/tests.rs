@@ -688,6 +688,40 @@ async fn disk_pressure_is_reclaimed_before_any_pod_is_evicted() {
     );
     assert!(fakes.evicted.lock().unwrap().is_empty());
     assert!(m.pressure.has(Condition::DiskPressure));
+    let last = m.last.lock().unwrap().clone();
+    assert_eq!(last.action, "reclaimed");
+    let record = last.last_reclaim.expect("the reclaim is recorded");
+    assert_eq!(record.signal, "nodefs.available");
+    assert!(record.enough);
+    assert_eq!(
+        record.removed,
+        BTreeMap::from([("dead_containers".into(), 1), ("unused_images".into(), 1)])
+    );
+}
+
+#[tokio::test]
+async fn imagefs_pressure_the_reclaim_does_not_end_evicts_a_pod() {
+    let fakes = Fakes::default();
+    *fakes.pods.lock().unwrap() = vec![Arc::new(pod("app", &[], None))];
+    let imagefs = |available: i64| Reading {
+        dedicated_imagefs: true,
+        ..reading(Signal::ImageFsAvailable, available, &[])
+    };
+    // Still under the threshold after the reclaim.
+    *fakes.readings.lock().unwrap() = vec![imagefs(5 * MI), imagefs(8 * MI)];
+    let mut m = manager(&fakes, "imagefs.available<10Mi");
+    let (outcome, _) = m.round().await.unwrap();
+    assert_eq!(outcome, Outcome::Evicted("uid-app".into()));
+    assert_eq!(
+        *fakes.reclaimed.lock().unwrap(),
+        vec![Reclaim::DeadContainers, Reclaim::UnusedImages],
+        "a dedicated image filesystem: containers' writable layers and images both live there"
+    );
+    let last = m.last.lock().unwrap().clone();
+    assert!(last.action.starts_with("evicted "), "{}", last.action);
+    let record = last.last_reclaim.expect("the reclaim is recorded");
+    assert_eq!(record.signal, "imagefs.available");
+    assert!(!record.enough);
 }
 
 #[tokio::test]

@@ -122,6 +122,33 @@ impl ImageTracker {
         self.records.is_empty()
     }
 
+    /// Decides an eviction-time reclaim (upstream's `DeleteUnusedImages`): every image that
+    /// no container uses, the runtime has not pinned, and that was first seen at least
+    /// `min_age` ago, least recently used first. No thresholds and no byte goal: the node is
+    /// already under disk pressure, and the eviction manager measures again afterwards.
+    /// The minimum age still holds, as upstream: an image seen just now may be one a pod is
+    /// about to start from.
+    pub fn plan_unused(
+        &self,
+        in_use: &HashSet<String>,
+        min_age: Duration,
+        now: Instant,
+    ) -> Vec<String> {
+        let mut candidates: Vec<(&String, &ImageRecord)> = self
+            .records
+            .iter()
+            .filter(|(id, r)| {
+                !in_use.contains(*id)
+                    && !r.pinned
+                    && now.saturating_duration_since(r.first_detected) >= min_age
+            })
+            .collect();
+        candidates.sort_by(|a, b| {
+            (a.1.last_used, a.1.first_detected, a.0).cmp(&(b.1.last_used, b.1.first_detected, b.0))
+        });
+        candidates.into_iter().map(|(id, _)| id.clone()).collect()
+    }
+
     /// Decides a pass. `began` is when the GC started: the age rule waits `max_age` from
     /// then, since nothing is known of use before it. `usage` is absent when the filesystem
     /// could not be measured (then only the age rule applies).
@@ -302,6 +329,68 @@ mod tests {
             let plan = tracker.plan(&in_use, usage, policy(), now, t0);
             assert_eq!(ids(&plan), want, "{name}");
         }
+    }
+
+    #[test]
+    fn reclaim_under_pressure_takes_every_unused_image_old_enough() {
+        let t0 = Instant::now();
+        let pinned = ListedImage {
+            pinned: true,
+            ..image("pause", 1)
+        };
+        let images = [
+            image("a", 30),
+            image("b", 30),
+            image("c", 30),
+            image("d", 30),
+            pinned,
+        ];
+        let min_age = Duration::from_secs(120);
+        let later = t0 + Duration::from_secs(600);
+        type Case<'a> = (
+            &'a str,
+            ImageTracker,
+            HashSet<String>,
+            Instant,
+            Vec<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "all unused ones, least recently used first, whatever their size",
+                tracker(t0, &images[..4], &[("c", 10), ("a", 20)]),
+                set(&[]),
+                later,
+                vec!["b", "d", "c", "a"],
+            ),
+            (
+                "images in use and pinned images stay",
+                tracker(t0, &images, &[]),
+                set(&["a", "c"]),
+                later,
+                vec!["b", "d"],
+            ),
+            (
+                "nothing seen for less than the minimum age",
+                tracker(t0, &images, &[]),
+                set(&[]),
+                t0 + Duration::from_secs(119),
+                vec![],
+            ),
+            (
+                "nothing known, nothing removed",
+                ImageTracker::default(),
+                set(&[]),
+                later,
+                vec![],
+            ),
+        ];
+        for (name, tracker, in_use, now, want) in cases {
+            assert_eq!(tracker.plan_unused(&in_use, min_age, now), want, "{name}");
+        }
+        // An image detected late (pulled after the others) is younger.
+        let mut t = tracker(t0, &images[..1], &[]);
+        t.observe(&images[..2], &HashSet::new(), t0 + Duration::from_secs(500));
+        assert_eq!(t.plan_unused(&set(&[]), min_age, later), vec!["a"]);
     }
 
     #[test]

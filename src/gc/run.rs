@@ -14,7 +14,7 @@ use super::containers::{
     ContainerGcPlan, ContainerGcPolicy, GcContainer, GcSandbox, PodActivity, plan_container_gc,
 };
 use super::files;
-use super::images::{FsUsage, ImageGcPolicy, ImageTracker, ListedImage};
+use super::images::{FsUsage, ImageGcPolicy, ImageTracker, ListedImage, RemovalReason};
 use super::rotation::{TIMESTAMP_FORMAT, plan_rotation};
 use crate::config::GcSettings;
 use crate::cri::proto::{
@@ -82,11 +82,13 @@ where
     }
 }
 
-/// Starts the three loops on `tracker`.
+/// Starts the three loops on `tracker`. `images` is the image record the eviction
+/// manager's reclaim shares.
 pub fn spawn<R: RuntimeService + ImageService>(
     ctx: GcContext<R>,
     settings: &GcSettings,
     keep_images: &[String],
+    images: SharedImageGc,
     periods: GcPeriods,
     tracker: &tokio_util::task::TaskTracker,
     cancel: CancellationToken,
@@ -125,20 +127,33 @@ pub fn spawn<R: RuntimeService + ImageService>(
             min_age: settings.image_minimum_gc_age,
             max_age: settings.image_maximum_gc_age,
         };
-        let state = Arc::new(tokio::sync::Mutex::new(ImageGc {
-            tracker: ImageTracker::default(),
-            began: Instant::now(),
-        }));
         let keep: Arc<Vec<String>> = Arc::new(keep_images.to_vec());
-        tracker.spawn(every(periods.image_gc, cancel.clone(), move || {
-            let (ctx, state, keep) = (ctx.clone(), state.clone(), keep.clone());
-            async move {
-                let mut state = state.lock().await;
-                if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy, &keep).await {
-                    tracing::warn!(error = %err, "image GC failed");
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            // Record what is there at once; the first pass comes one period later.
+            {
+                let mut state = images.lock().await;
+                match record_images(&ctx.rt, &mut state, &keep).await {
+                    Ok(n) => tracing::debug!(
+                        images = n,
+                        "image GC: recorded the images present at start"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "image GC: cannot list the images at start")
+                    }
                 }
             }
-        }));
+            every(periods.image_gc, cancel, move || {
+                let (ctx, state, keep) = (ctx.clone(), images.clone(), keep.clone());
+                async move {
+                    let mut state = state.lock().await;
+                    if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy, &keep).await {
+                        tracing::warn!(error = %err, "image GC failed");
+                    }
+                }
+            })
+            .await
+        });
     }
     let rotation = RotationPolicy {
         max_size: settings.container_log_max_size_bytes,
@@ -342,22 +357,43 @@ pub struct ImageGc {
     pub began: Instant,
 }
 
-/// One image GC pass: record what is in use, measure the image filesystem, remove what the
-/// plan says. Returns the IDs removed.
-/// `keep` names images never to remove besides those in use (`--pod-infra-container-image`).
-pub async fn image_gc_pass<R: RuntimeService + ImageService>(
+/// One image record for the whole agent, as upstream has one image GC manager: the periodic
+/// pass and the eviction manager's reclaim must agree on when an image was first seen, or
+/// the reclaim (seeing every image for the first time when pressure comes) would find them
+/// all younger than the minimum age and leave the eviction of a pod as the only way out.
+pub type SharedImageGc = Arc<tokio::sync::Mutex<ImageGc>>;
+
+impl ImageGc {
+    /// An empty record whose age rule counts from now.
+    pub fn shared() -> SharedImageGc {
+        Arc::new(tokio::sync::Mutex::new(ImageGc {
+            tracker: ImageTracker::default(),
+            began: Instant::now(),
+        }))
+    }
+}
+
+/// What one look at the runtime found: its images, those in use, and when it looked.
+struct Detected {
+    images: Vec<crate::cri::proto::Image>,
+    in_use: HashSet<String>,
+    now: Instant,
+}
+
+/// Lists the images and what uses them, and records both in the tracker (upstream's
+/// `detectImages`). An image counts as used when any container in the runtime (whoever made
+/// it, in any state) names it, or when it is the sandbox image or one of `keep`.
+async fn detect_images<R: RuntimeService + ImageService>(
     rt: &R,
     state: &mut ImageGc,
-    policy: ImageGcPolicy,
     keep: &[String],
-) -> Result<Vec<String>, GcError> {
+) -> Result<Detected, GcError> {
     let now = Instant::now();
     let images = rt.list_images().await?;
     // The sandbox image: containerd 1.6 does not pin it, and no container lists it as its
     // image, yet every new pod needs it (and it may not be pullable from here).
     let mut protected: HashSet<String> = sandbox_image(rt).await.into_iter().collect();
     protected.extend(keep.iter().cloned());
-    // Every container in the runtime counts, whoever made it, in any state.
     let containers = rt.list_containers(None).await?;
     let mut in_use: HashSet<String> = HashSet::new();
     let specs: HashSet<&str> = containers
@@ -392,20 +428,35 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
         })
         .collect();
     state.tracker.observe(&listed, &in_use, now);
-    let usage = image_fs_usage(rt).await;
-    let plan = state.tracker.plan(&in_use, usage, policy, now, state.began);
-    if plan.bytes_to_free > 0 {
-        tracing::info!(
-            usage_percent = usage.map(|u| u.usage_percent()).unwrap_or_default(),
-            high_threshold = policy.high_threshold_percent,
-            bytes_to_free = plan.bytes_to_free,
-            bytes_planned = plan.bytes_planned,
-            "image filesystem above the high threshold; removing unused images"
-        );
-    }
+    Ok(Detected {
+        images,
+        in_use,
+        now,
+    })
+}
+
+/// Records the images the runtime has now, without removing any: what the image loop does
+/// when it starts (as upstream's image manager does at once), so that the minimum age
+/// counts from the agent's start rather than from the first pass or the first pressure.
+pub async fn record_images<R: RuntimeService + ImageService>(
+    rt: &R,
+    state: &mut ImageGc,
+    keep: &[String],
+) -> Result<usize, GcError> {
+    let detected = detect_images(rt, state, keep).await?;
+    Ok(detected.images.len())
+}
+
+/// Removes `plan` (image ID, reason) from the runtime; returns the IDs that went (or were
+/// already gone). A failure is logged and the others are still tried.
+async fn remove_images<R: ImageService>(
+    rt: &R,
+    listed: &[crate::cri::proto::Image],
+    plan: &[(String, RemovalReason)],
+) -> Vec<String> {
     let mut removed = Vec::new();
-    for (id, reason) in &plan.remove {
-        let names = images
+    for (id, reason) in plan {
+        let names = listed
             .iter()
             .find(|i| &i.id == id)
             .map(|i| i.repo_tags.join(","))
@@ -423,6 +474,34 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
             }
         }
     }
+    removed
+}
+
+/// One image GC pass: record what is in use, measure the image filesystem, remove what the
+/// plan says. Returns the IDs removed.
+/// `keep` names images never to remove besides those in use (`--pod-infra-container-image`).
+pub async fn image_gc_pass<R: RuntimeService + ImageService>(
+    rt: &R,
+    state: &mut ImageGc,
+    policy: ImageGcPolicy,
+    keep: &[String],
+) -> Result<Vec<String>, GcError> {
+    let began = Instant::now();
+    let detected = detect_images(rt, state, keep).await?;
+    let usage = image_fs_usage(rt).await;
+    let plan = state
+        .tracker
+        .plan(&detected.in_use, usage, policy, detected.now, state.began);
+    if plan.bytes_to_free > 0 {
+        tracing::info!(
+            usage_percent = usage.map(|u| u.usage_percent()).unwrap_or_default(),
+            high_threshold = policy.high_threshold_percent,
+            bytes_to_free = plan.bytes_to_free,
+            bytes_planned = plan.bytes_planned,
+            "image filesystem above the high threshold; removing unused images"
+        );
+    }
+    let removed = remove_images(rt, &detected.images, &plan.remove).await;
     if plan.bytes_planned < plan.bytes_to_free {
         tracing::warn!(
             bytes_to_free = plan.bytes_to_free,
@@ -430,7 +509,54 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
             "image GC could not free enough space: the remaining images are in use or too new"
         );
     }
+    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+    if removed.is_empty() {
+        tracing::debug!(
+            images = detected.images.len(),
+            took_ms,
+            "image GC pass done; nothing removed"
+        );
+    } else {
+        tracing::info!(
+            images = detected.images.len(),
+            removed = removed.len(),
+            took_ms,
+            "image GC pass done"
+        );
+    }
     Ok(removed)
+}
+
+/// The eviction manager's image reclaim (upstream's `DeleteUnusedImages`): every image not
+/// in use, not pinned and seen for at least `min_age`, whatever the GC thresholds, least
+/// recently used first. Returns the IDs removed.
+pub async fn delete_unused_images<R: RuntimeService + ImageService>(
+    rt: &R,
+    state: &mut ImageGc,
+    min_age: Duration,
+    keep: &[String],
+) -> Result<Vec<String>, GcError> {
+    let detected = detect_images(rt, state, keep).await?;
+    let plan: Vec<(String, RemovalReason)> = state
+        .tracker
+        .plan_unused(&detected.in_use, min_age, detected.now)
+        .into_iter()
+        .map(|id| (id, RemovalReason::Space))
+        .collect();
+    let unused = detected
+        .images
+        .iter()
+        .filter(|i| !detected.in_use.contains(&i.id) && !i.pinned)
+        .count();
+    if plan.len() < unused {
+        tracing::info!(
+            unused,
+            old_enough = plan.len(),
+            min_age_s = min_age.as_secs_f64(),
+            "image reclaim: some unused images are younger than the minimum age and stay"
+        );
+    }
+    Ok(remove_images(rt, &detected.images, &plan).await)
 }
 
 /// The runtime's sandbox image, from the configuration containerd shows in its verbose

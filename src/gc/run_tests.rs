@@ -207,6 +207,74 @@ async fn image_gc_removes_only_unused_unpinned_images() {
 }
 
 #[tokio::test]
+async fn reclaim_removes_every_unused_image_the_shared_record_has_seen_long_enough() {
+    let rt = FakeCri::default();
+    let image = |id: &str, size: u64| Image {
+        size,
+        ..listed(
+            id,
+            &format!("example/{}:1", id.trim_start_matches("sha256:")),
+            false,
+        )
+    };
+    rt.set_listed_images(vec![
+        image("sha256:used", 1 << 20),
+        image("sha256:big", 64 << 20),
+        image("sha256:small", 1024),
+        listed("sha256:pause", "example/pause:1", true),
+    ]);
+    rt.add_container(Container {
+        id: "a".into(),
+        image_ref: "sha256:used".into(),
+        state: ContainerState::ContainerRunning as i32,
+        ..Default::default()
+    });
+    let min_age = Duration::from_secs(120);
+
+    // Pressure in the agent's first minutes: the images were all first seen just now.
+    let shared = ImageGc::shared();
+    assert_eq!(
+        record_images(&rt, &mut *shared.lock().await, &[])
+            .await
+            .unwrap(),
+        4
+    );
+    let removed = delete_unused_images(&rt, &mut *shared.lock().await, min_age, &[])
+        .await
+        .unwrap();
+    assert_eq!(removed, Vec::<String>::new());
+    assert_eq!(rt.listed_images().len(), 4);
+
+    // The periodic GC saw them five minutes ago: all the unused ones go, whatever the
+    // filesystem's usage (no ImageFsInfo asked), and no byte goal stops it early.
+    let mut state = shared.lock().await;
+    let listed_now: Vec<ListedImage> = rt
+        .listed_images()
+        .into_iter()
+        .map(|i| ListedImage {
+            id: i.id,
+            size: i.size,
+            pinned: i.pinned,
+        })
+        .collect();
+    state.tracker = ImageTracker::default();
+    state.tracker.observe(
+        &listed_now,
+        &HashSet::new(),
+        Instant::now() - Duration::from_secs(300),
+    );
+    let mut removed = delete_unused_images(&rt, &mut state, min_age, &[])
+        .await
+        .unwrap();
+    removed.sort();
+    assert_eq!(removed, vec!["sha256:big", "sha256:small"]);
+    let mut left: Vec<String> = rt.listed_images().into_iter().map(|i| i.id).collect();
+    left.sort();
+    assert_eq!(left, vec!["sha256:pause", "sha256:used"]);
+    assert_eq!(rt.count("ImageFsInfo"), 0);
+}
+
+#[tokio::test]
 async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
     let dir = tempdir("rotate");
     let log = dir.join("0.log");

@@ -125,7 +125,7 @@ pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     ),
     image_garbage_collected: Family::counter(
         "kubelet_image_garbage_collected_total",
-        "Images removed by image GC, by reason (space: the image filesystem was above the high threshold; age: unused longer than imageMaximumGCAge).",
+        "Images removed by image GC, by reason (space: the image filesystem was above the high threshold, or under disk pressure the eviction manager reclaimed unused images; age: unused longer than imageMaximumGCAge).",
         &["reason"],
     ),
     garbage_collected: Family::counter(

@@ -328,8 +328,15 @@ impl Drop for Agent {
             }
         }
         let node = self.node.clone();
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| std::env::var("DECKHAND_TEST_RUNTIME").ok());
         let cleanup = async move {
-            let Ok(endpoint) = parse_endpoint(&runtime_endpoint()) else {
+            let Some(runtime) = runtime else {
+                return;
+            };
+            let Ok(endpoint) = parse_endpoint(&runtime) else {
                 return;
             };
             let Ok(cri) = CriClient::connect(&endpoint, Duration::from_secs(30)).await else {
@@ -524,6 +531,7 @@ pub struct OwnTestbed {
     dir: tempfile::TempDir,
     bridge: &'static str,
     subnet: &'static str,
+    env: Vec<(String, String)>,
 }
 
 impl OwnTestbed {
@@ -533,7 +541,14 @@ impl OwnTestbed {
             dir: tempfile::Builder::new().prefix(prefix).tempdir().unwrap(),
             bridge,
             subnet,
+            env: Vec::new(),
         }
+    }
+
+    /// Sets an environment variable for `scripts/testbed up` (e.g. `TESTBED_EXTRA_IMAGES`).
+    pub fn with_env(mut self, key: &str, value: &str) -> OwnTestbed {
+        self.env.push((key.to_string(), value.to_string()));
+        self
     }
 
     fn script() -> PathBuf {
@@ -551,6 +566,7 @@ impl OwnTestbed {
                 "--subnet",
                 self.subnet,
             ])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run scripts/testbed");
         assert!(
@@ -563,6 +579,12 @@ impl OwnTestbed {
     /// The testbed's directory.
     pub fn tb(&self) -> String {
         self.dir.path().join("tb").display().to_string()
+    }
+
+    /// containerd's root (content store and snapshots: the image filesystem); a test may
+    /// mount a filesystem of its own here before `up`, and `down` unmounts it.
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("tb/root")
     }
 
     /// The CRI endpoint of its containerd.
