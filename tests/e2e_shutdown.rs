@@ -5,6 +5,11 @@
 //! within its grace, marks them Failed with upstream's reason and message, refuses new pods,
 //! and releases the lock (the stand-in sees its end of the lock reach EOF). A cancelled
 //! shutdown takes a new lock and admits pods again.
+//!
+//! A second test joins the agent to the real test control plane (`DECKHAND_TEST_CLUSTER`):
+//! on `PrepareForShutdown(true)` the Node turns not Ready with upstream's reason and message,
+//! the pods bound to it end Failed in the API with the `DisruptionTarget` condition, and on
+//! `PrepareForShutdown(false)` the Node is Ready again.
 
 mod common;
 
@@ -370,5 +375,163 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         },
     )
     .await;
+    agent.stop();
+}
+
+/// The Node's Ready condition: (status, reason, message).
+async fn ready_of(client: &kube::Client, node: &str) -> Option<(String, String, String)> {
+    let n = common::cluster::get_node(client, node).await?;
+    let c = n
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((
+        c.status,
+        c.reason.unwrap_or_default(),
+        c.message.unwrap_or_default(),
+    ))
+}
+
+#[tokio::test]
+async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_api() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+
+    let started = Instant::now();
+    let bus = Bus::start();
+    let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
+    wait_until("the private bus's socket", Duration::from_secs(10), || {
+        let ready = socket.exists();
+        async move { ready.then_some(()) }
+    })
+    .await;
+    let logind = Logind::start(&bus.address, Duration::from_secs(30)).await;
+
+    let client = common::cluster::admin().await;
+    let node = "dev-shutdown-api";
+    let (mut agent, _node_cleanup) = common::cluster::joined_agent(node);
+    // The joined agent's configuration file, with a short shutdown added: 4 s for regular
+    // pods, 2 s for critical ones.
+    let config = agent.dir.path().join("config.yaml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("shutdownGracePeriod: 6s\nshutdownGracePeriodCriticalPods: 2s\n");
+    std::fs::write(&config, text).unwrap();
+    agent
+        .extra_args
+        .push("--node-status-update-frequency=1s".to_string());
+    agent
+        .env
+        .push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address.clone()));
+    agent.start();
+    common::cluster::wait_node_ready(&client, node, &agent).await;
+    wait_until("the delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 1).then_some(()) }
+    })
+    .await;
+    let ns = "e2e-shutdown-api";
+    let _ns = common::cluster::create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for name in ["web", "worker"] {
+        pods.create(
+            &PostParams::default(),
+            &common::cluster::bound_pod_with(name, node, common::cluster::sleeping_spec(30)),
+        )
+        .await
+        .unwrap();
+    }
+    for name in ["web", "worker"] {
+        common::pressure::wait_running(&pods, name, Duration::from_secs(30)).await;
+    }
+
+    let signal = Instant::now();
+    logind.prepare_for_shutdown(true).await;
+    // Upstream's Ready condition while the shutdown manager reports an error.
+    let not_ready = wait_until("the Node not Ready", Duration::from_secs(15), || async {
+        let ready = ready_of(&client, node).await?;
+        (ready.0 == "False").then_some(ready)
+    })
+    .await;
+    let not_ready_after = signal.elapsed();
+    assert_eq!(
+        not_ready,
+        (
+            "False".to_string(),
+            "KubeletNotReady".to_string(),
+            "node is shutting down".to_string()
+        )
+    );
+    // Each pod ends Failed in the API with upstream's reason, message and condition, its
+    // container terminated.
+    for name in ["web", "worker"] {
+        let pod = wait_until(
+            &format!("{name} Failed in the API"),
+            Duration::from_secs(20),
+            || async {
+                let p = pods.get(name).await.ok()?;
+                let s = p.status.clone()?;
+                let terminated = s
+                    .container_statuses
+                    .as_ref()?
+                    .first()?
+                    .state
+                    .as_ref()?
+                    .terminated
+                    .is_some();
+                (s.phase.as_deref() == Some("Failed") && terminated).then_some(p)
+            },
+        )
+        .await;
+        let status = pod.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Terminated"), "{name}");
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was terminated in response to imminent node shutdown."),
+            "{name}"
+        );
+        let conditions = status.conditions.unwrap_or_default();
+        assert!(
+            conditions.iter().any(|c| c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("TerminationByKubelet")),
+            "{name}: {conditions:?}"
+        );
+    }
+    let pods_failed_after = signal.elapsed();
+    wait_until("the lock released", Duration::from_secs(15), || {
+        let (_, released) = logind.locks();
+        async move { released.first().cloned().flatten() }
+    })
+    .await;
+    // The Node's event about it.
+    wait_until("the NodeShutdown event", Duration::from_secs(15), || async {
+        common::cluster::event_reasons(&client, "default", node)
+            .await
+            .into_iter()
+            .any(|(reason, m)| {
+                reason == "NodeShutdown" && m == "Shutdown manager detected shutdown event"
+            })
+            .then_some(())
+    })
+    .await;
+
+    // Cancelled: Ready again, with a new lock.
+    let cancel = Instant::now();
+    logind.prepare_for_shutdown(false).await;
+    wait_until("the Node Ready again", Duration::from_secs(15), || async {
+        (ready_of(&client, node).await?.0 == "True").then_some(())
+    })
+    .await;
+    let ready_after = cancel.elapsed();
+    wait_until("a new delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 2).then_some(()) }
+    })
+    .await;
+    eprintln!(
+        "joined shutdown: signal -> Node not Ready {not_ready_after:?}, pods Failed in the API {pods_failed_after:?}; cancel -> Ready {ready_after:?}; took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     agent.stop();
 }
