@@ -861,6 +861,9 @@ pub async fn run(
                 state_file: config.root_dir.join(crate::shutdown::STATE_FILE),
                 events: events.clone(),
                 node_name: config.node_name.clone(),
+                volumes: Arc::new(crate::shutdown::volumes::MountTable {
+                    pods_dir: config.root_dir.join("pods"),
+                }),
             },
             shutdown_status.clone(),
         );

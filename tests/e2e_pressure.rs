@@ -113,7 +113,8 @@ async fn pid_pressure_evicts_the_pod_with_most_processes_and_keeps_the_other() {
 
     let evicted = wait_evicted(&pods, "forker", WAIT).await;
     let evicted_after = created.elapsed();
-    let want = format!("The node was low on resource: pids. Threshold quantity: {threshold}, available: ");
+    let want =
+        format!("The node was low on resource: pids. Threshold quantity: {threshold}, available: ");
     assert!(evicted.message.starts_with(&want), "{evicted:?}");
     // No container figures: upstream names them for memory and ephemeral storage only.
     assert!(
@@ -123,7 +124,10 @@ async fn pid_pressure_evicts_the_pod_with_most_processes_and_keeps_the_other() {
     wait_until_event(&client, ns, "forker", &evicted.message).await;
     let (rose, fell) = pressure.wait_came_and_went(WAIT).await;
     let calm = outcome(&pods, "calm").await.expect("the calm pod");
-    assert_eq!(calm.phase, "Running", "the pod with few processes keeps running: {calm:?}");
+    assert_eq!(
+        calm.phase, "Running",
+        "the pod with few processes keeps running: {calm:?}"
+    );
     assert_eq!(
         evictions_counted(&agent).await.as_deref(),
         Some("kubelet_evictions{eviction_signal=\"pid.available\"} 1"),
@@ -213,9 +217,9 @@ async fn inode_pressure_evicts_the_pod_with_most_files_and_keeps_the_other() {
     let evicted = wait_evicted(&pods, "filer", WAIT).await;
     let evicted_after = created.elapsed();
     assert!(
-        evicted
-            .message
-            .starts_with("The node was low on resource: inodes. Threshold quantity: 1k, available: "),
+        evicted.message.starts_with(
+            "The node was low on resource: inodes. Threshold quantity: 1k, available: "
+        ),
         "{evicted:?}"
     );
     wait_until_event(&client, ns, "filer", &evicted.message).await;
@@ -226,7 +230,10 @@ async fn inode_pressure_evicts_the_pod_with_most_files_and_keeps_the_other() {
     .await;
     let (rose, fell) = pressure.wait_came_and_went(WAIT).await;
     let calm = outcome(&pods, "calm").await.expect("the calm pod");
-    assert_eq!(calm.phase, "Running", "the pod with few files keeps running: {calm:?}");
+    assert_eq!(
+        calm.phase, "Running",
+        "the pod with few files keeps running: {calm:?}"
+    );
     assert_eq!(
         evictions_counted(&agent).await.as_deref(),
         Some("kubelet_evictions{eviction_signal=\"nodefs.inodesFree\"} 1"),

@@ -8,8 +8,9 @@
 //!
 //! A second test joins the agent to the real test control plane (`DECKHAND_TEST_CLUSTER`):
 //! on `PrepareForShutdown(true)` the Node turns not Ready with upstream's reason and message,
-//! the pods bound to it end Failed in the API with the `DisruptionTarget` condition, and on
-//! `PrepareForShutdown(false)` the Node is Ready again.
+//! the pods bound to it end Failed in the API with the `DisruptionTarget` condition, their
+//! volumes are unmounted before the lock is released, and on `PrepareForShutdown(false)` the
+//! Node is Ready again.
 
 mod common;
 
@@ -378,6 +379,18 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
     agent.stop();
 }
 
+/// The mount points at or below `dir`, as this process's mount table shows them.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let prefix = dir.display().to_string();
+    table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|point| point.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The Node's Ready condition: (status, reason, message).
 async fn ready_of(client: &kube::Client, node: &str) -> Option<(String, String, String)> {
     let n = common::cluster::get_node(client, node).await?;
@@ -433,10 +446,16 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
     let ns = "e2e-shutdown-api";
     let _ns = common::cluster::create_namespace(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    for name in ["web", "worker"] {
+    // `web` has a memory-backed emptyDir: a tmpfs mount under its pod directory, which is
+    // unmounted once the pod is stopped for the shutdown.
+    let mut web = common::cluster::sleeping_spec(30);
+    web["containers"][0]["volumeMounts"] =
+        serde_json::json!([{"name": "cache", "mountPath": "/cache"}]);
+    web["volumes"] = serde_json::json!([{"name": "cache", "emptyDir": {"medium": "Memory"}}]);
+    for (name, spec) in [("web", web), ("worker", common::cluster::sleeping_spec(30))] {
         pods.create(
             &PostParams::default(),
-            &common::cluster::bound_pod_with(name, node, common::cluster::sleeping_spec(30)),
+            &common::cluster::bound_pod_with(name, node, spec),
         )
         .await
         .unwrap();
@@ -444,6 +463,13 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
     for name in ["web", "worker"] {
         common::pressure::wait_running(&pods, name, Duration::from_secs(30)).await;
     }
+    let web_uid = pods.get("web").await.unwrap().metadata.uid.unwrap();
+    let web_volumes = agent.root_dir().join("pods").join(&web_uid).join("volumes");
+    assert!(
+        !mounts_under(&web_volumes).is_empty(),
+        "web's emptyDir is a mount under {}",
+        web_volumes.display()
+    );
 
     let signal = Instant::now();
     logind.prepare_for_shutdown(true).await;
@@ -504,16 +530,22 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
         async move { released.first().cloned().flatten() }
     })
     .await;
+    // The shutdown went on only once the stopped pods' volumes were unmounted.
+    assert_eq!(mounts_under(&web_volumes), Vec::<String>::new());
     // The Node's event about it.
-    wait_until("the NodeShutdown event", Duration::from_secs(15), || async {
-        common::cluster::event_reasons(&client, "default", node)
-            .await
-            .into_iter()
-            .any(|(reason, m)| {
-                reason == "NodeShutdown" && m == "Shutdown manager detected shutdown event"
-            })
-            .then_some(())
-    })
+    wait_until(
+        "the NodeShutdown event",
+        Duration::from_secs(15),
+        || async {
+            common::cluster::event_reasons(&client, "default", node)
+                .await
+                .into_iter()
+                .any(|(reason, m)| {
+                    reason == "NodeShutdown" && m == "Shutdown manager detected shutdown event"
+                })
+                .then_some(())
+        },
+    )
     .await;
 
     // Cancelled: Ready again, with a new lock.
