@@ -863,6 +863,10 @@ pub async fn run(
                 node_name: config.node_name.clone(),
                 volumes: Arc::new(crate::shutdown::volumes::MountTable {
                     pods_dir: config.root_dir.join("pods"),
+                    read: || {
+                        crate::volume::mountinfo::read()
+                            .map(|table| table.into_iter().map(|e| e.mount_point).collect())
+                    },
                 }),
             },
             shutdown_status.clone(),

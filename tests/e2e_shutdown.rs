@@ -2,9 +2,9 @@
 //! stand-in for systemd-logind living in this test (logind itself needs systemd as PID 1,
 //! which these machines do not have): the agent takes a delay lock, and on
 //! `PrepareForShutdown(true)` stops the regular pods first and the critical pod last, each
-//! within its grace, marks them Failed with upstream's reason and message, refuses new pods,
-//! and releases the lock (the stand-in sees its end of the lock reach EOF). A cancelled
-//! shutdown takes a new lock and admits pods again.
+//! within its grace, marks them Failed with upstream's reason and message, unmounts their
+//! volumes, refuses new pods, and releases the lock (the stand-in sees its end of the lock
+//! reach EOF). A cancelled shutdown takes a new lock and admits pods again.
 //!
 //! A second test joins the agent to the real test control plane (`DECKHAND_TEST_CLUSTER`):
 //! on `PrepareForShutdown(true)` the Node turns not Ready with upstream's reason and message,
@@ -206,6 +206,21 @@ spec:
     )
 }
 
+/// `manifest` (from [`pod`]) with a memory-backed emptyDir: a tmpfs mount under the pod's
+/// directory that must be gone before the shutdown goes on.
+fn with_memory_volume(manifest: String) -> String {
+    let more = [
+        "    volumeMounts:",
+        "    - name: cache",
+        "      mountPath: /cache",
+        "  volumes:",
+        "  - name: cache",
+        "    emptyDir:",
+        "      medium: Memory",
+    ];
+    manifest + &more.join("\n") + "\n"
+}
+
 /// Stops at once on SIGTERM.
 const POLITE: &str = "trap 'exit 0' TERM; sleep 600 & wait";
 /// Ignores SIGTERM (PID 1 without a handler): only the kill at the end of its grace stops it.
@@ -242,7 +257,10 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         .env
         .push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address.clone()));
     // Regular pods get 8 s: `web` stops at once, `stubborn` is killed after its own 3 s.
-    agent.write_manifest("web.yaml", &pod("web", 30, None, POLITE));
+    agent.write_manifest(
+        "web.yaml",
+        &with_memory_volume(pod("web", 30, None, POLITE)),
+    );
     agent.write_manifest("stubborn.yaml", &pod("stubborn", 3, None, STUBBORN));
     // The critical pod, last, with the 6 s of the critical part.
     agent.write_manifest(
@@ -271,6 +289,16 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         .await;
     }
 
+    let web_uid = agent.pod("web").await.unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let web_volumes = agent.root_dir().join("pods").join(web_uid).join("volumes");
+    assert!(
+        !mounts_under(&web_volumes).is_empty(),
+        "web's emptyDir is mounted"
+    );
+
     let signal = Instant::now();
     logind.prepare_for_shutdown(true).await;
     // Watch /pods: when each pod turns Failed, until the lock is released.
@@ -290,6 +318,8 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
             }
         }
         if let Some(Some(at)) = logind.locks().1.first().cloned() {
+            // Stopped pods are kept (static pods are not removed), their volumes are not.
+            assert_eq!(mounts_under(&web_volumes), Vec::<String>::new());
             break at.duration_since(signal);
         }
         assert!(
@@ -460,8 +490,22 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
         .await
         .unwrap();
     }
+    // Running and Ready: the sync that started the containers is over.
     for name in ["web", "worker"] {
-        common::pressure::wait_running(&pods, name, Duration::from_secs(30)).await;
+        wait_until(
+            &format!("{name} ready"),
+            Duration::from_secs(30),
+            || async {
+                let p = pods.get(name).await.ok()?;
+                let s = p.status?;
+                let ready = s
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                (s.phase.as_deref() == Some("Running") && ready).then_some(())
+            },
+        )
+        .await;
     }
     let web_uid = pods.get("web").await.unwrap().metadata.uid.unwrap();
     let web_volumes = agent.root_dir().join("pods").join(&web_uid).join("volumes");

@@ -4,14 +4,13 @@
 //! projected tokens, memory-backed emptyDirs) are mounts under
 //! `<root-dir>/pods/<uid>/volumes`; a pod is done once none is left there.
 //!
-//! The mount table is behind [`PodVolumes`] ([`MountTable`] reads this process's); which
-//! mounts belong to which pods is the pure [`volume_mounts`].
+//! The mount table is behind [`PodVolumes`] ([`MountTable`] reads this process's, through
+//! the reader the daemon hands it: the volume code's, which the shutdown code does not
+//! depend on); which mounts belong to which pods is the pure [`volume_mounts`].
 
 use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
-
-use crate::volume::mountinfo::{self, MountEntry};
 
 /// How often the mounts are looked at while waiting (upstream's retry interval for mounts).
 pub const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(300);
@@ -21,20 +20,25 @@ pub trait PodVolumes: Send + Sync + 'static {
     fn still_mounted<'a>(&'a self, uids: &'a [String]) -> BoxFuture<'a, Vec<PathBuf>>;
 }
 
-/// The real one: `/proc/self/mountinfo`, for pods under `<root-dir>/pods`.
+/// Reads the mount points of this process's mount table (`/proc/self/mountinfo`).
+pub type MountReader = fn() -> std::io::Result<Vec<PathBuf>>;
+
+/// The real one: the mount table, for pods under `<root-dir>/pods`.
 pub struct MountTable {
     pub pods_dir: PathBuf,
+    pub read: MountReader,
 }
 
 impl PodVolumes for MountTable {
     fn still_mounted<'a>(&'a self, uids: &'a [String]) -> BoxFuture<'a, Vec<PathBuf>> {
         let pods_dir = self.pods_dir.clone();
+        let read = self.read;
         let uids = uids.to_vec();
         Box::pin(async move {
             let read = tokio::task::spawn_blocking(move || {
                 // The table shows resolved paths; the root dir may be given through a symlink.
                 let pods_dir = pods_dir.canonicalize().unwrap_or(pods_dir);
-                mountinfo::read().map(|table| volume_mounts(&table, &pods_dir, &uids))
+                read().map(|points| volume_mounts(&points, &pods_dir, &uids))
             })
             .await;
             match read {
@@ -53,12 +57,16 @@ impl PodVolumes for MountTable {
     }
 }
 
-/// The mount points under `<pods_dir>/<uid>/volumes` of each pod, deepest first. A UID that
-/// is not one path component has no directory of its own and is skipped.
-pub fn volume_mounts(table: &[MountEntry], pods_dir: &Path, uids: &[String]) -> Vec<PathBuf> {
+/// The mount points (from `points`) under `<pods_dir>/<uid>/volumes` of each pod, pod by
+/// pod in the table's order. A UID that is not one path component has no directory of its
+/// own and is skipped.
+pub fn volume_mounts(points: &[PathBuf], pods_dir: &Path, uids: &[String]) -> Vec<PathBuf> {
     uids.iter()
         .filter(|uid| crate::paths::component_problem(uid).is_none())
-        .flat_map(|uid| mountinfo::mounts_under(table, &pods_dir.join(uid).join("volumes")))
+        .flat_map(|uid| {
+            let dir = pods_dir.join(uid).join("volumes");
+            points.iter().filter(move |p| p.starts_with(&dir)).cloned()
+        })
         .collect()
 }
 
@@ -82,12 +90,8 @@ pub async fn wait_unmounted(volumes: &dyn PodVolumes, uids: &[String]) {
 mod tests {
     use super::*;
 
-    fn entry(point: &str) -> MountEntry {
-        MountEntry {
-            mount_point: PathBuf::from(point),
-            fs_type: "tmpfs".into(),
-            super_options: "rw".into(),
-        }
+    fn entry(point: &str) -> PathBuf {
+        PathBuf::from(point)
     }
 
     #[test]
