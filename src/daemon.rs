@@ -886,6 +886,13 @@ pub async fn run(
                 state_file: config.root_dir.join(crate::shutdown::STATE_FILE),
                 events: events.clone(),
                 node_name: config.node_name.clone(),
+                volumes: Arc::new(crate::shutdown::volumes::MountTable {
+                    pods_dir: config.root_dir.join("pods"),
+                    read: || {
+                        crate::volume::mountinfo::read()
+                            .map(|table| table.into_iter().map(|e| e.mount_point).collect())
+                    },
+                }),
             },
             shutdown_status.clone(),
         );

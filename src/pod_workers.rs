@@ -40,9 +40,10 @@ pub enum Work {
         pod: Option<Arc<Pod>>,
         grace_override: Option<i64>,
     },
-    /// Stop the pod's containers (and sandbox) with a grace period, leave them in place, and
-    /// publish the pod's final status: upstream's `killPodNow`, as the node shutdown manager
-    /// uses it. The worker then syncs the pod no more; a later `Terminate` removes it.
+    /// Stop the pod's containers (and sandbox) with a grace period, leave them in place,
+    /// publish the pod's final status and unmount its volumes: upstream's `killPodNow`, as the
+    /// node shutdown manager uses it. The worker then syncs the pod no more; a later
+    /// `Terminate` removes it.
     Kill(Kill),
 }
 
@@ -638,6 +639,11 @@ async fn kill_once<R: RuntimeService + ImageService>(
     }
     if let Some(sync) = &deps.status_sync {
         sync.changed(uid);
+    }
+    // The pod is terminal: its volumes go now (the node shutdown manager waits for their
+    // unmount); a failure is retried by the pod's removal later.
+    if let Err(err) = deps.executor.unmount_volumes(uid).await {
+        tracing::warn!(error = %err, "cannot unmount the killed pod's volumes");
     }
     Ok(())
 }

@@ -2,9 +2,15 @@
 //! stand-in for systemd-logind living in this test (logind itself needs systemd as PID 1,
 //! which these machines do not have): the agent takes a delay lock, and on
 //! `PrepareForShutdown(true)` stops the regular pods first and the critical pod last, each
-//! within its grace, marks them Failed with upstream's reason and message, refuses new pods,
-//! and releases the lock (the stand-in sees its end of the lock reach EOF). A cancelled
-//! shutdown takes a new lock and admits pods again.
+//! within its grace, marks them Failed with upstream's reason and message, unmounts their
+//! volumes, refuses new pods, and releases the lock (the stand-in sees its end of the lock
+//! reach EOF). A cancelled shutdown takes a new lock and admits pods again.
+//!
+//! A second test joins the agent to the real test control plane (`DECKHAND_TEST_CLUSTER`):
+//! on `PrepareForShutdown(true)` the Node turns not Ready with upstream's reason and message,
+//! the pods bound to it end Failed in the API with the `DisruptionTarget` condition, their
+//! volumes are unmounted before the lock is released, and on `PrepareForShutdown(false)` the
+//! Node is Ready again.
 
 mod common;
 
@@ -200,6 +206,21 @@ spec:
     )
 }
 
+/// `manifest` (from [`pod`]) with a memory-backed emptyDir: a tmpfs mount under the pod's
+/// directory that must be gone before the shutdown goes on.
+fn with_memory_volume(manifest: String) -> String {
+    let more = [
+        "    volumeMounts:",
+        "    - name: cache",
+        "      mountPath: /cache",
+        "  volumes:",
+        "  - name: cache",
+        "    emptyDir:",
+        "      medium: Memory",
+    ];
+    manifest + &more.join("\n") + "\n"
+}
+
 /// Stops at once on SIGTERM.
 const POLITE: &str = "trap 'exit 0' TERM; sleep 600 & wait";
 /// Ignores SIGTERM (PID 1 without a handler): only the kill at the end of its grace stops it.
@@ -236,7 +257,10 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         .env
         .push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address.clone()));
     // Regular pods get 8 s: `web` stops at once, `stubborn` is killed after its own 3 s.
-    agent.write_manifest("web.yaml", &pod("web", 30, None, POLITE));
+    agent.write_manifest(
+        "web.yaml",
+        &with_memory_volume(pod("web", 30, None, POLITE)),
+    );
     agent.write_manifest("stubborn.yaml", &pod("stubborn", 3, None, STUBBORN));
     // The critical pod, last, with the 6 s of the critical part.
     agent.write_manifest(
@@ -265,6 +289,16 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         .await;
     }
 
+    let web_uid = agent.pod("web").await.unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let web_volumes = agent.root_dir().join("pods").join(web_uid).join("volumes");
+    assert!(
+        !mounts_under(&web_volumes).is_empty(),
+        "web's emptyDir is mounted"
+    );
+
     let signal = Instant::now();
     logind.prepare_for_shutdown(true).await;
     // Watch /pods: when each pod turns Failed, until the lock is released.
@@ -284,6 +318,8 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
             }
         }
         if let Some(Some(at)) = logind.locks().1.first().cloned() {
+            // Stopped pods are kept (static pods are not removed), their volumes are not.
+            assert_eq!(mounts_under(&web_volumes), Vec::<String>::new());
             break at.duration_since(signal);
         }
         assert!(
@@ -370,5 +406,208 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
         },
     )
     .await;
+    agent.stop();
+}
+
+/// The mount points at or below `dir`, as this process's mount table shows them.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let prefix = dir.display().to_string();
+    table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|point| point.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The Node's Ready condition: (status, reason, message).
+async fn ready_of(client: &kube::Client, node: &str) -> Option<(String, String, String)> {
+    let n = common::cluster::get_node(client, node).await?;
+    let c = n
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((
+        c.status,
+        c.reason.unwrap_or_default(),
+        c.message.unwrap_or_default(),
+    ))
+}
+
+#[tokio::test]
+async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_api() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+
+    let started = Instant::now();
+    let bus = Bus::start();
+    let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
+    wait_until("the private bus's socket", Duration::from_secs(10), || {
+        let ready = socket.exists();
+        async move { ready.then_some(()) }
+    })
+    .await;
+    let logind = Logind::start(&bus.address, Duration::from_secs(30)).await;
+
+    let client = common::cluster::admin().await;
+    let node = "dev-shutdown-api";
+    let (mut agent, _node_cleanup) = common::cluster::joined_agent(node);
+    // The joined agent's configuration file, with a short shutdown added: 4 s for regular
+    // pods, 2 s for critical ones.
+    let config = agent.dir.path().join("config.yaml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("shutdownGracePeriod: 6s\nshutdownGracePeriodCriticalPods: 2s\n");
+    std::fs::write(&config, text).unwrap();
+    agent
+        .extra_args
+        .push("--node-status-update-frequency=1s".to_string());
+    agent
+        .env
+        .push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address.clone()));
+    agent.start();
+    common::cluster::wait_node_ready(&client, node, &agent).await;
+    wait_until("the delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 1).then_some(()) }
+    })
+    .await;
+    let ns = "e2e-shutdown-api";
+    let _ns = common::cluster::create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // `web` has a memory-backed emptyDir: a tmpfs mount under its pod directory, which is
+    // unmounted once the pod is stopped for the shutdown.
+    let mut web = common::cluster::sleeping_spec(30);
+    web["containers"][0]["volumeMounts"] =
+        serde_json::json!([{"name": "cache", "mountPath": "/cache"}]);
+    web["volumes"] = serde_json::json!([{"name": "cache", "emptyDir": {"medium": "Memory"}}]);
+    for (name, spec) in [("web", web), ("worker", common::cluster::sleeping_spec(30))] {
+        pods.create(
+            &PostParams::default(),
+            &common::cluster::bound_pod_with(name, node, spec),
+        )
+        .await
+        .unwrap();
+    }
+    // Running and Ready: the sync that started the containers is over.
+    for name in ["web", "worker"] {
+        wait_until(
+            &format!("{name} ready"),
+            Duration::from_secs(30),
+            || async {
+                let p = pods.get(name).await.ok()?;
+                let s = p.status?;
+                let ready = s
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                (s.phase.as_deref() == Some("Running") && ready).then_some(())
+            },
+        )
+        .await;
+    }
+    let web_uid = pods.get("web").await.unwrap().metadata.uid.unwrap();
+    let web_volumes = agent.root_dir().join("pods").join(&web_uid).join("volumes");
+    assert!(
+        !mounts_under(&web_volumes).is_empty(),
+        "web's emptyDir is a mount under {}",
+        web_volumes.display()
+    );
+
+    let signal = Instant::now();
+    logind.prepare_for_shutdown(true).await;
+    // Upstream's Ready condition while the shutdown manager reports an error.
+    let not_ready = wait_until("the Node not Ready", Duration::from_secs(15), || async {
+        let ready = ready_of(&client, node).await?;
+        (ready.0 == "False").then_some(ready)
+    })
+    .await;
+    let not_ready_after = signal.elapsed();
+    assert_eq!(
+        not_ready,
+        (
+            "False".to_string(),
+            "KubeletNotReady".to_string(),
+            "node is shutting down".to_string()
+        )
+    );
+    // Each pod ends Failed in the API with upstream's reason, message and condition, its
+    // container terminated.
+    for name in ["web", "worker"] {
+        let pod = wait_until(
+            &format!("{name} Failed in the API"),
+            Duration::from_secs(20),
+            || async {
+                let p = pods.get(name).await.ok()?;
+                let s = p.status.clone()?;
+                let terminated = s
+                    .container_statuses
+                    .as_ref()?
+                    .first()?
+                    .state
+                    .as_ref()?
+                    .terminated
+                    .is_some();
+                (s.phase.as_deref() == Some("Failed") && terminated).then_some(p)
+            },
+        )
+        .await;
+        let status = pod.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Terminated"), "{name}");
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was terminated in response to imminent node shutdown."),
+            "{name}"
+        );
+        let conditions = status.conditions.unwrap_or_default();
+        assert!(
+            conditions.iter().any(|c| c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("TerminationByKubelet")),
+            "{name}: {conditions:?}"
+        );
+    }
+    let pods_failed_after = signal.elapsed();
+    wait_until("the lock released", Duration::from_secs(15), || {
+        let (_, released) = logind.locks();
+        async move { released.first().cloned().flatten() }
+    })
+    .await;
+    // The shutdown went on only once the stopped pods' volumes were unmounted.
+    assert_eq!(mounts_under(&web_volumes), Vec::<String>::new());
+    // The Node's event about it.
+    wait_until(
+        "the NodeShutdown event",
+        Duration::from_secs(15),
+        || async {
+            common::cluster::event_reasons(&client, "default", node)
+                .await
+                .into_iter()
+                .any(|(reason, m)| {
+                    reason == "NodeShutdown" && m == "Shutdown manager detected shutdown event"
+                })
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Cancelled: Ready again, with a new lock.
+    let cancel = Instant::now();
+    logind.prepare_for_shutdown(false).await;
+    wait_until("the Node Ready again", Duration::from_secs(15), || async {
+        (ready_of(&client, node).await?.0 == "True").then_some(())
+    })
+    .await;
+    let ready_after = cancel.elapsed();
+    wait_until("a new delay lock", Duration::from_secs(15), || {
+        let (taken, _) = logind.locks();
+        async move { (taken == 2).then_some(()) }
+    })
+    .await;
+    eprintln!(
+        "joined shutdown: signal -> Node not Ready {not_ready_after:?}, pods Failed in the API {pods_failed_after:?}; cancel -> Ready {ready_after:?}; took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     agent.stop();
 }

@@ -2,16 +2,18 @@
 //! configured, Deckhand holds a systemd-logind "delay" inhibitor lock, and when logind
 //! announces the shutdown (`PrepareForShutdown(true)`) it marks the node not ready, refuses new
 //! pods, stops the running pods in priority order (regular pods first, critical pods last),
-//! each within its bucket's grace, and then releases the lock so the shutdown goes on. A
+//! each within its bucket's grace (which also bounds the wait for their volumes to be
+//! unmounted, see [`volumes`]), and then releases the lock so the shutdown goes on. A
 //! cancelled shutdown (`PrepareForShutdown(false)`) takes the lock again and the node is
 //! ready again; pods already stopped stay stopped (as upstream).
 //!
 //! The order and the graces are pure ([`plan`]); logind is behind [`logind::Logind`]; the pods
-//! are behind [`NodePods`] (the sync loop implements it). Of the rest of the agent it uses only
-//! the event recorder.
+//! are behind [`NodePods`] (the sync loop implements it), their mounts behind
+//! [`volumes::PodVolumes`]. Of the rest of the agent it uses only the event recorder.
 
 pub mod logind;
 pub mod plan;
+pub mod volumes;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -94,6 +96,8 @@ pub struct ManagerSettings {
     /// The Node's `NodeShutdown` events go here, as upstream records them.
     pub events: crate::events::Recorder,
     pub node_name: String,
+    /// Where the stopped pods' volume mounts are looked for ([`volumes::MountTable`]).
+    pub volumes: Arc<dyn volumes::PodVolumes>,
 }
 
 /// Upstream's event reason for a shutdown announced or cancelled.
@@ -301,15 +305,39 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
                     .iter()
                     .map(|(uid, grace)| self.pods.kill(uid, *grace)),
             );
+            // As upstream: the pods stopped, then their volumes unmounted, all within the
+            // step's grace; whatever is left then does not hold up the next step.
+            let uids: Vec<String> = step.pods.iter().map(|(uid, _)| uid.clone()).collect();
+            let stopped = std::sync::atomic::AtomicBool::new(false);
+            let step_done = async {
+                kills.await;
+                stopped.store(true, std::sync::atomic::Ordering::Relaxed);
+                volumes::wait_unmounted(self.settings.volumes.as_ref(), &uids).await;
+            };
             let limit = Duration::from_secs(u64::try_from(step.grace_seconds).unwrap_or(0));
             tokio::select! {
                 _ = cancel.cancelled() => return false,
-                _ = kills => tracing::info!(priority = step.priority, "these pods have stopped"),
-                _ = tokio::time::sleep(limit) => tracing::warn!(
+                _ = step_done => tracing::info!(
                     priority = step.priority,
-                    grace_s = step.grace_seconds,
-                    "pods did not stop within their shutdown grace period; going on"
+                    "these pods have stopped and their volumes are unmounted"
                 ),
+                _ = tokio::time::sleep(limit) => {
+                    if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        let left = self.settings.volumes.still_mounted(&uids).await;
+                        tracing::warn!(
+                            priority = step.priority,
+                            grace_s = step.grace_seconds,
+                            mounts = ?left,
+                            "volumes of the stopped pods were not unmounted within their shutdown grace period; going on"
+                        );
+                    } else {
+                        tracing::warn!(
+                            priority = step.priority,
+                            grace_s = step.grace_seconds,
+                            "pods did not stop within their shutdown grace period; going on"
+                        );
+                    }
+                }
             }
         }
         // Closing the descriptor releases the lock: logind goes on with the shutdown.

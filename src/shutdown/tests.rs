@@ -140,12 +140,51 @@ fn pods(takes: &[(&str, Option<u64>)], list: Vec<Arc<Pod>>) -> FakePods {
     }
 }
 
+/// Pods' volume mounts that go away at given times after the start (`None`: never).
+#[derive(Clone)]
+struct FakeVolumes {
+    started: Instant,
+    unmounted_at: HashMap<String, Option<Duration>>,
+}
+
+impl volumes::PodVolumes for FakeVolumes {
+    fn still_mounted<'a>(
+        &'a self,
+        uids: &'a [String],
+    ) -> futures::future::BoxFuture<'a, Vec<PathBuf>> {
+        let now = self.started.elapsed();
+        let left = uids
+            .iter()
+            .filter(|uid| match self.unmounted_at.get(*uid) {
+                Some(Some(at)) => now < *at,
+                Some(None) => true,
+                None => false,
+            })
+            .map(|uid| PathBuf::from(format!("/pods/{uid}/volumes/secret")))
+            .collect();
+        Box::pin(async move { left })
+    }
+}
+
 fn settings(dir: &tempfile::TempDir) -> ManagerSettings {
+    settings_with(dir, &[])
+}
+
+/// Settings whose pods' volumes are unmounted `unmounted_at` seconds after the start (no
+/// entry: nothing mounted; `None`: never unmounted).
+fn settings_with(dir: &tempfile::TempDir, unmounted_at: &[(&str, Option<u64>)]) -> ManagerSettings {
     ManagerSettings {
         buckets: plan::buckets(Duration::from_secs(30), Duration::from_secs(10), &[]),
         state_file: dir.path().join(STATE_FILE),
         events: crate::events::Recorder::log_only("node-a"),
         node_name: "node-a".into(),
+        volumes: Arc::new(FakeVolumes {
+            started: Instant::now(),
+            unmounted_at: unmounted_at
+                .iter()
+                .map(|(u, t)| (u.to_string(), t.map(Duration::from_secs)))
+                .collect(),
+        }),
     }
 }
 
@@ -276,4 +315,50 @@ async fn no_bus_at_start_means_no_graceful_shutdown_and_a_lost_bus_is_reconnecte
     until("a second lock", || bus.held().len() == 2).await;
     cancel.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_next_step_waits_for_the_volumes_of_the_last_within_its_grace() {
+    // Regular pods get 20 s, critical ones 10 s. Each case: when the regular pod stops, when
+    // its volumes are unmounted (`None`: never), and when the critical pod is killed.
+    let cases: &[(u64, Option<u64>, u64)] = &[
+        // Unmounted with the stop (or nothing mounted): straight on.
+        (2, Some(0), 2),
+        // Unmounted 5 s after the stop: the critical step waits for it.
+        (2, Some(7), 7),
+        // Never unmounted: the critical step starts at the end of the regular grace.
+        (2, None, 20),
+    ];
+    for &(stops, unmounted, crit_at) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = FakeConnector::default();
+        let fake = pods(
+            &[("web", Some(stops)), ("crit", Some(1))],
+            vec![
+                pod("web", Some(0), None, 30),
+                pod("crit", Some(SYSTEM_CRITICAL_PRIORITY), None, 30),
+            ],
+        );
+        let manager = Manager::new(
+            bus.clone(),
+            fake.clone(),
+            settings_with(&dir, &[("web", unmounted)]),
+            ShutdownStatus::default(),
+        );
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(manager.run(cancel.clone()));
+        until("the lock", || bus.held() == [true]).await;
+        bus.send(true);
+        until("the lock released", || bus.held() == [false]).await;
+        let kills = fake.kills.lock().unwrap().clone();
+        let crit = kills.iter().find(|k| k.0 == "crit").unwrap();
+        // The fake's clock started with the settings, a moment before the signal.
+        let since_start = crit.2.as_secs_f64();
+        assert!(
+            (since_start - crit_at as f64).abs() < 0.5,
+            "stop {stops}s, unmount {unmounted:?}: critical pod killed at {since_start}s, want {crit_at}s"
+        );
+        cancel.cancel();
+        task.await.unwrap();
+    }
 }

@@ -14,6 +14,7 @@ use deckhand::cri::proto::{ContainerFilter, PodSandboxFilter};
 use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 
 pub mod cluster;
+pub mod pressure;
 
 /// The busybox image the testbed builds (no registry needed).
 pub const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";

@@ -200,8 +200,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Stops every container and the sandbox of a pod with `grace`, and leaves them in place
-    /// (upstream's kill: the dead containers, their logs and volumes stay until the pod is
-    /// removed). Returns what the runtime shows afterwards.
+    /// (upstream's kill: the dead containers and their logs stay until the pod is removed;
+    /// the volumes go with [`Self::unmount_volumes`]). Returns what the runtime shows
+    /// afterwards.
     pub async fn kill_pod(
         &self,
         uid: &str,
@@ -211,6 +212,20 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let observed = self.observe(uid).await?;
         self.stop_pod(Some(pod), &observed, grace).await?;
         Ok(self.observe(uid).await?)
+    }
+
+    /// Unmounts and removes the volumes of a pod that was killed and will not run again,
+    /// keeping its containers and logs: upstream's volume manager does the same once a pod is
+    /// terminal, and the shutdown manager waits for it.
+    pub async fn unmount_volumes(&self, uid: &str) -> Result<(), TeardownError> {
+        let volumes = self.volumes.clone();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || volumes.teardown(&uid))
+            .await
+            .map_err(|join| {
+                TeardownError::Volumes(format!("the volume teardown task failed: {join}"))
+            })?
+            .map_err(|err| TeardownError::Volumes(err.to_string()))
     }
 
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
