@@ -193,10 +193,12 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
     ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
         let reading = self.observer.observe().await?;
         if let Some(n) = self.memcg.as_mut() {
+            let notified = self.trigger.notified_at().is_some();
             n.update(
                 &self.settings.thresholds,
                 &reading.observations,
                 Instant::now(),
+                notified,
             );
         }
         let thresholds = &self.settings.thresholds;

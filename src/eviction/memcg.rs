@@ -9,7 +9,12 @@
 //! The kernel compares *usage*, while the signal is about the *working set* (usage less the
 //! inactive file pages). The two differ by the inactive file pages, which move all the time,
 //! so the registration is renewed every [`REFRESH_INTERVAL`] with the inactive file pages of
-//! the moment: the usage to watch is `capacity − threshold + inactive_file`.
+//! the moment: the usage to watch is `capacity − threshold + inactive_file`. It is also renewed
+//! after every round a notification started, which upstream does not do: a registration that
+//! fired is spent (usage is past it, and it fires again only on the way back), and when page
+//! cache growth rather than the working set crossed it, the round finds nothing to do and
+//! only a renewal at the new inactive file pages can catch the real crossing. Without it, a
+//! long monitoring period leaves the node unwatched until the next round.
 //!
 //! cgroup v2 has no such interface (upstream leaves it off there too); when the memory
 //! controller is not on a v1 hierarchy, or a registration fails, this is said once in the log
@@ -123,9 +128,10 @@ pub fn usage_threshold(
     Some((working_set as u64).saturating_add(inactive_file))
 }
 
-/// Whether the registrations are due for renewal: never made, or made [`REFRESH_INTERVAL`] ago.
-pub fn refresh_due(last: Option<Instant>, now: Instant) -> bool {
-    last.is_none_or(|at| now.saturating_duration_since(at) >= REFRESH_INTERVAL)
+/// Whether the registrations are due for renewal: never made, made [`REFRESH_INTERVAL`] ago,
+/// or spent by the notification that started this round.
+pub fn refresh_due(last: Option<Instant>, now: Instant, notified: bool) -> bool {
+    notified || last.is_none_or(|at| now.saturating_duration_since(at) >= REFRESH_INTERVAL)
 }
 
 /// `total_inactive_file` from a v1 `memory.stat` (the hierarchy's inactive file pages, as the
@@ -358,16 +364,18 @@ impl MemcgNotifier {
         }
     }
 
-    /// Renews the registrations when due, from this round's observation of `memory.available`
-    /// (its capacity) and the inactive file pages now. A failure is logged once as a warning
-    /// (later ones at debug) and leaves the manager to its periodic rounds.
+    /// Renews the registrations when due (`notified`: a notification started this round),
+    /// from this round's observation of `memory.available` (its capacity) and the inactive
+    /// file pages now. A failure is logged once as a warning (later ones at debug) and leaves
+    /// the manager to its periodic rounds.
     pub fn update(
         &mut self,
         thresholds: &[ThresholdSpec],
         observations: &Observations,
         now: Instant,
+        notified: bool,
     ) {
-        if !refresh_due(self.last_refresh, now) {
+        if !refresh_due(self.last_refresh, now, notified) {
             return;
         }
         let Some(obs) = observations.get(&Signal::MemoryAvailable) else {
@@ -521,19 +529,17 @@ mod tests {
     #[test]
     fn renewal_is_due_first_and_then_every_refresh_interval() {
         let t0 = Instant::now();
-        for (what, last, now, want) in [
-            ("never armed", None, t0, true),
-            ("just armed", Some(t0), t0, false),
-            ("9 s later", Some(t0), t0 + Duration::from_secs(9), false),
-            ("10 s later", Some(t0), t0 + REFRESH_INTERVAL, true),
-            (
-                "a clock that went back",
-                Some(t0 + Duration::from_secs(5)),
-                t0,
-                false,
-            ),
+        let later = |s| t0 + Duration::from_secs(s);
+        for (what, last, now, notified, want) in [
+            ("never armed", None, t0, false, true),
+            ("just armed", Some(t0), t0, false, false),
+            ("9 s later", Some(t0), later(9), false, false),
+            ("10 s later", Some(t0), t0 + REFRESH_INTERVAL, false, true),
+            ("a clock that went back", Some(later(5)), t0, false, false),
+            ("a notification spent them", Some(t0), later(1), true, true),
+            ("notified at once", Some(t0), t0, true, true),
         ] {
-            assert_eq!(refresh_due(last, now), want, "{what}");
+            assert_eq!(refresh_due(last, now, notified), want, "{what}");
         }
     }
 
@@ -637,19 +643,24 @@ mod tests {
         ];
         let t0 = Instant::now();
         // No memory reading: nothing armed, and the renewal stays due.
-        n.update(&thresholds, &Observations::new(), t0);
+        n.update(&thresholds, &Observations::new(), t0, false);
         assert!(fake.live().is_empty());
-        n.update(&thresholds, &memory(8 * GI), t0);
+        n.update(&thresholds, &memory(8 * GI), t0, false);
         let first = vec![7 * GI as u64 + MI, 6 * GI as u64 + MI];
         assert_eq!(fake.live(), first);
         assert_eq!(n.status().armed.len(), 2);
         assert!(n.status().armed[0].hard && !n.status().armed[1].hard);
         // Within the interval: untouched, whatever moved.
         *fake.inactive.lock().unwrap() = Some(2 * MI);
-        n.update(&thresholds, &memory(8 * GI), t0 + Duration::from_secs(5));
+        n.update(
+            &thresholds,
+            &memory(8 * GI),
+            t0 + Duration::from_secs(5),
+            false,
+        );
         assert_eq!(fake.live(), first);
         // After it: the old ones withdrawn, new ones at the new inactive file pages.
-        n.update(&thresholds, &memory(8 * GI), t0 + REFRESH_INTERVAL);
+        n.update(&thresholds, &memory(8 * GI), t0 + REFRESH_INTERVAL, false);
         assert_eq!(
             fake.live(),
             vec![7 * GI as u64 + 2 * MI, 6 * GI as u64 + 2 * MI]
@@ -657,13 +668,28 @@ mod tests {
         assert_eq!(fake.armed.lock().unwrap().len(), 4);
         // A failed renewal is reported in the status; what it could not replace stays.
         *fake.inactive.lock().unwrap() = None;
-        n.update(&thresholds, &memory(8 * GI), t0 + 2 * REFRESH_INTERVAL);
+        n.update(
+            &thresholds,
+            &memory(8 * GI),
+            t0 + 2 * REFRESH_INTERVAL,
+            false,
+        );
         assert!(n.status().error.is_some());
         assert_eq!(fake.live().len(), 2, "the last good registrations stay");
         *fake.inactive.lock().unwrap() = Some(0);
-        n.update(&thresholds, &memory(8 * GI), t0 + 3 * REFRESH_INTERVAL);
+        n.update(
+            &thresholds,
+            &memory(8 * GI),
+            t0 + 3 * REFRESH_INTERVAL,
+            false,
+        );
         assert_eq!(n.status().error, None);
         assert_eq!(fake.live(), vec![7 * GI as u64, 6 * GI as u64]);
+        // A notification's round renews at once.
+        *fake.inactive.lock().unwrap() = Some(MI);
+        let soon = t0 + 3 * REFRESH_INTERVAL + Duration::from_secs(1);
+        n.update(&thresholds, &memory(8 * GI), soon, true);
+        assert_eq!(fake.live(), first);
     }
 
     #[tokio::test]
@@ -675,6 +701,7 @@ mod tests {
             &[spec(Signal::MemoryAvailable, bytes(GI), 0)],
             &memory(4 * GI),
             Instant::now(),
+            false,
         );
         let fired = fake.fired.lock().unwrap().clone().unwrap();
         let before = Instant::now();
