@@ -73,7 +73,7 @@ async fn the_kernel_notifies_when_root_memory_usage_crosses_a_registered_thresho
                 root_usage()
             )
         });
-    let ms = |a: Instant, b: Instant| (a.duration_since(b).as_secs_f64() * 1e3);
+    let ms = |a: Instant, b: Instant| a.duration_since(b).as_secs_f64() * 1e3;
     eprintln!(
         "kernel notification: {:+.1} ms from this process crossing the threshold ({:.1} ms \
          after the allocation began; filling 1 GiB took {:.1} ms)",

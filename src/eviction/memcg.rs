@@ -719,4 +719,134 @@ mod tests {
                 .is_err()
         );
     }
+
+    // ---- the manager's loop, woken by a notification
+
+    use crate::eviction::decide::Reclaim;
+    use crate::eviction::manager::{Manager, ManagerSettings};
+    use crate::eviction::observe::{
+        ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer,
+    };
+    use futures::future::BoxFuture;
+    use k8s_openapi::api::core::v1::Pod;
+
+    /// Readings in turn (the last repeats), one pod, evictions sent on a channel.
+    #[derive(Clone)]
+    struct Node {
+        readings: Arc<Mutex<Vec<Observations>>>,
+        evicted: tokio::sync::mpsc::UnboundedSender<String>,
+    }
+
+    impl Observer for Node {
+        fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+            let mut r = self.readings.lock().unwrap();
+            let observations = if r.len() > 1 {
+                r.remove(0)
+            } else {
+                r[0].clone()
+            };
+            Box::pin(async move {
+                Ok(Reading {
+                    observations,
+                    pods: Default::default(),
+                    dedicated_imagefs: false,
+                })
+            })
+        }
+    }
+
+    impl Reclaimer for Node {
+        fn reclaim(&self, _: Reclaim) -> BoxFuture<'_, Result<usize, EvictionError>> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    impl Evictor for Node {
+        fn evict(
+            &self,
+            uid: &str,
+            _: i64,
+            _: String,
+        ) -> BoxFuture<'_, Result<tokio::sync::oneshot::Receiver<()>, EvictionError>> {
+            let _ = self.evicted.send(uid.to_string());
+            let (done, rx) = tokio::sync::oneshot::channel();
+            let _ = done.send(());
+            Box::pin(async move { Ok(rx) })
+        }
+    }
+
+    impl ActivePods for Node {
+        fn active(&self) -> Vec<Arc<Pod>> {
+            let pod = serde_json::json!({
+                "metadata": {"name": "hog", "namespace": "default", "uid": "uid-hog",
+                             "annotations": {"kubernetes.io/config.source": "api"}},
+                "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+            });
+            vec![Arc::new(serde_json::from_value(pod).unwrap())]
+        }
+    }
+
+    #[tokio::test]
+    async fn a_notification_starts_a_round_at_once_and_the_eviction_says_so() {
+        let (tx, mut evicted) = tokio::sync::mpsc::unbounded_channel();
+        let low = |available| {
+            let mut o = memory(4 * GI);
+            o.get_mut(&Signal::MemoryAvailable).unwrap().available = available;
+            o
+        };
+        // Plenty at the start, short once notified, plenty again after the eviction.
+        let node = Node {
+            readings: Arc::new(Mutex::new(vec![low(2 * GI), low(MI as i64), low(2 * GI)])),
+            evicted: tx,
+        };
+        let fake = FakeControl::default();
+        *fake.inactive.lock().unwrap() = Some(0);
+        let manager = Manager::new(
+            ManagerSettings {
+                thresholds: vec![spec(Signal::MemoryAvailable, bytes(100 * MI as i64), 0)],
+                pressure_transition_period: Duration::from_secs(5),
+                max_pod_grace_period_seconds: 0,
+                // No periodic round within the test.
+                monitoring_period: Duration::from_secs(3600),
+                node_name: "node-a".into(),
+            },
+            node.clone(),
+            node.clone(),
+            node.clone(),
+            node,
+            crate::eviction::PressureView::default(),
+            crate::events::Recorder::log_only("node-a"),
+        )
+        .with_memcg(MemcgNotifier::new(Box::new(fake.clone())));
+        let last = manager.last.clone();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn(manager.run(cancel.clone()));
+        let deadline = Duration::from_secs(5);
+        let armed = async {
+            loop {
+                let fired = fake.fired.lock().unwrap().clone();
+                if let Some(f) = fired {
+                    return f;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let fired = tokio::time::timeout(deadline, armed)
+            .await
+            .expect("armed by the first round");
+        assert_eq!(fake.live(), vec![4 * GI as u64 - 100 * MI]);
+        fired.fire();
+        let uid = tokio::time::timeout(deadline, evicted.recv()).await;
+        assert_eq!(uid.ok().flatten().as_deref(), Some("uid-hog"));
+        cancel.cancel();
+        run.await.unwrap();
+        let last = last.lock().unwrap().clone();
+        let note = last.last_eviction.expect("an eviction noted");
+        assert_eq!(note.trigger, "memcg notification");
+        assert_eq!(note.pod, "default/hog");
+        assert!(note.notification_to_handoff_ms.is_some());
+        assert_eq!(last.memcg.map(|m| m.notifications), Some(1));
+        // The notification's round renewed the registration it spent.
+        assert_eq!(fake.armed.lock().unwrap().len(), 2);
+    }
 }
