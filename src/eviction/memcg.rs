@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::decide::Observations;
+use super::decide::{Observation, Observations};
 use super::signals::{Signal, ThresholdSpec};
 
 /// How often the registrations are renewed with the inactive file pages of the moment
@@ -134,6 +134,20 @@ pub fn refresh_due(last: Option<Instant>, now: Instant, notified: bool) -> bool 
     notified || last.is_none_or(|at| now.saturating_duration_since(at) >= REFRESH_INTERVAL)
 }
 
+/// Whether memory crossed a threshold between the round's observation and the registration
+/// made after it. The kernel reports crossings from the registration on, so such a crossing
+/// would go unseen until the next periodic round (the round itself saw memory on the safe
+/// side). Not when the observation already had the threshold met: that round acts on it,
+/// and firing again would only repeat rounds while the node stays under pressure.
+pub fn crossed_while_arming(
+    observed_available: i64,
+    threshold_quantity: i64,
+    usage_now: u64,
+    usage_bytes: u64,
+) -> bool {
+    threshold_quantity <= observed_available && usage_now >= usage_bytes
+}
+
 /// `total_inactive_file` from a v1 `memory.stat` (the hierarchy's inactive file pages, as the
 /// stats code reckons the working set).
 pub fn parse_inactive_file(stat: &str) -> Option<u64> {
@@ -203,6 +217,8 @@ impl Fired {
 pub trait MemcgControl: Send + Sync + 'static {
     /// The cgroup's inactive file pages now.
     fn inactive_file(&self) -> Result<u64, MemcgError>;
+    /// The cgroup's usage now (the value the kernel compares).
+    fn usage(&self) -> Result<u64, MemcgError>;
     /// Registers for `usage_bytes` crossed (either way); each crossing calls
     /// [`Fired::fire`] until the returned guard is dropped.
     fn arm(&self, usage_bytes: u64, fired: Arc<Fired>) -> Result<Armed, MemcgError>;
@@ -283,6 +299,15 @@ impl MemcgControl for CgroupV1Memcg {
     fn inactive_file(&self) -> Result<u64, MemcgError> {
         let text = std::fs::read_to_string(self.dir.join(STAT_FILE)).map_err(self.io(STAT_FILE))?;
         parse_inactive_file(&text).ok_or(MemcgError::NoInactiveFile)
+    }
+
+    fn usage(&self) -> Result<u64, MemcgError> {
+        let text =
+            std::fs::read_to_string(self.dir.join(USAGE_FILE)).map_err(self.io(USAGE_FILE))?;
+        text.trim().parse().map_err(|_| MemcgError::Io {
+            path: self.dir.join(USAGE_FILE),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a number"),
+        })
     }
 
     fn arm(&self, usage_bytes: u64, fired: Arc<Fired>) -> Result<Armed, MemcgError> {
@@ -382,7 +407,7 @@ impl MemcgNotifier {
             return;
         };
         self.last_refresh = Some(now);
-        match self.arm_all(thresholds, obs.capacity) {
+        match self.arm_all(thresholds, *obs) {
             Ok(()) => {
                 self.error = None;
                 tracing::debug!(armed = ?self.armed, "eviction manager: memory threshold notifications renewed");
@@ -399,7 +424,12 @@ impl MemcgNotifier {
         }
     }
 
-    fn arm_all(&mut self, thresholds: &[ThresholdSpec], capacity: i64) -> Result<(), MemcgError> {
+    fn arm_all(
+        &mut self,
+        thresholds: &[ThresholdSpec],
+        obs: Observation,
+    ) -> Result<(), MemcgError> {
+        let capacity = obs.capacity;
         let inactive = self.control.inactive_file()?;
         // The old registrations go first: the kernel would otherwise briefly hold both.
         self.guards.clear();
@@ -415,6 +445,19 @@ impl MemcgNotifier {
                 hard: t.is_hard(),
                 usage_bytes,
             });
+        }
+        let usage = self.control.usage()?;
+        let missed = watched(thresholds).into_iter().any(|t| {
+            usage_threshold(t, capacity, inactive).is_some_and(|at| {
+                crossed_while_arming(obs.available, t.quantity(capacity), usage, at)
+            })
+        });
+        if missed {
+            tracing::info!(
+                usage,
+                "eviction manager: memory crossed a threshold while it was being registered; looking again"
+            );
+            self.fired.fire();
         }
         Ok(())
     }
@@ -445,7 +488,6 @@ pub async fn notified(notifier: Option<&MemcgNotifier>) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eviction::decide::Observation;
     use crate::k8s::threshold::Threshold;
 
     const MI: u64 = 1 << 20;
@@ -544,6 +586,31 @@ mod tests {
     }
 
     #[test]
+    fn a_crossing_between_observation_and_registration_is_caught() {
+        for (what, available, threshold, usage, at, want) in [
+            ("safe then, below now", 500, 100, 10, 20, false),
+            ("safe then, past now", 500, 100, 30, 20, true),
+            ("safe then, exactly at it now", 500, 100, 20, 20, true),
+            ("met then: the round acts itself", 50, 100, 30, 20, false),
+            ("met then and below now", 50, 100, 10, 20, false),
+            (
+                "exactly at the threshold then is not met",
+                100,
+                100,
+                30,
+                20,
+                true,
+            ),
+        ] {
+            assert_eq!(
+                crossed_while_arming(available, threshold, usage, at),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn inactive_file_comes_from_the_hierarchys_total() {
         for (text, want) in [
             ("inactive_file 5\ntotal_inactive_file 300\n", Some(300)),
@@ -577,12 +644,16 @@ mod tests {
     #[derive(Clone, Default)]
     struct FakeControl {
         inactive: Arc<Mutex<Option<u64>>>,
+        usage: Arc<Mutex<u64>>,
         /// (usage_bytes, still armed)
-        armed: Arc<Mutex<Vec<(u64, Arc<std::sync::atomic::AtomicBool>)>>>,
+        armed: Arc<Mutex<Vec<(u64, Live)>>>,
         fired: Arc<Mutex<Option<Arc<Fired>>>>,
     }
 
-    struct Guard(Arc<std::sync::atomic::AtomicBool>);
+    /// Whether a registration is still armed.
+    type Live = Arc<std::sync::atomic::AtomicBool>;
+
+    struct Guard(Live);
     impl Drop for Guard {
         fn drop(&mut self) {
             self.0.store(false, Ordering::SeqCst);
@@ -595,6 +666,9 @@ mod tests {
                 .lock()
                 .unwrap()
                 .ok_or(MemcgError::NoInactiveFile)
+        }
+        fn usage(&self) -> Result<u64, MemcgError> {
+            Ok(*self.usage.lock().unwrap())
         }
         fn arm(&self, usage_bytes: u64, fired: Arc<Fired>) -> Result<Armed, MemcgError> {
             let live = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -690,6 +764,12 @@ mod tests {
         let soon = t0 + 3 * REFRESH_INTERVAL + Duration::from_secs(1);
         n.update(&thresholds, &memory(8 * GI), soon, true);
         assert_eq!(fake.live(), first);
+        assert_eq!(n.status().notifications, 0);
+        // Usage already past the hard one when registering, the observation 4 GiB free:
+        // crossed in between, so it fires itself.
+        *fake.usage.lock().unwrap() = 7 * GI as u64 + 2 * MI;
+        n.update(&thresholds, &memory(8 * GI), soon + REFRESH_INTERVAL, false);
+        assert_eq!(n.status().notifications, 1);
     }
 
     #[tokio::test]
