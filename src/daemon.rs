@@ -819,6 +819,22 @@ pub async fn run(
             pressure.clone(),
             events.clone(),
         );
+        // kernelMemcgNotification: a round also when the kernel says memory crossed a
+        // threshold; where that cannot work (cgroup v2), said once, and polling goes on.
+        let manager = if !config.eviction.kernel_memcg_notification {
+            manager
+        } else {
+            match crate::eviction::memcg::CgroupV1Memcg::detect(std::path::Path::new(CGROUP_MOUNT))
+            {
+                Ok(control) => manager.with_memcg(crate::eviction::memcg::MemcgNotifier::new(
+                    Box::new(control),
+                )),
+                Err(err) => {
+                    tracing::warn!(error = %err, "kernelMemcgNotification: no memory threshold notifications here; polling every monitoring period only");
+                    manager
+                }
+            }
+        };
         let last = manager.last.clone();
         metrics.register("/debug/eviction", move || {
             let last = last.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -1,7 +1,8 @@
 //! The eviction manager's settings besides `evictionHard` (which lives with the reservations,
 //! because node allocatable subtracts it): `evictionSoft` and its grace periods,
-//! `evictionMinimumReclaim`, `evictionPressureTransitionPeriod` and
-//! `evictionMaxPodGracePeriod`, with upstream's flags, defaults and validation.
+//! `evictionMinimumReclaim`, `evictionPressureTransitionPeriod`,
+//! `evictionMaxPodGracePeriod` and `kernelMemcgNotification`, with upstream's flags, defaults
+//! and validation.
 //!
 //! Kept apart from the general merge in `validate` because the fields tie together: every
 //! soft threshold needs a grace period, and every map is keyed by an eviction signal.
@@ -34,6 +35,9 @@ pub struct EvictionSettings {
     /// `evictionMaxPodGracePeriod`: the most a pod evicted for a soft threshold is given to
     /// stop, in seconds; negative = the pod's own grace period.
     pub max_pod_grace_period_seconds: i64,
+    /// `kernelMemcgNotification`: also run a round when the kernel says memory usage crossed
+    /// a `memory.available` threshold (cgroup v1), instead of only every monitoring period.
+    pub kernel_memcg_notification: bool,
 }
 
 impl Default for EvictionSettings {
@@ -44,6 +48,7 @@ impl Default for EvictionSettings {
             minimum_reclaim: BTreeMap::new(),
             pressure_transition_period: DEFAULT_PRESSURE_TRANSITION_PERIOD,
             max_pod_grace_period_seconds: 0,
+            kernel_memcg_notification: false,
         }
     }
 }
@@ -157,12 +162,17 @@ pub(super) fn eviction_settings(
         .map(i64::from)
         .or(f.eviction_max_pod_grace_period)
         .unwrap_or(d.max_pod_grace_period_seconds);
+    let kernel_memcg_notification = flags
+        .kernel_memcg_notification
+        .or(f.kernel_memcg_notification)
+        .unwrap_or(d.kernel_memcg_notification);
     Ok(EvictionSettings {
         soft,
         soft_grace_period,
         minimum_reclaim,
         pressure_transition_period,
         max_pod_grace_period_seconds,
+        kernel_memcg_notification,
     })
 }
 
@@ -181,6 +191,25 @@ mod tests {
         assert_eq!(s, EvictionSettings::default());
         assert_eq!(s.pressure_transition_period, Duration::from_secs(300));
         assert_eq!(s.max_pod_grace_period_seconds, 0);
+        assert!(!s.kernel_memcg_notification);
+    }
+
+    #[test]
+    fn kernel_memcg_notification_from_the_file_or_the_flag() {
+        for (args, file, want) in [
+            (&[][..], r#"{"kernelMemcgNotification": true}"#, true),
+            (&[][..], r#"{"kernelMemcgNotification": false}"#, false),
+            (&["--kernel-memcg-notification"][..], "", true),
+            (
+                &["--kernel-memcg-notification=false"][..],
+                r#"{"kernelMemcgNotification": true}"#,
+                false,
+            ),
+        ] {
+            let s = merge(args, file).unwrap();
+            assert_eq!(s.kernel_memcg_notification, want, "{args:?} {file}");
+        }
+        assert!(merge(&[], r#"{"kernelMemcgNotification": "yes"}"#).is_err());
     }
 
     #[test]

@@ -287,6 +287,13 @@ pub struct Flags {
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
     pub eviction_max_pod_grace_period: Option<i32>,
 
+    /// Also run an eviction round when the kernel says memory crossed a memory.available
+    /// threshold (cgroup v1 only), not just every monitoring period (kernelMemcgNotification).
+    /// [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          value_parser = parse_go_bool)]
+    pub kernel_memcg_notification: Option<bool>,
+
     /// Image use (percent of the image filesystem) above which image GC runs
     /// (imageGCHighThresholdPercent); 100 turns it off. [default: 85]
     #[arg(long, value_name = "PERCENT")]
@@ -501,6 +508,7 @@ mod tests {
                 eviction_minimum_reclaim: Some(vec![("memory.available".into(), "100Mi".into())]),
                 eviction_pressure_transition_period: Some(Duration::from_secs(30)),
                 eviction_max_pod_grace_period: Some(-1),
+                kernel_memcg_notification: None,
                 image_gc_high_threshold: Some(90),
                 image_gc_low_threshold: Some(70),
                 minimum_image_ttl_duration: Some(Duration::from_secs(300)),

@@ -1,5 +1,7 @@
 //! The eviction loop: a round every monitoring period (at once again after an eviction, as
-//! upstream), each reading the node, deciding, reclaiming, and evicting at most one pod.
+//! upstream, and at once on a memory threshold notification when `kernelMemcgNotification`
+//! is on, see [`super::memcg`]), each reading the node, deciding, reclaiming, and evicting at
+//! most one pod.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,7 @@ use super::decide::{
     Candidate, EvictionState, Observations, REASON, eviction_message, grace_period, is_critical,
     rank, reclaim_steps, thresholds_met,
 };
+use super::memcg::{self, MemcgNotifier, Trigger};
 use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reclaimer};
 use super::signals::{Condition, ThresholdSpec};
 use crate::events::{EventType, Recorder};
@@ -44,6 +47,12 @@ pub struct LastRound {
     pub action: String,
     /// The latest node-level reclaim (kept across rounds until the next one).
     pub last_reclaim: Option<ReclaimRecord>,
+    /// What started the round: start, period, memcg notification, after eviction.
+    pub trigger: &'static str,
+    /// The latest eviction, kept across rounds.
+    pub last_eviction: Option<EvictionNote>,
+    /// The memory threshold notifications, when `kernelMemcgNotification` is on.
+    pub memcg: Option<memcg::Status>,
 }
 
 /// One node-level reclaim, as `/debug/eviction` shows it.
@@ -59,6 +68,17 @@ pub struct ReclaimRecord {
     pub took_ms: f64,
     /// Whether it cleared every threshold, so that no pod was evicted.
     pub enough: bool,
+}
+
+/// An eviction as `/debug/eviction` shows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EvictionNote {
+    pub pod: String,
+    pub signal: String,
+    /// What started the round that evicted it.
+    pub trigger: &'static str,
+    /// From the memory threshold notification to the pod handed to the sync loop.
+    pub notification_to_handoff_ms: Option<f64>,
 }
 
 /// What one round did.
@@ -85,6 +105,8 @@ pub struct Manager<O, R, E, P> {
     pub events: Recorder,
     pub last: Arc<Mutex<LastRound>>,
     state: EvictionState,
+    memcg: Option<MemcgNotifier>,
+    trigger: Trigger,
 }
 
 impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
@@ -108,7 +130,15 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             events,
             last: Arc::default(),
             state: EvictionState::default(),
+            memcg: None,
+            trigger: Trigger::Start,
         }
+    }
+
+    /// Also runs a round whenever `notifier` says memory crossed a threshold.
+    pub fn with_memcg(mut self, notifier: MemcgNotifier) -> Self {
+        self.memcg = Some(notifier);
+        self
     }
 
     /// Runs rounds until `cancel`. After an eviction it waits for the pod's cleanup (at most
@@ -144,6 +174,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                     Ok(Ok(())) => {
                         tracing::info!(pod_uid = %uid, "eviction manager: the evicted pod is cleaned up");
                         // As upstream: look again at once.
+                        self.trigger = Trigger::AfterEviction;
                         continue;
                     }
                     // The pod was gone before the sync loop got to it: wait a period, so the
@@ -153,14 +184,19 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                     }
                     Err(_) => {
                         tracing::warn!(pod_uid = %uid, "eviction manager: timed out waiting for the evicted pod's cleanup");
+                        self.trigger = Trigger::AfterEviction;
                         continue;
                     }
                 }
             }
-            tokio::select! {
+            self.trigger = tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.settings.monitoring_period) => {}
-            }
+                _ = tokio::time::sleep(self.settings.monitoring_period) => Trigger::Period,
+                at = memcg::notified(self.memcg.as_ref()) => {
+                    tracing::info!("eviction manager: memory threshold notification; looking now");
+                    Trigger::Notification(at)
+                }
+            };
         }
     }
 
@@ -173,6 +209,15 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
         &mut self,
     ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
         let reading = self.observer.observe().await?;
+        if let Some(n) = self.memcg.as_mut() {
+            let notified = self.trigger.notified_at().is_some();
+            n.update(
+                &self.settings.thresholds,
+                &reading.observations,
+                Instant::now(),
+                notified,
+            );
+        }
         let thresholds = &self.settings.thresholds;
         let round = self.state.step(
             thresholds,
@@ -203,6 +248,8 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                 .collect();
             l.dedicated_imagefs = reading.dedicated_imagefs;
             l.action = "nothing".into();
+            l.trigger = self.trigger.as_str();
+            l.memcg = self.memcg.as_ref().map(MemcgNotifier::status);
         });
         let Some(threshold) = round.to_reclaim(thresholds).cloned() else {
             return Ok((Outcome::Nothing, None));
@@ -298,11 +345,23 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
         self.events
             .pod(pod, EventType::Warning, REASON, message.clone());
         let done = self.evictor.evict(&uid, grace, message).await?;
+        let handoff = self.trigger.notified_at().map(|at| at.elapsed());
+        if let Some(d) = handoff {
+            tracing::info!(pod = %full_name(pod), pod_uid = %uid, handoff_ms = d.as_secs_f64() * 1e3, "eviction manager: evicted on a memory threshold notification");
+        }
         crate::metrics::KUBELET
             .evictions
             .inc(&[threshold.signal.as_str()]);
         let name = full_name(pod);
-        self.note(|l| l.action = format!("evicted {name}"));
+        self.note(|l| {
+            l.action = format!("evicted {name}");
+            l.last_eviction = Some(EvictionNote {
+                pod: name,
+                signal: threshold.signal.as_str().to_string(),
+                trigger: self.trigger.as_str(),
+                notification_to_handoff_ms: handoff.map(|d| d.as_secs_f64() * 1e3),
+            });
+        });
         Ok((Outcome::Evicted(uid), Some(done)))
     }
 }

@@ -8,13 +8,15 @@
 //! - [`observe`]: the I/O behind small traits: the node's signals and pods' usage
 //!   ([`observe::LiveObserver`], from the stats code of the node API), reclaiming through the
 //!   GC passes, evicting through the sync loop.
-//! - [`manager`]: the loop that runs a round every `evictionMonitoringPeriod` (10 s).
+//! - [`manager`]: the loop that runs a round every `evictionMonitoringPeriod` (10 s), and at
+//!   once on a memory threshold notification ([`memcg`], cgroup v1, `kernelMemcgNotification`).
 //!
 //! Others see the manager through [`PressureView`] (node conditions, admission) and hand it
 //! evictions through [`EvictRequest`]s that the sync loop carries out.
 
 pub mod decide;
 pub mod manager;
+pub mod memcg;
 pub mod observe;
 pub mod signals;
 

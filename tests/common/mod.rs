@@ -495,6 +495,53 @@ fn dechunk(body: &str) -> String {
     out
 }
 
+/// The body of a `GET` on the agent's local socket (`<root-dir>/deckhand.sock`), which also
+/// serves the `/debug/*` pages; empty when the agent does not answer.
+pub async fn local_socket_get(socket: &Path, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.ok()?;
+        Some(reply.split_once("\r\n\r\n")?.1.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// `memory.available` as the agent reckons it on this cgroup v1 host: `MemTotal` less the root
+/// memory cgroup's working set (its usage less `total_inactive_file`). Panics, naming the
+/// file, where the host has no v1 memory controller.
+pub fn node_memory_available() -> u64 {
+    let file = |p: &str| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| {
+            panic!("{p}: {e} (the memory tests need cgroup v1's memory controller)")
+        })
+    };
+    let field = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .filter_map(|l| l.split_once(char::is_whitespace))
+            .find(|(k, _)| k.trim_end_matches(':') == name)
+            .and_then(|(_, v)| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} to read"))
+    };
+    let total = field(&file("/proc/meminfo"), "MemTotal") * 1024;
+    let usage: u64 = file("/sys/fs/cgroup/memory/memory.usage_in_bytes")
+        .trim()
+        .parse()
+        .expect("memory.usage_in_bytes is a number");
+    let inactive = field(
+        &file("/sys/fs/cgroup/memory/memory.stat"),
+        "total_inactive_file",
+    );
+    total.saturating_sub(usage.saturating_sub(inactive))
+}
+
 /// Reads a file if it exists.
 pub fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
