@@ -202,6 +202,9 @@ spec:
   - name: app
     image: {BUSYBOX}
     command: ["sh", "-c", "{script}"]
+    readinessProbe:
+      exec: {{command: ["test", "-e", "/tmp/ready"]}}
+      periodSeconds: 1
 "#
     )
 }
@@ -221,10 +224,17 @@ fn with_memory_volume(manifest: String) -> String {
     manifest + &more.join("\n") + "\n"
 }
 
+// Each script marks itself ready (the pod's readiness probe) only once its SIGTERM handling
+// is in place: a SIGTERM that reaches the container before its process has even been
+// exec'd (runc's init, a Go program, is still PID 1 for a moment after StartContainer
+// returns) ends it at once, so a test that stops a pod that only just started must wait for
+// its readiness.
+
 /// Stops at once on SIGTERM.
-const POLITE: &str = "trap 'exit 0' TERM; sleep 600 & wait";
-/// Ignores SIGTERM (PID 1 without a handler): only the kill at the end of its grace stops it.
-const STUBBORN: &str = "exec sleep 600";
+const POLITE: &str = "trap 'exit 0' TERM; touch /tmp/ready; sleep 600 & wait";
+/// Ignores SIGTERM (ignored, and kept so across the exec): only the kill at the end of its
+/// grace stops it.
+const STUBBORN: &str = "trap '' TERM; touch /tmp/ready; exec sleep 600";
 
 fn phase(pod: &serde_json::Value) -> &str {
     pod["status"]["phase"].as_str().unwrap_or("")
@@ -235,7 +245,8 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
     let bus = Bus::start();
     let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
     wait_until("the private bus's socket", Duration::from_secs(10), || {
-        let ready = socket.exists();
+        // The socket file appears at bind, a moment before dbus-daemon listens on it.
+        let ready = std::os::unix::net::UnixStream::connect(&socket).is_ok();
         async move { ready.then_some(()) }
     })
     .await;
@@ -277,13 +288,12 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
     .await;
     for name in ["web", "stubborn", "crit"] {
         wait_until(
-            &format!("{name} running"),
+            &format!("{name} running and ready"),
             Duration::from_secs(30),
             || async {
                 let p = agent.pod(name).await?;
-                (phase(&p) == "Running"
-                    && p["status"]["containerStatuses"][0]["state"]["running"].is_object())
-                .then_some(())
+                (phase(&p) == "Running" && p["status"]["containerStatuses"][0]["ready"] == true)
+                    .then_some(())
             },
         )
         .await;
@@ -358,8 +368,11 @@ async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_release
     );
     // Regular pods first, each within its grace (the stubborn one needs all of its 3 s);
     // the critical pod only after both.
-    assert!(stubborn >= Duration::from_secs(3) && stubborn < Duration::from_secs(8));
-    assert!(web < Duration::from_secs(8));
+    assert!(
+        stubborn >= Duration::from_secs(3) && stubborn < Duration::from_secs(8),
+        "the stubborn pod uses its 3 s grace: {failed_at:?}"
+    );
+    assert!(web < Duration::from_secs(8), "{failed_at:?}");
     assert!(
         crit >= stubborn && crit >= web,
         "critical last: {failed_at:?}"
@@ -445,7 +458,8 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
     let bus = Bus::start();
     let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
     wait_until("the private bus's socket", Duration::from_secs(10), || {
-        let ready = socket.exists();
+        // The socket file appears at bind, a moment before dbus-daemon listens on it.
+        let ready = std::os::unix::net::UnixStream::connect(&socket).is_ok();
         async move { ready.then_some(()) }
     })
     .await;
