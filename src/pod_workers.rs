@@ -213,6 +213,20 @@ async fn terminate_requested(rx: &mut watch::Receiver<Work>) {
     }
 }
 
+/// Resolves once the pod is to stop, by a terminate or a kill: a sync in progress is abandoned
+/// for either, as upstream cancels a pod's sync when the pod starts terminating. Otherwise a
+/// kill (node shutdown, eviction) waits for a sync that may be blocked on a pull or on the
+/// runtime, and the pod outlives its grace.
+async fn stop_requested(rx: &mut watch::Receiver<Work>) {
+    if rx
+        .wait_for(|w| matches!(w, Work::Terminate { .. } | Work::Kill(_)))
+        .await
+        .is_err()
+    {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The set of pod workers.
 pub struct PodWorkers<R> {
     deps: WorkerDeps<R>,
@@ -473,9 +487,9 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 let sync = sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span);
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = terminate_requested(&mut rx) => {
+                    _ = stop_requested(&mut rx) => {
                         deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("the pod is to be terminated; the sync in progress is abandoned");
+                        tracing::info!("the pod is to be stopped; the sync in progress is abandoned");
                         immediate = true;
                         continue;
                     }
@@ -942,6 +956,40 @@ mod tests {
         );
         assert_eq!(h.stats.syncs_interrupted(), 1);
         assert!(h.rt.sandboxes().is_empty(), "{:?}", h.rt.sandboxes());
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_interrupts_a_sync_that_hangs() {
+        let rt = FakeCri::default();
+        rt.script("PullImage", Script::Hang);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-k", Work::Sync(pod("uid-k")));
+        eventually("the pull started", || async {
+            h.rt.count("PullImage") == 1
+        })
+        .await;
+        let done = CancellationToken::new();
+        h.workers.dispatch(
+            "uid-k",
+            Work::Kill(Kill {
+                pod: pod("uid-k"),
+                grace: 0,
+                outcome: FinalStatus {
+                    reason: "Terminated".into(),
+                    message: "node shutdown".into(),
+                    disruption_reason: None,
+                },
+                done: done.clone(),
+            }),
+        );
+        tokio::time::timeout(Duration::from_secs(60), done.cancelled())
+            .await
+            .expect("the pod was not killed while its sync hung");
+        assert_eq!(h.stats.syncs_interrupted(), 1);
+        let status = h.states.status("uid-k").expect("a final status");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Terminated"));
         h.cancel.cancel();
     }
 
