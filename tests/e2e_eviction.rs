@@ -20,45 +20,19 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    NamespaceCleanup, admin, condition, create_namespace, get_node, joined_agent, sleeping_spec,
-    wait_node_ready,
+    NamespaceCleanup, admin, create_namespace, joined_agent, sleeping_spec, wait_node_ready,
 };
-use common::{http_get, wait_until};
+use common::pressure::{ConditionTrace, SmallFs, metrics_line, quick_rounds};
+use common::wait_until;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 
 const WAIT: Duration = Duration::from_secs(40);
 const MI: u64 = 1 << 20;
-
-/// What the agent reckons `memory.available` to be: MemTotal less the root memory cgroup's
-/// working set (usage less inactive file pages), cgroup v1 as this machine runs.
-fn memory_available() -> u64 {
-    let read =
-        |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"));
-    let value = |text: &str, key: &str| -> u64 {
-        text.lines()
-            .find_map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next()?.trim_end_matches(':') == key).then(|| w.next()?.parse().ok())?
-            })
-            .unwrap_or_else(|| panic!("{key} not found"))
-    };
-    let total = value(&read("/proc/meminfo"), "MemTotal") * 1024;
-    let usage: u64 = read("/sys/fs/cgroup/memory/memory.usage_in_bytes")
-        .trim()
-        .parse()
-        .unwrap();
-    let inactive = value(
-        &read("/sys/fs/cgroup/memory/memory.stat"),
-        "total_inactive_file",
-    );
-    total.saturating_sub(usage.saturating_sub(inactive))
-}
 
 fn phase_reason(p: &Pod) -> (Option<String>, Option<String>) {
     let s = p.status.as_ref();
@@ -75,66 +49,6 @@ async fn running(pods: &Api<Pod>, name: &str) -> bool {
         .is_some_and(|p| phase_reason(&p).0.as_deref() == Some("Running"))
 }
 
-/// Watches a Node condition in the background: whether it was seen True, and when it was
-/// last seen True.
-struct ConditionWatch {
-    seen_true: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ConditionWatch {
-    fn start(client: kube::Client, node: &str, kind: &'static str) -> ConditionWatch {
-        let seen_true = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let (seen, node) = (seen_true.clone(), node.to_string());
-        let task = tokio::spawn(async move {
-            loop {
-                if let Some(n) = get_node(&client, &node).await
-                    && condition(&n, kind).as_deref() == Some("True")
-                {
-                    *seen.lock().unwrap() = Some(Instant::now());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        ConditionWatch { seen_true, task }
-    }
-
-    fn seen(&self) -> bool {
-        self.seen_true.lock().unwrap().is_some()
-    }
-}
-
-impl Drop for ConditionWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn metrics_line(port: u16, prefix: &str) -> Option<String> {
-    let (_, body) = http_get(&format!("http://127.0.0.1:{port}/metrics")).await?;
-    body.lines()
-        .find(|l| l.starts_with(prefix))
-        .map(str::to_string)
-}
-
-/// Waits until the Node has shown `kind` True (as `pressure` saw it) and then shows it False.
-async fn pressure_came_and_went(
-    client: &kube::Client,
-    node: &str,
-    pressure: &ConditionWatch,
-    kind: &str,
-) {
-    wait_until(&format!("{kind} True on the Node"), WAIT, || async {
-        pressure.seen().then_some(())
-    })
-    .await;
-    wait_until(&format!("{kind} back to False"), WAIT, || async {
-        let n = get_node(client, node).await?;
-        (condition(&n, kind).as_deref() == Some("False")).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one() {
     let started = Instant::now();
@@ -143,16 +57,14 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
     // 1 GiB taken by the pod, the threshold 600 MiB below what is free now: the pod takes the
     // node 400 MiB past it, and other processes' noise of a few hundred MiB either way neither
     // triggers it early (the pod would still rank first) nor hides it.
-    let threshold_mi = memory_available() / MI - 600;
+    let threshold_mi = common::node_memory_available() / MI - 600;
     let (mut agent, _node_cleanup) = joined_agent(node);
-    agent.extra_args.extend([
-        format!("--eviction-hard=memory.available<{threshold_mi}Mi,nodefs.available<1%,imagefs.available<1%"),
-        "--eviction-pressure-transition-period=5s".to_string(),
-        "--node-status-update-frequency=1s".to_string(),
-    ]);
-    agent
-        .env
-        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+    quick_rounds(
+        &mut agent,
+        &format!("memory.available<{threshold_mi}Mi,nodefs.available<1%,imagefs.available<1%"),
+        "5s",
+        "1s",
+    );
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let ns = "e2e-evict-memory";
@@ -179,7 +91,7 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
         running(&pods, "guaranteed").await.then_some(())
     })
     .await;
-    let pressure = ConditionWatch::start(client.clone(), node, "MemoryPressure");
+    let pressure = ConditionTrace::follow(client.clone(), node, "MemoryPressure");
     pods.create(
         &PostParams::default(),
         &common::cluster::bound_pod_with("hog", node, hog),
@@ -219,12 +131,12 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
     })
     .await;
     // The pressure ends once the transition period (5 s) has passed without the threshold met.
-    pressure_came_and_went(&client, node, &pressure, "MemoryPressure").await;
+    pressure.wait_came_and_went(WAIT).await;
     assert!(
         running(&pods, "guaranteed").await,
         "the Guaranteed pod keeps running"
     );
-    let line = metrics_line(agent.read_only_port, "kubelet_evictions{")
+    let line = metrics_line(&agent, "kubelet_evictions{")
         .await
         .unwrap_or_default();
     assert_eq!(
@@ -235,78 +147,6 @@ async fn memory_pressure_evicts_the_besteffort_pod_and_keeps_the_guaranteed_one(
         "memory eviction test took {:.1}s",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// A tmpfs mounted for the test's duration (lazily unmounted when dropped, even on failure),
-/// and bind mounts of directories in it.
-struct Mounts(Vec<PathBuf>);
-
-impl Mounts {
-    fn tmpfs(at: &Path, size: &str) -> Mounts {
-        run(
-            "mount",
-            &[
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size}"),
-                "tmpfs",
-                &at.display().to_string(),
-            ],
-        );
-        Mounts(vec![at.to_path_buf()])
-    }
-
-    fn bind(&mut self, from: &Path, at: &Path) {
-        run(
-            "mount",
-            &[
-                "--bind",
-                &from.display().to_string(),
-                &at.display().to_string(),
-            ],
-        );
-        self.0.push(at.to_path_buf());
-    }
-}
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for at in self.0.iter().rev() {
-            // Quiet: a testbed's `down` may have unmounted it already.
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(at)
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().expect(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed (the eviction tests need root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The body of a GET on the agent's local socket.
-async fn local_get(socket: &Path, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::UnixStream::connect(socket).await else {
-        return String::new();
-    };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    let mut out = String::new();
-    let _ = stream.read_to_string(&mut out).await;
-    out.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
 }
 
 fn available(dir: &Path) -> u64 {
@@ -321,19 +161,16 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
     let node = "dev-disk";
     let (mut agent, _node_cleanup) = joined_agent(node);
     // The root and log directories on one 64 MiB filesystem.
-    let mut mounts = Mounts::tmpfs(&agent.root_dir(), "64m");
+    let mut mounts = SmallFs::mount(&agent.root_dir(), "size=64m");
     let logs_in_tmpfs = agent.root_dir().join("pod-logs");
     std::fs::create_dir_all(&logs_in_tmpfs).unwrap();
     mounts.bind(&logs_in_tmpfs, &agent.logs_dir());
-    agent.extra_args.extend([
-        "--eviction-hard=nodefs.available<20Mi,memory.available<100Mi,imagefs.available<1%"
-            .to_string(),
-        "--eviction-pressure-transition-period=3s".to_string(),
-        "--node-status-update-frequency=1s".to_string(),
-    ]);
-    agent
-        .env
-        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+    quick_rounds(
+        &mut agent,
+        "nodefs.available<20Mi,memory.available<100Mi,imagefs.available<1%",
+        "3s",
+        "1s",
+    );
     // Instance 0 leaves its log and is restarted at once; instance 1 exits at once, and the
     // back-off that follows (upstream's 10 s) keeps both dead instances there while the test
     // fills the disk.
@@ -405,7 +242,7 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
     assert!(size > 24 * MI, "the first instance's log is {size} bytes");
 
     // Push the disk past the threshold: the dead instance's log is what can go.
-    let pressure = ConditionWatch::start(client.clone(), node, "DiskPressure");
+    let pressure = ConditionTrace::follow(client.clone(), node, "DiskPressure");
     let free = available(&agent.root_dir());
     let fill = free - 16 * MI;
     std::fs::write(agent.root_dir().join("ballast"), vec![0u8; fill as usize]).unwrap();
@@ -419,7 +256,7 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
         (available(&agent.root_dir()) > 20 * MI).then_some(())
     })
     .await;
-    pressure_came_and_went(&client, node, &pressure, "DiskPressure").await;
+    pressure.wait_came_and_went(WAIT).await;
     // No pod was evicted: the reclaim was enough.
     for name in ["sleeper", "filler"] {
         let p = pods.get(name).await.unwrap();
@@ -431,14 +268,15 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
     }
     assert!(running(&pods, "sleeper").await);
     assert_eq!(
-        metrics_line(agent.read_only_port, "kubelet_evictions{").await,
+        metrics_line(&agent, "kubelet_evictions{").await,
         None,
         "no eviction counted"
     );
     // The root dir's tmpfs is not containerd's filesystem: a dedicated image filesystem, for
     // which Deckhand still reclaims dead containers under nodefs pressure (their logs are
     // on nodefs; upstream would go straight to evicting).
-    let debug = local_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
+    let debug =
+        common::local_socket_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
     assert!(debug.contains("\"dedicated_imagefs\":true"), "{debug}");
     eprintln!(
         "disk test: reclaimed {:.1}s after the threshold was crossed; took {:.1}s",
@@ -470,7 +308,7 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
     let tb = common::OwnTestbed::new("deckhand-tbimg-", "dhimg", "10.88.82.0/24")
         .with_env("TESTBED_EXTRA_IMAGES", "filler");
     std::fs::create_dir_all(tb.root_dir()).unwrap();
-    mounts = Mounts::tmpfs(&tb.root_dir(), "96m");
+    mounts = SmallFs::mount(&tb.root_dir(), "size=96m");
     tb.up();
     let endpoint = deckhand::cri::parse_endpoint(&tb.endpoint()).unwrap();
     let cri = deckhand::cri::CriClient::connect(&endpoint, Duration::from_secs(30))
@@ -492,18 +330,19 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
 
     let (mut agent, _node_cleanup) = joined_agent(node);
     agent.runtime = Some(tb.endpoint());
-    agent.extra_args.extend([
-        format!(
-            "--eviction-hard=imagefs.available<{}Mi,nodefs.available<1%,nodefs.inodesFree<1%,memory.available<100Mi",
+    quick_rounds(
+        &mut agent,
+        &format!(
+            "imagefs.available<{}Mi,nodefs.available<1%,nodefs.inodesFree<1%,memory.available<100Mi",
             THRESHOLD / MI
         ),
-        format!("--minimum-image-ttl-duration={}s", min_age.as_secs()),
-        "--eviction-pressure-transition-period=3s".to_string(),
-        "--node-status-update-frequency=1s".to_string(),
-    ]);
-    agent
-        .env
-        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
+        "3s",
+        "1s",
+    );
+    agent.extra_args.push(format!(
+        "--minimum-image-ttl-duration={}s",
+        min_age.as_secs()
+    ));
     agent.start();
     let agent_started = Instant::now();
     wait_node_ready(&client, node, &agent).await;
@@ -534,7 +373,7 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
         free > THRESHOLD + 8 * MI,
         "the image filesystem has only {free} bytes free before the ballast"
     );
-    let pressure = ConditionWatch::start(client.clone(), node, "DiskPressure");
+    let pressure = ConditionTrace::follow(client.clone(), node, "DiskPressure");
     let ballast = root.join("ballast");
     std::fs::write(&ballast, vec![b'b'; (free - LEFT_FREE) as usize]).unwrap();
     let crossed = Instant::now();
@@ -550,7 +389,7 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
         "with the filler gone, {free_after} bytes free: still under the threshold"
     );
     assert!(ballast.exists());
-    pressure_came_and_went(&client, node, &pressure, "DiskPressure").await;
+    pressure.wait_came_and_went(WAIT).await;
     let cleared_after = crossed.elapsed();
 
     // The images in use stay: busybox (the sleeper's) and pause (the sandbox image).
@@ -573,13 +412,13 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
         "an Evicted event"
     );
     assert_eq!(
-        metrics_line(agent.read_only_port, "kubelet_evictions{").await,
+        metrics_line(&agent, "kubelet_evictions{").await,
         None,
         "no eviction counted"
     );
     assert_eq!(
         metrics_line(
-            agent.read_only_port,
+            &agent,
             "kubelet_image_garbage_collected_total{reason=\"space\"}"
         )
         .await
@@ -589,7 +428,8 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
     );
     // The manager's own account: the reclaim for imagefs.available took one image and was
     // enough; the image filesystem is a dedicated one (the tmpfs, not the agent's root dir).
-    let debug = local_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
+    let debug =
+        common::local_socket_get(&agent.root_dir().join("deckhand.sock"), "/debug/eviction").await;
     let debug: serde_json::Value =
         serde_json::from_str(&debug).unwrap_or_else(|e| panic!("{e}: {debug}"));
     assert_eq!(debug["dedicated_imagefs"], true, "{debug}");

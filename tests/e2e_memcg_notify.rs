@@ -115,13 +115,12 @@ async fn a_memory_threshold_notification_evicts_without_waiting_for_the_monitori
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str("kernelMemcgNotification: true\n");
     std::fs::write(&config, text).unwrap();
-    agent.extra_args.extend([
-        format!("--eviction-hard=memory.available<{threshold_mi}Mi,nodefs.available<1%,imagefs.available<1%"),
-        "--eviction-pressure-transition-period=5s".to_string(),
-    ]);
-    agent
-        .env
-        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "300s".into()));
+    common::pressure::quick_rounds(
+        &mut agent,
+        &format!("memory.available<{threshold_mi}Mi,nodefs.available<1%,imagefs.available<1%"),
+        "5s",
+        "300s",
+    );
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let socket = agent.root_dir().join("deckhand.sock");

@@ -23,24 +23,13 @@ use common::cluster::{
     admin, bound_pod_with, create_namespace, event_reasons, joined_agent, sleeping_spec,
     wait_node_ready,
 };
-use common::pressure::{ConditionTrace, SmallFs, outcome, wait_evicted, wait_running};
+use common::pressure::{
+    ConditionTrace, SmallFs, metrics_line, outcome, quick_rounds, wait_evicted, wait_running,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 
 const WAIT: Duration = Duration::from_secs(40);
-
-/// The agent's own settings for a pressure test: a round every second, the Node's status
-/// every second, and a 3 s transition period so the condition clears within the test.
-fn quick_rounds(agent: &mut common::Agent, eviction_hard: String) {
-    agent.extra_args.extend([
-        format!("--eviction-hard={eviction_hard}"),
-        "--eviction-pressure-transition-period=3s".to_string(),
-        "--node-status-update-frequency=1s".to_string(),
-    ]);
-    agent
-        .env
-        .push(("DECKHAND_EVICTION_MONITORING_PERIOD".into(), "1s".into()));
-}
 
 /// What the agent reckons `pid.available` to be: `pid_max` less the number of tasks
 /// (threads included) the kernel reports.
@@ -54,15 +43,6 @@ fn pids_available() -> i64 {
         .expect("sysinfo")
         .process_count();
     max - i64::from(tasks)
-}
-
-/// The line of the agent's `kubelet_evictions` counter, if any eviction was counted.
-async fn evictions_counted(agent: &common::Agent) -> Option<String> {
-    let url = format!("http://127.0.0.1:{}/metrics", agent.read_only_port);
-    let (_, page) = common::http_get(&url).await?;
-    page.lines()
-        .find(|l| l.starts_with("kubelet_evictions{"))
-        .map(str::to_string)
 }
 
 /// Creates the pods (bound to `node`) in `pods`' namespace.
@@ -89,9 +69,11 @@ async fn pid_pressure_evicts_the_pod_with_most_processes_and_keeps_the_other() {
     let (mut agent, _node_cleanup) = joined_agent(node);
     quick_rounds(
         &mut agent,
-        format!(
+        &format!(
             "pid.available<{threshold},memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%"
         ),
+        "3s",
+        "1s",
     );
     agent.start();
     wait_node_ready(&client, node, &agent).await;
@@ -129,7 +111,7 @@ async fn pid_pressure_evicts_the_pod_with_most_processes_and_keeps_the_other() {
         "the pod with few processes keeps running: {calm:?}"
     );
     assert_eq!(
-        evictions_counted(&agent).await.as_deref(),
+        metrics_line(&agent, "kubelet_evictions{").await.as_deref(),
         Some("kubelet_evictions{eviction_signal=\"pid.available\"} 1"),
         "one eviction counted"
     );
@@ -165,8 +147,9 @@ async fn inode_pressure_evicts_the_pod_with_most_files_and_keeps_the_other() {
     let fs = SmallFs::mount(&agent.root_dir(), "size=64m,nr_inodes=2000");
     quick_rounds(
         &mut agent,
-        "nodefs.inodesFree<1000,nodefs.available<1%,memory.available<100Mi,imagefs.available<1%"
-            .to_string(),
+        "nodefs.inodesFree<1000,nodefs.available<1%,memory.available<100Mi,imagefs.available<1%",
+        "3s",
+        "1s",
     );
     agent.start();
     wait_node_ready(&client, node, &agent).await;
@@ -235,7 +218,7 @@ async fn inode_pressure_evicts_the_pod_with_most_files_and_keeps_the_other() {
         "the pod with few files keeps running: {calm:?}"
     );
     assert_eq!(
-        evictions_counted(&agent).await.as_deref(),
+        metrics_line(&agent, "kubelet_evictions{").await.as_deref(),
         Some("kubelet_evictions{eviction_signal=\"nodefs.inodesFree\"} 1"),
         "one eviction counted"
     );

@@ -13,6 +13,8 @@ use kube::api::Api;
 /// even when the test failed half-way (the mounts the agent made inside it go with it).
 pub struct SmallFs {
     at: PathBuf,
+    /// Bind mounts of directories in it elsewhere, undone first.
+    binds: Vec<PathBuf>,
 }
 
 impl SmallFs {
@@ -32,7 +34,27 @@ impl SmallFs {
         );
         SmallFs {
             at: at.to_path_buf(),
+            binds: Vec::new(),
         }
+    }
+
+    /// Bind-mounts `from` (a directory in this filesystem) at `at`, so that another of the
+    /// agent's directories (its pod logs) is on the same small disk; undone when dropped.
+    pub fn bind(&mut self, from: &Path, at: &Path) {
+        let out = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(at)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "bind-mounting {} at {} failed: {}",
+            from.display(),
+            at.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.binds.push(at.to_path_buf());
     }
 
     /// Free inodes and the inode count of the filesystem.
@@ -44,6 +66,9 @@ impl SmallFs {
 
 impl Drop for SmallFs {
     fn drop(&mut self) {
+        for at in self.binds.iter().rev() {
+            let _ = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
+        }
         super::unmount_under(&self.at);
         let _ = nix::mount::umount2(&self.at, nix::mount::MntFlags::MNT_DETACH);
     }
@@ -147,4 +172,33 @@ pub async fn wait_evicted(pods: &Api<Pod>, name: &str, timeout: Duration) -> Out
         (o.phase == "Failed" && o.reason == "Evicted").then_some(o)
     })
     .await
+}
+
+/// The agent's own settings for a pressure test: `eviction_hard`, a round every `monitoring`
+/// (the test knob `DECKHAND_EVICTION_MONITORING_PERIOD`), the Node's status every second, and a
+/// `transition` period short enough for the condition to clear within the test.
+pub fn quick_rounds(
+    agent: &mut super::Agent,
+    eviction_hard: &str,
+    transition: &str,
+    monitoring: &str,
+) {
+    agent.extra_args.extend([
+        format!("--eviction-hard={eviction_hard}"),
+        format!("--eviction-pressure-transition-period={transition}"),
+        "--node-status-update-frequency=1s".to_string(),
+    ]);
+    agent.env.push((
+        "DECKHAND_EVICTION_MONITORING_PERIOD".into(),
+        monitoring.to_string(),
+    ));
+}
+
+/// The first line of the agent's `/metrics` (read-only port) that starts with `prefix`.
+pub async fn metrics_line(agent: &super::Agent, prefix: &str) -> Option<String> {
+    let url = format!("http://127.0.0.1:{}/metrics", agent.read_only_port);
+    let (_, page) = super::http_get(&url).await?;
+    page.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
 }
