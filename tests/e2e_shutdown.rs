@@ -16,7 +16,7 @@ mod common;
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,7 +35,8 @@ struct Bus {
 }
 
 impl Bus {
-    fn start() -> Bus {
+    /// Starts the bus and waits until it accepts connections.
+    async fn start() -> Bus {
         let dir = tempfile::Builder::new()
             .prefix("deckhand-dbus-")
             .tempdir()
@@ -53,11 +54,18 @@ impl Bus {
             .unwrap_or_else(|e| {
                 panic!("cannot start dbus-daemon ({e}); install Debian's dbus-daemon package (scripts/install-deps)")
             });
-        Bus {
+        let bus = Bus {
             child,
             address: format!("unix:path={}", socket.display()),
             _dir: dir,
-        }
+        };
+        wait_until("the private bus", Duration::from_secs(10), || {
+            // The socket file appears at bind, a moment before dbus-daemon listens on it.
+            let ready = std::os::unix::net::UnixStream::connect(&socket).is_ok();
+            async move { ready.then_some(()) }
+        })
+        .await;
+        bus
     }
 }
 
@@ -242,14 +250,7 @@ fn phase(pod: &serde_json::Value) -> &str {
 
 #[tokio::test]
 async fn prepare_for_shutdown_stops_regular_pods_then_critical_ones_then_releases_the_lock() {
-    let bus = Bus::start();
-    let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
-    wait_until("the private bus's socket", Duration::from_secs(10), || {
-        // The socket file appears at bind, a moment before dbus-daemon listens on it.
-        let ready = std::os::unix::net::UnixStream::connect(&socket).is_ok();
-        async move { ready.then_some(()) }
-    })
-    .await;
+    let bus = Bus::start().await;
     // A logind that allows 30 s of delay: the configured 14 s fit.
     let logind = Logind::start(&bus.address, Duration::from_secs(30)).await;
 
@@ -455,14 +456,7 @@ async fn joined_node_goes_not_ready_at_shutdown_and_its_pods_end_failed_in_the_a
     use kube::api::{Api, PostParams};
 
     let started = Instant::now();
-    let bus = Bus::start();
-    let socket: PathBuf = bus.address.trim_start_matches("unix:path=").into();
-    wait_until("the private bus's socket", Duration::from_secs(10), || {
-        // The socket file appears at bind, a moment before dbus-daemon listens on it.
-        let ready = std::os::unix::net::UnixStream::connect(&socket).is_ok();
-        async move { ready.then_some(()) }
-    })
-    .await;
+    let bus = Bus::start().await;
     let logind = Logind::start(&bus.address, Duration::from_secs(30)).await;
 
     let client = common::cluster::admin().await;
