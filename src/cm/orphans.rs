@@ -111,7 +111,9 @@ mod tests {
     #[test]
     fn only_unknown_pods_are_orphans_and_volumes_hold_them_back() {
         let found: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        let cases: [(&[&str], &[&str], Vec<(&str, Orphan)>); 4] = [
+        // (known UIDs, UIDs with volumes left, what the sweep does)
+        type Case<'a> = (&'a [&'a str], &'a [&'a str], Vec<(&'a str, Orphan)>);
+        let cases: [Case; 4] = [
             // Every pod known: nothing to do.
             (&["a", "b", "c"], &[], vec![]),
             // None known: all go.
