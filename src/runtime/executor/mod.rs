@@ -835,12 +835,22 @@ mod replace_tests {
     use crate::pleg::feed::{ExitFacts, FeedSource};
     use crate::pleg::route::Mode;
 
-    async fn until(what: &str, check: impl Fn() -> bool) {
+    /// The fixture pod, bound to the fixture node (the labels a pod is read back by name it).
+    fn bound_pod(uid: &str) -> Arc<Pod> {
+        let mut p = pod(uid);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_name = Some("node-a".into());
+        }
+        Arc::new(p)
+    }
+
+    async fn until(what: &str, rt: &FakeCri, check: impl Fn() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !check() {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
+                "timed out waiting for {what}; calls: {:?}",
+                rt.calls()
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -854,7 +864,7 @@ mod replace_tests {
         pleg.set_mode(Mode::Events(FeedSource::Containerd));
         let (executor, _events) = executor(dir.path(), rt.clone());
         let executor = executor.with_pleg(Arc::new(pleg.clone()));
-        let p = Arc::new(pod("uid-l"));
+        let p = bound_pod("uid-l");
         let mut state = PodSyncState::default();
         executor
             .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
@@ -878,7 +888,7 @@ mod replace_tests {
                     .await
             })
         };
-        until("the stop", || rt.count("StopContainer") == 1).await;
+        until("the stop", &rt, || rt.count("StopContainer") == 1).await;
         assert_eq!(rt.count("CreateContainer"), 1);
         // The exit event arrives, with its code.
         pleg.note_exit(
@@ -930,7 +940,7 @@ mod replace_tests {
         let rt = FakeCri::with_images(&[IMAGE]);
         let (executor, _events) = executor(dir.path(), rt.clone());
         let executor = executor.with_pleg(Arc::new(PlegState::default()));
-        let p = Arc::new(pod("uid-m"));
+        let p = bound_pod("uid-m");
         let mut state = PodSyncState::default();
         executor
             .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
@@ -953,7 +963,7 @@ mod replace_tests {
                     .await
             })
         };
-        until("the stop", || rt.count("StopContainer") == 1).await;
+        until("the stop", &rt, || rt.count("StopContainer") == 1).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!sync.is_finished());
         assert_eq!(rt.count("CreateContainer"), 1);
