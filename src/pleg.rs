@@ -307,6 +307,21 @@ struct ExitNote {
     oom: bool,
 }
 
+/// The exit code of a SIGKILL (128 + 9).
+const SIGKILLED: i32 = 137;
+
+impl ExitNote {
+    /// The code a worker may act on without reading the runtime. A SIGKILL with no OOM event
+    /// heard for the same ID is left to the runtime's own view: the OOM killer's event may have
+    /// named another object (containerd 1.6 can report it under the pod's sandbox), and only
+    /// the runtime then says whether the reason is `OOMKilled` or `Error`.
+    fn code(&self) -> Option<i32> {
+        self.facts
+            .map(|f| f.code)
+            .filter(|&code| self.oom || code != SIGKILLED)
+    }
+}
+
 /// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
 /// the counters for `/metrics`. Cheap to clone.
 #[derive(Clone)]
@@ -439,7 +454,7 @@ impl PlegState {
         let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
         Some(HeardExit {
             id: id.to_string(),
-            exit_code: note.facts.map(|f| f.code),
+            exit_code: note.code(),
             finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
             oom: note.oom,
         })
@@ -452,7 +467,7 @@ impl PlegState {
         let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits
             .get(id)
-            .is_some_and(|n| n.facts.is_none() && n.at.elapsed() < EXIT_NOTE_TTL)
+            .is_some_and(|n| n.code().is_none() && n.at.elapsed() < EXIT_NOTE_TTL)
     }
 
     /// The exits heard (within [`EXIT_NOTE_TTL`]) of objects that `observed` still shows
@@ -479,7 +494,7 @@ impl PlegState {
                 let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
                 Some(HeardExit {
                     id: id.to_string(),
-                    exit_code: note.facts.map(|f| f.code),
+                    exit_code: note.code(),
                     finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
                     oom: note.oom,
                 })
@@ -1184,6 +1199,12 @@ mod tests {
         // A read that shows it: forgotten.
         state.confirmed(&pod(vec![container("a", Exited)], ready));
         assert!(state.heard_exits(&running).is_empty());
+        // A SIGKILL with no OOM event for it: the runtime says why (perhaps OOMKilled).
+        state.note_exit("k", Some(feed::ExitFacts { code: 137, at_ns: 5 }), false);
+        assert_eq!(state.exit_of("k").unwrap().exit_code, None);
+        assert!(state.exit_awaited("k"));
+        state.note_exit("k", None, true);
+        assert_eq!(state.exit_of("k").unwrap().exit_code, Some(137));
         // An OOM kill before its exit: waited for, then aged out.
         state.note_exit("a", None, true);
         assert!(state.exit_awaited("a"));
