@@ -759,11 +759,11 @@ impl Bench {
             let id = cri.create_container(request).await?;
             by_name.insert(cname.clone(), (0, id.clone()));
             cri.start_container(id.clone()).await?;
-            if cname != "app" {
-                if let Err(e) = wait_exit(events, &id, Duration::from_secs(30)).await {
-                    outcome = Err(e.context(format!("{name}/{cname}")));
-                    break;
-                }
+            if cname != "app"
+                && let Err(e) = wait_exit(events, &id, Duration::from_secs(30)).await
+            {
+                outcome = Err(e.context(format!("{name}/{cname}")));
+                break;
             }
         }
         let running = ms(t0.elapsed());

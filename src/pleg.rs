@@ -1200,7 +1200,14 @@ mod tests {
         state.confirmed(&pod(vec![container("a", Exited)], ready));
         assert!(state.heard_exits(&running).is_empty());
         // A SIGKILL with no OOM event for it: the runtime says why (perhaps OOMKilled).
-        state.note_exit("k", Some(feed::ExitFacts { code: 137, at_ns: 5 }), false);
+        state.note_exit(
+            "k",
+            Some(feed::ExitFacts {
+                code: 137,
+                at_ns: 5,
+            }),
+            false,
+        );
         assert_eq!(state.exit_of("k").unwrap().exit_code, None);
         assert!(state.exit_awaited("k"));
         state.note_exit("k", None, true);
