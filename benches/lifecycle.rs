@@ -10,14 +10,29 @@
 //!     --deckhand target/release/deckhand --work-dir .testbed/bench-lifecycle-run
 //! ```
 //!
+//! The agent reaches containerd through the counting proxy (`common::proxy`), which timestamps
+//! its requests as they arrive; the floor's raw CRI calls go through the same proxy, so both
+//! pay its local hop.
+//!
 //! Phases (each bounded by a deadline; the whole run by a budget):
-//! 1. init containers: a pod with three `exit 0` init containers and one app container, dropped
-//!    `--init-runs` times under new names; drop -> app RUNNING over CRI, and from containerd's
-//!    timestamps the gap between one init container finishing and the next one starting; then
-//!    the crash restart: `--crash-pods` pods whose container exits 1 after 2 s, dropped at
-//!    once; from containerd's timestamps, the crashed instance's finishedAt -> the next
-//!    attempt's createdAt (the restart begun); the same for `--crash-pods` pods whose liveness
-//!    probe starts failing after 2 s (the kill's finishedAt -> the restart's createdAt);
+//! 1. init containers: a pod with three `exit 0` init containers and one app container,
+//!    `--init-runs` rounds, each a raw-CRI floor run and then a Deckhand run. The floor:
+//!    RunPodSandbox (pod network, as Deckhand's pod), then per init container CreateContainer,
+//!    StartContainer and the wait for its exit **event** (the same containerd event stream
+//!    the agent's PLEG reads, so neither polls), then the app's CreateContainer and
+//!    StartContainer. Deckhand: the manifest dropped in, app RUNNING seen over CRI (10 ms
+//!    poll). For both, from containerd's timestamps: init-1 started -> app started, and each
+//!    gap from one container finishing to the next one starting; reported as medians, the
+//!    ratio Deckhand / floor and Deckhand's overhead per step (its gap less the floor's);
+//!    then the crash restart: `--crash-pods` pods whose container exits 1 after 2 s, dropped
+//!    at once, and the same for `--crash-pods` pods whose liveness probe starts failing after
+//!    2 s. For each pod's first exit, from the first instance's finishedAt (containerd's):
+//!    - **restart begun**: -> the agent's `CreateContainer` for attempt 1 reaching the proxy,
+//!      i.e. the agent's own reaction, before containerd does any work for the restart;
+//!    - **restart made in containerd**: -> the new instance's createdAt, which containerd sets
+//!      some 50 ms into CreateContainer, so this includes containerd's own work;
+//!    - for the liveness kill also -> the agent's `StopContainer` answered (containerd answers
+//!      once it has handled the exit) and that answer -> `CreateContainer`;
 //! 2. restart adoption: N pods running, every sandbox and container ID recorded, the agent
 //!    SIGKILLed and started again with the same flags, directories and ports; new process ->
 //!    `/healthz` ok, -> `/pods` shows all N running; then a watch of `--watch-secs` that no ID
@@ -36,8 +51,14 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use common::*;
-use deckhand::cri::proto::{ContainerFilter, ContainerState, PodSandboxFilter, PodSandboxState};
+use deckhand::cri::proto::{
+    ContainerFilter, ContainerState, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxFilter, PodSandboxMetadata,
+    PodSandboxState, RunPodSandboxRequest,
+};
 use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
+use deckhand::pleg::feed::{EventFeed, EventStream, Happening, RuntimeFeed};
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 const NODE: &str = "lifecycle";
@@ -198,10 +219,170 @@ fn restart_counts(list: &Value) -> HashMap<String, i64> {
     out
 }
 
+/// One init pod's run, from containerd's timestamps (ms).
+struct InitRun {
+    /// Deckhand: drop -> app seen RUNNING; floor: RunPodSandbox sent -> app StartContainer
+    /// answered.
+    to_running: f64,
+    /// The start of the run -> init-1 started.
+    first_started: f64,
+    /// init-1 started -> app started.
+    span: f64,
+    /// init-i finished -> the next container started.
+    gaps: Vec<f64>,
+    /// Each init container's run, started -> finished.
+    durations: Vec<f64>,
+}
+
+impl InitRun {
+    /// From the `(startedAt, finishedAt, exit code, attempt)` of each container by name,
+    /// `base` being the run's start (ns since the epoch).
+    fn from_times(
+        times: &BTreeMap<String, (i64, i64, i32, u32)>,
+        base: i64,
+        to_running: f64,
+    ) -> Result<InitRun> {
+        let order: Vec<String> = (1..=INIT_CONTAINERS)
+            .map(|i| format!("init-{i}"))
+            .chain(std::iter::once("app".to_string()))
+            .collect();
+        let missing: Vec<&String> = order
+            .iter()
+            .filter(|c| {
+                times
+                    .get(*c)
+                    .is_none_or(|t| t.0 == 0 || (*c != "app" && t.1 == 0))
+            })
+            .collect();
+        if !missing.is_empty() {
+            bail!("no start or finish time for {missing:?} (were init containers removed?)");
+        }
+        let t = |c: &str| times[c];
+        let mut gaps = Vec::new();
+        let mut durations = Vec::new();
+        for w in order.windows(2) {
+            let (prev, next) = (t(&w[0]), t(&w[1]));
+            gaps.push(ms_ns(next.0 - prev.1));
+            durations.push(ms_ns(prev.1 - prev.0));
+        }
+        Ok(InitRun {
+            to_running,
+            first_started: ms_ns(t("init-1").0 - base),
+            span: ms_ns(t("app").0 - t("init-1").0),
+            gaps,
+            durations,
+        })
+    }
+
+    fn json(&self, pod: &str) -> Value {
+        json!({
+            "pod": pod,
+            "drop_to_app_running_ms": r1(self.to_running),
+            "drop_to_init1_started_ms": r1(self.first_started),
+            "init1_started_to_app_started_ms": r1(self.span),
+            "gaps_ms": self.gaps.iter().map(|g| r1(*g)).collect::<Vec<_>>(),
+            "gap_sum_ms": r1(self.gaps.iter().sum()),
+            "init_run_ms": self.durations[..INIT_CONTAINERS].iter().map(|d| r1(*d)).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn gap_text(gaps: &[f64]) -> String {
+    gaps.iter()
+        .map(|g| format!("{g:.0}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// `(startedAt, finishedAt, exit code, attempt)` of each container (name -> (attempt, ID)).
+/// containerd's CRI records an exit only once it has handled the exit event, a moment after
+/// publishing it: an init container (not `app`) without its finishedAt yet is read again,
+/// every 10 ms for at most 10 s.
+async fn container_times(
+    cri: &CriClient,
+    by_name: &BTreeMap<String, (u32, String)>,
+) -> Result<BTreeMap<String, (i64, i64, i32, u32)>> {
+    let mut times = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (cname, (attempt, id)) in by_name {
+        let st = loop {
+            let st = cri
+                .container_status(id.clone())
+                .await
+                .with_context(|| format!("status of {cname}"))?
+                .status
+                .unwrap_or_default();
+            if cname == "app" || st.finished_at > 0 || Instant::now() > deadline {
+                break st;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        times.insert(
+            cname.clone(),
+            (st.started_at, st.finished_at, st.exit_code, *attempt),
+        );
+    }
+    Ok(times)
+}
+
+/// Waits for the exit event of container `id` on the stream (events of other objects are
+/// passed over; an exit that came before the call is still in the stream).
+async fn wait_exit(events: &mut EventStream, id: &str, timeout: Duration) -> Result<()> {
+    let wait = async {
+        while let Some(item) = events.next().await {
+            let event = item.map_err(|e| anyhow!("the event stream broke: {e}"))?;
+            if event.id == id && event.happening == Happening::Exited {
+                return Ok(());
+            }
+        }
+        bail!("the event stream ended")
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .map_err(|_| anyhow!("no exit event within {timeout:?}"))?
+}
+
+/// A pod-network sandbox for the floor, labelled without this node's managed-by labels (the
+/// agent must not take it for an orphan of its own), its cgroup under the QoS tier Deckhand's
+/// init pods use.
+fn floor_sandbox(name: &str, uid: &str, logs: &std::path::Path, cgroup: &str) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: "default".to_string(),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: logs.to_string_lossy().into_owned(),
+        labels: HashMap::from([
+            (POD_NAME.to_string(), name.to_string()),
+            (POD_NAMESPACE.to_string(), "default".to_string()),
+            (POD_UID.to_string(), uid.to_string()),
+        ]),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: cgroup.to_string(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Pod as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 struct Bench {
     args: Args,
     opts: AgentOpts,
     cri: CriClient,
+    /// The counting proxy the agent reaches containerd through (see [`run`]).
+    proxy: proxy::CountingProxy,
     agent: Option<Agent>,
     report: Report,
 }
@@ -225,15 +406,22 @@ async fn run(args: Args) -> Result<()> {
             "removed {stale} sandbox(es) left by an earlier run"
         ));
     }
+    // The agent talks to containerd through the counting proxy, which timestamps its requests:
+    // the restart phases read when a restart's CreateContainer reached the runtime's socket.
+    // Every agent call pays one more local hop for it (well under a millisecond).
+    let proxy =
+        proxy::CountingProxy::start(&endpoint.socket, &args.work_dir.join("cri-proxy.sock"))
+            .await?;
     let opts = AgentOpts {
         deckhand: args.deckhand.clone(),
-        endpoint: args.endpoint.clone(),
+        endpoint: proxy.endpoint(),
         verbosity: args.verbosity,
     };
     let mut bench = Bench {
         args: args.clone(),
         opts,
         cri,
+        proxy,
         agent: None,
         report: Report::default(),
     };
@@ -301,150 +489,83 @@ impl Bench {
     async fn init_phase(&mut self) -> Result<()> {
         let runs = self.args.init_runs;
         self.report.section(&format!(
-            "1. Init containers: {INIT_CONTAINERS} x `sh -c \"exit 0\"`, then the app; {runs} pods one after the other"
+            "1. Init containers: {INIT_CONTAINERS} x `sh -c \"exit 0\"`, then the app; {runs} rounds of the raw-CRI floor and Deckhand, alternately"
         ));
-        let mut to_running = Vec::new();
-        let mut spans = Vec::new();
-        let mut gap_sums = Vec::new();
-        let mut all_gaps: Vec<Vec<f64>> = vec![Vec::new(); INIT_CONTAINERS];
+        // The floor's own client and event stream, through the same proxy as the agent (so both
+        // pay its hop), on the same source the agent's PLEG uses.
+        let floor_cri = CriClient::connect(
+            &parse_endpoint(&self.proxy.endpoint())?,
+            Duration::from_secs(60),
+        )
+        .await
+        .context("connecting the floor's client through the proxy")?;
+        let (source, mut events) = RuntimeFeed::new(floor_cri.channel())
+            .subscribe()
+            .await
+            .context("subscribing the floor to the runtime's events")?;
+        // One floor run first, not counted: the first pod-network sandbox of a fresh testbed
+        // is slower than the rest (Deckhand's first start warmed containerd up already).
+        self.floor_init_run(&floor_cri, &mut events, runs)
+            .await
+            .context("the floor's warm-up run")?;
+        let mut deckhand: Vec<InitRun> = Vec::new();
+        let mut floor: Vec<InitRun> = Vec::new();
         let mut runs_json = Vec::new();
+        let mut floor_json = Vec::new();
         for run in 0..runs {
-            let name = format!("init-{run}");
-            let file = format!("{name}.yaml");
-            let agent = self.agent();
-            let full = agent.full(&name);
-            agent.stage(&file, &init_manifest(&name))?;
-            progress(format!("init: pod {full}"));
-            let t0 = Instant::now();
-            let t0_wall = SystemTime::now();
-            agent.publish(&file)?;
-            let deadline = Duration::from_secs(60);
-            let mut running = None;
-            let mut ticker = tokio::time::interval(INIT_POLL);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            while running.is_none() && t0.elapsed() < deadline {
-                ticker.tick().await;
-                let list = pod_containers(&self.cri, &full).await;
-                let now = t0.elapsed();
-                if list.iter().any(|c| {
-                    c.state == ContainerState::ContainerRunning as i32
-                        && c.labels.get(CONTAINER_NAME).map(String::as_str) == Some("app")
-                }) {
-                    running = Some(now);
-                }
-            }
-            let Some(running) = running else {
-                bail!("{full}: the app container was not running within {deadline:?}");
-            };
-            // containerd's timestamps of each container (the newest attempt of each name).
-            let mut by_name: BTreeMap<String, (u32, String)> = BTreeMap::new();
-            for c in pod_containers(&self.cri, &full).await {
-                let Some(cname) = c.labels.get(CONTAINER_NAME).cloned() else {
-                    continue;
-                };
-                let attempt = c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
-                if by_name.get(&cname).is_none_or(|(a, _)| attempt >= *a) {
-                    by_name.insert(cname, (attempt, c.id.clone()));
-                }
-            }
-            let mut times: BTreeMap<String, (i64, i64, i32, u32)> = BTreeMap::new();
-            for (cname, (attempt, id)) in &by_name {
-                let st = self
-                    .cri
-                    .container_status(id.clone())
-                    .await
-                    .with_context(|| format!("status of {full}/{cname}"))?
-                    .status
-                    .unwrap_or_default();
-                times.insert(
-                    cname.clone(),
-                    (st.started_at, st.finished_at, st.exit_code, *attempt),
-                );
-            }
-            let base = unix_ns(t0_wall);
-            let order: Vec<String> = (1..=INIT_CONTAINERS)
-                .map(|i| format!("init-{i}"))
-                .chain(std::iter::once("app".to_string()))
-                .collect();
-            let mut missing = Vec::new();
-            for c in &order {
-                if times.get(c).is_none_or(|t| t.0 == 0) {
-                    missing.push(c.clone());
-                }
-            }
-            if !missing.is_empty() {
-                bail!("{full}: no start time for {missing:?} (were init containers removed?)");
-            }
-            let t = |c: &str| times[c];
-            let first_started = ms_ns(t("init-1").0 - base);
-            let mut gaps = Vec::new();
-            let mut durations = Vec::new();
-            for w in order.windows(2) {
-                let (prev, next) = (t(&w[0]), t(&w[1]));
-                gaps.push(ms_ns(next.0 - prev.1));
-                durations.push(ms_ns(prev.1 - prev.0));
-            }
-            let span = ms_ns(t("app").0 - t("init-1").0);
-            let retried: Vec<String> = times
-                .iter()
-                .filter(|(_, v)| v.3 > 0 || (v.2 != 0 && v.1 > 0))
-                .map(|(k, v)| format!("{k} (attempt {}, exit {})", v.3, v.2))
-                .collect();
-            if !retried.is_empty() {
-                self.report.note(format!(
-                    "{full}: init containers retried or failed: {}",
-                    retried.join(", ")
-                ));
-            }
-            let gap_sum: f64 = gaps.iter().sum();
-            for (i, g) in gaps.iter().enumerate() {
-                all_gaps[i].push(*g);
-            }
-            to_running.push(ms(running));
-            spans.push(span);
-            gap_sums.push(gap_sum);
-            let gap_text = gaps
-                .iter()
-                .map(|g| format!("{g:.0}"))
-                .collect::<Vec<_>>()
-                .join(" / ");
+            let f = self
+                .floor_init_run(&floor_cri, &mut events, run)
+                .await
+                .with_context(|| format!("floor round {run}"))?;
             self.report.row(
-                &format!("run {run}: drop -> app RUNNING"),
+                &format!("round {run}: floor"),
                 format!(
-                    "{:>5.0} ms;  drop -> init-1 started {first_started:>4.0} ms;  init-1 started -> app started {span:>4.0} ms;  gaps {gap_text} ms",
-                    ms(running)
+                    "{:>5.0} ms sandbox -> app started;  init-1 started -> app started {:>4.0} ms;  gaps {} ms",
+                    f.to_running,
+                    f.span,
+                    gap_text(&f.gaps)
                 ),
             );
-            runs_json.push(json!({
-                "pod": full,
-                "drop_to_app_running_ms": r1(ms(running)),
-                "drop_to_init1_started_ms": r1(first_started),
-                "init1_started_to_app_started_ms": r1(span),
-                "gaps_ms": gaps.iter().map(|g| r1(*g)).collect::<Vec<_>>(),
-                "gap_sum_ms": r1(gap_sum),
-                "init_run_ms": durations[..INIT_CONTAINERS].iter().map(|d| r1(*d)).collect::<Vec<_>>(),
-            }));
-
-            // Gone again before the next run (not timed as part of the phase).
-            let agent = self.agent();
-            let t1 = Instant::now();
-            agent.remove(&file)?;
-            let want = HashSet::from([full.clone()]);
-            let gone = poll_sandboxes_gone(&self.cri, t1, &want, Duration::from_secs(30)).await;
-            if gone.is_empty() {
-                bail!("{full}: sandbox still there 30 s after its manifest was deleted");
-            }
+            floor_json.push(f.json(&format!("finit-{run}-{NODE}")));
+            floor.push(f);
+            let (full, d) = self.deckhand_init_run(run).await?;
+            self.report.row(
+                &format!("round {run}: Deckhand"),
+                format!(
+                    "{:>5.0} ms drop -> app RUNNING;  init-1 started -> app started {:>4.0} ms;  gaps {} ms",
+                    d.to_running,
+                    d.span,
+                    gap_text(&d.gaps)
+                ),
+            );
+            runs_json.push(d.json(&full));
+            deckhand.push(d);
         }
+        let load = loadavg();
+        let col =
+            |v: &[InitRun], f: fn(&InitRun) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+        let gap_col =
+            |v: &[InitRun], i: usize| median(&v.iter().map(|r| r.gaps[i]).collect::<Vec<_>>());
+        let (d_span, f_span) = (col(&deckhand, |r| r.span), col(&floor, |r| r.span));
         let r = &mut self.report;
         r.row(
-            "median: drop -> app RUNNING (CRI poll 10 ms)",
-            format!("{:.0} ms", median(&to_running)),
+            "median: drop -> app RUNNING (Deckhand; CRI poll 10 ms)",
+            format!("{:.0} ms", col(&deckhand, |r| r.to_running)),
         );
         r.row(
-            "median: init-1 started -> app started",
-            format!("{:.0} ms", median(&spans)),
+            "median: RunPodSandbox sent -> app StartContainer answered (floor)",
+            format!("{:.0} ms", col(&floor, |r| r.to_running)),
         );
-        for (i, g) in all_gaps.iter().enumerate() {
+        r.row(
+            "median: init-1 started -> app started: Deckhand / floor / ratio",
+            format!(
+                "{d_span:.0} ms / {f_span:.0} ms / {:.2}x   (Deckhand's overhead {:.0} ms)",
+                d_span / f_span,
+                d_span - f_span
+            ),
+        );
+        let mut overheads = Vec::new();
+        for i in 0..INIT_CONTAINERS {
             let label = if i + 1 < INIT_CONTAINERS {
                 format!(
                     "median gap: init-{} finished -> init-{} started",
@@ -454,30 +575,213 @@ impl Bench {
             } else {
                 format!("median gap: init-{} finished -> app started", i + 1)
             };
+            let (dg, fg) = (gap_col(&deckhand, i), gap_col(&floor, i));
+            let dmax = max_of(&deckhand.iter().map(|r| r.gaps[i]).collect::<Vec<_>>());
+            overheads.push(r1(dg - fg));
             r.row(
                 &label,
-                format!("{:.0} ms   (max {:.0} ms)", median(g), max_of(g)),
+                format!(
+                    "Deckhand {dg:.0} ms (max {dmax:.0}) / floor {fg:.0} ms / overhead {:.0} ms",
+                    dg - fg
+                ),
             );
         }
         r.row(
-            "median: sum of the gaps",
-            format!("{:.0} ms", median(&gap_sums)),
+            "median: sum of the gaps, Deckhand / floor",
+            format!(
+                "{:.0} ms / {:.0} ms",
+                col(&deckhand, |r| r.gaps.iter().sum()),
+                col(&floor, |r| r.gaps.iter().sum())
+            ),
         );
+        r.row(
+            "floor waits for each exit on",
+            format!("{} events (the agent's PLEG source)", source.as_str()),
+        );
+        r.row("load average after the phase", load.clone());
         r.set("init.runs", json!(runs_json));
+        r.set("init.floor_runs", json!(floor_json));
+        r.set("init.loadavg", json!(load));
+        r.set("init.floor_event_source", json!(source.as_str()));
         r.set(
             "init.median_drop_to_app_running_ms",
-            json!(r1(median(&to_running))),
+            json!(r1(col(&deckhand, |r| r.to_running))),
         );
         r.set(
             "init.median_init1_started_to_app_started_ms",
-            json!(r1(median(&spans))),
+            json!(r1(d_span)),
         );
         r.set(
-            "init.median_gaps_ms",
-            json!(all_gaps.iter().map(|g| r1(median(g))).collect::<Vec<_>>()),
+            "init.floor_median_init1_started_to_app_started_ms",
+            json!(r1(f_span)),
         );
-        r.set("init.median_gap_sum_ms", json!(r1(median(&gap_sums))));
+        r.set("init.ratio", json!(r3(d_span / f_span)));
+        r.set(
+            "init.median_gaps_ms",
+            json!(
+                (0..INIT_CONTAINERS)
+                    .map(|i| r1(gap_col(&deckhand, i)))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        r.set(
+            "init.floor_median_gaps_ms",
+            json!(
+                (0..INIT_CONTAINERS)
+                    .map(|i| r1(gap_col(&floor, i)))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        r.set("init.overhead_per_step_ms", json!(overheads));
         Ok(())
+    }
+
+    /// One Deckhand round: the init pod dropped in, app RUNNING over CRI, containerd's
+    /// timestamps read, and the pod deleted again (not timed).
+    async fn deckhand_init_run(&mut self, run: usize) -> Result<(String, InitRun)> {
+        let name = format!("init-{run}");
+        let file = format!("{name}.yaml");
+        let agent = self.agent();
+        let full = agent.full(&name);
+        agent.stage(&file, &init_manifest(&name))?;
+        progress(format!("init: pod {full}"));
+        let t0 = Instant::now();
+        let t0_wall = SystemTime::now();
+        agent.publish(&file)?;
+        let deadline = Duration::from_secs(60);
+        let mut running = None;
+        let mut ticker = tokio::time::interval(INIT_POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while running.is_none() && t0.elapsed() < deadline {
+            ticker.tick().await;
+            let list = pod_containers(&self.cri, &full).await;
+            let now = t0.elapsed();
+            if list.iter().any(|c| {
+                c.state == ContainerState::ContainerRunning as i32
+                    && c.labels.get(CONTAINER_NAME).map(String::as_str) == Some("app")
+            }) {
+                running = Some(now);
+            }
+        }
+        let Some(running) = running else {
+            bail!("{full}: the app container was not running within {deadline:?}");
+        };
+        // The newest attempt of each container by name.
+        let mut by_name: BTreeMap<String, (u32, String)> = BTreeMap::new();
+        for c in pod_containers(&self.cri, &full).await {
+            let Some(cname) = c.labels.get(CONTAINER_NAME).cloned() else {
+                continue;
+            };
+            let attempt = c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
+            if by_name.get(&cname).is_none_or(|(a, _)| attempt >= *a) {
+                by_name.insert(cname, (attempt, c.id.clone()));
+            }
+        }
+        let times = container_times(&self.cri, &by_name)
+            .await
+            .with_context(|| format!("statuses of {full}"))?;
+        let retried: Vec<String> = times
+            .iter()
+            .filter(|(_, v)| v.3 > 0 || (v.2 != 0 && v.1 > 0))
+            .map(|(k, v)| format!("{k} (attempt {}, exit {})", v.3, v.2))
+            .collect();
+        if !retried.is_empty() {
+            self.report.note(format!(
+                "{full}: init containers retried or failed: {}",
+                retried.join(", ")
+            ));
+        }
+        let result = InitRun::from_times(&times, unix_ns(t0_wall), ms(running))
+            .with_context(|| full.clone())?;
+        // Gone again before the next run (not timed as part of the phase).
+        let agent = self.agent();
+        let t1 = Instant::now();
+        agent.remove(&file)?;
+        let want = HashSet::from([full.clone()]);
+        let gone = poll_sandboxes_gone(&self.cri, t1, &want, Duration::from_secs(30)).await;
+        if gone.is_empty() {
+            bail!("{full}: sandbox still there 30 s after its manifest was deleted");
+        }
+        Ok((full, result))
+    }
+
+    /// One floor round by raw CRI calls: RunPodSandbox (pod network, as Deckhand's init pods),
+    /// then for each init container CreateContainer, StartContainer and the wait for its exit
+    /// event, then the app's CreateContainer and StartContainer; containerd's timestamps read
+    /// as for Deckhand's pod, and everything removed again (not timed).
+    async fn floor_init_run(
+        &mut self,
+        cri: &CriClient,
+        events: &mut EventStream,
+        run: usize,
+    ) -> Result<InitRun> {
+        let name = format!("finit-{run}-{NODE}");
+        let uid = format!(
+            "{:032x}",
+            unix_ns(SystemTime::now()) as u128 ^ 0xf1_0000 ^ run as u128
+        );
+        let logs = self.args.work_dir.join("floor-logs").join(&uid);
+        std::fs::create_dir_all(&logs)?;
+        let cgroup = format!("/kubepods/besteffort/pod{uid}");
+        let config = floor_sandbox(&name, &uid, &logs, &cgroup);
+        progress(format!("init: floor {name}"));
+        let t0 = Instant::now();
+        let t0_wall = SystemTime::now();
+        let sandbox = cri
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            })
+            .await?
+            .pod_sandbox_id;
+        let mut by_name: BTreeMap<String, (u32, String)> = BTreeMap::new();
+        let names: Vec<String> = (1..=INIT_CONTAINERS)
+            .map(|i| format!("init-{i}"))
+            .chain(std::iter::once("app".to_string()))
+            .collect();
+        let mut outcome = Ok(());
+        for cname in &names {
+            let script = if cname == "app" { SCRIPT } else { "exit 0" };
+            let labels = HashMap::from([
+                (POD_NAME.to_string(), name.clone()),
+                (POD_NAMESPACE.to_string(), "default".to_string()),
+                (POD_UID.to_string(), uid.clone()),
+                (CONTAINER_NAME.to_string(), cname.clone()),
+            ]);
+            std::fs::create_dir_all(logs.join(cname))?;
+            let request = busybox_container(
+                &sandbox,
+                &config,
+                cname,
+                vec!["sh".into(), "-c".into(), script.into()],
+                labels,
+            );
+            let id = cri.create_container(request).await?;
+            by_name.insert(cname.clone(), (0, id.clone()));
+            cri.start_container(id.clone()).await?;
+            if cname != "app"
+                && let Err(e) = wait_exit(events, &id, Duration::from_secs(30)).await
+            {
+                outcome = Err(e.context(format!("{name}/{cname}")));
+                break;
+            }
+        }
+        let running = ms(t0.elapsed());
+        let result = match outcome {
+            Ok(()) => match container_times(cri, &by_name).await {
+                Ok(times) => InitRun::from_times(&times, unix_ns(t0_wall), running),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        for (_, id) in by_name.values() {
+            let _ = cri.stop_container(id.clone(), 0).await;
+            let _ = cri.remove_container(id.clone()).await;
+        }
+        let _ = cri.stop_pod_sandbox(sandbox.clone()).await;
+        let _ = cri.remove_pod_sandbox(sandbox).await;
+        remove_pod_cgroup(&cgroup);
+        result
     }
 
     // -----------------------------------------------------------------------------------------
@@ -499,11 +803,17 @@ impl Bench {
         self.restart_phase("liveness", liveness_manifest).await
     }
 
-    /// `k` pods from `manifest`, dropped at once; from containerd's timestamps, each pod's first
-    /// instance's finishedAt -> the second instance's createdAt.
+    /// `k` pods from `manifest`, dropped at once. For each pod's first exit: containerd's
+    /// finishedAt of the first instance -> the restart's `CreateContainer` reaching the proxy
+    /// (restart begun: the agent's reaction) and -> the second instance's createdAt (restart
+    /// made: that plus containerd's own ~50 ms inside CreateContainer). For a liveness kill also
+    /// when the agent's `StopContainer` was answered (containerd answers once it has handled
+    /// the exit), which splits the agent's part from containerd's.
     async fn restart_phase(&mut self, what: &str, manifest: fn(&str) -> String) -> Result<()> {
         let k = self.args.crash_pods;
         progress(format!("{what}: {k} pods"));
+        self.proxy.clear_calls();
+        self.proxy.record(true);
         let names: Vec<String> = (0..k).map(|i| format!("{what}-{i}")).collect();
         let agent = self.agent();
         for name in &names {
@@ -513,13 +823,18 @@ impl Bench {
         for name in &names {
             agent.publish(&format!("{name}.yaml"))?;
         }
-        // Each pod's first crash and the attempt that follows it.
+        /// One pod's first exit and the attempt that follows it (ns since the epoch).
+        struct Restart {
+            first_id: String,
+            finished: i64,
+            created: i64,
+        }
         let deadline = Instant::now() + Duration::from_secs(60 + k as u64);
-        let mut gaps: BTreeMap<String, f64> = BTreeMap::new();
-        while gaps.len() < k && Instant::now() < deadline {
+        let mut seen: BTreeMap<String, Restart> = BTreeMap::new();
+        while seen.len() < k && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
             for full in &fulls {
-                if gaps.contains_key(full) {
+                if seen.contains_key(full) {
                     continue;
                 }
                 let list = pod_containers(&self.cri, full).await;
@@ -535,23 +850,79 @@ impl Bench {
                 };
                 let finished = st.status.map(|s| s.finished_at).unwrap_or(0);
                 if finished > 0 {
-                    gaps.insert(full.clone(), ms_ns(second.created_at - finished));
+                    seen.insert(
+                        full.clone(),
+                        Restart {
+                            first_id: first.id.clone(),
+                            finished,
+                            created: second.created_at,
+                        },
+                    );
                 }
             }
         }
-        let values: Vec<f64> = gaps.values().copied().collect();
-        let d = dist(&values);
+        self.proxy.record(false);
+        let calls = self.proxy.calls();
+        let (mut begun, mut created, mut stop_answered, mut after_stop) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (full, r) in &seen {
+            created.push(ms_ns(r.created - r.finished));
+            let create = calls.iter().find(|c| {
+                c.method == "CreateContainer"
+                    && c.pod.as_deref() == Some(full.as_str())
+                    && c.attempt == Some(1)
+            });
+            if let Some(create) = create {
+                begun.push(ms_ns(create.at_ns - r.finished));
+            }
+            let stop = calls.iter().find(|c| {
+                c.method == "StopContainer"
+                    && c.container_id.as_deref() == Some(r.first_id.as_str())
+                    && c.answered_ns > 0
+            });
+            if let Some(stop) = stop {
+                stop_answered.push(ms_ns(stop.answered_ns - r.finished));
+                if let Some(create) = create {
+                    after_stop.push(ms_ns(create.at_ns - stop.answered_ns));
+                }
+            }
+        }
+        let load = loadavg();
         let r = &mut self.report;
-        r.row("exit (finishedAt) -> restart begun (createdAt)", d.text());
-        r.set(&format!("{what}.exit_to_restart"), d.json());
-        r.set(&format!("{what}.seen"), json!(gaps.len()));
+        let (d_begun, d_created) = (dist(&begun), dist(&created));
+        r.row(
+            "exit (finishedAt) -> CreateContainer reached containerd = restart begun",
+            d_begun.text(),
+        );
+        r.row(
+            "exit (finishedAt) -> createdAt = restart made in containerd",
+            d_created.text(),
+        );
+        r.set(&format!("{what}.exit_to_restart_begun"), d_begun.json());
+        r.set(&format!("{what}.exit_to_created"), d_created.json());
+        if !stop_answered.is_empty() {
+            let (d_stop, d_after) = (dist(&stop_answered), dist(&after_stop));
+            r.row(
+                "  exit -> the agent's StopContainer answered (containerd)",
+                d_stop.text(),
+            );
+            r.row(
+                "  StopContainer answered -> CreateContainer (the agent)",
+                d_after.text(),
+            );
+            r.set(&format!("{what}.exit_to_stop_answered"), d_stop.json());
+            r.set(&format!("{what}.stop_answered_to_create"), d_after.json());
+        }
+        r.row("  load average after the phase", load.clone());
+        r.set(&format!("{what}.loadavg"), json!(load));
+        r.set(&format!("{what}.seen"), json!(seen.len()));
         for name in &names {
             self.agent().remove(&format!("{name}.yaml"))?;
         }
         let want: HashSet<String> = fulls.iter().cloned().collect();
         poll_sandboxes_gone(&self.cri, Instant::now(), &want, Duration::from_secs(60)).await;
-        if gaps.len() < k {
-            bail!("{what}: only {} of {k} pods restarted in time", gaps.len());
+        if seen.len() < k {
+            bail!("{what}: only {} of {k} pods restarted in time", seen.len());
         }
         Ok(())
     }
@@ -1139,7 +1510,7 @@ impl Bench {
             (
                 "crash_restart",
                 "crash: exit -> restart begun (p50; issue 16)",
-                num("crash.exit_to_restart.p50_ms"),
+                num("crash.exit_to_restart_begun.p50_ms"),
                 50.0,
                 false,
                 "ms",
@@ -1147,7 +1518,7 @@ impl Bench {
             (
                 "liveness_restart",
                 "liveness kill: exit -> restart begun (p50; issue 16)",
-                num("liveness.exit_to_restart.p50_ms"),
+                num("liveness.exit_to_restart_begun.p50_ms"),
                 50.0,
                 false,
                 "ms",
@@ -1228,6 +1599,16 @@ impl Bench {
             progress(format!("cleanup: removed {n} sandbox(es)"));
         }
     }
+}
+
+/// The 1-, 5- and 15-minute load averages, as /proc/loadavg gives them.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn mib(kib: u64) -> f64 {

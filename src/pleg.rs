@@ -293,6 +293,10 @@ impl PlegConfig {
 /// the lag: a view that showed the old container running again would confuse them.
 pub const EXIT_NOTE_TTL: Duration = Duration::from_secs(10);
 
+/// How long the PLEG remembers which pod an object a worker just made belongs to. The worker
+/// publishes its view, which names the object, when its sync ends: seconds at most.
+pub const MADE_TTL: Duration = Duration::from_secs(60);
+
 /// One exit heard from the stream.
 #[derive(Clone, Copy, Debug)]
 struct ExitNote {
@@ -301,6 +305,21 @@ struct ExitNote {
     facts: Option<feed::ExitFacts>,
     /// The OOM killer hit the object before it exited.
     oom: bool,
+}
+
+/// The exit code of a SIGKILL (128 + 9).
+const SIGKILLED: i32 = 137;
+
+impl ExitNote {
+    /// The code a worker may act on without reading the runtime. A SIGKILL with no OOM event
+    /// heard for the same ID is left to the runtime's own view: the OOM killer's event may have
+    /// named another object (containerd 1.6 can report it under the pod's sandbox), and only
+    /// the runtime then says whether the reason is `OOMKilled` or `Error`.
+    fn code(&self) -> Option<i32> {
+        self.facts
+            .map(|f| f.code)
+            .filter(|&code| self.oom || code != SIGKILLED)
+    }
 }
 
 /// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
@@ -314,8 +333,13 @@ struct StateInner {
     mode: watch::Sender<Mode>,
     /// Exits heard from the stream, by object ID.
     exits: Mutex<HashMap<String, ExitNote>>,
+    /// Counts the exits heard, so that a worker waiting for one (a container it is stopping)
+    /// wakes when one arrives.
+    heard: watch::Sender<u64>,
     /// IDs an event named that no view knew, for the relist to settle.
     unknown: Mutex<HashSet<String>>,
+    /// Objects workers made lately, to the pod UID, until their views name them.
+    made: Mutex<HashMap<String, (String, Instant)>>,
     relist_now: Notify,
     events: AtomicU64,
     pokes: AtomicU64,
@@ -330,7 +354,9 @@ impl Default for PlegState {
             inner: Arc::new(StateInner {
                 mode: watch::Sender::new(Mode::Relist),
                 exits: Mutex::default(),
+                heard: watch::Sender::new(0),
                 unknown: Mutex::default(),
+                made: Mutex::default(),
                 relist_now: Notify::new(),
                 events: AtomicU64::new(0),
                 pokes: AtomicU64::new(0),
@@ -353,6 +379,18 @@ impl crate::runtime::executor::RuntimeEvents for PlegState {
 
     fn confirmed(&self, read: &ObservedPod) {
         PlegState::confirmed(self, read)
+    }
+
+    fn exits_heard(&self) -> watch::Receiver<u64> {
+        self.inner.heard.subscribe()
+    }
+
+    fn exit_of(&self, id: &str) -> Option<HeardExit> {
+        PlegState::exit_of(self, id)
+    }
+
+    fn made(&self, pod_uid: &str, id: &str) {
+        PlegState::note_made(self, pod_uid, id)
     }
 }
 
@@ -388,6 +426,38 @@ impl PlegState {
         note.at = now;
         note.facts = facts.or(note.facts);
         note.oom |= oom;
+        drop(exits);
+        self.inner.heard.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Remembers that pod `pod_uid`'s worker made object `id` (see
+    /// [`crate::runtime::executor::RuntimeEvents::made`]), for [`MADE_TTL`]: by then the
+    /// worker's view names it.
+    pub fn note_made(&self, pod_uid: &str, id: &str) {
+        let now = Instant::now();
+        let mut made = self.inner.made.lock().unwrap_or_else(|e| e.into_inner());
+        made.retain(|_, (_, at)| now.duration_since(*at) < MADE_TTL);
+        made.insert(id.to_string(), (pod_uid.to_string(), now));
+    }
+
+    /// The pod whose worker made `id` lately.
+    pub fn made_by(&self, id: &str) -> Option<String> {
+        let made = self.inner.made.lock().unwrap_or_else(|e| e.into_inner());
+        made.get(id)
+            .filter(|(_, at)| at.elapsed() < MADE_TTL)
+            .map(|(uid, _)| uid.clone())
+    }
+
+    /// The exit of `id` heard within [`EXIT_NOTE_TTL`], whatever the views show.
+    pub fn exit_of(&self, id: &str) -> Option<HeardExit> {
+        let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
+        let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
+        Some(HeardExit {
+            id: id.to_string(),
+            exit_code: note.code(),
+            finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
+            oom: note.oom,
+        })
     }
 
     /// True when an exit of `id` was heard without its facts and no worker has seen it in the
@@ -397,7 +467,7 @@ impl PlegState {
         let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits
             .get(id)
-            .is_some_and(|n| n.facts.is_none() && n.at.elapsed() < EXIT_NOTE_TTL)
+            .is_some_and(|n| n.code().is_none() && n.at.elapsed() < EXIT_NOTE_TTL)
     }
 
     /// The exits heard (within [`EXIT_NOTE_TTL`]) of objects that `observed` still shows
@@ -424,7 +494,7 @@ impl PlegState {
                 let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
                 Some(HeardExit {
                     id: id.to_string(),
-                    exit_code: note.facts.map(|f| f.code),
+                    exit_code: note.code(),
                     finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
                     oom: note.oom,
                 })
@@ -680,7 +750,9 @@ async fn relist_loop<R: RuntimeService>(
 /// Handles one event: pokes the owner, or asks for a relist to find it.
 fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state: &PlegState) {
     state.inner.events.fetch_add(1, Ordering::Relaxed);
-    let owner = cache.owner_of(&event.id);
+    let owner = cache
+        .owner_of(&event.id)
+        .or_else(|| state.made_by(&event.id));
     let foreign = owner.is_none() && cache.is_foreign(&event.id);
     let decision = route::route(
         event,
@@ -1127,6 +1199,19 @@ mod tests {
         // A read that shows it: forgotten.
         state.confirmed(&pod(vec![container("a", Exited)], ready));
         assert!(state.heard_exits(&running).is_empty());
+        // A SIGKILL with no OOM event for it: the runtime says why (perhaps OOMKilled).
+        state.note_exit(
+            "k",
+            Some(feed::ExitFacts {
+                code: 137,
+                at_ns: 5,
+            }),
+            false,
+        );
+        assert_eq!(state.exit_of("k").unwrap().exit_code, None);
+        assert!(state.exit_awaited("k"));
+        state.note_exit("k", None, true);
+        assert_eq!(state.exit_of("k").unwrap().exit_code, Some(137));
         // An OOM kill before its exit: waited for, then aged out.
         state.note_exit("a", None, true);
         assert!(state.exit_awaited("a"));
@@ -1134,6 +1219,32 @@ mod tests {
         tokio::time::advance(EXIT_NOTE_TTL + Duration::from_millis(1)).await;
         assert!(!state.exit_awaited("a"));
         assert!(state.heard_exits(&running).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_exit_of_an_object_a_worker_just_made_pokes_its_pod_before_any_view_names_it() {
+        let (cache, pokes, state) = (
+            RuntimeCache::default(),
+            Pokes::default(),
+            PlegState::default(),
+        );
+        let exit = RuntimeEvent {
+            id: "init-1".into(),
+            happening: feed::Happening::Exited,
+            pod_uid: None,
+            exit: Some(feed::ExitFacts { code: 0, at_ns: 7 }),
+        };
+        // Unknown to every view and not made by a worker: a relist must find whose it is.
+        handle_event(&exit, &cache, &pokes, &state);
+        assert_eq!(pokes.pending(), 0);
+        // Made by pod u's worker a moment ago: its exit goes to that worker at once.
+        state.note_made("u", "init-1");
+        handle_event(&exit, &cache, &pokes, &state);
+        assert_eq!(pokes.take().await, vec!["u".to_string()]);
+        assert_eq!(state.exit_of("init-1").and_then(|h| h.exit_code), Some(0));
+        // Forgotten once the worker's view has long named it.
+        tokio::time::advance(MADE_TTL + Duration::from_millis(1)).await;
+        assert_eq!(state.made_by("init-1"), None);
     }
 
     #[test]

@@ -35,6 +35,7 @@ use super::revisit::{self, ERROR_RETRY, SyncFacts};
 use super::translate::{self, HostDns, SandboxContext};
 use crate::observed::ObservedPod;
 
+use teardown::StopUntil;
 pub use teardown::{TeardownError, remaining_grace};
 
 /// Facts about the node that translation needs; fixed for the agent's lifetime.
@@ -112,6 +113,14 @@ pub trait RuntimeEvents: Send + Sync {
     fn heard_exits(&self, observed: &ObservedPod) -> Vec<HeardExit>;
     /// `read` came from the runtime just now: exits it shows need no remembering.
     fn confirmed(&self, read: &ObservedPod);
+    /// Changes whenever the stream tells of an exit (a worker stopping a container waits on it).
+    fn exits_heard(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// The exit of object `id` the stream told of lately, if any.
+    fn exit_of(&self, id: &str) -> Option<HeardExit>;
+    /// The worker of pod `pod_uid` just made object `id`: its events belong to that pod even
+    /// before the worker's view (which names the pod's objects to the PLEG) is published at
+    /// the end of the sync. An init container that exits at once would otherwise go unowned.
+    fn made(&self, pod_uid: &str, id: &str);
 }
 
 /// At most this many steps in one sync (each acting on the view the previous one left): a
@@ -391,6 +400,27 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if only_made {
             return inspect::refresh_after_start(&self.rt, &self.details, before, made).await;
         }
+        // Containers stopped within the sync whose exits the stream told, code and all: the
+        // exits are written into the view as for a crash ([`Executor::apply_heard`]), and
+        // nothing else of the pod changed but what the step made.
+        let stops_heard = decision.kill_pod.is_none()
+            && made.sandbox.is_none()
+            && decision.remove_containers.is_empty()
+            && decision.remove_sandboxes.is_empty()
+            && self.pleg.as_ref().is_some_and(|p| {
+                p.events_live()
+                    && decision
+                        .kill_containers
+                        .iter()
+                        .all(|k| p.exit_of(&k.id).is_some_and(|h| h.exit_code.is_some()))
+            });
+        if stops_heard {
+            tracing::debug!(
+                stopped = decision.kill_containers.len(),
+                "the stopped containers' exits were heard; the pod is not read again"
+            );
+            return inspect::refresh_after_start(&self.rt, &self.details, before, made).await;
+        }
         let read = if made.sandbox.is_none() && decision.kill_pod.is_none() {
             inspect::observe_known_pod(&self.rt, &self.details, &self.node.node_name, uid, before)
                 .await?
@@ -633,6 +663,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     grace_period(Some(pod), kill.grace_override),
                     ip.as_deref(),
                     Some(&kill.reason),
+                    StopUntil::Exited,
                 )
                 .await?;
             }
@@ -655,9 +686,9 @@ mod cgroup_tests {
     use crate::cm::{CfsSettings, CgroupManager, HostCgroupFs, ManagerSettings, ResourceConfig};
     use crate::cri::fake::FakeCri;
 
-    const IMAGE: &str = "example.test/app:1";
+    pub(super) const IMAGE: &str = "example.test/app:1";
 
-    fn pod(uid: &str) -> Pod {
+    pub(super) fn pod(uid: &str) -> Pod {
         Pod {
             metadata: ObjectMeta {
                 name: Some("web".into()),
@@ -678,7 +709,7 @@ mod cgroup_tests {
         }
     }
 
-    fn executor(
+    pub(super) fn executor(
         dir: &Path,
         rt: FakeCri,
     ) -> (
@@ -788,5 +819,159 @@ mod cgroup_tests {
         assert!(event.message.unwrap_or_default().starts_with(
             "unable to ensure pod container exists: creating cgroup /kubepods/besteffort/poduid-2"
         ),);
+    }
+}
+
+#[cfg(test)]
+mod replace_tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::cgroup_tests::{IMAGE, executor, pod};
+    use super::*;
+    use crate::cri::fake::{FakeCri, Script};
+    use crate::pleg::PlegState;
+    use crate::pleg::feed::{ExitFacts, FeedSource};
+    use crate::pleg::route::Mode;
+
+    /// The fixture pod, bound to the fixture node (the labels a pod is read back by name it).
+    fn bound_pod(uid: &str) -> Arc<Pod> {
+        let mut p = pod(uid);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_name = Some("node-a".into());
+        }
+        Arc::new(p)
+    }
+
+    async fn until(what: &str, rt: &FakeCri, check: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; calls: {:?}",
+                rt.calls()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_container_failing_liveness_restarts_on_its_exit_event_before_the_stop_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let pleg = PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_pleg(Arc::new(pleg.clone()));
+        let p = bound_pod("uid-l");
+        let mut state = PodSyncState::default();
+        executor
+            .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
+            .await;
+        let app = rt.containers()[0].id.clone();
+        // containerd answers the stop only after it has handled the exit; here, never.
+        rt.script("StopContainer", Script::Hang);
+        let unhealthy = HashMap::from([(
+            app.clone(),
+            Unhealthy {
+                container_name: "app".into(),
+                message: "Container app failed liveness probe, will be restarted".into(),
+                grace_override: None,
+            },
+        )]);
+        let sync = {
+            let (executor, p) = (executor.clone(), p.clone());
+            tokio::spawn(async move {
+                executor
+                    .sync_pod(&p, &mut state, &unhealthy, &HashMap::new())
+                    .await
+            })
+        };
+        until("the stop", &rt, || rt.count("StopContainer") == 1).await;
+        assert_eq!(rt.count("CreateContainer"), 1);
+        // The exit event arrives, with its code.
+        pleg.note_exit(
+            &app,
+            Some(ExitFacts {
+                code: 143,
+                at_ns: now_ns(),
+            }),
+            false,
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(5), sync)
+            .await
+            .expect("the sync went on without the stop's answer")
+            .unwrap();
+        assert_eq!(rt.count("CreateContainer"), 2, "{:?}", rt.calls());
+        assert_eq!(rt.count("StartContainer"), 2);
+        // Nothing of the pod was read between the stop and the restart.
+        let calls = rt.calls();
+        let stop = calls.iter().position(|c| *c == "StopContainer").unwrap();
+        let create = stop
+            + calls[stop..]
+                .iter()
+                .position(|c| *c == "CreateContainer")
+                .unwrap();
+        assert!(
+            calls[stop..create].iter().all(|c| ![
+                "ListContainers",
+                "PodSandboxStatus",
+                "ListPodSandbox"
+            ]
+            .contains(c)),
+            "{calls:?}"
+        );
+        // The old instance shows the exit as the event told it.
+        let old = outcome
+            .observed
+            .containers
+            .iter()
+            .find(|c| c.id == app)
+            .unwrap();
+        assert_eq!(old.state, crate::observed::ContainerState::Exited);
+        assert_eq!(old.exit_code, 143);
+        rt.release();
+    }
+
+    #[tokio::test]
+    async fn without_events_the_stop_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_pleg(Arc::new(PlegState::default()));
+        let p = bound_pod("uid-m");
+        let mut state = PodSyncState::default();
+        executor
+            .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
+            .await;
+        let app = rt.containers()[0].id.clone();
+        rt.script("StopContainer", Script::Hang);
+        let unhealthy = HashMap::from([(
+            app.clone(),
+            Unhealthy {
+                container_name: "app".into(),
+                message: "failed".into(),
+                grace_override: None,
+            },
+        )]);
+        let sync = {
+            let (executor, p) = (executor.clone(), p.clone());
+            tokio::spawn(async move {
+                executor
+                    .sync_pod(&p, &mut state, &unhealthy, &HashMap::new())
+                    .await
+            })
+        };
+        until("the stop", &rt, || rt.count("StopContainer") == 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!sync.is_finished());
+        assert_eq!(rt.count("CreateContainer"), 1);
+        rt.release();
+        tokio::time::timeout(Duration::from_secs(5), sync)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rt.count("CreateContainer"), 2, "{:?}", rt.calls());
     }
 }

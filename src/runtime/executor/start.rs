@@ -110,6 +110,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 }
                 match self.create_sandbox(pod, attempt).await {
                     Ok(id) => {
+                        if let Some(pleg) = &self.pleg {
+                            pleg.made(pod_uid(pod), &id);
+                        }
                         made.sandbox = Some(id.clone());
                         (id, attempt)
                     }
@@ -368,6 +371,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 WaitingReason::new(WaitReason::CreateContainerError, err.to_string())
             })?;
         made.containers.push((id.clone(), sandbox_id.to_string()));
+        // Before the start: an init container's exit may come within milliseconds of it.
+        if let Some(pleg) = &self.pleg {
+            pleg.made(pod_uid(pod), &id);
+        }
         self.events.container(
             pod,
             name,

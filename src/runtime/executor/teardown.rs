@@ -54,6 +54,17 @@ pub fn overdue(grace: i64) -> Duration {
     Duration::from_secs(grace + grace / 2 + 10)
 }
 
+/// When a stop counts as done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StopUntil {
+    /// The runtime answered `StopContainer` (a pod's teardown: what follows needs the runtime
+    /// to have finished with the container).
+    Answered,
+    /// The container's exit was heard from the event stream with its code, or the runtime
+    /// answered, whichever comes first (a container replaced within the pod's sync).
+    Exited,
+}
+
 /// Seconds left of a grace period that started at `started`, never below the minimum.
 pub fn remaining_grace(grace: i64, started: Instant) -> i64 {
     let spent = started.elapsed().as_secs() as i64;
@@ -71,6 +82,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         grace: i64,
         pod_ip: Option<&str>,
         why: Option<&str>,
+        until: StopUntil,
     ) -> Result<(), CriError> {
         let started = Instant::now();
         let spec = pod.and_then(|p| spec_container(p, &inst.name)).cloned();
@@ -124,7 +136,72 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
         }
         let left = remaining_grace(grace, started);
-        self.stop_container(&inst.id, left).await
+        match until {
+            StopUntil::Answered => self.stop_container(&inst.id, left).await,
+            StopUntil::Exited => self.stop_container_until_exit(&inst.id, left).await,
+        }
+    }
+
+    /// Stops a container and returns once it is known to have exited. containerd answers
+    /// `StopContainer` only after it has handled the exit (the task deleted, the status
+    /// recorded), tens of milliseconds after publishing the exit event, and longer on a busy
+    /// node; a container replaced within a sync (a failed liveness or startup probe, a changed
+    /// definition) can be restarted as soon as its exit event arrives, as a crashed one is.
+    /// The call then finishes in a task of its own. Without an event stream this is
+    /// [`Executor::stop_container`].
+    pub(super) async fn stop_container_until_exit(
+        &self,
+        id: &str,
+        grace: i64,
+    ) -> Result<(), CriError> {
+        let Some(pleg) = self.pleg.clone().filter(|p| p.events_live()) else {
+            return self.stop_container(id, grace).await;
+        };
+        let mut heard = pleg.exits_heard();
+        let (answer_tx, mut answer) = tokio::sync::oneshot::channel();
+        {
+            let (rt, details, id) = (self.rt.clone(), self.details.clone(), id.to_string());
+            let started = Instant::now();
+            tokio::spawn(async move {
+                let result = match rt.stop_container(id.clone(), grace).await {
+                    Err(err) if !err.is_not_found() => Err(err),
+                    _ => {
+                        details.forget_container(&id);
+                        Ok(())
+                    }
+                };
+                tracing::trace!(
+                    container_id = %id,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    ok = result.is_ok(),
+                    "StopContainer answered"
+                );
+                if let Err(Err(err)) = answer_tx.send(result) {
+                    // Nobody waits any more: the exit was heard first.
+                    tracing::warn!(container_id = %id, error = %err, "stopping the container failed after its exit was heard");
+                }
+            });
+        }
+        let exited = |id: &str| pleg.exit_of(id).is_some_and(|h| h.exit_code.is_some());
+        loop {
+            if exited(id) {
+                tracing::debug!(container_id = %id, "exit heard; going on before the runtime answers the stop");
+                return Ok(());
+            }
+            tokio::select! {
+                result = &mut answer => {
+                    return result.unwrap_or_else(|_| Err(CriError::Rpc {
+                        method: "StopContainer",
+                        code: tonic::Code::Internal,
+                        message: "the stop ended without an answer".into(),
+                    }));
+                }
+                changed = heard.changed() => if changed.is_err() {
+                    // The PLEG is gone: only the answer is left to wait for.
+                    return (&mut answer).await.unwrap_or(Ok(()));
+                }
+            }
+        }
     }
 
     /// Stops every running container of the pod, then its sandboxes. App containers go first,
@@ -148,7 +225,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .iter()
             .filter(|c| is_active(c) && !c.is_init)
             .map(|c| {
-                self.stop_container_gracefully(pod, c, grace_for(c, grace), ip.as_deref(), None)
+                self.stop_container_gracefully(
+                    pod,
+                    c,
+                    grace_for(c, grace),
+                    ip.as_deref(),
+                    None,
+                    StopUntil::Answered,
+                )
             })
             .collect();
         for result in join_all(apps).await {
@@ -160,7 +244,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .iter()
             .filter(|c| is_active(c) && c.is_init)
             .map(|c| {
-                self.stop_container_gracefully(pod, c, grace_for(c, left), ip.as_deref(), None)
+                self.stop_container_gracefully(
+                    pod,
+                    c,
+                    grace_for(c, left),
+                    ip.as_deref(),
+                    None,
+                    StopUntil::Answered,
+                )
             })
             .collect();
         for result in join_all(inits).await {
