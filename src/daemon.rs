@@ -869,8 +869,10 @@ pub async fn run(
             runtime_cache.clone(),
         );
         let pods_dir = config.root_dir.join("pods");
+        let our_pods = pods_dir.clone();
         let inputs = crate::cm::orphans::SweepInputs {
             ready: Arc::new(move || listed.has_relisted()),
+            ours: Arc::new(move |uid| our_pods.join(uid).is_dir()),
             known: Arc::new(move |uid| {
                 activity.activity(uid) != crate::gc::PodActivity::Gone
                     || known_runtime.pod(uid).is_some()

@@ -430,7 +430,9 @@ async fn a_memory_hog_is_oom_killed_and_a_cpu_spinner_is_throttled() {
 async fn an_orphaned_pod_cgroup_is_removed_with_its_processes() {
     let node = "e2e-cg-orphan";
     let root = CgroupRoot::new(node);
-    let orphan = "kubepods/besteffort/pod6f1c7a52-0rph-4a2e-9d1b-000000000001";
+    let orphan_uid = "6f1c7a52-0rph-4a2e-9d1b-000000000001";
+    let orphan = format!("kubepods/besteffort/pod{orphan_uid}");
+    let orphan = orphan.as_str();
     let hierarchies = ["cpu", "memory", "pids"];
     for h in hierarchies {
         std::fs::create_dir_all(root.dir(h, orphan)).expect("make the orphan's cgroup");
@@ -455,6 +457,12 @@ async fn an_orphaned_pod_cgroup_is_removed_with_its_processes() {
             .expect("move the process into the orphan's cgroup");
     }
     let mut agent = agent_with_root(node, &root, &[]);
+    // The pod's directory under the agent's root dir, as a teardown cut short leaves it: what
+    // tells the agent the cgroup is its own to sweep.
+    std::fs::create_dir_all(agent.root_dir().join("pods").join(orphan_uid)).unwrap();
+    // Another agent's pod (no directory here) on the same cgroup root is left alone.
+    let foreign = "kubepods/besteffort/pod6f1c7a52-f0re-4a2e-9d1b-000000000002";
+    std::fs::create_dir_all(root.dir("memory", foreign)).unwrap();
     agent.write_manifest("live.yaml", &pod_yaml("live", "Always", SLEEP, ""));
     agent.start();
     agent.wait_healthy(WAIT).await;
@@ -481,6 +489,11 @@ async fn an_orphaned_pod_cgroup_is_removed_with_its_processes() {
         root.dir("memory", &live_dir).exists(),
         "the running pod's cgroup stays"
     );
+    assert!(
+        root.dir("memory", foreign).exists(),
+        "a pod cgroup this agent never ran stays"
+    );
+
     assert!(
         agent
             .log()

@@ -93,6 +93,11 @@ pub enum Ensured {
     Skipped,
 }
 
+/// Further tries at removing a pod cgroup whose processes were just killed, and the pause
+/// between them (blocking: the removal runs on a blocking thread).
+const REMOVE_ATTEMPTS: u32 = 5;
+const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl CgroupManager {
     /// A manager on `fs`, with the controllers found there. `page_sizes` are the machine's
     /// huge page sizes in bytes.
@@ -458,9 +463,23 @@ impl CgroupManager {
                 if !self.fs.is_dir(&dir) {
                     continue;
                 }
-                self.kill_tasks(&dir);
-                if let Err(err) = self.remove_tree(&dir) {
-                    problems.push(format!("{}: {err}", dir.display()));
+                // A killed process leaves its cgroup only once it has finished exiting, a
+                // moment after the signal: the removal is tried a few times (as upstream's
+                // Destroy retries its kill), killing again in between.
+                let mut attempt = 0;
+                loop {
+                    self.kill_tasks(&dir);
+                    match self.remove_tree(&dir) {
+                        Ok(()) => break,
+                        Err(_) if attempt < REMOVE_ATTEMPTS => {
+                            attempt += 1;
+                            std::thread::sleep(REMOVE_PAUSE);
+                        }
+                        Err(err) => {
+                            problems.push(format!("{}: {err}", dir.display()));
+                            break;
+                        }
+                    }
                 }
             }
         }

@@ -530,19 +530,22 @@ fn the_orphan_sweep_removes_only_cgroups_no_pod_owns() {
     let m = manager(root, "/", vec![]);
     m.start(&kubepods_config()).unwrap();
     // A live pod, an orphan (only in the devices hierarchy, as runc leaves them), an orphan
-    // whose volumes are still on disk, and the QoS tiers themselves (never pods).
+    // whose volumes are still on disk, a pod this agent never ran (another agent's on the same
+    // cgroup root), and the QoS tiers themselves (never pods).
     for path in [
         "memory/kubepods/burstable/podlive",
         "cpu/kubepods/burstable/podlive",
         "devices/kubepods/besteffort/podgone",
         "memory/kubepods/podvols",
+        "memory/kubepods/burstable/podother",
     ] {
         std::fs::create_dir_all(root.join(path)).unwrap();
     }
     let found: Vec<String> = m.pod_cgroup_uids().into_iter().collect();
-    assert_eq!(found, ["gone", "live", "vols"]);
+    assert_eq!(found, ["gone", "live", "other", "vols"]);
     let inputs = SweepInputs {
         ready: Arc::new(|| true),
+        ours: Arc::new(|uid| uid != "other"),
         known: Arc::new(|uid| uid == "live"),
         volumes_left: Arc::new(|uid| uid == "vols"),
     };
@@ -550,5 +553,9 @@ fn the_orphan_sweep_removes_only_cgroups_no_pod_owns() {
     assert!(!root.join("devices/kubepods/besteffort/podgone").exists());
     assert!(root.join("memory/kubepods/burstable/podlive").exists());
     assert!(root.join("memory/kubepods/podvols").exists());
+    assert!(
+        root.join("memory/kubepods/burstable/podother").exists(),
+        "another agent's pod is left alone"
+    );
     assert!(root.join("memory/kubepods/besteffort").exists());
 }

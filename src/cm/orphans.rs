@@ -3,6 +3,12 @@
 //! (the agent stopped between a pod's teardown and its cgroup's removal, or a removal failed),
 //! and would otherwise keep its processes, its memory charges and its place in the QoS tiers.
 //!
+//! Only cgroups of pods this agent ran are taken: those whose directory `<root-dir>/pods/<uid>`
+//! is still there (a teardown removes the cgroup before the directory, so one that did not
+//! finish leaves both). Upstream sweeps every pod cgroup under its root; Deckhand does not,
+//! because several agents with their own root directories may share a cgroup root (the test
+//! suite runs many on one host), and one must never kill another's pods.
+//!
 //! As upstream, a cgroup whose pod still has volumes on disk is left until they are gone, so
 //! that memory-backed volumes are not charged to the parent when the cgroup goes.
 //!
@@ -32,16 +38,18 @@ pub enum Orphan {
     WaitForVolumes,
 }
 
-/// The orphans among `found` (the UIDs of the pod cgroups), given whether the node knows a
-/// UID (a worker or runtime objects) and whether the pod's volumes are still on disk.
+/// The orphans among `found` (the UIDs of the pod cgroups), given whether this agent ran a
+/// UID (its pod directory is there), whether it knows it now (a worker or runtime objects) and
+/// whether the pod's volumes are still on disk.
 pub fn orphans(
     found: &BTreeSet<String>,
+    ours: impl Fn(&str) -> bool,
     known: impl Fn(&str) -> bool,
     volumes_left: impl Fn(&str) -> bool,
 ) -> Vec<(String, Orphan)> {
     found
         .iter()
-        .filter(|uid| !known(uid))
+        .filter(|uid| ours(uid) && !known(uid))
         .map(|uid| {
             let action = if volumes_left(uid) {
                 Orphan::WaitForVolumes
@@ -57,6 +65,8 @@ pub fn orphans(
 pub struct SweepInputs {
     /// True once the runtime has been listed (before that, a running pod is not known yet).
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// True when this agent ran the pod: its pod directory is there.
+    pub ours: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     /// True when the node knows the pod: it has a worker or objects in the runtime.
     pub known: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     /// True while the pod's volumes directory still holds something.
@@ -68,7 +78,7 @@ pub struct SweepInputs {
 pub fn sweep_once(cgroups: &CgroupManager, inputs: &SweepInputs) -> Vec<String> {
     let found = cgroups.pod_cgroup_uids();
     let mut removed = Vec::new();
-    for (uid, action) in orphans(&found, &*inputs.known, &*inputs.volumes_left) {
+    for (uid, action) in orphans(&found, &*inputs.ours, &*inputs.known, &*inputs.volumes_left) {
         match action {
             Orphan::WaitForVolumes => {
                 tracing::debug!(pod_uid = %uid, "an orphaned pod cgroup waits for its volumes to go");
@@ -109,15 +119,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_unknown_pods_are_orphans_and_volumes_hold_them_back() {
+    fn only_unknown_pods_of_ours_are_orphans_and_volumes_hold_them_back() {
         let found: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        // (known UIDs, UIDs with volumes left, what the sweep does)
-        type Case<'a> = (&'a [&'a str], &'a [&'a str], Vec<(&'a str, Orphan)>);
-        let cases: [Case; 4] = [
+        // (UIDs whose pod directory is ours, known UIDs, UIDs with volumes left, the result)
+        type Case<'a> = (
+            &'a [&'a str],
+            &'a [&'a str],
+            &'a [&'a str],
+            Vec<(&'a str, Orphan)>,
+        );
+        let all: &[&str] = &["a", "b", "c"];
+        let cases: [Case; 6] = [
             // Every pod known: nothing to do.
-            (&["a", "b", "c"], &[], vec![]),
+            (all, all, &[], vec![]),
             // None known: all go.
             (
+                all,
                 &[],
                 &[],
                 vec![
@@ -128,17 +145,29 @@ mod tests {
             ),
             // A known pod's volumes do not matter; an unknown one's hold its cgroup back.
             (
+                all,
                 &["a"],
                 &["a", "c"],
                 vec![("b", Orphan::Remove), ("c", Orphan::WaitForVolumes)],
             ),
-            (&["b", "c"], &["b"], vec![("a", Orphan::Remove)]),
+            (all, &["b", "c"], &["b"], vec![("a", Orphan::Remove)]),
+            // Cgroups of pods this agent never ran (another agent's) are never touched.
+            (&[], &[], &[], vec![]),
+            (&["b"], &[], &[], vec![("b", Orphan::Remove)]),
         ];
-        for (known, volumes, want) in cases {
-            let got = orphans(&found, |u| known.contains(&u), |u| volumes.contains(&u));
+        for (ours, known, volumes, want) in cases {
+            let got = orphans(
+                &found,
+                |u| ours.contains(&u),
+                |u| known.contains(&u),
+                |u| volumes.contains(&u),
+            );
             let want: Vec<(String, Orphan)> =
                 want.into_iter().map(|(u, o)| (u.to_string(), o)).collect();
-            assert_eq!(got, want, "known {known:?}, volumes {volumes:?}");
+            assert_eq!(
+                got, want,
+                "ours {ours:?}, known {known:?}, volumes {volumes:?}"
+            );
         }
     }
 }

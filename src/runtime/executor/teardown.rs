@@ -413,15 +413,24 @@ impl FileTeardown {
             tracing::warn!(error = %err, "volume teardown failed; will retry");
             return Err(TeardownError::Volumes(err.to_string()));
         }
-        remove_child(&self.node.root_dir.join("pods"), uid)?;
         // The manager removes the cgroup wherever its QoS class put it, after killing what is
-        // left in it, and takes the pod off the QoS tiers.
+        // left in it, and takes the pod off the QoS tiers; then the pod's directory goes.
         if let Some(cgroups) = &self.cgroups {
             for problem in cgroups.destroy_pod(uid) {
                 tracing::warn!(%problem, "cannot remove the pod's cgroup");
             }
-            return Ok(());
+        } else {
+            self.remove_cgroup_without_manager(uid);
         }
+        // The pod's directory goes last: while it is there, a cgroup left by a teardown that
+        // did not finish is known to be this node's to sweep (see `cm::orphans`).
+        remove_child(&self.node.root_dir.join("pods"), uid)?;
+        Ok(())
+    }
+
+    /// Without the cgroup manager (`cgroupsPerQOS` off or the systemd driver): the pod's
+    /// cgroup, if the runtime made one under a parent of ours.
+    fn remove_cgroup_without_manager(&self, uid: &str) {
         // The QoS class of an orphan is unknown, so every place its cgroup could be is tried.
         for qos in [
             QosClass::Guaranteed,
@@ -442,7 +451,6 @@ impl FileTeardown {
                 tracing::warn!(%problem, "cannot remove the pod's cgroup");
             }
         }
-        Ok(())
     }
 }
 
