@@ -112,6 +112,10 @@ struct Args {
     /// containerd's PID (for its CPU time during each batch in --rounds).
     #[arg(long)]
     containerd_pid: Option<u32>,
+    /// Only what start-up and rest cost: the agent, idle with 0 pods, N pods started, idle
+    /// with N pods, all deleted (no floor, /pods lag, edit or DNS phase). For memory and CPU work.
+    #[arg(long)]
+    idle_only: bool,
     /// Ignored: `cargo bench` passes it to harness-less benches.
     #[arg(long, hide = true)]
     bench: bool,
@@ -544,6 +548,13 @@ impl Bench {
 
     async fn phases(&mut self) -> Result<()> {
         self.warm_up().await?;
+        if self.args.idle_only {
+            self.report
+                .note("--idle-only: no floor, /pods lag, edit or DNS phase");
+            self.deckhand_phases().await?;
+            self.targets();
+            return Ok(());
+        }
         self.floor_phase().await?;
         self.deckhand_phases().await?;
         if let Some(strace) = self.args.strace.clone() {
@@ -722,7 +733,14 @@ impl Bench {
             .insert(Agent::start(&agent_opts(&self.args), NODE, &dir, None)?);
         let healthy = agent.wait_healthy(Duration::from_secs(60)).await?;
         let pid = agent.pid;
+        let binary_mib = std::fs::metadata(&agent_opts(&self.args).deckhand)
+            .map(|m| m.len() as f64 / 1048576.0)
+            .unwrap_or(0.0);
         self.report.section("2. Deckhand start");
+        self.report
+            .row("binary size", format!("{binary_mib:.2} MiB"));
+        self.report
+            .set("deckhand.binary_mib", json!(r3(binary_mib)));
         self.report.row(
             "process start -> /healthz ok",
             format!("{:.0} ms", ms(healthy)),
@@ -737,9 +755,23 @@ impl Bench {
             self.args.idle_secs
         ));
         let idle0 = sample_idle(pid, self.args.idle_secs).await?;
+        self.keep_smaps(pid, "smaps-0.txt");
 
+        let cpu_before = proc_sample(pid).map(|s| s.cpu_s);
         self.start_phase(n).await?;
-        self.lag_phase().await?;
+        // The agent's CPU for the whole batch, from the drop until every container ran.
+        if let (Some(before), Some(after)) = (cpu_before, proc_sample(pid).map(|s| s.cpu_s)) {
+            let per_pod_ms = (after - before) * 1000.0 / n as f64;
+            self.report.row(
+                "agent CPU during the batch",
+                format!("{:.2} s = {per_pod_ms:.1} ms per pod", after - before),
+            );
+            self.report
+                .set("deckhand.start_cpu_ms_per_pod", json!(r1(per_pod_ms)));
+        }
+        if !self.args.idle_only {
+            self.lag_phase().await?;
+        }
 
         progress(format!(
             "deckhand: idle with {n} pods for {} s",
@@ -747,6 +779,7 @@ impl Bench {
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let idle_n = sample_idle(pid, self.args.idle_secs).await?;
+        self.keep_smaps(pid, &format!("smaps-{n}.txt"));
         {
             let r = &mut self.report;
             r.section("4. Idle (after the pods settled 2 s)");
@@ -756,7 +789,9 @@ impl Bench {
             r.set("idle.n_pods", idle_n.json());
         }
 
-        self.edit_phase().await?;
+        if !self.args.idle_only {
+            self.edit_phase().await?;
+        }
         self.delete_phases(n).await?;
 
         let agent = self.agent.as_mut().expect("the agent");
@@ -799,6 +834,18 @@ impl Bench {
     }
 
     /// The per-call breakdown of a batch from containerd's log, when it is readable.
+    /// A copy of the agent's /proc/PID/smaps in the work directory: which mappings the RSS
+    /// is made of (the binary's text, heap, thread stacks, malloc arenas).
+    fn keep_smaps(&mut self, pid: u32, name: &str) {
+        let to = self.work_dir.join(name);
+        if let Err(e) = std::fs::copy(format!("/proc/{pid}/smaps"), &to) {
+            self.report.note(format!(
+                "could not keep /proc/{pid}/smaps as {}: {e}",
+                to.display()
+            ));
+        }
+    }
+
     fn breakdown(&mut self, names: &HashSet<String>, t0_wall: SystemTime) -> Option<Breakdown> {
         let path = self.args.containerd_log.as_ref()?;
         match std::fs::read_to_string(path) {
@@ -1468,6 +1515,21 @@ impl Bench {
                 num("idle.n_pods.cpu_s_per_30s"),
                 0.15,
                 "CPU-s/30s",
+            ),
+            // Issue 16's, stated for 110 pods.
+            (
+                "idle_rss_n_issue16",
+                "idle RSS, N pods (avg; issue 16, 110 pods)",
+                num("idle.n_pods.rss_avg_mib"),
+                30.0,
+                "MiB",
+            ),
+            (
+                "idle_cpu_n_issue16",
+                "idle CPU, N pods (issue 16, 110 pods)",
+                num("idle.n_pods.cpu_s_per_min"),
+                0.2,
+                "CPU-s/min",
             ),
         ];
         let n = self.args.pods;

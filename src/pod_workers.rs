@@ -435,7 +435,9 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 let span =
                     tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
                 let started = Instant::now();
-                let once = kill_once(&uid, &kill, &mut state, &deps).instrument(span);
+                // Boxed, as the sync and the teardown below: each is a future of tens of KiB,
+                // which inline would make every idle worker's task that large.
+                let once = Box::pin(kill_once(&uid, &kill, &mut state, &deps).instrument(span));
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = terminate_requested(&mut rx) => {
@@ -484,7 +486,8 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 };
                 last_synced = Some(pod.clone());
                 let began = Instant::now();
-                let sync = sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span);
+                let sync =
+                    Box::pin(sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span));
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = stop_requested(&mut rx) => {
@@ -528,10 +531,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     pod = %pod.as_deref().map(full_name).unwrap_or_else(|| "(orphan)".into()),
                 );
                 let started = Instant::now();
-                let teardown = deps
-                    .executor
-                    .terminate_pod(&uid, pod.as_deref(), grace_override)
-                    .instrument(span);
+                let teardown = Box::pin(
+                    deps.executor
+                        .terminate_pod(&uid, pod.as_deref(), grace_override)
+                        .instrument(span),
+                );
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
                     r = AssertUnwindSafe(teardown).catch_unwind() => r,
@@ -1603,5 +1607,25 @@ mod tests {
     fn panic_backoff_doubles_to_a_minute() {
         let secs: Vec<u64> = (1..=9).map(|n| panic_backoff(n).as_secs()).collect();
         assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}
+
+#[cfg(test)]
+mod task_size {
+    use super::*;
+    use crate::cri::CriClient;
+
+    /// The size of what an async fn returns, without calling it.
+    fn future_size<A, B, C, D, E, F, Fut>(_: fn(A, B, C, D, E, F) -> Fut) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// Every pod has a worker task, idle nearly all the time; its future is allocated whole
+    /// for the pod's life. The sync, kill and teardown futures (tens of KiB each) are boxed
+    /// while they run, so the idle task holds only the loop's own state.
+    #[test]
+    fn an_idle_worker_task_stays_small() {
+        let size = future_size(worker_loop::<CriClient>);
+        assert!(size <= 8 * 1024, "worker_loop's future is {size} bytes");
     }
 }

@@ -178,7 +178,12 @@ pub fn progress(text: impl AsRef<str>) {
 #[derive(Clone, Copy, Debug)]
 pub struct ProcSample {
     pub rss_kib: u64,
+    /// The anonymous part of the RSS (heap, stacks): what the agent's state costs.
+    pub anon_kib: u64,
+    /// The file-backed part (the binary's and libraries' pages faulted in).
+    pub file_kib: u64,
     pub hwm_kib: u64,
+    pub threads: u64,
     pub cpu_s: f64,
 }
 
@@ -200,7 +205,10 @@ pub fn proc_sample(pid: u32) -> Option<ProcSample> {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some(ProcSample {
         rss_kib: kib("VmRSS:")?,
+        anon_kib: kib("RssAnon:").unwrap_or(0),
+        file_kib: kib("RssFile:").unwrap_or(0),
         hwm_kib: kib("VmHWM:")?,
+        threads: kib("Threads:").unwrap_or(0),
         cpu_s: (utime + stime) as f64 / ticks,
     })
 }
@@ -241,6 +249,11 @@ pub struct Idle {
     pub secs: f64,
     pub rss_avg_mib: f64,
     pub rss_max_mib: f64,
+    /// Averages of the anonymous and file-backed parts of the RSS.
+    pub anon_avg_mib: f64,
+    pub file_avg_mib: f64,
+    /// Threads at the end of the window.
+    pub threads: u64,
     pub cpu_s: f64,
 }
 
@@ -248,14 +261,20 @@ impl Idle {
     pub fn cpu_per_30s(&self) -> f64 {
         self.cpu_s * 30.0 / self.secs.max(0.001)
     }
+    pub fn cpu_per_min(&self) -> f64 {
+        self.cpu_s * 60.0 / self.secs.max(0.001)
+    }
     pub fn text(&self) -> String {
         format!(
-            "RSS avg {:.1} MiB, max {:.1} MiB;  CPU {:.3} s over {:.0} s = {:.3} CPU-s per 30 s",
+            "RSS avg {:.1} MiB (anon {:.1} + file {:.1}), max {:.1} MiB, {} threads;  CPU {:.3} s over {:.0} s = {:.3} CPU-s per min",
             self.rss_avg_mib,
+            self.anon_avg_mib,
+            self.file_avg_mib,
             self.rss_max_mib,
+            self.threads,
             self.cpu_s,
             self.secs,
-            self.cpu_per_30s()
+            self.cpu_per_min()
         )
     }
     pub fn json(&self) -> Value {
@@ -263,8 +282,12 @@ impl Idle {
             "secs": r1(self.secs),
             "rss_avg_mib": r1(self.rss_avg_mib),
             "rss_max_mib": r1(self.rss_max_mib),
+            "rss_anon_avg_mib": r1(self.anon_avg_mib),
+            "rss_file_avg_mib": r1(self.file_avg_mib),
+            "threads": self.threads,
             "cpu_s": r3(self.cpu_s),
             "cpu_s_per_30s": r3(self.cpu_per_30s()),
+            "cpu_s_per_min": r3(self.cpu_per_min()),
         })
     }
 }
@@ -272,20 +295,29 @@ impl Idle {
 pub async fn sample_idle(pid: u32, secs: u64) -> Result<Idle> {
     let start = Instant::now();
     let first = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) is gone"))?;
-    let mut rss = vec![first.rss_kib as f64 / 1024.0];
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let mut rss = vec![mib(first.rss_kib)];
+    let mut anon = vec![mib(first.anon_kib)];
+    let mut file = vec![mib(first.file_kib)];
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
     for _ in 0..secs {
         ticker.tick().await;
         let s =
             proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) exited while idle"))?;
-        rss.push(s.rss_kib as f64 / 1024.0);
+        rss.push(mib(s.rss_kib));
+        anon.push(mib(s.anon_kib));
+        file.push(mib(s.file_kib));
     }
     let last = proc_sample(pid).ok_or_else(|| anyhow!("deckhand (pid {pid}) is gone"))?;
+    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     Ok(Idle {
         secs: start.elapsed().as_secs_f64(),
-        rss_avg_mib: rss.iter().sum::<f64>() / rss.len() as f64,
+        rss_avg_mib: avg(&rss),
         rss_max_mib: max_of(&rss),
+        anon_avg_mib: avg(&anon),
+        file_avg_mib: avg(&file),
+        threads: last.threads,
         cpu_s: last.cpu_s - first.cpu_s,
     })
 }
