@@ -856,15 +856,21 @@ mod replace_tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_container_failing_liveness_restarts_on_its_exit_event_before_the_stop_is_answered() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A running pod whose app container fails its liveness probe, with containerd never
+    /// answering the stop: the runtime, the app's ID and the sync that handles the failure.
+    async fn a_liveness_stop_that_hangs(
+        dir: &std::path::Path,
+        pleg: &PlegState,
+        uid: &str,
+    ) -> (
+        FakeCri,
+        String,
+        tokio::task::JoinHandle<crate::runtime::executor::SyncOutcome>,
+    ) {
         let rt = FakeCri::with_images(&[IMAGE]);
-        let pleg = PlegState::default();
-        pleg.set_mode(Mode::Events(FeedSource::Containerd));
-        let (executor, _events) = executor(dir.path(), rt.clone());
+        let (executor, _events) = executor(dir, rt.clone());
         let executor = executor.with_pleg(Arc::new(pleg.clone()));
-        let p = bound_pod("uid-l");
+        let p = bound_pod(uid);
         let mut state = PodSyncState::default();
         executor
             .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
@@ -880,14 +886,20 @@ mod replace_tests {
                 grace_override: None,
             },
         )]);
-        let sync = {
-            let (executor, p) = (executor.clone(), p.clone());
-            tokio::spawn(async move {
-                executor
-                    .sync_pod(&p, &mut state, &unhealthy, &HashMap::new())
-                    .await
-            })
-        };
+        let sync = tokio::spawn(async move {
+            executor
+                .sync_pod(&p, &mut state, &unhealthy, &HashMap::new())
+                .await
+        });
+        (rt, app, sync)
+    }
+
+    #[tokio::test]
+    async fn a_container_failing_liveness_restarts_on_its_exit_event_before_the_stop_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let pleg = PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let (rt, app, sync) = a_liveness_stop_that_hangs(dir.path(), &pleg, "uid-l").await;
         until("the stop", &rt, || rt.count("StopContainer") == 1).await;
         assert_eq!(rt.count("CreateContainer"), 1);
         // The exit event arrives, with its code.
@@ -937,32 +949,8 @@ mod replace_tests {
     #[tokio::test]
     async fn without_events_the_stop_is_waited_for() {
         let dir = tempfile::tempdir().unwrap();
-        let rt = FakeCri::with_images(&[IMAGE]);
-        let (executor, _events) = executor(dir.path(), rt.clone());
-        let executor = executor.with_pleg(Arc::new(PlegState::default()));
-        let p = bound_pod("uid-m");
-        let mut state = PodSyncState::default();
-        executor
-            .sync_pod(&p, &mut state, &HashMap::new(), &HashMap::new())
-            .await;
-        let app = rt.containers()[0].id.clone();
-        rt.script("StopContainer", Script::Hang);
-        let unhealthy = HashMap::from([(
-            app.clone(),
-            Unhealthy {
-                container_name: "app".into(),
-                message: "failed".into(),
-                grace_override: None,
-            },
-        )]);
-        let sync = {
-            let (executor, p) = (executor.clone(), p.clone());
-            tokio::spawn(async move {
-                executor
-                    .sync_pod(&p, &mut state, &unhealthy, &HashMap::new())
-                    .await
-            })
-        };
+        let (rt, _app, sync) =
+            a_liveness_stop_that_hangs(dir.path(), &PlegState::default(), "uid-m").await;
         until("the stop", &rt, || rt.count("StopContainer") == 1).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!sync.is_finished());
