@@ -52,9 +52,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use common::*;
 use deckhand::cri::proto::{
-    ContainerFilter, ContainerState, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxFilter, PodSandboxMetadata,
-    PodSandboxState, RunPodSandboxRequest,
+    ContainerFilter, ContainerState, PodSandboxFilter, PodSandboxState, RunPodSandboxRequest,
 };
 use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
 use deckhand::pleg::feed::{EventFeed, EventStream, Happening, RuntimeFeed};
@@ -340,41 +338,6 @@ async fn wait_exit(events: &mut EventStream, id: &str, timeout: Duration) -> Res
     tokio::time::timeout(timeout, wait)
         .await
         .map_err(|_| anyhow!("no exit event within {timeout:?}"))?
-}
-
-/// A pod-network sandbox for the floor, labelled without this node's managed-by labels (the
-/// agent must not take it for an orphan of its own), its cgroup under the QoS tier Deckhand's
-/// init pods use.
-fn floor_sandbox(name: &str, uid: &str, logs: &std::path::Path, cgroup: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.to_string(),
-            uid: uid.to_string(),
-            namespace: "default".to_string(),
-            attempt: 0,
-        }),
-        hostname: name.to_string(),
-        log_directory: logs.to_string_lossy().into_owned(),
-        labels: HashMap::from([
-            (POD_NAME.to_string(), name.to_string()),
-            (POD_NAMESPACE.to_string(), "default".to_string()),
-            (POD_UID.to_string(), uid.to_string()),
-        ]),
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: cgroup.to_string(),
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Pod as i32,
-                    pid: NamespaceMode::Container as i32,
-                    ipc: NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 struct Bench {

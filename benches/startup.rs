@@ -41,9 +41,8 @@ use clap::Parser;
 use common::*;
 use deckhand::cri::proto::{
     ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, CreateContainerRequest,
-    ImageSpec, LinuxContainerConfig, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxFilter, PodSandboxMetadata,
-    PodSandboxState, RunPodSandboxRequest,
+    ImageSpec, LinuxContainerConfig, PodSandboxConfig, PodSandboxFilter, PodSandboxState,
+    RunPodSandboxRequest,
 };
 use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
 use serde_json::{Value, json};
@@ -224,39 +223,12 @@ fn floor_cgroup(uid: &str) -> String {
 }
 
 fn floor_sandbox_config(name: &str, uid: &str, logs: &Path) -> PodSandboxConfig {
-    let labels = HashMap::from([
-        (POD_NAME.to_string(), name.to_string()),
-        (POD_NAMESPACE.to_string(), "default".to_string()),
-        (POD_UID.to_string(), uid.to_string()),
-    ]);
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.to_string(),
-            uid: uid.to_string(),
-            namespace: "default".to_string(),
-            attempt: 0,
-        }),
-        hostname: name.to_string(),
-        log_directory: logs
-            .join(format!("default_{name}_{uid}"))
-            .to_string_lossy()
-            .into_owned(),
-        labels,
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: floor_cgroup(uid),
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Pod as i32,
-                    pid: NamespaceMode::Container as i32,
-                    ipc: NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    common::floor_sandbox(
+        name,
+        uid,
+        &logs.join(format!("default_{name}_{uid}")),
+        &floor_cgroup(uid),
+    )
 }
 
 fn floor_container_config(name: &str, uid: &str, script: &str) -> ContainerConfig {

@@ -11,7 +11,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
-use deckhand::cri::proto::{ContainerFilter, ContainerState, ContainerStateValue};
+use deckhand::cri::proto::{
+    ContainerFilter, ContainerState, ContainerStateValue, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata,
+};
 use deckhand::cri::{CriClient, RuntimeService};
 use serde_json::{Map, Value, json};
 
@@ -919,5 +923,40 @@ pub fn busybox_container(
             ..Default::default()
         }),
         sandbox_config: Some(sandbox_config.clone()),
+    }
+}
+
+/// A pod-network sandbox for a raw-CRI floor, labelled without the managed-by labels (the
+/// agent must not take it for an orphan of its own), its logs in `logs` and its cgroup under
+/// `cgroup` (a QoS tier, as Deckhand would put the pod).
+pub fn floor_sandbox(name: &str, uid: &str, logs: &Path, cgroup: &str) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: "default".to_string(),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: logs.to_string_lossy().into_owned(),
+        labels: HashMap::from([
+            (POD_NAME.to_string(), name.to_string()),
+            (POD_NAMESPACE.to_string(), "default".to_string()),
+            (POD_UID.to_string(), uid.to_string()),
+        ]),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: cgroup.to_string(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Pod as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
