@@ -320,6 +320,17 @@ impl ExitNote {
             .map(|f| f.code)
             .filter(|&code| self.oom || code != SIGKILLED)
     }
+
+    /// The exit of `id` as a worker sees it, while the note is fresh (within
+    /// [`EXIT_NOTE_TTL`]).
+    fn heard(&self, id: &str) -> Option<HeardExit> {
+        (self.at.elapsed() < EXIT_NOTE_TTL).then(|| HeardExit {
+            id: id.to_string(),
+            exit_code: self.code(),
+            finished_at: self.facts.map(|f| f.at_ns).unwrap_or(0),
+            oom: self.oom,
+        })
+    }
 }
 
 /// What the PLEG shares with the workers and the endpoints: the mode, the exits heard of, and
@@ -451,13 +462,7 @@ impl PlegState {
     /// The exit of `id` heard within [`EXIT_NOTE_TTL`], whatever the views show.
     pub fn exit_of(&self, id: &str) -> Option<HeardExit> {
         let exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
-        let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
-        Some(HeardExit {
-            id: id.to_string(),
-            exit_code: note.code(),
-            finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
-            oom: note.oom,
-        })
+        exits.get(id)?.heard(id)
     }
 
     /// True when an exit of `id` was heard without its facts and no worker has seen it in the
@@ -490,15 +495,7 @@ impl PlegState {
             .map(|s| s.id.as_str());
         running
             .chain(ready)
-            .filter_map(|id| {
-                let note = exits.get(id).filter(|n| n.at.elapsed() < EXIT_NOTE_TTL)?;
-                Some(HeardExit {
-                    id: id.to_string(),
-                    exit_code: note.code(),
-                    finished_at: note.facts.map(|f| f.at_ns).unwrap_or(0),
-                    oom: note.oom,
-                })
-            })
+            .filter_map(|id| exits.get(id)?.heard(id))
             .collect()
     }
 
