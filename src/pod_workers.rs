@@ -200,31 +200,23 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Waits until the newest work for the pod is a termination. A sync in progress is abandoned
-/// for it: whatever the sync was doing (a slow pull, a hook) no longer matters.
-async fn terminate_requested(rx: &mut watch::Receiver<Work>) {
-    if rx
-        .wait_for(|w| matches!(w, Work::Terminate { .. }))
-        .await
-        .is_err()
-    {
+/// Waits until the newest work for the pod is one that `wanted` picks. The sync in progress
+/// is abandoned for a terminate or a kill (a slow pull or hook no longer matters, as upstream
+/// cancels a pod's sync once it starts terminating: otherwise a node shutdown's kill would
+/// wait for a sync that may never end); a kill in progress only for a terminate.
+async fn requested(rx: &mut watch::Receiver<Work>, wanted: fn(&Work) -> bool) {
+    if rx.wait_for(wanted).await.is_err() {
         // The sender is gone: only shutdown ends the worker now.
         std::future::pending::<()>().await;
     }
 }
 
-/// Resolves once the pod is to stop, by a terminate or a kill: a sync in progress is abandoned
-/// for either, as upstream cancels a pod's sync when the pod starts terminating. Otherwise a
-/// kill (node shutdown, eviction) waits for a sync that may be blocked on a pull or on the
-/// runtime, and the pod outlives its grace.
-async fn stop_requested(rx: &mut watch::Receiver<Work>) {
-    if rx
-        .wait_for(|w| matches!(w, Work::Terminate { .. } | Work::Kill(_)))
-        .await
-        .is_err()
-    {
-        std::future::pending::<()>().await;
-    }
+fn is_terminate(w: &Work) -> bool {
+    matches!(w, Work::Terminate { .. })
+}
+
+fn is_stop(w: &Work) -> bool {
+    matches!(w, Work::Terminate { .. } | Work::Kill(_))
 }
 
 /// The set of pod workers.
@@ -440,7 +432,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                 let once = Box::pin(kill_once(&uid, &kill, &mut state, &deps).instrument(span));
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = terminate_requested(&mut rx) => {
+                    _ = requested(&mut rx, is_terminate) => {
                         tracing::info!("the pod is to be terminated; the kill in progress is abandoned");
                         immediate = true;
                         continue;
@@ -490,7 +482,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     Box::pin(sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span));
                 let result = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = stop_requested(&mut rx) => {
+                    _ = requested(&mut rx, is_stop) => {
                         deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
                         tracing::info!("the pod is to be stopped; the sync in progress is abandoned");
                         immediate = true;
