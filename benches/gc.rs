@@ -17,7 +17,9 @@ use deckhand::cri::proto::*;
 use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 use deckhand::gc::WorkerActivity;
 use deckhand::gc::containers::ContainerGcPolicy;
-use deckhand::gc::run::{GcContext, RotationPolicy, container_gc_pass, rotate_logs_pass};
+use deckhand::gc::run::{
+    GcContext, LogPaths, RotationPolicy, container_gc_pass, rotate_logs_pass,
+};
 use deckhand::runtime::inspect::managed_selector;
 
 async fn wait_states(cri: &CriClient, node: &str, state: ContainerState, n: usize) {
@@ -143,14 +145,15 @@ async fn main() {
         }
     };
     fill();
+    let paths = LogPaths::default();
     let began = Instant::now();
-    assert_eq!(rotate_logs_pass(&ctx, policy).await.unwrap(), 1);
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 1);
     let first = began.elapsed();
     // The next rotation name needs the next second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     fill();
     let began = Instant::now();
-    assert_eq!(rotate_logs_pass(&ctx, policy).await.unwrap(), 1);
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 1);
     let second = began.elapsed();
     let gz: u64 = std::fs::read_dir(logs.join("live"))
         .unwrap()

@@ -700,9 +700,19 @@ impl Bench {
             "deckhand: starting (log in {})",
             dir.join("deckhand.log").display()
         ));
-        let agent = self
-            .agent
-            .insert(Agent::start(&agent_opts(&self.args), NODE, &dir, None)?);
+        // At rest the agent's CPU is mostly its CRI calls: with --idle-only it runs behind
+        // the counting proxy, which counts them by method during each idle sample.
+        let mut opts = agent_opts(&self.args);
+        let proxy = match (self.args.idle_only, self.args.endpoint.strip_prefix("unix://")) {
+            (true, Some(upstream)) => {
+                let socket = self.work_dir.join("cri-proxy.sock");
+                let proxy = proxy::CountingProxy::start(Path::new(upstream), &socket).await?;
+                opts.endpoint = proxy.endpoint();
+                Some(proxy)
+            }
+            _ => None,
+        };
+        let agent = self.agent.insert(Agent::start(&opts, NODE, &dir, None)?);
         let healthy = agent.wait_healthy(Duration::from_secs(60)).await?;
         let pid = agent.pid;
         let binary_mib = std::fs::metadata(&agent_opts(&self.args).deckhand)
@@ -726,8 +736,12 @@ impl Bench {
             "deckhand: idle with 0 pods for {} s",
             self.args.idle_secs
         ));
+        if let Some(p) = &proxy {
+            p.reset();
+        }
         let idle0 = sample_idle(pid, self.args.idle_secs).await?;
         self.keep_smaps(pid, "smaps-0.txt");
+        let calls0 = proxy.as_ref().map(|p| p.counts());
 
         let cpu_before = proc_sample(pid).map(|s| s.cpu_s);
         self.start_phase(n).await?;
@@ -750,7 +764,11 @@ impl Bench {
             self.args.idle_secs
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Some(p) = &proxy {
+            p.reset();
+        }
         let idle_n = sample_idle(pid, self.args.idle_secs).await?;
+        let calls_n = proxy.as_ref().map(|p| p.counts());
         self.keep_smaps(pid, &format!("smaps-{n}.txt"));
         {
             let r = &mut self.report;
@@ -759,6 +777,28 @@ impl Bench {
             r.row(&format!("{n} pods"), idle_n.text());
             r.set("idle.zero_pods", idle0.json());
             r.set("idle.n_pods", idle_n.json());
+            let per_min = 60.0 / self.args.idle_secs.max(1) as f64;
+            for (label, key, counts) in [
+                ("0 pods", "idle.zero_pods.cri_calls_per_min", calls0),
+                (&format!("{n} pods")[..], "idle.n_pods.cri_calls_per_min", calls_n),
+            ] {
+                let Some(counts) = counts else { continue };
+                let by_method: BTreeMap<String, f64> = counts
+                    .into_iter()
+                    .map(|(path, c)| (proxy::method(&path).to_string(), r1(c as f64 * per_min)))
+                    .collect();
+                let total: f64 = by_method.values().sum();
+                let text = by_method
+                    .iter()
+                    .map(|(m, c)| format!("{m} {c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                r.row(
+                    &format!("CRI calls per minute at rest, {label}"),
+                    format!("{total:.0} ({text})"),
+                );
+                r.set(key, json!(by_method));
+            }
         }
 
         if !self.args.idle_only {

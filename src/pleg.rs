@@ -351,6 +351,9 @@ struct StateInner {
     unknown: Mutex<HashSet<String>>,
     /// Objects workers made lately, to the pod UID, until their views name them.
     made: Mutex<HashMap<String, (String, Instant)>>,
+    /// Pods whose worker was poked (by an event or a relist's change) since it last read the
+    /// pod from the runtime: only these need a read while the stream flows.
+    stale: Mutex<HashSet<String>>,
     relist_now: Notify,
     events: AtomicU64,
     pokes: AtomicU64,
@@ -368,6 +371,7 @@ impl Default for PlegState {
                 heard: watch::Sender::new(0),
                 unknown: Mutex::default(),
                 made: Mutex::default(),
+                stale: Mutex::default(),
                 relist_now: Notify::new(),
                 events: AtomicU64::new(0),
                 pokes: AtomicU64::new(0),
@@ -403,12 +407,42 @@ impl crate::runtime::executor::RuntimeEvents for PlegState {
     fn made(&self, pod_uid: &str, id: &str) {
         PlegState::note_made(self, pod_uid, id)
     }
+
+    fn take_stale(&self, pod_uid: &str) -> bool {
+        PlegState::take_stale(self, pod_uid)
+    }
 }
 
 impl PlegState {
     /// The mode in effect.
     pub fn mode(&self) -> Mode {
         *self.inner.mode.borrow()
+    }
+
+    /// Pokes the worker of `pod_uid` about a change in the runtime, marking the pod as needing
+    /// a read.
+    fn poke_changed(&self, pokes: &Pokes, pod_uid: &str) {
+        self.mark_stale(pod_uid);
+        pokes.poke(pod_uid);
+    }
+
+    /// Marks `pod_uid` as changed in the runtime since its worker's last read.
+    pub(crate) fn mark_stale(&self, pod_uid: &str) {
+        self.inner
+            .stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pod_uid.to_string());
+    }
+
+    /// True when the runtime changed for `pod_uid` since the last call (an event or a relist
+    /// poked its worker); clears the mark, so call it right before reading the pod.
+    pub fn take_stale(&self, pod_uid: &str) -> bool {
+        self.inner
+            .stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pod_uid)
     }
 
     /// True while an event stream flows: workers then wait for events instead of polling.
@@ -722,7 +756,7 @@ async fn relist_loop<R: RuntimeService>(
                 }
                 for event in changes {
                     tracing::debug!(pod_uid = %event.pod_uid, kind = ?event.kind, id = %event.id, "PLEG event");
-                    pokes.poke(&event.pod_uid);
+                    state.poke_changed(&pokes, &event.pod_uid);
                 }
             }
             Err(err) => {
@@ -773,7 +807,7 @@ fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state
         Route::Poke(uid) => {
             tracing::debug!(pod_uid = %uid, id = %event.id, happening = ?event.happening, "PLEG event from the runtime");
             state.inner.pokes.fetch_add(1, Ordering::Relaxed);
-            pokes.poke(&uid);
+            state.poke_changed(pokes, &uid);
         }
         Route::RelistSoon => {
             state

@@ -394,6 +394,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     state.known_empty = deps.runtime_cache.has_relisted() && cached.is_none();
     // A pod the relist saw (adopted after a restart) is read from there on through its own
     // sandbox, not by lists of the node.
+    state.reread = cached.is_some();
     state.view = cached;
     let mut next = Instant::now();
     // Look at the work at once (first round, or a terminate that interrupted a sync).
@@ -1517,6 +1518,72 @@ mod tests {
                         })
                 })
             })
+        })
+        .await;
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_resyncs_and_updates_act_on_the_last_view_until_a_change_is_heard() {
+        use crate::pleg::feed::FeedSource;
+        use crate::pleg::route::Mode;
+        const READS: [&str; 4] = [
+            "ListContainers",
+            "ListPodSandbox",
+            "PodSandboxStatus",
+            "ContainerStatus",
+        ];
+        let pleg = crate::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let rt = FakeCri::with_images(&[IMAGE, "example.test/app:2"]);
+        let mut h = harness_with_pleg(rt, pleg.clone());
+        h.workers.dispatch("uid-e6", Work::Sync(pod("uid-e6")));
+        eventually("the container running", || async {
+            h.rt.containers().iter().any(|c| c.state == 1)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reads = |rt: &FakeCri| READS.map(|m| rt.count(m));
+        let before = reads(&h.rt);
+
+        // Three resync periods: nothing heard, nothing read.
+        tokio::time::sleep(Duration::from_secs(3 * 60 + 1)).await;
+        assert_eq!(reads(&h.rt), before, "{:?}", h.rt.calls());
+
+        // A new spec is acted on from the last view: the old container is stopped without
+        // a read before it.
+        let mut p = (*pod("uid-e6")).clone();
+        p.spec.as_mut().unwrap().containers[0].image = Some("example.test/app:2".into());
+        let from = h.rt.calls().len();
+        h.workers.dispatch("uid-e6", Work::Sync(Arc::new(p)));
+        eventually("the old container stopped", || async {
+            h.rt.count("StopContainer") == 1
+        })
+        .await;
+        let calls = h.rt.calls();
+        let until_stop = calls[from..]
+            .iter()
+            .take_while(|m| **m != "StopContainer")
+            .filter(|m| READS.contains(m))
+            .count();
+        assert_eq!(until_stop, 0, "{:?}", &calls[from..]);
+        eventually("the new image running", || async {
+            h.rt.containers().iter().any(|c| {
+                c.state == 1
+                    && c.image
+                        .as_ref()
+                        .is_some_and(|i| i.image == "example.test/app:2")
+            })
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        // A change the PLEG heard of (an event or a relist's diff) is read.
+        let lists = h.rt.count("ListContainers");
+        pleg.mark_stale("uid-e6");
+        h.workers.poke("uid-e6");
+        eventually("the pod read", || async {
+            h.rt.count("ListContainers") > lists
         })
         .await;
         h.cancel.cancel();

@@ -291,15 +291,17 @@ async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
         workers: 2,
     };
 
+    let paths = LogPaths::default();
+
     // The runtime cannot reopen: the file is renamed back, nothing lost.
     rt.script("ReopenContainerLog", Script::Fail(tonic::Code::Unavailable));
-    assert_eq!(rotate_logs_pass(&ctx, policy).await.unwrap(), 0);
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
     let mut names = files::dir_names(&dir).unwrap();
     names.sort();
     assert_eq!(names, vec!["0.log", "0.log.20200101-000000.gz"]);
     assert_eq!(std::fs::metadata(&log).unwrap().len(), 2048);
 
-    assert_eq!(rotate_logs_pass(&ctx, policy).await.unwrap(), 1);
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 1);
     let names = files::dir_names(&dir).unwrap();
     assert!(!names.contains(&"0.log".to_string()), "{names:?}");
     assert!(
@@ -312,7 +314,15 @@ async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
 
     // Under the size nothing happens.
     std::fs::write(&log, "small").unwrap();
-    assert_eq!(rotate_logs_pass(&ctx, policy).await.unwrap(), 0);
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
     assert_eq!(rt.count("ReopenContainerLog"), 2);
+    // The log path was asked once, for the running container only.
+    assert_eq!(rt.count("ContainerStatus"), 1);
+    assert_eq!(paths.len(), 1);
+
+    // A container that stopped running is forgotten.
+    rt.exit_container("r");
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
+    assert!(paths.is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -101,6 +101,10 @@ pub struct PodSyncState {
     /// next observation starts from, so that it reads only the pod's own sandbox and
     /// containers, or nothing when an exit event already says what changed.
     pub view: Option<ObservedPod>,
+    /// The next sync reads the pod even when nothing was heard of it: the view is not a
+    /// complete read of this worker's (it came from the relist that adopted the pod, or a step
+    /// failed or could not be read after). Taken by that sync.
+    pub reread: bool,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -121,6 +125,9 @@ pub trait RuntimeEvents: Send + Sync {
     /// before the worker's view (which names the pod's objects to the PLEG) is published at
     /// the end of the sync. An init container that exits at once would otherwise go unowned.
     fn made(&self, pod_uid: &str, id: &str);
+    /// True when something changed in the runtime for the pod since the last call (an event
+    /// or a relist poked its worker). Clears the mark: the caller reads the pod next.
+    fn take_stale(&self, pod_uid: &str) -> bool;
 }
 
 /// At most this many steps in one sync (each acting on the view the previous one left): a
@@ -333,11 +340,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
 
-    /// Reads the pod for a sync. With events flowing, an exit heard for what the last view
-    /// shows running is all that changed (only this worker changes the pod otherwise, and
-    /// exits arrive as events): the last view with the exit written in is used without a read.
-    /// Else a pod seen before costs its own sandbox's status and the list of its containers,
-    /// and only a pod nobody has seen is read by its labels.
+    /// Reads the pod for a sync. With events flowing, only this worker changes the pod and
+    /// every other change arrives as an event or a relist's poke, so the last view stands
+    /// without a read when nothing was heard of the pod since (a periodic resync, a new spec, a
+    /// probe's verdict: upstream's resync reads its pod cache too), and an exit heard for
+    /// what the view shows running is written in without a read. Else a pod seen before costs
+    /// its own sandbox's status and the list of its containers, and only a pod nobody has seen
+    /// is read by its labels.
     async fn read_for_sync(
         &self,
         uid: &str,
@@ -346,6 +355,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if std::mem::take(&mut state.known_empty) {
             return Ok(ObservedPod::default());
         }
+        let reread = std::mem::take(&mut state.reread);
         let Some(view) = state.view.take() else {
             let read = self.observe(uid).await?;
             self.confirm(&read);
@@ -358,6 +368,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     exits = heard.len(),
                     "acting on the exit events without a read"
                 );
+                return Ok(view);
+            }
+            // Taken before the read: a change heard during it marks the pod again.
+            let stale = pleg.take_stale(uid);
+            if heard.is_empty() && !stale && !reread {
+                tracing::trace!("nothing heard of the pod since the last read; the view stands");
                 return Ok(view);
             }
         }
@@ -527,6 +543,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .await;
             if let Err(err) = &executed {
                 tracing::warn!(error = %err, "sync failed; will retry");
+                state.reread = true;
             }
             if !changed {
                 break (executed, None);
@@ -534,9 +551,13 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             let read = self
                 .read_after_step(&uid, &observed, &decision, &made)
                 .await;
-            if let Ok(read) = read {
-                observed = read;
-                behind = self.apply_heard(&mut observed);
+            match read {
+                Ok(read) => {
+                    observed = read;
+                    behind = self.apply_heard(&mut observed);
+                }
+                // The view still shows the pod before the step.
+                Err(_) => state.reread = true,
             }
             tracing::debug!(
                 step,
@@ -568,16 +589,22 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .get(name)
                 .is_some_and(|w| w.reason.retried_soon())
         };
+        let init_running = revisit::init_running(pod, &observed);
         let retry = revisit::next_look(&SyncFacts {
             decision: &decision,
             failed: executed.is_err(),
             error_waiting: state.waiting.values().any(|w| w.reason.retried_soon()),
             followup: followup.as_ref(),
             blocked: &blocked,
-            init_running: revisit::init_running(pod, &observed),
+            init_running,
             events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
             exit_pending: behind,
         });
+        // The next look is for what the runtime may show with no event come (an init
+        // container's exit whose event got lost, an exit the view lags): it reads the pod.
+        if init_running || behind {
+            state.reread = true;
+        }
         if state.backoff != backoff_before {
             let dir = self.node.pod_dir(&uid);
             let table = state.backoff.clone();
