@@ -11,6 +11,15 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    // The agent is a position-independent executable, so the loader relocates ~50 000
+    // pointers at start-up. Packed (RELR) relocations keep them in a few KiB instead of
+    // ~1.2 MiB of entries that are read at every start and then stay resident (file-backed
+    // RSS). glibc has read them since 2.36 (Debian 12) and GNU ld writes them since 2.38.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu")
+    {
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
 
     let fds = protox::compile(
         [

@@ -17,9 +17,7 @@ use deckhand::cri::proto::*;
 use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
 use deckhand::gc::WorkerActivity;
 use deckhand::gc::containers::ContainerGcPolicy;
-use deckhand::gc::run::{
-    GcContext, LogPaths, RotationPolicy, container_gc_pass, rotate_logs_pass,
-};
+use deckhand::gc::run::{GcContext, LogPaths, RotationPolicy, container_gc_pass, rotate_logs_pass};
 use deckhand::runtime::inspect::managed_selector;
 
 async fn wait_states(cri: &CriClient, node: &str, state: ContainerState, n: usize) {

@@ -703,7 +703,10 @@ impl Bench {
         // At rest the agent's CPU is mostly its CRI calls: with --idle-only it runs behind
         // the counting proxy, which counts them by method during each idle sample.
         let mut opts = agent_opts(&self.args);
-        let proxy = match (self.args.idle_only, self.args.endpoint.strip_prefix("unix://")) {
+        let proxy = match (
+            self.args.idle_only,
+            self.args.endpoint.strip_prefix("unix://"),
+        ) {
             (true, Some(upstream)) => {
                 let socket = self.work_dir.join("cri-proxy.sock");
                 let proxy = proxy::CountingProxy::start(Path::new(upstream), &socket).await?;
@@ -780,7 +783,11 @@ impl Bench {
             let per_min = 60.0 / self.args.idle_secs.max(1) as f64;
             for (label, key, counts) in [
                 ("0 pods", "idle.zero_pods.cri_calls_per_min", calls0),
-                (&format!("{n} pods")[..], "idle.n_pods.cri_calls_per_min", calls_n),
+                (
+                    &format!("{n} pods")[..],
+                    "idle.n_pods.cri_calls_per_min",
+                    calls_n,
+                ),
             ] {
                 let Some(counts) = counts else { continue };
                 let by_method: BTreeMap<String, f64> = counts

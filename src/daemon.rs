@@ -583,6 +583,8 @@ pub async fn run(
             .await?,
         );
     }
+    // Free memory the allocator keeps after bursts goes back to the kernel once a minute.
+    tracker.spawn(crate::memory::run(cancel.clone()));
     // The PLEG and the probe workers ask for looks at pods through one coalescing set.
     let pokes = Pokes::default();
     // The PLEG follows the runtime's events where it can, and tells the workers whether it does.

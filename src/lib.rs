@@ -19,6 +19,7 @@ pub mod gc;
 pub mod health;
 pub mod k8s;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod mirror_pods;
 pub mod node;

@@ -208,7 +208,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
     pub async fn round(
         &mut self,
     ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
-        let reading = self.observer.observe().await?;
+        let reading = self.observer.observe(false).await?;
         if let Some(n) = self.memcg.as_mut() {
             let notified = self.trigger.notified_at().is_some();
             n.update(
@@ -294,7 +294,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                     }
                 }
             }
-            let after = self.observer.observe().await?;
+            let after = self.observer.observe(false).await?;
             let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
             record.took_ms = began.elapsed().as_secs_f64() * 1000.0;
             record.enough = still.is_empty();
@@ -308,6 +308,9 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                 return Ok((Outcome::Reclaimed, None));
             }
         }
+        // The pods' usage is read only now that one must be chosen; each round would
+        // otherwise walk every pod's volumes and logs for nothing.
+        let usage = self.observer.observe(true).await?;
         let active: Vec<Arc<Pod>> = self.pods.active();
         let evictable: Vec<&Arc<Pod>> = active.iter().filter(|p| !is_critical(p)).collect();
         let mut candidates: Vec<Candidate<'_>> = evictable
@@ -318,7 +321,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                     .metadata
                     .uid
                     .as_deref()
-                    .and_then(|uid| reading.pods.get(uid)),
+                    .and_then(|uid| usage.pods.get(uid)),
             })
             .collect();
         rank(&mut candidates, threshold.signal, reading.dedicated_imagefs);

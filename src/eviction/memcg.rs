@@ -818,7 +818,7 @@ mod tests {
     }
 
     impl Observer for Node {
-        fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+        fn observe(&self, _pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
             let mut r = self.readings.lock().unwrap();
             let observations = if r.len() > 1 {
                 r.remove(0)

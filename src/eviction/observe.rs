@@ -45,9 +45,11 @@ pub struct Reading {
     pub dedicated_imagefs: bool,
 }
 
-/// Reads the node's signals and the pods' usage.
+/// Reads the node's signals and, when `pods` is true, the pods' usage.
 pub trait Observer: Send + Sync + 'static {
-    fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>>;
+    /// The pods' usage costs a walk of each pod's volumes and logs, a read of its cgroup and
+    /// the runtime's container stats: it is asked for only when a pod must be chosen.
+    fn observe(&self, pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>>;
 }
 
 /// Frees node resources; answers how many objects went.
@@ -156,9 +158,16 @@ fn pids(proc_root: &Path) -> Option<Observation> {
 }
 
 impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
-    fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+    fn observe(&self, with_pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
         Box::pin(async move {
-            let summary = self.stats.summary(false).await?;
+            let summary = if with_pods {
+                self.stats.summary(false).await?
+            } else {
+                crate::stats::types::Summary {
+                    node: self.stats.node_summary().await,
+                    pods: Vec::new(),
+                }
+            };
             let image_mount = match self.rt.image_fs_info().await {
                 Ok(info) => info
                     .image_filesystems

@@ -592,20 +592,38 @@ fn an_evicted_pod_ends_failed() {
 
 #[derive(Clone, Default)]
 struct Fakes {
-    /// Readings handed out in turn (the last one repeats).
+    /// Readings handed out in turn (the last one repeats); a reading with the pods' usage is
+    /// the one handed out last.
     readings: Arc<Mutex<Vec<Reading>>>,
+    last: Arc<Mutex<Option<Reading>>>,
+    /// How many readings had the pods' usage.
+    with_pods: Arc<Mutex<usize>>,
     reclaimed: Arc<Mutex<Vec<Reclaim>>>,
     evicted: Arc<Mutex<Vec<(String, i64, String)>>>,
     pods: Arc<Mutex<Vec<Arc<Pod>>>>,
 }
 
 impl Observer for Fakes {
-    fn observe(&self) -> BoxFuture<'_, Result<Reading, EvictionError>> {
-        let mut r = self.readings.lock().unwrap();
-        let next = if r.len() > 1 {
-            r.remove(0)
-        } else {
-            r[0].clone()
+    fn observe(&self, pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+        let mut last = self.last.lock().unwrap();
+        let next = match (&*last, pods) {
+            (Some(last), true) => {
+                *self.with_pods.lock().unwrap() += 1;
+                last.clone()
+            }
+            _ => {
+                let mut r = self.readings.lock().unwrap();
+                let next = if r.len() > 1 {
+                    r.remove(0)
+                } else {
+                    r[0].clone()
+                };
+                *last = Some(next.clone());
+                Reading {
+                    pods: Default::default(),
+                    ..next
+                }
+            }
         };
         Box::pin(async move { Ok(next) })
     }
@@ -687,6 +705,11 @@ async fn disk_pressure_is_reclaimed_before_any_pod_is_evicted() {
         vec![Reclaim::DeadContainers, Reclaim::UnusedImages]
     );
     assert!(fakes.evicted.lock().unwrap().is_empty());
+    assert_eq!(
+        *fakes.with_pods.lock().unwrap(),
+        0,
+        "no pod was chosen: their usage was not read"
+    );
     assert!(m.pressure.has(Condition::DiskPressure));
     let last = m.last.lock().unwrap().clone();
     assert_eq!(last.action, "reclaimed");
@@ -751,6 +774,11 @@ async fn memory_pressure_evicts_the_top_ranked_pod_but_never_a_static_one() {
     );
     let evicted = fakes.evicted.lock().unwrap().clone();
     assert_eq!(evicted.len(), 1, "one pod per round");
+    assert_eq!(
+        *fakes.with_pods.lock().unwrap(),
+        1,
+        "the pods' usage is read to rank them"
+    );
     assert_eq!(
         evicted[0].1, 1,
         "hard threshold: upstream's immediate grace"

@@ -643,7 +643,9 @@ impl LogPaths {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
         // A panic while holding the lock cannot leave the map half-written.
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

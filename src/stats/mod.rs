@@ -1302,6 +1302,22 @@ impl StatsProvider {
         Ok(summary)
     }
 
+    /// The node's own figures (memory, CPU, its filesystems) and no pod's: what the eviction
+    /// manager's signals need every round, without the runtime's three lists or a read of
+    /// each pod's cgroup.
+    pub async fn node_summary(&self) -> NodeStats {
+        let host = self.host.clone();
+        let node = tokio::task::spawn_blocking(move || host.node())
+            .await
+            .unwrap_or_default();
+        let reading = Reading {
+            node,
+            ..Default::default()
+        };
+        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        build_summary(&self.node_name, &reading, &mut rates).node
+    }
+
     /// Each ready sandbox's facts, asking the runtime only about sandboxes not seen before;
     /// facts of sandboxes that are gone are forgotten.
     async fn sandbox_facts(
