@@ -754,6 +754,10 @@ pub async fn remove_sandboxes(cri: &CriClient, matches: impl Fn(&str) -> bool) -
         if !matches(&name) {
             continue;
         }
+        progress(format!(
+            "removing sandbox {name} (state {}, created {})",
+            sb.state, sb.created_at
+        ));
         let containers = cri
             .list_containers(Some(ContainerFilter {
                 pod_sandbox_id: sb.id.clone(),
