@@ -149,6 +149,25 @@ async fn call<T>(
         .map_err(|status| CriError::rpc(method, status))
 }
 
+/// Carries a call that changes the runtime through to its end on a task of its own, even when
+/// the caller stops waiting (a sync abandoned because its pod is to be stopped). Dropping the
+/// request would cancel containerd's own context half-way: a `StartContainer` cut short like
+/// that left containerd 1.6 with a task it then refused to delete ("cannot delete running
+/// task"), so the container and its sandbox stayed for good. The answer nobody waits for is
+/// dropped; the next look at the pod sees what the call did.
+async fn to_completion<T: Send + 'static>(
+    method: &'static str,
+    fut: impl Future<Output = CriResult<T>> + Send + 'static,
+) -> CriResult<T> {
+    tokio::spawn(fut).await.unwrap_or_else(|err| {
+        Err(CriError::Rpc {
+            method,
+            code: tonic::Code::Aborted,
+            message: format!("the call's task ended early: {err}"),
+        })
+    })
+}
+
 /// Flattens an error and its sources into one line ("transport error: No such file or directory").
 pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
@@ -187,34 +206,44 @@ impl RuntimeService for CriClient {
     }
 
     async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {
-        call(
-            "RunPodSandbox",
-            Some(self.timeout),
-            self.runtime.clone().run_pod_sandbox(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("RunPodSandbox", async move {
+            call("RunPodSandbox", Some(deadline), client.run_pod_sandbox(req)).await
+        })
         .await
     }
 
     async fn stop_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
         let req = StopPodSandboxRequest { pod_sandbox_id };
-        call(
-            "StopPodSandbox",
-            Some(self.timeout),
-            self.runtime.clone().stop_pod_sandbox(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("StopPodSandbox", async move {
+            call(
+                "StopPodSandbox",
+                Some(deadline),
+                client.stop_pod_sandbox(req),
+            )
+            .await
+            .map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn remove_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
         let req = RemovePodSandboxRequest { pod_sandbox_id };
-        call(
-            "RemovePodSandbox",
-            Some(self.timeout),
-            self.runtime.clone().remove_pod_sandbox(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("RemovePodSandbox", async move {
+            call(
+                "RemovePodSandbox",
+                Some(deadline),
+                client.remove_pod_sandbox(req),
+            )
+            .await
+            .map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn pod_sandbox_status(
@@ -248,24 +277,34 @@ impl RuntimeService for CriClient {
     }
 
     async fn create_container(&self, req: CreateContainerRequest) -> CriResult<String> {
-        call(
-            "CreateContainer",
-            Some(self.timeout),
-            self.runtime.clone().create_container(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("CreateContainer", async move {
+            call(
+                "CreateContainer",
+                Some(deadline),
+                client.create_container(req),
+            )
+            .await
+            .map(|r| r.container_id)
+        })
         .await
-        .map(|r| r.container_id)
     }
 
     async fn start_container(&self, container_id: String) -> CriResult<()> {
         let req = StartContainerRequest { container_id };
-        call(
-            "StartContainer",
-            Some(self.timeout),
-            self.runtime.clone().start_container(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("StartContainer", async move {
+            call(
+                "StartContainer",
+                Some(deadline),
+                client.start_container(req),
+            )
+            .await
+            .map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn stop_container(&self, container_id: String, timeout_seconds: i64) -> CriResult<()> {
@@ -274,24 +313,29 @@ impl RuntimeService for CriClient {
             timeout: timeout_seconds,
         };
         let deadline = self.timeout + Duration::from_secs(timeout_seconds.max(0) as u64);
-        call(
-            "StopContainer",
-            Some(deadline),
-            self.runtime.clone().stop_container(req),
-        )
+        let mut client = self.runtime.clone();
+        to_completion("StopContainer", async move {
+            call("StopContainer", Some(deadline), client.stop_container(req))
+                .await
+                .map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn remove_container(&self, container_id: String) -> CriResult<()> {
         let req = RemoveContainerRequest { container_id };
-        call(
-            "RemoveContainer",
-            Some(self.timeout),
-            self.runtime.clone().remove_container(req),
-        )
+        let mut client = self.runtime.clone();
+        let deadline = self.timeout;
+        to_completion("RemoveContainer", async move {
+            call(
+                "RemoveContainer",
+                Some(deadline),
+                client.remove_container(req),
+            )
+            .await
+            .map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
@@ -450,5 +494,30 @@ impl ImageService for CriClient {
             self.image.clone().image_fs_info(ImageFsInfoRequest {}),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod completion_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_that_changes_the_runtime_ends_even_when_nobody_waits_for_it() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let call = to_completion("StartContainer", async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = tx.send(());
+            Ok(())
+        });
+        // The caller gives up (its sync abandoned) long before the call is done.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(5), call)
+                .await
+                .is_err()
+        );
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .expect("the call ran to its end")
+            .unwrap();
     }
 }
