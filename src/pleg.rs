@@ -411,6 +411,10 @@ impl crate::runtime::executor::RuntimeEvents for PlegState {
     fn take_stale(&self, pod_uid: &str) -> bool {
         PlegState::take_stale(self, pod_uid)
     }
+
+    fn oom_heard(&self, id: &str) -> bool {
+        PlegState::oom_heard(self, id)
+    }
 }
 
 impl PlegState {
@@ -533,6 +537,16 @@ impl PlegState {
             .collect()
     }
 
+    /// True when the stream told of an OOM kill of `id` within [`EXIT_NOTE_TTL`].
+    pub fn oom_heard(&self, id: &str) -> bool {
+        self.inner
+            .exits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .is_some_and(|n| n.oom && n.at.elapsed() < EXIT_NOTE_TTL)
+    }
+
     /// `read` came straight from the runtime: the exits it shows need no note any more.
     pub fn confirmed(&self, read: &ObservedPod) {
         let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
@@ -540,7 +554,9 @@ impl PlegState {
             return;
         }
         for c in &read.containers {
-            if c.state != ContainerState::Running {
+            // An OOM kill's note stays until it expires: containerd 1.6 may record the exit
+            // before it handles the OOM event, and its view then says `Error`.
+            if c.state != ContainerState::Running && !exits.get(&c.id).is_some_and(|n| n.oom) {
                 exits.remove(&c.id);
             }
         }

@@ -558,6 +558,19 @@ pub fn apply_heard_exits(pod: &mut ObservedPod, heard: &[HeardExit], now_ns: i64
     behind
 }
 
+/// Gives `OOMKilled` to a container the runtime shows killed (137) for another reason when the
+/// stream told of its OOM kill: containerd 1.6 may record the exit before it handles the OOM
+/// event, and its view then says `Error` for good.
+pub fn name_heard_ooms(pod: &mut ObservedPod, oom_heard: impl Fn(&str) -> bool) {
+    for c in pod.containers.iter_mut().filter(|c| {
+        c.state == ContainerState::Exited && c.exit_code == 137 && c.reason != REASON_OOM
+    }) {
+        if oom_heard(&c.id) {
+            c.reason = REASON_OOM.to_string();
+        }
+    }
+}
+
 /// Shared by the tests of the modules that read pods (this one and the PLEG).
 #[cfg(test)]
 pub(crate) mod test_support {
@@ -721,6 +734,31 @@ mod tests {
         assert!(!apply_heard_exits(&mut pod, &heard, 99));
         assert_eq!(pod.containers[0], done);
         assert_eq!(pod.sandboxes[0].state, SandboxState::NotReady);
+    }
+
+    #[test]
+    fn an_oom_kill_heard_names_a_container_the_runtime_shows_killed_for_another_reason() {
+        let killed = |id: &str, code: i32, reason: &str| {
+            let mut c = container(id, ContainerState::Exited);
+            c.exit_code = code;
+            c.reason = reason.into();
+            c
+        };
+        let mut pod = ObservedPod {
+            containers: vec![
+                killed("oom", 137, "Error"),
+                killed("sigkill", 137, "Error"),
+                killed("other-code", 1, "Error"),
+            ],
+            ..Default::default()
+        };
+        let mut running = container("running", ContainerState::Running);
+        running.reason = String::new();
+        pod.containers.push(running.clone());
+        // The stream told of an OOM kill for every one of them.
+        name_heard_ooms(&mut pod, |id| id != "sigkill");
+        let reasons: Vec<&str> = pod.containers.iter().map(|c| c.reason.as_str()).collect();
+        assert_eq!(reasons, ["OOMKilled", "Error", "Error", ""]);
     }
 
     #[tokio::test]

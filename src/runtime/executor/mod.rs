@@ -128,6 +128,8 @@ pub trait RuntimeEvents: Send + Sync {
     /// True when something changed in the runtime for the pod since the last call (an event
     /// or a relist poked its worker). Clears the mark: the caller reads the pod next.
     fn take_stale(&self, pod_uid: &str) -> bool;
+    /// True when the stream told of an OOM kill of object `id` lately.
+    fn oom_heard(&self, id: &str) -> bool;
 }
 
 /// At most this many steps in one sync (each acting on the view the previous one left): a
@@ -396,6 +398,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let Some(pleg) = &self.pleg else {
             return false;
         };
+        inspect::name_heard_ooms(view, |id| pleg.oom_heard(id));
         let heard = pleg.heard_exits(view);
         !heard.is_empty() && inspect::apply_heard_exits(view, &heard, now_ns())
     }
