@@ -79,6 +79,12 @@ spec:
     - |
       mkdir -p /vol/sub && echo inside > /vol/sub/marker
       while :; do
+        # An empty `sub` Deckhand made just before the `mv` below swallows the real one
+        # (`mv` into a directory nests): put the real directory back first.
+        m=$(find /vol -name marker | head -n 1)
+        if [ -n "$m" ] && [ "$m" != /vol/sub/marker ]; then
+          mv "${{m%/marker}}" /vol/real; rm -rf /vol/sub; mv /vol/real /vol/sub
+        fi
         mv /vol/sub /vol/parked; ln -s {host} /vol/sub; usleep 3000
         rm -f /vol/sub
         # Deckhand may have made an empty `sub` while it was parked: drop that one.
