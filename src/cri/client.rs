@@ -168,6 +168,27 @@ async fn to_completion<T: Send + 'static>(
     })
 }
 
+impl CriClient {
+    /// One call that changes the runtime, with `deadline`, carried to its end by
+    /// [`to_completion`]: `rpc` makes the request on a client of its own.
+    async fn changing<T, Fut>(
+        &self,
+        method: &'static str,
+        deadline: Duration,
+        rpc: impl FnOnce(RuntimeServiceClient<Channel>) -> Fut + Send + 'static,
+    ) -> CriResult<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+    {
+        let client = self.runtime.clone();
+        to_completion(method, async move {
+            call(method, Some(deadline), rpc(client)).await
+        })
+        .await
+    }
+}
+
 /// Flattens an error and its sources into one line ("transport error: No such file or directory").
 pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
@@ -206,44 +227,28 @@ impl RuntimeService for CriClient {
     }
 
     async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> CriResult<RunPodSandboxResponse> {
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("RunPodSandbox", async move {
-            call("RunPodSandbox", Some(deadline), client.run_pod_sandbox(req)).await
+        self.changing("RunPodSandbox", self.timeout, move |mut c| async move {
+            c.run_pod_sandbox(req).await
         })
         .await
     }
 
     async fn stop_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
         let req = StopPodSandboxRequest { pod_sandbox_id };
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("StopPodSandbox", async move {
-            call(
-                "StopPodSandbox",
-                Some(deadline),
-                client.stop_pod_sandbox(req),
-            )
-            .await
-            .map(drop)
+        self.changing("StopPodSandbox", self.timeout, move |mut c| async move {
+            c.stop_pod_sandbox(req).await
         })
         .await
+        .map(drop)
     }
 
     async fn remove_pod_sandbox(&self, pod_sandbox_id: String) -> CriResult<()> {
         let req = RemovePodSandboxRequest { pod_sandbox_id };
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("RemovePodSandbox", async move {
-            call(
-                "RemovePodSandbox",
-                Some(deadline),
-                client.remove_pod_sandbox(req),
-            )
-            .await
-            .map(drop)
+        self.changing("RemovePodSandbox", self.timeout, move |mut c| async move {
+            c.remove_pod_sandbox(req).await
         })
         .await
+        .map(drop)
     }
 
     async fn pod_sandbox_status(
@@ -277,34 +282,20 @@ impl RuntimeService for CriClient {
     }
 
     async fn create_container(&self, req: CreateContainerRequest) -> CriResult<String> {
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("CreateContainer", async move {
-            call(
-                "CreateContainer",
-                Some(deadline),
-                client.create_container(req),
-            )
-            .await
-            .map(|r| r.container_id)
+        self.changing("CreateContainer", self.timeout, move |mut c| async move {
+            c.create_container(req).await
         })
         .await
+        .map(|r| r.container_id)
     }
 
     async fn start_container(&self, container_id: String) -> CriResult<()> {
         let req = StartContainerRequest { container_id };
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("StartContainer", async move {
-            call(
-                "StartContainer",
-                Some(deadline),
-                client.start_container(req),
-            )
-            .await
-            .map(drop)
+        self.changing("StartContainer", self.timeout, move |mut c| async move {
+            c.start_container(req).await
         })
         .await
+        .map(drop)
     }
 
     async fn stop_container(&self, container_id: String, timeout_seconds: i64) -> CriResult<()> {
@@ -313,29 +304,20 @@ impl RuntimeService for CriClient {
             timeout: timeout_seconds,
         };
         let deadline = self.timeout + Duration::from_secs(timeout_seconds.max(0) as u64);
-        let mut client = self.runtime.clone();
-        to_completion("StopContainer", async move {
-            call("StopContainer", Some(deadline), client.stop_container(req))
-                .await
-                .map(drop)
+        self.changing("StopContainer", deadline, move |mut c| async move {
+            c.stop_container(req).await
         })
         .await
+        .map(drop)
     }
 
     async fn remove_container(&self, container_id: String) -> CriResult<()> {
         let req = RemoveContainerRequest { container_id };
-        let mut client = self.runtime.clone();
-        let deadline = self.timeout;
-        to_completion("RemoveContainer", async move {
-            call(
-                "RemoveContainer",
-                Some(deadline),
-                client.remove_container(req),
-            )
-            .await
-            .map(drop)
+        self.changing("RemoveContainer", self.timeout, move |mut c| async move {
+            c.remove_container(req).await
         })
         .await
+        .map(drop)
     }
 
     async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
