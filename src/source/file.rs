@@ -47,8 +47,8 @@ pub struct ScanOutcome {
     pub kept: BTreeSet<PathBuf>,
     /// Manifest file → its identity and times when its pods were read from it. A later scan
     /// that finds the same stamp takes the pods from here instead of reading and parsing the
-    /// file again (every `fileCheckFrequency`, 110 manifests cost more CPU than all else the
-    /// agent does at rest).
+    /// file again (parsing 110 manifests every `fileCheckFrequency` was one of the largest
+    /// costs of an agent at rest).
     pub stamps: BTreeMap<PathBuf, FileStamp>,
     /// Nothing was learnt: `staticPodPath` could not be listed, or it is a single file that
     /// could not be read or parsed. Until a scan was conclusive once, such a scan is not sent
