@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use deckhand::admission::{self, Allocatable, Decision, NodeInfo, Usage};
+use deckhand::kubelet::admission::{self, Allocatable, Decision, NodeInfo, Usage};
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use serde_json::json;
 

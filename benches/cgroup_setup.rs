@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deckhand::cm::{CfsSettings, CgroupManager, HostCgroupFs, ManagerSettings, ResourceConfig};
+use deckhand::kubelet::cm::{
+    CfsSettings, CgroupManager, HostCgroupFs, ManagerSettings, ResourceConfig,
+};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -28,16 +28,16 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::oneshot;
 
+use deckhand::base::podspec::threshold::parse_flag;
+use deckhand::clients::cri::proto::*;
+use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
 use deckhand::config::EvictionSettings;
-use deckhand::cri::proto::*;
-use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
-use deckhand::events::Recorder;
-use deckhand::eviction::PressureView;
-use deckhand::eviction::decide::*;
-use deckhand::eviction::manager::{Manager, ManagerSettings};
-use deckhand::eviction::observe::*;
-use deckhand::eviction::signals::{Resource, Signal, thresholds};
-use deckhand::k8s::threshold::parse_flag;
+use deckhand::kubelet::events::Recorder;
+use deckhand::kubelet::eviction::PressureView;
+use deckhand::kubelet::eviction::decide::*;
+use deckhand::kubelet::eviction::manager::{Manager, ManagerSettings};
+use deckhand::kubelet::eviction::observe::*;
+use deckhand::kubelet::eviction::signals::{Resource, Signal, thresholds};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

@@ -13,12 +13,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deckhand::cri::proto::*;
-use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
-use deckhand::gc::WorkerActivity;
-use deckhand::gc::containers::ContainerGcPolicy;
-use deckhand::gc::run::{GcContext, LogPaths, RotationPolicy, container_gc_pass, rotate_logs_pass};
-use deckhand::runtime::inspect::managed_selector;
+use deckhand::clients::cri::proto::*;
+use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
+use deckhand::kubelet::gc::WorkerActivity;
+use deckhand::kubelet::gc::containers::ContainerGcPolicy;
+use deckhand::kubelet::gc::run::{
+    GcContext, LogPaths, RotationPolicy, container_gc_pass, rotate_logs_pass,
+};
+use deckhand::kubelet::runtime::inspect::managed_selector;
 
 async fn wait_states(cri: &CriClient, node: &str, state: ContainerState, n: usize) {
     let start = Instant::now();

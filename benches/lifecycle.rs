@@ -51,11 +51,11 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use common::*;
-use deckhand::cri::proto::{
+use deckhand::clients::cri::proto::{
     ContainerFilter, ContainerState, PodSandboxFilter, PodSandboxState, RunPodSandboxRequest,
 };
-use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
-use deckhand::pleg::feed::{EventFeed, EventStream, Happening, RuntimeFeed};
+use deckhand::clients::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
+use deckhand::kubelet::pleg::feed::{EventFeed, EventStream, Happening, RuntimeFeed};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -179,7 +179,10 @@ fn opt_json(d: Option<f64>) -> Value {
 }
 
 /// The containers of one pod, by the `io.kubernetes.container.name` label.
-async fn pod_containers(cri: &CriClient, full: &str) -> Vec<deckhand::cri::proto::Container> {
+async fn pod_containers(
+    cri: &CriClient,
+    full: &str,
+) -> Vec<deckhand::clients::cri::proto::Container> {
     cri.list_containers(Some(ContainerFilter {
         label_selector: name_selector(full),
         ..Default::default()

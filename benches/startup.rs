@@ -39,12 +39,12 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use common::*;
-use deckhand::cri::proto::{
+use deckhand::clients::cri::proto::{
     ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, CreateContainerRequest,
     ImageSpec, LinuxContainerConfig, PodSandboxConfig, PodSandboxFilter, PodSandboxState,
     RunPodSandboxRequest,
 };
-use deckhand::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
+use deckhand::clients::cri::{CriClient, ImageService, RuntimeService, parse_endpoint};
 use serde_json::{Value, json};
 
 const NODE: &str = "bench";

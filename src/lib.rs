@@ -1,43 +1,23 @@
 //! Deckhand: a kubelet-compatible node agent that runs pods on containerd over CRI v1.
 //!
-//! The library holds everything; `main.rs` only parses flags, builds a [`config::Config`] and
-//! hands it to [`daemon::run`]. See the README for the module map.
+//! The crate is built in layers, lowest first; a module uses its own layer's lower parts and
+//! the layers below it, never one above (`tests/module_graph.rs` holds the tree to this):
+//!
+//! - [`base`]: plain helpers every layer needs (what a pod spec means, names, YAML, the
+//!   runtime's view of a pod, the resync queue, health checks, metric families);
+//! - [`clients`]: the outside systems Deckhand talks to (containerd over CRI, the API server);
+//! - [`config`]: flags and `KubeletConfiguration`, validated into one [`config::Config`];
+//! - [`kubelet`]: the managers, as upstream's `pkg/kubelet/<manager>`: sync loop, pod
+//!   workers, PLEG, runtime, volumes, cgroups, probes, status, eviction, GC, node, …;
+//! - [`endpoints`]: the HTTP servers (healthz, read-only port and local socket; the node API);
+//! - [`app`]: what wires the agent together and the `deckhand` commands.
+//!
+//! `main.rs` only parses flags, builds a [`config::Config`] and hands it to [`app::daemon::run`].
+//! `docs/architecture.md` walks through the layers and the flow of a pod.
 
-pub mod admission;
-pub mod api_objects;
-pub mod apiserver;
-pub mod certificate;
-pub mod cli;
-pub mod cm;
+pub mod app;
+pub mod base;
+pub mod clients;
 pub mod config;
-pub mod credentials;
-pub mod cri;
-pub mod daemon;
-pub mod events;
-pub mod eviction;
-pub mod gc;
-pub mod health;
-pub mod k8s;
-pub mod logging;
-pub mod memory;
-pub mod metrics;
-pub mod mirror_pods;
-pub mod node;
-pub mod node_api;
-pub mod observed;
-pub mod paths;
-pub mod pleg;
-pub mod pod_state;
-pub mod pod_workers;
-pub mod pokes;
-pub mod prober;
-pub mod runtime;
-pub mod server;
-pub mod shutdown;
-pub mod source;
-pub mod stats;
-pub mod status;
-pub mod status_sync;
-pub mod sync_loop;
-pub mod volume;
-pub mod yaml;
+pub mod endpoints;
+pub mod kubelet;

@@ -1,4 +1,4 @@
-//! `deckhand`: parse flags, build the configuration, set up logging (`deckhand::logging`), run
+//! `deckhand`: parse flags, build the configuration, set up logging (`deckhand::app::logging`), run
 //! the agent, exit 0 on SIGTERM/SIGINT.
 
 use std::process::ExitCode;
@@ -7,8 +7,8 @@ use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use deckhand::app::daemon::{self, Tuning};
 use deckhand::config::{self, Flags};
-use deckhand::daemon::{self, Tuning};
 
 /// Threads for blocking work (file system, cgroups, mounts), which is short here: a few at a time
 /// keep up with a batch of pods starting. Tokio's default (512) lets a start-up burst leave
@@ -21,9 +21,9 @@ fn main() -> ExitCode {
     // `deckhand pods|validate|version …` are commands for people; anything else runs the agent.
     if std::env::args()
         .nth(1)
-        .is_some_and(|a| deckhand::cli::COMMANDS.contains(&a.as_str()))
+        .is_some_and(|a| deckhand::app::cli::COMMANDS.contains(&a.as_str()))
     {
-        return run_command(deckhand::cli::Cli::parse());
+        return run_command(deckhand::app::cli::Cli::parse());
     }
     let flags = Flags::parse();
     // The configuration picks the log format, so it is read first; what it has to say is
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    deckhand::logging::init(config.logging_format, config.verbosity);
+    deckhand::app::logging::init(config.logging_format, config.verbosity);
     let tuning = match Tuning::from_config_and_env(&config) {
         Ok(t) => t,
         Err(err) => {
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
 }
 
 /// Runs one of the commands for people on a small single-threaded runtime.
-fn run_command(cli: deckhand::cli::Cli) -> ExitCode {
+fn run_command(cli: deckhand::app::cli::Cli) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -94,9 +94,9 @@ fn run_command(cli: deckhand::cli::Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(deckhand::cli::run(cli)) {
+    match runtime.block_on(deckhand::app::cli::run(cli)) {
         Ok(code) => ExitCode::from(code),
-        Err(deckhand::cli::CliError::Usage(message)) => {
+        Err(deckhand::app::cli::CliError::Usage(message)) => {
             eprintln!("deckhand: {message}");
             ExitCode::from(2)
         }

@@ -121,7 +121,7 @@ async fn ready_pods(
 }
 
 /// Waits until `name` has neither a sandbox nor a container left in containerd.
-async fn gone_from_containerd(cri: &deckhand::cri::CriClient, name: &str) {
+async fn gone_from_containerd(cri: &deckhand::clients::cri::CriClient, name: &str) {
     wait_until(&format!("{name} gone from containerd"), WAIT, || async {
         (common::containers_of(cri, name).await.is_empty()
             && common::sandboxes_of(cri, name).await.is_empty())
@@ -300,7 +300,10 @@ async fn pods_deleted_while_the_agent_is_stopped_are_cleaned_up_after_its_restar
             let running = common::containers_of(&cri, name)
                 .await
                 .into_iter()
-                .any(|c| c.state == deckhand::cri::proto::ContainerState::ContainerRunning as i32);
+                .any(|c| {
+                    c.state
+                        == deckhand::clients::cri::proto::ContainerState::ContainerRunning as i32
+                });
             (!running).then_some(())
         })
         .await;

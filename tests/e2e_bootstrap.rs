@@ -46,8 +46,9 @@ async fn node_csrs(
         .unwrap_or_default()
         .into_iter()
         .filter(|c| {
-            c.spec.signer_name == deckhand::certificate::csr::SIGNER_NAME
-                && deckhand::certificate::csr::csr_common_name(&c.spec.request.0).as_deref()
+            c.spec.signer_name == deckhand::kubelet::certificate::csr::SIGNER_NAME
+                && deckhand::kubelet::certificate::csr::csr_common_name(&c.spec.request.0)
+                    .as_deref()
                     == Some(want.as_str())
         })
         .collect();
@@ -104,7 +105,7 @@ fn stored(pki: &Path) -> Vec<String> {
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| deckhand::certificate::store::is_stored_name(n))
+                .filter(|n| deckhand::kubelet::certificate::store::is_stored_name(n))
                 .collect()
         })
         .unwrap_or_default();
@@ -160,9 +161,10 @@ async fn a_node_joins_with_only_a_bootstrap_token() {
         ),
         "{text}"
     );
-    let creds =
-        deckhand::certificate::Credentials::from_pem(&std::fs::read(pki.join(&files[0])).unwrap())
-            .unwrap();
+    let creds = deckhand::kubelet::certificate::Credentials::from_pem(
+        &std::fs::read(pki.join(&files[0])).unwrap(),
+    )
+    .unwrap();
     assert!(
         creds.subject.contains("CN=system:node:db-join"),
         "{}",

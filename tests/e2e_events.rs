@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
 use common::wait_until;
-use deckhand::cri::RuntimeService;
+use deckhand::clients::cri::RuntimeService;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, PostParams};

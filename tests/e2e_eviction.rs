@@ -225,9 +225,9 @@ async fn disk_pressure_reclaims_dead_containers_before_evicting_pods() {
             .filter(|c| c.labels.get("io.kubernetes.pod.uid") == Some(&uid))
             .collect();
         (mine.len() >= 2
-            && mine
-                .iter()
-                .all(|c| c.state == deckhand::cri::proto::ContainerState::ContainerExited as i32))
+            && mine.iter().all(|c| {
+                c.state == deckhand::clients::cri::proto::ContainerState::ContainerExited as i32
+            }))
         .then_some(())
     })
     .await;
@@ -310,12 +310,12 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
     std::fs::create_dir_all(tb.root_dir()).unwrap();
     mounts = SmallFs::mount(&tb.root_dir(), "size=96m");
     tb.up();
-    let endpoint = deckhand::cri::parse_endpoint(&tb.endpoint()).unwrap();
-    let cri = deckhand::cri::CriClient::connect(&endpoint, Duration::from_secs(30))
+    let endpoint = deckhand::clients::cri::parse_endpoint(&tb.endpoint()).unwrap();
+    let cri = deckhand::clients::cri::CriClient::connect(&endpoint, Duration::from_secs(30))
         .await
         .expect("the test's containerd answers");
     let image_names = || async {
-        use deckhand::cri::ImageService;
+        use deckhand::clients::cri::ImageService;
         cri.list_images()
             .await
             .unwrap_or_default()

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Agent, cri, deckhand_bin, wait_until};
-use deckhand::cri::{RuntimeService, handshake};
+use deckhand::clients::cri::{RuntimeService, handshake};
 
 #[tokio::test]
 async fn cri_handshake_returns_containerd_version() {
@@ -79,7 +79,7 @@ spec:
 async fn healthz_names_a_failing_check_with_500() {
     // A bound healthz with an unreachable read-only address is not a thing we can fail on
     // purpose, so this asserts the format through the library.
-    let health = deckhand::health::Health::default();
+    let health = deckhand::base::health::Health::default();
     health.register("runtime", || {
         Err("the container runtime is not answering".into())
     });
@@ -140,5 +140,8 @@ fn invalid_configuration_fails_at_start_naming_the_field() {
 async fn runtime_status_reports_ready() {
     let client = cri().await;
     let status = client.status(false).await.expect("Status");
-    assert_eq!(deckhand::cri::handshake::readiness_problem(&status), None);
+    assert_eq!(
+        deckhand::clients::cri::handshake::readiness_problem(&status),
+        None
+    );
 }

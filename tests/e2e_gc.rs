@@ -243,7 +243,7 @@ spec:
 /// image filesystem through CRI `ImageFsInfo`, and statvfs there gives a usage.
 #[tokio::test]
 async fn the_image_filesystem_can_be_measured() {
-    use deckhand::cri::{ImageService, RuntimeService};
+    use deckhand::clients::cri::{ImageService, RuntimeService};
     let cri = cri().await;
     let info = cri.image_fs_info().await.expect("ImageFsInfo answers");
     let fs = info
@@ -256,7 +256,8 @@ async fn the_image_filesystem_can_be_measured() {
         .expect("with a mountpoint")
         .mountpoint
         .clone();
-    let usage = deckhand::gc::files::fs_usage(Path::new(&mountpoint)).expect("statvfs works");
+    let usage =
+        deckhand::kubelet::gc::files::fs_usage(Path::new(&mountpoint)).expect("statvfs works");
     // Image GC keeps the sandbox image, which containerd 1.6 neither pins nor lists as any
     // container's image; it reads it from the verbose status.
     let status = cri.status(true).await.expect("Status answers");

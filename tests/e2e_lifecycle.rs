@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Agent, containers_of, cri, sandboxes_of, wait_until};
-use deckhand::cri::RuntimeService;
+use deckhand::clients::cri::RuntimeService;
 use serde_json::Value;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";
@@ -490,7 +490,7 @@ async fn all_running(agent: &Agent, n: usize) -> Option<Vec<Value>> {
 /// Sandbox and container IDs of pods `p0..pN`, as the runtime lists them.
 async fn runtime_ids(
     agent: &Agent,
-    client: &deckhand::cri::CriClient,
+    client: &deckhand::clients::cri::CriClient,
     n: usize,
 ) -> Vec<(Vec<String>, Vec<String>)> {
     let mut ids = Vec::new();
@@ -667,8 +667,8 @@ spec:
     assert_eq!(after.0, before, "the same container keeps running");
     assert_eq!(after.1, 0);
     // The agent's Drop removes pods through the main testbed's socket; remove ours here.
-    let client = deckhand::cri::CriClient::connect(
-        &deckhand::cri::parse_endpoint(&endpoint).unwrap(),
+    let client = deckhand::clients::cri::CriClient::connect(
+        &deckhand::clients::cri::parse_endpoint(&endpoint).unwrap(),
         Duration::from_secs(30),
     )
     .await

@@ -22,7 +22,7 @@ use common::cluster::{
     wait_node_ready,
 };
 use common::{local_socket_get, node_memory_available, wait_until};
-use deckhand::eviction::memcg::{CgroupV1Memcg, Fired, MemcgControl};
+use deckhand::kubelet::eviction::memcg::{CgroupV1Memcg, Fired, MemcgControl};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 

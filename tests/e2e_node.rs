@@ -13,8 +13,8 @@ use common::cluster::{
     wait_node_ready,
 };
 use common::{Agent, cri, http_get, running_containers, sleeping_pod, wait_until};
-use deckhand::cri::RuntimeService;
-use deckhand::k8s::quantity;
+use deckhand::base::podspec::quantity;
+use deckhand::clients::cri::RuntimeService;
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -381,7 +381,7 @@ async fn the_serving_certificate_comes_from_an_approved_csr() {
     let name = csr.metadata.name.clone().unwrap();
     let _csr_cleanup = CsrCleanup(vec![name.clone()]);
     assert_eq!(
-        deckhand::certificate::csr::csr_common_name(&csr.spec.request.0).as_deref(),
+        deckhand::kubelet::certificate::csr::csr_common_name(&csr.spec.request.0).as_deref(),
         Some(user.as_str())
     );
 

@@ -24,8 +24,8 @@ use common::cluster::{
     get_lease, get_node, joined_agent, wait_node_ready,
 };
 use common::{cri, http_get, running_containers, sleeping_pod, wait_until};
-use deckhand::cri::proto::{ContainerFilter, ContainerState};
-use deckhand::cri::{CriClient, RuntimeService};
+use deckhand::clients::cri::proto::{ContainerFilter, ContainerState};
+use deckhand::clients::cri::{CriClient, RuntimeService};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
@@ -155,7 +155,7 @@ async fn running_by_pod(cri: &CriClient, node: &str) -> BTreeMap<String, Vec<Str
     let containers = cri
         .list_containers(Some(ContainerFilter {
             label_selector: [(
-                deckhand::runtime::labels::NODE_LABEL.to_string(),
+                deckhand::base::cri_labels::NODE_LABEL.to_string(),
                 node.to_string(),
             )]
             .into(),

@@ -200,8 +200,8 @@ spec:
     .await;
 
     // The agent's Drop removes pods through the suite's testbed; remove ours here.
-    let client = deckhand::cri::CriClient::connect(
-        &deckhand::cri::parse_endpoint(&endpoint).unwrap(),
+    let client = deckhand::clients::cri::CriClient::connect(
+        &deckhand::clients::cri::parse_endpoint(&endpoint).unwrap(),
         Duration::from_secs(30),
     )
     .await

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{Agent, containers_of, cri, http_get, wait_until};
-use deckhand::cri::RuntimeService;
-use deckhand::prober::health_proto::health_check_response::ServingStatus;
-use deckhand::prober::health_proto::health_server::{Health, HealthServer};
-use deckhand::prober::health_proto::{HealthCheckRequest, HealthCheckResponse};
+use deckhand::clients::cri::RuntimeService;
+use deckhand::kubelet::prober::health_proto::health_check_response::ServingStatus;
+use deckhand::kubelet::prober::health_proto::health_server::{Health, HealthServer};
+use deckhand::kubelet::prober::health_proto::{HealthCheckRequest, HealthCheckResponse};
 use serde_json::Value;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";

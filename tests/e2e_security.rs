@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Agent, containers_of, cri, wait_until};
-use deckhand::cri::{CriClient, RuntimeService};
+use deckhand::clients::cri::{CriClient, RuntimeService};
 use serde_json::Value;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";

@@ -337,7 +337,7 @@ impl ManifestServer {
 fn pod_list(pods: &[String]) -> String {
     let items: Vec<Value> = pods
         .iter()
-        .map(|p| deckhand::yaml::from_str::<Value>(p).expect("test manifest parses"))
+        .map(|p| deckhand::base::yaml::from_str::<Value>(p).expect("test manifest parses"))
         .collect();
     serde_json::json!({"apiVersion": "v1", "kind": "PodList", "items": items}).to_string()
 }

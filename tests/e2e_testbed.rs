@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use deckhand::cri::proto::{
+use deckhand::clients::cri::proto::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig,
     PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
 };
-use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
+use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
 
 fn testbed(args: &[&str]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed");

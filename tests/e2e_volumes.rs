@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Agent, containers_of, cri, wait_until};
-use deckhand::cri::RuntimeService;
+use deckhand::clients::cri::RuntimeService;
 use serde_json::Value;
 
 const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";

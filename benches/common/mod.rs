@@ -11,12 +11,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
-use deckhand::cri::proto::{
+use deckhand::clients::cri::proto::{
     ContainerFilter, ContainerState, ContainerStateValue, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
     PodSandboxMetadata,
 };
-use deckhand::cri::{CriClient, RuntimeService};
+use deckhand::clients::cri::{CriClient, RuntimeService};
 use serde_json::{Map, Value, json};
 
 pub mod proxy;
@@ -857,13 +857,13 @@ pub fn pod_labels(
     pod_name: &str,
     container: Option<&str>,
 ) -> HashMap<String, String> {
-    use deckhand::runtime::labels;
-    let mut l = deckhand::runtime::inspect::managed_selector(node);
-    l.insert(labels::POD_UID_LABEL.into(), uid.into());
-    l.insert(labels::POD_NAME_LABEL.into(), pod_name.into());
-    l.insert(labels::POD_NAMESPACE_LABEL.into(), "default".into());
+    use deckhand::base::cri_labels;
+    let mut l = deckhand::kubelet::runtime::inspect::managed_selector(node);
+    l.insert(cri_labels::POD_UID_LABEL.into(), uid.into());
+    l.insert(cri_labels::POD_NAME_LABEL.into(), pod_name.into());
+    l.insert(cri_labels::POD_NAMESPACE_LABEL.into(), "default".into());
     if let Some(c) = container {
-        l.insert(labels::CONTAINER_NAME_LABEL.into(), c.into());
+        l.insert(cri_labels::CONTAINER_NAME_LABEL.into(), c.into());
     }
     l
 }
@@ -875,8 +875,8 @@ pub fn host_network_sandbox(
     uid: &str,
     pod_name: &str,
     logs: &Path,
-) -> deckhand::cri::proto::PodSandboxConfig {
-    use deckhand::cri::proto::*;
+) -> deckhand::clients::cri::proto::PodSandboxConfig {
+    use deckhand::clients::cri::proto::*;
     PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
             name: "bench".into(),
@@ -904,12 +904,12 @@ pub fn host_network_sandbox(
 /// in the sandbox `sandbox` made from `sandbox_config`, labelled `labels`.
 pub fn busybox_container(
     sandbox: &str,
-    sandbox_config: &deckhand::cri::proto::PodSandboxConfig,
+    sandbox_config: &deckhand::clients::cri::proto::PodSandboxConfig,
     name: &str,
     command: Vec<String>,
     labels: HashMap<String, String>,
-) -> deckhand::cri::proto::CreateContainerRequest {
-    use deckhand::cri::proto::*;
+) -> deckhand::clients::cri::proto::CreateContainerRequest {
+    use deckhand::clients::cri::proto::*;
     CreateContainerRequest {
         pod_sandbox_id: sandbox.into(),
         config: Some(ContainerConfig {

@@ -147,7 +147,7 @@ fn frame(body: &[u8]) -> Option<&[u8]> {
 /// Fills `call`'s details from the request body of its method (see [`DECODED`]); a body that
 /// does not decode leaves them empty.
 fn decode_into(call: &mut Call, body: &[u8]) {
-    use deckhand::cri::proto::{
+    use deckhand::clients::cri::proto::{
         CreateContainerRequest, StartContainerRequest, StopContainerRequest,
     };
     let Some(message) = frame(body) else {

@@ -14,7 +14,7 @@ use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
-use crate::k8s::threshold::{self, Threshold};
+use crate::base::podspec::threshold::{self, Threshold};
 
 /// Upstream's `evictionPressureTransitionPeriod`.
 pub const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(300);

@@ -210,8 +210,8 @@ fn check_type_meta(
 /// module (input limits live there), returning the dotted paths of fields `T` did not know.
 fn parse_yaml_document<T: DeserializeOwned>(
     text: &str,
-) -> Result<(T, Vec<String>), crate::yaml::YamlError> {
-    crate::yaml::from_str_reporting_unknown::<T>(text).map(|(value, unknown)| {
+) -> Result<(T, Vec<String>), crate::base::yaml::YamlError> {
+    crate::base::yaml::from_str_reporting_unknown::<T>(text).map(|(value, unknown)| {
         (
             value,
             unknown

@@ -122,7 +122,7 @@ pub(super) fn gc_settings(
             ),
         ));
     }
-    let max_size = crate::k8s::quantity::parse(log_max_size)
+    let max_size = crate::base::podspec::quantity::parse(log_max_size)
         .ok()
         .and_then(|q| q.checked_value())
         .and_then(|v| u64::try_from(v).ok())

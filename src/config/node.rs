@@ -14,8 +14,8 @@ use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
-use crate::k8s::quantity::{self, Quantity};
-use crate::k8s::threshold::{self, Threshold};
+use crate::base::podspec::quantity::{self, Quantity};
+use crate::base::podspec::threshold::{self, Threshold};
 
 pub const DEFAULT_KUBE_API_QPS: f32 = 50.0;
 pub const DEFAULT_KUBE_API_BURST: u32 = 100;
@@ -312,8 +312,9 @@ const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kuber
 fn check_node_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
     let mut refused = Vec::new();
     for (key, value) in labels {
-        crate::k8s::labels::check_label_key(key).map_err(|why| format!("label {key:?}: {why}"))?;
-        crate::k8s::labels::check_label_value(value)
+        crate::base::podspec::labels::check_label_key(key)
+            .map_err(|why| format!("label {key:?}: {why}"))?;
+        crate::base::podspec::labels::check_label_value(value)
             .map_err(|why| format!("label {key}={value:?}: {why}"))?;
         let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or("");
         let in_reserved = namespace == "kubernetes.io"
@@ -359,9 +360,10 @@ pub fn parse_taint(text: &str) -> Result<Taint, String> {
 }
 
 fn check_taint(t: &Taint) -> Result<(), String> {
-    crate::k8s::labels::check_label_key(&t.key).map_err(|why| format!("key: {why}"))?;
+    crate::base::podspec::labels::check_label_key(&t.key).map_err(|why| format!("key: {why}"))?;
     if let Some(v) = &t.value {
-        crate::k8s::labels::check_label_value(v).map_err(|why| format!("value: {why}"))?;
+        crate::base::podspec::labels::check_label_value(v)
+            .map_err(|why| format!("value: {why}"))?;
     }
     match t.effect.as_str() {
         "NoSchedule" | "PreferNoSchedule" | "NoExecute" => Ok(()),

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::duration::{format_go_duration, parse_go_duration};
 use super::file::KubeletConfigurationFile;
-use crate::shutdown::plan::PriorityGrace;
+use crate::kubelet::shutdown::plan::PriorityGrace;
 
 /// One entry of `shutdownGracePeriodByPodPriority` as the file has it.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -30,7 +30,7 @@ pub struct ShutdownSettings {
 impl ShutdownSettings {
     /// The priority buckets these settings mean, lowest first (empty: off).
     pub fn buckets(&self) -> Vec<PriorityGrace> {
-        crate::shutdown::plan::buckets(
+        crate::kubelet::shutdown::plan::buckets(
             self.grace_period,
             self.grace_period_critical_pods,
             &self.by_pod_priority,
@@ -113,7 +113,7 @@ mod tests {
 
     fn load(yaml: &str) -> Result<ShutdownSettings, String> {
         let f: KubeletConfigurationFile =
-            crate::yaml::from_str(yaml).map_err(|e| format!("parse: {e}"))?;
+            crate::base::yaml::from_str(yaml).map_err(|e| format!("parse: {e}"))?;
         shutdown_settings(&f).map_err(|e| e.to_string())
     }
 

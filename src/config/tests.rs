@@ -207,7 +207,8 @@ crashLoopBackOff:
         config_file: Some(CONFIG_PATH.into()),
         // A configured evictionHard replaces upstream's defaults whole.
         reservations: super::Reservations {
-            eviction_hard: crate::k8s::threshold::parse_flag("memory.available<100Mi").unwrap(),
+            eviction_hard: crate::base::podspec::threshold::parse_flag("memory.available<100Mi")
+                .unwrap(),
             ..Default::default()
         },
         gc: super::GcSettings {

@@ -443,7 +443,7 @@ pub(super) fn build(
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect();
-    if let Err(err) = crate::k8s::sysctl::SysctlAllowlist::new(&allowed_unsafe_sysctls) {
+    if let Err(err) = crate::base::podspec::sysctl::SysctlAllowlist::new(&allowed_unsafe_sysctls) {
         return Err(invalid(o.name(), err.to_string()));
     }
     let (resolv_conf, _) = pick(

@@ -51,9 +51,9 @@ pub fn node_kubeconfig(name: &str) -> PathBuf {
 /// A client with the cluster's admin credentials, failing clearly when there is no cluster.
 pub async fn admin() -> kube::Client {
     let path = cluster_dir().join("admin.kubeconfig");
-    match deckhand::apiserver::connect(
+    match deckhand::clients::apiserver::connect(
         &path,
-        &deckhand::apiserver::ClientOptions {
+        &deckhand::clients::apiserver::ClientOptions {
             qps: -1.0,
             burst: 0,
             timeout: Duration::from_secs(10),

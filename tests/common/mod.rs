@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use deckhand::cri::proto::{ContainerFilter, PodSandboxFilter};
-use deckhand::cri::{CriClient, RuntimeService, parse_endpoint};
+use deckhand::clients::cri::proto::{ContainerFilter, PodSandboxFilter};
+use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
 
 pub mod cluster;
 pub mod pressure;
@@ -391,7 +391,7 @@ pub async fn remove_node_pods(cri: &CriClient, node: &str) {
             .unwrap_or_default();
         let labelled = sb
             .labels
-            .get(deckhand::runtime::labels::NODE_LABEL)
+            .get(deckhand::base::cri_labels::NODE_LABEL)
             .map(String::as_str)
             == Some(node);
         if !name.ends_with(&suffix) && !labelled {
@@ -417,7 +417,7 @@ pub async fn remove_node_pods(cri: &CriClient, node: &str) {
 pub async fn sandboxes_of(
     cri: &CriClient,
     full_name: &str,
-) -> Vec<deckhand::cri::proto::PodSandbox> {
+) -> Vec<deckhand::clients::cri::proto::PodSandbox> {
     cri.list_pod_sandbox(Some(PodSandboxFilter {
         label_selector: HashMap::from([(
             "io.kubernetes.pod.name".to_string(),
@@ -433,7 +433,7 @@ pub async fn sandboxes_of(
 pub async fn containers_of(
     cri: &CriClient,
     full_name: &str,
-) -> Vec<deckhand::cri::proto::Container> {
+) -> Vec<deckhand::clients::cri::proto::Container> {
     cri.list_containers(Some(ContainerFilter {
         label_selector: HashMap::from([(
             "io.kubernetes.pod.name".to_string(),
@@ -562,7 +562,8 @@ pub async fn running_containers(
                 .await
                 .into_iter()
                 .filter(|c| {
-                    c.state == deckhand::cri::proto::ContainerState::ContainerRunning as i32
+                    c.state
+                        == deckhand::clients::cri::proto::ContainerState::ContainerRunning as i32
                 })
                 .map(|c| c.id)
                 .collect();

@@ -1,0 +1,374 @@
+//! `/metrics`: the node agent's metrics under upstream's kubelet names, label names and
+//! buckets, so dashboards and alerts written for the kubelet work unchanged, plus the process
+//! metrics every Prometheus client exports.
+//!
+//! The families live in one process-wide [`KUBELET`] value, as upstream's do in its metrics
+//! package: the CRI client, the PLEG, the pod workers and the executor record into it without
+//! being handed a registry. Gauges that describe current state (running pods and containers)
+//! are computed when the page is rendered, from the runtime cache.
+
+pub mod family;
+pub mod process;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+pub use family::Family;
+use family::{DEFAULT_BUCKETS, exponential_buckets};
+
+/// Upstream's buckets for pod start-up durations, in seconds.
+const POD_START_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+/// The kubelet's metric families that Deckhand records.
+pub struct KubeletMetrics {
+    pub runtime_operations: Family,
+    pub runtime_operations_duration: Family,
+    pub runtime_operations_errors: Family,
+    pub pod_worker_duration: Family,
+    pub pod_start_duration: Family,
+    pub pod_start_sli_duration: Family,
+    pub pleg_relist_duration: Family,
+    pub pleg_relist_interval: Family,
+    pub started_containers: Family,
+    pub started_containers_errors: Family,
+    pub evictions: Family,
+    pub http_requests: Family,
+    pub http_requests_duration: Family,
+    pub http_inflight_requests: Family,
+    pub image_garbage_collected: Family,
+    pub garbage_collected: Family,
+    pub log_rotations: Family,
+}
+
+/// The process-wide families.
+pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
+    runtime_operations: Family::counter(
+        "kubelet_runtime_operations_total",
+        "Calls to the container runtime, by operation.",
+        &["operation_type"],
+    ),
+    runtime_operations_duration: Family::histogram(
+        "kubelet_runtime_operations_duration_seconds",
+        "How long calls to the container runtime took, by operation.",
+        &["operation_type"],
+        exponential_buckets(0.005, 2.5, 14),
+    ),
+    runtime_operations_errors: Family::counter(
+        "kubelet_runtime_operations_errors_total",
+        "Calls to the container runtime that failed, by operation.",
+        &["operation_type"],
+    ),
+    pod_worker_duration: Family::histogram(
+        "kubelet_pod_worker_duration_seconds",
+        "How long one sync of a pod by its worker took, by kind of sync (create, update, sync, kill).",
+        &["operation_type"],
+        DEFAULT_BUCKETS.to_vec(),
+    ),
+    pod_start_duration: Family::histogram(
+        "kubelet_pod_start_duration_seconds",
+        "From the node agent first seeing a pod to the pod running.",
+        &[],
+        POD_START_BUCKETS.to_vec(),
+    ),
+    pod_start_sli_duration: Family::histogram(
+        "kubelet_pod_start_sli_duration_seconds",
+        "From a pod's creation to all its containers started and seen running, less the time \
+         spent pulling images and running init containers (the pod start-up SLI).",
+        &[],
+        POD_START_BUCKETS.to_vec(),
+    ),
+    pleg_relist_duration: Family::histogram(
+        "kubelet_pleg_relist_duration_seconds",
+        "How long one relist of the container runtime took.",
+        &[],
+        DEFAULT_BUCKETS.to_vec(),
+    ),
+    pleg_relist_interval: Family::histogram(
+        "kubelet_pleg_relist_interval_seconds",
+        "Time between the starts of two relists of the container runtime.",
+        &[],
+        DEFAULT_BUCKETS.to_vec(),
+    ),
+    started_containers: Family::counter(
+        "kubelet_started_containers_total",
+        "Containers started, by type (container, init_container).",
+        &["container_type"],
+    ),
+    started_containers_errors: Family::counter(
+        "kubelet_started_containers_errors_total",
+        "Containers that could not be started, by type and error code.",
+        &["container_type", "code"],
+    ),
+    evictions: Family::counter(
+        "kubelet_evictions",
+        "Pods evicted, by the eviction signal that caused it.",
+        &["eviction_signal"],
+    ),
+    http_requests: Family::counter(
+        "kubelet_http_requests_total",
+        "HTTP requests served, by method, first path segment, server type and whether long-running.",
+        HTTP_LABELS,
+    ),
+    http_requests_duration: Family::histogram(
+        "kubelet_http_requests_duration_seconds",
+        "How long HTTP requests took to serve.",
+        HTTP_LABELS,
+        DEFAULT_BUCKETS.to_vec(),
+    ),
+    http_inflight_requests: Family::gauge(
+        "kubelet_http_inflight_requests",
+        "HTTP requests being served now.",
+        HTTP_LABELS,
+    ),
+    image_garbage_collected: Family::counter(
+        "kubelet_image_garbage_collected_total",
+        "Images removed by image GC, by reason (space: the image filesystem was above the high threshold, or under disk pressure the eviction manager reclaimed unused images; age: unused longer than imageMaximumGCAge).",
+        &["reason"],
+    ),
+    garbage_collected: Family::counter(
+        "deckhand_garbage_collected_total",
+        "What the container GC removed, by kind (container, sandbox, log_file).",
+        &["kind"],
+    ),
+    log_rotations: Family::counter(
+        "deckhand_container_log_rotations_total",
+        "Container log rotations, by result (rotated, failed).",
+        &["result"],
+    ),
+});
+
+const HTTP_LABELS: &[&str] = &["method", "path", "server_type", "long_running"];
+
+/// Paths the node agent serves, by their first segment; anything else is `other`.
+const KNOWN_PATHS: &[&str] = &[
+    "pods",
+    "runningpods",
+    "healthz",
+    "metrics",
+    "stats",
+    "spec",
+    "configz",
+    "containerLogs",
+    "logs",
+    "exec",
+    "attach",
+    "portForward",
+    "run",
+    "debug",
+];
+
+/// Upstream's `path` label: the first segment of the path, or two for `/metrics/…`, and
+/// `other` for paths the agent does not serve, so a client asking for random paths cannot
+/// grow the label's values.
+pub fn http_path_bucket(path: &str) -> String {
+    let mut parts = path.trim_start_matches('/').splitn(3, '/');
+    let first = parts.next().unwrap_or_default();
+    if !KNOWN_PATHS.contains(&first) {
+        return "other".into();
+    }
+    match (first, parts.next()) {
+        ("metrics", Some(second @ ("cadvisor" | "probes" | "resource" | "events"))) => {
+            format!("metrics/{second}")
+        }
+        _ => first.to_string(),
+    }
+}
+
+/// Upstream's `method` label: the usual methods as they are, anything else `other`.
+pub fn http_method_bucket(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        _ => "other",
+    }
+}
+
+/// Upstream's `operation_type` for a CRI method (`RunPodSandbox` → `run_podsandbox`).
+pub fn operation_type(method: &str) -> &str {
+    match method {
+        "Version" => "version",
+        "Status" => "status",
+        "RunPodSandbox" => "run_podsandbox",
+        "StopPodSandbox" => "stop_podsandbox",
+        "RemovePodSandbox" => "remove_podsandbox",
+        "PodSandboxStatus" => "podsandbox_status",
+        "ListPodSandbox" => "list_podsandbox",
+        "CreateContainer" => "create_container",
+        "StartContainer" => "start_container",
+        "StopContainer" => "stop_container",
+        "RemoveContainer" => "remove_container",
+        "ListContainers" => "list_containers",
+        "ContainerStatus" => "container_status",
+        "UpdateContainerResources" => "update_container",
+        "ReopenContainerLog" => "reopen_container_log",
+        "ExecSync" => "exec_sync",
+        "Exec" => "exec",
+        "Attach" => "attach",
+        "PortForward" => "port_forward",
+        "ContainerStats" => "container_stats",
+        "ListContainerStats" => "list_container_stats",
+        "PodSandboxStats" => "podsandbox_stats",
+        "ListPodSandboxStats" => "list_podsandbox_stats",
+        "UpdateRuntimeConfig" => "update_runtime_config",
+        "ListImages" => "list_images",
+        "ImageStatus" => "image_status",
+        "PullImage" => "pull_image",
+        "RemoveImage" => "remove_image",
+        "ImageFsInfo" => "image_fs_info",
+        "GetContainerEvents" => "get_container_events",
+        other => other,
+    }
+}
+
+/// Records one CRI call: upstream counts every call, times it, and counts failures.
+pub fn record_runtime_call(method: &str, took: Duration, ok: bool) {
+    let op = [operation_type(method)];
+    KUBELET.runtime_operations.inc(&op);
+    KUBELET
+        .runtime_operations_duration
+        .observe(&op, took.as_secs_f64());
+    if !ok {
+        KUBELET.runtime_operations_errors.inc(&op);
+    }
+}
+
+/// What the page needs besides the recorded families: current state, counted at render time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CurrentState {
+    pub node_name: String,
+    /// Pods with a ready sandbox.
+    pub running_pods: u64,
+    /// Containers by state: `created`, `running`, `exited`, `unknown`.
+    pub containers: [(&'static str, u64); 4],
+}
+
+/// The whole `/metrics` page: the kubelet families, the current-state gauges, the process
+/// metrics, then `extra` (Deckhand's own counters), in Prometheus' text format.
+pub fn render(state: &CurrentState, extra: &str) -> String {
+    let mut out = String::new();
+    let node_name = Family::gauge(
+        "kubelet_node_name",
+        "The node's name; the value is always 1.",
+        &["node"],
+    );
+    node_name.set(&[&state.node_name], 1.0);
+    node_name.render(&mut out);
+    let running_pods = Family::gauge(
+        "kubelet_running_pods",
+        "Pods that have a ready sandbox.",
+        &[],
+    );
+    running_pods.set(&[], state.running_pods as f64);
+    running_pods.render(&mut out);
+    let running_containers = Family::gauge(
+        "kubelet_running_containers",
+        "Containers known to the runtime, by state.",
+        &["container_state"],
+    );
+    for (s, n) in state.containers {
+        running_containers.set(&[s], n as f64);
+    }
+    running_containers.render(&mut out);
+    let k = &*KUBELET;
+    for f in [
+        &k.runtime_operations,
+        &k.runtime_operations_duration,
+        &k.runtime_operations_errors,
+        &k.pod_worker_duration,
+        &k.pod_start_duration,
+        &k.pod_start_sli_duration,
+        &k.pleg_relist_duration,
+        &k.pleg_relist_interval,
+        &k.started_containers,
+        &k.started_containers_errors,
+        &k.evictions,
+        &k.http_requests,
+        &k.http_requests_duration,
+        &k.http_inflight_requests,
+        &k.image_garbage_collected,
+        &k.garbage_collected,
+        &k.log_rotations,
+    ] {
+        f.render(&mut out);
+    }
+    crate::kubelet::shutdown::SHUTDOWN_TIMES.render(&mut out);
+    process::render(&mut out);
+    out.push_str(extra);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_methods_get_upstreams_operation_types() {
+        for (method, want) in [
+            ("RunPodSandbox", "run_podsandbox"),
+            ("PodSandboxStatus", "podsandbox_status"),
+            ("ListContainers", "list_containers"),
+            ("UpdateContainerResources", "update_container"),
+            ("PullImage", "pull_image"),
+        ] {
+            assert_eq!(operation_type(method), want);
+        }
+    }
+
+    #[test]
+    fn http_labels_stay_few() {
+        for (path, want) in [
+            ("/pods", "pods"),
+            ("/pods/", "pods"),
+            ("/metrics", "metrics"),
+            ("/metrics/probes", "metrics/probes"),
+            ("/containerLogs/ns/pod/c", "containerLogs"),
+            ("/", "other"),
+            ("/metrics/anything", "metrics"),
+            ("/random-123", "other"),
+        ] {
+            assert_eq!(http_path_bucket(path), want, "{path}");
+        }
+        assert_eq!(http_method_bucket("BREW"), "other");
+    }
+
+    #[test]
+    fn the_page_has_upstreams_names_and_current_state() {
+        record_runtime_call("Version", Duration::from_millis(3), true);
+        record_runtime_call("ContainerStatus", Duration::from_millis(3), false);
+        let page = render(
+            &CurrentState {
+                node_name: "n1".into(),
+                running_pods: 2,
+                containers: [
+                    ("created", 0),
+                    ("running", 3),
+                    ("exited", 1),
+                    ("unknown", 0),
+                ],
+            },
+            "# HELP deckhand_x X.\n# TYPE deckhand_x counter\ndeckhand_x 1\n",
+        );
+        for want in [
+            "kubelet_node_name{node=\"n1\"} 1\n",
+            "kubelet_running_pods 2\n",
+            "kubelet_running_containers{container_state=\"running\"} 3\n",
+            "kubelet_runtime_operations_total{operation_type=\"version\"}",
+            "kubelet_runtime_operations_errors_total{operation_type=\"container_status\"}",
+            "# TYPE kubelet_runtime_operations_duration_seconds histogram\n",
+            "# TYPE kubelet_evictions counter\n",
+            "# TYPE process_resident_memory_bytes gauge\n",
+            "deckhand_x 1\n",
+        ] {
+            assert!(page.contains(want), "{want:?} missing from:\n{page}");
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Layer 4: the HTTP servers operators and the control plane query: the healthz port, the
+//! read-only port and the local socket ([`read_only`]), and the authenticated node API on port
+//! 10250 ([`node_api`]). They read what the managers publish and never drive a pod themselves.
+
+pub mod node_api;
+pub mod read_only;

@@ -1,0 +1,628 @@
+//! The node API's endpoints, behind the authentication and authorization gate.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::auth::{Gate, Verdict};
+use super::logs;
+use super::review::UserInfo;
+use super::streaming;
+use crate::base::health::Health;
+use crate::base::observed::{ContainerState, ObservedPod, SandboxState};
+use crate::clients::cri::CriClient;
+use crate::clients::cri::CriError;
+use crate::clients::cri::proto::{AttachRequest, ExecRequest, PortForwardRequest};
+use crate::endpoints::read_only::Metrics;
+use crate::kubelet::pleg::RuntimeCache;
+use crate::kubelet::pod_status::published::PodStates;
+
+/// The user of the connection's verified client certificate, put on each request by the
+/// listener.
+#[derive(Clone, Debug, Default)]
+pub struct PeerUser(pub Option<UserInfo>);
+
+/// The runtime's streaming URLs (CRI `Exec`, `Attach`, `PortForward`).
+pub trait StreamUrls: Send + Sync + 'static {
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<String, CriError>>;
+    fn attach(&self, req: AttachRequest) -> BoxFuture<'_, Result<String, CriError>>;
+    fn port_forward(&self, req: PortForwardRequest) -> BoxFuture<'_, Result<String, CriError>>;
+}
+
+impl StreamUrls for CriClient {
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<String, CriError>> {
+        Box::pin(CriClient::exec(self, req))
+    }
+    fn attach(&self, req: AttachRequest) -> BoxFuture<'_, Result<String, CriError>> {
+        Box::pin(CriClient::attach(self, req))
+    }
+    fn port_forward(&self, req: PortForwardRequest) -> BoxFuture<'_, Result<String, CriError>> {
+        Box::pin(CriClient::port_forward(self, req))
+    }
+}
+
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct NodeApiState {
+    pub gate: Arc<Gate>,
+    pub health: Health,
+    pub pods: PodStates,
+    pub runtime: RuntimeCache,
+    pub streams: Arc<dyn StreamUrls>,
+    pub metrics: Metrics,
+    pub pod_logs_dir: PathBuf,
+    /// `/logs/`'s root (`/var/log`).
+    pub node_log_dir: PathBuf,
+    /// `/configz`'s body, rendered once at start.
+    pub configz: Arc<Vec<u8>>,
+    /// `/stats/summary` and `/metrics/resource`.
+    pub stats: Arc<crate::kubelet::stats::StatsProvider>,
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+fn json(body: Vec<u8>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// Every request passes the gate first: 401, 403 or 500 with upstream's bodies.
+async fn gate(State(state): State<NodeApiState>, req: Request, next: Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<PeerUser>()
+        .cloned()
+        .unwrap_or_default();
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let verdict = state
+        .gate
+        .check(
+            peer.0.as_ref(),
+            authorization,
+            req.method(),
+            req.uri().path(),
+        )
+        .await;
+    match verdict {
+        Verdict::Allowed(user) => {
+            tracing::debug!(user = %user.name, method = %req.method(), path = %req.uri().path(), "node API request");
+            next.run(req).await
+        }
+        Verdict::Unauthorized => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+        Verdict::Forbidden(body) => text(StatusCode::FORBIDDEN, body),
+        Verdict::Error(body) => text(StatusCode::INTERNAL_SERVER_ERROR, body),
+    }
+}
+
+/// The router of the node API.
+pub fn router(state: NodeApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/healthz/{*check}", get(healthz))
+        .route("/pods", get(pods))
+        .route("/pods/", get(pods))
+        .route("/runningpods/", get(running_pods))
+        .route("/configz", get(configz))
+        .route("/metrics", get(metrics_page))
+        .route("/metrics/resource", get(resource_metrics))
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
+        .route("/metrics/{*rest}", get(metrics_page))
+        .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+        .route("/logs", get(node_logs_root))
+        .route("/logs/", get(node_logs_root))
+        .route("/logs/{*path}", get(node_logs))
+        .route("/exec/{*rest}", any(exec))
+        .route("/attach/{*rest}", any(attach))
+        .route("/portForward/{*rest}", any(port_forward))
+        .layer(middleware::from_fn_with_state(state.clone(), gate))
+        // Outermost, so refused requests are counted too (upstream counts before auth).
+        .layer(middleware::from_fn(|req, next| {
+            crate::endpoints::read_only::count_request("readwrite", req, next)
+        }))
+        .with_state(state)
+}
+
+async fn healthz(State(state): State<NodeApiState>) -> Response {
+    let report = state.health.report();
+    let code = if report.healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    text(code, report.render(false))
+}
+
+async fn pods(State(state): State<NodeApiState>) -> Response {
+    match serde_json::to_vec(&state.pods.pod_list()) {
+        Ok(b) => json(b),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// A pod as the runtime has it: name, namespace, UID and its running containers (name and
+/// image), as upstream's `/runningpods/`.
+pub fn running_pod(uid: &str, observed: &ObservedPod) -> Option<Pod> {
+    let (namespace, name) = observed.names.clone()?;
+    let containers: Vec<Container> = observed
+        .containers
+        .iter()
+        .filter(|c| c.state == ContainerState::Running)
+        .map(|c| Container {
+            name: c.name.clone(),
+            image: Some(c.image.clone()),
+            ..Default::default()
+        })
+        .collect();
+    let sandbox_ready = observed
+        .sandboxes
+        .iter()
+        .any(|s| s.state == SandboxState::Ready);
+    if containers.is_empty() && !sandbox_ready {
+        return None;
+    }
+    Some(Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers,
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+async fn running_pods(State(state): State<NodeApiState>) -> Response {
+    let items: Vec<Pod> = state
+        .runtime
+        .pod_uids()
+        .iter()
+        .filter_map(|uid| running_pod(uid, &state.runtime.pod(uid)?))
+        .collect();
+    let list = k8s_openapi::List::<Pod> {
+        items,
+        metadata: Default::default(),
+    };
+    match serde_json::to_vec(&list) {
+        Ok(b) => json(b),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn configz(State(state): State<NodeApiState>) -> Response {
+    json(state.configz.as_ref().clone())
+}
+
+async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
+    match state.metrics.render(uri.path()) {
+        Some(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `/stats/summary`, GET or POST (`only_cpu_and_memory=true` gives CPU and memory alone).
+async fn stats_summary(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
+    crate::kubelet::stats::summary_response(&state.stats, uri.query()).await
+}
+
+async fn resource_metrics(State(state): State<NodeApiState>) -> Response {
+    crate::kubelet::stats::resource_metrics_response(&state.stats).await
+}
+
+async fn node_logs_root(state: State<NodeApiState>) -> Response {
+    node_logs(state, UrlPath(String::new())).await
+}
+
+async fn node_logs(State(state): State<NodeApiState>, UrlPath(rel): UrlPath<String>) -> Response {
+    use super::node_logs::{Target, listing, resolve};
+    let root = state.node_log_dir.clone();
+    let target = tokio::task::spawn_blocking(move || resolve(&root, &rel))
+        .await
+        .unwrap_or(Target::NotFound);
+    match target {
+        Target::Dir(dir) => match tokio::task::spawn_blocking(move || listing(&dir)).await {
+            Ok(Ok(html)) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                html,
+            )
+                .into_response(),
+            _ => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot list the directory",
+            ),
+        },
+        Target::File(path) => match tokio::fs::File::open(&path).await {
+            Ok(file) => {
+                let stream = tokio_util::io::ReaderStream::new(file);
+                let mut r = Response::new(Body::from_stream(stream));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                );
+                r
+            }
+            Err(e) => text(StatusCode::NOT_FOUND, format!("404 page not found: {e}")),
+        },
+        Target::NotFound => text(StatusCode::NOT_FOUND, "404 page not found"),
+    }
+}
+
+/// The pod named `namespace/name` on this node.
+fn find_pod(state: &NodeApiState, namespace: &str, name: &str) -> Option<(Arc<Pod>, String)> {
+    state.pods.uids().into_iter().find_map(|uid| {
+        let (pod, _) = state.pods.get(&uid)?;
+        (pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
+            && pod.metadata.name.as_deref() == Some(name))
+        .then_some((pod, uid))
+    })
+}
+
+fn has_container(pod: &Pod, name: &str) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers.iter().any(|c| c.name == name)
+            || s.init_containers.iter().flatten().any(|c| c.name == name)
+            || s.ephemeral_containers
+                .iter()
+                .flatten()
+                .any(|c| c.name == name)
+    })
+}
+
+/// Why a container has no log yet, from the pod's status (upstream's "is waiting to start").
+fn waiting_reason(state: &NodeApiState, uid: &str, container: &str) -> String {
+    let status = state.pods.status(uid).unwrap_or_default();
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find(|s| s.name == container)
+        .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
+        .unwrap_or_else(|| "ContainerCreating".into())
+}
+
+async fn container_logs(
+    State(state): State<NodeApiState>,
+    UrlPath((namespace, pod_name, container)): UrlPath<(String, String, String)>,
+    uri: axum::http::Uri,
+) -> Response {
+    let options = match logs::parse_log_query(uri.query().unwrap_or(""), jiff::Timestamp::now()) {
+        Ok(o) => o,
+        Err(e @ logs::LogQueryError::Decode) => {
+            return text(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        Err(e @ logs::LogQueryError::Invalid) => {
+            return text(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+        }
+    };
+    let Some((pod, uid)) = find_pod(&state, &namespace, &pod_name) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {pod_name:?} does not exist"),
+        );
+    };
+    if !has_container(&pod, &container) {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("container {container:?} not found in pod {pod_name:?}"),
+        );
+    }
+    let dir = crate::kubelet::runtime::translate::pod_log_directory(
+        &state.pod_logs_dir,
+        &namespace,
+        &pod_name,
+        &uid,
+    )
+    .join(&container);
+    let Some(file) = logs::pick_log_file(&dir, options.previous) else {
+        return if options.previous {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "previous terminated container {container:?} in pod {pod_name:?} not found"
+                ),
+            )
+        } else {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "container {container:?} in pod {pod_name:?} is waiting to start: {}",
+                    waiting_reason(&state, &uid, &container)
+                ),
+            )
+        };
+    };
+    // Following ends once the instance that writes this file no longer runs.
+    let attempt: Option<u32> = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok());
+    let runtime = state.runtime.clone();
+    let (uid_c, name_c) = (uid.clone(), container.clone());
+    let still_running: logs::StillRunning = Box::new(move || {
+        runtime.pod(&uid_c).is_some_and(|p| {
+            p.containers.iter().any(|c| {
+                c.name == name_c && Some(c.attempt) == attempt && c.state == ContainerState::Running
+            })
+        })
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, file = %file.display(), follow = options.follow, "serving container logs");
+    tokio::spawn(logs::stream_file(file, options, still_running, tx));
+    let stream =
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+    let mut response = Response::new(Body::from_stream(stream));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// `<ns>/<pod>/<container>` or `<ns>/<pod>/<uid>/<container>` (exec and attach);
+/// `<ns>/<pod>` or `<ns>/<pod>/<uid>` (port forward).
+fn split_target(
+    rest: &str,
+    with_container: bool,
+) -> Option<(String, String, Option<String>, Option<String>)> {
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let s = |x: &str| x.to_string();
+    match (with_container, parts.as_slice()) {
+        (true, [ns, pod, c]) => Some((s(ns), s(pod), None, Some(s(c)))),
+        (true, [ns, pod, uid, c]) => Some((s(ns), s(pod), Some(s(uid)), Some(s(c)))),
+        (false, [ns, pod]) => Some((s(ns), s(pod), None, None)),
+        (false, [ns, pod, uid]) => Some((s(ns), s(pod), Some(s(uid)), None)),
+        _ => None,
+    }
+}
+
+/// Stream options of an exec or attach request (upstream compares each with "1").
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamOptions {
+    pub command: Vec<String>,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+/// Reads exec/attach options from the query; at least one stream must be asked for.
+pub fn stream_options(query: &str) -> Result<StreamOptions, String> {
+    let mut o = StreamOptions::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = logs::parse_form_value(v);
+        match k {
+            "command" => o.command.push(v),
+            "input" | "stdin" => o.stdin = v == "1",
+            "output" | "stdout" => o.stdout = v == "1",
+            "error" | "stderr" => o.stderr = v == "1",
+            "tty" => o.tty = v == "1",
+            _ => {}
+        }
+    }
+    if o.tty && o.stderr {
+        // A terminal merges stderr into stdout.
+        o.stderr = false;
+    }
+    if !(o.stdin || o.stdout || o.stderr) {
+        return Err("you must specify at least 1 of stdin, stdout, stderr".into());
+    }
+    Ok(o)
+}
+
+/// The running instance of `container` in pod `uid`.
+fn running_container(state: &NodeApiState, uid: &str, container: &str) -> Option<String> {
+    let observed = state.runtime.pod(uid)?;
+    observed
+        .containers
+        .iter()
+        .filter(|c| c.name == container && c.state == ContainerState::Running)
+        .max_by_key(|c| c.attempt)
+        .map(|c| c.id.clone())
+}
+
+enum Kind {
+    Exec,
+    Attach,
+}
+
+async fn exec_or_attach(state: NodeApiState, rest: String, req: Request, kind: Kind) -> Response {
+    let Some((namespace, pod_name, uid_in_path, Some(container))) = split_target(&rest, true)
+    else {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    let options = match stream_options(req.uri().query().unwrap_or("")) {
+        Ok(o) => o,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    let Some((_, uid)) = find_pod(&state, &namespace, &pod_name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist");
+    };
+    if uid_in_path.as_ref().is_some_and(|u| *u != uid) {
+        return text(StatusCode::NOT_FOUND, "pod not found");
+    }
+    let Some(container_id) = running_container(&state, &uid, &container) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("container not found ({container:?})"),
+        );
+    };
+    let url = match kind {
+        Kind::Exec => {
+            state
+                .streams
+                .exec(ExecRequest {
+                    container_id,
+                    cmd: options.command.clone(),
+                    tty: options.tty,
+                    stdin: options.stdin,
+                    stdout: options.stdout,
+                    stderr: options.stderr,
+                    ..Default::default()
+                })
+                .await
+        }
+        Kind::Attach => {
+            state
+                .streams
+                .attach(AttachRequest {
+                    container_id,
+                    stdin: options.stdin,
+                    tty: options.tty,
+                    stdout: options.stdout,
+                    stderr: options.stderr,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    match url {
+        Ok(url) => {
+            tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, "proxying a stream to the runtime");
+            streaming::proxy_upgrade(req, &url).await
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn exec(
+    State(state): State<NodeApiState>,
+    UrlPath(rest): UrlPath<String>,
+    req: Request,
+) -> Response {
+    exec_or_attach(state, rest, req, Kind::Exec).await
+}
+
+async fn attach(
+    State(state): State<NodeApiState>,
+    UrlPath(rest): UrlPath<String>,
+    req: Request,
+) -> Response {
+    exec_or_attach(state, rest, req, Kind::Attach).await
+}
+
+async fn port_forward(
+    State(state): State<NodeApiState>,
+    UrlPath(rest): UrlPath<String>,
+    req: Request,
+) -> Response {
+    let Some((namespace, pod_name, uid_in_path, _)) = split_target(&rest, false) else {
+        return text(StatusCode::NOT_FOUND, "404 page not found");
+    };
+    let Some((_, uid)) = find_pod(&state, &namespace, &pod_name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist");
+    };
+    if uid_in_path.as_ref().is_some_and(|u| *u != uid) {
+        return text(StatusCode::NOT_FOUND, "pod not found");
+    }
+    let sandbox = state.runtime.pod(&uid).and_then(|p| {
+        p.sandboxes
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .max_by_key(|s| (s.attempt, s.created_at))
+            .map(|s| s.id.clone())
+    });
+    let Some(pod_sandbox_id) = sandbox else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("pod {pod_name:?} has no running sandbox"),
+        );
+    };
+    let ports: Vec<i32> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.strip_prefix("port="))
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    match state
+        .streams
+        .port_forward(PortForwardRequest {
+            pod_sandbox_id,
+            port: ports,
+        })
+        .await
+    {
+        Ok(url) => streaming::proxy_upgrade(req, &url).await,
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_options() {
+        let o = stream_options("command=sh&command=-c&command=echo%20hi&output=1&error=1").unwrap();
+        assert_eq!(o.command, ["sh", "-c", "echo hi"]);
+        assert!(o.stdout && o.stderr && !o.stdin && !o.tty);
+        let t = stream_options("command=sh&input=1&output=1&error=1&tty=1").unwrap();
+        assert!(
+            t.tty && t.stdin && t.stdout && !t.stderr,
+            "a tty has no stderr"
+        );
+        assert!(
+            stream_options("command=ls&output=true").is_err(),
+            "upstream wants \"1\""
+        );
+        assert!(stream_options("command=ls").is_err());
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            split_target("ns/p/c", true),
+            Some(("ns".into(), "p".into(), None, Some("c".into())))
+        );
+        assert_eq!(
+            split_target("ns/p/u1/c", true),
+            Some(("ns".into(), "p".into(), Some("u1".into()), Some("c".into())))
+        );
+        assert_eq!(split_target("ns/p", true), None);
+        assert_eq!(
+            split_target("ns/p", false),
+            Some(("ns".into(), "p".into(), None, None))
+        );
+        assert_eq!(split_target("ns/p/u/x", false), None);
+    }
+}

@@ -1,0 +1,642 @@
+//! HTTP endpoints: the healthz port, the read-only port and the local socket.
+//!
+//! The ports are plain HTTP on the addresses the configuration names. The read-only port serves
+//! what upstream's does for the parts Deckhand has: `/pods` (a `v1` `PodList` with status),
+//! `/healthz`, `/metrics…`, `/stats/summary` and `/metrics/resource`. The local socket
+//! (`<root-dir>/deckhand.sock`, mode 0600) serves the same pages to root on the node, whether or
+//! not the read-only port is on, plus `/debug/probes` (what the `deckhand pods` command reads)
+//! and `/debug/eviction` (the eviction manager's last round).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::base::health::Health;
+use crate::kubelet::pod_status::published::PodStates;
+
+/// A server could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} for the {what}: {source}")]
+pub struct ServeError {
+    pub what: &'static str,
+    /// The address or socket path.
+    pub addr: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A listening socket the accept loop takes connections from (TCP or Unix).
+pub(crate) trait Acceptor: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and a description of its peer for the log.
+    fn next(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, peer) = self.accept().await?;
+        Ok((stream, peer.to_string()))
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, _) = self.accept().await?;
+        Ok((stream, "local socket".to_string()))
+    }
+}
+
+/// Metric pages by path, each rendered on request in Prometheus' text format.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pages: Arc<RwLock<BTreeMap<String, Renderer>>>,
+}
+
+type Renderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+impl Metrics {
+    /// Serves `render()` at `path` (e.g. `/metrics/probes`).
+    pub fn register(&self, path: &str, render: impl Fn() -> String + Send + Sync + 'static) {
+        self.pages
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path.to_string(), Arc::new(render));
+    }
+
+    pub(crate) fn render(&self, path: &str) -> Option<String> {
+        let page = self
+            .pages
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .cloned()?;
+        Some(page())
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    health: Health,
+    pods: PodStates,
+    metrics: Metrics,
+    /// `/stats/summary` and `/metrics/resource` (none in tests that do not need them).
+    stats: Option<Arc<StatsProvider>>,
+}
+
+/// The node's usage, as the read-only port serves it (upstream serves `/stats/summary` and
+/// `/metrics/resource` there without authentication, like `/pods`).
+pub type StatsProvider = crate::kubelet::stats::StatsProvider;
+
+#[derive(serde::Deserialize)]
+struct HealthQuery {
+    verbose: Option<String>,
+}
+
+async fn healthz(State(state): State<AppState>, Query(q): Query<HealthQuery>) -> Response {
+    let report = state.health.report();
+    let code = if report.healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    let body = report.render(q.verbose.is_some());
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn list_pods(State(state): State<AppState>) -> Response {
+    let list = state.pods.pod_list();
+    match serde_json::to_vec(&list) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+async fn stats_summary(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    match &state.stats {
+        Some(stats) => crate::kubelet::stats::summary_response(stats, uri.query()).await,
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    if uri.path() == "/metrics/resource"
+        && let Some(stats) = &state.stats
+    {
+        return crate::kubelet::stats::resource_metrics_response(stats).await;
+    }
+    match state.metrics.render(uri.path()) {
+        Some(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// Limits every listener applies, so a slow or hostile client cannot hold the agent's
+/// sockets or memory: a request's headers must arrive within `header_read_timeout` (this also
+/// ends a kept-alive connection idle for that long), and at most `max_connections` are served
+/// at once; further clients wait in the kernel's listen backlog until one ends.
+#[derive(Clone, Copy, Debug)]
+pub struct ListenerLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+    /// The longest any one connection is served, however busy.
+    pub max_connection_age: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 256,
+            max_connection_age: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Binds `addr` and serves `router` until `cancel` fires. Binding errors come back at once.
+async fn serve(
+    what: &'static str,
+    addr: SocketAddr,
+    router: Router,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError {
+        what,
+        addr: addr.to_string(),
+        source,
+    })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    tracing::info!(%local, "serving the {what}");
+    Ok(tokio::spawn(accept_loop(
+        what, listener, router, limits, cancel,
+    )))
+}
+
+/// Accepts plain HTTP connections while a slot is free and serves each on its own task.
+async fn accept_loop(
+    what: &'static str,
+    listener: impl Acceptor,
+    router: Router,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) {
+    let serve_cancel = cancel.clone();
+    accept_connections(what, listener, limits, cancel, move |stream, peer| {
+        let service = TowerToHyperService::new(router.clone());
+        let cancel = serve_cancel.clone();
+        async move { serve_connection(TokioIo::new(stream), service, limits, cancel, &peer).await }
+    })
+    .await
+}
+
+/// Every listener's accept loop: takes a connection while one of `max_connections` slots is
+/// free (the rest wait in the kernel's backlog), hands it to `serve` on its own task, and on
+/// `cancel` stops accepting and gives the open connections 2 s to finish. `serve` is what
+/// differs between listeners (plain HTTP, or a TLS handshake first).
+pub(crate) async fn accept_connections<A, F, Fut>(
+    what: &'static str,
+    listener: A,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+    serve: F,
+) where
+    A: Acceptor,
+    F: Fn(A::Stream, String) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let connections = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.next() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    // Out of file descriptors, for instance: wait a little rather than spin.
+                    tracing::warn!(error = %err, "the {what} cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let connection = serve(stream, peer);
+        connections.spawn(async move {
+            let _permit = permit;
+            connection.await;
+        });
+    }
+    connections.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
+}
+
+/// Serves one HTTP/1.1 connection of any listener under `limits` (its headers within the
+/// header timeout, a bounded read buffer), protocol upgrades allowed, and ends it gracefully
+/// when `cancel` fires or once it has been served for `max_connection_age`.
+pub(crate) async fn serve_connection<I, S, B>(
+    io: I,
+    service: S,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+    peer: &str,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(64 * 1024);
+    let conn = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
+    let deadline = tokio::time::sleep(limits.max_connection_age);
+    tokio::pin!(deadline);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+                break;
+            }
+            _ = cancel.cancelled(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = &mut deadline, if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// Serves `GET /healthz` on the healthz address.
+pub async fn serve_healthz(
+    addr: SocketAddr,
+    health: Health,
+    pods: PodStates,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    let router = Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(AppState {
+            health,
+            pods,
+            metrics: Metrics::default(),
+            stats: None,
+        });
+    serve(
+        "healthz endpoint",
+        addr,
+        router,
+        ListenerLimits::default(),
+        cancel,
+    )
+    .await
+}
+
+/// Serves the read-only API: `GET /pods`, `GET /healthz`, `GET /metrics/...`.
+pub async fn serve_read_only(
+    addr: SocketAddr,
+    health: Health,
+    pods: PodStates,
+    metrics: Metrics,
+    stats: Option<Arc<StatsProvider>>,
+    limits: ListenerLimits,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    let router = read_only_router().with_state(AppState {
+        health,
+        pods,
+        metrics,
+        stats,
+    });
+    serve("read-only API", addr, router, limits, cancel).await
+}
+
+/// The read-only pages (`/pods`, `/healthz`, `/metrics/...`), counted in upstream's
+/// `kubelet_http_*` metrics as server type `readonly`.
+fn read_only_router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/pods", get(list_pods))
+        .route("/pods/", get(list_pods))
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
+        .route("/metrics", get(metrics_page))
+        .route("/metrics/{*rest}", get(metrics_page))
+        .layer(axum::middleware::from_fn(|req, next| {
+            count_request("readonly", req, next)
+        }))
+}
+
+/// Counts and times one request (upstream's `kubelet_http_requests_total`, `…_duration_seconds`
+/// and `kubelet_http_inflight_requests`).
+pub async fn count_request(
+    server_type: &'static str,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let m = &crate::base::metrics::KUBELET;
+    let path = crate::base::metrics::http_path_bucket(req.uri().path());
+    let method = crate::base::metrics::http_method_bucket(req.method().as_str());
+    // Upstream's long-running requests: the streaming ones.
+    let long_running = if matches!(path.as_str(), "exec" | "attach" | "portForward" | "debug") {
+        "true"
+    } else {
+        "false"
+    };
+    let labels = [method, path.as_str(), server_type, long_running];
+    m.http_requests.inc(&labels);
+    m.http_inflight_requests.add(&labels, 1.0);
+    let began = std::time::Instant::now();
+    let response = next.run(req).await;
+    m.http_inflight_requests.add(&labels, -1.0);
+    m.http_requests_duration
+        .observe(&labels, began.elapsed().as_secs_f64());
+    response
+}
+
+/// Where the local socket lives under the root dir.
+pub fn local_socket_path(root_dir: &std::path::Path) -> std::path::PathBuf {
+    root_dir.join("deckhand.sock")
+}
+
+/// Serves the read-only pages and `/debug/probes` (rendered from the page registry) on a Unix
+/// socket at `path`, readable and writable by its owner only: pod specs and probe output are
+/// not for every local user. A socket left by an earlier run is replaced.
+pub async fn serve_local_socket(
+    path: &std::path::Path,
+    health: Health,
+    pods: PodStates,
+    metrics: Metrics,
+    stats: Option<Arc<StatsProvider>>,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let failed = |source| ServeError {
+        what: "local socket",
+        addr: path.display().to_string(),
+        source,
+    };
+    use std::os::unix::fs::FileTypeExt;
+    // A socket left by an earlier run is replaced; anything else there is not ours to delete.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(failed)?;
+        }
+        Ok(_) => {
+            return Err(failed(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "something other than a socket is in the way",
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(failed(e)),
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    // Connecting needs write permission on the socket; it is narrowed to the owner before
+    // anything is served on it.
+    let listener = UnixListener::bind(path).map_err(failed)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+    tracing::info!(path = %path.display(), "serving the local socket");
+    let router = read_only_router()
+        .route("/debug/probes", get(metrics_page))
+        .route("/debug/eviction", get(metrics_page))
+        .with_state(AppState {
+            health,
+            pods,
+            metrics,
+            stats,
+        });
+    Ok(tokio::spawn(accept_loop(
+        "local socket",
+        listener,
+        router,
+        ListenerLimits::default(),
+        cancel,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    fn quick_limits(max_connections: usize) -> ListenerLimits {
+        ListenerLimits {
+            header_read_timeout: Duration::from_millis(300),
+            max_connections,
+            max_connection_age: Duration::from_secs(60),
+        }
+    }
+
+    async fn serve_on(limits: ListenerLimits) -> (SocketAddr, CancellationToken) {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let cancel = CancellationToken::new();
+        serve_read_only(
+            addr,
+            Health::default(),
+            PodStates::default(),
+            Metrics::default(),
+            None,
+            limits,
+            cancel.clone(),
+        )
+        .await
+        .expect("listening");
+        (addr, cancel)
+    }
+
+    /// Reads until the peer closes; returns what was read.
+    async fn read_to_close(stream: &mut TcpStream, within: Duration) -> Option<String> {
+        let mut buf = Vec::new();
+        tokio::time::timeout(within, stream.read_to_end(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_headers_is_cut_off() {
+        let (addr, cancel) = serve_on(quick_limits(8)).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let began = Instant::now();
+        let got = read_to_close(&mut silent, Duration::from_secs(10)).await;
+        assert!(got.is_some(), "the server never closed a silent connection");
+        assert!(began.elapsed() < Duration::from_secs(10));
+
+        // Half a request line, then nothing: also closed.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HT").await.unwrap();
+        assert!(
+            read_to_close(&mut slow, Duration::from_secs(10))
+                .await
+                .is_some()
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed() {
+        let (addr, cancel) = serve_on(quick_limits(8)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut s, Duration::from_secs(10))
+            .await
+            .expect("the idle connection is closed after the answer");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.ends_with("ok"), "{got}");
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+        let (addr, cancel) = serve_on(ListenerLimits {
+            header_read_timeout: Duration::from_secs(2),
+            max_connections: 1,
+            max_connection_age: Duration::from_secs(60),
+        })
+        .await;
+        // The first connection holds the only slot (it sends nothing yet).
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        second
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(500), second.read(&mut buf)).await;
+        assert!(early.is_err(), "served beyond the cap: {early:?}");
+        // Once the first is cut off (no headers within 2 s), the second is served.
+        let got = read_to_close(&mut second, Duration::from_secs(10))
+            .await
+            .expect("served once a slot is free");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(
+            read_to_close(&mut first, Duration::from_secs(10))
+                .await
+                .is_some()
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn the_local_socket_replaces_an_old_socket_but_never_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("root/deckhand.sock");
+        let serve = |cancel: CancellationToken| {
+            serve_local_socket(
+                &path,
+                Health::default(),
+                PodStates::default(),
+                Metrics::default(),
+                None,
+                cancel,
+            )
+        };
+        // A missing root dir is made; a socket from an earlier run is replaced.
+        let first = CancellationToken::new();
+        serve(first.clone()).await.unwrap();
+        first.cancel();
+        let second = CancellationToken::new();
+        serve(second.clone()).await.unwrap();
+        second.cancel();
+        // Something else in the way is left alone.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "precious").unwrap();
+        let err = serve(CancellationToken::new())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("other than a socket"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious");
+    }
+
+    #[tokio::test]
+    async fn metrics_root_page_is_served() {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let cancel = CancellationToken::new();
+        let metrics = Metrics::default();
+        metrics.register("/metrics", || "deckhand_up 1\n".to_string());
+        serve_read_only(
+            addr,
+            Health::default(),
+            PodStates::default(),
+            metrics,
+            None,
+            quick_limits(4),
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_to_close(&mut s, Duration::from_secs(5)).await.unwrap();
+        assert!(got.ends_with("deckhand_up 1\n"), "{got}");
+        cancel.cancel();
+    }
+}

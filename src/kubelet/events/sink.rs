@@ -1,0 +1,300 @@
+//! Writing events to the API server: one task takes events from the recorder's queue, asks the
+//! correlator what to write, and writes it, through [`EventSink`] so the retry rules are
+//! unit-tested; [`KubeEventSink`] is the real one.
+//!
+//! As upstream: an answer that refuses an event (invalid, forbidden, the namespace is going)
+//! drops it, since the same request would be refused again; no answer at all (the API server
+//! is down) is retried, up to 12 tries, holding the events behind it in the queue. An update
+//! of an event the server no longer has creates it again.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::EventStats;
+use super::correlate::{Correlated, Correlator};
+use crate::clients::apiserver::retry::{Backoff, pause};
+use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
+
+/// Tries per event before it is given up (upstream's number).
+pub const MAX_TRIES: u32 = 12;
+/// The first wait after a failed try; it doubles up to the API back-off's cap (7 s).
+pub const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// The two calls events need.
+pub trait EventSink: Send + Sync + 'static {
+    fn create(&self, event: &Event) -> impl Future<Output = Result<Event, Problem>> + Send;
+    /// Sets `count`, `lastTimestamp` and `message` of the event named in `event`.
+    fn update(&self, event: &Event) -> impl Future<Output = Result<Event, Problem>> + Send;
+}
+
+/// [`EventSink`] on a kube client (core/v1 events).
+pub struct KubeEventSink {
+    client: kube::Client,
+}
+
+impl KubeEventSink {
+    pub fn new(client: kube::Client) -> Self {
+        KubeEventSink { client }
+    }
+
+    fn api(&self, event: &Event) -> Api<Event> {
+        let ns = event.metadata.namespace.as_deref().unwrap_or("default");
+        Api::namespaced(self.client.clone(), ns)
+    }
+}
+
+impl EventSink for KubeEventSink {
+    async fn create(&self, event: &Event) -> Result<Event, Problem> {
+        let mut event = event.clone();
+        event.metadata.resource_version = None;
+        Ok(self
+            .api(&event)
+            .create(&PostParams::default(), &event)
+            .await?)
+    }
+
+    async fn update(&self, event: &Event) -> Result<Event, Problem> {
+        let name = event.metadata.name.clone().unwrap_or_default();
+        let patch = serde_json::json!({
+            "count": event.count,
+            "lastTimestamp": event.last_timestamp,
+            "message": event.message,
+        });
+        Ok(self
+            .api(event)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?)
+    }
+}
+
+/// How one try ended.
+#[derive(Debug, PartialEq)]
+enum Try {
+    Written(Box<Event>),
+    /// The server refused it: drop.
+    Refused(Problem),
+    /// No answer: try again later.
+    Again(Problem),
+}
+
+/// Runs the writer until `cancel` fires or the recorders are gone.
+pub async fn run(
+    sink: impl EventSink,
+    mut queue: mpsc::Receiver<Event>,
+    stats: Arc<EventStats>,
+    cancel: CancellationToken,
+) {
+    let mut correlator = Correlator::default();
+    let problems = ProblemLog::default();
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return,
+            e = queue.recv() => match e {
+                Some(e) => e,
+                None => return,
+            },
+        };
+        let decided = correlator.correlate(event);
+        let (mut event, update) = match decided {
+            Correlated::Skip => {
+                stats.throttled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Correlated::Create(e) => (e, false),
+            Correlated::Update(e) => (e, true),
+        };
+        let mut backoff = Backoff::new(FIRST_RETRY);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match write_once(&sink, &mut correlator, &mut event, update).await {
+                Try::Written(written) => {
+                    correlator.written(&written);
+                    stats.written.fetch_add(1, Ordering::Relaxed);
+                    problems.succeeded("writing events");
+                    break;
+                }
+                Try::Refused(problem) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(reason = ?event.reason, error = %problem, "the API server refused an event; dropped");
+                    break;
+                }
+                Try::Again(problem) => {
+                    problems.failed("writing events", &problem);
+                    if tries >= MAX_TRIES {
+                        stats.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(reason = ?event.reason, message = ?event.message, "an event could not be written after {MAX_TRIES} tries; dropped");
+                        break;
+                    }
+                    if !pause(backoff.next_wait(), &cancel).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn write_once(
+    sink: &impl EventSink,
+    correlator: &mut Correlator,
+    event: &mut Event,
+    update: bool,
+) -> Try {
+    let result = if update {
+        match sink.update(event).await {
+            Err(p) if p.is(ProblemKind::NotFound) => {
+                // The server dropped it (events expire after an hour): create it anew.
+                correlator.forget(event);
+                sink.create(event).await
+            }
+            other => other,
+        }
+    } else {
+        sink.create(event).await
+    };
+    match result {
+        Ok(written) => Try::Written(Box::new(written)),
+        Err(p) if p.is(ProblemKind::Unreachable) => Try::Again(p),
+        Err(p) => Try::Refused(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::kubelet::events::{EventType, Recorder, node_ref};
+
+    /// Answers from a script; records every call.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        answers: Arc<Mutex<VecDeque<Result<(), ProblemKind>>>>,
+        calls: Arc<Mutex<Vec<(String, Event)>>>,
+    }
+
+    impl Scripted {
+        fn answer(&self, call: &str, event: &Event) -> Result<Event, Problem> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((call.to_string(), event.clone()));
+            match self.answers.lock().unwrap().pop_front().unwrap_or(Ok(())) {
+                Ok(()) => Ok(event.clone()),
+                Err(kind) => Err(Problem {
+                    kind,
+                    message: format!("{kind:?}"),
+                }),
+            }
+        }
+        fn calls(&self) -> Vec<(String, Option<i32>)> {
+            self.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(c, e)| (c.clone(), e.count))
+                .collect()
+        }
+    }
+
+    impl EventSink for Scripted {
+        async fn create(&self, event: &Event) -> Result<Event, Problem> {
+            self.answer("create", event)
+        }
+        async fn update(&self, event: &Event) -> Result<Event, Problem> {
+            self.answer("update", event)
+        }
+    }
+
+    async fn feed(script: Vec<Result<(), ProblemKind>>, events: usize) -> (Scripted, Recorder) {
+        let sink = Scripted::default();
+        sink.answers.lock().unwrap().extend(script);
+        let (recorder, rx) = Recorder::to_api("n1");
+        for _ in 0..events {
+            recorder.record(
+                node_ref("n1", None),
+                EventType::Normal,
+                "Starting",
+                "Starting kubelet.",
+            );
+        }
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(sink.clone(), rx, recorder.stats(), cancel.clone()));
+        let stats = recorder.stats();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+        while stats.written.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed)
+            < events as u64
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        let _ = task.await;
+        (sink, recorder)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeats_update_and_no_answer_is_retried_until_written() {
+        let (sink, recorder) = feed(
+            vec![
+                Ok(()),
+                Err(ProblemKind::Unreachable),
+                Err(ProblemKind::Unreachable),
+                Ok(()),
+            ],
+            2,
+        )
+        .await;
+        assert_eq!(
+            sink.calls(),
+            vec![
+                ("create".to_string(), Some(1)),
+                ("update".to_string(), Some(2)),
+                ("update".to_string(), Some(2)),
+                ("update".to_string(), Some(2)),
+            ]
+        );
+        assert_eq!(recorder.stats().written.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_drops_the_event_and_a_lost_event_is_created_again() {
+        let (sink, recorder) = feed(
+            vec![
+                Err(ProblemKind::Forbidden),
+                Err(ProblemKind::NotFound),
+                Ok(()),
+            ],
+            2,
+        )
+        .await;
+        // The first create is refused (dropped). The repeat is still counted as the second
+        // occurrence: its update finds nothing, so it is created.
+        assert_eq!(
+            sink.calls(),
+            vec![
+                ("create".to_string(), Some(1)),
+                ("update".to_string(), Some(2)),
+                ("create".to_string(), Some(2)),
+            ]
+        );
+        assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 1);
+        assert_eq!(recorder.stats().written.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_server_is_tried_twelve_times_then_given_up() {
+        let (sink, recorder) = feed(vec![Err(ProblemKind::Unreachable); 20], 1).await;
+        assert_eq!(sink.calls().len(), MAX_TRIES as usize);
+        assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 1);
+    }
+}

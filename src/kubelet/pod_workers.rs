@@ -1,0 +1,1694 @@
+//! One task per pod UID. Each works on the newest thing asked of it: a later update replaces an
+//! earlier one that has not been picked up yet (a `watch` channel, never a queue of stale work).
+//!
+//! A worker syncs its pod until asked to terminate it; then it stops and removes everything of
+//! the pod, reports that it is done, and ends. The agent shutting down ends workers without
+//! touching their containers: a restarted agent adopts them.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use futures::FutureExt;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::base::observed::ObservedPod;
+use crate::base::podspec::full_name;
+use crate::clients::cri::{ImageService, RuntimeService};
+use crate::kubelet::pleg::RuntimeCache;
+use crate::kubelet::pod_status::published::PodStates;
+use crate::kubelet::pod_status::{StatusInputs, compute_pod_status};
+use crate::kubelet::prober::ProbeManager;
+use crate::kubelet::runtime::executor::{Executor, PodSyncState};
+
+/// What a worker is asked to do.
+#[derive(Clone, Debug)]
+pub enum Work {
+    /// Make the runtime match this pod.
+    Sync(Arc<Pod>),
+    /// Stop and remove everything of the pod. `pod` is absent for orphans.
+    Terminate {
+        pod: Option<Arc<Pod>>,
+        grace_override: Option<i64>,
+    },
+    /// Stop the pod's containers (and sandbox) with a grace period, leave them in place,
+    /// publish the pod's final status and unmount its volumes: upstream's `killPodNow`, as the
+    /// node shutdown manager uses it. The worker then syncs the pod no more; a later
+    /// `Terminate` removes it.
+    Kill(Kill),
+}
+
+/// A [`Work::Kill`] request.
+#[derive(Clone, Debug)]
+pub struct Kill {
+    pub pod: Arc<Pod>,
+    /// Seconds the containers get (the pod's own grace is not consulted).
+    pub grace: i64,
+    pub outcome: FinalStatus,
+    /// Cancelled once the pod has stopped and its final status is published.
+    pub done: CancellationToken,
+}
+
+/// The status a killed pod ends with: phase Failed (unless it had Succeeded), the reason and
+/// message, and a `DisruptionTarget` condition with `disruption_reason` when given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinalStatus {
+    pub reason: String,
+    pub message: String,
+    pub disruption_reason: Option<String>,
+}
+
+impl FinalStatus {
+    /// Puts the outcome on the status computed from what the runtime shows after the stop.
+    pub fn apply(&self, status: &mut k8s_openapi::api::core::v1::PodStatus, now: SystemTime) {
+        if status.phase.as_deref() != Some("Succeeded") {
+            status.phase = Some("Failed".into());
+        }
+        status.reason = Some(self.reason.clone());
+        status.message = Some(self.message.clone());
+        if let Some(reason) = &self.disruption_reason {
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            let at = jiff::Timestamp::new(since.as_secs() as i64, 0)
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+            let conditions = status.conditions.get_or_insert_with(Vec::new);
+            conditions.retain(|c| c.type_ != "DisruptionTarget");
+            conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some(reason.clone()),
+                message: Some(self.message.clone()),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    at,
+                )),
+                ..Default::default()
+            });
+        }
+    }
+}
+
+struct Handle {
+    tx: watch::Sender<Work>,
+    poke: Arc<Notify>,
+    terminating: bool,
+    /// `namespace/name`, to keep two UIDs of one static pod from running at once.
+    full_name: Option<String>,
+    /// Asked to kill the pod: later syncs are not passed on (they would undo the kill).
+    killed: bool,
+}
+
+/// Shared pieces every worker uses.
+#[derive(Clone)]
+pub struct WorkerDeps<R> {
+    pub executor: Executor<R>,
+    pub prober: ProbeManager<R>,
+    pub states: PodStates,
+    pub runtime_cache: RuntimeCache,
+    pub sync_frequency: Duration,
+    pub host_ip: Option<String>,
+    pub stats: WorkerStats,
+    /// With `--kubeconfig`: where statuses of pods from the API server are written, and pods
+    /// the API server is deleting are finished once torn down.
+    pub status_sync: Option<crate::kubelet::pod_status::api_writer::StatusSync>,
+    /// With `--kubeconfig`: told where each static pod is (handed to a worker, synced, being
+    /// torn down, gone), so its mirror pod is created, replaced and deleted in step.
+    pub mirror_pods: Option<crate::kubelet::mirror_pods::MirrorPods>,
+    /// Test-only fault injection (`DECKHAND_TEST_PANIC_POD`): the first sync of the pod with
+    /// this name panics, so the end-to-end tests can show that a panic is caught and retried.
+    pub panic_pod: Option<String>,
+}
+
+/// What the workers report about themselves on `/metrics`.
+#[derive(Clone, Default)]
+pub struct WorkerStats {
+    panics: Arc<AtomicU64>,
+    syncs_interrupted: Arc<AtomicU64>,
+}
+
+impl WorkerStats {
+    /// Panics caught in workers so far.
+    pub fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    /// Syncs abandoned because the pod was to be terminated.
+    pub fn syncs_interrupted(&self) -> u64 {
+        self.syncs_interrupted.load(Ordering::Relaxed)
+    }
+
+    /// Counts a panic caught while the worker was `doing` something for `pod`, logs it, and
+    /// says how long to wait before trying again (`in_a_row` is the worker's own run).
+    fn caught_panic(
+        &self,
+        in_a_row: &mut u32,
+        payload: &(dyn Any + Send),
+        pod: &str,
+        doing: &str,
+    ) -> Duration {
+        *in_a_row += 1;
+        self.panics.fetch_add(1, Ordering::Relaxed);
+        let wait = panic_backoff(*in_a_row);
+        tracing::error!(
+            pod,
+            panic = %panic_message(payload),
+            retry_in_ms = wait.as_millis() as u64,
+            "the pod worker panicked while {doing}; it will try again"
+        );
+        wait
+    }
+
+    /// The counters in Prometheus' text format.
+    pub fn render(&self) -> String {
+        format!(
+            "# HELP deckhand_pod_worker_panics_total Panics caught in pod workers; each pod is synced again after a back-off.\n\
+             # TYPE deckhand_pod_worker_panics_total counter\n\
+             deckhand_pod_worker_panics_total {}\n\
+             # HELP deckhand_pod_worker_syncs_interrupted_total Syncs abandoned because their pod was to be terminated.\n\
+             # TYPE deckhand_pod_worker_syncs_interrupted_total counter\n\
+             deckhand_pod_worker_syncs_interrupted_total {}\n",
+            self.panics(),
+            self.syncs_interrupted()
+        )
+    }
+}
+
+/// The wait before a worker tries again after its `n`th panic in a row: 1 s, doubling, at
+/// most a minute (a bug that always panics must not spin).
+pub fn panic_backoff(n: u32) -> Duration {
+    let secs = 1u64 << n.saturating_sub(1).min(6);
+    Duration::from_secs(secs.min(60))
+}
+
+/// The text of a panic's payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".to_string()
+    }
+}
+
+/// Waits until the newest work for the pod is one that `wanted` picks. The sync in progress
+/// is abandoned for a terminate or a kill (a slow pull or hook no longer matters, as upstream
+/// cancels a pod's sync once it starts terminating: otherwise a node shutdown's kill would
+/// wait for a sync that may never end); a kill in progress only for a terminate.
+async fn requested(rx: &mut watch::Receiver<Work>, wanted: fn(&Work) -> bool) {
+    if rx.wait_for(wanted).await.is_err() {
+        // The sender is gone: only shutdown ends the worker now.
+        std::future::pending::<()>().await;
+    }
+}
+
+fn is_terminate(w: &Work) -> bool {
+    matches!(w, Work::Terminate { .. })
+}
+
+fn is_stop(w: &Work) -> bool {
+    matches!(w, Work::Terminate { .. } | Work::Kill(_))
+}
+
+/// The set of pod workers.
+pub struct PodWorkers<R> {
+    deps: WorkerDeps<R>,
+    handles: HashMap<String, Handle>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    done_tx: mpsc::UnboundedSender<String>,
+    /// Which pods have a worker and which of them terminate, for the container GC.
+    activity: crate::kubelet::gc::WorkerActivity,
+}
+
+impl<R: RuntimeService + ImageService> PodWorkers<R> {
+    /// `done_tx` receives the UID of each worker that finished terminating its pod.
+    pub fn new(
+        deps: WorkerDeps<R>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+        done_tx: mpsc::UnboundedSender<String>,
+    ) -> Self {
+        PodWorkers {
+            deps,
+            handles: HashMap::new(),
+            tracker,
+            cancel,
+            done_tx,
+            activity: crate::kubelet::gc::WorkerActivity::default(),
+        }
+    }
+
+    /// The shared view of which pods have a worker and which terminate (the container GC
+    /// reads it so that it never races a teardown).
+    pub fn activity(&self) -> crate::kubelet::gc::WorkerActivity {
+        self.activity.clone()
+    }
+
+    /// Hands work to the pod's worker, starting one if needed.
+    pub fn dispatch(&mut self, uid: &str, work: Work) {
+        let terminating = matches!(work, Work::Terminate { .. });
+        let name = match &work {
+            Work::Sync(p) => Some(full_name(p)),
+            Work::Terminate { pod, .. } => pod.as_deref().map(full_name),
+            Work::Kill(k) => Some(full_name(&k.pod)),
+        };
+        let killing = matches!(work, Work::Kill(_));
+        // Nothing is ever run for a UID that cannot be a path component (the sources refuse
+        // such pods; this guards every other way in). Tearing one down is still allowed.
+        if !terminating && let Some(problem) = crate::base::safe_names::component_problem(uid) {
+            tracing::error!(pod_uid = %uid, pod = ?name, problem, "refusing to run a pod whose UID cannot be a path component");
+            return;
+        }
+        if let Some(handle) = self.handles.get_mut(uid) {
+            if handle.terminating && !terminating {
+                // A pod being torn down is not brought back by a late update.
+                return;
+            }
+            if handle.killed && !terminating {
+                // A killed pod stays stopped; only its removal is still to come.
+                return;
+            }
+            handle.killed |= killing;
+            handle.terminating = terminating;
+            self.activity.set(uid, terminating);
+            if name.is_some() {
+                handle.full_name = name;
+            }
+            note_mirror(self.deps.mirror_pods.as_ref(), uid, &work);
+            handle.tx.send_replace(work);
+            return;
+        }
+        note_mirror(self.deps.mirror_pods.as_ref(), uid, &work);
+        self.activity.set(uid, terminating);
+        let (tx, rx) = watch::channel(work);
+        let poke = Arc::new(Notify::new());
+        self.handles.insert(
+            uid.to_string(),
+            Handle {
+                tx,
+                poke: poke.clone(),
+                terminating,
+                full_name: name,
+                killed: killing,
+            },
+        );
+        let deps = self.deps.clone();
+        let cancel = self.cancel.clone();
+        let done = self.done_tx.clone();
+        let uid = uid.to_string();
+        let span = tracing::info_span!("pod_worker", pod_uid = %uid);
+        self.tracker
+            .spawn(worker_loop(uid, rx, poke, deps, cancel, done).instrument(span));
+    }
+
+    /// Asks the worker to look at its pod again now (the runtime changed).
+    pub fn poke(&self, uid: &str) {
+        if let Some(h) = self.handles.get(uid) {
+            h.poke.notify_one();
+        }
+    }
+
+    /// True when a worker exists for the UID.
+    pub fn has(&self, uid: &str) -> bool {
+        self.handles.contains_key(uid)
+    }
+
+    /// True when another UID with this full name is still being torn down.
+    pub fn terminating_other(&self, uid: &str, full_name: &str) -> bool {
+        self.handles
+            .iter()
+            .any(|(u, h)| u != uid && h.terminating && h.full_name.as_deref() == Some(full_name))
+    }
+
+    /// Publishes a pod refused at admission as upstream's `rejectPod` sets it: phase Failed,
+    /// the reason and message, the QoS class. Nothing runs for it.
+    pub fn refused(&self, pod: &Arc<Pod>, reason: &str, message: &str) {
+        let status = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            qos_class: Some(crate::base::podspec::qos_class(pod).as_str().to_string()),
+            ..Default::default()
+        };
+        self.deps.states.publish(pod.clone(), status);
+    }
+
+    /// Publishes a pod's final status as it is (an evicted pod: Failed, reason Evicted).
+    pub fn publish_final(&self, pod: &Arc<Pod>, status: k8s_openapi::api::core::v1::PodStatus) {
+        self.deps.states.publish(pod.clone(), status);
+    }
+
+    /// Forgets a worker that reported it is done.
+    pub fn finished(&mut self, uid: &str) {
+        self.handles.remove(uid);
+        self.activity.forget(uid);
+    }
+
+    /// How many workers run.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+}
+
+/// Tells the mirror pods where a static pod is going.
+fn note_mirror(mirrors: Option<&crate::kubelet::mirror_pods::MirrorPods>, uid: &str, work: &Work) {
+    let Some(mirrors) = mirrors else {
+        return;
+    };
+    match work {
+        Work::Sync(pod) => mirrors.desired(pod),
+        Work::Terminate { .. } => mirrors.terminating(uid),
+        // The static pod stays (stopped, Failed): its mirror pod shows that.
+        Work::Kill(_) => {}
+    }
+}
+
+async fn worker_loop<R: RuntimeService + ImageService>(
+    uid: String,
+    mut rx: watch::Receiver<Work>,
+    poke: Arc<Notify>,
+    deps: WorkerDeps<R>,
+    cancel: CancellationToken,
+    done: mpsc::UnboundedSender<String>,
+) {
+    let mut state = deps.executor.load_state(&uid);
+    // Only this worker creates objects for its UID, and a worker that ended removed them all:
+    // when a relist has completed and neither it nor a worker since saw anything of the pod,
+    // the runtime holds nothing of it and the first sync need not read it (on a node starting
+    // many pods at once, two list calls per pod that each walk every container).
+    let cached = deps.runtime_cache.pod(&uid);
+    state.known_empty = deps.runtime_cache.has_relisted() && cached.is_none();
+    // A pod the relist saw (adopted after a restart) is read from there on through its own
+    // sandbox, not by lists of the node.
+    state.reread = cached.is_some();
+    state.view = cached;
+    let mut next = Instant::now();
+    // Look at the work at once (first round, or a terminate that interrupted a sync).
+    let mut immediate = true;
+    let mut panics_in_a_row = 0u32;
+    let mut injected_panic = false;
+    // For upstream's metrics: when the worker first saw the pod, the pod it last synced (a new
+    // pod object is an update), and whether its start was recorded.
+    let first_seen = Instant::now();
+    let mut last_synced: Option<Arc<Pod>> = None;
+    let mut start_recorded = false;
+    // The kill asked for has been carried out: nothing is synced any more.
+    let mut killed = false;
+    loop {
+        if !immediate {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = rx.changed() => if changed.is_err() { return },
+                _ = poke.notified() => {},
+                _ = tokio::time::sleep_until(next) => {},
+            }
+        }
+        immediate = false;
+        let work = rx.borrow_and_update().clone();
+        match work {
+            Work::Sync(_) | Work::Kill(_) if killed => {
+                next = Instant::now() + KILLED_IDLE;
+            }
+            Work::Kill(kill) => {
+                deps.prober.remove_pod(&uid);
+                let span =
+                    tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
+                let started = Instant::now();
+                // Boxed, as the sync and the teardown below: each is a future of tens of KiB,
+                // which inline would make every idle worker's task that large.
+                let once = Box::pin(kill_once(&uid, &kill, &mut state, &deps).instrument(span));
+                let result = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = requested(&mut rx, is_terminate) => {
+                        tracing::info!("the pod is to be terminated; the kill in progress is abandoned");
+                        immediate = true;
+                        continue;
+                    }
+                    r = AssertUnwindSafe(once).catch_unwind() => r,
+                };
+                match result {
+                    Ok(Ok(())) => {
+                        tracing::info!(
+                            pod = %full_name(&kill.pod),
+                            reason = %kill.outcome.reason,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "pod killed"
+                        );
+                        killed = true;
+                        kill.done.cancel();
+                        next = Instant::now() + KILLED_IDLE;
+                    }
+                    Ok(Err(err)) => {
+                        tracing::warn!(pod = %full_name(&kill.pod), error = %err, "killing the pod failed; will retry");
+                        next = Instant::now() + Duration::from_secs(1);
+                    }
+                    Err(payload) => {
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &full_name(&kill.pod),
+                            "killing",
+                        );
+                        next = Instant::now() + wait;
+                    }
+                }
+            }
+            Work::Sync(pod) => {
+                let span = tracing::info_span!("sync", pod = %full_name(&pod));
+                let inject =
+                    !injected_panic && deps.panic_pod.as_deref() == pod.metadata.name.as_deref();
+                injected_panic |= inject;
+                let operation = match &last_synced {
+                    None => "create",
+                    Some(last) if !Arc::ptr_eq(last, &pod) => "update",
+                    Some(_) => "sync",
+                };
+                last_synced = Some(pod.clone());
+                let began = Instant::now();
+                let sync =
+                    Box::pin(sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span));
+                let result = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = requested(&mut rx, is_stop) => {
+                        deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("the pod is to be stopped; the sync in progress is abandoned");
+                        immediate = true;
+                        continue;
+                    }
+                    r = AssertUnwindSafe(sync).catch_unwind() => r,
+                };
+                match result {
+                    Ok(wait) => {
+                        panics_in_a_row = 0;
+                        next = Instant::now() + wait;
+                        crate::base::metrics::KUBELET
+                            .pod_worker_duration
+                            .observe(&[operation], began.elapsed().as_secs_f64());
+                        if !start_recorded {
+                            start_recorded = record_pod_start(&pod, &state, first_seen);
+                        }
+                    }
+                    Err(payload) => {
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &full_name(&pod),
+                            "syncing",
+                        );
+                        next = Instant::now() + wait;
+                    }
+                }
+            }
+            Work::Terminate {
+                pod,
+                grace_override,
+            } => {
+                deps.states.forget(&uid);
+                deps.prober.remove_pod(&uid);
+                let span = tracing::info_span!(
+                    "terminate",
+                    pod = %pod.as_deref().map(full_name).unwrap_or_else(|| "(orphan)".into()),
+                );
+                let started = Instant::now();
+                let teardown = Box::pin(
+                    deps.executor
+                        .terminate_pod(&uid, pod.as_deref(), grace_override)
+                        .instrument(span),
+                );
+                let result = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = AssertUnwindSafe(teardown).catch_unwind() => r,
+                };
+                match result {
+                    Ok(Ok(())) => {
+                        tracing::info!(
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "pod terminated and removed"
+                        );
+                        crate::base::metrics::KUBELET
+                            .pod_worker_duration
+                            .observe(&["terminated"], started.elapsed().as_secs_f64());
+                        deps.runtime_cache.update_pod(&uid, ObservedPod::default());
+                        if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
+                            sync.torn_down(pod);
+                        }
+                        if let Some(mirrors) = &deps.mirror_pods {
+                            mirrors.torn_down(&uid);
+                        }
+                        let _ = done.send(uid);
+                        return;
+                    }
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %err, "tearing the pod down failed; will retry");
+                        next = Instant::now() + Duration::from_secs(2);
+                    }
+                    Err(payload) => {
+                        let wait = deps.stats.caught_panic(
+                            &mut panics_in_a_row,
+                            payload.as_ref(),
+                            &pod.as_deref()
+                                .map(full_name)
+                                .unwrap_or_else(|| "(orphan)".into()),
+                            "tearing the pod down",
+                        );
+                        next = Instant::now() + wait;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Records upstream's start-up metrics once the pod runs with every container started: from
+/// first seen to running, and the SLI (from creation, less image and init-container time;
+/// the creation of a static pod is when the node first saw it).
+/// True once recorded.
+fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> bool {
+    let Some(status) = state.status.as_ref() else {
+        return false;
+    };
+    let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
+        !cs.is_empty()
+            && cs
+                .iter()
+                .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    });
+    if status.phase.as_deref() != Some("Running") || !all_running {
+        return false;
+    }
+    let m = &crate::base::metrics::KUBELET;
+    m.pod_start_duration
+        .observe(&[], first_seen.elapsed().as_secs_f64());
+    // A static pod has no creation time of its own: the node seeing it is its creation.
+    let since_creation = match pod.metadata.creation_timestamp.as_ref() {
+        Some(created) => jiff::Timestamp::now()
+            .duration_since(created.0)
+            .as_secs_f64(),
+        None => first_seen.elapsed().as_secs_f64(),
+    };
+    let init_time: f64 = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .filter_map(|t| {
+            let (start, end) = (t.started_at.as_ref()?, t.finished_at.as_ref()?);
+            Some(end.0.duration_since(start.0).as_secs_f64())
+        })
+        .sum();
+    let sli = since_creation - state.image_time.as_secs_f64() - init_time;
+    m.pod_start_sli_duration.observe(&[], sli.max(0.0));
+    true
+}
+
+/// One sync of a pod: act, then publish the status. Returns when to look again.
+/// How long a worker whose pod was killed sleeps between looks at its (unchanging) work.
+const KILLED_IDLE: Duration = Duration::from_secs(3600);
+
+/// Stops the pod for a [`Work::Kill`] and publishes its final status.
+async fn kill_once<R: RuntimeService + ImageService>(
+    uid: &str,
+    kill: &Kill,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+) -> Result<(), crate::kubelet::runtime::executor::TeardownError> {
+    let observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    deps.runtime_cache.update_pod(uid, observed.clone());
+    let now = SystemTime::now();
+    let no_probes = HashMap::new();
+    let mut status = compute_pod_status(
+        &kill.pod,
+        &observed,
+        &StatusInputs {
+            now,
+            host_ip: deps.host_ip.clone(),
+            waiting: &state.waiting,
+            previous: state.status.as_ref(),
+            terminating: true,
+            probes: &no_probes,
+        },
+    );
+    kill.outcome.apply(&mut status, now);
+    state.status = Some(status.clone());
+    deps.states.publish(kill.pod.clone(), status);
+    if let Some(mirrors) = &deps.mirror_pods {
+        mirrors.synced(&kill.pod);
+    }
+    if let Some(sync) = &deps.status_sync {
+        sync.changed(uid);
+    }
+    // The pod is terminal: its volumes go now (the node shutdown manager waits for their
+    // unmount); a failure is retried by the pod's removal later.
+    if let Err(err) = deps.executor.unmount_volumes(uid).await {
+        tracing::warn!(error = %err, "cannot unmount the killed pod's volumes");
+    }
+    Ok(())
+}
+
+async fn sync_once<R: RuntimeService + ImageService>(
+    uid: &str,
+    pod: &Arc<Pod>,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+    inject_panic: bool,
+) -> Duration {
+    if inject_panic {
+        panic!(
+            "DECKHAND_TEST_PANIC_POD: injected panic for {}",
+            full_name(pod)
+        );
+    }
+    let unhealthy = deps.prober.unhealthy(uid);
+    let probes_before = deps.prober.results(uid);
+    let outcome = deps
+        .executor
+        .sync_pod(pod, state, &unhealthy, &probes_before)
+        .await;
+    if outcome.runtime_unreachable {
+        // Keep the last status while the runtime cannot be read.
+        return outcome.retry_after.unwrap_or(deps.sync_frequency);
+    }
+    deps.runtime_cache.update_pod(uid, outcome.observed.clone());
+    deps.prober.sync_pod(pod, &outcome.observed);
+    let probes = deps.prober.results(uid);
+    let status = compute_pod_status(
+        pod,
+        &outcome.observed,
+        &StatusInputs {
+            now: SystemTime::now(),
+            host_ip: deps.host_ip.clone(),
+            waiting: &state.waiting,
+            previous: state.status.as_ref(),
+            terminating: false,
+            probes: &probes,
+        },
+    );
+    state.status = Some(status.clone());
+    deps.states.publish(pod.clone(), status);
+    if let Some(mirrors) = &deps.mirror_pods {
+        mirrors.synced(pod);
+    }
+    if let Some(sync) = &deps.status_sync {
+        sync.changed(pod.metadata.uid.as_deref().unwrap_or_default());
+    }
+    outcome
+        .retry_after
+        .unwrap_or(deps.sync_frequency)
+        .min(deps.sync_frequency)
+}
+
+/// A pod worker set on the in-memory runtime, for unit tests here and in the sync loop.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::future::Future;
+
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::clients::cri::fake::FakeCri;
+    use crate::config::CgroupDriver;
+    use crate::kubelet::runtime::backoff::BackoffPolicy;
+    use crate::kubelet::runtime::executor::NodeContext;
+    use crate::kubelet::runtime::inspect::DetailCache;
+    use crate::kubelet::runtime::translate::HostDns;
+
+    pub const IMAGE: &str = "example.test/app:1";
+
+    pub struct Harness {
+        pub rt: FakeCri,
+        pub workers: PodWorkers<FakeCri>,
+        pub stats: WorkerStats,
+        pub states: PodStates,
+        pub runtime_cache: RuntimeCache,
+        pub done: mpsc::UnboundedReceiver<String>,
+        pub cancel: CancellationToken,
+        pub dir: tempfile::TempDir,
+        /// The events the workers recorded, in order.
+        pub events: mpsc::Receiver<k8s_openapi::api::core::v1::Event>,
+    }
+
+    pub fn harness(rt: FakeCri) -> Harness {
+        harness_with_objects(rt, None)
+    }
+
+    /// [`harness`] whose executor reads API objects through `objects`.
+    pub fn harness_with_objects(
+        rt: FakeCri,
+        objects: Option<crate::kubelet::api_objects::ApiObjects>,
+    ) -> Harness {
+        harness_full(rt, objects, None)
+    }
+
+    /// [`harness`] whose executor knows the PLEG's mode through `pleg`.
+    pub fn harness_with_pleg(rt: FakeCri, pleg: crate::kubelet::pleg::PlegState) -> Harness {
+        harness_full(rt, None, Some(pleg))
+    }
+
+    fn harness_full(
+        rt: FakeCri,
+        objects: Option<crate::kubelet::api_objects::ApiObjects>,
+        pleg: Option<crate::kubelet::pleg::PlegState>,
+    ) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Arc::new(NodeContext {
+            node_name: "node-a".into(),
+            host_ip: Some("192.0.2.10".into()),
+            root_dir: dir.path().join("root"),
+            pod_logs_dir: dir.path().join("logs"),
+            host_dns: HostDns::default(),
+            cluster_domain: None,
+            cluster_dns: vec![],
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_root: "/".into(),
+            cgroups_per_qos: true,
+            cgroup_fs: dir.path().join("cgroup"),
+            node_memory_bytes: 1 << 30,
+            allocatable: crate::base::podspec::resources::NodeAllocatable {
+                cpu_millis: 2000,
+                memory_bytes: 1 << 30,
+                ephemeral_storage_bytes: 10 << 30,
+            },
+            runtime_request_timeout: Duration::from_secs(5),
+            image_pull_progress_deadline: Some(Duration::from_secs(60)),
+        });
+        let cancel = CancellationToken::new();
+        let stats = WorkerStats::default();
+        let states = PodStates::default();
+        let runtime_cache = RuntimeCache::default();
+        let (done_tx, done) = mpsc::unbounded_channel();
+        let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
+        let deps = WorkerDeps {
+            executor: {
+                let executor = Executor::new(
+                    rt.clone(),
+                    node,
+                    DetailCache::default(),
+                    BackoffPolicy::default(),
+                    recorder,
+                );
+                let executor = match pleg {
+                    Some(p) => executor.with_pleg(Arc::new(p)),
+                    None => executor,
+                };
+                match objects {
+                    Some(o) => executor.with_api_objects(o),
+                    None => executor,
+                }
+            },
+            prober: ProbeManager::new(
+                rt.clone(),
+                crate::base::resync_queue::Pokes::default(),
+                None,
+                TaskTracker::new(),
+                crate::kubelet::events::Recorder::log_only("node"),
+                cancel.clone(),
+            ),
+            states: states.clone(),
+            runtime_cache: runtime_cache.clone(),
+            sync_frequency: Duration::from_secs(60),
+            host_ip: Some("192.0.2.10".into()),
+            stats: stats.clone(),
+            status_sync: None,
+            mirror_pods: None,
+            panic_pod: None,
+        };
+        Harness {
+            rt,
+            workers: PodWorkers::new(deps, TaskTracker::new(), cancel.clone(), done_tx),
+            stats,
+            states,
+            runtime_cache,
+            done,
+            cancel,
+            dir,
+            events,
+        }
+    }
+
+    /// The (reason, message) of every event recorded so far.
+    pub fn drain_events(h: &mut Harness) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while let Ok(e) = h.events.try_recv() {
+            out.push((e.reason.unwrap_or_default(), e.message.unwrap_or_default()));
+        }
+        out
+    }
+
+    /// A pod `web` with one container of [`IMAGE`].
+    pub fn pod(uid: &str) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                // As the sources set it: the objects' node label comes from it.
+                node_name: Some("node-a".into()),
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some(IMAGE.into()),
+                    image_pull_policy: Some("IfNotPresent".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// Waits (in the paused clock's time) until `check` holds.
+    pub async fn eventually<F, Fut>(what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use crate::clients::cri::fake::{FakeCri, Script};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_sync_is_caught_counted_and_retried() {
+        let rt = FakeCri::with_images(&[IMAGE]);
+        rt.script("ListPodSandbox", Script::Panic);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-1", Work::Sync(pod("uid-1")));
+        eventually("the container started after the panic", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        assert_eq!(h.stats.panics(), 1);
+        eventually("a status published", || async {
+            h.states.status("uid-1").is_some()
+        })
+        .await;
+        assert!(
+            h.stats
+                .render()
+                .contains("deckhand_pod_worker_panics_total 1\n")
+        );
+        // The worker is still alive and serves a terminate.
+        h.workers.dispatch(
+            "uid-1",
+            Work::Terminate {
+                pod: Some(pod("uid-1")),
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-1"));
+        assert!(h.rt.sandboxes().is_empty() && h.rt.containers().is_empty());
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminate_interrupts_a_sync_that_hangs() {
+        // The image is missing, and its pull never ends (PullImage has no deadline).
+        let rt = FakeCri::default();
+        rt.script("PullImage", Script::Hang);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-2", Work::Sync(pod("uid-2")));
+        eventually("the pull started", || async {
+            h.rt.count("PullImage") == 1
+        })
+        .await;
+        h.workers.dispatch(
+            "uid-2",
+            Work::Terminate {
+                pod: Some(pod("uid-2")),
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(
+            done.ok().flatten().as_deref(),
+            Some("uid-2"),
+            "the pod was not torn down while its sync hung"
+        );
+        assert_eq!(h.stats.syncs_interrupted(), 1);
+        assert!(h.rt.sandboxes().is_empty(), "{:?}", h.rt.sandboxes());
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_interrupts_a_sync_that_hangs() {
+        let rt = FakeCri::default();
+        rt.script("PullImage", Script::Hang);
+        let mut h = harness(rt);
+        h.workers.dispatch("uid-k", Work::Sync(pod("uid-k")));
+        eventually("the pull started", || async {
+            h.rt.count("PullImage") == 1
+        })
+        .await;
+        let done = CancellationToken::new();
+        h.workers.dispatch(
+            "uid-k",
+            Work::Kill(Kill {
+                pod: pod("uid-k"),
+                grace: 0,
+                outcome: FinalStatus {
+                    reason: "Terminated".into(),
+                    message: "node shutdown".into(),
+                    disruption_reason: None,
+                },
+                done: done.clone(),
+            }),
+        );
+        tokio::time::timeout(Duration::from_secs(60), done.cancelled())
+            .await
+            .expect("the pod was not killed while its sync hung");
+        assert_eq!(h.stats.syncs_interrupted(), 1);
+        let status = h.states.status("uid-k").expect("a final status");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Terminated"));
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_worker_runs_a_uid_that_is_not_one_path_component() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let bad = "x/../../../../tmp/victim";
+        h.workers.dispatch(bad, Work::Sync(pod(bad)));
+        assert!(!h.workers.has(bad));
+        assert!(h.rt.calls().is_empty());
+        // Tearing down what the runtime holds under such a UID is still allowed, and touches
+        // no file.
+        h.workers.dispatch(
+            bad,
+            Work::Terminate {
+                pod: None,
+                grace_override: Some(0),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some(bad));
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_newest_request_wins_and_stale_ones_are_skipped() {
+        let rt = FakeCri::with_images(&[IMAGE, "example.test/app:2", "example.test/app:3"]);
+        rt.script("RunPodSandbox", Script::Hang);
+        let mut h = harness(rt);
+        let version = |image: &str| {
+            let mut p = (*pod("uid-3")).clone();
+            p.spec.as_mut().unwrap().containers[0].image = Some(image.into());
+            Arc::new(p)
+        };
+        h.workers.dispatch("uid-3", Work::Sync(pod("uid-3")));
+        eventually("the first sync creating its sandbox", || async {
+            h.rt.count("RunPodSandbox") == 1
+        })
+        .await;
+        // Two updates while the worker is busy: only the last one is ever acted on.
+        h.workers
+            .dispatch("uid-3", Work::Sync(version("example.test/app:2")));
+        h.workers
+            .dispatch("uid-3", Work::Sync(version("example.test/app:3")));
+        h.rt.release();
+        eventually("the newest image running", || async {
+            h.rt.containers().iter().any(|c| {
+                c.image
+                    .as_ref()
+                    .is_some_and(|i| i.image == "example.test/app:3")
+                    && c.state == 1
+            })
+        })
+        .await;
+        assert!(
+            !h.rt
+                .created_images()
+                .iter()
+                .any(|i| i == "example.test/app:2"),
+            "a stale update was acted on: {:?}",
+            h.rt.created_images()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_step_is_retried_without_any_event() {
+        let rt = FakeCri::with_images(&[IMAGE]);
+        rt.script("RunPodSandbox", Script::Fail(tonic::Code::Unavailable));
+        let h = harness(rt);
+        let mut workers = h.workers;
+        workers.dispatch("uid-4", Work::Sync(pod("uid-4")));
+        eventually("the container started after the retry", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        assert_eq!(h.rt.count("RunPodSandbox"), 2);
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn teardown_stops_containers_before_sandboxes_and_removes_everything() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.workers.dispatch("uid-5", Work::Sync(pod("uid-5")));
+        eventually("running", || async { h.rt.count("StartContainer") == 1 }).await;
+        let pod_dir = h.dir.path().join("root/pods/uid-5");
+        assert!(pod_dir.exists());
+        h.workers.dispatch(
+            "uid-5",
+            Work::Terminate {
+                pod: Some(pod("uid-5")),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-5"));
+        let calls = h.rt.calls();
+        let at = |m: &str| calls.iter().position(|c| *c == m).unwrap_or(usize::MAX);
+        assert!(at("StopContainer") < at("StopPodSandbox"), "{calls:?}");
+        assert!(at("StopPodSandbox") < at("RemovePodSandbox"), "{calls:?}");
+        assert!(h.rt.sandboxes().is_empty() && h.rt.containers().is_empty());
+        assert!(!pod_dir.exists(), "the pod's files are removed");
+        assert!(
+            h.states.status("uid-5").is_none(),
+            "and its status is forgotten"
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_and_a_stop_are_told_in_events_in_order() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.workers.dispatch("uid-6", Work::Sync(pod("uid-6")));
+        eventually("running", || async { h.rt.count("StartContainer") == 1 }).await;
+        h.workers.dispatch(
+            "uid-6",
+            Work::Terminate {
+                pod: Some(pod("uid-6")),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-6"));
+        let image_there = format!("Container image {IMAGE:?} already present on machine");
+        assert_eq!(
+            drain_events(&mut h),
+            vec![
+                ("Pulled".to_string(), image_there),
+                ("Created".to_string(), "Container created".to_string()),
+                ("Started".to_string(), "Container started".to_string()),
+                ("Killing".to_string(), "Stopping container app".to_string()),
+            ]
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_config_map_waits_with_failed_mount_then_starts_and_is_followed() {
+        use crate::kubelet::api_objects::fake::FakeObjectApi;
+        use crate::kubelet::api_objects::{ApiObjects, Kind, ObjectKey};
+        let api = FakeObjectApi::default();
+        let objects = ApiObjects::new(
+            Arc::new(api.clone()),
+            crate::base::resync_queue::Pokes::default(),
+            CancellationToken::new(),
+        );
+        let mut h = harness_with_objects(FakeCri::with_images(&[IMAGE]), Some(objects.clone()));
+        let mut p = (*pod("uid-7")).clone();
+        let spec = p.spec.as_mut().unwrap();
+        spec.volumes = Some(
+            serde_json::from_value(serde_json::json!([
+                {"name": "cfg", "configMap": {"name": "settings"}}
+            ]))
+            .unwrap(),
+        );
+        spec.containers[0].env = Some(
+            serde_json::from_value(serde_json::json!([
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}
+            ]))
+            .unwrap(),
+        );
+        let p = Arc::new(p);
+        h.workers.dispatch("uid-7", Work::Sync(p.clone()));
+        eventually("the FailedMount event", || async { !h.events.is_empty() }).await;
+        assert_eq!(
+            drain_events(&mut h),
+            [(
+                "FailedMount".to_string(),
+                "MountVolume.SetUp failed for volume \"cfg\" : configmap \"settings\" not found"
+                    .to_string()
+            )]
+        );
+        assert_eq!(
+            h.rt.count("RunPodSandbox"),
+            0,
+            "nothing runs before the volumes"
+        );
+        assert_eq!(
+            objects.cache().watched(),
+            [ObjectKey::new(Kind::ConfigMap, "default", "settings")]
+        );
+
+        api.put_config_map("default", "settings", &[("mode", "fast")]);
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        let file = h
+            .dir
+            .path()
+            .join("root/pods/uid-7/volumes/kubernetes.io~configmap/cfg/mode");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "fast");
+
+        // A change is written on the next sync of the running pod.
+        api.put_config_map("default", "settings", &[("mode", "slow")]);
+        h.workers.poke("uid-7");
+        eventually("the file follows", || async {
+            std::fs::read_to_string(&file).ok().as_deref() == Some("slow")
+        })
+        .await;
+
+        h.workers.dispatch(
+            "uid-7",
+            Work::Terminate {
+                pod: Some(p),
+                grace_override: Some(1),
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-7"));
+        assert!(
+            objects.cache().watched().is_empty(),
+            "the watch ends with the pod"
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pull_secrets_are_tried_in_turn_and_a_broken_one_fails_only_its_pod() {
+        use crate::kubelet::api_objects::ApiObjects;
+        use crate::kubelet::api_objects::fake::FakeObjectApi;
+        use crate::kubelet::pull_credentials::{KEY_DOCKER_CONFIG_JSON, TYPE_DOCKER_CONFIG_JSON};
+        const PRIVATE: &str = "reg.example.test:5000/team/app:1";
+        let api = FakeObjectApi::default();
+        let json = Some(TYPE_DOCKER_CONFIG_JSON);
+        // Both match: the more specific key ("…/team") is tried first, then the host's.
+        api.put_secret_typed(
+            "default",
+            "team",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"reg.example.test:5000/team": {"username": "old", "password": "expired"}}}"#,
+            )],
+        );
+        api.put_secret_typed(
+            "default",
+            "host",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"http://reg.example.test:5000": {"auth": "bmV3OmZyZXNo"}}}"#,
+            )],
+        );
+        api.put_secret_typed(
+            "default",
+            "broken",
+            json,
+            &[(
+                KEY_DOCKER_CONFIG_JSON,
+                br#"{"auths": {"reg.example.test:5000": "#,
+            )],
+        );
+        let objects = ApiObjects::new(
+            Arc::new(api.clone()),
+            crate::base::resync_queue::Pokes::default(),
+            CancellationToken::new(),
+        );
+        let rt = FakeCri::default();
+        // The first credential is refused by the registry.
+        rt.script("PullImage", Script::Fail(tonic::Code::Unknown));
+        let mut h = harness_with_objects(rt, Some(objects));
+        let with_secrets = |uid: &str, names: &[&str]| {
+            let mut p = (*pod(uid)).clone();
+            p.metadata.name = Some(uid.into());
+            let spec = p.spec.as_mut().unwrap();
+            spec.containers[0].image = Some(PRIVATE.into());
+            spec.containers[0].image_pull_policy = Some("Always".into());
+            spec.image_pull_secrets = Some(
+                names
+                    .iter()
+                    .map(|n| k8s_openapi::api::core::v1::LocalObjectReference {
+                        name: n.to_string(),
+                    })
+                    .collect(),
+            );
+            Arc::new(p)
+        };
+        h.workers.dispatch(
+            "good",
+            Work::Sync(with_secrets("good", &["missing", "team", "host"])),
+        );
+        eventually("the good pod started", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        let tried: Vec<(String, String, String)> =
+            h.rt.pull_auths()
+                .into_iter()
+                .map(|(image, auth)| {
+                    let auth = auth.expect("a credential");
+                    (image, auth.username, auth.password)
+                })
+                .collect();
+        assert_eq!(
+            tried,
+            [
+                (PRIVATE.to_string(), "old".into(), "expired".into()),
+                (PRIVATE.to_string(), "new".into(), "fresh".into()),
+            ]
+        );
+        let events = drain_events(&mut h);
+        assert!(
+            !events
+                .iter()
+                .any(|(r, _)| r == "FailedToRetrieveImagePullSecret"),
+            "only after a failed pull: {events:?}"
+        );
+
+        // A pod whose pull secret does not parse: ErrImagePull naming the secret, no pull.
+        h.workers
+            .dispatch("bad", Work::Sync(with_secrets("bad", &["host", "broken"])));
+        eventually("the bad pod's status", || async {
+            h.states.status("bad").is_some_and(|s| {
+                s.container_statuses.unwrap_or_default().iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .is_some_and(|w| w.reason.as_deref() == Some("ErrImagePull"))
+                })
+            })
+        })
+        .await;
+        let status = h.states.status("bad").unwrap();
+        let waiting = status.container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .waiting
+            .unwrap();
+        let message = waiting.message.unwrap_or_default();
+        assert!(
+            message.starts_with(
+                "couldn't parse image pull secret \"default/broken\" (.dockerconfigjson): "
+            ),
+            "{message}"
+        );
+        assert_eq!(h.rt.count("PullImage"), 2, "no pull with a broken secret");
+        // While it backs off, the status still says why (upstream's wording).
+        eventually("the back-off says why", || async {
+            h.states.status("bad").is_some_and(|s| {
+                s.container_statuses.unwrap_or_default().iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .is_some_and(|w| {
+                            w.reason.as_deref() == Some("ImagePullBackOff")
+                                && w.message.as_deref().is_some_and(|m| {
+                                    m.starts_with(&format!(
+                                        "Back-off pulling image \"{PRIVATE}\": ErrImagePull: couldn't parse image pull secret \"default/broken\""
+                                    ))
+                                })
+                        })
+                })
+            })
+        })
+        .await;
+        let events = drain_events(&mut h);
+        assert!(
+            events.iter().any(|(r, m)| r == "Failed"
+                && m.contains("Failed to pull image")
+                && m.contains("default/broken")),
+            "{events:?}"
+        );
+        assert_eq!(h.rt.count("StartContainer"), 1, "the good pod runs on");
+        h.cancel.cancel();
+    }
+
+    /// A pod with one regular init container before its app.
+    fn pod_with_init(uid: &str) -> Arc<Pod> {
+        let mut p = (*pod(uid)).clone();
+        let spec = p.spec.as_mut().unwrap();
+        let mut init = spec.containers[0].clone();
+        init.name = "init".into();
+        spec.init_containers = Some(vec![init]);
+        Arc::new(p)
+    }
+
+    fn running_init(rt: &FakeCri) -> Option<String> {
+        rt.containers()
+            .into_iter()
+            .find(|c| {
+                c.metadata.as_ref().is_some_and(|m| m.name == "init")
+                    && c.state
+                        == crate::clients::cri::proto::ContainerState::ContainerRunning as i32
+            })
+            .map(|c| c.id)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_a_running_init_container_is_waited_for_not_polled() {
+        use crate::kubelet::pleg::feed::FeedSource;
+        use crate::kubelet::pleg::route::Mode;
+        let pleg = crate::kubelet::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
+        h.workers
+            .dispatch("uid-e1", Work::Sync(pod_with_init("uid-e1")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let init = running_init(&h.rt).unwrap();
+        // Let the sync that started it finish, then count: nothing is read while it runs.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let lists = h.rt.count("ListContainers");
+        tokio::time::sleep(
+            crate::kubelet::runtime::revisit::EVENT_DEADLINE - Duration::from_secs(1),
+        )
+        .await;
+        assert_eq!(
+            h.rt.count("ListContainers"),
+            lists,
+            "the worker polled while waiting for the init container's exit"
+        );
+        // Its exit, told by the event stream, starts the app at once.
+        h.rt.exit_container(&init);
+        let heard = Instant::now();
+        h.workers.poke("uid-e1");
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert!(
+            heard.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            heard.elapsed()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_a_lost_exit_is_found_at_the_deadline() {
+        use crate::kubelet::pleg::feed::FeedSource;
+        use crate::kubelet::pleg::route::Mode;
+        let pleg = crate::kubelet::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg);
+        h.workers
+            .dispatch("uid-e2", Work::Sync(pod_with_init("uid-e2")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let started = Instant::now();
+        h.rt.exit_container(&running_init(&h.rt).unwrap());
+        // No poke: the event got lost.
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        let waited = started.elapsed();
+        assert!(
+            waited <= crate::kubelet::runtime::revisit::EVENT_DEADLINE + Duration::from_millis(100),
+            "{waited:?}"
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_heard_before_the_runtime_shows_it_is_read_again_until_it_does() {
+        use crate::kubelet::pleg::feed::FeedSource;
+        use crate::kubelet::pleg::route::Mode;
+        let pleg = crate::kubelet::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg.clone());
+        h.workers
+            .dispatch("uid-e3", Work::Sync(pod_with_init("uid-e3")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let init = running_init(&h.rt).unwrap();
+        // The stream is a moment ahead of the runtime's view: the poke finds it still running.
+        pleg.note_exit(&init, None, false);
+        let heard = Instant::now();
+        h.workers.poke("uid-e3");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        h.rt.exit_container(&init);
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert!(
+            heard.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            heard.elapsed()
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_heard_with_its_code_is_acted_on_without_reading_the_runtime() {
+        use crate::kubelet::pleg::feed::{ExitFacts, FeedSource};
+        use crate::kubelet::pleg::route::Mode;
+        let pleg = crate::kubelet::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let mut h = harness_with_pleg(FakeCri::with_images(&[IMAGE]), pleg.clone());
+        h.workers
+            .dispatch("uid-e5", Work::Sync(pod_with_init("uid-e5")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let init = running_init(&h.rt).unwrap();
+        let reads = |rt: &FakeCri| {
+            ["ListContainers", "ListPodSandbox", "PodSandboxStatus"].map(|m| rt.count(m))
+        };
+        let before = reads(&h.rt);
+        // The stream tells of the exit with its code; the runtime still shows it running.
+        pleg.note_exit(
+            &init,
+            Some(ExitFacts {
+                code: 0,
+                at_ns: 1_700_000_000_000_000_000,
+            }),
+            false,
+        );
+        h.workers.poke("uid-e5");
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        assert_eq!(reads(&h.rt), before, "{:?}", h.rt.calls());
+        // The status shows the init container's end as the runtime will.
+        eventually("the status", || async {
+            h.states.status("uid-e5").is_some_and(|s| {
+                s.init_container_statuses.iter().flatten().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some_and(|t| {
+                            t.exit_code == 0 && t.reason.as_deref() == Some("Completed")
+                        })
+                })
+            })
+        })
+        .await;
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_events_resyncs_and_updates_act_on_the_last_view_until_a_change_is_heard() {
+        use crate::kubelet::pleg::feed::FeedSource;
+        use crate::kubelet::pleg::route::Mode;
+        const READS: [&str; 4] = [
+            "ListContainers",
+            "ListPodSandbox",
+            "PodSandboxStatus",
+            "ContainerStatus",
+        ];
+        let pleg = crate::kubelet::pleg::PlegState::default();
+        pleg.set_mode(Mode::Events(FeedSource::Containerd));
+        let rt = FakeCri::with_images(&[IMAGE, "example.test/app:2"]);
+        let mut h = harness_with_pleg(rt, pleg.clone());
+        h.workers.dispatch("uid-e6", Work::Sync(pod("uid-e6")));
+        eventually("the container running", || async {
+            h.rt.containers().iter().any(|c| c.state == 1)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reads = |rt: &FakeCri| READS.map(|m| rt.count(m));
+        let before = reads(&h.rt);
+
+        // Three resync periods: nothing heard, nothing read.
+        tokio::time::sleep(Duration::from_secs(3 * 60 + 1)).await;
+        assert_eq!(reads(&h.rt), before, "{:?}", h.rt.calls());
+
+        // A new spec is acted on from the last view: the old container is stopped without
+        // a read before it.
+        let mut p = (*pod("uid-e6")).clone();
+        p.spec.as_mut().unwrap().containers[0].image = Some("example.test/app:2".into());
+        let from = h.rt.calls().len();
+        h.workers.dispatch("uid-e6", Work::Sync(Arc::new(p)));
+        eventually("the old container stopped", || async {
+            h.rt.count("StopContainer") == 1
+        })
+        .await;
+        let calls = h.rt.calls();
+        let until_stop = calls[from..]
+            .iter()
+            .take_while(|m| **m != "StopContainer")
+            .filter(|m| READS.contains(m))
+            .count();
+        assert_eq!(until_stop, 0, "{:?}", &calls[from..]);
+        eventually("the new image running", || async {
+            h.rt.containers().iter().any(|c| {
+                c.state == 1
+                    && c.image
+                        .as_ref()
+                        .is_some_and(|i| i.image == "example.test/app:2")
+            })
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        // A change the PLEG heard of (an event or a relist's diff) is read.
+        let lists = h.rt.count("ListContainers");
+        pleg.mark_stale("uid-e6");
+        h.workers.poke("uid-e6");
+        eventually("the pod read", || async {
+            h.rt.count("ListContainers") > lists
+        })
+        .await;
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_the_runtime_cannot_hold_yet_is_started_without_reading_it_first() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.workers.dispatch("uid-n1", Work::Sync(pod("uid-n1")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Only the calls the pod's start needs: no read before, and after it only the status
+        // of what was made (the sandbox's was read for its IP).
+        assert_eq!(
+            h.rt.calls(),
+            [
+                "RunPodSandbox",
+                "PodSandboxStatus",
+                "ImageStatus",
+                "CreateContainer",
+                "StartContainer",
+                "ContainerStatus"
+            ]
+        );
+        // A pod the cache knows is read first, as before.
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.runtime_cache.store_relist(Default::default());
+        h.runtime_cache.update_pod(
+            "uid-n2",
+            crate::base::observed::ObservedPod {
+                names: Some(("default".into(), "web".into())),
+                sandboxes: vec![crate::base::observed::ObservedSandbox {
+                    id: "gone".into(),
+                    attempt: 0,
+                    state: crate::base::observed::SandboxState::NotReady,
+                    created_at: 1,
+                    ip: None,
+                    additional_ips: vec![],
+                    host_network: false,
+                }],
+                containers: vec![],
+            },
+        );
+        h.workers.dispatch("uid-n2", Work::Sync(pod("uid-n2")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        // Through the sandbox it knows of; that one gone, by the pod's labels.
+        assert_eq!(
+            h.rt.calls()[..3],
+            ["PodSandboxStatus", "ListPodSandbox", "ListContainers"]
+        );
+        h.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_events_a_running_init_container_is_polled() {
+        let mut h = harness_with_pleg(
+            FakeCri::with_images(&[IMAGE]),
+            crate::kubelet::pleg::PlegState::default(),
+        );
+        h.workers
+            .dispatch("uid-e4", Work::Sync(pod_with_init("uid-e4")));
+        eventually("the init container running", || async {
+            running_init(&h.rt).is_some()
+        })
+        .await;
+        let init = running_init(&h.rt).unwrap();
+        let lists = h.rt.count("ListContainers");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(h.rt.count("ListContainers") >= lists + 10);
+        h.rt.exit_container(&init);
+        eventually("the app started", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        h.cancel.cancel();
+    }
+
+    #[test]
+    fn panic_backoff_doubles_to_a_minute() {
+        let secs: Vec<u64> = (1..=9).map(|n| panic_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}
+
+#[cfg(test)]
+mod task_size {
+    use super::*;
+    use crate::clients::cri::CriClient;
+
+    /// The size of what an async fn returns, without calling it.
+    fn future_size<A, B, C, D, E, F, Fut>(_: fn(A, B, C, D, E, F) -> Fut) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// Every pod has a worker task, idle nearly all the time; its future is allocated whole
+    /// for the pod's life. The sync, kill and teardown futures (tens of KiB each) are boxed
+    /// while they run, so the idle task holds only the loop's own state.
+    #[test]
+    fn an_idle_worker_task_stays_small() {
+        let size = future_size(worker_loop::<CriClient>);
+        assert!(size <= 8 * 1024, "worker_loop's future is {size} bytes");
+    }
+}

@@ -1,0 +1,592 @@
+//! `compute_pod_actions`: given the pod we want and what the runtime shows, decide what to do.
+//!
+//! Pure: the time, the back-off state and the spec hashes are arguments, so every case is a row
+//! in a table test. The executor carries the decision out; nothing here talks to the runtime.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
+use crate::base::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+use crate::base::podspec::{RestartPolicy, is_sidecar};
+use crate::kubelet::prober::{ProbeView, Unhealthy};
+
+/// Which list of the spec a container comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerKind {
+    Init,
+    App,
+}
+
+/// A container instance to create and start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartContainer {
+    pub kind: ContainerKind,
+    /// Index in `spec.initContainers` or `spec.containers`.
+    pub index: usize,
+    pub name: String,
+    /// The new instance's restart count (its CRI attempt).
+    pub restart_count: u32,
+    /// Back-off state to record when this start is a restart after an exit.
+    pub backoff: Option<BackoffEntry>,
+}
+
+/// A running container instance to stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KillContainer {
+    pub id: String,
+    pub name: String,
+    pub reason: String,
+    /// A probe's own `terminationGracePeriodSeconds`, which beats the pod's.
+    pub grace_override: Option<i64>,
+}
+
+/// A container that should restart but must wait out its back-off first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackoffWait {
+    pub name: String,
+    pub remaining: Duration,
+    pub message: String,
+}
+
+/// Everything to do for one pod in one sync, in the order the executor does it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodActions {
+    /// Stop every container and sandbox of the pod first (sandbox gone bad, pod finished).
+    pub kill_pod: Option<String>,
+    /// Create a new sandbox with this attempt number.
+    pub create_sandbox: Option<u32>,
+    /// The sandbox to start containers in, when an existing one is kept.
+    pub sandbox_id: Option<String>,
+    pub kill_containers: Vec<KillContainer>,
+    pub start_containers: Vec<StartContainer>,
+    pub waiting: Vec<BackoffWait>,
+    /// Exited instances and dead sandboxes no longer needed for status or logs.
+    pub remove_containers: Vec<String>,
+    pub remove_sandboxes: Vec<String>,
+    /// The pod's init containers failed under restartPolicy Never, or every app container has
+    /// exited for good: nothing will run again.
+    pub terminal: bool,
+}
+
+impl PodActions {
+    /// When the worker should look again even if nothing else happens (a back-off ends).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.waiting.iter().map(|w| w.remaining).min()
+    }
+}
+
+/// Inputs besides the pod and the runtime's view.
+pub struct DecisionContext<'a> {
+    pub now: SystemTime,
+    pub backoff: &'a BackoffTable,
+    pub policy: BackoffPolicy,
+    /// The spec hash of a container, as recorded on the instances Deckhand creates.
+    pub spec_hash: &'a dyn Fn(&Container) -> String,
+    /// Running instances (by container ID) that failed their liveness or startup probe.
+    pub unhealthy: &'a HashMap<String, Unhealthy>,
+    /// Probe results by container name (a sidecar with a startup probe counts as started only
+    /// once the probe succeeded).
+    pub probes: &'a HashMap<String, ProbeView>,
+}
+
+/// The next restart count for a container: one more than any instance seen.
+fn next_restart_count(observed: &ObservedPod, name: &str) -> u32 {
+    observed
+        .instances(name)
+        .first()
+        .map(|c| c.attempt.saturating_add(1))
+        .unwrap_or(0)
+}
+
+/// True when the newest instance of the container exited with code 0.
+fn succeeded(observed: &ObservedPod, name: &str) -> bool {
+    observed
+        .latest(name)
+        .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+}
+
+/// True when every app container has exited and none will run again.
+fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
+    let spec = match &pod.spec {
+        Some(s) => s,
+        None => return false,
+    };
+    let policy = RestartPolicy::of(pod);
+    !spec.containers.is_empty()
+        && spec
+            .containers
+            .iter()
+            .all(|c| match observed.latest(&c.name) {
+                Some(inst) => {
+                    inst.state == ContainerState::Exited && !policy.restarts_after(inst.exit_code)
+                }
+                None => false,
+            })
+}
+
+/// Has an init container failed for good (restartPolicy Never)?
+fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
+    let spec = match &pod.spec {
+        Some(s) => s,
+        None => return false,
+    };
+    RestartPolicy::of(pod) == RestartPolicy::Never
+        && spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| !is_sidecar(c))
+            .any(|c| {
+                observed
+                    .latest(&c.name)
+                    .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
+            })
+}
+
+/// Decides what to do for `pod` given what the runtime shows.
+pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionContext) -> PodActions {
+    let mut actions = PodActions::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return actions;
+    };
+    let policy = RestartPolicy::of(pod);
+    let host_network = spec.host_network.unwrap_or(false);
+
+    let newest = observed.newest_sandbox();
+    let ready_sandboxes = observed
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .count();
+    let terminal = init_failed_for_good(pod, observed) || app_containers_finished(pod, observed);
+    actions.terminal = terminal;
+
+    // Dead sandboxes other than the newest are garbage, unless they still hold an instance kept
+    // for `lastState` and the restart count (removing a sandbox removes its containers).
+    let kept = kept_instances(observed);
+    for sandbox in &observed.sandboxes {
+        if Some(sandbox.id.as_str()) != newest.map(|s| s.id.as_str())
+            && sandbox.state == SandboxState::NotReady
+            && !observed
+                .containers
+                .iter()
+                .any(|c| c.sandbox_id == sandbox.id && kept.contains(c.id.as_str()))
+        {
+            actions.remove_sandboxes.push(sandbox.id.clone());
+        }
+    }
+
+    let sandbox_changed = match newest {
+        None => true,
+        Some(s) => {
+            s.state != SandboxState::Ready || s.host_network != host_network || ready_sandboxes > 1
+        }
+    };
+
+    if terminal {
+        // Nothing will run again: make sure nothing is left running.
+        if observed.is_running() {
+            actions.kill_pod = Some(if init_failed_for_good(pod, observed) {
+                "an init container failed and restartPolicy is Never".into()
+            } else {
+                "all containers have exited and none will restart".into()
+            });
+        }
+        return actions;
+    }
+
+    if sandbox_changed {
+        // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
+        if policy == RestartPolicy::Never && newest.is_some() && !observed.containers.is_empty() {
+            if observed.is_running() {
+                actions.kill_pod =
+                    Some("the pod sandbox is gone and restartPolicy is Never".into());
+            }
+            actions.terminal = true;
+            return actions;
+        }
+        // Upstream kills the pod whenever it needs a new sandbox: besides running containers,
+        // a NotReady sandbox may still hold its network (IP, veth, host ports) until it is
+        // stopped, so it is stopped too before the new one is made.
+        if observed.is_running() || newest.is_some() {
+            actions.kill_pod = Some(match newest {
+                Some(s) if s.state == SandboxState::Ready && s.host_network != host_network => {
+                    "the pod's network mode changed".into()
+                }
+                Some(_) if ready_sandboxes > 1 => "more than one ready sandbox".into(),
+                _ => "the pod sandbox is not ready".into(),
+            });
+        }
+        let attempt = newest.map(|s| s.attempt.saturating_add(1)).unwrap_or(0);
+        actions.create_sandbox = Some(attempt);
+        // Everything starts again in a new sandbox: the first init container, or every app
+        // container when there are none. A container whose last instance exited keeps its
+        // crash-loop back-off across the new sandbox, as upstream (a sandbox that keeps dying
+        // must not turn a crash loop into a tight loop).
+        match spec.init_containers.as_deref().unwrap_or_default().first() {
+            Some(first) => start_in_new_sandbox(
+                &mut actions,
+                ctx,
+                pod,
+                (ContainerKind::Init, 0),
+                first,
+                observed,
+            ),
+            None => {
+                for (index, c) in spec.containers.iter().enumerate() {
+                    if policy == RestartPolicy::OnFailure && succeeded(observed, &c.name) {
+                        continue;
+                    }
+                    start_in_new_sandbox(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::App, index),
+                        c,
+                        observed,
+                    );
+                }
+            }
+        }
+        return actions;
+    }
+
+    let sandbox = newest.expect("a ready sandbox exists when it has not changed");
+    actions.sandbox_id = Some(sandbox.id.clone());
+    let in_sandbox = |c: &&ObservedContainer| c.sandbox_id == sandbox.id;
+
+    // Init containers: one at a time, each to success, in order.
+    let mut init_done = true;
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
+        if is_sidecar(c) {
+            // A sidecar (restartable init container) keeps running beside the app; the next
+            // init container waits only until it has started.
+            match latest.map(|i| i.state) {
+                Some(ContainerState::Running | ContainerState::Unknown) => {
+                    let inst = latest.expect("matched Some");
+                    if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                        actions.kill_containers.push(KillContainer {
+                            id: inst.id.clone(),
+                            name: c.name.clone(),
+                            reason: bad.message.clone(),
+                            grace_override: bad.grace_override,
+                        });
+                    }
+                    let started = c.startup_probe.is_none()
+                        || ctx.probes.get(&c.name).and_then(|v| v.started) == Some(true);
+                    if started {
+                        continue;
+                    }
+                    init_done = false;
+                    break;
+                }
+                Some(ContainerState::Exited) => {
+                    let inst = latest.expect("matched Some");
+                    plan_restart(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::Init, index),
+                        c,
+                        inst,
+                        observed,
+                    );
+                    continue;
+                }
+                Some(ContainerState::Created) | None => {
+                    start_afresh(
+                        &mut actions,
+                        observed,
+                        (ContainerKind::Init, index),
+                        c,
+                        latest,
+                    );
+                    init_done = false;
+                    break;
+                }
+            }
+        }
+        match latest.map(|i| (i.state, i.exit_code)) {
+            Some((ContainerState::Exited, 0)) => continue,
+            Some((ContainerState::Running | ContainerState::Unknown, _)) => {
+                init_done = false;
+                break;
+            }
+            Some((ContainerState::Exited, _)) => {
+                // Failed: retried with back-off (Never was handled as terminal above).
+                let inst = latest.expect("matched Some");
+                plan_restart(
+                    &mut actions,
+                    ctx,
+                    pod,
+                    (ContainerKind::Init, index),
+                    c,
+                    inst,
+                    observed,
+                );
+                init_done = false;
+                break;
+            }
+            Some((ContainerState::Created, _)) | None => {
+                start_afresh(
+                    &mut actions,
+                    observed,
+                    (ContainerKind::Init, index),
+                    c,
+                    latest,
+                );
+                init_done = false;
+                break;
+            }
+        }
+    }
+    if !init_done {
+        collect_garbage(&mut actions, observed);
+        return actions;
+    }
+
+    for (index, c) in spec.containers.iter().enumerate() {
+        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
+        let Some(inst) = latest else {
+            // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
+            if observed.latest(&c.name).is_some_and(|i| {
+                i.state == ContainerState::Exited && !policy.restarts_after(i.exit_code)
+            }) {
+                continue;
+            }
+            actions.start_containers.push(StartContainer {
+                kind: ContainerKind::App,
+                index,
+                name: c.name.clone(),
+                restart_count: next_restart_count(observed, &c.name),
+                backoff: None,
+            });
+            continue;
+        };
+        match inst.state {
+            ContainerState::Unknown if policy != RestartPolicy::Never => {
+                // Nobody knows whether it runs: kill it before starting a new instance, so two
+                // never run at once (upstream does the same). Under Never it is left alone, as
+                // upstream does not restart it either.
+                replace_instance(&mut actions, observed, (index, c), inst, UNKNOWN_STATE);
+            }
+            ContainerState::Running | ContainerState::Unknown => {
+                let want = (ctx.spec_hash)(c);
+                if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                    // Killed now; the next sync sees it exited and restarts it per the
+                    // restart policy and back-off, like any other exit.
+                    actions.kill_containers.push(KillContainer {
+                        id: inst.id.clone(),
+                        name: c.name.clone(),
+                        reason: bad.message.clone(),
+                        grace_override: bad.grace_override,
+                    });
+                } else if inst.hash.as_deref().is_some_and(|h| h != want) {
+                    replace_instance(
+                        &mut actions,
+                        observed,
+                        (index, c),
+                        inst,
+                        &format!("Container {} definition changed, will be restarted", c.name),
+                    );
+                }
+            }
+            ContainerState::Exited => {
+                if policy.restarts_after(inst.exit_code) {
+                    plan_restart(
+                        &mut actions,
+                        ctx,
+                        pod,
+                        (ContainerKind::App, index),
+                        c,
+                        inst,
+                        observed,
+                    );
+                }
+            }
+            ContainerState::Created => {
+                start_afresh(
+                    &mut actions,
+                    observed,
+                    (ContainerKind::App, index),
+                    c,
+                    Some(inst),
+                );
+            }
+        }
+    }
+    collect_garbage(&mut actions, observed);
+    actions
+}
+
+/// Stops an app container's instance and starts a new one at once (no back-off: the
+/// instance did not fail, it is replaced).
+fn replace_instance(
+    actions: &mut PodActions,
+    observed: &ObservedPod,
+    (index, container): (usize, &Container),
+    inst: &ObservedContainer,
+    reason: &str,
+) {
+    actions.kill_containers.push(KillContainer {
+        id: inst.id.clone(),
+        name: container.name.clone(),
+        reason: reason.to_string(),
+        grace_override: None,
+    });
+    actions.start_containers.push(StartContainer {
+        kind: ContainerKind::App,
+        index,
+        name: container.name.clone(),
+        restart_count: next_restart_count(observed, &container.name),
+        backoff: None,
+    });
+}
+
+/// Why an instance in state Unknown is stopped (upstream's wording).
+pub const UNKNOWN_STATE: &str = "Container is in \"unknown\" state, try killing it before restart";
+
+/// Plans a container's start in a new sandbox: a restart with back-off when its newest
+/// instance (in any older sandbox) exited, a plain start otherwise.
+fn start_in_new_sandbox(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    (kind, index): (ContainerKind, usize),
+    container: &Container,
+    observed: &ObservedPod,
+) {
+    match observed.latest(&container.name) {
+        Some(inst) if inst.state == ContainerState::Exited => {
+            plan_restart(actions, ctx, pod, (kind, index), container, inst, observed)
+        }
+        _ => actions.start_containers.push(StartContainer {
+            kind,
+            index,
+            name: container.name.clone(),
+            restart_count: next_restart_count(observed, &container.name),
+            backoff: None,
+        }),
+    }
+}
+
+/// Starts a container that has no instance yet, or only one that was created and never
+/// started (the agent died in between): that one is removed and replaced.
+fn start_afresh(
+    actions: &mut PodActions,
+    observed: &ObservedPod,
+    (kind, index): (ContainerKind, usize),
+    container: &Container,
+    stale: Option<&ObservedContainer>,
+) {
+    if let Some(stale) = stale {
+        actions.remove_containers.push(stale.id.clone());
+    }
+    actions.start_containers.push(StartContainer {
+        kind,
+        index,
+        name: container.name.clone(),
+        restart_count: next_restart_count(observed, &container.name),
+        backoff: None,
+    });
+}
+
+/// Restarts an exited container now, or records that it must wait out its back-off.
+fn plan_restart(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    (kind, index): (ContainerKind, usize),
+    container: &Container,
+    exited: &ObservedContainer,
+    observed: &ObservedPod,
+) {
+    let finished = exited.finished_time().unwrap_or(ctx.now);
+    let entry = ctx.backoff.get(&container.name);
+    match ctx.policy.remaining(entry, finished, ctx.now) {
+        Some(remaining) => actions.waiting.push(BackoffWait {
+            name: container.name.clone(),
+            remaining,
+            message: format!(
+                "back-off {} restarting failed container={} pod={}",
+                format_delay(entry.map(|e| e.delay).unwrap_or(remaining)),
+                container.name,
+                pod_label(pod)
+            ),
+        }),
+        None => actions.start_containers.push(StartContainer {
+            kind,
+            index,
+            name: container.name.clone(),
+            restart_count: next_restart_count(observed, &container.name),
+            backoff: Some(ctx.policy.next(entry, finished)),
+        }),
+    }
+}
+
+/// The pod as upstream names it in messages: `name_namespace(uid)`.
+pub fn pod_label(pod: &Pod) -> String {
+    let meta = &pod.metadata;
+    format!(
+        "{}_{}({})",
+        meta.name.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// Upstream writes back-off delays like Go durations: `10s`, `1m20s`, `5m0s`.
+pub fn format_delay(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else if d.subsec_millis() > 0 && secs < 10 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// Keeps the two newest instances of each container name (the current one, and the one before
+/// it for `lastState`, logs and the restart count); older exited instances go.
+fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
+    let keep = kept_instances(observed);
+    let removing_sandbox: HashSet<&str> = actions
+        .remove_sandboxes
+        .iter()
+        .map(String::as_str)
+        .collect();
+    for c in &observed.containers {
+        let dead = c.state == ContainerState::Exited;
+        let stale =
+            !keep.contains(c.id.as_str()) || removing_sandbox.contains(c.sandbox_id.as_str());
+        if dead && stale && !actions.remove_containers.contains(&c.id) {
+            actions.remove_containers.push(c.id.clone());
+        }
+    }
+}
+
+/// The newest instance of each container name and the one before it (it is the `lastState`
+/// users see, and carries the restart count).
+fn kept_instances(observed: &ObservedPod) -> HashSet<&str> {
+    let names: HashSet<&str> = observed
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let mut keep = HashSet::new();
+    for name in names {
+        for inst in observed.instances(name).into_iter().take(2) {
+            keep.insert(inst.id.as_str());
+        }
+    }
+    keep
+}
+
+#[cfg(test)]
+#[path = "actions_tests.rs"]
+mod tests;

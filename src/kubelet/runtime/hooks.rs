@@ -1,0 +1,186 @@
+//! Lifecycle hooks: `postStart` right after a container starts, `preStop` before it is stopped.
+//!
+//! Handlers run from the node: `exec` through CRI `ExecSync` in the container, `httpGet` to the
+//! pod's IP (or `host`), `sleep` on the node. A hook's failure is reported with upstream's
+//! wording; what happens next (kill and restart for postStart, carry on stopping for preStop)
+//! is the executor's decision.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
+
+use crate::clients::cri::{CriError, RuntimeService};
+use crate::kubelet::prober::ProbeOutcome;
+use crate::kubelet::prober::handlers::http::{HttpError, HttpProbe};
+use crate::kubelet::prober::handlers::{PortError, resolve_port};
+
+/// Upstream's User-Agent for lifecycle hook requests.
+const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
+
+/// Which hook is running, for messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookKind {
+    PostStart,
+    PreStop,
+}
+
+impl HookKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            HookKind::PostStart => "PostStartHook",
+            HookKind::PreStop => "PreStopHook",
+        }
+    }
+}
+
+/// Why a hook failed; the text is upstream's, as users see it in events and logs.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("Exec lifecycle hook ({cmd:?}) for Container {container:?} failed - error: {source}")]
+    Exec {
+        cmd: Vec<String>,
+        container: String,
+        #[source]
+        source: CriError,
+    },
+    #[error(
+        "Exec lifecycle hook ({cmd:?}) for Container {container:?} failed - error: command exited with {code}, message: {output:?}"
+    )]
+    ExecExit {
+        cmd: Vec<String>,
+        container: String,
+        code: i32,
+        output: String,
+    },
+    #[error("the pod has no IP for an httpGet hook")]
+    NoPodIp,
+    #[error("HTTP lifecycle hook for Container {container:?}: {source}")]
+    Port {
+        container: String,
+        #[source]
+        source: PortError,
+    },
+    #[error("HTTP lifecycle hook for Container {container:?}: {source}")]
+    Request {
+        container: String,
+        #[source]
+        source: HttpError,
+    },
+    #[error("HTTP lifecycle hook ({path}) for Container {container:?} failed - error: {why}")]
+    Http {
+        path: String,
+        container: String,
+        why: String,
+    },
+    #[error("{kind}: the handler has no exec, httpGet or sleep action")]
+    NoAction { kind: &'static str },
+    #[error("{kind} for Container {container:?} did not finish within {seconds}s")]
+    Timeout {
+        kind: &'static str,
+        container: String,
+        seconds: u64,
+    },
+}
+
+/// Runs one hook handler to completion or until `timeout`.
+pub async fn run_hook<R: RuntimeService>(
+    rt: &R,
+    kind: HookKind,
+    handler: &LifecycleHandler,
+    container: &Container,
+    container_id: &str,
+    pod_ip: Option<&str>,
+    timeout: Duration,
+) -> Result<(), HookError> {
+    let name = || container.name.clone();
+    let work = async {
+        if let Some(exec) = &handler.exec {
+            let cmd = exec.command.clone().unwrap_or_default();
+            let resp = rt
+                .exec_sync(
+                    container_id.to_string(),
+                    cmd.clone(),
+                    timeout.as_secs() as i64,
+                )
+                .await
+                .map_err(|source| HookError::Exec {
+                    cmd: cmd.clone(),
+                    container: name(),
+                    source,
+                })?;
+            if resp.exit_code != 0 {
+                let stderr = String::from_utf8_lossy(&resp.stderr);
+                let stdout = String::from_utf8_lossy(&resp.stdout);
+                return Err(HookError::ExecExit {
+                    cmd,
+                    container: name(),
+                    code: resp.exit_code,
+                    output: format!("{stdout}{stderr}").trim().to_string(),
+                });
+            }
+            return Ok(());
+        }
+        if let Some(get) = &handler.http_get {
+            // The same HTTP client as httpGet probes (HTTPS without certificate checks,
+            // same-host redirects), with upstream's lifecycle User-Agent unless the hook sets one.
+            let host = get
+                .host
+                .clone()
+                .filter(|h| !h.is_empty())
+                .or_else(|| pod_ip.map(str::to_string))
+                .ok_or(HookError::NoPodIp)?;
+            let port = resolve_port(&get.port, container).map_err(|source| HookError::Port {
+                container: name(),
+                source,
+            })?;
+            let path = get.path.clone().unwrap_or_else(|| "/".into());
+            let https = get
+                .scheme
+                .as_deref()
+                .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
+            let mut headers = vec![("User-Agent".to_string(), LIFECYCLE_USER_AGENT.to_string())];
+            headers.retain(|(name, _)| {
+                !get.http_headers
+                    .iter()
+                    .flatten()
+                    .any(|h| h.name.eq_ignore_ascii_case(name))
+            });
+            headers.extend(
+                get.http_headers
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+            );
+            let request =
+                HttpProbe::new(https, &host, port, &path, headers, timeout).map_err(|source| {
+                    HookError::Request {
+                        container: name(),
+                        source,
+                    }
+                })?;
+            return match request.run().await {
+                ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
+                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(HookError::Http {
+                    path,
+                    container: name(),
+                    why,
+                }),
+            };
+        }
+        if let Some(sleep) = &handler.sleep {
+            tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
+            return Ok(());
+        }
+        Err(HookError::NoAction {
+            kind: kind.as_str(),
+        })
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(result) => result,
+        Err(_) => Err(HookError::Timeout {
+            kind: kind.as_str(),
+            container: name(),
+            seconds: timeout.as_secs(),
+        }),
+    }
+}
