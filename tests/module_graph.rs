@@ -1,212 +1,326 @@
-//! The library's modules depend on each other in one direction only: no cycles between the
-//! top-level modules, nor between the modules inside `runtime` and inside `runtime::translate`.
+//! The crate's layers are used in one direction only: a part uses the parts below it, never
+//! one above or beside it. [`LAYERS`] is the table, lowest first; `scripts/module-graph` prints
+//! the graph as the source has it.
 //!
-//! The graph is read from the source: a file in module `a` that names `crate::b` (in a `use`
-//! or a path) depends on `b`; inside `runtime`, `super::b` and `crate::runtime::b` count too.
-//! `scripts/module-graph` prints it.
+//! A *part* is a module directly under a layer (`kubelet::runtime`, `base::yaml`; `config` is
+//! one part on its own). A file of part P that names a path of part Q (`crate::…` or
+//! `super::…`, in a `use` or in code) makes P use Q. P may use Q when Q's layer is lower, or
+//! when both share a layer and Q's tier in it is lower. Every production file is read (see
+//! `shape`): test code is skipped only where it is a `#[cfg(test)]` item or a file declared
+//! as one.
+
+mod shape;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
-type Graph = BTreeMap<String, BTreeSet<String>>;
+use shape::{SourceFile, production_files};
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
+/// One layer: its directory under `src/` and its parts in tiers, lowest first. A part may use
+/// the parts of lower tiers of its own layer, and every part of every lower layer.
+struct Layer {
+    name: &'static str,
+    tiers: &'static [&'static [&'static str]],
+}
+
+/// The layers, lowest first.
+const LAYERS: &[Layer] = &[
+    Layer {
+        name: "base",
+        tiers: &[
+            &[
+                "clock",
+                "cri_labels",
+                "health",
+                "observed",
+                "podspec",
+                "resync_queue",
+                "safe_names",
+                "yaml",
+            ],
+            &["metrics"],
+        ],
+    },
+    Layer {
+        name: "clients",
+        tiers: &[&["apiserver", "cri", "http"]],
+    },
+    Layer {
+        name: "config",
+        tiers: &[&["config"]],
+    },
+    Layer {
+        name: "kubelet",
+        tiers: &[
+            // Leaves: each talks to one client or none, and knows no other manager.
+            &[
+                "api_objects",
+                "certificate",
+                "cm",
+                "events",
+                "pull_credentials",
+                "stats",
+            ],
+            // What a pod's sync uses: probes, volumes, status, sources, mirror pods, shutdown.
+            &["admission", "prober", "shutdown", "source", "volume"],
+            &["mirror_pods", "pod_status"],
+            &["runtime"],
+            &["pleg", "gc"],
+            &["eviction", "node"],
+            &["pod_workers"],
+            &["sync_loop"],
+        ],
+    },
+    Layer {
+        name: "endpoints",
+        tiers: &[&["read_only"], &["node_api"]],
+    },
+    Layer {
+        name: "app",
+        tiers: &[&["heap_trim", "logging"], &["cli", "daemon"]],
+    },
+];
+
+/// Where a part stands: (layer index, tier index).
+fn rank(part: &str) -> Option<(usize, usize)> {
+    let (layer, name) = part.split_once("::").unwrap_or((part, part));
+    LAYERS.iter().enumerate().find_map(|(l, layer_def)| {
+        (layer_def.name == layer).then_some(())?;
+        layer_def
+            .tiers
+            .iter()
+            .position(|tier| tier.contains(&name))
+            .map(|t| (l, t))
+    })
+}
+
+/// The part a module path belongs to: `kubelet::runtime::inspect` → `kubelet::runtime`,
+/// `config::flags` → `config`; `None` for the crate root or a bare layer.
+fn part_of(path: &[String]) -> Option<String> {
+    match path {
+        [first, ..] if first == "config" => Some("config".to_string()),
+        [layer, name, ..] => Some(format!("{layer}::{name}")),
+        _ => None,
     }
 }
 
-/// The code of a file without comments and without `#[cfg(test)]` modules at its end (tests
-/// may reach anywhere).
-fn code_of(text: &str) -> String {
-    let cut = text.find("#[cfg(test)]\nmod ").unwrap_or(text.len());
-    text[..cut]
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
+/// A use of another module: the full path named, and where.
+struct Use {
+    path: Vec<String>,
+    offset: usize,
 }
 
-/// The identifiers that follow each occurrence of `prefix` (e.g. `crate::`).
-fn names_after(code: &str, prefix: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = code;
-    while let Some(i) = rest.find(prefix) {
-        let before_ok = i == 0
-            || !rest[..i]
-                .chars()
-                .last()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
-        rest = &rest[i + prefix.len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if before_ok && !name.is_empty() {
-            out.insert(name);
-        }
-        // `use crate::{a, b}` names several at once.
-        if rest.starts_with('{') {
-            let end = rest.find('}').unwrap_or(rest.len());
-            for part in rest[1..end].split(',') {
-                let n: String = part
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !n.is_empty() {
-                    out.insert(n);
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Every path that starts with `crate::` or `super::` in the file's code, resolved to a full
+/// module path; a `{a, b::c}` group gives one path each.
+fn uses_in(file: &SourceFile) -> Vec<Use> {
+    let code = &file.code;
+    let mut out = Vec::new();
+    for prefix in ["crate::", "super::"] {
+        for (at, _) in code.match_indices(prefix) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| is_ident(c) || c == ':') {
+                continue;
+            }
+            let mut base: Vec<String> = Vec::new();
+            let mut rest = &code[at..];
+            if prefix == "super::" {
+                // `super::super::x` from a file of module m climbs as many levels.
+                let mut module = file.module.clone();
+                while let Some(r) = rest.strip_prefix("super::") {
+                    module.pop();
+                    rest = r;
                 }
+                base = module;
+            } else {
+                rest = &rest["crate::".len()..];
+            }
+            for path in expand(rest, &base) {
+                out.push(Use { path, offset: at });
             }
         }
     }
     out
 }
 
-/// The graph of modules under `root` (a directory of the crate), each file belonging to the
-/// module named by its first path component below `root`.
-fn graph(src: &Path, root: &Path, prefixes: &[&str]) -> Graph {
-    let mut files = Vec::new();
-    rust_files(root, &mut files);
-    let modules: BTreeSet<String> = std::fs::read_dir(root)
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            let name = p.file_stem()?.to_str()?.to_string();
-            (p.is_dir() || p.extension().is_some_and(|x| x == "rs")).then_some(name)
-        })
-        .filter(|n| !["lib", "main", "mod"].contains(&n.as_str()))
-        .collect();
-    let mut g = Graph::new();
-    for file in files {
-        let rel = file.strip_prefix(root).unwrap();
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let module = first.trim_end_matches(".rs").to_string();
-        if !modules.contains(&module) {
-            continue;
+/// The paths named at the start of `text` (after `crate::`), each prefixed by `base`:
+/// `a::b::C` gives `[.., a, b, C]`; `a::{b, c::d}` gives both.
+fn expand(text: &str, base: &[String]) -> Vec<Vec<String>> {
+    let mut path = base.to_vec();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if rest.starts_with('{') {
+            let inner = &rest[1..group_end(rest)];
+            return split_top_level(inner)
+                .into_iter()
+                .flat_map(|item| expand(item, &path))
+                .collect();
         }
-        let code = code_of(&std::fs::read_to_string(&file).unwrap());
-        // How many `super::` reach the modules beside this file's module: one from `a.rs` or
-        // `a/mod.rs`, two from `a/b.rs`, and so on.
-        let depth = rel.components().count() - usize::from(rel.ends_with("mod.rs"));
-        let siblings = "super::".repeat(depth);
-        for prefix in prefixes {
-            let prefix = if *prefix == "super::" {
-                siblings.as_str()
-            } else {
-                prefix
-            };
-            for name in names_after(&code, prefix) {
-                if name != module && modules.contains(&name) {
-                    g.entry(module.clone()).or_default().insert(name);
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if name.is_empty() {
+            return vec![path];
+        }
+        rest = &rest[name.len()..];
+        if name != "self" {
+            path.push(name);
+        }
+        match rest.trim_start().strip_prefix("::") {
+            Some(r) => rest = r,
+            None => return vec![path],
+        }
+    }
+}
+
+/// The offset of the `}` that closes the group opened at `text[0]`.
+fn group_end(text: &str) -> usize {
+    let mut depth = 0;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
                 }
             }
+            _ => {}
         }
-        g.entry(module).or_default();
     }
-    let _ = src;
+    text.len()
+}
+
+fn split_top_level(inner: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts.into_iter().filter(|p| !p.trim().is_empty()).collect()
+}
+
+/// One edge of the graph and the first line that makes it.
+struct Edge {
+    place: String,
+    line: String,
+}
+
+type Graph = BTreeMap<String, BTreeMap<String, Edge>>;
+
+fn graph(files: &[SourceFile]) -> Graph {
+    let mut g = Graph::new();
+    for file in files {
+        let Some(from) = part_of(&file.module) else {
+            continue;
+        };
+        let deps = g.entry(from.clone()).or_default();
+        for u in uses_in(file) {
+            let Some(to) = part_of(&u.path) else {
+                continue;
+            };
+            if to != from {
+                let n = file.line_of(u.offset);
+                deps.entry(to).or_insert_with(|| Edge {
+                    place: format!("src/{}:{n}", file.rel.display()),
+                    line: file.line(n).to_string(),
+                });
+            }
+        }
+    }
     g
 }
 
-/// The cycles of the graph: its strongly connected components with more than one module.
-fn cycles(g: &Graph) -> Vec<BTreeSet<String>> {
-    let reach = |from: &str| {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![from.to_string()];
-        while let Some(n) = stack.pop() {
-            for m in g.get(&n).into_iter().flatten() {
-                if seen.insert(m.clone()) {
-                    stack.push(m.clone());
-                }
-            }
-        }
-        seen
+/// Why `from` may not use `to`, or `None` when it may.
+fn wrong_way(from: &str, to: &str) -> Option<String> {
+    let (Some(f), Some(t)) = (rank(from), rank(to)) else {
+        return Some(format!(
+            "{from} -> {to}: a part missing from the LAYERS table"
+        ));
     };
-    let mut out: Vec<BTreeSet<String>> = Vec::new();
-    for a in g.keys() {
-        let from_a = reach(a);
-        let scc: BTreeSet<String> = g
-            .keys()
-            .filter(|b| *b == a || (from_a.contains(*b) && reach(b).contains(a)))
-            .cloned()
-            .collect();
-        if scc.len() > 1 && !out.contains(&scc) {
-            out.push(scc);
-        }
+    if t.0 > f.0 {
+        return Some(format!("{from} -> {to}: uses a higher layer"));
     }
-    out
+    if t.0 == f.0 && t.1 >= f.1 {
+        let how = if t.1 == f.1 { "the same" } else { "a higher" };
+        return Some(format!("{from} -> {to}: uses {how} tier of its layer"));
+    }
+    None
 }
 
-fn render(title: &str, g: &Graph) -> String {
-    let mut text = format!("{title}\n");
-    for (m, deps) in g {
-        let list: Vec<&str> = deps.iter().map(String::as_str).collect();
-        text.push_str(&format!("  {m} -> {}\n", list.join(", ")));
+fn render(g: &Graph) -> String {
+    let mut text = String::from("parts and the parts they use:\n");
+    for (from, deps) in g {
+        let list: Vec<&str> = deps.keys().map(String::as_str).collect();
+        text.push_str(&format!("  {from} -> {}\n", list.join(", ")));
     }
     text
 }
 
 #[test]
-fn no_module_cycles() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let top = graph(&src, &src, &["crate::"]);
-    let runtime = graph(&src, &src.join("runtime"), &["crate::runtime::", "super::"]);
-    let translate = graph(
-        &src,
-        &src.join("runtime/translate"),
-        &["crate::runtime::translate::", "super::"],
-    );
-    let text = format!(
-        "{}{}{}",
-        render("top-level modules (src/*):", &top),
-        render("inside runtime (src/runtime/*):", &runtime),
-        render("inside translate (src/runtime/translate/*):", &translate)
-    );
-    println!("{text}");
+fn no_part_uses_a_higher_layer_or_tier() {
+    let files = production_files();
+    let g = graph(&files);
+    println!("{}", render(&g));
     let mut problems = Vec::new();
-    for (what, g) in [
-        ("top level", &top),
-        ("runtime", &runtime),
-        ("translate", &translate),
-    ] {
-        for c in cycles(g) {
-            problems.push(format!("{what}: {c:?}"));
+    for (from, deps) in &g {
+        if rank(from).is_none() {
+            problems.push(format!("{from}: a part missing from the LAYERS table"));
+        }
+        for (to, edge) in deps {
+            if let Some(why) = wrong_way(from, to) {
+                problems.push(format!("{why}\n    {}: {}", edge.place, edge.line));
+            }
         }
     }
     assert!(
         problems.is_empty(),
-        "module cycles:\n{}\n\n{text}",
+        "wrong-way uses (see LAYERS in tests/module_graph.rs):\n{}",
         problems.join("\n")
     );
 }
 
 #[test]
-fn the_reader_finds_names_in_uses_and_paths() {
-    let code = "use crate::{cri, pleg::X};\nlet x = crate::node::f();\nfoo_crate::bar;";
-    let names = names_after(code, "crate::");
-    assert_eq!(
-        names.into_iter().collect::<Vec<_>>(),
-        vec!["cri", "node", "pleg"]
-    );
-    let g: Graph = [
-        ("a".to_string(), BTreeSet::from(["b".to_string()])),
-        ("b".to_string(), BTreeSet::from(["a".to_string()])),
-        ("c".to_string(), BTreeSet::from(["a".to_string()])),
+fn the_reader_resolves_groups_and_super() {
+    let text = "use crate::{base::yaml, kubelet::{runtime::X, pleg}};\nuse super::super::gc::Y;\nlet z = crate::config::Config::default();\n";
+    let file = SourceFile {
+        rel: "kubelet/runtime/inspect.rs".into(),
+        module: vec!["kubelet".into(), "runtime".into(), "inspect".into()],
+        text: text.into(),
+        code: shape::blank_comments_and_literals(text),
+    };
+    let paths: BTreeSet<String> = uses_in(&file)
+        .into_iter()
+        .map(|u| u.path.join("::"))
+        .collect();
+    let want: BTreeSet<String> = [
+        "base::yaml",
+        "kubelet::runtime::X",
+        "kubelet::pleg",
+        "kubelet::gc::Y",
+        "config::Config::default",
     ]
+    .map(String::from)
     .into();
-    assert_eq!(
-        cycles(&g),
-        vec![BTreeSet::from(["a".to_string(), "b".to_string()])]
-    );
+    assert_eq!(paths, want);
+}
+
+#[test]
+fn the_table_refuses_upward_and_sideways_uses() {
+    assert_eq!(wrong_way("kubelet::sync_loop", "kubelet::runtime"), None);
+    assert_eq!(wrong_way("kubelet::runtime", "base::yaml"), None);
+    assert!(wrong_way("base::yaml", "kubelet::runtime").is_some());
+    assert!(wrong_way("kubelet::runtime", "kubelet::sync_loop").is_some());
+    assert!(wrong_way("kubelet::gc", "kubelet::pleg").is_some());
+    assert!(wrong_way("kubelet::nowhere", "base::yaml").is_some());
 }
