@@ -28,21 +28,20 @@ const LAYERS: &[Layer] = &[
         name: "base",
         tiers: &[
             &[
-                "clock",
-                "cri_labels",
                 "health",
+                "node_pressure",
                 "observed",
                 "podspec",
                 "resync_queue",
                 "safe_names",
                 "yaml",
             ],
-            &["metrics"],
+            &["cri_labels", "metrics"],
         ],
     },
     Layer {
         name: "clients",
-        tiers: &[&["apiserver", "cri", "http"]],
+        tiers: &[&["apiserver", "cri"]],
     },
     Layer {
         name: "config",
@@ -58,13 +57,13 @@ const LAYERS: &[Layer] = &[
                 "cm",
                 "events",
                 "pull_credentials",
-                "stats",
             ],
-            // What a pod's sync uses: probes, volumes, status, sources, mirror pods, shutdown.
-            &["admission", "prober", "shutdown", "source", "volume"],
-            &["mirror_pods", "pod_status"],
+            // The pod sources, and what a pod's sync needs below the runtime manager.
+            &["prober", "shutdown", "source", "volume"],
+            &["admission", "mirror_pods", "stats"],
+            &["pod_status"],
             &["runtime"],
-            &["pleg", "gc"],
+            &["gc", "pleg"],
             &["eviction", "node"],
             &["pod_workers"],
             &["sync_loop"],

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::LifecycleHandler;
 
-use crate::kubelet::runtime::spec_hash::parse_hash;
+use crate::base::podspec::spec_hash::parse_hash;
 
 // ---- labels (sandboxes and containers)
 
@@ -166,6 +166,21 @@ impl ContainerIdentity {
     pub fn is_init(&self) -> bool {
         self.container_type == CONTAINER_TYPE_INIT
     }
+}
+
+/// A label selector for objects this agent (node `node`) created.
+pub fn managed_selector(node: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (MANAGED_LABEL.to_string(), MANAGED_VALUE.to_string()),
+        (NODE_LABEL.to_string(), node.to_string()),
+    ])
+}
+
+/// A label selector for one pod's objects.
+pub fn pod_selector(node: &str, uid: &str) -> HashMap<String, String> {
+    let mut sel = managed_selector(node);
+    sel.insert(POD_UID_LABEL.to_string(), uid.to_string());
+    sel
 }
 
 #[cfg(test)]

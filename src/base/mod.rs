@@ -6,6 +6,7 @@
 pub mod cri_labels;
 pub mod health;
 pub mod metrics;
+pub mod node_pressure;
 pub mod observed;
 pub mod podspec;
 pub mod resync_queue;

@@ -28,6 +28,18 @@ pub fn component_problem(value: &str) -> Option<&'static str> {
     }
 }
 
+/// `<pod_logs_dir>/<namespace>_<name>_<uid>`: where the pod's container logs live (upstream's
+/// layout, which log shippers expect). The runtime manager makes it, the stats and the node
+/// API's log endpoints read it.
+pub fn pod_log_directory(
+    pod_logs_dir: &std::path::Path,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> std::path::PathBuf {
+    pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::duration::{format_go_duration, parse_go_duration};
 use super::file::KubeletConfigurationFile;
-use crate::kubelet::shutdown::plan::PriorityGrace;
+use crate::base::podspec::pod::{DEFAULT_PRIORITY, SYSTEM_CRITICAL_PRIORITY};
 
 /// One entry of `shutdownGracePeriodByPodPriority` as the file has it.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -30,12 +30,60 @@ pub struct ShutdownSettings {
 impl ShutdownSettings {
     /// The priority buckets these settings mean, lowest first (empty: off).
     pub fn buckets(&self) -> Vec<PriorityGrace> {
-        crate::kubelet::shutdown::plan::buckets(
+        buckets(
             self.grace_period,
             self.grace_period_critical_pods,
             &self.by_pod_priority,
         )
     }
+}
+
+/// One bucket of `shutdownGracePeriodByPodPriority`: pods of this priority and above (up to
+/// the next bucket) get `grace_seconds` to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityGrace {
+    pub priority: i32,
+    pub grace_seconds: i64,
+}
+
+/// The buckets that the configuration means, lowest priority first; empty when graceful
+/// shutdown is off. `by_priority` wins when given (validation refuses both at once).
+pub fn buckets(
+    grace_period: Duration,
+    critical_pods: Duration,
+    by_priority: &[PriorityGrace],
+) -> Vec<PriorityGrace> {
+    let mut out = if by_priority.is_empty() {
+        from_plain_fields(grace_period, critical_pods)
+    } else {
+        by_priority.to_vec()
+    };
+    out.sort_by_key(|b| b.priority);
+    out
+}
+
+/// The two buckets of the plain fields: regular pods get `grace_period - critical_pods`,
+/// critical pods `critical_pods`. A zero grace period, or a critical part longer than the
+/// whole, means no graceful shutdown (as upstream).
+fn from_plain_fields(grace_period: Duration, critical_pods: Duration) -> Vec<PriorityGrace> {
+    if grace_period.is_zero() || critical_pods > grace_period {
+        return Vec::new();
+    }
+    let regular = grace_period - critical_pods;
+    vec![
+        PriorityGrace {
+            priority: DEFAULT_PRIORITY,
+            grace_seconds: whole_seconds(regular),
+        },
+        PriorityGrace {
+            priority: SYSTEM_CRITICAL_PRIORITY,
+            grace_seconds: whole_seconds(critical_pods),
+        },
+    ]
+}
+
+fn whole_seconds(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
 }
 
 fn duration(text: Option<&str>, field: &str) -> Result<Duration, ConfigError> {

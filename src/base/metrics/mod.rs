@@ -300,10 +300,50 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
     ] {
         f.render(&mut out);
     }
-    crate::kubelet::shutdown::SHUTDOWN_TIMES.render(&mut out);
+    SHUTDOWN_TIMES.render(&mut out);
     process::render(&mut out);
     out.push_str(extra);
     out
+}
+
+/// The last graceful shutdown's start and end (seconds since the epoch; 0 = none), for
+/// upstream's `kubelet_graceful_shutdown_{start,end}_time_seconds`. The node shutdown manager
+/// sets them; they are here, with the other families, so that the page needs no manager.
+pub struct ShutdownTimes {
+    pub start: std::sync::atomic::AtomicU64,
+    pub end: std::sync::atomic::AtomicU64,
+}
+
+pub static SHUTDOWN_TIMES: ShutdownTimes = ShutdownTimes {
+    start: std::sync::atomic::AtomicU64::new(0),
+    end: std::sync::atomic::AtomicU64::new(0),
+};
+
+impl ShutdownTimes {
+    /// Upstream's two gauges in the text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let get = |a: &std::sync::atomic::AtomicU64| {
+            f64::from_bits(a.load(std::sync::atomic::Ordering::Relaxed))
+        };
+        for (name, help, value) in [
+            (
+                "kubelet_graceful_shutdown_start_time_seconds",
+                "Last graceful shutdown start time since unix epoch in seconds",
+                get(&self.start),
+            ),
+            (
+                "kubelet_graceful_shutdown_end_time_seconds",
+                "Last graceful shutdown end time since unix epoch in seconds",
+                get(&self.end),
+            ),
+        ] {
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

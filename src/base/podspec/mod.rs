@@ -1,14 +1,17 @@
-//! Kubernetes helpers that several layers need (the runtime manager, status, probes, volumes,
-//! cgroups): what a pod's spec means, computed the way upstream computes it. A leaf: it depends
-//! on no other module of Deckhand, so every layer can use it without a cycle. (Named `k8s`, not
-//! `kube`, so that it never shadows the `kube` client crate.)
+//! What a pod's spec means, computed the way upstream computes it: its identity and origin,
+//! QoS class, resources and quantities, sysctls, AppArmor settings, eviction thresholds and
+//! label rules. Several layers ask (the runtime manager, status, probes, volumes, cgroups,
+//! admission, eviction); it depends on nothing else of Deckhand, so any of them can.
 
+pub mod apparmor;
 pub mod expand;
 pub mod labels;
+pub mod origin;
 pub mod pod;
 pub mod qos;
 pub mod quantity;
 pub mod resources;
+pub mod spec_hash;
 pub mod sysctl;
 pub mod threshold;
 

@@ -1,4 +1,4 @@
-//! A pod's identity and restart rules.
+//! A pod's identity, priority and restart rules.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -65,6 +65,13 @@ pub fn full_name(pod: &Pod) -> String {
         pod.metadata.name.as_deref().unwrap_or_default()
     )
 }
+
+/// Upstream's priority of pods without a priority class, when no default class exists.
+pub const DEFAULT_PRIORITY: i32 = 0;
+/// The lowest priority of critical system pods (`system-cluster-critical`).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+/// `system-node-critical`, which the API server gives 1000 more.
+pub const NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
 
 #[cfg(test)]
 mod tests {

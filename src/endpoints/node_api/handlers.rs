@@ -344,7 +344,7 @@ async fn container_logs(
             format!("container {container:?} not found in pod {pod_name:?}"),
         );
     }
-    let dir = crate::kubelet::runtime::translate::pod_log_directory(
+    let dir = crate::base::safe_names::pod_log_directory(
         &state.pod_logs_dir,
         &namespace,
         &pod_name,

@@ -172,11 +172,7 @@ impl Usage {
 
 /// True for pods that did not come from the API server (upstream's `IsStaticPod`).
 fn is_static(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::kubelet::source::defaults::CONFIG_SOURCE_ANNOTATION))
-        .is_some_and(|s| s != crate::kubelet::source::SOURCE_API)
+    crate::base::podspec::origin::is_not_from_api(pod)
 }
 
 /// Whether the node admits `pod`, given the pods it has admitted and not finished.

@@ -16,8 +16,7 @@ use crate::kubelet::admission::requests::pod_requests;
 /// Upstream's reason for evicted pods and for pods refused under pressure.
 pub const REASON: &str = "Evicted";
 
-/// Priority at and above which a pod is critical (upstream's `SystemCriticalPriority`).
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub use crate::base::podspec::pod::SYSTEM_CRITICAL_PRIORITY;
 
 /// The taint a BestEffort pod may tolerate to be admitted under memory pressure.
 pub const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
@@ -199,8 +198,8 @@ pub struct Candidate<'a> {
 /// Upstream's `IsCriticalPod`: static, mirror, or system-critical priority. Never evicted,
 /// always admitted.
 pub fn is_critical(pod: &Pod) -> bool {
-    crate::kubelet::mirror_pods::is_static(pod)
-        || crate::kubelet::source::apiserver::is_mirror(pod)
+    crate::base::podspec::origin::is_static(pod)
+        || crate::base::podspec::origin::is_mirror(pod)
         || priority(pod) >= SYSTEM_CRITICAL_PRIORITY
 }
 

@@ -23,40 +23,14 @@ pub mod signals;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, RwLock};
-
 use tokio::sync::oneshot;
 
+pub use crate::base::node_pressure::{Condition, PressureView};
 pub use decide::{Observation, Observations, REASON};
-pub use signals::{Condition, Resource, Signal};
+pub use signals::{Resource, Signal};
 
 /// Upstream's `evictionMonitoringPeriod`.
 pub const MONITORING_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The pressure conditions the manager reports now; cheap to clone, read by the node status
-/// and by admission. Empty until the first round.
-#[derive(Clone, Debug, Default)]
-pub struct PressureView {
-    inner: Arc<RwLock<BTreeSet<Condition>>>,
-}
-
-impl PressureView {
-    pub fn conditions(&self) -> BTreeSet<Condition> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    pub fn has(&self, c: Condition) -> bool {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&c)
-    }
-
-    pub fn set(&self, conditions: BTreeSet<Condition>) {
-        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = conditions;
-    }
-}
 
 /// A pod to evict, handed to the sync loop: it stops the pod with `grace_seconds`, shows it
 /// Failed with reason [`REASON`] and `message`, and answers on `done` once the pod's

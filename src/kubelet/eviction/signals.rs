@@ -56,25 +56,7 @@ impl Resource {
     }
 }
 
-/// A node pressure condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub enum Condition {
-    MemoryPressure,
-    DiskPressure,
-    #[serde(rename = "PIDPressure")]
-    PidPressure,
-}
-
-impl Condition {
-    /// The Node condition type.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::MemoryPressure => "MemoryPressure",
-            Condition::DiskPressure => "DiskPressure",
-            Condition::PidPressure => "PIDPressure",
-        }
-    }
-}
+pub use crate::base::node_pressure::Condition;
 
 impl Signal {
     pub const ALL: [Signal; 9] = [

@@ -17,13 +17,13 @@ use super::files;
 use super::images::{FsUsage, ImageGcPolicy, ImageTracker, ListedImage, RemovalReason};
 use super::rotation::{TIMESTAMP_FORMAT, plan_rotation};
 use crate::base::cri_labels;
+use crate::base::cri_labels::managed_selector;
 use crate::base::safe_names::component_problem;
 use crate::clients::cri::proto::{
     Container, ContainerFilter, ContainerState, ContainerStateValue, PodSandbox, PodSandboxState,
 };
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::config::GcSettings;
-use crate::kubelet::runtime::inspect::managed_selector;
 
 /// Upstream's periods (`ContainerGCPeriod`, `ImageGCPeriod`).
 pub const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);

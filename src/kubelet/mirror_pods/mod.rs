@@ -29,9 +29,8 @@ use self::decide::{
 use crate::base::podspec::full_name;
 use crate::clients::apiserver::retry::Backoff;
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
+use crate::kubelet::source::SourcesReady;
 use crate::kubelet::source::apiserver::ApiPodsView;
-use crate::kubelet::source::defaults::CONFIG_SOURCE_ANNOTATION;
-use crate::kubelet::source::{SOURCE_FILE, SOURCE_HTTP, SourcesReady};
 
 /// How long after every source has delivered its pods orphaned mirror pods are deleted. The
 /// merge marks a source ready once its first changes are on their way to the sync loop, which
@@ -47,14 +46,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(200);
 /// Field manager name in managedFields.
 const FIELD_MANAGER: &str = "deckhand";
 
-/// True for a static pod: one from the manifest directory or the manifest URL.
-pub fn is_static(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION))
-        .is_some_and(|s| s == SOURCE_FILE || s == SOURCE_HTTP)
-}
+pub use crate::base::podspec::origin::is_static;
 
 /// The three API calls mirror pods need, each one request, behind a trait so the manager can
 /// be tested without an API server; [`KubeMirrorApi`] is the real one.

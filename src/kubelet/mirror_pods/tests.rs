@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
+use crate::base::podspec::origin::CONFIG_SOURCE_ANNOTATION;
 
 /// Waits (in the paused clock's time) until `check` holds.
 async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {

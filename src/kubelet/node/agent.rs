@@ -499,7 +499,7 @@ pub struct LiveSnapshots<R> {
     pub reservations: Reservations,
     pub kubelet_port: u16,
     /// The eviction manager's pressure conditions.
-    pub pressure: crate::kubelet::eviction::PressureView,
+    pub pressure: crate::base::node_pressure::PressureView,
     /// Whether the node shuts down (the Ready condition says so).
     pub shutdown: crate::kubelet::shutdown::ShutdownStatus,
 }
@@ -581,7 +581,7 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
             images,
             max_images: self.max_images,
             pressure: {
-                use crate::kubelet::eviction::Condition;
+                use crate::base::node_pressure::Condition;
                 let c = self.pressure.conditions();
                 Pressure {
                     memory: c.contains(&Condition::MemoryPressure),

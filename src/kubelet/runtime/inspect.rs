@@ -89,23 +89,7 @@ impl DetailCache {
     }
 }
 
-/// A label selector for objects this agent (node `node`) created.
-pub fn managed_selector(node: &str) -> HashMap<String, String> {
-    HashMap::from([
-        (
-            cri_labels::MANAGED_LABEL.to_string(),
-            cri_labels::MANAGED_VALUE.to_string(),
-        ),
-        (cri_labels::NODE_LABEL.to_string(), node.to_string()),
-    ])
-}
-
-/// A label selector for one pod's objects.
-pub fn pod_selector(node: &str, uid: &str) -> HashMap<String, String> {
-    let mut sel = managed_selector(node);
-    sel.insert(cri_labels::POD_UID_LABEL.to_string(), uid.to_string());
-    sel
-}
+pub use crate::base::cri_labels::{managed_selector, pod_selector};
 
 /// A sandbox's IP, read once and remembered (the start of a pod's containers needs it, and
 /// the observation right after then reads no status again).

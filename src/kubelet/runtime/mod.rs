@@ -9,6 +9,6 @@ pub mod images;
 pub mod inspect;
 pub mod pod_files;
 pub mod revisit;
-pub mod spec_hash;
+
 pub mod termination_message;
 pub mod translate;

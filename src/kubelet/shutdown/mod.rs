@@ -396,6 +396,7 @@ fn store_state(path: &std::path::Path, state: &ShutdownState) {
 }
 
 fn set_metrics(state: &ShutdownState) {
+    use crate::base::metrics::SHUTDOWN_TIMES;
     SHUTDOWN_TIMES.start.store(
         state.start_time.unwrap_or(0.0).to_bits(),
         std::sync::atomic::Ordering::Relaxed,
@@ -404,45 +405,6 @@ fn set_metrics(state: &ShutdownState) {
         state.end_time.unwrap_or(0.0).to_bits(),
         std::sync::atomic::Ordering::Relaxed,
     );
-}
-
-/// The last graceful shutdown's start and end (seconds since the epoch; 0 = none), for
-/// upstream's `kubelet_graceful_shutdown_{start,end}_time_seconds`.
-pub struct ShutdownTimes {
-    start: std::sync::atomic::AtomicU64,
-    end: std::sync::atomic::AtomicU64,
-}
-
-pub static SHUTDOWN_TIMES: ShutdownTimes = ShutdownTimes {
-    start: std::sync::atomic::AtomicU64::new(0),
-    end: std::sync::atomic::AtomicU64::new(0),
-};
-
-impl ShutdownTimes {
-    /// Upstream's two gauges in the text format.
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
-        let get = |a: &std::sync::atomic::AtomicU64| {
-            f64::from_bits(a.load(std::sync::atomic::Ordering::Relaxed))
-        };
-        for (name, help, value) in [
-            (
-                "kubelet_graceful_shutdown_start_time_seconds",
-                "Last graceful shutdown start time since unix epoch in seconds",
-                get(&self.start),
-            ),
-            (
-                "kubelet_graceful_shutdown_end_time_seconds",
-                "Last graceful shutdown end time since unix epoch in seconds",
-                get(&self.end),
-            ),
-        ] {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-            );
-        }
-    }
 }
 
 #[cfg(test)]

@@ -12,60 +12,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// Upstream's priority of pods without a priority class, when no default class exists.
-pub const DEFAULT_PRIORITY: i32 = 0;
-/// The lowest priority of critical system pods (`system-cluster-critical`).
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-/// `system-node-critical`, which the API server gives 1000 more.
-pub const NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
-
-/// One bucket of `shutdownGracePeriodByPodPriority`: pods of this priority and above (up to
-/// the next bucket) get `grace_seconds` to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PriorityGrace {
-    pub priority: i32,
-    pub grace_seconds: i64,
-}
-
-/// The buckets that the configuration means, lowest priority first; empty when graceful
-/// shutdown is off. `by_priority` wins when given (validation refuses both at once).
-pub fn buckets(
-    grace_period: Duration,
-    critical_pods: Duration,
-    by_priority: &[PriorityGrace],
-) -> Vec<PriorityGrace> {
-    let mut out = if by_priority.is_empty() {
-        from_plain_fields(grace_period, critical_pods)
-    } else {
-        by_priority.to_vec()
-    };
-    out.sort_by_key(|b| b.priority);
-    out
-}
-
-/// The two buckets of the plain fields: regular pods get `grace_period - critical_pods`,
-/// critical pods `critical_pods`. A zero grace period, or a critical part longer than the
-/// whole, means no graceful shutdown (as upstream).
-fn from_plain_fields(grace_period: Duration, critical_pods: Duration) -> Vec<PriorityGrace> {
-    if grace_period.is_zero() || critical_pods > grace_period {
-        return Vec::new();
-    }
-    let regular = grace_period - critical_pods;
-    vec![
-        PriorityGrace {
-            priority: DEFAULT_PRIORITY,
-            grace_seconds: whole_seconds(regular),
-        },
-        PriorityGrace {
-            priority: SYSTEM_CRITICAL_PRIORITY,
-            grace_seconds: whole_seconds(critical_pods),
-        },
-    ]
-}
-
-fn whole_seconds(d: Duration) -> i64 {
-    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
-}
+pub use crate::base::podspec::pod::{
+    DEFAULT_PRIORITY, NODE_CRITICAL_PRIORITY, SYSTEM_CRITICAL_PRIORITY,
+};
+pub use crate::config::shutdown::{PriorityGrace, buckets};
 
 /// The whole time the buckets ask for: what logind's `InhibitDelayMaxUSec` must allow.
 pub fn period_requested(buckets: &[PriorityGrace]) -> Duration {

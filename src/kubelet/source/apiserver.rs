@@ -144,13 +144,7 @@ impl std::fmt::Debug for ApiPodsView {
     }
 }
 
-/// True for a mirror pod (it carries [`MIRROR_ANNOTATION`]).
-pub fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
-}
+pub use crate::base::podspec::origin::is_mirror;
 
 impl std::fmt::Debug for ApiSourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

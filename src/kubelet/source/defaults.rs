@@ -11,14 +11,10 @@ use k8s_openapi::api::core::v1::{
 };
 use md5::{Digest, Md5};
 
-/// Annotation naming the source a pod came from (`file`, `http`, `api`).
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-/// Annotation holding the pod's content hash (for static pods, the UID).
-pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
-/// Annotation holding when the node first saw the pod (RFC 3339 with nanoseconds).
-pub const CONFIG_SEEN_ANNOTATION: &str = "kubernetes.io/config.seen";
-/// Annotation upstream sets on mirror pods; listed here so callers share one spelling.
-pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub use crate::base::podspec::origin::{
+    CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, CONFIG_SEEN_ANNOTATION,
+    CONFIG_SOURCE_ANNOTATION,
+};
 
 /// Where a static pod's manifest came from.
 #[derive(Clone, Copy, Debug)]

@@ -31,12 +31,7 @@ use self::manifest::ManifestError;
 use self::validate::ValidationError;
 pub use self::validate::validate_security::NodeSecurity;
 
-/// Source name of static pods read from `staticPodPath`.
-pub const SOURCE_FILE: &str = "file";
-/// Source name of static pods fetched from `staticPodURL`.
-pub const SOURCE_HTTP: &str = "http";
-/// Source name of pods bound to this node through the API server.
-pub const SOURCE_API: &str = "api";
+pub use crate::base::podspec::origin::{SOURCE_API, SOURCE_FILE, SOURCE_HTTP};
 
 /// One change to the set of pods the node should run.
 #[derive(Clone, Debug)]

@@ -16,9 +16,10 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::Errors;
+use crate::base::podspec::apparmor::{
+    APPARMOR_ANNOTATION_PREFIX, AppArmor, AppArmorError, apparmor_profile, is_local_descending_path,
+};
 use crate::base::podspec::sysctl::{SysctlAllowlist, SysctlError};
-use crate::kubelet::runtime::translate::is_local_descending_path;
-use crate::kubelet::runtime::translate::security::{APPARMOR_ANNOTATION_PREFIX, apparmor_profile};
 use crate::kubelet::source::validate::ValidationError;
 
 /// Where the kernel says whether AppArmor is on (`Y`).
@@ -402,14 +403,11 @@ pub fn validate_pod_security(pod: &Pod, node: &NodeSecurity) -> Vec<ValidationEr
         match apparmor_profile(pod, c) {
             Err(e) => {
                 // Field errors are already reported above; only the annotation is new here.
-                if matches!(
-                    e,
-                    crate::kubelet::runtime::translate::security::AppArmorError::BadAnnotation { .. }
-                ) {
+                if matches!(e, AppArmorError::BadAnnotation { .. }) {
                     errors.push(apparmor_source(pod, c, &field), e.to_string());
                 }
             }
-            Ok(Some(a)) if !node.apparmor_enabled && a.deprecated != "unconfined" => {
+            Ok(Some(a)) if !node.apparmor_enabled && a != AppArmor::Unconfined => {
                 errors.push(
                     apparmor_source(pod, c, &field),
                     "AppArmor: Cannot enforce AppArmor: AppArmor is not enabled on the host",

@@ -40,12 +40,12 @@ use self::types::{
     PodReference, PodStats, ProcessStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
 use crate::base::cri_labels;
+use crate::base::cri_labels::managed_selector;
 use crate::clients::cri::proto::{
     self, ContainerFilter, ContainerState, ContainerStateValue, ContainerStatsFilter,
     PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
 };
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
-use crate::kubelet::runtime::inspect::managed_selector;
 use crate::kubelet::volume::{
     CONFIG_MAP_PLUGIN, DOWNWARD_API_PLUGIN, EMPTY_DIR_PLUGIN, PROJECTED_PLUGIN, SECRET_PLUGIN,
 };
@@ -500,7 +500,7 @@ impl HostReader for HostFiles {
             .iter()
             .all(|c| crate::base::safe_names::component_problem(c).is_none())
         {
-            let pod_logs = crate::kubelet::runtime::translate::sandbox::pod_log_directory(
+            let pod_logs = crate::base::safe_names::pod_log_directory(
                 &self.pod_logs_dir,
                 &pod.namespace,
                 &pod.name,

@@ -202,7 +202,9 @@ pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
 
 /// The spec hash in the form recorded on containers.
 pub fn spec_hash(container: &Container) -> String {
-    super::spec_hash::format_hash(super::spec_hash::container_hash(container))
+    crate::base::podspec::spec_hash::format_hash(crate::base::podspec::spec_hash::container_hash(
+        container,
+    ))
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {

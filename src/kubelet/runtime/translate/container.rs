@@ -19,7 +19,7 @@ use super::{
 };
 use crate::base::podspec::qos::{QosClass, qos_class};
 use crate::base::podspec::quantity::{self, Quantity};
-use crate::kubelet::runtime::spec_hash::{container_hash, format_hash};
+use crate::base::podspec::spec_hash::{container_hash, format_hash};
 
 /// Where a container writes its termination message unless the spec says otherwise.
 pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
@@ -29,8 +29,7 @@ pub const DEFAULT_TERMINATION_MESSAGE_POLICY: &str = "File";
 /// OOM score adjustments, as upstream.
 const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
-/// Upstream's lowest priority of critical system pods.
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+use crate::base::podspec::pod::SYSTEM_CRITICAL_PRIORITY;
 
 /// The log file of one container instance, relative to the sandbox log directory.
 pub fn container_log_path(container_name: &str, restart_count: u32) -> String {

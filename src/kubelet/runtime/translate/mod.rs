@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::clients::cri::proto::security_profile::ProfileType;
 use crate::clients::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
-pub use super::spec_hash::container_hash;
+pub use crate::base::podspec::spec_hash::container_hash;
 pub use container::{container_config, container_config_with_env, container_labels, oom_score_adj};
 pub use dns::{HostDns, parse_resolv_conf};
 pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
@@ -252,15 +252,7 @@ pub(crate) fn seccomp_profile(
     })
 }
 
-/// A non-empty relative path that stays below its base (no `..` part), as upstream requires
-/// of `localhostProfile`.
-pub fn is_local_descending_path(path: &str) -> bool {
-    use std::path::Component;
-    !path.is_empty()
-        && std::path::Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-}
+pub use crate::base::podspec::apparmor::is_local_descending_path;
 
 pub(crate) fn selinux_option(o: &SELinuxOptions) -> SeLinuxOption {
     SeLinuxOption {

@@ -1,7 +1,7 @@
 //! Pod → `PodSandboxConfig`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -60,10 +60,7 @@ pub fn pod_hostname(pod: &Pod) -> String {
     cut.trim_end_matches(['-', '.']).to_string()
 }
 
-/// `<pod_logs_dir>/<namespace>_<name>_<uid>`: where the pod's container logs live.
-pub fn pod_log_directory(pod_logs_dir: &Path, namespace: &str, name: &str, uid: &str) -> PathBuf {
-    pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
-}
+pub use crate::base::safe_names::pod_log_directory;
 
 /// True when the pod uses the node's network namespace.
 pub fn is_host_network(pod: &Pod) -> bool {

@@ -5,17 +5,13 @@
 //! in `source::validate_security` (refused when the pod is loaded, with the field named), or in
 //! the volume manager (`fsGroup` ownership, `fsGroupChangePolicy`). Nothing is dropped.
 
-use k8s_openapi::api::core::v1::{
-    AppArmorProfile, Container, Pod, PodSecurityContext, SecurityContext,
-};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, SecurityContext};
 use thiserror::Error;
 
 use crate::clients::cri::proto::SecurityProfile;
 use crate::clients::cri::proto::security_profile::ProfileType;
 
-/// Upstream's annotation prefix for a container's AppArmor profile (deprecated by the
-/// `appArmorProfile` field, still honoured when the field is unset).
-pub const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+pub use crate::base::podspec::apparmor::APPARMOR_ANNOTATION_PREFIX;
 
 /// Paths the runtime hides from a container whose `procMount` is `Default` (upstream's list).
 pub const DEFAULT_MASKED_PATHS: [&str; 11] = [
@@ -182,78 +178,14 @@ pub fn image_user(image: &crate::clients::cri::proto::Image) -> (Option<i64>, St
     }
 }
 
+pub use crate::base::podspec::apparmor::{AppArmorError, requires_apparmor};
+
 /// An AppArmor profile in the two forms the CRI carries: the typed field and the deprecated
 /// string (`runtime/default`, `unconfined`, `localhost/<name>`) older runtimes read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppArmor {
     pub profile: SecurityProfile,
     pub deprecated: String,
-}
-
-/// Why an AppArmor setting cannot be passed on.
-#[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum AppArmorError {
-    #[error("unsupported appArmorProfile type {0:?} (RuntimeDefault, Unconfined or Localhost)")]
-    BadType(String),
-    #[error("appArmorProfile type Localhost needs localhostProfile")]
-    NoLocalhostProfile,
-    #[error(
-        "annotation {key}: unsupported value {value:?} (runtime/default, unconfined or localhost/<profile>)"
-    )]
-    BadAnnotation { key: String, value: String },
-}
-
-fn apparmor_from_field(p: &AppArmorProfile) -> Result<AppArmor, AppArmorError> {
-    let localhost = || {
-        p.localhost_profile
-            .clone()
-            .filter(|n| !n.is_empty())
-            .ok_or(AppArmorError::NoLocalhostProfile)
-    };
-    Ok(match p.type_.as_str() {
-        "RuntimeDefault" => AppArmor {
-            profile: profile(ProfileType::RuntimeDefault, ""),
-            deprecated: "runtime/default".into(),
-        },
-        "Unconfined" => AppArmor {
-            profile: profile(ProfileType::Unconfined, ""),
-            deprecated: "unconfined".into(),
-        },
-        "Localhost" => {
-            let name = localhost()?;
-            AppArmor {
-                profile: profile(ProfileType::Localhost, &name),
-                deprecated: format!("localhost/{name}"),
-            }
-        }
-        other => return Err(AppArmorError::BadType(other.to_string())),
-    })
-}
-
-fn apparmor_from_annotation(key: &str, value: &str) -> Result<AppArmor, AppArmorError> {
-    let field = match value {
-        "runtime/default" => AppArmorProfile {
-            type_: "RuntimeDefault".into(),
-            localhost_profile: None,
-        },
-        "unconfined" => AppArmorProfile {
-            type_: "Unconfined".into(),
-            localhost_profile: None,
-        },
-        v => match v.strip_prefix("localhost/").filter(|n| !n.is_empty()) {
-            Some(name) => AppArmorProfile {
-                type_: "Localhost".into(),
-                localhost_profile: Some(name.to_string()),
-            },
-            None => {
-                return Err(AppArmorError::BadAnnotation {
-                    key: key.to_string(),
-                    value: value.to_string(),
-                });
-            }
-        },
-    };
-    apparmor_from_field(&field)
 }
 
 fn profile(kind: ProfileType, localhost_ref: &str) -> SecurityProfile {
@@ -263,41 +195,23 @@ fn profile(kind: ProfileType, localhost_ref: &str) -> SecurityProfile {
     }
 }
 
-/// The container's AppArmor profile: its own field, else the pod's, else the annotation
-/// `container.apparmor.security.beta.kubernetes.io/<container>`; `None` leaves the runtime's
-/// default in place, as upstream.
+/// The container's AppArmor profile in CRI's terms (the pod spec's answer is
+/// [`crate::base::podspec::apparmor::apparmor_profile`]); `None` leaves the runtime's default.
 pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, AppArmorError> {
-    if let Some(p) = effective(
-        pod,
-        c,
-        |s| s.app_armor_profile.clone(),
-        |p| p.app_armor_profile.clone(),
-    ) {
-        return apparmor_from_field(&p).map(Some);
-    }
-    let key = format!("{APPARMOR_ANNOTATION_PREFIX}{}", c.name);
-    match pod.metadata.annotations.as_ref().and_then(|a| a.get(&key)) {
-        Some(value) => apparmor_from_annotation(&key, value).map(Some),
-        None => Ok(None),
-    }
-}
-
-/// Whether the pod needs the node to enforce AppArmor: some container asks for a profile
-/// other than `Unconfined` (upstream refuses such a pod on a node without AppArmor).
-pub fn requires_apparmor(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .any(|c| match apparmor_profile(pod, c) {
-            Ok(Some(a)) => a.profile.profile_type != ProfileType::Unconfined as i32,
-            Ok(None) => false,
-            // A malformed setting is reported by validation on its own.
-            Err(_) => true,
-        })
+    use crate::base::podspec::apparmor::AppArmor as Asked;
+    let asked = crate::base::podspec::apparmor::apparmor_profile(pod, c)?;
+    Ok(asked.map(|a| {
+        let deprecated = a.deprecated_form();
+        let profile = match &a {
+            Asked::RuntimeDefault => profile(ProfileType::RuntimeDefault, ""),
+            Asked::Unconfined => profile(ProfileType::Unconfined, ""),
+            Asked::Localhost(name) => profile(ProfileType::Localhost, name),
+        };
+        AppArmor {
+            profile,
+            deprecated,
+        }
+    }))
 }
 
 /// `masked_paths` and `readonly_paths` for the container's `procMount`. `Default` gets
@@ -339,7 +253,7 @@ pub fn supplemental_groups_policy(pod: &Pod) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::api::core::v1::{AppArmorProfile, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap;
 
