@@ -6,7 +6,7 @@
 //! touching their containers: a restarted agent adopts them.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,25 +146,17 @@ impl WorkerStats {
         self.syncs_interrupted.load(Ordering::Relaxed)
     }
 
-    /// Counts a panic caught while the worker was `doing` something for `pod`, logs it, and
-    /// says how long to wait before trying again (`in_a_row` is the worker's own run).
-    fn caught_panic(
-        &self,
-        in_a_row: &mut u32,
-        payload: &(dyn Any + Send),
-        pod: &str,
-        doing: &str,
-    ) -> Duration {
-        *in_a_row += 1;
+    /// Counts a panic caught in a worker and logs it, with the wait before the worker tries
+    /// again (the worker's state machine reckons it from its own run of panics).
+    fn caught_panic(&self, report: &PanicReport, wait: Duration) {
         self.panics.fetch_add(1, Ordering::Relaxed);
-        let wait = panic_backoff(*in_a_row);
+        let (pod, doing) = (report.pod.as_str(), report.doing);
         tracing::error!(
             pod,
-            panic = %panic_message(payload),
+            panic = %report.message,
             retry_in_ms = wait.as_millis() as u64,
             "the pod worker panicked while {doing}; it will try again"
         );
-        wait
     }
 
     /// The counters in Prometheus' text format.
@@ -377,6 +369,184 @@ fn note_mirror(mirrors: Option<&crate::kubelet::mirror_pods::MirrorPods>, uid: &
     }
 }
 
+/// What a worker decides by itself from one round to the next: which work to carry out, and
+/// when to look again after it. Kept apart from the waiting and the acting (the async
+/// [`worker_loop`]) so that every decision is a plain function of what happened, table-tested
+/// in `step_tests`.
+#[derive(Debug, Default)]
+struct WorkerState {
+    /// Test-only fault injection, from [`WorkerDeps::panic_pod`].
+    panic_pod: Option<String>,
+    /// The injected panic has been asked for (it is asked for once).
+    injected_panic: bool,
+    /// Panics caught since the last sync that completed: the back-off grows with them.
+    panics_in_a_row: u32,
+    /// For upstream's metrics: the pod last synced (a new pod object is an update).
+    last_synced: Option<Arc<Pod>>,
+    /// For upstream's metrics: the pod's start has been recorded.
+    start_recorded: bool,
+    /// The kill asked for has been carried out: nothing is synced any more.
+    killed: bool,
+}
+
+/// What happened, as the worker's state machine hears it.
+#[derive(Debug)]
+enum Event {
+    /// The newest work was picked up.
+    Picked(Work),
+    /// The pod is killed and its final status published.
+    Killed,
+    /// Killing the pod failed.
+    KillFailed,
+    /// A sync of `pod` completed and asks to be looked at again after `wait`. `running`: the
+    /// pod runs with every container started (see [`pod_started`]).
+    Synced {
+        pod: Arc<Pod>,
+        wait: Duration,
+        running: bool,
+    },
+    /// Everything of the pod is stopped and removed.
+    TornDown,
+    /// Tearing the pod down failed.
+    TeardownFailed,
+    /// The work in progress panicked.
+    Panicked(PanicReport),
+    /// Newer work came in that abandons the work in progress (a stop during a sync, a
+    /// terminate during a kill).
+    Interrupted,
+}
+
+/// A panic caught in a worker: whose pod, while doing what, and the panic's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PanicReport {
+    pod: String,
+    doing: &'static str,
+    message: String,
+}
+
+impl PanicReport {
+    fn new(payload: &(dyn Any + Send), pod: String, doing: &'static str) -> Self {
+        PanicReport {
+            pod,
+            doing,
+            message: panic_message(payload),
+        }
+    }
+}
+
+/// A sync to run, as the state machine asks for it.
+#[derive(Debug)]
+struct SyncJob {
+    pod: Arc<Pod>,
+    /// Test-only: panic in this sync (`DECKHAND_TEST_PANIC_POD`).
+    inject_panic: bool,
+    /// For upstream's metrics: `create` (first sync), `update` (a new pod object) or `sync`.
+    operation: &'static str,
+}
+
+/// What the worker is to do next, as its state machine says; the async driver does it.
+#[derive(Debug)]
+enum Action {
+    Kill(Kill),
+    Sync(SyncJob),
+    Terminate {
+        pod: Option<Arc<Pod>>,
+        grace_override: Option<i64>,
+    },
+    /// Record upstream's start-up metrics for the pod (once per worker).
+    RecordStart(Arc<Pod>),
+    /// Count and log a caught panic; the worker tries again `wait` later.
+    ReportPanic {
+        report: PanicReport,
+        wait: Duration,
+    },
+    /// Wait for new work, a poke or this long, then look at the work again.
+    WaitFor(Duration),
+    /// Look at the (newer) work at once.
+    LookNow,
+    /// The pod is gone: report the worker done and end it.
+    Finish,
+}
+
+/// How long a worker waits before it tries a failed kill again.
+const KILL_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a worker waits before it tries a failed teardown again.
+const TEARDOWN_RETRY: Duration = Duration::from_secs(2);
+
+impl WorkerState {
+    fn new(panic_pod: Option<String>) -> Self {
+        WorkerState {
+            panic_pod,
+            ..Default::default()
+        }
+    }
+
+    /// The state machine's one transition: takes in what happened, says what to do.
+    fn step(&mut self, event: Event) -> Vec<Action> {
+        match event {
+            Event::Picked(work) => vec![self.pick(work)],
+            Event::Killed => {
+                self.killed = true;
+                vec![Action::WaitFor(KILLED_IDLE)]
+            }
+            Event::KillFailed => vec![Action::WaitFor(KILL_RETRY)],
+            Event::Synced { pod, wait, running } => {
+                self.panics_in_a_row = 0;
+                let mut actions = vec![Action::WaitFor(wait)];
+                if running && !self.start_recorded {
+                    self.start_recorded = true;
+                    actions.push(Action::RecordStart(pod));
+                }
+                actions
+            }
+            Event::TornDown => vec![Action::Finish],
+            Event::TeardownFailed => vec![Action::WaitFor(TEARDOWN_RETRY)],
+            Event::Panicked(report) => {
+                self.panics_in_a_row += 1;
+                let wait = panic_backoff(self.panics_in_a_row);
+                vec![Action::ReportPanic { report, wait }, Action::WaitFor(wait)]
+            }
+            Event::Interrupted => vec![Action::LookNow],
+        }
+    }
+
+    /// What to do with the newest work: a killed pod is synced and killed no more (only its
+    /// removal is still to come); a sync notes what upstream's metrics call it.
+    fn pick(&mut self, work: Work) -> Action {
+        match work {
+            Work::Sync(_) | Work::Kill(_) if self.killed => Action::WaitFor(KILLED_IDLE),
+            Work::Kill(kill) => Action::Kill(kill),
+            Work::Sync(pod) => {
+                let inject_panic = !self.injected_panic
+                    && self.panic_pod.as_deref() == pod.metadata.name.as_deref();
+                self.injected_panic |= inject_panic;
+                let operation = match &self.last_synced {
+                    None => "create",
+                    Some(last) if !Arc::ptr_eq(last, &pod) => "update",
+                    Some(_) => "sync",
+                };
+                self.last_synced = Some(pod.clone());
+                Action::Sync(SyncJob {
+                    pod,
+                    inject_panic,
+                    operation,
+                })
+            }
+            Work::Terminate {
+                pod,
+                grace_override,
+            } => Action::Terminate {
+                pod,
+                grace_override,
+            },
+        }
+    }
+}
+
+/// The worker task of one pod: waits for new work, a poke or its next look, hands what
+/// happened to [`WorkerState::step`] and carries out what it says, until the pod is torn down
+/// or the agent shuts down.
 async fn worker_loop<R: RuntimeService + ImageService>(
     uid: String,
     mut rx: watch::Receiver<Work>,
@@ -385,29 +555,13 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     cancel: CancellationToken,
     done: mpsc::UnboundedSender<String>,
 ) {
-    let mut state = deps.executor.load_state(&uid);
-    // Only this worker creates objects for its UID, and a worker that ended removed them all:
-    // when a relist has completed and neither it nor a worker since saw anything of the pod,
-    // the runtime holds nothing of it and the first sync need not read it (on a node starting
-    // many pods at once, two list calls per pod that each walk every container).
-    let cached = deps.runtime_cache.pod(&uid);
-    state.known_empty = deps.runtime_cache.has_relisted() && cached.is_none();
-    // A pod the relist saw (adopted after a restart) is read from there on through its own
-    // sandbox, not by lists of the node.
-    state.reread = cached.is_some();
-    state.view = cached;
-    let mut next = Instant::now();
-    // Look at the work at once (first round, or a terminate that interrupted a sync).
-    let mut immediate = true;
-    let mut panics_in_a_row = 0u32;
-    let mut injected_panic = false;
-    // For upstream's metrics: when the worker first saw the pod, the pod it last synced (a new
-    // pod object is an update), and whether its start was recorded.
+    let mut state = initial_sync_state(&uid, &deps);
+    let mut worker = WorkerState::new(deps.panic_pod.clone());
+    // For upstream's metrics: when the worker first saw the pod.
     let first_seen = Instant::now();
-    let mut last_synced: Option<Arc<Pod>> = None;
-    let mut start_recorded = false;
-    // The kill asked for has been carried out: nothing is synced any more.
-    let mut killed = false;
+    let mut next = Instant::now();
+    // Look at the work at once (first round, or newer work that interrupted the last).
+    let mut immediate = true;
     loop {
         if !immediate {
             tokio::select! {
@@ -419,165 +573,216 @@ async fn worker_loop<R: RuntimeService + ImageService>(
         }
         immediate = false;
         let work = rx.borrow_and_update().clone();
-        match work {
-            Work::Sync(_) | Work::Kill(_) if killed => {
-                next = Instant::now() + KILLED_IDLE;
-            }
-            Work::Kill(kill) => {
-                deps.prober.remove_pod(&uid);
-                let span =
-                    tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
-                let started = Instant::now();
-                // Boxed, as the sync and the teardown below: each is a future of tens of KiB,
-                // which inline would make every idle worker's task that large.
-                let once = Box::pin(kill_once(&uid, &kill, &mut state, &deps).instrument(span));
-                let result = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = requested(&mut rx, is_terminate) => {
-                        tracing::info!("the pod is to be terminated; the kill in progress is abandoned");
-                        immediate = true;
-                        continue;
-                    }
-                    r = AssertUnwindSafe(once).catch_unwind() => r,
-                };
-                match result {
-                    Ok(Ok(())) => {
-                        tracing::info!(
-                            pod = %full_name(&kill.pod),
-                            reason = %kill.outcome.reason,
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            "pod killed"
-                        );
-                        killed = true;
-                        kill.done.cancel();
-                        next = Instant::now() + KILLED_IDLE;
-                    }
-                    Ok(Err(err)) => {
-                        tracing::warn!(pod = %full_name(&kill.pod), error = %err, "killing the pod failed; will retry");
-                        next = Instant::now() + Duration::from_secs(1);
-                    }
-                    Err(payload) => {
-                        let wait = deps.stats.caught_panic(
-                            &mut panics_in_a_row,
-                            payload.as_ref(),
-                            &full_name(&kill.pod),
-                            "killing",
-                        );
-                        next = Instant::now() + wait;
-                    }
+        let mut todo = VecDeque::from(worker.step(Event::Picked(work)));
+        while let Some(action) = todo.pop_front() {
+            let ran = match action {
+                Action::Kill(kill) => {
+                    run_kill(&uid, &kill, &mut state, &deps, &mut rx, &cancel).await
                 }
-            }
-            Work::Sync(pod) => {
-                let span = tracing::info_span!("sync", pod = %full_name(&pod));
-                let inject =
-                    !injected_panic && deps.panic_pod.as_deref() == pod.metadata.name.as_deref();
-                injected_panic |= inject;
-                let operation = match &last_synced {
-                    None => "create",
-                    Some(last) if !Arc::ptr_eq(last, &pod) => "update",
-                    Some(_) => "sync",
-                };
-                last_synced = Some(pod.clone());
-                let began = Instant::now();
-                let sync =
-                    Box::pin(sync_once(&uid, &pod, &mut state, &deps, inject).instrument(span));
-                let result = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = requested(&mut rx, is_stop) => {
-                        deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("the pod is to be stopped; the sync in progress is abandoned");
-                        immediate = true;
-                        continue;
-                    }
-                    r = AssertUnwindSafe(sync).catch_unwind() => r,
-                };
-                match result {
-                    Ok(wait) => {
-                        panics_in_a_row = 0;
-                        next = Instant::now() + wait;
-                        crate::base::metrics::KUBELET
-                            .pod_worker_duration
-                            .observe(&[operation], began.elapsed().as_secs_f64());
-                        if !start_recorded {
-                            start_recorded = record_pod_start(&pod, &state, first_seen);
-                        }
-                    }
-                    Err(payload) => {
-                        let wait = deps.stats.caught_panic(
-                            &mut panics_in_a_row,
-                            payload.as_ref(),
-                            &full_name(&pod),
-                            "syncing",
-                        );
-                        next = Instant::now() + wait;
-                    }
+                Action::Sync(job) => {
+                    run_sync(&uid, &job, &mut state, &deps, &mut rx, &cancel).await
                 }
-            }
-            Work::Terminate {
-                pod,
-                grace_override,
-            } => {
-                deps.states.forget(&uid);
-                deps.prober.remove_pod(&uid);
-                let span = tracing::info_span!(
-                    "terminate",
-                    pod = %pod.as_deref().map(full_name).unwrap_or_else(|| "(orphan)".into()),
-                );
-                let started = Instant::now();
-                let teardown = Box::pin(
-                    deps.executor
-                        .terminate_pod(&uid, pod.as_deref(), grace_override)
-                        .instrument(span),
-                );
-                let result = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    r = AssertUnwindSafe(teardown).catch_unwind() => r,
-                };
-                match result {
-                    Ok(Ok(())) => {
-                        tracing::info!(
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            "pod terminated and removed"
-                        );
-                        crate::base::metrics::KUBELET
-                            .pod_worker_duration
-                            .observe(&["terminated"], started.elapsed().as_secs_f64());
-                        deps.runtime_cache.update_pod(&uid, ObservedPod::default());
-                        if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
-                            sync.torn_down(pod);
-                        }
-                        if let Some(mirrors) = &deps.mirror_pods {
-                            mirrors.torn_down(&uid);
-                        }
-                        let _ = done.send(uid);
-                        return;
-                    }
-                    Ok(Err(err)) => {
-                        tracing::warn!(error = %err, "tearing the pod down failed; will retry");
-                        next = Instant::now() + Duration::from_secs(2);
-                    }
-                    Err(payload) => {
-                        let wait = deps.stats.caught_panic(
-                            &mut panics_in_a_row,
-                            payload.as_ref(),
-                            &pod.as_deref()
-                                .map(full_name)
-                                .unwrap_or_else(|| "(orphan)".into()),
-                            "tearing the pod down",
-                        );
-                        next = Instant::now() + wait;
-                    }
+                Action::Terminate {
+                    pod,
+                    grace_override,
+                } => run_terminate(&uid, pod, grace_override, &deps, &cancel).await,
+                Action::RecordStart(pod) => {
+                    record_pod_start(&pod, &state, first_seen);
+                    continue;
                 }
-            }
+                Action::ReportPanic { report, wait } => {
+                    deps.stats.caught_panic(&report, wait);
+                    continue;
+                }
+                Action::WaitFor(wait) => {
+                    next = Instant::now() + wait;
+                    continue;
+                }
+                Action::LookNow => {
+                    immediate = true;
+                    continue;
+                }
+                Action::Finish => {
+                    let _ = done.send(uid);
+                    return;
+                }
+            };
+            // `None`: the agent is shutting down.
+            let Some(event) = ran else {
+                return;
+            };
+            todo.extend(worker.step(event));
         }
     }
 }
 
-/// Records upstream's start-up metrics once the pod runs with every container started: from
-/// first seen to running, and the SLI (from creation, less image and init-container time;
-/// the creation of a static pod is when the node first saw it).
-/// True once recorded.
-fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> bool {
+/// The pod's sync state as its worker starts: what the executor kept of it, and whether the
+/// runtime has to be read before the first sync.
+fn initial_sync_state<R: RuntimeService + ImageService>(
+    uid: &str,
+    deps: &WorkerDeps<R>,
+) -> PodSyncState {
+    let mut state = deps.executor.load_state(uid);
+    // Only this worker creates objects for its UID, and a worker that ended removed them all:
+    // when a relist has completed and neither it nor a worker since saw anything of the pod,
+    // the runtime holds nothing of it and the first sync need not read it (on a node starting
+    // many pods at once, two list calls per pod that each walk every container).
+    let cached = deps.runtime_cache.pod(uid);
+    state.known_empty = deps.runtime_cache.has_relisted() && cached.is_none();
+    // A pod the relist saw (adopted after a restart) is read from there on through its own
+    // sandbox, not by lists of the node.
+    state.reread = cached.is_some();
+    state.view = cached;
+    state
+}
+
+/// Carries out a [`Work::Kill`]: stops the pod and publishes its final status, unless a
+/// terminate comes in first (it abandons the kill). `None` when the agent shuts down.
+async fn run_kill<R: RuntimeService + ImageService>(
+    uid: &str,
+    kill: &Kill,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+    rx: &mut watch::Receiver<Work>,
+    cancel: &CancellationToken,
+) -> Option<Event> {
+    deps.prober.remove_pod(uid);
+    let span = tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
+    let started = Instant::now();
+    // Boxed, as the sync and the teardown: each is a future of tens of KiB, which inline
+    // would make every idle worker's task that large.
+    let once = Box::pin(kill_once(uid, kill, state, deps).instrument(span));
+    let result = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        _ = requested(rx, is_terminate) => {
+            tracing::info!("the pod is to be terminated; the kill in progress is abandoned");
+            return Some(Event::Interrupted);
+        }
+        r = AssertUnwindSafe(once).catch_unwind() => r,
+    };
+    Some(match result {
+        Ok(Ok(())) => {
+            tracing::info!(
+                pod = %full_name(&kill.pod),
+                reason = %kill.outcome.reason,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "pod killed"
+            );
+            kill.done.cancel();
+            Event::Killed
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(pod = %full_name(&kill.pod), error = %err, "killing the pod failed; will retry");
+            Event::KillFailed
+        }
+        Err(payload) => Event::Panicked(PanicReport::new(
+            payload.as_ref(),
+            full_name(&kill.pod),
+            "killing",
+        )),
+    })
+}
+
+/// Carries out one sync of the pod, unless a terminate or a kill comes in first (it abandons
+/// the sync). `None` when the agent shuts down.
+async fn run_sync<R: RuntimeService + ImageService>(
+    uid: &str,
+    job: &SyncJob,
+    state: &mut PodSyncState,
+    deps: &WorkerDeps<R>,
+    rx: &mut watch::Receiver<Work>,
+    cancel: &CancellationToken,
+) -> Option<Event> {
+    let span = tracing::info_span!("sync", pod = %full_name(&job.pod));
+    let began = Instant::now();
+    let sync = Box::pin(sync_once(uid, &job.pod, state, deps, job.inject_panic).instrument(span));
+    let result = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        _ = requested(rx, is_stop) => {
+            deps.stats.syncs_interrupted.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("the pod is to be stopped; the sync in progress is abandoned");
+            return Some(Event::Interrupted);
+        }
+        r = AssertUnwindSafe(sync).catch_unwind() => r,
+    };
+    Some(match result {
+        Ok(wait) => {
+            crate::base::metrics::KUBELET
+                .pod_worker_duration
+                .observe(&[job.operation], began.elapsed().as_secs_f64());
+            Event::Synced {
+                pod: job.pod.clone(),
+                wait,
+                running: pod_started(state),
+            }
+        }
+        Err(payload) => Event::Panicked(PanicReport::new(
+            payload.as_ref(),
+            full_name(&job.pod),
+            "syncing",
+        )),
+    })
+}
+
+/// Carries out a [`Work::Terminate`]: stops and removes everything of the pod and tells those
+/// who follow it (nothing interrupts a teardown). `None` when the agent shuts down.
+async fn run_terminate<R: RuntimeService + ImageService>(
+    uid: &str,
+    pod: Option<Arc<Pod>>,
+    grace_override: Option<i64>,
+    deps: &WorkerDeps<R>,
+    cancel: &CancellationToken,
+) -> Option<Event> {
+    deps.states.forget(uid);
+    deps.prober.remove_pod(uid);
+    let name = pod
+        .as_deref()
+        .map(full_name)
+        .unwrap_or_else(|| "(orphan)".into());
+    let span = tracing::info_span!("terminate", pod = %name);
+    let started = Instant::now();
+    let teardown = Box::pin(
+        deps.executor
+            .terminate_pod(uid, pod.as_deref(), grace_override)
+            .instrument(span),
+    );
+    let result = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        r = AssertUnwindSafe(teardown).catch_unwind() => r,
+    };
+    Some(match result {
+        Ok(Ok(())) => {
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "pod terminated and removed"
+            );
+            crate::base::metrics::KUBELET
+                .pod_worker_duration
+                .observe(&["terminated"], started.elapsed().as_secs_f64());
+            deps.runtime_cache.update_pod(uid, ObservedPod::default());
+            if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
+                sync.torn_down(pod);
+            }
+            if let Some(mirrors) = &deps.mirror_pods {
+                mirrors.torn_down(uid);
+            }
+            Event::TornDown
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "tearing the pod down failed; will retry");
+            Event::TeardownFailed
+        }
+        Err(payload) => Event::Panicked(PanicReport::new(
+            payload.as_ref(),
+            name,
+            "tearing the pod down",
+        )),
+    })
+}
+
+/// True once the pod runs with every container started: when upstream's start-up metrics
+/// are taken ([`record_pod_start`]).
+fn pod_started(state: &PodSyncState) -> bool {
     let Some(status) = state.status.as_ref() else {
         return false;
     };
@@ -587,9 +792,16 @@ fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> boo
                 .iter()
                 .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
     });
-    if status.phase.as_deref() != Some("Running") || !all_running {
-        return false;
-    }
+    status.phase.as_deref() == Some("Running") && all_running
+}
+
+/// Records upstream's start-up metrics, once the pod has started ([`pod_started`]): from
+/// first seen to running, and the SLI (from creation, less image and init-container time;
+/// the creation of a static pod is when the node first saw it).
+fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) {
+    let Some(status) = state.status.as_ref() else {
+        return;
+    };
     let m = &crate::base::metrics::KUBELET;
     m.pod_start_duration
         .observe(&[], first_seen.elapsed().as_secs_f64());
@@ -612,10 +824,8 @@ fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) -> boo
         .sum();
     let sli = since_creation - state.image_time.as_secs_f64() - init_time;
     m.pod_start_sli_duration.observe(&[], sli.max(0.0));
-    true
 }
 
-/// One sync of a pod: act, then publish the status. Returns when to look again.
 /// How long a worker whose pod was killed sleeps between looks at its (unchanging) work.
 const KILLED_IDLE: Duration = Duration::from_secs(3600);
 
@@ -659,6 +869,7 @@ async fn kill_once<R: RuntimeService + ImageService>(
     Ok(())
 }
 
+/// One sync of a pod: act, then publish the status. Returns when to look again.
 async fn sync_once<R: RuntimeService + ImageService>(
     uid: &str,
     pod: &Arc<Pod>,
@@ -1672,6 +1883,10 @@ mod tests {
         assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
     }
 }
+
+#[cfg(test)]
+#[path = "pod_workers_step_tests.rs"]
+mod step_tests;
 
 #[cfg(test)]
 mod task_size {

@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::PressureView;
 use super::decide::{
-    Candidate, EvictionState, Observations, REASON, eviction_message, grace_period, is_critical,
-    rank, reclaim_steps, thresholds_met,
+    Candidate, EvictionState, Observations, REASON, Round, eviction_message, grace_period,
+    is_critical, rank, reclaim_steps, thresholds_met,
 };
 use super::memcg::{self, MemcgNotifier, Trigger};
-use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reclaimer};
+use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer};
 use super::signals::{Condition, ThresholdSpec};
 use crate::base::podspec::full_name;
 use crate::kubelet::events::{EventType, Recorder};
@@ -205,10 +205,31 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
     }
 
     /// One round. On an eviction, also the receiver that fires when the pod is cleaned up.
+    ///
+    /// Reads the node and sets the pressure conditions; when a threshold is met, reclaims
+    /// node resources first and evicts one pod only when that was not enough.
     pub async fn round(
         &mut self,
     ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
         let reading = self.observer.observe(false).await?;
+        let round = self.update_pressure(&reading);
+        let Some(threshold) = round.to_reclaim(&self.settings.thresholds).cloned() else {
+            return Ok((Outcome::Nothing, None));
+        };
+        self.announce_reclaim(&threshold);
+        if self
+            .reclaim_node(&threshold, reading.dedicated_imagefs)
+            .await?
+        {
+            return Ok((Outcome::Reclaimed, None));
+        }
+        self.evict_one(&threshold, &reading, &round.act_on).await
+    }
+
+    /// Takes in a reading: updates the memory threshold notifications and the pressure
+    /// conditions, and notes the round for `/debug/eviction`. Returns the round's decision
+    /// (the conditions, and the thresholds to act on).
+    fn update_pressure(&mut self, reading: &Reading) -> Round {
         if let Some(n) = self.memcg.as_mut() {
             let notified = self.trigger.notified_at().is_some();
             n.update(
@@ -251,9 +272,12 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             l.trigger = self.trigger.as_str();
             l.memcg = self.memcg.as_ref().map(MemcgNotifier::status);
         });
-        let Some(threshold) = round.to_reclaim(thresholds).cloned() else {
-            return Ok((Outcome::Nothing, None));
-        };
+        round
+    }
+
+    /// Tells, in the log and a node event, that `threshold` is met and its resource is to be
+    /// reclaimed.
+    fn announce_reclaim(&self, threshold: &ThresholdSpec) {
         let resource = threshold.signal.resource();
         tracing::info!(
             signal = threshold.signal.as_str(),
@@ -266,48 +290,70 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             "EvictionThresholdMet",
             format!("Attempting to reclaim {}", resource.as_str()),
         );
-        // Node-level reclaim first; enough when every threshold (with its minimum reclaim)
-        // is clear afterwards.
-        let steps = reclaim_steps(threshold.signal, reading.dedicated_imagefs);
-        if !steps.is_empty() {
-            let began = Instant::now();
-            let mut record = ReclaimRecord {
-                at: jiff::Timestamp::now().to_string(),
-                signal: threshold.signal.as_str().to_string(),
-                ..Default::default()
-            };
-            for step in steps {
-                let step_began = Instant::now();
-                match self.reclaimer.reclaim(*step).await {
-                    Ok(n) => {
-                        let took_ms = step_began.elapsed().as_secs_f64() * 1000.0;
-                        tracing::info!(
-                            what = step.as_str(),
-                            removed = n,
-                            took_ms,
-                            "eviction manager: reclaimed node resources"
-                        );
-                        record.removed.insert(step.as_str().to_string(), n);
-                    }
-                    Err(err) => {
-                        tracing::warn!(what = step.as_str(), error = %err, "eviction manager: reclaim failed")
-                    }
+    }
+
+    /// Node-level reclaim, tried before any pod is evicted: dead containers, unused images,
+    /// as the signal calls for. True when it was enough: every threshold (with its minimum
+    /// reclaim) is clear when the node is read again.
+    async fn reclaim_node(
+        &self,
+        threshold: &ThresholdSpec,
+        dedicated_imagefs: bool,
+    ) -> Result<bool, EvictionError> {
+        let steps = reclaim_steps(threshold.signal, dedicated_imagefs);
+        if steps.is_empty() {
+            return Ok(false);
+        }
+        let thresholds = &self.settings.thresholds;
+        let began = Instant::now();
+        let mut record = ReclaimRecord {
+            at: jiff::Timestamp::now().to_string(),
+            signal: threshold.signal.as_str().to_string(),
+            ..Default::default()
+        };
+        for step in steps {
+            let step_began = Instant::now();
+            match self.reclaimer.reclaim(*step).await {
+                Ok(n) => {
+                    let took_ms = step_began.elapsed().as_secs_f64() * 1000.0;
+                    tracing::info!(
+                        what = step.as_str(),
+                        removed = n,
+                        took_ms,
+                        "eviction manager: reclaimed node resources"
+                    );
+                    record.removed.insert(step.as_str().to_string(), n);
+                }
+                Err(err) => {
+                    tracing::warn!(what = step.as_str(), error = %err, "eviction manager: reclaim failed")
                 }
             }
-            let after = self.observer.observe(false).await?;
-            let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
-            record.took_ms = began.elapsed().as_secs_f64() * 1000.0;
-            record.enough = still.is_empty();
-            self.note(|l| l.last_reclaim = Some(record));
-            if still.is_empty() {
-                tracing::info!(
-                    resource = resource.as_str(),
-                    "eviction manager: reduced the pressure without evicting pods"
-                );
-                self.note(|l| l.action = "reclaimed".into());
-                return Ok((Outcome::Reclaimed, None));
-            }
         }
+        let after = self.observer.observe(false).await?;
+        let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
+        record.took_ms = began.elapsed().as_secs_f64() * 1000.0;
+        record.enough = still.is_empty();
+        self.note(|l| l.last_reclaim = Some(record));
+        if !still.is_empty() {
+            return Ok(false);
+        }
+        tracing::info!(
+            resource = threshold.signal.resource().as_str(),
+            "eviction manager: reduced the pressure without evicting pods"
+        );
+        self.note(|l| l.action = "reclaimed".into());
+        Ok(true)
+    }
+
+    /// Chooses the pod to evict for `threshold` (upstream's ranking over the pods that are not
+    /// critical, by their usage read now) and evicts it.
+    async fn evict_one(
+        &self,
+        threshold: &ThresholdSpec,
+        reading: &Reading,
+        act_on: &[usize],
+    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
+        let resource = threshold.signal.resource();
         // The pods' usage is read only now that one must be chosen; each round would
         // otherwise walk every pod's volumes and logs for nothing.
         let usage = self.observer.observe(true).await?;
@@ -333,17 +379,27 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             self.note(|l| l.action = "no pod to evict".into());
             return Ok((Outcome::NoneEvictable, None));
         };
-        let pod = victim.pod;
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let grace = grace_period(&threshold, pod, self.settings.max_pod_grace_period_seconds);
         let message = eviction_message(
             resource,
-            pod,
+            victim.pod,
             victim.usage,
-            thresholds,
-            &round.act_on,
+            &self.settings.thresholds,
+            act_on,
             &reading.observations,
         );
+        self.evict(threshold, victim.pod, message).await
+    }
+
+    /// Evicts the chosen pod: tells it in the log and an event, hands it to the evictor with
+    /// the threshold's grace period, counts it and notes it for `/debug/eviction`.
+    async fn evict(
+        &self,
+        threshold: &ThresholdSpec,
+        pod: &Pod,
+        message: String,
+    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let grace = grace_period(threshold, pod, self.settings.max_pod_grace_period_seconds);
         tracing::warn!(pod = %full_name(pod), pod_uid = %uid, grace_seconds = grace, signal = threshold.signal.as_str(), %message, "eviction manager: evicting a pod");
         self.events
             .pod(pod, EventType::Warning, REASON, message.clone());

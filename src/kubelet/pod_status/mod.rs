@@ -8,12 +8,14 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::base::observed::{self, ContainerState as RtState, ObservedContainer, ObservedPod};
+use crate::base::observed::{
+    self, ContainerState as RtState, ObservedContainer, ObservedPod, ObservedSandbox,
+};
 use crate::base::podspec::{RestartPolicy, is_sidecar};
 use crate::kubelet::prober::ProbeView;
 
@@ -330,75 +332,16 @@ fn condition(
 }
 
 /// Computes the pod's status.
+///
+/// The container statuses come first; the phase, the conditions and the IPs are each read off
+/// them, the sandbox and the previous status by a helper of their own.
 pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInputs) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let restart_policy = RestartPolicy::of(pod);
-    let inits: Vec<ContainerStatus> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| {
-            let policy = if is_sidecar(c) {
-                RestartPolicy::Always
-            } else {
-                restart_policy_for_init(restart_policy)
-            };
-            container_status(c, observed, inputs, policy, "PodInitializing")
-        })
-        .collect();
-    let sidecars: Vec<bool> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(is_sidecar)
-        .collect();
-    let mut inits = inits;
-    for (s, sidecar) in inits.iter_mut().zip(&sidecars) {
-        // Upstream reports an init container that completed successfully as ready; a sidecar
-        // is ready like an app container is.
-        if !sidecar {
-            s.ready = s
-                .state
-                .as_ref()
-                .and_then(|st| st.terminated.as_ref())
-                .is_some_and(|t| t.exit_code == 0);
-        }
-    }
-    // A sidecar counts as initialized once it has started (and stays so while it restarts).
-    let initialized = |s: &ContainerStatus, sidecar: bool| {
-        if sidecar {
-            // It has run: started now, or terminated (stopped with the pod, or restarting).
-            s.started == Some(true)
-                || s.state
-                    .as_ref()
-                    .and_then(|l| l.terminated.as_ref())
-                    .is_some()
-                || s.last_state
-                    .as_ref()
-                    .and_then(|l| l.terminated.as_ref())
-                    .is_some()
-        } else {
-            s.ready
-        }
-    };
-    let init_done = inits
-        .iter()
-        .zip(&sidecars)
-        .all(|(s, sidecar)| initialized(s, *sidecar));
-    let regular_inits: Vec<ContainerStatus> = inits
-        .iter()
-        .zip(&sidecars)
-        .filter(|(_, sidecar)| !**sidecar)
-        .map(|(s, _)| s.clone())
-        .collect();
-    let sidecars_ready = inits
-        .iter()
-        .zip(&sidecars)
-        .filter(|(_, sidecar)| **sidecar)
-        .all(|(s, _)| s.ready);
+    let inits = InitStatuses::compute(&spec, observed, inputs, restart_policy);
     // Upstream's default waiting reason is PodInitializing for every container of a pod that has
     // init containers, even once they are done.
-    let app_default = if inits.is_empty() {
+    let app_default = if inits.statuses.is_empty() {
         "ContainerCreating"
     } else {
         "PodInitializing"
@@ -413,78 +356,9 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
     let sandbox_ready =
         sandbox.is_some_and(|s| s.state == crate::base::observed::SandboxState::Ready);
     let previous = inputs.previous;
-    let mut phase = if init_done {
-        phase(restart_policy, &regular_inits, &apps, sandbox.is_some())
-    } else if inits.iter().zip(&sidecars).any(|(s, sidecar)| {
-        !sidecar
-            && s.state
-                .as_ref()
-                .and_then(|st| st.terminated.as_ref())
-                .is_some_and(|t| t.exit_code != 0)
-    }) && restart_policy == RestartPolicy::Never
-    {
-        "Failed"
-    } else {
-        "Pending"
-    };
-    // Like upstream, a pod never leaves a terminal phase once reported.
-    if let Some(kept) = previous
-        .and_then(|p| p.phase.as_deref())
-        .filter(|p| *p == "Succeeded" || *p == "Failed")
-    {
-        phase = if kept == "Succeeded" {
-            "Succeeded"
-        } else {
-            "Failed"
-        };
-    }
-    let terminal = phase == "Succeeded" || phase == "Failed";
-    let containers_ready = !apps.is_empty() && apps.iter().all(|s| s.ready) && sidecars_ready;
-
-    // Upstream: a finished pod's readiness reason says how it finished; otherwise it lists the
-    // containers that are not ready, formatted like Go prints a string slice.
-    let unready: Vec<&str> = apps
-        .iter()
-        .filter(|s| !s.ready)
-        .map(|s| s.name.as_str())
-        .collect();
-    let (ready_reason, ready_message) = match phase {
-        "Succeeded" => (Some("PodCompleted"), None),
-        "Failed" => (Some("PodFailed"), None),
-        _ if containers_ready => (None, None),
-        _ => (
-            Some("ContainersNotReady"),
-            Some(format!(
-                "containers with unready status: [{}]",
-                unready.join(" ")
-            )),
-        ),
-    };
-    let incomplete: Vec<&str> = inits
-        .iter()
-        .filter(|s| !s.ready)
-        .map(|s| s.name.as_str())
-        .collect();
-    let (init_ok, init_reason, init_message) = if phase == "Succeeded" {
-        (true, Some("PodCompleted"), None)
-    } else if init_done {
-        (true, None, None)
-    } else {
-        (
-            false,
-            Some("ContainersNotInitialized"),
-            Some(format!(
-                "containers with incomplete status: [{}]",
-                incomplete.join(" ")
-            )),
-        )
-    };
-    let ready_ok = containers_ready && !terminal;
-    let with_message = |mut c: PodCondition, message: &Option<String>| {
-        c.message = message.clone();
-        c
-    };
-
+    let phase = pod_phase(restart_policy, &inits, &apps, sandbox.is_some(), previous);
+    let initialized = initialized_verdict(phase, &inits);
+    let ready = ready_verdict(phase, &inits, &apps);
     let conditions = vec![
         condition(
             previous,
@@ -493,41 +367,13 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
             sandbox_ready,
             None,
         ),
-        with_message(
-            condition(previous, inputs.now, "Initialized", init_ok, init_reason),
-            &init_message,
-        ),
-        with_message(
-            condition(previous, inputs.now, "Ready", ready_ok, ready_reason),
-            &ready_message,
-        ),
-        with_message(
-            condition(
-                previous,
-                inputs.now,
-                "ContainersReady",
-                ready_ok,
-                ready_reason,
-            ),
-            &ready_message,
-        ),
+        initialized.condition(previous, inputs.now, "Initialized"),
+        ready.condition(previous, inputs.now, "Ready"),
+        ready.condition(previous, inputs.now, "ContainersReady"),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
 
-    let pod_ip = sandbox.and_then(|s| {
-        if s.host_network {
-            inputs.host_ip.clone()
-        } else {
-            s.ip.clone()
-        }
-    });
-    let pod_ips = pod_ip.as_ref().map(|ip| {
-        let mut ips = vec![PodIP { ip: ip.clone() }];
-        if let Some(s) = sandbox.filter(|s| !s.host_network) {
-            ips.extend(s.additional_ips.iter().map(|ip| PodIP { ip: ip.clone() }));
-        }
-        ips
-    });
+    let (pod_ip, pod_ips) = pod_ips(sandbox, inputs.host_ip.as_deref());
     let start_time = previous
         .and_then(|p| p.start_time.clone())
         .unwrap_or_else(|| time(inputs.now));
@@ -544,10 +390,249 @@ pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInpu
         pod_ips,
         start_time: Some(start_time),
         qos_class: Some(crate::base::podspec::qos_class(pod).as_str().to_string()),
-        init_container_statuses: (!inits.is_empty()).then_some(inits),
+        init_container_statuses: (!inits.statuses.is_empty()).then_some(inits.statuses),
         container_statuses: Some(apps),
         ..Default::default()
     }
+}
+
+/// The init containers' statuses, each with whether it is a sidecar: readiness, the phase and
+/// the Initialized condition treat the two kinds differently, so the flag travels with them.
+struct InitStatuses {
+    statuses: Vec<ContainerStatus>,
+    sidecars: Vec<bool>,
+}
+
+impl InitStatuses {
+    /// The statuses of the spec's init containers, in order. A regular init container restarts
+    /// on failure unless the pod says Never; a sidecar always restarts.
+    fn compute(
+        spec: &PodSpec,
+        observed: &ObservedPod,
+        inputs: &StatusInputs,
+        restart_policy: RestartPolicy,
+    ) -> Self {
+        let mut statuses: Vec<ContainerStatus> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| {
+                let policy = if is_sidecar(c) {
+                    RestartPolicy::Always
+                } else {
+                    restart_policy_for_init(restart_policy)
+                };
+                container_status(c, observed, inputs, policy, "PodInitializing")
+            })
+            .collect();
+        let sidecars: Vec<bool> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(is_sidecar)
+            .collect();
+        for (s, sidecar) in statuses.iter_mut().zip(&sidecars) {
+            // Upstream reports an init container that completed successfully as ready; a
+            // sidecar is ready like an app container is.
+            if !sidecar {
+                s.ready = exit_code(s).is_some_and(|code| code == 0);
+            }
+        }
+        InitStatuses { statuses, sidecars }
+    }
+
+    /// Each status with whether it is a sidecar's.
+    fn iter(&self) -> impl Iterator<Item = (&ContainerStatus, bool)> {
+        self.statuses.iter().zip(self.sidecars.iter().copied())
+    }
+
+    /// Every init container is done: the regular ones succeeded, the sidecars started.
+    fn all_initialized(&self) -> bool {
+        self.iter().all(|(s, sidecar)| initialized(s, sidecar))
+    }
+
+    /// The statuses of the regular (non-sidecar) init containers, which the phase rules read.
+    fn regular(&self) -> Vec<ContainerStatus> {
+        self.iter()
+            .filter(|(_, sidecar)| !sidecar)
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    /// Every sidecar is ready (a pod's containers are ready only when its sidecars are too).
+    fn sidecars_ready(&self) -> bool {
+        self.iter()
+            .filter(|(_, sidecar)| *sidecar)
+            .all(|(s, _)| s.ready)
+    }
+
+    /// A regular init container has exited with a non-zero code.
+    fn any_failed(&self) -> bool {
+        self.iter()
+            .any(|(s, sidecar)| !sidecar && exit_code(s).is_some_and(|code| code != 0))
+    }
+}
+
+/// The exit code of a container whose current state is terminated.
+fn exit_code(status: &ContainerStatus) -> Option<i32> {
+    status
+        .state
+        .as_ref()
+        .and_then(|st| st.terminated.as_ref())
+        .map(|t| t.exit_code)
+}
+
+/// Whether one init container counts as done. A sidecar counts as initialized once it has
+/// started, and stays so while it restarts; a regular one once it is ready (succeeded).
+fn initialized(s: &ContainerStatus, sidecar: bool) -> bool {
+    if sidecar {
+        // It has run: started now, or terminated (stopped with the pod, or restarting).
+        s.started == Some(true)
+            || s.state
+                .as_ref()
+                .and_then(|l| l.terminated.as_ref())
+                .is_some()
+            || s.last_state
+                .as_ref()
+                .and_then(|l| l.terminated.as_ref())
+                .is_some()
+    } else {
+        s.ready
+    }
+}
+
+/// The pod's phase: upstream's rules once the init containers are done; before that Failed
+/// when one failed under restartPolicy Never, else Pending. A terminal phase reported before
+/// is kept, as upstream never leaves one.
+fn pod_phase(
+    restart_policy: RestartPolicy,
+    inits: &InitStatuses,
+    apps: &[ContainerStatus],
+    has_sandbox: bool,
+    previous: Option<&PodStatus>,
+) -> &'static str {
+    let phase = if inits.all_initialized() {
+        phase(restart_policy, &inits.regular(), apps, has_sandbox)
+    } else if inits.any_failed() && restart_policy == RestartPolicy::Never {
+        "Failed"
+    } else {
+        "Pending"
+    };
+    match previous.and_then(|p| p.phase.as_deref()) {
+        Some("Succeeded") => "Succeeded",
+        Some("Failed") => "Failed",
+        _ => phase,
+    }
+}
+
+/// What a condition says before its transition time is filled in: the Initialized, Ready and
+/// ContainersReady conditions carry a reason and a message that depend on the phase.
+struct Verdict {
+    ok: bool,
+    reason: Option<&'static str>,
+    message: Option<String>,
+}
+
+impl Verdict {
+    /// The condition of type `type_` with this verdict.
+    fn condition(
+        &self,
+        previous: Option<&PodStatus>,
+        now: SystemTime,
+        type_: &str,
+    ) -> PodCondition {
+        let mut c = condition(previous, now, type_, self.ok, self.reason);
+        c.message = self.message.clone();
+        c
+    }
+}
+
+/// The Initialized condition: true once the init containers are done (or the pod succeeded);
+/// otherwise it lists the init containers that are not, formatted like Go prints a string
+/// slice.
+fn initialized_verdict(phase: &str, inits: &InitStatuses) -> Verdict {
+    if phase == "Succeeded" {
+        return Verdict {
+            ok: true,
+            reason: Some("PodCompleted"),
+            message: None,
+        };
+    }
+    if inits.all_initialized() {
+        return Verdict {
+            ok: true,
+            reason: None,
+            message: None,
+        };
+    }
+    let incomplete: Vec<&str> = inits
+        .statuses
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    Verdict {
+        ok: false,
+        reason: Some("ContainersNotInitialized"),
+        message: Some(format!(
+            "containers with incomplete status: [{}]",
+            incomplete.join(" ")
+        )),
+    }
+}
+
+/// The Ready and ContainersReady conditions. Upstream: a finished pod's readiness reason says
+/// how it finished; otherwise it lists the containers that are not ready, formatted like Go
+/// prints a string slice. A finished pod is never ready.
+fn ready_verdict(phase: &'static str, inits: &InitStatuses, apps: &[ContainerStatus]) -> Verdict {
+    let containers_ready =
+        !apps.is_empty() && apps.iter().all(|s| s.ready) && inits.sidecars_ready();
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let unready: Vec<&str> = apps
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    let (reason, message) = match phase {
+        "Succeeded" => (Some("PodCompleted"), None),
+        "Failed" => (Some("PodFailed"), None),
+        _ if containers_ready => (None, None),
+        _ => (
+            Some("ContainersNotReady"),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
+        ),
+    };
+    Verdict {
+        ok: containers_ready && !terminal,
+        reason,
+        message,
+    }
+}
+
+/// The pod's IP and IPs: the node's under host networking, else the sandbox's own (its first
+/// IP, then any additional ones).
+fn pod_ips(
+    sandbox: Option<&ObservedSandbox>,
+    host_ip: Option<&str>,
+) -> (Option<String>, Option<Vec<PodIP>>) {
+    let pod_ip = sandbox.and_then(|s| {
+        if s.host_network {
+            host_ip.map(str::to_string)
+        } else {
+            s.ip.clone()
+        }
+    });
+    let pod_ips = pod_ip.as_ref().map(|ip| {
+        let mut ips = vec![PodIP { ip: ip.clone() }];
+        if let Some(s) = sandbox.filter(|s| !s.host_network) {
+            ips.extend(s.additional_ips.iter().map(|ip| PodIP { ip: ip.clone() }));
+        }
+        ips
+    });
+    (pod_ip, pod_ips)
 }
 
 /// Init containers restart on failure unless the pod says Never.

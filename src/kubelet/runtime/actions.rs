@@ -6,10 +6,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
-use crate::base::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+use crate::base::observed::{
+    ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
+};
 use crate::base::podspec::{RestartPolicy, is_sidecar};
 use crate::kubelet::prober::{ProbeView, Unhealthy};
 
@@ -147,280 +149,381 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
 }
 
 /// Decides what to do for `pod` given what the runtime shows.
+///
+/// The checks go in order of precedence: a pod that will never run again is only made sure to
+/// be stopped; a pod whose sandbox must be replaced starts over in a new one; otherwise its init
+/// containers run, one at a time, before its app containers are looked at.
 pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionContext) -> PodActions {
     let mut actions = PodActions::default();
     let Some(spec) = pod.spec.as_ref() else {
         return actions;
     };
-    let policy = RestartPolicy::of(pod);
-    let host_network = spec.host_network.unwrap_or(false);
-
-    let newest = observed.newest_sandbox();
-    let ready_sandboxes = observed
-        .sandboxes
-        .iter()
-        .filter(|s| s.state == SandboxState::Ready)
-        .count();
+    let view = SandboxView::of(spec, observed);
     let terminal = init_failed_for_good(pod, observed) || app_containers_finished(pod, observed);
     actions.terminal = terminal;
-
-    // Dead sandboxes other than the newest are garbage, unless they still hold an instance kept
-    // for `lastState` and the restart count (removing a sandbox removes its containers).
-    let kept = kept_instances(observed);
-    for sandbox in &observed.sandboxes {
-        if Some(sandbox.id.as_str()) != newest.map(|s| s.id.as_str())
-            && sandbox.state == SandboxState::NotReady
-            && !observed
-                .containers
-                .iter()
-                .any(|c| c.sandbox_id == sandbox.id && kept.contains(c.id.as_str()))
-        {
-            actions.remove_sandboxes.push(sandbox.id.clone());
-        }
-    }
-
-    let sandbox_changed = match newest {
-        None => true,
-        Some(s) => {
-            s.state != SandboxState::Ready || s.host_network != host_network || ready_sandboxes > 1
-        }
-    };
+    actions.remove_sandboxes = unneeded_sandboxes(observed, view.newest);
 
     if terminal {
-        // Nothing will run again: make sure nothing is left running.
-        if observed.is_running() {
-            actions.kill_pod = Some(if init_failed_for_good(pod, observed) {
-                "an init container failed and restartPolicy is Never".into()
-            } else {
-                "all containers have exited and none will restart".into()
-            });
-        }
+        stop_terminal_pod(&mut actions, pod, observed);
         return actions;
     }
-
-    if sandbox_changed {
-        // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
-        if policy == RestartPolicy::Never && newest.is_some() && !observed.containers.is_empty() {
-            if observed.is_running() {
-                actions.kill_pod =
-                    Some("the pod sandbox is gone and restartPolicy is Never".into());
-            }
-            actions.terminal = true;
-            return actions;
-        }
-        // Upstream kills the pod whenever it needs a new sandbox: besides running containers,
-        // a NotReady sandbox may still hold its network (IP, veth, host ports) until it is
-        // stopped, so it is stopped too before the new one is made.
-        if observed.is_running() || newest.is_some() {
-            actions.kill_pod = Some(match newest {
-                Some(s) if s.state == SandboxState::Ready && s.host_network != host_network => {
-                    "the pod's network mode changed".into()
-                }
-                Some(_) if ready_sandboxes > 1 => "more than one ready sandbox".into(),
-                _ => "the pod sandbox is not ready".into(),
-            });
-        }
-        let attempt = newest.map(|s| s.attempt.saturating_add(1)).unwrap_or(0);
-        actions.create_sandbox = Some(attempt);
-        // Everything starts again in a new sandbox: the first init container, or every app
-        // container when there are none. A container whose last instance exited keeps its
-        // crash-loop back-off across the new sandbox, as upstream (a sandbox that keeps dying
-        // must not turn a crash loop into a tight loop).
-        match spec.init_containers.as_deref().unwrap_or_default().first() {
-            Some(first) => start_in_new_sandbox(
-                &mut actions,
-                ctx,
-                pod,
-                (ContainerKind::Init, 0),
-                first,
-                observed,
-            ),
-            None => {
-                for (index, c) in spec.containers.iter().enumerate() {
-                    if policy == RestartPolicy::OnFailure && succeeded(observed, &c.name) {
-                        continue;
-                    }
-                    start_in_new_sandbox(
-                        &mut actions,
-                        ctx,
-                        pod,
-                        (ContainerKind::App, index),
-                        c,
-                        observed,
-                    );
-                }
-            }
-        }
+    let Some(sandbox) = view.kept() else {
+        plan_new_sandbox(&mut actions, ctx, pod, spec, observed, &view);
         return actions;
-    }
-
-    let sandbox = newest.expect("a ready sandbox exists when it has not changed");
+    };
     actions.sandbox_id = Some(sandbox.id.clone());
-    let in_sandbox = |c: &&ObservedContainer| c.sandbox_id == sandbox.id;
-
-    // Init containers: one at a time, each to success, in order.
-    let mut init_done = true;
-    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
-        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
-        if is_sidecar(c) {
-            // A sidecar (restartable init container) keeps running beside the app; the next
-            // init container waits only until it has started.
-            match latest.map(|i| i.state) {
-                Some(ContainerState::Running | ContainerState::Unknown) => {
-                    let inst = latest.expect("matched Some");
-                    if let Some(bad) = ctx.unhealthy.get(&inst.id) {
-                        actions.kill_containers.push(KillContainer {
-                            id: inst.id.clone(),
-                            name: c.name.clone(),
-                            reason: bad.message.clone(),
-                            grace_override: bad.grace_override,
-                        });
-                    }
-                    let started = c.startup_probe.is_none()
-                        || ctx.probes.get(&c.name).and_then(|v| v.started) == Some(true);
-                    if started {
-                        continue;
-                    }
-                    init_done = false;
-                    break;
-                }
-                Some(ContainerState::Exited) => {
-                    let inst = latest.expect("matched Some");
-                    plan_restart(
-                        &mut actions,
-                        ctx,
-                        pod,
-                        (ContainerKind::Init, index),
-                        c,
-                        inst,
-                        observed,
-                    );
-                    continue;
-                }
-                Some(ContainerState::Created) | None => {
-                    start_afresh(
-                        &mut actions,
-                        observed,
-                        (ContainerKind::Init, index),
-                        c,
-                        latest,
-                    );
-                    init_done = false;
-                    break;
-                }
-            }
-        }
-        match latest.map(|i| (i.state, i.exit_code)) {
-            Some((ContainerState::Exited, 0)) => continue,
-            Some((ContainerState::Running | ContainerState::Unknown, _)) => {
-                init_done = false;
-                break;
-            }
-            Some((ContainerState::Exited, _)) => {
-                // Failed: retried with back-off (Never was handled as terminal above).
-                let inst = latest.expect("matched Some");
-                plan_restart(
-                    &mut actions,
-                    ctx,
-                    pod,
-                    (ContainerKind::Init, index),
-                    c,
-                    inst,
-                    observed,
-                );
-                init_done = false;
-                break;
-            }
-            Some((ContainerState::Created, _)) | None => {
-                start_afresh(
-                    &mut actions,
-                    observed,
-                    (ContainerKind::Init, index),
-                    c,
-                    latest,
-                );
-                init_done = false;
-                break;
-            }
-        }
-    }
-    if !init_done {
-        collect_garbage(&mut actions, observed);
-        return actions;
-    }
-
-    for (index, c) in spec.containers.iter().enumerate() {
-        let latest = observed.instances(&c.name).into_iter().find(in_sandbox);
-        let Some(inst) = latest else {
-            // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
-            if observed.latest(&c.name).is_some_and(|i| {
-                i.state == ContainerState::Exited && !policy.restarts_after(i.exit_code)
-            }) {
-                continue;
-            }
-            actions.start_containers.push(StartContainer {
-                kind: ContainerKind::App,
-                index,
-                name: c.name.clone(),
-                restart_count: next_restart_count(observed, &c.name),
-                backoff: None,
-            });
-            continue;
-        };
-        match inst.state {
-            ContainerState::Unknown if policy != RestartPolicy::Never => {
-                // Nobody knows whether it runs: kill it before starting a new instance, so two
-                // never run at once (upstream does the same). Under Never it is left alone, as
-                // upstream does not restart it either.
-                replace_instance(&mut actions, observed, (index, c), inst, UNKNOWN_STATE);
-            }
-            ContainerState::Running | ContainerState::Unknown => {
-                let want = (ctx.spec_hash)(c);
-                if let Some(bad) = ctx.unhealthy.get(&inst.id) {
-                    // Killed now; the next sync sees it exited and restarts it per the
-                    // restart policy and back-off, like any other exit.
-                    actions.kill_containers.push(KillContainer {
-                        id: inst.id.clone(),
-                        name: c.name.clone(),
-                        reason: bad.message.clone(),
-                        grace_override: bad.grace_override,
-                    });
-                } else if inst.hash.as_deref().is_some_and(|h| h != want) {
-                    replace_instance(
-                        &mut actions,
-                        observed,
-                        (index, c),
-                        inst,
-                        &format!("Container {} definition changed, will be restarted", c.name),
-                    );
-                }
-            }
-            ContainerState::Exited => {
-                if policy.restarts_after(inst.exit_code) {
-                    plan_restart(
-                        &mut actions,
-                        ctx,
-                        pod,
-                        (ContainerKind::App, index),
-                        c,
-                        inst,
-                        observed,
-                    );
-                }
-            }
-            ContainerState::Created => {
-                start_afresh(
-                    &mut actions,
-                    observed,
-                    (ContainerKind::App, index),
-                    c,
-                    Some(inst),
-                );
-            }
+    if plan_init_containers(&mut actions, ctx, pod, spec, observed, sandbox) == InitStep::Next {
+        for (index, c) in spec.containers.iter().enumerate() {
+            let latest = observed
+                .instances(&c.name)
+                .into_iter()
+                .find(|i| i.sandbox_id == sandbox.id);
+            plan_app_container(&mut actions, ctx, pod, observed, (index, c), latest);
         }
     }
     collect_garbage(&mut actions, observed);
     actions
+}
+
+/// What the sandbox decision looks at, gathered once: the newest sandbox, how many sandboxes are
+/// ready, and the network mode the spec asks for. Whether the sandbox must be replaced and why
+/// are two questions on the same facts, so they sit together.
+struct SandboxView<'a> {
+    newest: Option<&'a ObservedSandbox>,
+    ready: usize,
+    host_network: bool,
+}
+
+impl<'a> SandboxView<'a> {
+    fn of(spec: &PodSpec, observed: &'a ObservedPod) -> Self {
+        SandboxView {
+            newest: observed.newest_sandbox(),
+            ready: observed
+                .sandboxes
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready)
+                .count(),
+            host_network: spec.host_network.unwrap_or(false),
+        }
+    }
+
+    /// The sandbox to keep running containers in, or `None` when a new one is needed: there is
+    /// none, the newest is not ready, its network mode is not the spec's, or more than one is
+    /// ready.
+    fn kept(&self) -> Option<&'a ObservedSandbox> {
+        self.newest.filter(|s| {
+            s.state == SandboxState::Ready && s.host_network == self.host_network && self.ready <= 1
+        })
+    }
+
+    /// Why the pod is stopped before its new sandbox is made (upstream's wording).
+    fn kill_reason(&self) -> &'static str {
+        match self.newest {
+            Some(s) if s.state == SandboxState::Ready && s.host_network != self.host_network => {
+                "the pod's network mode changed"
+            }
+            Some(_) if self.ready > 1 => "more than one ready sandbox",
+            _ => "the pod sandbox is not ready",
+        }
+    }
+}
+
+/// Dead sandboxes other than the newest are garbage, unless they still hold an instance kept
+/// for `lastState` and the restart count (removing a sandbox removes its containers).
+fn unneeded_sandboxes(observed: &ObservedPod, newest: Option<&ObservedSandbox>) -> Vec<String> {
+    let kept = kept_instances(observed);
+    observed
+        .sandboxes
+        .iter()
+        .filter(|sandbox| {
+            Some(sandbox.id.as_str()) != newest.map(|s| s.id.as_str())
+                && sandbox.state == SandboxState::NotReady
+                && !observed
+                    .containers
+                    .iter()
+                    .any(|c| c.sandbox_id == sandbox.id && kept.contains(c.id.as_str()))
+        })
+        .map(|sandbox| sandbox.id.clone())
+        .collect()
+}
+
+/// A pod where nothing will run again: the only thing left is to make sure nothing is still
+/// running, with the reason the pod finished.
+fn stop_terminal_pod(actions: &mut PodActions, pod: &Pod, observed: &ObservedPod) {
+    if observed.is_running() {
+        actions.kill_pod = Some(if init_failed_for_good(pod, observed) {
+            "an init container failed and restartPolicy is Never".into()
+        } else {
+            "all containers have exited and none will restart".into()
+        });
+    }
+}
+
+/// The pod needs a new sandbox: stop what is left of the old one and start over in a new one,
+/// unless the pod runs under restartPolicy Never and had already run, in which case it is done.
+fn plan_new_sandbox(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    spec: &PodSpec,
+    observed: &ObservedPod,
+    view: &SandboxView,
+) {
+    let policy = RestartPolicy::of(pod);
+    // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
+    if policy == RestartPolicy::Never && view.newest.is_some() && !observed.containers.is_empty() {
+        if observed.is_running() {
+            actions.kill_pod = Some("the pod sandbox is gone and restartPolicy is Never".into());
+        }
+        actions.terminal = true;
+        return;
+    }
+    // Upstream kills the pod whenever it needs a new sandbox: besides running containers,
+    // a NotReady sandbox may still hold its network (IP, veth, host ports) until it is
+    // stopped, so it is stopped too before the new one is made.
+    if observed.is_running() || view.newest.is_some() {
+        actions.kill_pod = Some(view.kill_reason().into());
+    }
+    let attempt = view
+        .newest
+        .map(|s| s.attempt.saturating_add(1))
+        .unwrap_or(0);
+    actions.create_sandbox = Some(attempt);
+    // Everything starts again in a new sandbox: the first init container, or every app
+    // container when there are none. A container whose last instance exited keeps its
+    // crash-loop back-off across the new sandbox, as upstream (a sandbox that keeps dying
+    // must not turn a crash loop into a tight loop).
+    match spec.init_containers.as_deref().unwrap_or_default().first() {
+        Some(first) => {
+            start_in_new_sandbox(actions, ctx, pod, (ContainerKind::Init, 0), first, observed)
+        }
+        None => {
+            for (index, c) in spec.containers.iter().enumerate() {
+                if policy == RestartPolicy::OnFailure && succeeded(observed, &c.name) {
+                    continue;
+                }
+                start_in_new_sandbox(actions, ctx, pod, (ContainerKind::App, index), c, observed);
+            }
+        }
+    }
+}
+
+/// Whether the init sequence may go on past one init container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InitStep {
+    /// Done with it (succeeded, or a sidecar that has started): look at the next one.
+    Next,
+    /// Still to run or running: nothing after it starts in this sync.
+    Wait,
+}
+
+/// Init containers in the kept sandbox: one at a time, each to success, in order. Returns
+/// [`InitStep::Next`] when all of them are done and the app containers may run.
+fn plan_init_containers(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    spec: &PodSpec,
+    observed: &ObservedPod,
+    sandbox: &ObservedSandbox,
+) -> InitStep {
+    for (index, c) in spec.init_containers.iter().flatten().enumerate() {
+        let latest = observed
+            .instances(&c.name)
+            .into_iter()
+            .find(|i| i.sandbox_id == sandbox.id);
+        let step = if is_sidecar(c) {
+            plan_sidecar(actions, ctx, pod, observed, (index, c), latest)
+        } else {
+            plan_init_container(actions, ctx, pod, observed, (index, c), latest)
+        };
+        if step == InitStep::Wait {
+            return InitStep::Wait;
+        }
+    }
+    InitStep::Next
+}
+
+/// A sidecar (restartable init container) keeps running beside the app; the next init
+/// container waits only until it has started. `latest` is its newest instance in the sandbox.
+fn plan_sidecar(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    observed: &ObservedPod,
+    (index, c): (usize, &Container),
+    latest: Option<&ObservedContainer>,
+) -> InitStep {
+    let Some(inst) = latest else {
+        start_afresh(actions, observed, (ContainerKind::Init, index), c, None);
+        return InitStep::Wait;
+    };
+    match inst.state {
+        ContainerState::Running | ContainerState::Unknown => {
+            if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                actions.kill_containers.push(probe_kill(inst, c, bad));
+            }
+            let started = c.startup_probe.is_none()
+                || ctx.probes.get(&c.name).and_then(|v| v.started) == Some(true);
+            if started {
+                InitStep::Next
+            } else {
+                InitStep::Wait
+            }
+        }
+        ContainerState::Exited => {
+            plan_restart(
+                actions,
+                ctx,
+                pod,
+                (ContainerKind::Init, index),
+                c,
+                inst,
+                observed,
+            );
+            InitStep::Next
+        }
+        ContainerState::Created => {
+            start_afresh(
+                actions,
+                observed,
+                (ContainerKind::Init, index),
+                c,
+                Some(inst),
+            );
+            InitStep::Wait
+        }
+    }
+}
+
+/// An ordinary init container must exit 0 before the next one starts. `latest` is its newest
+/// instance in the sandbox.
+fn plan_init_container(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    observed: &ObservedPod,
+    (index, c): (usize, &Container),
+    latest: Option<&ObservedContainer>,
+) -> InitStep {
+    let Some(inst) = latest else {
+        start_afresh(actions, observed, (ContainerKind::Init, index), c, None);
+        return InitStep::Wait;
+    };
+    match inst.state {
+        ContainerState::Exited if inst.exit_code == 0 => InitStep::Next,
+        ContainerState::Running | ContainerState::Unknown => InitStep::Wait,
+        ContainerState::Exited => {
+            // Failed: retried with back-off (Never was handled as terminal above).
+            plan_restart(
+                actions,
+                ctx,
+                pod,
+                (ContainerKind::Init, index),
+                c,
+                inst,
+                observed,
+            );
+            InitStep::Wait
+        }
+        ContainerState::Created => {
+            start_afresh(
+                actions,
+                observed,
+                (ContainerKind::Init, index),
+                c,
+                Some(inst),
+            );
+            InitStep::Wait
+        }
+    }
+}
+
+/// One app container in the kept sandbox, once the init containers are done: start it,
+/// restart it per the restart policy, or replace it when it is unhealthy, changed or of
+/// unknown state. `latest` is its newest instance in the sandbox.
+fn plan_app_container(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    pod: &Pod,
+    observed: &ObservedPod,
+    (index, c): (usize, &Container),
+    latest: Option<&ObservedContainer>,
+) {
+    let policy = RestartPolicy::of(pod);
+    let Some(inst) = latest else {
+        // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
+        if observed.latest(&c.name).is_some_and(|i| {
+            i.state == ContainerState::Exited && !policy.restarts_after(i.exit_code)
+        }) {
+            return;
+        }
+        actions.start_containers.push(StartContainer {
+            kind: ContainerKind::App,
+            index,
+            name: c.name.clone(),
+            restart_count: next_restart_count(observed, &c.name),
+            backoff: None,
+        });
+        return;
+    };
+    match inst.state {
+        ContainerState::Unknown if policy != RestartPolicy::Never => {
+            // Nobody knows whether it runs: kill it before starting a new instance, so two
+            // never run at once (upstream does the same). Under Never it is left alone, as
+            // upstream does not restart it either.
+            replace_instance(actions, observed, (index, c), inst, UNKNOWN_STATE);
+        }
+        ContainerState::Running | ContainerState::Unknown => {
+            let want = (ctx.spec_hash)(c);
+            if let Some(bad) = ctx.unhealthy.get(&inst.id) {
+                // Killed now; the next sync sees it exited and restarts it per the
+                // restart policy and back-off, like any other exit.
+                actions.kill_containers.push(probe_kill(inst, c, bad));
+            } else if inst.hash.as_deref().is_some_and(|h| h != want) {
+                replace_instance(
+                    actions,
+                    observed,
+                    (index, c),
+                    inst,
+                    &format!("Container {} definition changed, will be restarted", c.name),
+                );
+            }
+        }
+        ContainerState::Exited => {
+            if policy.restarts_after(inst.exit_code) {
+                plan_restart(
+                    actions,
+                    ctx,
+                    pod,
+                    (ContainerKind::App, index),
+                    c,
+                    inst,
+                    observed,
+                );
+            }
+        }
+        ContainerState::Created => {
+            start_afresh(
+                actions,
+                observed,
+                (ContainerKind::App, index),
+                c,
+                Some(inst),
+            );
+        }
+    }
+}
+
+/// Stops a running instance that failed its liveness or startup probe, with the probe's
+/// message and its own grace period (sidecars and app containers are stopped alike).
+fn probe_kill(inst: &ObservedContainer, container: &Container, bad: &Unhealthy) -> KillContainer {
+    KillContainer {
+        id: inst.id.clone(),
+        name: container.name.clone(),
+        reason: bad.message.clone(),
+        grace_override: bad.grace_override,
+    }
 }
 
 /// Stops an app container's instance and starts a new one at once (no back-off: the

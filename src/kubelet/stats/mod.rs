@@ -686,76 +686,48 @@ pub struct Reading {
 const POD_DEFAULT_INTERFACE: &str = "eth0";
 
 /// Builds the summary from one reading of the runtime and the host (pure apart from `rates`).
+///
+/// Containers first, grouped by pod; then each pod's own figures; then the node. Every key
+/// whose rate is kept is noted in `seen`, and the samples of what is gone are forgotten.
 pub fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> Summary {
-    let node = &reading.node;
     let mut seen = HashSet::new();
     seen.insert("node".to_string());
+    let pods = group_containers(reading, rates, &mut seen)
+        .into_values()
+        .map(|pod| pod_figures(pod, reading, rates, &mut seen))
+        .collect();
+    let node = node_stats(node_name, reading, rates, &mut seen);
+    rates.keep_only(&seen);
+    Summary { node, pods }
+}
+
+/// A pod as the container labels name it: (namespace, name, UID), the order pods are
+/// listed in.
+type PodKey = (String, String, String);
+
+/// The running containers' usage grouped into their pods (by the labels the agent put on
+/// them); a pod starts when its first container was created. Exited containers, which linger
+/// in `ListContainerStats`, and containers of no pod are left out.
+fn group_containers(
+    reading: &Reading,
+    rates: &mut Rates,
+    seen: &mut HashSet<String>,
+) -> BTreeMap<PodKey, PodStats> {
     let created: HashMap<&str, i64> = reading
         .running
         .iter()
         .map(|c| (c.id.as_str(), c.created_at))
         .collect();
-    let container_fs = reading
-        .container_fs
-        .as_ref()
-        .or(reading.image_fs.as_ref())
-        .and_then(|r| r.fs.as_ref());
-    let mut pods: BTreeMap<(String, String, String), PodStats> = BTreeMap::new();
+    let mut pods: BTreeMap<PodKey, PodStats> = BTreeMap::new();
     for s in &reading.stats {
         let Some(attrs) = &s.attributes else { continue };
         let Some(&created_at) = created.get(attrs.id.as_str()) else {
             continue;
         };
-        let label = |k: &str| attrs.labels.get(k).cloned().unwrap_or_default();
-        let uid = label(cri_labels::POD_UID_LABEL);
-        if uid.is_empty() {
+        let Some((key, container)) = container_entry(s, attrs, created_at, reading, rates, seen)
+        else {
             continue;
-        }
-        let name = attrs
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| label(cri_labels::CONTAINER_NAME_LABEL));
-        let cpu = s.cpu.as_ref().map(|c| {
-            let total = c.usage_core_nano_seconds.map(|v| v.value);
-            let key = format!("container/{}", attrs.id);
-            seen.insert(key.clone());
-            let own = total.and_then(|t| rates.rate(&key, c.timestamp, t));
-            CpuStats {
-                time: time_ns(c.timestamp),
-                usage_nano_cores: own.or(c.usage_nano_cores.map(|v| v.value)),
-                usage_core_nano_seconds: total,
-            }
-        });
-        let memory = s.memory.as_ref().map(|m| MemoryStats {
-            time: time_ns(m.timestamp),
-            available_bytes: m.available_bytes.map(|v| v.value),
-            usage_bytes: m.usage_bytes.map(|v| v.value),
-            working_set_bytes: m.working_set_bytes.map(|v| v.value),
-            rss_bytes: m.rss_bytes.map(|v| v.value),
-            page_faults: m.page_faults.map(|v| v.value),
-            major_page_faults: m.major_page_faults.map(|v| v.value),
-        });
-        let rootfs = s.writable_layer.as_ref().map(|w| FsStats {
-            used_bytes: w.used_bytes.map(|v| v.value),
-            inodes_used: w.inodes_used.map(|v| v.value),
-            ..fs_figures(container_fs.or(node.fs.as_ref()), w.timestamp)
-        });
-        let logs = reading
-            .pods
-            .get(&uid)
-            .and_then(|p| p.logs.get(&name))
-            .map(|u| FsStats {
-                used_bytes: Some(u.bytes),
-                inodes_used: Some(u.inodes),
-                ..fs_figures(node.logs_fs.as_ref(), node.at_ns)
-            });
-        let key = (
-            label(cri_labels::POD_NAMESPACE_LABEL),
-            label(cri_labels::POD_NAME_LABEL),
-            uid.clone(),
-        );
+        };
         let pod = pods.entry(key.clone()).or_insert_with(|| PodStats {
             pod_ref: PodReference {
                 name: key.1.clone(),
@@ -766,86 +738,159 @@ pub fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> S
         });
         let start = time_ns(created_at);
         if pod.start_time.as_ref().is_none_or(|t| start.0 < t.0) {
-            pod.start_time = Some(start.clone());
+            pod.start_time = Some(start);
         }
-        pod.containers.push(ContainerStats {
-            name,
-            start_time: Some(start),
-            cpu,
-            memory,
-            rootfs,
-            logs,
-        });
+        pod.containers.push(container);
     }
-    let mut out = Vec::with_capacity(pods.len());
-    for (_, mut pod) in pods {
-        pod.containers.sort_by(|a, b| a.name.cmp(&b.name));
-        let host = reading.pods.get(&pod.pod_ref.uid);
-        let cgroup = host.and_then(|h| h.cgroup.as_ref());
-        let key = format!("pod/{}", pod.pod_ref.uid);
-        // The pod's cgroup counts everything in the pod (the sandbox too), as upstream's
-        // figures do; without one, the containers' sums stand in.
-        let cpu_total = match cgroup.and_then(|c| c.cpu_core_ns.map(|v| (c.at_ns, v))) {
-            Some(sample) => Some(sample),
-            None => sum_cpu(&pod.containers),
-        };
-        pod.cpu = cpu_total.map(|(at, total)| {
-            seen.insert(key.clone());
-            CpuStats {
-                time: time_ns(at),
-                usage_nano_cores: rates.rate(&key, at, total),
-                usage_core_nano_seconds: Some(total),
-            }
-        });
-        pod.memory = match cgroup.filter(|c| c.memory_working_set.is_some()) {
-            Some(c) => Some(cgroup_memory(c, None)),
-            None => sum_memory(&pod.containers),
-        };
-        pod.process_stats = cgroup.and_then(|c| c.pids).map(|n| ProcessStats {
-            process_count: Some(n),
-        });
-        if let Some(host) = host {
-            pod.network = host.network.as_ref().map(|ifaces| {
-                network_stats(host.network_at_ns, ifaces, Some(POD_DEFAULT_INTERFACE))
-            });
-            pod.volume_stats = host
-                .volumes
-                .iter()
-                .map(|v| VolumeStats {
-                    fs: FsStats {
-                        used_bytes: Some(v.usage.bytes),
-                        inodes_used: Some(v.usage.inodes),
-                        ..fs_figures(v.fs.as_ref(), v.at_ns)
-                    },
-                    name: v.name.clone(),
-                })
-                .collect();
-        }
-        pod.ephemeral_storage = ephemeral_storage(&pod.containers, host, node);
-        out.push(pod);
+    pods
+}
+
+/// One running container's figures and the pod it belongs to; `None` for a container that
+/// names no pod UID. Its CPU rate is its own, from its cumulative time; its rootfs is its
+/// writable layer on the container (or image, or node) filesystem; its logs are what the host
+/// measured of its log files.
+fn container_entry(
+    s: &proto::ContainerStats,
+    attrs: &proto::ContainerAttributes,
+    created_at: i64,
+    reading: &Reading,
+    rates: &mut Rates,
+    seen: &mut HashSet<String>,
+) -> Option<(PodKey, ContainerStats)> {
+    let node = &reading.node;
+    let container_fs = reading
+        .container_fs
+        .as_ref()
+        .or(reading.image_fs.as_ref())
+        .and_then(|r| r.fs.as_ref());
+    let label = |k: &str| attrs.labels.get(k).cloned().unwrap_or_default();
+    let uid = label(cri_labels::POD_UID_LABEL);
+    if uid.is_empty() {
+        return None;
     }
-    let pods_cgroup = node.pods_cgroup.as_ref().map(|c| {
-        let key = "system/pods".to_string();
-        let total = c.cpu_core_ns;
-        if total.is_some() {
-            seen.insert(key.clone());
-        }
-        ContainerStats {
-            name: "pods".to_string(),
-            start_time: None,
-            cpu: total.map(|t| CpuStats {
-                time: time_ns(c.at_ns),
-                usage_nano_cores: rates.rate(&key, c.at_ns, t),
-                usage_core_nano_seconds: Some(t),
-            }),
-            memory: c
-                .memory_working_set
-                .map(|_| cgroup_memory(c, node.memory_total)),
-            rootfs: None,
-            logs: None,
+    let name = attrs
+        .metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| label(cri_labels::CONTAINER_NAME_LABEL));
+    let cpu = s.cpu.as_ref().map(|c| {
+        let total = c.usage_core_nano_seconds.map(|v| v.value);
+        let key = format!("container/{}", attrs.id);
+        seen.insert(key.clone());
+        let own = total.and_then(|t| rates.rate(&key, c.timestamp, t));
+        CpuStats {
+            time: time_ns(c.timestamp),
+            usage_nano_cores: own.or(c.usage_nano_cores.map(|v| v.value)),
+            usage_core_nano_seconds: total,
         }
     });
-    let node_stats = NodeStats {
+    let memory = s.memory.as_ref().map(|m| MemoryStats {
+        time: time_ns(m.timestamp),
+        available_bytes: m.available_bytes.map(|v| v.value),
+        usage_bytes: m.usage_bytes.map(|v| v.value),
+        working_set_bytes: m.working_set_bytes.map(|v| v.value),
+        rss_bytes: m.rss_bytes.map(|v| v.value),
+        page_faults: m.page_faults.map(|v| v.value),
+        major_page_faults: m.major_page_faults.map(|v| v.value),
+    });
+    let rootfs = s.writable_layer.as_ref().map(|w| FsStats {
+        used_bytes: w.used_bytes.map(|v| v.value),
+        inodes_used: w.inodes_used.map(|v| v.value),
+        ..fs_figures(container_fs.or(node.fs.as_ref()), w.timestamp)
+    });
+    let logs = reading
+        .pods
+        .get(&uid)
+        .and_then(|p| p.logs.get(&name))
+        .map(|u| FsStats {
+            used_bytes: Some(u.bytes),
+            inodes_used: Some(u.inodes),
+            ..fs_figures(node.logs_fs.as_ref(), node.at_ns)
+        });
+    let key = (
+        label(cri_labels::POD_NAMESPACE_LABEL),
+        label(cri_labels::POD_NAME_LABEL),
+        uid,
+    );
+    let container = ContainerStats {
+        name,
+        start_time: Some(time_ns(created_at)),
+        cpu,
+        memory,
+        rootfs,
+        logs,
+    };
+    Some((key, container))
+}
+
+/// A pod's own figures, once its containers are in: CPU and memory from its cgroup (or the
+/// containers' sums), process count, network, volumes and ephemeral storage from what the
+/// host told of it.
+fn pod_figures(
+    mut pod: PodStats,
+    reading: &Reading,
+    rates: &mut Rates,
+    seen: &mut HashSet<String>,
+) -> PodStats {
+    pod.containers.sort_by(|a, b| a.name.cmp(&b.name));
+    let host = reading.pods.get(&pod.pod_ref.uid);
+    let cgroup = host.and_then(|h| h.cgroup.as_ref());
+    let key = format!("pod/{}", pod.pod_ref.uid);
+    // The pod's cgroup counts everything in the pod (the sandbox too), as upstream's
+    // figures do; without one, the containers' sums stand in.
+    let cpu_total = match cgroup.and_then(|c| c.cpu_core_ns.map(|v| (c.at_ns, v))) {
+        Some(sample) => Some(sample),
+        None => sum_cpu(&pod.containers),
+    };
+    pod.cpu = cpu_total.map(|(at, total)| {
+        seen.insert(key.clone());
+        CpuStats {
+            time: time_ns(at),
+            usage_nano_cores: rates.rate(&key, at, total),
+            usage_core_nano_seconds: Some(total),
+        }
+    });
+    pod.memory = match cgroup.filter(|c| c.memory_working_set.is_some()) {
+        Some(c) => Some(cgroup_memory(c, None)),
+        None => sum_memory(&pod.containers),
+    };
+    pod.process_stats = cgroup.and_then(|c| c.pids).map(|n| ProcessStats {
+        process_count: Some(n),
+    });
+    if let Some(host) = host {
+        pod.network = host
+            .network
+            .as_ref()
+            .map(|ifaces| network_stats(host.network_at_ns, ifaces, Some(POD_DEFAULT_INTERFACE)));
+        pod.volume_stats = host
+            .volumes
+            .iter()
+            .map(|v| VolumeStats {
+                fs: FsStats {
+                    used_bytes: Some(v.usage.bytes),
+                    inodes_used: Some(v.usage.inodes),
+                    ..fs_figures(v.fs.as_ref(), v.at_ns)
+                },
+                name: v.name.clone(),
+            })
+            .collect();
+    }
+    pod.ephemeral_storage = ephemeral_storage(&pod.containers, host, &reading.node);
+    pod
+}
+
+/// The node's figures: CPU, memory, network, filesystems, process limits, and the `pods`
+/// system container (the `kubepods` cgroup).
+fn node_stats(
+    node_name: &str,
+    reading: &Reading,
+    rates: &mut Rates,
+    seen: &mut HashSet<String>,
+) -> NodeStats {
+    let node = &reading.node;
+    let pods_cgroup = pods_system_container(node, rates, seen);
+    NodeStats {
         node_name: node_name.to_string(),
         start_time: node
             .boot_time_s
@@ -884,12 +929,37 @@ pub fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> S
             curproc: node.processes,
         }),
         system_containers: pods_cgroup.into_iter().collect(),
-    };
-    rates.keep_only(&seen);
-    Summary {
-        node: node_stats,
-        pods: out,
     }
+}
+
+/// The `pods` system container: the `kubepods` cgroup, every pod's parent, whose memory counts
+/// against the node's.
+fn pods_system_container(
+    node: &NodeSample,
+    rates: &mut Rates,
+    seen: &mut HashSet<String>,
+) -> Option<ContainerStats> {
+    node.pods_cgroup.as_ref().map(|c| {
+        let key = "system/pods".to_string();
+        let total = c.cpu_core_ns;
+        if total.is_some() {
+            seen.insert(key.clone());
+        }
+        ContainerStats {
+            name: "pods".to_string(),
+            start_time: None,
+            cpu: total.map(|t| CpuStats {
+                time: time_ns(c.at_ns),
+                usage_nano_cores: rates.rate(&key, c.at_ns, t),
+                usage_core_nano_seconds: Some(t),
+            }),
+            memory: c
+                .memory_working_set
+                .map(|_| cgroup_memory(c, node.memory_total)),
+            rootfs: None,
+            logs: None,
+        }
+    })
 }
 
 /// A namespace's interfaces, with `default` (when present among them) also at the top level.

@@ -154,6 +154,46 @@ pub struct SyncOutcome {
     pub terminal: bool,
 }
 
+/// Where a sync's step loop stands: the view, the decision to carry out (or carried out
+/// last), and what the last step left for deciding when to look again. One value, so that the
+/// loop ([`Executor::step_until_settled`]) and the end of the sync
+/// ([`Executor::finish_sync`]) hand it on whole.
+struct Step {
+    /// Steps begun so far.
+    number: usize,
+    observed: ObservedPod,
+    /// An exit was heard without its code: the view lags the runtime.
+    behind: bool,
+    decision: PodActions,
+    /// Carrying out the last decision failed somewhere.
+    failed: bool,
+    /// The decision made again on the view after the last step, when it changed anything.
+    followup: Option<PodActions>,
+}
+
+impl Step {
+    /// Before the first step: the view read at the start and the first decision on it.
+    fn first(observed: ObservedPod, behind: bool, decision: PodActions) -> Self {
+        Step {
+            number: 0,
+            observed,
+            behind,
+            decision,
+            failed: false,
+            followup: None,
+        }
+    }
+}
+
+/// True when the container waits on an error that is retried soon (not a back-off): starting
+/// it again within the same sync would only fail again.
+fn blocked_by_error(state: &PodSyncState, name: &str) -> bool {
+    state
+        .waiting
+        .get(name)
+        .is_some_and(|w| w.reason.retried_soon())
+}
+
 /// Upstream never gives a container less than this to stop.
 pub(crate) const MIN_GRACE_SECONDS: i64 = 2;
 
@@ -466,9 +506,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         probes: &HashMap<String, ProbeView>,
     ) -> SyncOutcome {
         let uid = pod_uid(pod).to_string();
-        let read_started = std::time::Instant::now();
-        let mut observed = match self.read_for_sync(&uid, state).await {
-            Ok(o) => o,
+        let (observed, behind) = match self.read_at_start(&uid, state).await {
+            Ok(read) => read,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pod's state from the runtime");
                 return SyncOutcome {
@@ -479,11 +518,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 };
             }
         };
-        let mut behind = self.apply_heard(&mut observed);
-        tracing::trace!(
-            took_us = read_started.elapsed().as_micros() as u64,
-            "pod read"
-        );
         let backoff_before = state.backoff.clone();
         let hash = |c: &Container| spec_hash(c);
         let decide = |observed: &ObservedPod, backoff: &BackoffTable| {
@@ -500,69 +534,79 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 },
             )
         };
-        let mut decision = decide(&observed, &state.backoff);
-        let mut step = 0;
-        let (executed, followup) = loop {
-            step += 1;
-            let changed = revisit::changes_anything(&decision);
+        let first = decide(&observed, &state.backoff);
+        let settled = match self
+            .step_until_settled(pod, state, Step::first(observed, behind, first), &decide)
+            .await
+        {
+            Ok(settled) => settled,
+            Err(stopped) => return stopped,
+        };
+        self.finish_sync(pod, state, settled, &backoff_before).await
+    }
+
+    /// Reads the pod at the start of a sync ([`Executor::read_for_sync`]) and writes in the
+    /// exits heard since. The flag is true when an exit came without its code (the view lags
+    /// the runtime and must be read again soon).
+    async fn read_at_start(
+        &self,
+        uid: &str,
+        state: &mut PodSyncState,
+    ) -> Result<(ObservedPod, bool), CriError> {
+        let read_started = std::time::Instant::now();
+        let mut observed = self.read_for_sync(uid, state).await?;
+        let behind = self.apply_heard(&mut observed);
+        tracing::trace!(
+            took_us = read_started.elapsed().as_micros() as u64,
+            "pod read"
+        );
+        Ok((observed, behind))
+    }
+
+    /// Carries out `at.decision`, reads the pod again and decides again, for as long as each
+    /// step went through and the next makes progress (at most [`MAX_STEPS`]). `Err` is the
+    /// outcome of a sync that could not make the pod's cgroup (nothing was done).
+    async fn step_until_settled(
+        &self,
+        pod: &Pod,
+        state: &mut PodSyncState,
+        mut at: Step,
+        decide: &(dyn Fn(&ObservedPod, &BackoffTable) -> PodActions + Sync),
+    ) -> Result<Step, SyncOutcome> {
+        let uid = pod_uid(pod);
+        loop {
+            at.number += 1;
+            let step = at.number;
+            let changed = revisit::changes_anything(&at.decision);
             if changed {
-                tracing::debug!(step, ?decision, "pod actions");
+                tracing::debug!(step, decision = ?at.decision, "pod actions");
             }
-            // Back-off waits are shown as CrashLoopBackOff until the container starts again.
-            for w in &decision.waiting {
-                self.events.container(
-                    pod,
-                    &w.name,
-                    EventType::Warning,
-                    reason::BACK_OFF,
-                    format!(
-                        "Back-off restarting failed container {} in pod {}",
-                        w.name,
-                        actions::pod_label(pod)
-                    ),
-                );
-                state.waiting.insert(
-                    w.name.clone(),
-                    WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
-                );
-            }
+            self.note_backoff_waits(pod, &at.decision, state);
             if step == 1
-                && let Err(message) = self.ensure_pod_cgroup(pod, decision.terminal).await
+                && let Err(message) = self.ensure_pod_cgroup(pod, at.decision.terminal).await
             {
-                tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
-                self.events.pod(
-                    pod,
-                    EventType::Warning,
-                    reason::FAILED_TO_CREATE_POD_CONTAINER,
-                    format!("unable to ensure pod container exists: {message}"),
-                );
-                state.view = Some(observed.clone());
-                return SyncOutcome {
-                    observed,
-                    runtime_unreachable: false,
-                    retry_after: Some(ERROR_RETRY),
-                    terminal: false,
-                };
+                return Err(self.cgroup_failed(pod, &message, state, at.observed));
             }
             let acted = std::time::Instant::now();
             let mut made = Made::default();
             let executed = self
-                .execute(pod, &observed, &decision, state, &mut made)
+                .execute(pod, &at.observed, &at.decision, state, &mut made)
                 .await;
             if let Err(err) = &executed {
                 tracing::warn!(error = %err, "sync failed; will retry");
                 state.reread = true;
             }
+            at.failed = executed.is_err();
             if !changed {
-                break (executed, None);
+                return Ok(at);
             }
-            let read = self
-                .read_after_step(&uid, &observed, &decision, &made)
-                .await;
-            match read {
+            match self
+                .read_after_step(uid, &at.observed, &at.decision, &made)
+                .await
+            {
                 Ok(read) => {
-                    observed = read;
-                    behind = self.apply_heard(&mut observed);
+                    at.observed = read;
+                    at.behind = self.apply_heard(&mut at.observed);
                 }
                 // The view still shows the pod before the step.
                 Err(_) => state.reread = true,
@@ -574,33 +618,96 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             );
             // What the runtime shows now may already call for the next step: the pure
             // decision is made again on the fresh view.
-            let followup = executed.is_ok().then(|| decide(&observed, &state.backoff));
-            let blocked = |name: &str| {
-                state
-                    .waiting
-                    .get(name)
-                    .is_some_and(|w| w.reason.retried_soon())
-            };
-            let through = revisit::went_through(&decision, made.sandbox.is_some(), &blocked);
+            let followup = executed
+                .is_ok()
+                .then(|| decide(&at.observed, &state.backoff));
+            let blocked = |name: &str| blocked_by_error(state, name);
+            let through = revisit::went_through(&at.decision, made.sandbox.is_some(), &blocked);
             match followup {
                 Some(next)
                     if through && step < MAX_STEPS && revisit::makes_progress(&next, &blocked) =>
                 {
-                    decision = next;
+                    at.decision = next;
                 }
-                followup => break (executed, followup),
+                followup => {
+                    at.followup = followup;
+                    return Ok(at);
+                }
             }
-        };
-        let blocked = |name: &str| {
-            state
-                .waiting
-                .get(name)
-                .is_some_and(|w| w.reason.retried_soon())
-        };
+        }
+    }
+
+    /// Back-off waits are shown as CrashLoopBackOff until the container starts again, and
+    /// told in an event each time a step finds one.
+    fn note_backoff_waits(&self, pod: &Pod, decision: &PodActions, state: &mut PodSyncState) {
+        for w in &decision.waiting {
+            self.events.container(
+                pod,
+                &w.name,
+                EventType::Warning,
+                reason::BACK_OFF,
+                format!(
+                    "Back-off restarting failed container {} in pod {}",
+                    w.name,
+                    actions::pod_label(pod)
+                ),
+            );
+            state.waiting.insert(
+                w.name.clone(),
+                WaitingReason::new(WaitReason::CrashLoopBackOff, w.message.clone()),
+            );
+        }
+    }
+
+    /// The outcome of a sync that could not make the pod's cgroup: told in an event, nothing
+    /// done, tried again soon on the view just read.
+    fn cgroup_failed(
+        &self,
+        pod: &Pod,
+        message: &str,
+        state: &mut PodSyncState,
+        observed: ObservedPod,
+    ) -> SyncOutcome {
+        tracing::warn!(error = %message, "cannot create the pod's cgroup; will retry");
+        self.events.pod(
+            pod,
+            EventType::Warning,
+            reason::FAILED_TO_CREATE_POD_CONTAINER,
+            format!("unable to ensure pod container exists: {message}"),
+        );
+        state.view = Some(observed.clone());
+        SyncOutcome {
+            observed,
+            runtime_unreachable: false,
+            retry_after: Some(ERROR_RETRY),
+            terminal: false,
+        }
+    }
+
+    /// Ends a sync once its steps have settled: decides when to look again, keeps the
+    /// back-off state on disk when it changed, reads the termination messages and keeps the
+    /// view for the next sync.
+    async fn finish_sync(
+        &self,
+        pod: &Pod,
+        state: &mut PodSyncState,
+        settled: Step,
+        backoff_before: &BackoffTable,
+    ) -> SyncOutcome {
+        let uid = pod_uid(pod);
+        let Step {
+            mut observed,
+            behind,
+            decision,
+            failed,
+            followup,
+            ..
+        } = settled;
+        let blocked = |name: &str| blocked_by_error(state, name);
         let init_running = revisit::init_running(pod, &observed);
         let retry = revisit::next_look(&SyncFacts {
             decision: &decision,
-            failed: executed.is_err(),
+            failed,
             error_waiting: state.waiting.values().any(|w| w.reason.retried_soon()),
             followup: followup.as_ref(),
             blocked: &blocked,
@@ -613,22 +720,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if init_running || behind {
             state.reread = true;
         }
-        if state.backoff != backoff_before {
-            let dir = self.node.pod_dir(&uid);
-            let table = state.backoff.clone();
-            let saved =
-                tokio::task::spawn_blocking(move || pod_files::save_backoff(&dir, &table)).await;
-            if let Ok(Err(err)) = saved {
-                tracing::warn!(error = %err, "cannot save the back-off state");
-            }
+        if state.backoff != *backoff_before {
+            self.save_backoff(uid, &state.backoff).await;
         }
         let log_dir = self
             .node
-            .pod_log_dir(pod_namespace(pod), pod_name(pod), &uid);
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
         super::termination_message::fill_messages(
             &mut observed,
             pod,
-            &self.node.pod_dir(&uid),
+            &self.node.pod_dir(uid),
             &log_dir,
             &mut state.messages,
         );
@@ -638,6 +739,18 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             runtime_unreachable: false,
             retry_after: retry,
             terminal: decision.terminal,
+        }
+    }
+
+    /// Writes the pod's back-off table to its directory, so that an agent restarted keeps
+    /// the crash loops' delays (a failure is logged: the table is still kept in memory).
+    async fn save_backoff(&self, uid: &str, backoff: &BackoffTable) {
+        let dir = self.node.pod_dir(uid);
+        let table = backoff.clone();
+        let saved =
+            tokio::task::spawn_blocking(move || pod_files::save_backoff(&dir, &table)).await;
+        if let Ok(Err(err)) = saved {
+            tracing::warn!(error = %err, "cannot save the back-off state");
         }
     }
 
