@@ -101,17 +101,17 @@ pub fn spawn<R: RuntimeService + ImageService>(
                 let began = Instant::now();
                 match container_gc_pass(&ctx, ContainerGcPolicy::default()).await {
                     Ok(done) => {
-                        let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+                        let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
                         let (containers, sandboxes) = (done.containers.len(), done.sandboxes.len());
                         if containers + sandboxes > 0 {
                             tracing::info!(
                                 containers,
                                 sandboxes,
-                                took_ms,
+                                elapsed_ms,
                                 "container GC pass done"
                             );
                         } else {
-                            tracing::debug!(took_ms, "container GC pass done; nothing to remove");
+                            tracing::debug!(elapsed_ms, "container GC pass done; nothing to remove");
                         }
                     }
                     Err(err) => tracing::warn!(error = %err, "container GC failed"),
@@ -513,18 +513,18 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
             "image GC could not free enough space: the remaining images are in use or too new"
         );
     }
-    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+    let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
     if removed.is_empty() {
         tracing::debug!(
             images = detected.images.len(),
-            took_ms,
+            elapsed_ms,
             "image GC pass done; nothing removed"
         );
     } else {
         tracing::info!(
             images = detected.images.len(),
             removed = removed.len(),
-            took_ms,
+            elapsed_ms,
             "image GC pass done"
         );
     }
@@ -676,8 +676,8 @@ pub async fn rotate_logs_pass<R: RuntimeService>(
             let began = Instant::now();
             match rotate_one(&ctx.rt, &c.id, policy, paths).await {
                 Ok(Some(to)) => {
-                    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
-                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), took_ms, "rotated a container log");
+                    let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
+                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), elapsed_ms, "rotated a container log");
                     crate::base::metrics::KUBELET.log_rotations.inc(&["rotated"]);
                     true
                 }
