@@ -43,7 +43,7 @@ pub async fn run(cancel: CancellationToken) {
         match tokio::task::spawn_blocking(release_free_memory).await {
             Ok(released) => tracing::trace!(
                 released,
-                took_us = began.elapsed().as_micros() as u64,
+                elapsed_ms = began.elapsed().as_secs_f64() * 1000.0,
                 "handed free memory back to the kernel"
             ),
             Err(err) => tracing::debug!(error = %err, "the memory trim did not run"),

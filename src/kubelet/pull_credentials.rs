@@ -65,6 +65,40 @@ pub struct KeyringError {
     pub reason: String,
 }
 
+/// Why a docker config (`.dockerconfigjson` or `.dockercfg`) could not be read. The message
+/// never quotes the content.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerConfigError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("expected a JSON object with \"auths\", found {found}")]
+    NotAuths { found: &'static str },
+    #[error("expected an object of registries, found {found}")]
+    NotRegistries { found: &'static str },
+    #[error("registry {registry:?}: expected an object, found {found}")]
+    EntryNotObject {
+        registry: String,
+        found: &'static str,
+    },
+    #[error("registry {registry:?}: {field:?} must be a string, found {found}")]
+    FieldNotString {
+        registry: String,
+        field: &'static str,
+        found: &'static str,
+    },
+    #[error("registry {registry:?}: {source}")]
+    Auth { registry: String, source: AuthError },
+}
+
+/// Why an entry's `auth` field could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("\"auth\" is not valid base64")]
+    NotBase64,
+    #[error("unable to parse auth field, must be formatted as base64(username:password)")]
+    NoColon,
+}
+
 /// The credentials of a pod's pull secrets, indexed by registry key.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
@@ -106,7 +140,7 @@ impl Keyring {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 key,
-                reason,
+                reason: reason.to_string(),
             })?;
             ring.add(&format!("{namespace}/{name}"), entries);
         }
@@ -154,36 +188,36 @@ impl Keyring {
 }
 
 /// `.dockerconfigjson`: `{"auths": {registry: entry}}`. Other fields are ignored.
-pub fn parse_docker_config_json(bytes: &[u8]) -> Result<Vec<(String, Credential)>, String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse_docker_config_json(
+    bytes: &[u8],
+) -> Result<Vec<(String, Credential)>, DockerConfigError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes)?;
     match value {
         serde_json::Value::Null => Ok(Vec::new()),
         serde_json::Value::Object(top) => match field(&top, "auths") {
             None | Some(serde_json::Value::Null) => Ok(Vec::new()),
             Some(auths) => entries(auths),
         },
-        other => Err(format!(
-            "expected a JSON object with \"auths\", found {}",
-            json_kind(&other)
-        )),
+        other => Err(DockerConfigError::NotAuths {
+            found: json_kind(&other),
+        }),
     }
 }
 
 /// `.dockercfg`: `{registry: entry}`.
-pub fn parse_dockercfg(bytes: &[u8]) -> Result<Vec<(String, Credential)>, String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse_dockercfg(bytes: &[u8]) -> Result<Vec<(String, Credential)>, DockerConfigError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes)?;
     entries(&value)
 }
 
-fn entries(value: &serde_json::Value) -> Result<Vec<(String, Credential)>, String> {
+fn entries(value: &serde_json::Value) -> Result<Vec<(String, Credential)>, DockerConfigError> {
     let map = match value {
         serde_json::Value::Null => return Ok(Vec::new()),
         serde_json::Value::Object(map) => map,
         other => {
-            return Err(format!(
-                "expected an object of registries, found {}",
-                json_kind(other)
-            ));
+            return Err(DockerConfigError::NotRegistries {
+                found: json_kind(other),
+            });
         }
     };
     let mut out = Vec::new();
@@ -192,20 +226,21 @@ fn entries(value: &serde_json::Value) -> Result<Vec<(String, Credential)>, Strin
             serde_json::Value::Null => serde_json::Map::new(),
             serde_json::Value::Object(e) => e.clone(),
             other => {
-                return Err(format!(
-                    "registry {registry:?}: expected an object, found {}",
-                    json_kind(other)
-                ));
+                return Err(DockerConfigError::EntryNotObject {
+                    registry: registry.clone(),
+                    found: json_kind(other),
+                });
             }
         };
-        let text = |name: &str| -> Result<String, String> {
+        let text = |name: &'static str| -> Result<String, DockerConfigError> {
             match field(&entry, name) {
                 None | Some(serde_json::Value::Null) => Ok(String::new()),
                 Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                Some(other) => Err(format!(
-                    "registry {registry:?}: {name:?} must be a string, found {}",
-                    json_kind(other)
-                )),
+                Some(other) => Err(DockerConfigError::FieldNotString {
+                    registry: registry.clone(),
+                    field: name,
+                    found: json_kind(other),
+                }),
             }
         };
         let mut cred = Credential {
@@ -220,7 +255,10 @@ fn entries(value: &serde_json::Value) -> Result<Vec<(String, Credential)>, Strin
         let auth = text("auth")?;
         if !auth.is_empty() {
             let (user, password) =
-                decode_auth(&auth).map_err(|e| format!("registry {registry:?}: {e}"))?;
+                decode_auth(&auth).map_err(|source| DockerConfigError::Auth {
+                    registry: registry.clone(),
+                    source,
+                })?;
             cred.username = user;
             cred.password = password;
         }
@@ -253,15 +291,13 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// `auth`: base64 (padded when it ends in `=`, else unpadded) of `user:password`.
-fn decode_auth(field: &str) -> Result<(String, String), String> {
+fn decode_auth(field: &str) -> Result<(String, String), AuthError> {
     let padded = field.trim().ends_with('=');
-    let bytes = decode_base64(field, padded).ok_or("\"auth\" is not valid base64")?;
+    let bytes = decode_base64(field, padded).ok_or(AuthError::NotBase64)?;
     let text = String::from_utf8_lossy(&bytes);
     match text.split_once(':') {
         Some((user, password)) => Ok((user.to_string(), password.to_string())),
-        None => {
-            Err("unable to parse auth field, must be formatted as base64(username:password)".into())
-        }
+        None => Err(AuthError::NoColon),
     }
 }
 
@@ -694,7 +730,7 @@ mod tests {
             ),
         ];
         for (body, want) in bad {
-            let err = parse_docker_config_json(body).unwrap_err();
+            let err = parse_docker_config_json(body).unwrap_err().to_string();
             assert!(
                 err.contains(want),
                 "{}: {err}",

@@ -4,29 +4,45 @@
 const NAME_MAX: usize = 63;
 const PREFIX_MAX: usize = 253;
 
+/// Why a label key or value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("{what} must be no more than {NAME_MAX} characters")]
+    TooLong { what: &'static str },
+    #[error(
+        "{what} {name:?} must consist of letters, digits, '-', '_' or '.', and start and end with a letter or digit"
+    )]
+    BadName { what: &'static str, name: String },
+    #[error("prefix {prefix:?} must be a DNS subdomain")]
+    BadPrefix { prefix: String },
+    #[error("name part must not be empty")]
+    EmptyName,
+}
+
 fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'
 }
 
 /// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, at most 63 characters; `what` names the part.
-fn check_name(name: &str, what: &str) -> Result<(), String> {
+fn check_name(name: &str, what: &'static str) -> Result<(), LabelError> {
     if name.len() > NAME_MAX {
-        return Err(format!("{what} must be no more than {NAME_MAX} characters"));
+        return Err(LabelError::TooLong { what });
     }
     let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !name.chars().all(is_name_char)
         || !ends_ok(name.chars().next())
         || !ends_ok(name.chars().last())
     {
-        return Err(format!(
-            "{what} {name:?} must consist of letters, digits, '-', '_' or '.', and start and end with a letter or digit"
-        ));
+        return Err(LabelError::BadName {
+            what,
+            name: name.to_string(),
+        });
     }
     Ok(())
 }
 
 /// A label key: `[prefix/]name`, the prefix a DNS subdomain.
-pub fn check_label_key(key: &str) -> Result<(), String> {
+pub fn check_label_key(key: &str) -> Result<(), LabelError> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -40,17 +56,19 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
                 && !p.ends_with('-')
         };
         if prefix.len() > PREFIX_MAX || !prefix.split('.').all(part_ok) {
-            return Err(format!("prefix {prefix:?} must be a DNS subdomain"));
+            return Err(LabelError::BadPrefix {
+                prefix: prefix.to_string(),
+            });
         }
     }
     if name.is_empty() {
-        return Err("name part must not be empty".into());
+        return Err(LabelError::EmptyName);
     }
     check_name(name, "name part")
 }
 
 /// A label value: empty, or a name of at most 63 characters.
-pub fn check_label_value(value: &str) -> Result<(), String> {
+pub fn check_label_value(value: &str) -> Result<(), LabelError> {
     if value.is_empty() {
         return Ok(());
     }
@@ -90,5 +108,23 @@ mod tests {
         for bad in ["a b", "-v", "v.", &"v".repeat(64)] {
             assert!(check_label_value(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn messages_name_the_part_at_fault() {
+        let text = |r: Result<(), LabelError>| r.unwrap_err().to_string();
+        assert_eq!(
+            text(check_label_key("Example.com/x")),
+            "prefix \"Example.com\" must be a DNS subdomain"
+        );
+        assert_eq!(text(check_label_key("x/")), "name part must not be empty");
+        assert_eq!(
+            text(check_label_key(&"x".repeat(64))),
+            "name part must be no more than 63 characters"
+        );
+        assert_eq!(
+            text(check_label_value("-v")),
+            "value \"-v\" must consist of letters, digits, '-', '_' or '.', and start and end with a letter or digit"
+        );
     }
 }

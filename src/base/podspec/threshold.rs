@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::quantity::{self, Quantity};
+use super::quantity::{self, Quantity, QuantityError};
 
 /// A threshold: an absolute amount, or a percentage of the resource's capacity.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,39 +49,77 @@ pub fn default_eviction_hard() -> BTreeMap<String, Threshold> {
     ])
 }
 
+/// Why an eviction threshold is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ThresholdError {
+    #[error("{signal:?} is not an eviction signal (one of {})", SIGNALS.join(", "))]
+    UnknownSignal { signal: String },
+    #[error("{value:?} is not a percentage")]
+    NotPercentage { value: String },
+    #[error("{value:?} must be between 0% and 100%")]
+    PercentOutOfRange { value: String },
+    #[error("{value:?}: {source}")]
+    Quantity {
+        value: String,
+        source: QuantityError,
+    },
+    #[error("{value:?} must not be negative")]
+    Negative { value: String },
+    #[error("{item:?} is not signal<value")]
+    NotSignalValue { item: String },
+}
+
+/// The message as text, for the configuration's errors (`ConfigError::invalid` takes a
+/// `String`; its callers in `config` can move to `.to_string()` and this can go).
+impl From<ThresholdError> for String {
+    fn from(e: ThresholdError) -> String {
+        e.to_string()
+    }
+}
+
 /// One `signal: value` entry of the config file's map.
-pub fn parse_signal_value(signal: &str, value: &str) -> Result<Threshold, String> {
+pub fn parse_signal_value(signal: &str, value: &str) -> Result<Threshold, ThresholdError> {
     if !SIGNALS.contains(&signal) {
-        return Err(format!(
-            "{signal:?} is not an eviction signal (one of {})",
-            SIGNALS.join(", ")
-        ));
+        return Err(ThresholdError::UnknownSignal {
+            signal: signal.to_string(),
+        });
     }
     let value = value.trim();
     if let Some(pct) = value.strip_suffix('%') {
         let p: f64 = pct
             .trim()
             .parse()
-            .map_err(|_| format!("{value:?} is not a percentage"))?;
+            .map_err(|_| ThresholdError::NotPercentage {
+                value: value.to_string(),
+            })?;
         if !(0.0..=100.0).contains(&p) {
-            return Err(format!("{value:?} must be between 0% and 100%"));
+            return Err(ThresholdError::PercentOutOfRange {
+                value: value.to_string(),
+            });
         }
         return Ok(Threshold::Percent(p));
     }
-    let q = quantity::parse(value).map_err(|e| format!("{value:?}: {e}"))?;
+    let q = quantity::parse(value).map_err(|source| ThresholdError::Quantity {
+        value: value.to_string(),
+        source,
+    })?;
     if q.is_negative() {
-        return Err(format!("{value:?} must not be negative"));
+        return Err(ThresholdError::Negative {
+            value: value.to_string(),
+        });
     }
     Ok(Threshold::Quantity(q))
 }
 
 /// The flag form: `memory.available<100Mi,nodefs.available<10%`.
-pub fn parse_flag(text: &str) -> Result<BTreeMap<String, Threshold>, String> {
+pub fn parse_flag(text: &str) -> Result<BTreeMap<String, Threshold>, ThresholdError> {
     let mut out = BTreeMap::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (signal, value) = item
-            .split_once('<')
-            .ok_or_else(|| format!("{item:?} is not signal<value"))?;
+        let (signal, value) =
+            item.split_once('<')
+                .ok_or_else(|| ThresholdError::NotSignalValue {
+                    item: item.to_string(),
+                })?;
         let signal = signal.trim();
         out.insert(signal.to_string(), parse_signal_value(signal, value)?);
     }
@@ -102,6 +140,7 @@ mod tests {
         assert!(
             parse_flag("memory.free<1Gi")
                 .unwrap_err()
+                .to_string()
                 .contains("not an eviction signal")
         );
         assert!(parse_signal_value("pid.available", "120%").is_err());

@@ -188,29 +188,44 @@ fn check_named_files(path: &Path, kubeconfig: &Kubeconfig) -> Result<(), Connect
             kubeconfig: path.to_path_buf(),
             what,
             file: PathBuf::from(file),
-            reason,
+            reason: reason.to_string(),
         })?;
     }
     Ok(())
 }
 
-fn check_file(file: &Path, holds: Holds) -> Result<(), String> {
-    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+/// Why a file a kubeconfig names is unusable.
+#[derive(Debug, thiserror::Error)]
+enum NamedFileError {
+    #[error("{0}")]
+    Read(#[from] std::io::Error),
+    #[error("holds no PEM certificate")]
+    NoCertificate,
+    #[error("not a PEM certificate file: {0}")]
+    NotCertificates(#[source] rustls::pki_types::pem::Error),
+    #[error("holds no PEM private key: {0}")]
+    NoPrivateKey(#[source] rustls::pki_types::pem::Error),
+    #[error("is empty")]
+    EmptyToken,
+}
+
+fn check_file(file: &Path, holds: Holds) -> Result<(), NamedFileError> {
+    let bytes = std::fs::read(file)?;
     match holds {
         Holds::Certificates => {
             let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&bytes).collect();
             match certs {
                 Ok(certs) if !certs.is_empty() => Ok(()),
-                Ok(_) => Err("holds no PEM certificate".into()),
-                Err(e) => Err(format!("not a PEM certificate file: {e}")),
+                Ok(_) => Err(NamedFileError::NoCertificate),
+                Err(e) => Err(NamedFileError::NotCertificates(e)),
             }
         }
         Holds::PrivateKey => PrivateKeyDer::from_pem_slice(&bytes)
             .map(|_| ())
-            .map_err(|e| format!("holds no PEM private key: {e}")),
+            .map_err(NamedFileError::NoPrivateKey),
         Holds::Token => {
             if String::from_utf8_lossy(&bytes).trim().is_empty() {
-                Err("is empty".into())
+                Err(NamedFileError::EmptyToken)
             } else {
                 Ok(())
             }

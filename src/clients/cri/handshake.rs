@@ -78,7 +78,7 @@ pub async fn handshake<R: RuntimeService>(
         };
         let Some(problem) = problem else {
             tracing::info!(
-                waited_ms = started.elapsed().as_millis() as u64,
+                elapsed_ms = started.elapsed().as_millis() as u64,
                 "container runtime is ready"
             );
             return Ok(info);

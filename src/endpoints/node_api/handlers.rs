@@ -423,8 +423,13 @@ pub struct StreamOptions {
     pub tty: bool,
 }
 
+/// An exec or attach request that asks for no stream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("you must specify at least 1 of stdin, stdout, stderr")]
+pub struct NoStreamError;
+
 /// Reads exec/attach options from the query; at least one stream must be asked for.
-pub fn stream_options(query: &str) -> Result<StreamOptions, String> {
+pub fn stream_options(query: &str) -> Result<StreamOptions, NoStreamError> {
     let mut o = StreamOptions::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -443,7 +448,7 @@ pub fn stream_options(query: &str) -> Result<StreamOptions, String> {
         o.stderr = false;
     }
     if !(o.stdin || o.stdout || o.stderr) {
-        return Err("you must specify at least 1 of stdin, stdout, stderr".into());
+        return Err(NoStreamError);
     }
     Ok(o)
 }
@@ -471,7 +476,7 @@ async fn exec_or_attach(state: NodeApiState, rest: String, req: Request, kind: K
     };
     let options = match stream_options(req.uri().query().unwrap_or("")) {
         Ok(o) => o,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let Some((_, uid)) = find_pod(&state, &namespace, &pod_name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist");

@@ -63,7 +63,7 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<Credentials, TlsError> {
     pem.extend_from_slice(&read(key)?);
     Credentials::from_pem(&pem).map_err(|reason| TlsError::File {
         path: cert.to_path_buf(),
-        reason,
+        reason: reason.to_string(),
     })
 }
 

@@ -84,7 +84,7 @@ pub fn kubeconfig_problem(path: &Path, now: SystemTime) -> Option<String> {
                 ));
             }
             Ok(_) => {}
-            Err(e) => return Some(e),
+            Err(e) => return Some(e.to_string()),
         }
     }
     None

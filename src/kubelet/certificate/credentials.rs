@@ -40,10 +40,29 @@ pub(crate) fn unix_time(secs: i64) -> SystemTime {
     }
 }
 
+/// Why a certificate, or a certificate chain with its key, is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("bad PEM: {0}")]
+    BadPem(#[source] rustls::pki_types::pem::Error),
+    #[error("holds no certificate")]
+    NoCertificate,
+    #[error("holds no usable private key: {0}")]
+    NoPrivateKey(#[source] rustls::pki_types::pem::Error),
+    #[error("unsupported private key: {0}")]
+    UnsupportedKey(#[source] rustls::Error),
+    #[error("the key does not belong to the certificate: {0}")]
+    KeyMismatch(#[source] rustls::Error),
+}
+
 /// Validity and subject of a DER certificate.
-pub fn certificate_validity(der: &[u8]) -> Result<(SystemTime, SystemTime, String), String> {
+pub fn certificate_validity(
+    der: &[u8],
+) -> Result<(SystemTime, SystemTime, String), CredentialsError> {
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
-        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        .map_err(CredentialsError::NotX509)?;
     let validity = cert.validity();
     Ok((
         unix_time(validity.not_before.timestamp()),
@@ -54,20 +73,19 @@ pub fn certificate_validity(der: &[u8]) -> Result<(SystemTime, SystemTime, Strin
 
 impl Credentials {
     /// Parses PEM holding one or more certificates (the leaf first) and a private key.
-    pub fn from_pem(pem: &[u8]) -> Result<Credentials, String> {
+    pub fn from_pem(pem: &[u8]) -> Result<Credentials, CredentialsError> {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("bad PEM: {e}"))?;
-        let leaf = certs.first().ok_or("holds no certificate")?;
+            .map_err(CredentialsError::BadPem)?;
+        let leaf = certs.first().ok_or(CredentialsError::NoCertificate)?;
         let (not_before, not_after, subject) = certificate_validity(leaf)?;
-        let key = PrivateKeyDer::from_pem_slice(pem)
-            .map_err(|e| format!("holds no usable private key: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(pem).map_err(CredentialsError::NoPrivateKey)?;
         let signing = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| format!("unsupported private key: {e}"))?;
+            .map_err(CredentialsError::UnsupportedKey)?;
         let certified = CertifiedKey::new(certs, signing);
         certified
             .keys_match()
-            .map_err(|e| format!("the key does not belong to the certificate: {e}"))?;
+            .map_err(CredentialsError::KeyMismatch)?;
         Ok(Credentials {
             pem: pem.to_vec(),
             not_before,

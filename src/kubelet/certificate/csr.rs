@@ -312,7 +312,7 @@ pub async fn submit_and_wait<A: CsrApi>(
                     let credentials = super::Credentials::from_pem(&pem).map_err(|reason| {
                         RequestError::BadCertificate {
                             name: name.clone(),
-                            reason,
+                            reason: reason.to_string(),
                         }
                     })?;
                     return Ok(Issued {

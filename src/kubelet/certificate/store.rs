@@ -138,7 +138,7 @@ impl FileStore {
         let pem = std::fs::read(&path).map_err(io(&path))?;
         let creds = Credentials::from_pem(&pem).map_err(|reason| StoreError::Unusable {
             path: path.clone(),
-            reason,
+            reason: reason.to_string(),
         })?;
         if target_name.as_deref() != Some(name) {
             tracing::warn!(link = %link.display(), file = %path.display(), "the current-certificate link is missing or dangling; pointing it at the newest stored certificate");

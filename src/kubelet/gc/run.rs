@@ -101,17 +101,20 @@ pub fn spawn<R: RuntimeService + ImageService>(
                 let began = Instant::now();
                 match container_gc_pass(&ctx, ContainerGcPolicy::default()).await {
                     Ok(done) => {
-                        let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+                        let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
                         let (containers, sandboxes) = (done.containers.len(), done.sandboxes.len());
                         if containers + sandboxes > 0 {
                             tracing::info!(
                                 containers,
                                 sandboxes,
-                                took_ms,
+                                elapsed_ms,
                                 "container GC pass done"
                             );
                         } else {
-                            tracing::debug!(took_ms, "container GC pass done; nothing to remove");
+                            tracing::debug!(
+                                elapsed_ms,
+                                "container GC pass done; nothing to remove"
+                            );
                         }
                     }
                     Err(err) => tracing::warn!(error = %err, "container GC failed"),
@@ -176,6 +179,16 @@ pub fn spawn<R: RuntimeService + ImageService>(
 
 fn label<'a>(labels: &'a HashMap<String, String>, key: &str) -> &'a str {
     labels.get(key).map(String::as_str).unwrap_or_default()
+}
+
+/// `namespace/name` of the pod a container or sandbox belongs to, from its labels (the `pod`
+/// field of a log line).
+fn pod_of(labels: &HashMap<String, String>) -> String {
+    format!(
+        "{}/{}",
+        label(labels, cri_labels::POD_NAMESPACE_LABEL),
+        label(labels, cri_labels::POD_NAME_LABEL)
+    )
 }
 
 fn gc_container(c: &Container) -> GcContainer {
@@ -245,12 +258,7 @@ pub async fn container_gc_pass<R: RuntimeService>(
     for id in &plan.containers {
         let c = containers.iter().find(|c| &c.id == id);
         let (pod, container) = c
-            .map(|c| {
-                (
-                    label(&c.labels, cri_labels::POD_NAME_LABEL).to_string(),
-                    gc_container(c).name,
-                )
-            })
+            .map(|c| (pod_of(&c.labels), gc_container(c).name))
             .unwrap_or_default();
         // The log path is only in the status; a container that is gone meanwhile is done.
         let log_path = match ctx.rt.container_status(id.clone()).await {
@@ -513,18 +521,18 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
             "image GC could not free enough space: the remaining images are in use or too new"
         );
     }
-    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
+    let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
     if removed.is_empty() {
         tracing::debug!(
             images = detected.images.len(),
-            took_ms,
+            elapsed_ms,
             "image GC pass done; nothing removed"
         );
     } else {
         tracing::info!(
             images = detected.images.len(),
             removed = removed.len(),
-            took_ms,
+            elapsed_ms,
             "image GC pass done"
         );
     }
@@ -671,13 +679,13 @@ pub async fn rotate_logs_pass<R: RuntimeService>(
     paths.keep_only(&running);
     let rotated = futures::stream::iter(running)
         .map(|c| async move {
-            let pod = label(&c.labels, cri_labels::POD_NAME_LABEL).to_string();
+            let pod = pod_of(&c.labels);
             let container = gc_container(&c).name;
             let began = Instant::now();
             match rotate_one(&ctx.rt, &c.id, policy, paths).await {
                 Ok(Some(to)) => {
-                    let took_ms = began.elapsed().as_secs_f64() * 1000.0;
-                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), took_ms, "rotated a container log");
+                    let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
+                    tracing::info!(container_id = %c.id, %pod, %container, rotated_to = %to.display(), elapsed_ms, "rotated a container log");
                     crate::base::metrics::KUBELET.log_rotations.inc(&["rotated"]);
                     true
                 }

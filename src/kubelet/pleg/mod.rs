@@ -748,13 +748,16 @@ async fn relist_loop<R: RuntimeService>(
             .pleg_relist_duration
             .observe(&[], took.as_secs_f64());
         if took > config.period * 5 {
-            tracing::warn!(took_ms = took.as_millis() as u64, "a relist was slow");
+            tracing::warn!(
+                elapsed_ms = took.as_secs_f64() * 1000.0,
+                "a relist was slow"
+            );
         }
         match result {
             Ok(current) => {
                 tracing::trace!(
                     pods = current.len(),
-                    took_us = took.as_micros() as u64,
+                    elapsed_ms = took.as_secs_f64() * 1000.0,
                     "relisted"
                 );
                 state.inner.relists.fetch_add(1, Ordering::Relaxed);

@@ -140,7 +140,7 @@ enum Listing {
     Failed(String),
     /// Manifest files in name order, each with its stamp, or the reason it could not even be
     /// looked at (other than being gone).
-    Files(Vec<(PathBuf, Result<FileStamp, String>)>),
+    Files(Vec<(PathBuf, Result<FileStamp, ReadError>)>),
 }
 
 /// List the manifest files under `path`: the file itself, or the regular, non-hidden files
@@ -189,8 +189,11 @@ fn manifest_files(path: &Path) -> Listing {
             // Vanished between listing and stat, or a dangling link: gone.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             // A link loop, EIO, EACCES...: the file is there but unreadable now.
-            Err(e) => {
-                let problem = format!("{}: cannot read: {e}", file.display());
+            Err(source) => {
+                let problem = ReadError::Read {
+                    path: file.clone(),
+                    source,
+                };
                 files.push((file, Err(problem)));
             }
         }
@@ -247,7 +250,7 @@ pub fn scan(
             continue;
         }
         let failure = match stamp {
-            Err(problem) => problem,
+            Err(problem) => problem.to_string(),
             Ok(stamp) => match read_manifest(&file) {
                 Err(ReadError::Gone(_)) => continue,
                 Err(e) => e.to_string(),

@@ -97,11 +97,11 @@ impl Merger {
                 continue;
             }
             if let Some(problem) = uid_problem(&uid) {
-                tracing::warn!(source, pod = %full_name(&pod), %uid, %problem, "dropping pod with an unsafe UID");
+                tracing::warn!(source, pod = %full_name(&pod), pod_uid = %uid, %problem, "dropping pod with an unsafe UID");
                 continue;
             }
             if new.contains_key(&uid) {
-                tracing::warn!(source, pod = %full_name(&pod), %uid, "dropping pod with a duplicate UID");
+                tracing::warn!(source, pod = %full_name(&pod), pod_uid = %uid, "dropping pod with a duplicate UID");
                 continue;
             }
             if let Some(owner) = self.owner_of(&uid, source) {
@@ -183,7 +183,7 @@ impl Merger {
             .cloned()
             .collect();
         for c in ended {
-            tracing::info!(source = c.source, owner = c.owner, pod = %c.pod, uid = %c.uid, "pod UID conflict ended");
+            tracing::info!(source = c.source, owner = c.owner, pod = %c.pod, pod_uid = %c.uid, "pod UID conflict ended");
             self.conflicts.remove(&c);
         }
         for c in current {
@@ -192,7 +192,7 @@ impl Merger {
                     source = c.source,
                     owner = c.owner,
                     pod = %c.pod,
-                    uid = %c.uid,
+                    pod_uid = %c.uid,
                     "ignoring pod: source {} offers UID {} that source {} already runs",
                     c.source,
                     c.uid,
@@ -246,7 +246,7 @@ pub(crate) async fn run(
                     PodChange::Update(p) => ("update", p),
                     PodChange::Remove(p) => ("remove", p),
                 };
-                tracing::info!(source = snapshot.source, op, pod = %full_name(pod), uid = %uid_of(pod), "pod config change");
+                tracing::info!(source = snapshot.source, op, pod = %full_name(pod), pod_uid = %uid_of(pod), "pod config change");
             }
             if out.send(changes).await.is_err() {
                 break;

@@ -447,12 +447,21 @@ pub fn validate_pod(pod: &Pod, node: &NodeSecurity) -> Result<(), Vec<Validation
     }
 }
 
+/// A volume [`api_object_reference`] cannot tell the API objects of.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApiReferenceError {
+    #[error("unknown source for projected volume {volume:?}")]
+    UnknownProjectedSource { volume: String },
+    #[error("unknown volume type for volume {volume:?}")]
+    UnknownVolumeType { volume: String },
+}
+
 /// Upstream's `HasAPIObjectReference`, in its order: the first kind of API object the pod
 /// refers to, as the plural resource upstream names it (`serviceaccounts`, `secrets`,
 /// `configmaps`, `resourceclaims`, then by volume: `persistentvolumeclaims`,
 /// `csidrivers (via CSI volumes)`, …), or `Ok(None)`. A volume of no known type is an error,
 /// since what it refers to cannot be told.
-pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, String> {
+pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, ApiReferenceError> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(None);
     };
@@ -577,7 +586,9 @@ pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, String> {
                 } else if p.downward_api.is_some() {
                     continue;
                 } else {
-                    return Err(format!("unknown source for projected volume {:?}", v.name));
+                    return Err(ApiReferenceError::UnknownProjectedSource {
+                        volume: v.name.clone(),
+                    });
                 };
                 break;
             }
@@ -586,7 +597,9 @@ pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, String> {
                 None => continue,
             }
         } else {
-            return Err(format!("unknown volume type for volume {:?}", v.name));
+            return Err(ApiReferenceError::UnknownVolumeType {
+                volume: v.name.clone(),
+            });
         };
         return Ok(Some(found));
     }
@@ -602,7 +615,7 @@ pub fn static_pod_api_refusal(pod: &Pod) -> Option<String> {
     match api_object_reference(pod) {
         Ok(None) => None,
         Ok(Some(resource)) => Some(format!("static pods may not reference {resource}")),
-        Err(message) => Some(message),
+        Err(e) => Some(e.to_string()),
     }
 }
 

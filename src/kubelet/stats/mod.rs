@@ -542,7 +542,11 @@ impl HostReader for HostFiles {
         if !stale.is_empty() {
             let began = std::time::Instant::now();
             self.volumes.refresh(&stale);
-            tracing::debug!(volumes = stale.len(), took = ?began.elapsed(), "stats: volumes measured again");
+            tracing::debug!(
+                volumes = stale.len(),
+                elapsed_ms = began.elapsed().as_secs_f64() * 1000.0,
+                "stats: volumes measured again"
+            );
         }
     }
 }

@@ -744,7 +744,7 @@ fn set_ownership(
     let walked = ownership::apply(dir, group, read_only)?;
     if !walked.skipped {
         tracing::info!(
-            pod = %pod.metadata.name.as_deref().unwrap_or(""),
+            pod = %crate::base::podspec::full_name(pod),
             %volume,
             gid = group.gid,
             entries = walked.entries,

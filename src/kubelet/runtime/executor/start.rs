@@ -388,7 +388,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             start_failed(&err);
             WaitingReason::new(WaitReason::RunContainerError, err.to_string())
         })?;
-        tracing::info!(id = %id, restart_count = start.restart_count, "container started");
+        tracing::info!(container_id = %id, restart_count = start.restart_count, "container started");
         self.events.container(
             pod,
             name,

@@ -172,7 +172,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 };
                 tracing::trace!(
                     container_id = %id,
-                    took_ms = started.elapsed().as_millis() as u64,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
                     ok = result.is_ok(),
                     "StopContainer answered"
                 );

@@ -110,7 +110,7 @@ pub fn pod_dns_config(
         _ if wants_cluster => {
             // Said once at start-up by the daemon; per pod it would repeat on every sandbox.
             tracing::debug!(
-                pod = pod.metadata.name.as_deref().unwrap_or(""),
+                pod = %crate::base::podspec::full_name(pod),
                 "no clusterDNS configured: \"ClusterFirst\" falls back to \"Default\""
             );
             Base::Host
