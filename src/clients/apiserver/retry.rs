@@ -34,21 +34,6 @@ impl Backoff {
     }
 }
 
-/// As kube's runtime wants a back-off: an endless series of waits, reset after a success.
-impl Iterator for Backoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(self.next_wait())
-    }
-}
-
-impl kube::runtime::utils::Backoff for Backoff {
-    fn reset(&mut self) {
-        Backoff::reset(self);
-    }
-}
-
 /// Sleeps `d`; false when `cancel` fired first.
 pub async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
@@ -68,17 +53,5 @@ mod tests {
         assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 6400, 7000, 7000]);
         b.reset();
         assert_eq!(b.next_wait(), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn as_kubes_backoff_it_never_gives_up_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100));
-        assert_eq!(
-            b.nth(20),
-            Some(MAX_BACKOFF),
-            "never None: the watch is never given up"
-        );
-        kube::runtime::utils::Backoff::reset(&mut b);
-        assert_eq!(b.next(), Some(Duration::from_millis(100)));
     }
 }

@@ -8,18 +8,23 @@
 //! default grows to 30 s), every failure goes to a [`ProblemLog`] (each distinct problem
 //! logged once, the recovery once), and a stop never waits for a list or a watch request in
 //! flight (dropping the stream drops the request).
+//!
+//! The wait is ours, not kube's `StreamBackoff` (nor `.default_backoff()`, which is one):
+//! that waits after every error, a 410 Gone too, which the watcher answers by listing again.
+//! After an outage the first watch request to the API server that came back is the one that
+//! gets a 410 (its watch cache starts after our version), so kube's back-off would hold the
+//! relist, and every pod created meanwhile, for the longest wait (7 s here, 30 s by default).
 
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
-use kube::runtime::utils::StreamBackoff;
 use tokio_util::sync::CancellationToken;
 
 pub use kube::runtime::watcher::{Config, Event};
 
-use super::retry::Backoff;
+use super::retry::{Backoff, pause};
 use super::{Problem, ProblemKind, ProblemLog};
 
 /// How long one watch request lasts before the API server ends it (and the watcher starts the
@@ -42,7 +47,10 @@ where
 
 /// A watcher's events, paced after failures and with its failures reported.
 pub struct Watch<K> {
-    events: std::pin::Pin<Box<StreamBackoff<Events<K>, Backoff>>>,
+    events: Events<K>,
+    backoff: Backoff,
+    /// The wait before the watcher is polled again, after a failure.
+    wait: Option<Duration>,
     /// What the log says is failing, e.g. "watching the node's pods".
     doing: String,
     problems: ProblemLog,
@@ -58,7 +66,9 @@ impl<K> Watch<K> {
         problems: ProblemLog,
     ) -> Self {
         Watch {
-            events: Box::pin(StreamBackoff::new(events, Backoff::new(first_retry))),
+            events,
+            backoff: Backoff::new(first_retry),
+            wait: None,
             doing: doing.into(),
             problems,
         }
@@ -66,8 +76,14 @@ impl<K> Watch<K> {
 
     /// The next event, or the failure that the watcher retries after the back-off (reported to
     /// the problem log, except a 410 Gone: the watcher lists again at once, as it should). None
-    /// once `cancel` fires (without waiting for the request in flight).
+    /// once `cancel` fires (without waiting for the back-off or the request in flight), or if
+    /// the stream ends (kube's watcher never does).
     pub async fn next(&mut self, cancel: &CancellationToken) -> Option<Result<Event<K>, Problem>> {
+        if let Some(wait) = self.wait.take()
+            && !pause(wait, cancel).await
+        {
+            return None;
+        }
         let item = tokio::select! {
             _ = cancel.cancelled() => return None,
             item = self.events.next() => item?,
@@ -83,7 +99,9 @@ impl<K> Watch<K> {
             if let Ok(event) = self.next(cancel).await? {
                 batch.push(event);
             }
-            while let Some(Some(item)) = self.events.next().now_or_never() {
+            while self.wait.is_none()
+                && let Some(Some(item)) = self.events.next().now_or_never()
+            {
                 if let Ok(event) = self.note(item) {
                     batch.push(event);
                 }
@@ -92,13 +110,19 @@ impl<K> Watch<K> {
         Some(batch)
     }
 
-    fn note(&self, item: Result<Event<K>, Problem>) -> Result<Event<K>, Problem> {
+    fn note(&mut self, item: Result<Event<K>, Problem>) -> Result<Event<K>, Problem> {
         match &item {
-            Ok(_) => self.problems.succeeded(&self.doing),
+            Ok(_) => {
+                self.backoff.reset();
+                self.problems.succeeded(&self.doing);
+            }
             Err(p) if p.is(ProblemKind::Expired) => {
                 tracing::info!(problem = %p.message, "{}: the version expired; listing again", self.doing);
             }
-            Err(p) => self.problems.failed(&self.doing, p),
+            Err(p) => {
+                self.problems.failed(&self.doing, p);
+                self.wait = Some(self.backoff.next_wait());
+            }
         }
         item
     }
@@ -163,12 +187,19 @@ mod tests {
         tx.unbounded_send(Err(refused.clone())).unwrap();
         assert_eq!(watch.next(&cancel).await.unwrap().unwrap_err(), refused);
         assert_eq!(log.current().as_deref(), Some("connection refused"));
-        // A 410 is no problem to report: the watcher lists again.
+        // A 410 is no problem to report, and no reason to wait: the watcher lists again.
         tx.unbounded_send(Err(problem(ProblemKind::Expired, "gone")))
             .unwrap();
-        tx.unbounded_send(Ok(Event::Apply(cm("b")))).unwrap();
+        tx.unbounded_send(Ok(Event::Init)).unwrap();
+        tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        let started = tokio::time::Instant::now();
         let batch = watch.next_batch(&cancel).await.unwrap();
-        assert_eq!(names(&batch), ["b"]);
+        assert_eq!(names(&batch), ["Init", "InitDone"]);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100),
+            "only the wait after the failure before the 410"
+        );
         assert_eq!(log.current(), None);
     }
 
