@@ -17,7 +17,7 @@ pub enum ProblemKind {
     /// 403: authenticated, but not allowed (the Node authorizer, NodeRestriction, RBAC).
     Forbidden,
     /// 410 Gone: the resource version a watch started from is older than the API server keeps;
-    /// the caller lists again rather than backing off.
+    /// kube's watcher lists again, at once: no failure to report or to back off from.
     Expired,
     /// Any other answer from the API server.
     Refused,

@@ -122,7 +122,7 @@ impl ApiPodsView {
     pub fn mirrors(&self) -> Vec<Arc<Pod>> {
         let mut mirrors: Vec<Arc<Pod>> = self
             .store
-            .state_filter(|p| is_mirror(p))
+            .state_filter(is_mirror)
             .into_iter()
             .map(|p| self.newest(p))
             .collect();
@@ -433,13 +433,16 @@ mod tests {
         uids
     }
 
-    /// What each of the watcher's events does to the view: whether it is a change to send,
-    /// whether the view is listed after it, and the pods it holds.
+    /// A row of the table below: what happens, the events, whether they are a change to send,
+    /// whether the view is listed after them, and the UIDs of the pods it holds.
+    type Row = (&'static str, Vec<Event<Pod>>, bool, bool, Vec<&'static str>);
+
+    /// What each of the watcher's events does to the view.
     #[test]
     fn the_watchers_events_change_the_view() {
         let view = ApiPodsView::default();
         let mut changes = view.subscribe();
-        let table: Vec<(&str, Vec<Event<Pod>>, bool, bool, Vec<&str>)> = vec![
+        let table: Vec<Row> = vec![
             ("a list starts", vec![Event::Init], false, false, vec![]),
             (
                 "listed pods wait for the list's end",

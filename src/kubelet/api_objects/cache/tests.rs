@@ -180,7 +180,8 @@ fn the_watchers_events_say_what_the_object_is() {
         step.map(|o| o.map(|o| o.resource_version().unwrap().to_string()))
     };
     let mut listing = Listing::default();
-    let table: Vec<(&str, Event<ApiObject>, Option<Option<&str>>)> = vec![
+    type Row = (&'static str, Event<ApiObject>, Option<Option<&'static str>>);
+    let table: Vec<Row> = vec![
         ("a list starts", Event::Init, None),
         ("the object is listed", Event::InitApply(object("1")), None),
         ("the list is complete", Event::InitDone, Some(Some("1"))),
