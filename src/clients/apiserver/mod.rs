@@ -1,5 +1,6 @@
 //! Talking to the Kubernetes API server: the client (from `--kubeconfig`, rate limited as
-//! upstream's), and one-line descriptions of what went wrong.
+//! upstream's), one-line descriptions of what went wrong, and the watches (kube's watcher
+//! with the node's back-off and problem reports).
 //!
 //! Only this module and the parts that use the API (`node`) know about the client; without
 //! `--kubeconfig` nothing here runs and Deckhand is a standalone node agent.
@@ -8,6 +9,7 @@ pub mod connect;
 pub mod problem;
 pub mod rate_limit;
 pub mod retry;
+pub mod watch;
 
 pub use connect::{ClientOptions, ConnectError, connect, connect_rotating};
 pub use problem::{Problem, ProblemKind, ProblemLog};

@@ -17,7 +17,7 @@ pub enum ProblemKind {
     /// 403: authenticated, but not allowed (the Node authorizer, NodeRestriction, RBAC).
     Forbidden,
     /// 410 Gone: the resource version a watch started from is older than the API server keeps;
-    /// the caller lists again rather than backing off.
+    /// kube's watcher lists again, at once: no failure to report or to back off from.
     Expired,
     /// Any other answer from the API server.
     Refused,
@@ -52,6 +52,24 @@ impl Problem {
                 "{what} ended ({} {}): {}",
                 status.code, status.reason, status.message
             ),
+        }
+    }
+}
+
+/// A failure kube's watcher reports (it retries after the back-off): a request's error as
+/// [`describe`] has it, an error event as [`Problem::watch_ended`]. A 410 Gone arrives as an
+/// error event (the API server answers a watch from a version it no longer has that way) and is
+/// `Expired`: the watcher lists again by itself, so it is no failure to report.
+impl From<kube::runtime::watcher::Error> for Problem {
+    fn from(err: kube::runtime::watcher::Error) -> Problem {
+        use kube::runtime::watcher::Error as E;
+        match &err {
+            E::InitialListFailed(e) | E::WatchStartFailed(e) | E::WatchFailed(e) => describe(e),
+            E::WatchError(status) => Problem::watch_ended("the watch", status),
+            E::NoResourceVersion => Problem {
+                kind: ProblemKind::Refused,
+                message: err.to_string(),
+            },
         }
     }
 }
@@ -223,6 +241,27 @@ mod tests {
         internal.code = 500;
         let p = Problem::watch_ended("the pod watch", &internal);
         assert_eq!(p.kind, ProblemKind::Refused);
+    }
+
+    #[test]
+    fn the_watchers_errors_are_described_as_the_requests_and_events_they_come_from() {
+        use kube::runtime::watcher::Error as E;
+        let p = Problem::from(E::InitialListFailed(api(403, "Forbidden", "no")));
+        assert_eq!(p.kind, ProblemKind::Forbidden);
+        assert_eq!(p.message, "the API server forbids it (403 Forbidden): no");
+        let p = Problem::from(E::WatchStartFailed(api(500, "InternalError", "slow")));
+        assert_eq!(p.kind, ProblemKind::Refused);
+        let mut gone = Status::failure("too old resource version: 5 (9)", "Expired");
+        gone.code = 410;
+        let p = Problem::from(E::WatchError(Box::new(gone)));
+        assert_eq!(p.kind, ProblemKind::Expired);
+        assert_eq!(
+            p.message,
+            "the watch ended (410 Expired): too old resource version: 5 (9)"
+        );
+        let p = Problem::from(E::NoResourceVersion);
+        assert_eq!(p.kind, ProblemKind::Refused);
+        assert!(p.message.contains("resourceVersion"), "{}", p.message);
     }
 
     #[test]

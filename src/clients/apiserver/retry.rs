@@ -1,5 +1,6 @@
 //! Retrying requests to the API server as upstream's node agent does: a doubling back-off that
-//! stops growing at 7 s, and a pause that ends early on shutdown.
+//! stops growing at 7 s, and a pause that ends early on shutdown. The same back-off paces kube's
+//! watcher after a failure (see [`super::watch`]).
 
 use std::time::Duration;
 

@@ -1,22 +1,20 @@
 //! The requests the object cache and the token manager make, behind [`ObjectApi`] so the
-//! cache's watch logic and the token refresh can be unit-tested; [`KubeObjectApi`] is the
-//! real one. The trait returns boxed futures and streams so one cache can hold it as a trait
-//! object (the executor is not made generic over it).
+//! cache's handling of a watch's events and the token refresh can be unit-tested;
+//! [`KubeObjectApi`] is the real one, on kube's watcher. The trait returns boxed futures and
+//! streams so one cache can hold it as a trait object (the executor is not made generic over
+//! it).
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, PostParams};
 
 use super::{Kind, ObjectKey};
 use crate::clients::apiserver::Problem;
-
-/// How long one watch request lasts before the API server ends it (and the next starts).
-const WATCH_SECONDS: u32 = 290;
+use crate::clients::apiserver::watch::{self as api_watch, Event, Events};
 
 /// A configMap or a secret, shared (the cache hands out the same copy to every pod).
 #[derive(Debug, Clone)]
@@ -42,35 +40,12 @@ impl ApiObject {
     }
 }
 
-/// The answer to a list of one object by name.
-#[derive(Debug, Clone)]
-pub struct Listed {
-    /// `None`: there is no such object (yet).
-    pub object: Option<ApiObject>,
-    /// The list's resourceVersion, where the watch starts.
-    pub version: String,
-}
-
-/// One event of a watch on one object.
-#[derive(Debug, Clone)]
-pub enum Change {
-    /// Created or changed.
-    Put(ApiObject),
-    Deleted(ApiObject),
-    /// Nothing changed; the watch may resume from this version.
-    Bookmark(String),
-    /// The version fell out of the API server's window (410 Gone): list again.
-    Expired,
-}
-
-/// A stream of one watch request's events; it ends when the API server ends the request.
-pub type Changes = BoxStream<'static, Result<Change, Problem>>;
-
-/// List and watch one object by name, and create a service-account token.
+/// Watch one object by name, and create a service-account token.
 pub trait ObjectApi: Send + Sync + 'static {
-    fn list(&self, key: &ObjectKey) -> BoxFuture<'static, Result<Listed, Problem>>;
-    fn watch(&self, key: &ObjectKey, version: &str)
-    -> BoxFuture<'static, Result<Changes, Problem>>;
+    /// The watcher's events for `key` (`fieldSelector=metadata.name=<name>` in its namespace):
+    /// a list (`Init`, the object if there is one, `InitDone`), then its changes; failures
+    /// are items of the stream, which the watcher retries when polled again.
+    fn watch(&self, key: &ObjectKey) -> Events<ApiObject>;
     /// `POST serviceaccounts/<name>/token` in `namespace`.
     fn create_token(
         &self,
@@ -80,8 +55,8 @@ pub trait ObjectApi: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<TokenRequest, Problem>>;
 }
 
-/// [`ObjectApi`] on kube clients: lists and watches on the client made for watching (its
-/// read time-out outlasts a watch request), token requests on the one for plain requests (a
+/// [`ObjectApi`] on kube clients: kube's watcher on the client made for watching (its read
+/// time-out outlasts a watch request), token requests on the one for plain requests (a
 /// hung API server must not hold a pod's sync for minutes).
 #[derive(Clone)]
 pub struct KubeObjectApi {
@@ -99,50 +74,25 @@ fn selector(key: &ObjectKey) -> String {
     format!("metadata.name={}", key.name)
 }
 
-/// A watch request's 410 Gone, which arrives as an event of the stream.
-fn watch_event<T>(event: WatchEvent<T>, wrap: fn(T) -> ApiObject) -> Result<Change, Problem> {
-    match event {
-        WatchEvent::Added(o) | WatchEvent::Modified(o) => Ok(Change::Put(wrap(o))),
-        WatchEvent::Deleted(o) => Ok(Change::Deleted(wrap(o))),
-        WatchEvent::Bookmark(b) => Ok(Change::Bookmark(b.metadata.resource_version)),
-        WatchEvent::Error(status) if status.code == 410 => Ok(Change::Expired),
-        WatchEvent::Error(status) => Err(Problem::watch_ended("the watch", &status)),
-    }
-}
-
-async fn list_one<T>(
-    api: Api<T>,
-    key: ObjectKey,
-    wrap: fn(T) -> ApiObject,
-) -> Result<Listed, Problem>
-where
-    T: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let list = api
-        .list(&ListParams::default().fields(&selector(&key)))
-        .await?;
-    let version = list.metadata.resource_version.clone().unwrap_or_default();
-    let object = list.items.into_iter().next().map(wrap);
-    Ok(Listed { object, version })
-}
-
-async fn watch_one<T>(
-    api: Api<T>,
-    key: ObjectKey,
-    version: String,
-    wrap: fn(T) -> ApiObject,
-) -> Result<Changes, Problem>
+/// kube's watcher of one object of type `T`, its events carrying [`ApiObject`]s.
+fn watch_one<T>(api: Api<T>, key: &ObjectKey, wrap: fn(T) -> ApiObject) -> Events<ApiObject>
 where
     T: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let params = WatchParams::default()
-        .fields(&selector(&key))
-        .timeout(WATCH_SECONDS);
-    let stream = api.watch(&params, &version).await?;
-    Ok(stream
-        .map_err(Problem::from)
-        .and_then(move |e| futures::future::ready(watch_event(e, wrap)))
-        .boxed())
+    let config = api_watch::Config::default().fields(&selector(key));
+    api_watch::events(api, config)
+        .map_ok(move |e| map_event(e, wrap))
+        .boxed()
+}
+
+fn map_event<T>(event: Event<T>, wrap: fn(T) -> ApiObject) -> Event<ApiObject> {
+    match event {
+        Event::Apply(o) => Event::Apply(wrap(o)),
+        Event::Delete(o) => Event::Delete(wrap(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(wrap(o)),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 fn wrap_cm(o: ConfigMap) -> ApiObject {
@@ -154,42 +104,11 @@ fn wrap_secret(o: Secret) -> ApiObject {
 }
 
 impl ObjectApi for KubeObjectApi {
-    fn list(&self, key: &ObjectKey) -> BoxFuture<'static, Result<Listed, Problem>> {
+    fn watch(&self, key: &ObjectKey) -> Events<ApiObject> {
         let client = self.watch.clone();
-        let key = key.clone();
         match key.kind {
-            Kind::ConfigMap => {
-                list_one(Api::namespaced(client, &key.namespace), key, wrap_cm).boxed()
-            }
-            Kind::Secret => {
-                list_one(Api::namespaced(client, &key.namespace), key, wrap_secret).boxed()
-            }
-        }
-    }
-
-    fn watch(
-        &self,
-        key: &ObjectKey,
-        version: &str,
-    ) -> BoxFuture<'static, Result<Changes, Problem>> {
-        let client = self.watch.clone();
-        let key = key.clone();
-        let version = version.to_string();
-        match key.kind {
-            Kind::ConfigMap => watch_one(
-                Api::namespaced(client, &key.namespace),
-                key,
-                version,
-                wrap_cm,
-            )
-            .boxed(),
-            Kind::Secret => watch_one(
-                Api::namespaced(client, &key.namespace),
-                key,
-                version,
-                wrap_secret,
-            )
-            .boxed(),
+            Kind::ConfigMap => watch_one(Api::namespaced(client, &key.namespace), key, wrap_cm),
+            Kind::Secret => watch_one(Api::namespaced(client, &key.namespace), key, wrap_secret),
         }
     }
 

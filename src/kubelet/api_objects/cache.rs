@@ -1,28 +1,32 @@
-//! The watch-based object cache: one list-then-watch per referenced object, counted by pod.
+//! The watch-based object cache: one watcher (kube's: list, then watch) per referenced
+//! object, counted by pod.
 //!
 //! Upstream's manager waits up to a second for an object's first list before it answers
 //! "failed to sync … cache"; so does [`ObjectCache::get`]. After that it answers from memory.
-//! A watch keeps serving what it last saw while its requests fail, retrying with back-off; a
-//! 410 Gone lists again. Each change (and the first list) pokes the pods that refer to the
-//! object, so their workers sync and rewrite the files, or retry a start that waited.
+//! A watch keeps serving what it last saw while its requests fail, retrying with back-off (each
+//! problem reported once); the watcher lists again after a 410 Gone. Each change (and the
+//! first list) pokes the pods that refer to the object, so their workers sync and rewrite the
+//! files, or retry a start that waited.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{ApiObject, Change, ObjectApi};
+use super::api::{ApiObject, ObjectApi};
 use super::{ObjectError, ObjectKey, refs};
 use crate::base::resync_queue::Pokes;
-use crate::clients::apiserver::retry::{Backoff, pause};
+use crate::clients::apiserver::watch::{Event, Watch};
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
 
 /// How long a read waits for an object's first list (upstream's one second).
 pub const SYNC_WAIT: Duration = Duration::from_secs(1);
+
+/// The wait before the first retry of a failed list or watch (then doubling to 7 s).
+const FIRST_RETRY: Duration = Duration::from_millis(200);
 
 /// What the watch of one object has seen.
 #[derive(Debug, Clone)]
@@ -211,7 +215,7 @@ fn drop_ref(state: &mut State, key: &ObjectKey, uid: &str) {
     }
 }
 
-/// The task that lists and watches one object until no pod refers to it.
+/// The task that watches one object until no pod refers to it.
 struct Watcher {
     cache: ObjectCache,
     key: ObjectKey,
@@ -220,130 +224,68 @@ struct Watcher {
     problems: ProblemLog,
 }
 
-/// What to do after one list or watch request.
-enum Next {
-    /// Watch from this version.
-    Watch(String),
-    /// List again (first time, or after a 410).
-    List,
-    /// Retry the same step after a pause.
-    Pause,
-    /// The object is immutable, or the watch was stopped.
-    Done,
+/// Where the watch of one object is in the watcher's events: within a list (`Init` …
+/// `InitDone`), the object listed so far.
+#[derive(Debug, Default)]
+struct Listing(Option<Option<ApiObject>>);
+
+impl Listing {
+    /// What the API server says the object is after `event` (`Some(None)`: there is none), or
+    /// None while a list is under way.
+    fn step(&mut self, event: Event<ApiObject>) -> Option<Option<ApiObject>> {
+        match event {
+            Event::Init => {
+                self.0 = Some(None);
+                None
+            }
+            Event::InitApply(object) => {
+                self.0 = Some(Some(object));
+                None
+            }
+            Event::InitDone => Some(self.0.take().flatten()),
+            Event::Apply(object) => Some(Some(object)),
+            Event::Delete(_) => Some(None),
+        }
+    }
 }
 
 impl Watcher {
     async fn run(self) {
-        let mut backoff = Backoff::new(Duration::from_millis(200));
-        let mut version: Option<String> = None;
-        loop {
-            if self.stop.is_cancelled() {
-                return;
-            }
-            let next = match version.clone() {
-                None => self.list().await,
-                Some(v) => self.watch(v).await,
-            };
-            match next {
-                Next::Watch(v) => {
-                    backoff.reset();
-                    version = Some(v);
-                }
-                Next::List => version = None,
-                Next::Pause => {
-                    if !pause(backoff.next_wait(), &self.stop).await {
-                        return;
-                    }
-                }
-                Next::Done => return,
-            }
-        }
-    }
-
-    async fn list(&self) -> Next {
-        let listed = tokio::select! {
-            _ = self.stop.cancelled() => return Next::Done,
-            r = self.cache.inner.api.list(&self.key) => r,
-        };
-        match listed {
-            Ok(listed) => {
-                self.problems.succeeded(&self.doing());
-                let immutable = listed.object.as_ref().is_some_and(ApiObject::immutable);
-                self.set(listed.object);
-                if immutable {
-                    tracing::debug!(object = %self.key, "immutable: no longer watched");
-                    return Next::Done;
-                }
-                Next::Watch(listed.version)
-            }
-            Err(problem) => {
-                self.failed(&problem);
-                Next::Pause
-            }
-        }
-    }
-
-    async fn watch(&self, mut version: String) -> Next {
-        let started = Instant::now();
-        let stream = tokio::select! {
-            _ = self.stop.cancelled() => return Next::Done,
-            r = self.cache.inner.api.watch(&self.key, &version) => r,
-        };
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(problem) if problem.is(ProblemKind::Expired) => return Next::List,
-            Err(problem) => {
-                self.failed(&problem);
-                return Next::Pause;
-            }
-        };
-        let mut events = 0u32;
-        loop {
-            let change = tokio::select! {
-                _ = self.stop.cancelled() => return Next::Done,
-                c = stream.next() => c,
-            };
-            let Some(change) = change else { break };
-            events += 1;
-            match change {
-                Ok(Change::Put(object)) => {
-                    if let Some(v) = object.resource_version() {
-                        version = v.to_string();
-                    }
-                    let immutable = object.immutable();
-                    self.set(Some(object));
-                    if immutable {
-                        return Next::Done;
-                    }
-                }
-                Ok(Change::Deleted(object)) => {
-                    if let Some(v) = object.resource_version() {
-                        version = v.to_string();
-                    }
-                    self.set(None);
-                }
-                Ok(Change::Bookmark(v)) => version = v,
-                Ok(Change::Expired) => return Next::List,
+        let mut watch = Watch::new(
+            self.cache.inner.api.watch(&self.key),
+            FIRST_RETRY,
+            self.doing(),
+            self.problems.clone(),
+        );
+        let mut listing = Listing::default();
+        while let Some(next) = watch.next(&self.stop).await {
+            let object = match next {
+                Ok(event) => listing.step(event),
                 Err(problem) => {
                     self.failed(&problem);
-                    return Next::Pause;
+                    None
                 }
+            };
+            let Some(object) = object else { continue };
+            let immutable = object.as_ref().is_some_and(ApiObject::immutable);
+            self.set(object);
+            if immutable {
+                tracing::debug!(object = %self.key, "immutable: no longer watched");
+                return;
             }
         }
-        self.problems.succeeded(&self.doing());
-        // A watch that ends at once with nothing in it is not retried in a tight loop.
-        if events == 0 && started.elapsed() < Duration::from_secs(1) {
-            return Next::Pause;
-        }
-        Next::Watch(version)
     }
 
     fn doing(&self) -> String {
         format!("watching {}", self.key)
     }
 
+    /// Keeps the problem (already reported by the watch) to tell a read that waits for the
+    /// first list; a 410 Gone is none (the watcher lists again).
     fn failed(&self, problem: &Problem) {
-        self.problems.failed(&self.doing(), problem);
+        if problem.is(ProblemKind::Expired) {
+            return;
+        }
         self.seen.send_if_modified(|seen| match seen {
             Seen::Syncing { problem: last } => {
                 *last = Some(problem.message.clone());

@@ -1,8 +1,9 @@
-//! An in-memory [`ObjectApi`] for unit tests: objects put and deleted by the test reach the
-//! open watches at once; lists, watches and token requests are counted and can be made to
-//! fail.
+//! An in-memory [`ObjectApi`] for unit tests: its watches give events as kube's watcher does
+//! (a list: `Init`, the object, `InitDone`; then the changes); objects put and deleted by the
+//! test reach the open watches at once; lists and token requests are counted and can be made
+//! to fail.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -12,15 +13,16 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
-use super::api::{ApiObject, Change, Changes, Listed, ObjectApi};
+use super::api::{ApiObject, ObjectApi};
 use super::{Kind, ObjectKey};
+use crate::clients::apiserver::watch::{Event, Events};
 use crate::clients::apiserver::{Problem, ProblemKind};
 
 #[derive(Default)]
 struct State {
     objects: BTreeMap<ObjectKey, ApiObject>,
     version: u64,
-    watchers: Vec<(ObjectKey, mpsc::UnboundedSender<Result<Change, Problem>>)>,
+    watchers: Vec<(ObjectKey, mpsc::UnboundedSender<Event<ApiObject>>)>,
     lists: usize,
     fail: Option<Problem>,
     tokens: Vec<TokenRequest>,
@@ -46,7 +48,7 @@ impl FakeObjectApi {
         let object = object(s.version.to_string());
         s.objects.insert(key.clone(), object.clone());
         s.watchers
-            .retain(|(k, tx)| k != &key || tx.send(Ok(Change::Put(object.clone()))).is_ok());
+            .retain(|(k, tx)| k != &key || tx.send(Event::Apply(object.clone())).is_ok());
     }
 
     pub fn put_config_map(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
@@ -109,11 +111,11 @@ impl FakeObjectApi {
         s.version += 1;
         if let Some(object) = s.objects.remove(key) {
             s.watchers
-                .retain(|(k, tx)| k != key || tx.send(Ok(Change::Deleted(object.clone()))).is_ok());
+                .retain(|(k, tx)| k != key || tx.send(Event::Delete(object.clone())).is_ok());
         }
     }
 
-    /// Every later list, watch and token request fails with this (or works again with None).
+    /// Every later list and token request fails with this (or works again with None).
     pub fn fail_with(&self, problem: Option<Problem>) {
         self.state().fail = problem;
     }
@@ -149,33 +151,53 @@ pub fn forbidden() -> Problem {
     }
 }
 
-impl ObjectApi for FakeObjectApi {
-    fn list(&self, key: &ObjectKey) -> BoxFuture<'static, Result<Listed, Problem>> {
+/// Where one fake watch is: listing (again after a failure), or watching.
+enum Phase {
+    List,
+    Watching(mpsc::UnboundedReceiver<Event<ApiObject>>),
+}
+
+impl FakeObjectApi {
+    /// A list: its events, and the watch from then on. Under one lock, so no change is missed
+    /// between the two.
+    fn list(&self, key: &ObjectKey) -> Result<(Vec<Event<ApiObject>>, Phase), Problem> {
         let mut s = self.state();
         s.lists += 1;
-        let result = match &s.fail {
-            Some(p) => Err(p.clone()),
-            None => Ok(Listed {
-                object: s.objects.get(key).cloned(),
-                version: s.version.to_string(),
-            }),
-        };
-        futures::future::ready(result).boxed()
-    }
-
-    fn watch(
-        &self,
-        key: &ObjectKey,
-        _version: &str,
-    ) -> BoxFuture<'static, Result<Changes, Problem>> {
-        let mut s = self.state();
         if let Some(p) = &s.fail {
-            return futures::future::ready(Err(p.clone())).boxed();
+            return Err(p.clone());
         }
+        let mut events = vec![Event::Init];
+        events.extend(s.objects.get(key).cloned().map(Event::InitApply));
+        events.push(Event::InitDone);
         let (tx, rx) = mpsc::unbounded_channel();
         s.watchers.push((key.clone(), tx));
-        let stream: Changes = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
-        futures::future::ready(Ok(stream)).boxed()
+        Ok((events, Phase::Watching(rx)))
+    }
+}
+
+impl ObjectApi for FakeObjectApi {
+    fn watch(&self, key: &ObjectKey) -> Events<ApiObject> {
+        let start = (self.clone(), key.clone(), Phase::List, VecDeque::new());
+        futures::stream::unfold(start, |(api, key, phase, mut queue)| async move {
+            if let Some(event) = queue.pop_front() {
+                return Some((Ok(event), (api, key, phase, queue)));
+            }
+            match phase {
+                Phase::List => match api.list(&key) {
+                    Ok((events, phase)) => {
+                        queue.extend(events);
+                        let first = queue.pop_front().map(Ok);
+                        first.map(|e| (e, (api, key, phase, queue)))
+                    }
+                    Err(p) => Some((Err(p), (api, key, Phase::List, queue))),
+                },
+                Phase::Watching(mut rx) => {
+                    let event = rx.recv().await?;
+                    Some((Ok(event), (api, key, Phase::Watching(rx), queue)))
+                }
+            }
+        })
+        .boxed()
     }
 
     fn create_token(

@@ -1,24 +1,24 @@
 //! A watch of the node's own Node (`metadata.name=<node>`), as upstream's kubelet keeps a
 //! Node informer: every version the API server has goes to the [`NodePublisher`], so admission
 //! sees a `kubectl label node` or `kubectl taint node` within moments instead of at the node
-//! agent's next status write. One list, then one long watch request at a time (the API server
+//! agent's next status write. kube's watcher does the listing and watching
+//! ([`crate::clients::apiserver::watch`]): one long watch request at a time (the API server
 //! ends each within 290 s; bookmarks keep the version current), so at rest it adds about one
-//! request every five minutes. A 410 Gone lists again; other failures retry with back-off up
-//! to 7 s. Nothing a pod does waits for it.
+//! request every five minutes; a 410 Gone lists again; failures retry with back-off up to 7 s,
+//! each reported once. Nothing a pod does waits for it.
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::NodePublisher;
-use crate::clients::apiserver::retry::{Backoff, pause};
-use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
+use crate::clients::apiserver::ProblemLog;
+use crate::clients::apiserver::watch::{self as api_watch, Event, Watch};
 
-/// How long one watch request lasts before the API server ends it.
-const WATCH_SECONDS: u32 = 290;
+/// The wait before the first retry of a failed list or watch (then doubling to 7 s).
+const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// Watches Node `name` until `cancel`, publishing each version.
 pub async fn run(
@@ -27,103 +27,48 @@ pub async fn run(
     publisher: NodePublisher,
     cancel: CancellationToken,
 ) {
-    let nodes: Api<Node> = Api::all(client);
-    let fields = format!("metadata.name={name}");
-    let problems = ProblemLog::default();
-    let mut backoff = Backoff::new(Duration::from_millis(100));
-    let mut version: Option<String> = None;
-    loop {
-        if cancel.is_cancelled() {
-            return;
-        }
-        let result = match version.clone() {
-            // Neither a slow list nor a slow watch request holds up a stop.
-            None => match tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = list(&nodes, &fields, &publisher) => r,
-            } {
-                Ok(v) => {
-                    version = Some(v);
-                    Ok(())
-                }
-                Err(p) => Err(p),
-            },
-            Some(from) => watch(&nodes, &fields, &from, &publisher, &cancel)
-                .await
-                .map(|newest| version = Some(newest)),
-        };
-        match result {
-            Ok(()) => {
-                backoff.reset();
-                problems.succeeded("watching the Node");
-            }
-            Err(p) if p.is(ProblemKind::Expired) => {
-                tracing::debug!(node = %name, "the Node watch's version expired; listing again");
-                version = None;
-            }
-            Err(p) => {
-                problems.failed("watching the Node", &p);
-                if !pause(backoff.next_wait(), &cancel).await {
-                    return;
-                }
-            }
+    let config = api_watch::Config::default().fields(&format!("metadata.name={name}"));
+    let mut watch = Watch::new(
+        api_watch::events(Api::<Node>::all(client), config),
+        FIRST_RETRY,
+        "watching the Node",
+        ProblemLog::default(),
+    );
+    while let Some(next) = watch.next(&cancel).await {
+        if let Ok(event) = next
+            && let Some(node) = to_publish(&event)
+        {
+            publisher.publish(node);
         }
     }
 }
 
-/// Lists the Node and publishes it; the list's version.
-async fn list(
-    nodes: &Api<Node>,
-    fields: &str,
-    publisher: &NodePublisher,
-) -> Result<String, Problem> {
-    let list = nodes.list(&ListParams::default().fields(fields)).await?;
-    if let Some(node) = list.items.first() {
-        publisher.publish(node);
+/// The version of the Node an event brings: a listed or a changed Node (a deleted one stays
+/// published until the Node is registered again).
+fn to_publish(event: &Event<Node>) -> Option<&Node> {
+    match event {
+        Event::Apply(node) | Event::InitApply(node) => Some(node),
+        Event::Delete(_) | Event::Init | Event::InitDone => None,
     }
-    Ok(list.metadata.resource_version.unwrap_or_default())
 }
 
-/// One watch request from `from`, publishing every version until it ends; the newest version
-/// seen.
-async fn watch(
-    nodes: &Api<Node>,
-    fields: &str,
-    from: &str,
-    publisher: &NodePublisher,
-    cancel: &CancellationToken,
-) -> Result<String, Problem> {
-    let params = WatchParams::default().fields(fields).timeout(WATCH_SECONDS);
-    let stream = tokio::select! {
-        _ = cancel.cancelled() => return Ok(from.to_string()),
-        r = nodes.watch(&params, from) => r?,
-    };
-    let mut stream = std::pin::pin!(stream);
-    let mut newest = from.to_string();
-    loop {
-        let event = tokio::select! {
-            _ = cancel.cancelled() => return Ok(newest),
-            e = stream.next() => e,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_and_changed_nodes_are_published() {
+        let node = |v: &str| {
+            let mut n = Node::default();
+            n.metadata.resource_version = Some(v.into());
+            n
         };
-        let Some(event) = event else {
-            return Ok(newest);
-        };
-        match event? {
-            WatchEvent::Added(node) | WatchEvent::Modified(node) => {
-                if let Some(v) = &node.metadata.resource_version {
-                    newest = v.clone();
-                }
-                publisher.publish(&node);
-            }
-            WatchEvent::Deleted(node) => {
-                if let Some(v) = &node.metadata.resource_version {
-                    newest = v.clone();
-                }
-            }
-            WatchEvent::Bookmark(b) => newest = b.metadata.resource_version,
-            WatchEvent::Error(status) => {
-                return Err(Problem::watch_ended("the Node watch", &status));
-            }
-        }
+        let published =
+            |e: Event<Node>| to_publish(&e).and_then(|n| n.metadata.resource_version.clone());
+        assert_eq!(published(Event::Init), None);
+        assert_eq!(published(Event::InitApply(node("1"))).as_deref(), Some("1"));
+        assert_eq!(published(Event::InitDone), None);
+        assert_eq!(published(Event::Apply(node("2"))).as_deref(), Some("2"));
+        assert_eq!(published(Event::Delete(node("3"))), None);
     }
 }

@@ -1,35 +1,35 @@
 //! The third pod source: the pods the API server binds to this node (`spec.nodeName`), by
-//! list and then watch from the list's resourceVersion, with bookmarks. A 410 Gone (the
-//! version fell out of the API server's window) lists again; a broken stream resumes from the
-//! newest version seen; failures retry with back-off up to 7 s. Every change sends the
-//! source's full set of pods to the merge, like the other sources.
+//! kube's watcher ([`crate::clients::apiserver::watch`]: list, then watch with bookmarks; a
+//! 410 Gone lists again; failures retry with back-off up to 7 s, each reported once). Every
+//! change sends the source's full set of pods to the merge, like the other sources.
 //!
 //! Mirror pods (the API server's copies of this node's static pods) are not pods to run: they
 //! never reach the merge. Every pod the source sees, mirror pods included, is kept in an
-//! [`ApiPodsView`], from which the mirror pod manager learns which mirror pods exist and the
-//! status writer what the API server holds. Pods the node cannot run safely are refused with
-//! the reason logged.
+//! [`ApiPodsView`] (kube's reflector store), from which the mirror pod manager learns which
+//! mirror pods exist and the status writer what the API server holds. Pods the node cannot run
+//! safely are refused with the reason logged.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::validate::{self, validate_security::NodeSecurity};
 use super::{SOURCE_API, SourceSnapshot, full_name};
-use crate::clients::apiserver::retry::{Backoff, pause};
-use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
+use crate::clients::apiserver::ProblemLog;
+use crate::clients::apiserver::watch::{self as api_watch, Event, Watch};
 
 /// The annotation that marks a mirror pod.
 pub const MIRROR_ANNOTATION: &str = super::defaults::CONFIG_MIRROR_ANNOTATION;
 
-/// How long one watch request lasts before the API server ends it (and we start the next).
-const WATCH_SECONDS: u32 = 290;
+/// The wait before the first retry of a failed list or watch (then doubling to 7 s).
+const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// Lists and watches the pods bound to this node.
 pub struct ApiSource {
@@ -54,31 +54,51 @@ pub struct ApiSourceConfig {
     pub view: ApiPodsView,
 }
 
-/// What the API server last said about the pods bound to this node, mirror pods included, by
-/// UID. The source replaces it after every list and every batch of watch events; the status
-/// writer puts in the pods its writes return, so the next write is computed against them.
-/// Cheap to clone; readers get `Arc`s, and nothing holds the lock across an await.
+/// What the API server last said about the pods bound to this node, mirror pods included: the
+/// store of kube's reflector, which the source feeds with its watcher's events (a relist
+/// replaces the store at once when it is complete). The status writer puts in the pods its
+/// writes return, so the next write is computed against them: such a copy stands in for the
+/// store's until the watch brings another version of that pod. Cheap to clone; readers get
+/// `Arc`s, and nothing holds a lock across an await.
 #[derive(Clone)]
 pub struct ApiPodsView {
-    inner: Arc<RwLock<ViewInner>>,
+    store: Store<Pod>,
+    inner: Arc<Mutex<ViewInner>>,
+    /// The source has listed at least once: an absent pod is really absent.
+    listed: Arc<AtomicBool>,
     /// Bumped on every change the source makes (not on the writer's own updates).
     changed: Arc<watch::Sender<u64>>,
 }
 
-#[derive(Default)]
 struct ViewInner {
-    /// The source has listed at least once: an absent pod is really absent.
-    listed: bool,
-    pods: BTreeMap<String, Arc<Pod>>,
+    writer: Writer<Pod>,
+    /// The pods the status writer's writes returned, by UID.
+    written: HashMap<String, Written>,
+}
+
+/// A pod as a write returned it, and the version of the store's copy it was written over.
+struct Written {
+    over: Option<String>,
+    pod: Arc<Pod>,
 }
 
 impl Default for ApiPodsView {
     fn default() -> Self {
+        let writer = Writer::default();
         ApiPodsView {
-            inner: Arc::default(),
+            store: writer.as_reader(),
+            inner: Arc::new(Mutex::new(ViewInner {
+                writer,
+                written: HashMap::new(),
+            })),
+            listed: Arc::default(),
             changed: Arc::new(watch::channel(0).0),
         }
     }
+}
+
+fn uid_of(pod: &Pod) -> Option<&str> {
+    pod.metadata.uid.as_deref()
 }
 
 impl ApiPodsView {
@@ -89,57 +109,114 @@ impl ApiPodsView {
 
     /// True once the source has listed the node's pods.
     pub fn listed(&self) -> bool {
-        self.read().listed
+        self.listed.load(Ordering::Acquire)
     }
 
     /// The pod with this UID, as the API server last returned it.
     pub fn get(&self, uid: &str) -> Option<Arc<Pod>> {
-        self.read().pods.get(uid).cloned()
+        let current = self.store.find(|p| uid_of(p) == Some(uid))?;
+        Some(self.newest(current))
     }
 
-    /// The mirror pods bound to this node.
+    /// The mirror pods bound to this node, by UID.
     pub fn mirrors(&self) -> Vec<Arc<Pod>> {
-        self.read()
-            .pods
-            .values()
-            .filter(|p| is_mirror(p))
-            .cloned()
-            .collect()
+        let mut mirrors: Vec<Arc<Pod>> = self
+            .store
+            .state_filter(is_mirror)
+            .into_iter()
+            .map(|p| self.newest(p))
+            .collect();
+        mirrors.sort_by(|a, b| uid_of(a).cmp(&uid_of(b)));
+        mirrors
     }
 
-    /// Replaces the whole view (the source's set after a list or a batch of events).
-    pub(crate) fn replace(&self, pods: BTreeMap<String, Arc<Pod>>) {
-        {
-            let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-            inner.listed = true;
-            inner.pods = pods;
+    /// The written copy of `current`, if one was written over this version of it.
+    fn newest(&self, current: Arc<Pod>) -> Arc<Pod> {
+        let inner = self.lock();
+        match uid_of(&current).and_then(|uid| inner.written.get(uid)) {
+            Some(w) if w.over == current.metadata.resource_version => w.pod.clone(),
+            _ => current,
         }
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    /// A write returned `pod`: it replaces the view's copy, if the view still holds that UID
-    /// (a pod the source has seen go stays gone).
+    /// Applies a batch of the watcher's events to the store; true (and the subscribers woken
+    /// once) when the set of pods changed. The first complete list marks the view listed.
+    pub(crate) fn apply(&self, events: &[Event<Pod>]) -> bool {
+        let mut changed = false;
+        let mut listed = false;
+        {
+            let mut inner = self.lock();
+            for event in events {
+                changed |= match event {
+                    Event::Apply(_) | Event::InitDone => true,
+                    Event::Delete(pod) => self.store.get(&ObjectRef::from_obj(pod)).is_some(),
+                    Event::Init | Event::InitApply(_) => false,
+                };
+                listed |= matches!(event, Event::InitDone);
+                inner.writer.apply_watcher_event(event);
+            }
+            if changed {
+                // Written copies of pods the watch has since brought again are stale.
+                let versions: HashMap<String, Option<String>> = self
+                    .store
+                    .state()
+                    .iter()
+                    .filter_map(|p| {
+                        Some((uid_of(p)?.to_string(), p.metadata.resource_version.clone()))
+                    })
+                    .collect();
+                inner
+                    .written
+                    .retain(|uid, w| versions.get(uid).is_some_and(|v| *v == w.over));
+            }
+        }
+        if listed {
+            self.listed.store(true, Ordering::Release);
+        }
+        if changed {
+            self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        }
+        changed
+    }
+
+    /// Replaces the whole view, as a complete list does (tests of the view's readers).
+    #[cfg(test)]
+    pub(crate) fn replace(&self, pods: BTreeMap<String, Arc<Pod>>) {
+        let mut events = vec![Event::Init];
+        events.extend(pods.values().map(|p| Event::InitApply((**p).clone())));
+        events.push(Event::InitDone);
+        self.apply(&events);
+    }
+
+    /// A write returned `pod`: it stands in for the view's copy, if the view still holds that
+    /// UID (a pod the source has seen go stays gone), until the watch brings the pod again.
     pub fn note_written(&self, pod: Pod) {
-        let Some(uid) = pod.metadata.uid.clone() else {
+        let Some(uid) = uid_of(&pod).map(str::to_string) else {
             return;
         };
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(entry) = inner.pods.get_mut(&uid) {
-            *entry = Arc::new(pod);
-        }
+        let Some(current) = self.store.find(|p| uid_of(p) == Some(uid.as_str())) else {
+            return;
+        };
+        let over = current.metadata.resource_version.clone();
+        self.lock().written.insert(
+            uid,
+            Written {
+                over,
+                pod: Arc::new(pod),
+            },
+        );
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, ViewInner> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, ViewInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl std::fmt::Debug for ApiPodsView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let inner = self.read();
         f.debug_struct("ApiPodsView")
-            .field("listed", &inner.listed)
-            .field("pods", &inner.pods.len())
+            .field("listed", &self.listed())
+            .field("pods", &self.store.len())
             .finish()
     }
 }
@@ -177,12 +254,6 @@ pub fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, 
     }
 }
 
-/// The pods the source holds, by UID, and the version they are current at.
-struct Seen {
-    version: String,
-    pods: BTreeMap<String, Arc<Pod>>,
-}
-
 impl ApiSource {
     pub fn new(config: ApiSourceConfig, node_name: String, security: Arc<NodeSecurity>) -> Self {
         ApiSource {
@@ -195,121 +266,37 @@ impl ApiSource {
         }
     }
 
-    fn field_selector(&self) -> String {
-        format!("spec.nodeName={}", self.node_name)
-    }
-
-    /// Runs until `cancel`.
+    /// Runs until `cancel`. Events that arrive together are applied together and sent as one
+    /// snapshot; the first snapshot goes out when the first list is complete.
     pub(crate) async fn run(self, tx: mpsc::Sender<SourceSnapshot>, cancel: CancellationToken) {
-        let mut seen: Option<Seen> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(100));
+        let config =
+            api_watch::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let mut watch = Watch::new(
+            api_watch::events(self.pods.clone(), config),
+            FIRST_RETRY,
+            "watching the node's pods",
+            self.problems.clone(),
+        );
         let mut refused = BTreeMap::new();
-        loop {
-            if cancel.is_cancelled() {
-                return;
-            }
-            let result = match seen.as_mut() {
-                // A list against a slow API server can take long; a stop must not wait for it.
-                None => match tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    r = self.list() => r,
-                } {
-                    Ok(list) => {
-                        seen = Some(list);
-                        Ok(())
-                    }
-                    Err(p) => Err(p),
-                },
-                Some(current) => self.watch(current, &tx, &mut refused, &cancel).await,
-            };
-            match result {
-                Ok(()) => {
-                    backoff.reset();
-                    self.problems.succeeded("watching the node's pods");
-                }
-                Err(p) if p.is(ProblemKind::Expired) => {
-                    tracing::info!("the pod watch's version expired; listing again");
-                    seen = None;
-                    continue;
-                }
-                Err(p) => {
-                    self.problems.failed("watching the node's pods", &p);
-                    if !pause(backoff.next_wait(), &cancel).await {
-                        return;
-                    }
-                    continue;
-                }
-            }
-            // After a list, the snapshot goes out before the watch starts.
-            if let Some(current) = seen.as_ref()
-                && !self.send(current, &tx, &mut refused).await
-            {
+        while let Some(batch) = watch.next_batch(&cancel).await {
+            if self.view.apply(&batch) && !self.send(&tx, &mut refused).await {
                 return;
             }
         }
     }
 
-    async fn list(&self) -> Result<Seen, Problem> {
-        let list = self
-            .pods
-            .list(&ListParams::default().fields(&self.field_selector()))
-            .await?;
-        let version = list.metadata.resource_version.clone().unwrap_or_default();
-        let pods = list
-            .items
-            .into_iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, Arc::new(p))))
-            .collect();
-        Ok(Seen { version, pods })
-    }
-
-    /// One watch request, applied to `seen` until it ends. Events that arrive together are
-    /// applied together and sent as one snapshot.
-    async fn watch(
-        &self,
-        seen: &mut Seen,
-        tx: &mpsc::Sender<SourceSnapshot>,
-        refused: &mut BTreeMap<String, String>,
-        cancel: &CancellationToken,
-    ) -> Result<(), Problem> {
-        let params = WatchParams::default()
-            .fields(&self.field_selector())
-            .timeout(WATCH_SECONDS);
-        let stream = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            r = self.pods.watch(&params, &seen.version) => r?,
-        };
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let event = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                e = stream.next() => e,
-            };
-            let Some(event) = event else {
-                return Ok(());
-            };
-            let mut changed = apply(seen, event?)?;
-            while let Some(Some(event)) = stream.next().now_or_never() {
-                changed |= apply(seen, event?)?;
-            }
-            if changed && !self.send(seen, tx, refused).await {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Updates the view and sends the pods to run (mirror pods stay in the view only); false
-    /// when the merge is gone (shutting down).
+    /// Sends the pods of the view to run (mirror pods stay in the view only); false when the
+    /// merge is gone (shutting down).
     async fn send(
         &self,
-        seen: &Seen,
         tx: &mpsc::Sender<SourceSnapshot>,
         refused: &mut BTreeMap<String, String>,
     ) -> bool {
-        self.view.replace(seen.pods.clone());
-        let mut pods = Vec::with_capacity(seen.pods.len());
+        let mut seen = self.view.store.state();
+        seen.sort_by(|a, b| uid_of(a).cmp(&uid_of(b)));
+        let mut pods = Vec::with_capacity(seen.len());
         let mut still_refused = BTreeMap::new();
-        for pod in seen.pods.values() {
+        for pod in &seen {
             match self.admit(pod) {
                 Ok(()) => pods.push((**pod).clone()),
                 Err(NotRun::Skip) => {}
@@ -355,40 +342,9 @@ impl ApiSource {
     }
 }
 
-/// Applies one watch event; true when the set of pods changed.
-fn apply(seen: &mut Seen, event: WatchEvent<Pod>) -> Result<bool, Problem> {
-    match event {
-        WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-            note_version(seen, &pod);
-            let Some(uid) = pod.metadata.uid.clone() else {
-                return Ok(false);
-            };
-            seen.pods.insert(uid, Arc::new(pod));
-            Ok(true)
-        }
-        WatchEvent::Deleted(pod) => {
-            note_version(seen, &pod);
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            Ok(seen.pods.remove(&uid).is_some())
-        }
-        WatchEvent::Bookmark(b) => {
-            seen.version = b.metadata.resource_version;
-            Ok(false)
-        }
-        WatchEvent::Error(status) => Err(Problem::watch_ended("the pod watch", &status)),
-    }
-}
-
-fn note_version(seen: &mut Seen, pod: &Pod) {
-    if let Some(v) = &pod.metadata.resource_version {
-        seen.version = v.clone();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::watch::Bookmark;
 
     fn pod(uid: &str, version: &str) -> Pod {
         let mut p = Pod::default();
@@ -460,31 +416,145 @@ mod tests {
         );
     }
 
+    fn uids(view: &ApiPodsView) -> Vec<String> {
+        let mut uids: Vec<String> = view
+            .store
+            .state()
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap())
+            .collect();
+        uids.sort();
+        uids
+    }
+
+    /// A row of the table below: what happens, the events, whether they are a change to send,
+    /// whether the view is listed after them, and the UIDs of the pods it holds.
+    type Row = (&'static str, Vec<Event<Pod>>, bool, bool, Vec<&'static str>);
+
+    /// What each of the watcher's events does to the view.
     #[test]
-    fn events_update_the_set_and_the_version() {
-        let mut seen = Seen {
-            version: "1".into(),
-            pods: BTreeMap::new(),
-        };
-        assert!(apply(&mut seen, WatchEvent::Added(pod("a", "2"))).unwrap());
-        assert!(apply(&mut seen, WatchEvent::Modified(pod("a", "3"))).unwrap());
-        assert_eq!(seen.version, "3");
-        assert!(
-            !apply(&mut seen, WatchEvent::Deleted(pod("b", "4"))).unwrap(),
-            "unknown pod"
+    fn the_watchers_events_change_the_view() {
+        let view = ApiPodsView::default();
+        let mut changes = view.subscribe();
+        let table: Vec<Row> = vec![
+            ("a list starts", vec![Event::Init], false, false, vec![]),
+            (
+                "listed pods wait for the list's end",
+                vec![
+                    Event::InitApply(pod("a", "1")),
+                    Event::InitApply(pod("b", "1")),
+                ],
+                false,
+                false,
+                vec![],
+            ),
+            (
+                "the list is complete",
+                vec![Event::InitDone],
+                true,
+                true,
+                vec!["a", "b"],
+            ),
+            (
+                "a pod is added",
+                vec![Event::Apply(pod("c", "2"))],
+                true,
+                true,
+                vec!["a", "b", "c"],
+            ),
+            (
+                "a pod changes",
+                vec![Event::Apply(pod("a", "3"))],
+                true,
+                true,
+                vec!["a", "b", "c"],
+            ),
+            (
+                "an unknown pod goes",
+                vec![Event::Delete(pod("x", "4"))],
+                false,
+                true,
+                vec!["a", "b", "c"],
+            ),
+            (
+                "a pod goes",
+                vec![Event::Delete(pod("b", "5"))],
+                true,
+                true,
+                vec!["a", "c"],
+            ),
+            (
+                "a relist (after a 410) keeps the old set until it is complete",
+                vec![Event::Init, Event::InitApply(pod("c", "6"))],
+                false,
+                true,
+                vec!["a", "c"],
+            ),
+            (
+                "… and then replaces it",
+                vec![Event::InitDone],
+                true,
+                true,
+                vec!["c"],
+            ),
+            (
+                "a burst is one change",
+                vec![Event::Apply(pod("d", "7")), Event::Delete(pod("c", "8"))],
+                true,
+                true,
+                vec!["d"],
+            ),
+        ];
+        for (what, events, changed, listed, pods) in table {
+            changes.mark_unchanged();
+            assert_eq!(view.apply(&events), changed, "{what}");
+            assert_eq!(
+                changes.has_changed().unwrap(),
+                changed,
+                "{what}: subscribers woken"
+            );
+            assert_eq!(view.listed(), listed, "{what}");
+            assert_eq!(uids(&view), pods, "{what}");
+        }
+        assert_eq!(
+            view.get("a")
+                .map(|p| p.metadata.resource_version.clone().unwrap()),
+            None
         );
-        assert!(apply(&mut seen, WatchEvent::Deleted(pod("a", "5"))).unwrap());
-        assert!(seen.pods.is_empty());
-        let bookmark: Bookmark = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"resourceVersion": "9"}
-        }))
-        .unwrap();
-        assert!(!apply(&mut seen, WatchEvent::Bookmark(bookmark)).unwrap());
-        assert_eq!(seen.version, "9");
-        let mut gone = kube::core::Status::failure("too old resource version", "Expired");
-        gone.code = 410;
-        let err = apply(&mut seen, WatchEvent::Error(Box::new(gone))).unwrap_err();
-        assert!(err.is(ProblemKind::Expired), "{err:?}");
+        assert_eq!(
+            view.get("d").unwrap().metadata.resource_version.as_deref(),
+            Some("7")
+        );
+    }
+
+    #[test]
+    fn a_written_copy_stands_in_until_the_watch_brings_the_pod_again() {
+        let view = ApiPodsView::default();
+        view.replace(BTreeMap::from([
+            ("a".to_string(), Arc::new(pod("a", "1"))),
+            ("b".to_string(), Arc::new(pod("b", "1"))),
+        ]));
+        let rv = |uid: &str| {
+            view.get(uid)
+                .unwrap()
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap()
+        };
+        view.note_written(pod("a", "3"));
+        assert_eq!(rv("a"), "3");
+        // Another pod's change leaves it.
+        view.apply(&[Event::Apply(pod("b", "4"))]);
+        assert_eq!(rv("a"), "3");
+        // The watch's next version of the pod replaces it.
+        view.apply(&[Event::Apply(pod("a", "5"))]);
+        assert_eq!(rv("a"), "5");
+        view.note_written(pod("a", "6"));
+        view.apply(&[Event::Delete(pod("a", "7"))]);
+        assert!(view.get("a").is_none(), "gone stays gone");
+        view.note_written(pod("a", "8"));
+        assert!(view.get("a").is_none());
     }
 
     /// An API server that accepts the connection and never answers: the source must still stop

@@ -166,3 +166,56 @@ async fn a_pod_that_refers_to_nothing_registers_nothing() {
     cache.unregister_pod("a");
     cancel.cancel();
 }
+
+/// What each of the watcher's events says the object is: `Some(None)` none, `None` nothing
+/// to say yet (a list is under way).
+#[test]
+fn the_watchers_events_say_what_the_object_is() {
+    let object = |v: &str| {
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.resource_version = Some(v.into());
+        ApiObject::ConfigMap(Arc::new(cm))
+    };
+    let said = |step: Option<Option<ApiObject>>| {
+        step.map(|o| o.map(|o| o.resource_version().unwrap().to_string()))
+    };
+    let mut listing = Listing::default();
+    type Row = (&'static str, Event<ApiObject>, Option<Option<&'static str>>);
+    let table: Vec<Row> = vec![
+        ("a list starts", Event::Init, None),
+        ("the object is listed", Event::InitApply(object("1")), None),
+        ("the list is complete", Event::InitDone, Some(Some("1"))),
+        ("it changes", Event::Apply(object("2")), Some(Some("2"))),
+        ("it goes", Event::Delete(object("3")), Some(None)),
+        ("a relist (after a 410)", Event::Init, None),
+        ("finds none", Event::InitDone, Some(None)),
+        ("it is created", Event::Apply(object("4")), Some(Some("4"))),
+        ("another relist", Event::Init, None),
+        ("lists it", Event::InitApply(object("5")), None),
+        ("and completes", Event::InitDone, Some(Some("5"))),
+    ];
+    for (what, event, expected) in table {
+        assert_eq!(
+            said(listing.step(event)),
+            expected.map(|o| o.map(str::to_string)),
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_list_is_retried_and_the_object_served() {
+    let (api, cache, pokes, cancel) = setup();
+    api.put_config_map("ns", "cfg", &[("k", "v")]);
+    api.fail_with(Some(forbidden()));
+    cache.register_pod(&cm_pod("a", "cfg"));
+    eventually("a failed list", || api.lists() >= 1).await;
+    api.fail_with(None);
+    assert_eq!(
+        poked(&pokes).await,
+        ["a"],
+        "the list after the back-off pokes"
+    );
+    assert_eq!(data(&cache.get(&cm_key("cfg")).await.unwrap(), "k"), "v");
+    cancel.cancel();
+}
