@@ -19,7 +19,7 @@ pub mod server;
 pub mod shutdown;
 mod validate;
 
-pub use validate::ENFORCE_PODS;
+pub use validate::{ENFORCE_PODS, InvalidValue};
 
 #[cfg(test)]
 mod tests;
@@ -156,15 +156,15 @@ impl fmt::Display for CgroupDriver {
 }
 
 impl FromStr for CgroupDriver {
-    type Err = String;
+    type Err = InvalidValue;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
             "systemd" => Ok(CgroupDriver::Systemd),
-            _ => Err(format!(
+            _ => Err(InvalidValue(format!(
                 "{s:?} is not a cgroup driver (use cgroupfs or systemd)"
-            )),
+            ))),
         }
     }
 }
@@ -180,15 +180,15 @@ pub enum LoggingFormat {
 }
 
 impl FromStr for LoggingFormat {
-    type Err = String;
+    type Err = InvalidValue;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "text" => Ok(LoggingFormat::Text),
             "json" => Ok(LoggingFormat::Json),
-            _ => Err(format!(
+            _ => Err(InvalidValue(format!(
                 "unsupported log format {s:?} (use \"text\" or \"json\")"
-            )),
+            ))),
         }
     }
 }

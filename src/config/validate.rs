@@ -614,10 +614,10 @@ pub(super) fn build(
     ) {
         (Some(flag), _) => flag
             .parse()
-            .map_err(|e: String| invalid("--logging-format", e))?,
+            .map_err(|e: InvalidValue| invalid("--logging-format", e))?,
         (None, Some(file)) => file
             .parse()
-            .map_err(|e: String| invalid("logging.format", e))?,
+            .map_err(|e: InvalidValue| invalid("logging.format", e))?,
         (None, None) => super::LoggingFormat::Text,
     };
     let volume_stats_agg_period =
