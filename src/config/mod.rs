@@ -7,19 +7,31 @@
 //! - [`flags`]: the clap command line ([`Flags`]).
 //! - [`file`]: the config file's schema ([`KubeletConfigurationFile`]) and parsing.
 //! - [`duration`]: Go duration strings (`1m30s`).
-//! - `validate`: merging the three layers and checking the result.
+//! - `validate`: merging the three layers and checking the result, one section at a time;
+//!   each section's rules live in its module: [`node`] (the node's name, credentials,
+//!   registration, reservations), `runtime` (directories, CRI endpoints, image pulls),
+//!   `timing` (periods and timeouts), `sources` (static pods), [`server`] (ports, TLS,
+//!   authentication, authorization), `cgroups` (layout and pods' resources), `sandbox` (DNS,
+//!   sysctls), [`gc`] (image GC, log rotation), `logging`, [`shutdown`], [`eviction`].
 
+mod cgroups;
 pub mod duration;
 pub mod eviction;
 pub mod file;
 pub mod flags;
 pub mod gc;
+mod logging;
 pub mod node;
+mod runtime;
+mod sandbox;
 pub mod server;
 pub mod shutdown;
+mod sources;
+mod timing;
 mod validate;
 
-pub use validate::{ENFORCE_PODS, InvalidValue};
+pub use cgroups::ENFORCE_PODS;
+pub use validate::InvalidValue;
 
 #[cfg(test)]
 mod tests;
@@ -244,7 +256,7 @@ pub fn load(flags: &Flags) -> Result<Config, ConfigError> {
         }
         None => None,
     };
-    let hostname = if validate::hostname_override(flags).is_some() {
+    let hostname = if node::hostname_override(flags).is_some() {
         String::new()
     } else {
         machine_hostname()?

@@ -1,4 +1,5 @@
-//! The settings that only matter when Deckhand is a node of a cluster (`--kubeconfig`):
+//! The node section: the node's name, and the settings that only matter when Deckhand is a
+//! node of a cluster (`--kubeconfig`): its credentials (TLS bootstrap, certificates),
 //! registration, the apiserver client's rate limit, node status and Lease timing, and what
 //! the node holds back from pods (`kubeReserved`, `systemReserved`, `evictionHard`).
 //!
@@ -6,6 +7,7 @@
 //! formats (label maps, taints, `signal<threshold` lists) and their own defaults.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
@@ -14,6 +16,7 @@ use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
+use super::validate::{check_dns_subdomain, pick};
 use crate::base::podspec::quantity::{self, Quantity};
 use crate::base::podspec::threshold::{self, Threshold};
 
@@ -91,6 +94,86 @@ impl Default for Reservations {
 
 /// The resources `kubeReserved` and `systemReserved` may name (upstream's set).
 const RESERVABLE: &[&str] = &["cpu", "memory", "ephemeral-storage", "pid"];
+
+/// The trimmed `--hostname-override`, if one was given and is not blank.
+pub(super) fn hostname_override(flags: &Flags) -> Option<&str> {
+    flags
+        .hostname_override
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// The node name: `--hostname-override`, else `hostname` (the machine's), trimmed and
+/// lowercased. It must be a DNS subdomain because the Node, its Lease and the mirror pods'
+/// names are made from it.
+pub(super) fn node_name(flags: &Flags, hostname: &str) -> Result<String, ConfigError> {
+    let (node_name, name_source) = match hostname_override(flags) {
+        Some(name) => (name.to_lowercase(), "--hostname-override"),
+        None => (hostname.trim().to_lowercase(), "hostname"),
+    };
+    if node_name.is_empty() {
+        return Err(ConfigError::invalid(
+            name_source,
+            "the node name is empty; set --hostname-override",
+        ));
+    }
+    if let Err(why) = check_dns_subdomain(&node_name) {
+        return Err(ConfigError::invalid(
+            name_source,
+            format!("node name {node_name:?} {why}; set --hostname-override to a valid name"),
+        ));
+    }
+    Ok(node_name)
+}
+
+/// How the agent authenticates to the API server.
+pub(super) struct Credentials {
+    pub kubeconfig: Option<PathBuf>,
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    pub cert_dir: PathBuf,
+    pub rotate_certificates: bool,
+}
+
+/// The kubeconfig, TLS bootstrap and the certificates' directory (`<root_dir>/pki` by
+/// default). A bootstrap kubeconfig needs `--kubeconfig`, where the bootstrapped one is
+/// written; certificate rotation defaults to on when a bootstrap kubeconfig is given.
+pub(super) fn credentials(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    root_dir: &Path,
+) -> Result<Credentials, ConfigError> {
+    let bootstrap_kubeconfig = flags.bootstrap_kubeconfig.clone();
+    if bootstrap_kubeconfig.is_some() && flags.kubeconfig.is_none() {
+        return Err(ConfigError::invalid(
+            "--bootstrap-kubeconfig",
+            "needs --kubeconfig (where the bootstrapped kubeconfig is written)",
+        ));
+    }
+    let cert_dir = flags
+        .cert_dir
+        .clone()
+        .unwrap_or_else(|| root_dir.join("pki"));
+    if !cert_dir.is_absolute() {
+        return Err(ConfigError::invalid(
+            "--cert-dir",
+            "must be an absolute path",
+        ));
+    }
+    let (rotate_certificates, _) = pick(
+        flags.rotate_certificates,
+        "--rotate-certificates",
+        f.rotate_certificates,
+        "rotateCertificates",
+        || bootstrap_kubeconfig.is_some(),
+    );
+    Ok(Credentials {
+        kubeconfig: flags.kubeconfig.clone(),
+        bootstrap_kubeconfig,
+        cert_dir,
+        rotate_certificates,
+    })
+}
 
 /// Merges the cluster settings: flag, then file, then upstream's default.
 pub(super) fn cluster_settings(

@@ -1,12 +1,15 @@
-//! The node API's settings (port 10250): its TLS certificate, and how requests are
+//! The servers' section: where the node API, the read-only port and healthz listen, and the
+//! node API's settings (port 10250): its TLS certificate, and how requests are
 //! authenticated and authorized. Names, meanings and defaults are `KubeletConfiguration`
-//! v1beta1's (`tlsCertFile`, `serverTLSBootstrap`, `authentication`, `authorization`).
+//! v1beta1's (`address`, `port`, `tlsCertFile`, `serverTLSBootstrap`, `authentication`,
+//! `authorization`).
 //!
 //! Upstream's kubelet, started without a config file, falls back to the old flag defaults
 //! (anonymous requests allowed, `AlwaysAllow`); Deckhand keeps the file's safe defaults in
 //! both cases: anonymous off, tokens checked by TokenReview, requests authorized by
 //! SubjectAccessReview.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,10 +19,15 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
+use super::flags::Flags;
+use super::validate::{file_ip, file_port, pick};
 
 pub const DEFAULT_AUTHN_CACHE_TTL: Duration = Duration::from_secs(120);
 pub const DEFAULT_AUTHZ_ALLOWED_TTL: Duration = Duration::from_secs(300);
 pub const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
+pub const DEFAULT_PORT: u16 = 10250;
+pub const DEFAULT_READ_ONLY_PORT: u16 = 0;
+pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
 
 /// The node API's flags (flattened into [`super::Flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Args)]
@@ -250,6 +258,70 @@ fn duration(
             .map_err(|e| invalid(field, format!("invalid duration {text:?}: {e}"))),
         None => Ok(default),
     }
+}
+
+/// Where the three servers listen.
+pub(super) struct Ports {
+    pub address: IpAddr,
+    pub port: u16,
+    /// 0 = off.
+    pub read_only_port: u16,
+    /// 0 = off.
+    pub healthz_port: u16,
+    pub healthz_bind_address: IpAddr,
+}
+
+/// The servers' addresses and ports. The read-only port and healthz may be 0 (off); the node
+/// API's port may not, as upstream (`enableServer` is what turns that server off).
+pub(super) fn ports(flags: &Flags, f: &KubeletConfigurationFile) -> Result<Ports, ConfigError> {
+    let (address, _) = pick(
+        flags.address,
+        "--address",
+        file_ip(f.address.as_deref(), "address")?,
+        "address",
+        || IpAddr::from([0, 0, 0, 0]),
+    );
+    let (port, o) = pick(
+        flags.port,
+        "--port",
+        file_port(f.port, "port")?,
+        "port",
+        || DEFAULT_PORT,
+    );
+    if port == 0 {
+        return Err(invalid(
+            o.name(),
+            "0 is not a valid port for the node server (must be 1-65535)",
+        ));
+    }
+    let (read_only_port, _) = pick(
+        flags.read_only_port,
+        "--read-only-port",
+        file_port(f.read_only_port, "readOnlyPort")?,
+        "readOnlyPort",
+        || DEFAULT_READ_ONLY_PORT,
+    );
+    let (healthz_port, _) = pick(
+        flags.healthz_port,
+        "--healthz-port",
+        file_port(f.healthz_port, "healthzPort")?,
+        "healthzPort",
+        || DEFAULT_HEALTHZ_PORT,
+    );
+    let (healthz_bind_address, _) = pick(
+        flags.healthz_bind_address,
+        "--healthz-bind-address",
+        file_ip(f.healthz_bind_address.as_deref(), "healthzBindAddress")?,
+        "healthzBindAddress",
+        || IpAddr::from([127, 0, 0, 1]),
+    );
+    Ok(Ports {
+        address,
+        port,
+        read_only_port,
+        healthz_port,
+        healthz_bind_address,
+    })
 }
 
 /// Merges the node API's flags over the file over the defaults. `resolve` makes a path of
