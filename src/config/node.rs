@@ -181,71 +181,10 @@ pub(super) fn cluster_settings(
     f: &KubeletConfigurationFile,
 ) -> Result<ClusterSettings, ConfigError> {
     let d = ClusterSettings::default();
-    let node_labels = match &flags.node_labels {
-        Some(pairs) => {
-            let mut labels = BTreeMap::new();
-            for (k, v) in pairs {
-                labels.insert(k.clone(), v.clone());
-            }
-            check_node_labels(&labels).map_err(|why| ConfigError::invalid("--node-labels", why))?;
-            labels
-        }
-        None => BTreeMap::new(),
-    };
-    let register_with_taints = match (&flags.register_with_taints, &f.register_with_taints) {
-        (Some(taints), _) => taints.clone(),
-        (None, Some(taints)) => {
-            for (i, t) in taints.iter().enumerate() {
-                check_taint(t)
-                    .map_err(|why| ConfigError::invalid(format!("registerWithTaints[{i}]"), why))?;
-            }
-            taints.clone()
-        }
-        (None, None) => Vec::new(),
-    };
-    let kube_api_qps = flags
-        .kube_api_qps
-        .map(Ok)
-        .or(f.kube_api_qps.map(|q| {
-            if q.is_finite() {
-                Ok(q as f32)
-            } else {
-                Err(ConfigError::invalid("kubeAPIQPS", "must be a number"))
-            }
-        }))
-        .transpose()?
-        .unwrap_or(d.kube_api_qps);
-    let kube_api_burst = match (flags.kube_api_burst, f.kube_api_burst) {
-        (Some(b), _) => b,
-        (None, Some(b)) => u32::try_from(b).map_err(|_| {
-            ConfigError::invalid("kubeAPIBurst", format!("{b} must be between 0 and 2^32-1"))
-        })?,
-        (None, None) => d.kube_api_burst,
-    };
-    let event_record_qps = match (flags.event_qps, f.event_record_qps) {
-        (Some(q), _) if q.is_finite() && q >= 0.0 => q,
-        (Some(q), _) => {
-            return Err(ConfigError::invalid(
-                "--event-qps",
-                format!("{q} must be 0 (no limit) or more"),
-            ));
-        }
-        (None, Some(q)) if q.is_finite() && q >= 0.0 => q as f32,
-        (None, Some(q)) => {
-            return Err(ConfigError::invalid(
-                "eventRecordQPS",
-                format!("{q} must be 0 (no limit) or more"),
-            ));
-        }
-        (None, None) => d.event_record_qps,
-    };
-    let event_burst = match (flags.event_burst, f.event_burst) {
-        (Some(b), _) => b,
-        (None, Some(b)) => u32::try_from(b).map_err(|_| {
-            ConfigError::invalid("eventBurst", format!("{b} must be between 0 and 2^32-1"))
-        })?,
-        (None, None) => d.event_burst,
-    };
+    let node_labels = node_labels(flags)?;
+    let register_with_taints = register_with_taints(flags, f)?;
+    let (kube_api_qps, kube_api_burst) = api_rate_limit(flags, f, &d)?;
+    let (event_record_qps, event_burst) = event_rate_limit(flags, f, &d)?;
     let node_status_report_frequency = match f.node_status_report_frequency.as_deref() {
         Some(text) => {
             let d = parse_go_duration(text).map_err(|e| {
@@ -295,6 +234,99 @@ pub(super) fn cluster_settings(
         node_lease_duration_seconds,
         node_status_max_images,
     })
+}
+
+/// `--node-labels` (a flag only, as upstream), checked against what a node may set on itself.
+fn node_labels(flags: &Flags) -> Result<BTreeMap<String, String>, ConfigError> {
+    let Some(pairs) = &flags.node_labels else {
+        return Ok(BTreeMap::new());
+    };
+    let mut labels = BTreeMap::new();
+    for (k, v) in pairs {
+        labels.insert(k.clone(), v.clone());
+    }
+    check_node_labels(&labels).map_err(|why| ConfigError::invalid("--node-labels", why))?;
+    Ok(labels)
+}
+
+/// `--register-with-taints` (checked as it was parsed) or `registerWithTaints`, each entry
+/// checked and named by its index.
+fn register_with_taints(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+) -> Result<Vec<Taint>, ConfigError> {
+    match (&flags.register_with_taints, &f.register_with_taints) {
+        (Some(taints), _) => Ok(taints.clone()),
+        (None, Some(taints)) => {
+            for (i, t) in taints.iter().enumerate() {
+                check_taint(t)
+                    .map_err(|why| ConfigError::invalid(format!("registerWithTaints[{i}]"), why))?;
+            }
+            Ok(taints.clone())
+        }
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// `kubeAPIQPS` (any number; below zero, no limit) and `kubeAPIBurst`.
+fn api_rate_limit(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    d: &ClusterSettings,
+) -> Result<(f32, u32), ConfigError> {
+    let kube_api_qps = flags
+        .kube_api_qps
+        .map(Ok)
+        .or(f.kube_api_qps.map(|q| {
+            if q.is_finite() {
+                Ok(q as f32)
+            } else {
+                Err(ConfigError::invalid("kubeAPIQPS", "must be a number"))
+            }
+        }))
+        .transpose()?
+        .unwrap_or(d.kube_api_qps);
+    let kube_api_burst = match (flags.kube_api_burst, f.kube_api_burst) {
+        (Some(b), _) => b,
+        (None, Some(b)) => u32::try_from(b).map_err(|_| {
+            ConfigError::invalid("kubeAPIBurst", format!("{b} must be between 0 and 2^32-1"))
+        })?,
+        (None, None) => d.kube_api_burst,
+    };
+    Ok((kube_api_qps, kube_api_burst))
+}
+
+/// `eventRecordQPS` (0 or more; 0, no limit) and `eventBurst`.
+fn event_rate_limit(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    d: &ClusterSettings,
+) -> Result<(f32, u32), ConfigError> {
+    let event_record_qps = match (flags.event_qps, f.event_record_qps) {
+        (Some(q), _) if q.is_finite() && q >= 0.0 => q,
+        (Some(q), _) => {
+            return Err(ConfigError::invalid(
+                "--event-qps",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, Some(q)) if q.is_finite() && q >= 0.0 => q as f32,
+        (None, Some(q)) => {
+            return Err(ConfigError::invalid(
+                "eventRecordQPS",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, None) => d.event_record_qps,
+    };
+    let event_burst = match (flags.event_burst, f.event_burst) {
+        (Some(b), _) => b,
+        (None, Some(b)) => u32::try_from(b).map_err(|_| {
+            ConfigError::invalid("eventBurst", format!("{b} must be between 0 and 2^32-1"))
+        })?,
+        (None, None) => d.event_burst,
+    };
+    Ok((event_record_qps, event_burst))
 }
 
 /// Merges `kubeReserved`, `systemReserved` and `evictionHard`.
