@@ -1,5 +1,6 @@
-//! Housekeeping settings: image garbage collection and container log rotation, with
-//! upstream's field names, flags, defaults and validation rules.
+//! Housekeeping settings: image garbage collection and container log rotation (the rotated
+//! files' size and count, the workers, the interval), with upstream's field names, flags,
+//! defaults and validation rules.
 //!
 //! Kept apart from the general merge in `validate` because the rules tie fields together
 //! (the low threshold below the high one, the maximum age above the minimum).
@@ -10,10 +11,13 @@ use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
+use super::validate::{InvalidValue, file_count};
 
 pub const DEFAULT_IMAGE_GC_HIGH_THRESHOLD_PERCENT: u8 = 85;
 pub const DEFAULT_IMAGE_GC_LOW_THRESHOLD_PERCENT: u8 = 80;
 pub const DEFAULT_IMAGE_MINIMUM_GC_AGE: Duration = Duration::from_secs(120);
+pub const DEFAULT_CONTAINER_LOG_MAX_SIZE: &str = "10Mi";
+pub const DEFAULT_CONTAINER_LOG_MAX_FILES: u32 = 5;
 pub const DEFAULT_CONTAINER_LOG_MAX_WORKERS: u32 = 1;
 pub const DEFAULT_CONTAINER_LOG_MONITOR_INTERVAL: Duration = Duration::from_secs(10);
 /// Upstream refuses a shorter monitor interval.
@@ -74,8 +78,59 @@ fn duration(text: Option<&str>, field: &str) -> Result<Option<Duration>, ConfigE
     .transpose()
 }
 
+/// The size and count of a container's log files, as [`super::Config`] carries them.
+pub(super) struct LogLimits {
+    pub max_size: String,
+    pub max_files: u32,
+}
+
+/// `containerLogMaxSize` (a positive quantity) and `containerLogMaxFiles` (at least 2: the
+/// current file and one rotated). Read apart from [`gc_settings`], which takes them, because
+/// they are checked earlier in the load's order (before the crash-loop back-off).
+pub(super) fn container_log_limits(f: &KubeletConfigurationFile) -> Result<LogLimits, ConfigError> {
+    let max_size = f
+        .container_log_max_size
+        .clone()
+        .unwrap_or_else(|| DEFAULT_CONTAINER_LOG_MAX_SIZE.to_string());
+    check_quantity(&max_size).map_err(|why| {
+        ConfigError::invalid("containerLogMaxSize", format!("{max_size:?} {why}"))
+    })?;
+    let max_files = file_count(f.container_log_max_files, "containerLogMaxFiles", 2)?
+        .unwrap_or(DEFAULT_CONTAINER_LOG_MAX_FILES);
+    Ok(LogLimits {
+        max_size,
+        max_files,
+    })
+}
+
+/// A positive Kubernetes quantity with an optional binary or decimal suffix, e.g. `10Mi`,
+/// `500k`, `1G`, `1048576`, `1.5Gi`.
+fn check_quantity(text: &str) -> Result<(), InvalidValue> {
+    const SUFFIXES: [&str; 13] = [
+        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "",
+    ];
+    let number_len = text
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    let (number, suffix) = text.split_at(number_len);
+    let valid_number = !number.is_empty()
+        && number.matches('.').count() <= 1
+        && number != "."
+        && !number.starts_with('.');
+    if !valid_number || !SUFFIXES.contains(&suffix) {
+        return Err(InvalidValue(
+            "is not a size quantity (e.g. 10Mi, 500Ki, 1G)".into(),
+        ));
+    }
+    if number.bytes().all(|b| b == b'0' || b == b'.') {
+        return Err(InvalidValue("must be greater than 0".into()));
+    }
+    Ok(())
+}
+
 /// Merges flag, file and default, and checks them as upstream does. `log_max_size` and
-/// `log_max_files` were already read and checked by the general merge.
+/// `log_max_files` were already read and checked by [`container_log_limits`].
 pub(super) fn gc_settings(
     flags: &Flags,
     f: &KubeletConfigurationFile,
@@ -202,6 +257,18 @@ mod tests {
         assert_eq!(s.image_maximum_gc_age, Duration::from_secs(3600));
         assert_eq!(s.container_log_max_workers, 3);
         assert_eq!(s.container_log_monitor_interval, Duration::from_secs(4));
+    }
+
+    #[test]
+    fn quantities() {
+        for ok in ["10Mi", "1", "1.5Gi", "500k", "100M", "2Ei"] {
+            assert_eq!(check_quantity(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "", "Mi", "10MB", "10mi", "1.2.3Mi", ".5Mi", "0", "0Mi", "-1Mi", "ten",
+        ] {
+            assert!(check_quantity(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

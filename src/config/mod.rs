@@ -7,19 +7,31 @@
 //! - [`flags`]: the clap command line ([`Flags`]).
 //! - [`file`]: the config file's schema ([`KubeletConfigurationFile`]) and parsing.
 //! - [`duration`]: Go duration strings (`1m30s`).
-//! - `validate`: merging the three layers and checking the result.
+//! - `validate`: merging the three layers and checking the result, one section at a time;
+//!   each section's rules live in its module: [`node`] (the node's name, credentials,
+//!   registration, reservations), `runtime` (directories, CRI endpoints, image pulls),
+//!   `timing` (periods and timeouts), `sources` (static pods), [`server`] (ports, TLS,
+//!   authentication, authorization), `cgroups` (layout and pods' resources), `sandbox` (DNS,
+//!   sysctls), [`gc`] (image GC, log rotation), `logging`, [`shutdown`], [`eviction`].
 
+mod cgroups;
 pub mod duration;
 pub mod eviction;
 pub mod file;
 pub mod flags;
 pub mod gc;
+mod logging;
 pub mod node;
+mod runtime;
+mod sandbox;
 pub mod server;
 pub mod shutdown;
+mod sources;
+mod timing;
 mod validate;
 
-pub use validate::ENFORCE_PODS;
+pub use cgroups::ENFORCE_PODS;
+pub use validate::InvalidValue;
 
 #[cfg(test)]
 mod tests;
@@ -156,15 +168,15 @@ impl fmt::Display for CgroupDriver {
 }
 
 impl FromStr for CgroupDriver {
-    type Err = String;
+    type Err = InvalidValue;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
             "systemd" => Ok(CgroupDriver::Systemd),
-            _ => Err(format!(
+            _ => Err(InvalidValue(format!(
                 "{s:?} is not a cgroup driver (use cgroupfs or systemd)"
-            )),
+            ))),
         }
     }
 }
@@ -180,15 +192,15 @@ pub enum LoggingFormat {
 }
 
 impl FromStr for LoggingFormat {
-    type Err = String;
+    type Err = InvalidValue;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "text" => Ok(LoggingFormat::Text),
             "json" => Ok(LoggingFormat::Json),
-            _ => Err(format!(
+            _ => Err(InvalidValue(format!(
                 "unsupported log format {s:?} (use \"text\" or \"json\")"
-            )),
+            ))),
         }
     }
 }
@@ -244,7 +256,7 @@ pub fn load(flags: &Flags) -> Result<Config, ConfigError> {
         }
         None => None,
     };
-    let hostname = if validate::hostname_override(flags).is_some() {
+    let hostname = if node::hostname_override(flags).is_some() {
         String::new()
     } else {
         machine_hostname()?

@@ -1,4 +1,5 @@
-//! The settings that only matter when Deckhand is a node of a cluster (`--kubeconfig`):
+//! The node section: the node's name, and the settings that only matter when Deckhand is a
+//! node of a cluster (`--kubeconfig`): its credentials (TLS bootstrap, certificates),
 //! registration, the apiserver client's rate limit, node status and Lease timing, and what
 //! the node holds back from pods (`kubeReserved`, `systemReserved`, `evictionHard`).
 //!
@@ -6,6 +7,7 @@
 //! formats (label maps, taints, `signal<threshold` lists) and their own defaults.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
@@ -14,6 +16,7 @@ use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
+use super::validate::{check_dns_subdomain, pick};
 use crate::base::podspec::quantity::{self, Quantity};
 use crate::base::podspec::threshold::{self, Threshold};
 
@@ -92,77 +95,96 @@ impl Default for Reservations {
 /// The resources `kubeReserved` and `systemReserved` may name (upstream's set).
 const RESERVABLE: &[&str] = &["cpu", "memory", "ephemeral-storage", "pid"];
 
+/// The trimmed `--hostname-override`, if one was given and is not blank.
+pub(super) fn hostname_override(flags: &Flags) -> Option<&str> {
+    flags
+        .hostname_override
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// The node name: `--hostname-override`, else `hostname` (the machine's), trimmed and
+/// lowercased. It must be a DNS subdomain because the Node, its Lease and the mirror pods'
+/// names are made from it.
+pub(super) fn node_name(flags: &Flags, hostname: &str) -> Result<String, ConfigError> {
+    let (node_name, name_source) = match hostname_override(flags) {
+        Some(name) => (name.to_lowercase(), "--hostname-override"),
+        None => (hostname.trim().to_lowercase(), "hostname"),
+    };
+    if node_name.is_empty() {
+        return Err(ConfigError::invalid(
+            name_source,
+            "the node name is empty; set --hostname-override",
+        ));
+    }
+    if let Err(why) = check_dns_subdomain(&node_name) {
+        return Err(ConfigError::invalid(
+            name_source,
+            format!("node name {node_name:?} {why}; set --hostname-override to a valid name"),
+        ));
+    }
+    Ok(node_name)
+}
+
+/// How the agent authenticates to the API server.
+pub(super) struct Credentials {
+    pub kubeconfig: Option<PathBuf>,
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    pub cert_dir: PathBuf,
+    pub rotate_certificates: bool,
+}
+
+/// The kubeconfig, TLS bootstrap and the certificates' directory (`<root_dir>/pki` by
+/// default). A bootstrap kubeconfig needs `--kubeconfig`, where the bootstrapped one is
+/// written; certificate rotation defaults to on when a bootstrap kubeconfig is given.
+pub(super) fn credentials(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    root_dir: &Path,
+) -> Result<Credentials, ConfigError> {
+    let bootstrap_kubeconfig = flags.bootstrap_kubeconfig.clone();
+    if bootstrap_kubeconfig.is_some() && flags.kubeconfig.is_none() {
+        return Err(ConfigError::invalid(
+            "--bootstrap-kubeconfig",
+            "needs --kubeconfig (where the bootstrapped kubeconfig is written)",
+        ));
+    }
+    let cert_dir = flags
+        .cert_dir
+        .clone()
+        .unwrap_or_else(|| root_dir.join("pki"));
+    if !cert_dir.is_absolute() {
+        return Err(ConfigError::invalid(
+            "--cert-dir",
+            "must be an absolute path",
+        ));
+    }
+    let (rotate_certificates, _) = pick(
+        flags.rotate_certificates,
+        "--rotate-certificates",
+        f.rotate_certificates,
+        "rotateCertificates",
+        || bootstrap_kubeconfig.is_some(),
+    );
+    Ok(Credentials {
+        kubeconfig: flags.kubeconfig.clone(),
+        bootstrap_kubeconfig,
+        cert_dir,
+        rotate_certificates,
+    })
+}
+
 /// Merges the cluster settings: flag, then file, then upstream's default.
 pub(super) fn cluster_settings(
     flags: &Flags,
     f: &KubeletConfigurationFile,
 ) -> Result<ClusterSettings, ConfigError> {
     let d = ClusterSettings::default();
-    let node_labels = match &flags.node_labels {
-        Some(pairs) => {
-            let mut labels = BTreeMap::new();
-            for (k, v) in pairs {
-                labels.insert(k.clone(), v.clone());
-            }
-            check_node_labels(&labels).map_err(|why| ConfigError::invalid("--node-labels", why))?;
-            labels
-        }
-        None => BTreeMap::new(),
-    };
-    let register_with_taints = match (&flags.register_with_taints, &f.register_with_taints) {
-        (Some(taints), _) => taints.clone(),
-        (None, Some(taints)) => {
-            for (i, t) in taints.iter().enumerate() {
-                check_taint(t)
-                    .map_err(|why| ConfigError::invalid(format!("registerWithTaints[{i}]"), why))?;
-            }
-            taints.clone()
-        }
-        (None, None) => Vec::new(),
-    };
-    let kube_api_qps = flags
-        .kube_api_qps
-        .map(Ok)
-        .or(f.kube_api_qps.map(|q| {
-            if q.is_finite() {
-                Ok(q as f32)
-            } else {
-                Err(ConfigError::invalid("kubeAPIQPS", "must be a number"))
-            }
-        }))
-        .transpose()?
-        .unwrap_or(d.kube_api_qps);
-    let kube_api_burst = match (flags.kube_api_burst, f.kube_api_burst) {
-        (Some(b), _) => b,
-        (None, Some(b)) => u32::try_from(b).map_err(|_| {
-            ConfigError::invalid("kubeAPIBurst", format!("{b} must be between 0 and 2^32-1"))
-        })?,
-        (None, None) => d.kube_api_burst,
-    };
-    let event_record_qps = match (flags.event_qps, f.event_record_qps) {
-        (Some(q), _) if q.is_finite() && q >= 0.0 => q,
-        (Some(q), _) => {
-            return Err(ConfigError::invalid(
-                "--event-qps",
-                format!("{q} must be 0 (no limit) or more"),
-            ));
-        }
-        (None, Some(q)) if q.is_finite() && q >= 0.0 => q as f32,
-        (None, Some(q)) => {
-            return Err(ConfigError::invalid(
-                "eventRecordQPS",
-                format!("{q} must be 0 (no limit) or more"),
-            ));
-        }
-        (None, None) => d.event_record_qps,
-    };
-    let event_burst = match (flags.event_burst, f.event_burst) {
-        (Some(b), _) => b,
-        (None, Some(b)) => u32::try_from(b).map_err(|_| {
-            ConfigError::invalid("eventBurst", format!("{b} must be between 0 and 2^32-1"))
-        })?,
-        (None, None) => d.event_burst,
-    };
+    let node_labels = node_labels(flags)?;
+    let register_with_taints = register_with_taints(flags, f)?;
+    let (kube_api_qps, kube_api_burst) = api_rate_limit(flags, f, &d)?;
+    let (event_record_qps, event_burst) = event_rate_limit(flags, f, &d)?;
     let node_status_report_frequency = match f.node_status_report_frequency.as_deref() {
         Some(text) => {
             let d = parse_go_duration(text).map_err(|e| {
@@ -212,6 +234,99 @@ pub(super) fn cluster_settings(
         node_lease_duration_seconds,
         node_status_max_images,
     })
+}
+
+/// `--node-labels` (a flag only, as upstream), checked against what a node may set on itself.
+fn node_labels(flags: &Flags) -> Result<BTreeMap<String, String>, ConfigError> {
+    let Some(pairs) = &flags.node_labels else {
+        return Ok(BTreeMap::new());
+    };
+    let mut labels = BTreeMap::new();
+    for (k, v) in pairs {
+        labels.insert(k.clone(), v.clone());
+    }
+    check_node_labels(&labels).map_err(|why| ConfigError::invalid("--node-labels", why))?;
+    Ok(labels)
+}
+
+/// `--register-with-taints` (checked as it was parsed) or `registerWithTaints`, each entry
+/// checked and named by its index.
+fn register_with_taints(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+) -> Result<Vec<Taint>, ConfigError> {
+    match (&flags.register_with_taints, &f.register_with_taints) {
+        (Some(taints), _) => Ok(taints.clone()),
+        (None, Some(taints)) => {
+            for (i, t) in taints.iter().enumerate() {
+                check_taint(t)
+                    .map_err(|why| ConfigError::invalid(format!("registerWithTaints[{i}]"), why))?;
+            }
+            Ok(taints.clone())
+        }
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// `kubeAPIQPS` (any number; below zero, no limit) and `kubeAPIBurst`.
+fn api_rate_limit(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    d: &ClusterSettings,
+) -> Result<(f32, u32), ConfigError> {
+    let kube_api_qps = flags
+        .kube_api_qps
+        .map(Ok)
+        .or(f.kube_api_qps.map(|q| {
+            if q.is_finite() {
+                Ok(q as f32)
+            } else {
+                Err(ConfigError::invalid("kubeAPIQPS", "must be a number"))
+            }
+        }))
+        .transpose()?
+        .unwrap_or(d.kube_api_qps);
+    let kube_api_burst = match (flags.kube_api_burst, f.kube_api_burst) {
+        (Some(b), _) => b,
+        (None, Some(b)) => u32::try_from(b).map_err(|_| {
+            ConfigError::invalid("kubeAPIBurst", format!("{b} must be between 0 and 2^32-1"))
+        })?,
+        (None, None) => d.kube_api_burst,
+    };
+    Ok((kube_api_qps, kube_api_burst))
+}
+
+/// `eventRecordQPS` (0 or more; 0, no limit) and `eventBurst`.
+fn event_rate_limit(
+    flags: &Flags,
+    f: &KubeletConfigurationFile,
+    d: &ClusterSettings,
+) -> Result<(f32, u32), ConfigError> {
+    let event_record_qps = match (flags.event_qps, f.event_record_qps) {
+        (Some(q), _) if q.is_finite() && q >= 0.0 => q,
+        (Some(q), _) => {
+            return Err(ConfigError::invalid(
+                "--event-qps",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, Some(q)) if q.is_finite() && q >= 0.0 => q as f32,
+        (None, Some(q)) => {
+            return Err(ConfigError::invalid(
+                "eventRecordQPS",
+                format!("{q} must be 0 (no limit) or more"),
+            ));
+        }
+        (None, None) => d.event_record_qps,
+    };
+    let event_burst = match (flags.event_burst, f.event_burst) {
+        (Some(b), _) => b,
+        (None, Some(b)) => u32::try_from(b).map_err(|_| {
+            ConfigError::invalid("eventBurst", format!("{b} must be between 0 and 2^32-1"))
+        })?,
+        (None, None) => d.event_burst,
+    };
+    Ok((event_record_qps, event_burst))
 }
 
 /// Merges `kubeReserved`, `systemReserved` and `evictionHard`.

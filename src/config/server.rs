@@ -1,12 +1,15 @@
-//! The node API's settings (port 10250): its TLS certificate, and how requests are
+//! The servers' section: where the node API, the read-only port and healthz listen, and the
+//! node API's settings (port 10250): its TLS certificate, and how requests are
 //! authenticated and authorized. Names, meanings and defaults are `KubeletConfiguration`
-//! v1beta1's (`tlsCertFile`, `serverTLSBootstrap`, `authentication`, `authorization`).
+//! v1beta1's (`address`, `port`, `tlsCertFile`, `serverTLSBootstrap`, `authentication`,
+//! `authorization`).
 //!
 //! Upstream's kubelet, started without a config file, falls back to the old flag defaults
 //! (anonymous requests allowed, `AlwaysAllow`); Deckhand keeps the file's safe defaults in
 //! both cases: anonymous off, tokens checked by TokenReview, requests authorized by
 //! SubjectAccessReview.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,10 +19,15 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
+use super::flags::Flags;
+use super::validate::{file_ip, file_port, pick};
 
 pub const DEFAULT_AUTHN_CACHE_TTL: Duration = Duration::from_secs(120);
 pub const DEFAULT_AUTHZ_ALLOWED_TTL: Duration = Duration::from_secs(300);
 pub const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
+pub const DEFAULT_PORT: u16 = 10250;
+pub const DEFAULT_READ_ONLY_PORT: u16 = 0;
+pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
 
 /// The node API's flags (flattened into [`super::Flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Args)]
@@ -252,6 +260,70 @@ fn duration(
     }
 }
 
+/// Where the three servers listen.
+pub(super) struct Ports {
+    pub address: IpAddr,
+    pub port: u16,
+    /// 0 = off.
+    pub read_only_port: u16,
+    /// 0 = off.
+    pub healthz_port: u16,
+    pub healthz_bind_address: IpAddr,
+}
+
+/// The servers' addresses and ports. The read-only port and healthz may be 0 (off); the node
+/// API's port may not, as upstream (`enableServer` is what turns that server off).
+pub(super) fn ports(flags: &Flags, f: &KubeletConfigurationFile) -> Result<Ports, ConfigError> {
+    let (address, _) = pick(
+        flags.address,
+        "--address",
+        file_ip(f.address.as_deref(), "address")?,
+        "address",
+        || IpAddr::from([0, 0, 0, 0]),
+    );
+    let (port, o) = pick(
+        flags.port,
+        "--port",
+        file_port(f.port, "port")?,
+        "port",
+        || DEFAULT_PORT,
+    );
+    if port == 0 {
+        return Err(invalid(
+            o.name(),
+            "0 is not a valid port for the node server (must be 1-65535)",
+        ));
+    }
+    let (read_only_port, _) = pick(
+        flags.read_only_port,
+        "--read-only-port",
+        file_port(f.read_only_port, "readOnlyPort")?,
+        "readOnlyPort",
+        || DEFAULT_READ_ONLY_PORT,
+    );
+    let (healthz_port, _) = pick(
+        flags.healthz_port,
+        "--healthz-port",
+        file_port(f.healthz_port, "healthzPort")?,
+        "healthzPort",
+        || DEFAULT_HEALTHZ_PORT,
+    );
+    let (healthz_bind_address, _) = pick(
+        flags.healthz_bind_address,
+        "--healthz-bind-address",
+        file_ip(f.healthz_bind_address.as_deref(), "healthzBindAddress")?,
+        "healthzBindAddress",
+        || IpAddr::from([127, 0, 0, 1]),
+    );
+    Ok(Ports {
+        address,
+        port,
+        read_only_port,
+        healthz_port,
+        healthz_bind_address,
+    })
+}
+
 /// Merges the node API's flags over the file over the defaults. `resolve` makes a path of
 /// the file absolute (relative to the file's directory).
 pub(super) fn server_settings(
@@ -260,72 +332,151 @@ pub(super) fn server_settings(
     resolve: &dyn Fn(&str) -> PathBuf,
 ) -> Result<ServerSettings, ConfigError> {
     let d = ServerSettings::default();
-    let path = |flag: &Option<PathBuf>, file: &Option<String>| -> Option<PathBuf> {
-        flag.clone()
-            .or_else(|| file.as_deref().filter(|s| !s.is_empty()).map(resolve))
-    };
-    let cert = path(&flags.tls_cert_file, &f.tls_cert_file);
-    let key = path(&flags.tls_private_key_file, &f.tls_private_key_file);
-    let tls_files = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(invalid(
-                "tlsPrivateKeyFile",
-                "must be given together with tlsCertFile",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(invalid(
-                "tlsCertFile",
-                "must be given together with tlsPrivateKeyFile",
-            ));
-        }
-    };
+    let tls_files = tls_files(flags, f, resolve)?;
     let authn = f.authentication.clone().unwrap_or_default();
     let authz = f.authorization.clone().unwrap_or_default();
     let x509 = authn.x509.unwrap_or_default();
     let webhook = authn.webhook.unwrap_or_default();
     let anonymous = authn.anonymous.unwrap_or_default();
     let authz_webhook = authz.webhook.unwrap_or_default();
-    let mode_text = flags.authorization_mode.clone().or(authz.mode);
-    let authorization_mode = match mode_text.as_deref() {
-        None => d.authorization_mode,
-        Some("AlwaysAllow") => AuthorizationMode::AlwaysAllow,
-        Some("Webhook") => AuthorizationMode::Webhook,
-        Some(other) => {
-            return Err(invalid(
-                if flags.authorization_mode.is_some() {
-                    "--authorization-mode"
-                } else {
-                    "authorization.mode"
-                },
-                format!("{other:?} is not an authorization mode (use AlwaysAllow or Webhook)"),
-            ));
-        }
+    let authorization_mode = authorization_mode(flags, authz.mode)?;
+    let tls_min_version = tls_min_version(flags, f)?;
+    let tls_cipher_suites = tls_cipher_suites(flags, f)?;
+    let settings = ServerSettings {
+        tls_min_version,
+        tls_cipher_suites,
+        enable_server: flags.enable_server.or(f.enable_server).unwrap_or(true),
+        tls_files,
+        server_tls_bootstrap: flags
+            .rotate_server_certificates
+            .or(f.server_tls_bootstrap)
+            .unwrap_or(false),
+        client_ca_file: path(&flags.client_ca_file, &x509.client_ca_file, resolve),
+        anonymous_enabled: flags
+            .anonymous_auth
+            .or(anonymous.enabled)
+            .unwrap_or(d.anonymous_enabled),
+        token_webhook_enabled: flags
+            .authentication_token_webhook
+            .or(webhook.enabled)
+            .unwrap_or(d.token_webhook_enabled),
+        token_cache_ttl: duration(
+            flags.authentication_token_webhook_cache_ttl,
+            webhook.cache_ttl.as_deref(),
+            "authentication.webhook.cacheTTL",
+            d.token_cache_ttl,
+        )?,
+        authorization_mode,
+        authorized_ttl: duration(
+            flags.authorization_webhook_cache_authorized_ttl,
+            authz_webhook.cache_authorized_ttl.as_deref(),
+            "authorization.webhook.cacheAuthorizedTTL",
+            d.authorized_ttl,
+        )?,
+        unauthorized_ttl: duration(
+            flags.authorization_webhook_cache_unauthorized_ttl,
+            authz_webhook.cache_unauthorized_ttl.as_deref(),
+            "authorization.webhook.cacheUnauthorizedTTL",
+            d.unauthorized_ttl,
+        )?,
     };
-    let from_flag = |flag: bool, f: &'static str, file: &'static str| if flag { f } else { file };
-    let tls_min_version = match flags
+    Ok(settings)
+}
+
+/// A path from the flag, else from the file (made absolute by `resolve`; empty means none).
+fn path(
+    flag: &Option<PathBuf>,
+    file: &Option<String>,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> Option<PathBuf> {
+    flag.clone()
+        .or_else(|| file.as_deref().filter(|s| !s.is_empty()).map(resolve))
+}
+
+/// The name of the flag when it was given, else the file's field.
+fn from_flag(given: bool, flag: &'static str, file: &'static str) -> &'static str {
+    if given { flag } else { file }
+}
+
+/// `tlsCertFile` and `tlsPrivateKeyFile`: both or neither (neither: a self-signed pair).
+fn tls_files(
+    flags: &ServerFlags,
+    f: &KubeletConfigurationFile,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
+    let cert = path(&flags.tls_cert_file, &f.tls_cert_file, resolve);
+    let key = path(
+        &flags.tls_private_key_file,
+        &f.tls_private_key_file,
+        resolve,
+    );
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(invalid(
+            "tlsPrivateKeyFile",
+            "must be given together with tlsCertFile",
+        )),
+        (None, Some(_)) => Err(invalid(
+            "tlsCertFile",
+            "must be given together with tlsPrivateKeyFile",
+        )),
+    }
+}
+
+/// `--authorization-mode` or `authorization.mode`: upstream's two, AlwaysAllow and Webhook.
+fn authorization_mode(
+    flags: &ServerFlags,
+    file_mode: Option<String>,
+) -> Result<AuthorizationMode, ConfigError> {
+    let mode_text = flags.authorization_mode.clone().or(file_mode);
+    match mode_text.as_deref() {
+        None => Ok(ServerSettings::default().authorization_mode),
+        Some("AlwaysAllow") => Ok(AuthorizationMode::AlwaysAllow),
+        Some("Webhook") => Ok(AuthorizationMode::Webhook),
+        Some(other) => Err(invalid(
+            from_flag(
+                flags.authorization_mode.is_some(),
+                "--authorization-mode",
+                "authorization.mode",
+            ),
+            format!("{other:?} is not an authorization mode (use AlwaysAllow or Webhook)"),
+        )),
+    }
+}
+
+/// `tlsMinVersion`: 1.2 or 1.3, the versions rustls has.
+fn tls_min_version(
+    flags: &ServerFlags,
+    f: &KubeletConfigurationFile,
+) -> Result<TlsMinVersion, ConfigError> {
+    match flags
         .tls_min_version
         .clone()
         .or_else(|| f.tls_min_version.clone())
         .as_deref()
     {
-        None | Some("") | Some("VersionTLS12") => TlsMinVersion::Tls12,
-        Some("VersionTLS13") => TlsMinVersion::Tls13,
-        Some(other) => {
-            return Err(invalid(
-                from_flag(
-                    flags.tls_min_version.is_some(),
-                    "--tls-min-version",
-                    "tlsMinVersion",
-                ),
-                format!(
-                    "{other:?} is not supported (use VersionTLS12 or VersionTLS13; older versions are not offered)"
-                ),
-            ));
-        }
-    };
+        None | Some("") | Some("VersionTLS12") => Ok(TlsMinVersion::Tls12),
+        Some("VersionTLS13") => Ok(TlsMinVersion::Tls13),
+        Some(other) => Err(invalid(
+            from_flag(
+                flags.tls_min_version.is_some(),
+                "--tls-min-version",
+                "tlsMinVersion",
+            ),
+            format!(
+                "{other:?} is not supported (use VersionTLS12 or VersionTLS13; older versions are not offered)"
+            ),
+        )),
+    }
+}
+
+/// `tlsCipherSuites`: Go's names mapped to rustls' (each once, in the order given); a suite
+/// Deckhand does not offer is refused, not dropped.
+fn tls_cipher_suites(
+    flags: &ServerFlags,
+    f: &KubeletConfigurationFile,
+) -> Result<Vec<String>, ConfigError> {
     let suites_field = from_flag(
         flags.tls_cipher_suites.is_some(),
         "--tls-cipher-suites",
@@ -358,45 +509,7 @@ pub(super) fn server_settings(
             }
         }
     }
-    let settings = ServerSettings {
-        tls_min_version,
-        tls_cipher_suites,
-        enable_server: flags.enable_server.or(f.enable_server).unwrap_or(true),
-        tls_files,
-        server_tls_bootstrap: flags
-            .rotate_server_certificates
-            .or(f.server_tls_bootstrap)
-            .unwrap_or(false),
-        client_ca_file: path(&flags.client_ca_file, &x509.client_ca_file),
-        anonymous_enabled: flags
-            .anonymous_auth
-            .or(anonymous.enabled)
-            .unwrap_or(d.anonymous_enabled),
-        token_webhook_enabled: flags
-            .authentication_token_webhook
-            .or(webhook.enabled)
-            .unwrap_or(d.token_webhook_enabled),
-        token_cache_ttl: duration(
-            flags.authentication_token_webhook_cache_ttl,
-            webhook.cache_ttl.as_deref(),
-            "authentication.webhook.cacheTTL",
-            d.token_cache_ttl,
-        )?,
-        authorization_mode,
-        authorized_ttl: duration(
-            flags.authorization_webhook_cache_authorized_ttl,
-            authz_webhook.cache_authorized_ttl.as_deref(),
-            "authorization.webhook.cacheAuthorizedTTL",
-            d.authorized_ttl,
-        )?,
-        unauthorized_ttl: duration(
-            flags.authorization_webhook_cache_unauthorized_ttl,
-            authz_webhook.cache_unauthorized_ttl.as_deref(),
-            "authorization.webhook.cacheUnauthorizedTTL",
-            d.unauthorized_ttl,
-        )?,
-    };
-    Ok(settings)
+    Ok(tls_cipher_suites)
 }
 
 impl ServerSettings {
