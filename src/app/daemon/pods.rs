@@ -197,7 +197,7 @@ fn executor(
         agent.cri.clone(),
         node.clone(),
         details,
-        agent.tuning.backoff.clone(),
+        agent.tuning.backoff,
         agent.events.clone(),
     )
     .with_container_settings(facts.container_settings.clone())
