@@ -328,10 +328,10 @@ async fn each_qos_class_gets_upstreams_cgroup_files_and_loses_them_with_the_pod(
         .log()
         .lines()
         .filter(|l| l.contains("pod cgroup created"))
-        .filter_map(|l| l.split("elapsed_us=").nth(1))
+        .filter_map(|l| l.split("elapsed_ms=").nth(1))
         .map(|v| v.split_whitespace().next().unwrap_or_default().to_string())
         .collect();
-    eprintln!("pod cgroup setup (µs): {took:?}");
+    eprintln!("pod cgroup setup (ms): {took:?}");
 
     for file in ["g.yaml", "b.yaml", "e.yaml"] {
         agent.remove_manifest(file);

@@ -313,7 +313,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if ensured == crate::kubelet::cm::Ensured::Created {
             tracing::debug!(
                 pod_uid = %uid,
-                elapsed_us = started.elapsed().as_micros() as u64,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "pod cgroup created"
             );
         }
@@ -557,7 +557,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let mut observed = self.read_for_sync(uid, state).await?;
         let behind = self.apply_heard(&mut observed);
         tracing::trace!(
-            took_us = read_started.elapsed().as_micros() as u64,
+            elapsed_ms = read_started.elapsed().as_secs_f64() * 1000.0,
             "pod read"
         );
         Ok((observed, behind))
@@ -613,7 +613,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
             tracing::debug!(
                 step,
-                took_us = acted.elapsed().as_micros() as u64,
+                elapsed_ms = acted.elapsed().as_secs_f64() * 1000.0,
                 "step carried out"
             );
             // What the runtime shows now may already call for the next step: the pure
