@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use deckhand::source::defaults::ManifestOrigin;
-use deckhand::source::{NodeSecurity, load_static_pods};
-use deckhand::source::validate::{dns1123_label_problem, uid_problem};
+use deckhand::kubelet::source::defaults::ManifestOrigin;
+use deckhand::kubelet::source::{NodeSecurity, load_static_pods};
+use deckhand::kubelet::source::validate::{dns1123_label_problem, uid_problem};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! debug assertions on), and the checked and saturating conversions must agree.
 #![no_main]
 
-use deckhand::k8s::quantity;
+use deckhand::base::podspec::quantity;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
