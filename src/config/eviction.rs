@@ -92,12 +92,12 @@ pub(super) fn eviction_settings(
     let d = EvictionSettings::default();
     let soft = match (&flags.eviction_soft, &f.eviction_soft) {
         (Some(text), _) => threshold::parse_flag(text)
-            .map_err(|why| ConfigError::invalid("--eviction-soft", why))?,
+            .map_err(|why| ConfigError::invalid("--eviction-soft", why.to_string()))?,
         (None, Some(map)) => {
             let mut out = BTreeMap::new();
             for (signal, value) in map {
                 let t = threshold::parse_signal_value(signal, value)
-                    .map_err(|why| ConfigError::invalid(format!("evictionSoft.{signal}"), why))?;
+                    .map_err(|why| ConfigError::invalid(format!("evictionSoft.{signal}"), why.to_string()))?;
                 out.insert(signal.clone(), t);
             }
             out
@@ -135,7 +135,7 @@ pub(super) fn eviction_settings(
     let mut minimum_reclaim = BTreeMap::new();
     for (signal, value) in reclaim_pairs {
         let t = threshold::parse_signal_value(&signal, &value)
-            .map_err(|why| ConfigError::invalid(origin, why))?;
+            .map_err(|why| ConfigError::invalid(origin, why.to_string()))?;
         if matches!(t, Threshold::Percent(p) if p <= 0.0) {
             return Err(ConfigError::invalid(
                 origin,

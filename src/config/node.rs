@@ -348,12 +348,12 @@ pub(super) fn reservations(
     )?;
     let eviction_hard = match (&flags.eviction_hard, &f.eviction_hard) {
         (Some(text), _) => threshold::parse_flag(text)
-            .map_err(|why| ConfigError::invalid("--eviction-hard", why))?,
+            .map_err(|why| ConfigError::invalid("--eviction-hard", why.to_string()))?,
         (None, Some(map)) => {
             let mut out = BTreeMap::new();
             for (signal, value) in map {
                 let t = threshold::parse_signal_value(signal, value)
-                    .map_err(|why| ConfigError::invalid(format!("evictionHard.{signal}"), why))?;
+                    .map_err(|why| ConfigError::invalid(format!("evictionHard.{signal}"), why.to_string()))?;
                 out.insert(signal.clone(), t);
             }
             out

@@ -71,12 +71,6 @@ pub enum ThresholdError {
 
 /// The message as text, for the configuration's errors (`ConfigError::invalid` takes a
 /// `String`; its callers in `config` can move to `.to_string()` and this can go).
-impl From<ThresholdError> for String {
-    fn from(e: ThresholdError) -> String {
-        e.to_string()
-    }
-}
-
 /// One `signal: value` entry of the config file's map.
 pub fn parse_signal_value(signal: &str, value: &str) -> Result<Threshold, ThresholdError> {
     if !SIGNALS.contains(&signal) {
