@@ -352,8 +352,9 @@ pub(super) fn reservations(
         (None, Some(map)) => {
             let mut out = BTreeMap::new();
             for (signal, value) in map {
-                let t = threshold::parse_signal_value(signal, value)
-                    .map_err(|why| ConfigError::invalid(format!("evictionHard.{signal}"), why.to_string()))?;
+                let t = threshold::parse_signal_value(signal, value).map_err(|why| {
+                    ConfigError::invalid(format!("evictionHard.{signal}"), why.to_string())
+                })?;
                 out.insert(signal.clone(), t);
             }
             out
