@@ -11,12 +11,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
+use thiserror::Error;
 
 use super::ConfigError;
 use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
 use super::validate::{check_dns_subdomain, pick};
+use crate::base::podspec::labels::LabelError;
 use crate::base::podspec::quantity::{self, Quantity};
 use crate::base::podspec::threshold::{self, Threshold};
 
@@ -245,7 +247,8 @@ fn node_labels(flags: &Flags) -> Result<BTreeMap<String, String>, ConfigError> {
     for (k, v) in pairs {
         labels.insert(k.clone(), v.clone());
     }
-    check_node_labels(&labels).map_err(|why| ConfigError::invalid("--node-labels", why))?;
+    check_node_labels(&labels)
+        .map_err(|why| ConfigError::invalid("--node-labels", why.to_string()))?;
     Ok(labels)
 }
 
@@ -259,8 +262,9 @@ fn register_with_taints(
         (Some(taints), _) => Ok(taints.clone()),
         (None, Some(taints)) => {
             for (i, t) in taints.iter().enumerate() {
-                check_taint(t)
-                    .map_err(|why| ConfigError::invalid(format!("registerWithTaints[{i}]"), why))?;
+                check_taint(t).map_err(|why| {
+                    ConfigError::invalid(format!("registerWithTaints[{i}]"), why.to_string())
+                })?;
             }
             Ok(taints.clone())
         }
@@ -425,13 +429,22 @@ const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kuber
 
 /// Upstream refuses `--node-labels` in the `kubernetes.io`/`k8s.io` namespaces that a node may
 /// not set on itself, at start, rather than letting registration fail later.
-fn check_node_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
+fn check_node_labels(labels: &BTreeMap<String, String>) -> Result<(), NodeFlagError> {
     let mut refused = Vec::new();
     for (key, value) in labels {
-        crate::base::podspec::labels::check_label_key(key)
-            .map_err(|why| format!("label {key:?}: {why}"))?;
-        crate::base::podspec::labels::check_label_value(value)
-            .map_err(|why| format!("label {key}={value:?}: {why}"))?;
+        crate::base::podspec::labels::check_label_key(key).map_err(|why| {
+            NodeFlagError::LabelKey {
+                key: key.clone(),
+                why,
+            }
+        })?;
+        crate::base::podspec::labels::check_label_value(value).map_err(|why| {
+            NodeFlagError::LabelValue {
+                key: key.clone(),
+                value: value.clone(),
+                why,
+            }
+        })?;
         let namespace = key.split_once('/').map(|(ns, _)| ns).unwrap_or("");
         let in_reserved = namespace == "kubernetes.io"
             || namespace.ends_with(".kubernetes.io")
@@ -448,19 +461,54 @@ fn check_node_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
     if refused.is_empty() {
         return Ok(());
     }
-    Err(format!(
+    Err(NodeFlagError::ReservedLabels(refused))
+}
+
+/// Why a node flag (`--node-labels`, `--register-with-taints`, `key=value` lists) is refused.
+/// The texts are what an operator sees at start.
+#[derive(Debug, Error)]
+pub enum NodeFlagError {
+    #[error("{0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("{0:?} has an empty key")]
+    EmptyKey(String),
+    #[error("{0:?} is not key=value:Effect")]
+    NotTaint(String),
+    #[error("{text:?}: {why}")]
+    BadTaint { text: String, why: TaintError },
+    #[error("label {key:?}: {why}")]
+    LabelKey { key: String, why: LabelError },
+    #[error("label {key}={value:?}: {why}")]
+    LabelValue {
+        key: String,
+        value: String,
+        why: LabelError,
+    },
+    #[error(
         "unknown 'kubernetes.io' or 'k8s.io' labels: {}; labels in those namespaces must begin with an allowed prefix ({}) or be one of: {}",
-        refused.join(", "),
+        .0.join(", "),
         KUBELET_LABEL_NAMESPACES.join(", "),
         KUBELET_LABELS.join(", ")
-    ))
+    )]
+    ReservedLabels(Vec<String>),
+}
+
+/// Which part of a taint is wrong.
+#[derive(Debug, Error)]
+pub enum TaintError {
+    #[error("key: {0}")]
+    Key(LabelError),
+    #[error("value: {0}")]
+    Value(LabelError),
+    #[error("effect {0:?} is not NoSchedule, PreferNoSchedule or NoExecute")]
+    Effect(String),
 }
 
 /// A taint as `--register-with-taints` writes it: `key=value:Effect` or `key:Effect`.
-pub fn parse_taint(text: &str) -> Result<Taint, String> {
+pub fn parse_taint(text: &str) -> Result<Taint, NodeFlagError> {
     let (key_value, effect) = text
         .rsplit_once(':')
-        .ok_or_else(|| format!("{text:?} is not key=value:Effect"))?;
+        .ok_or_else(|| NodeFlagError::NotTaint(text.to_string()))?;
     let (key, value) = match key_value.split_once('=') {
         Some((k, v)) => (k, Some(v.to_string())),
         None => (key_value, None),
@@ -471,31 +519,31 @@ pub fn parse_taint(text: &str) -> Result<Taint, String> {
         effect: effect.to_string(),
         time_added: None,
     };
-    check_taint(&taint).map_err(|why| format!("{text:?}: {why}"))?;
+    check_taint(&taint).map_err(|why| NodeFlagError::BadTaint {
+        text: text.to_string(),
+        why,
+    })?;
     Ok(taint)
 }
 
-fn check_taint(t: &Taint) -> Result<(), String> {
-    crate::base::podspec::labels::check_label_key(&t.key).map_err(|why| format!("key: {why}"))?;
+fn check_taint(t: &Taint) -> Result<(), TaintError> {
+    crate::base::podspec::labels::check_label_key(&t.key).map_err(TaintError::Key)?;
     if let Some(v) = &t.value {
-        crate::base::podspec::labels::check_label_value(v)
-            .map_err(|why| format!("value: {why}"))?;
+        crate::base::podspec::labels::check_label_value(v).map_err(TaintError::Value)?;
     }
     match t.effect.as_str() {
         "NoSchedule" | "PreferNoSchedule" | "NoExecute" => Ok(()),
-        other => Err(format!(
-            "effect {other:?} is not NoSchedule, PreferNoSchedule or NoExecute"
-        )),
+        other => Err(TaintError::Effect(other.to_string())),
     }
 }
 
 /// `key=value` for `--node-labels`, `--kube-reserved` and `--system-reserved`.
-pub fn parse_key_value(item: &str) -> Result<(String, String), String> {
+pub fn parse_key_value(item: &str) -> Result<(String, String), NodeFlagError> {
     let (k, v) = item
         .split_once('=')
-        .ok_or_else(|| format!("{item:?} is not key=value"))?;
+        .ok_or_else(|| NodeFlagError::NotKeyValue(item.to_string()))?;
     if k.trim().is_empty() {
-        return Err(format!("{item:?} has an empty key"));
+        return Err(NodeFlagError::EmptyKey(item.to_string()));
     }
     Ok((k.trim().to_string(), v.trim().to_string()))
 }

@@ -292,24 +292,19 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
     /// Makes sure the pod's cgroup exists before anything of it starts (upstream: before the
     /// sandbox, volumes included); a pod that will not run again stops counting for the QoS
-    /// tiers. `Err` carries the message for the pod's event.
-    async fn ensure_pod_cgroup(&self, pod: &Pod, terminal: bool) -> Result<(), String> {
+    /// tiers. `Err`'s text is the message for the pod's event.
+    async fn ensure_pod_cgroup(&self, pod: &Pod, terminal: bool) -> Result<(), PodCgroupError> {
         let Some(cgroups) = self.cgroups.clone() else {
             return Ok(());
         };
         let uid = pod_uid(pod).to_string();
         if terminal {
-            tokio::task::spawn_blocking(move || cgroups.pod_stopped(&uid))
-                .await
-                .map_err(|e| e.to_string())?;
+            tokio::task::spawn_blocking(move || cgroups.pod_stopped(&uid)).await?;
             return Ok(());
         }
         let owned = pod.clone();
         let started = std::time::Instant::now();
-        let ensured = tokio::task::spawn_blocking(move || cgroups.ensure_pod(&owned))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let ensured = tokio::task::spawn_blocking(move || cgroups.ensure_pod(&owned)).await??;
         if ensured == crate::kubelet::cm::Ensured::Created {
             tracing::debug!(
                 pod_uid = %uid,
@@ -583,9 +578,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
             self.note_backoff_waits(pod, &at.decision, state);
             if step == 1
-                && let Err(message) = self.ensure_pod_cgroup(pod, at.decision.terminal).await
+                && let Err(err) = self.ensure_pod_cgroup(pod, at.decision.terminal).await
             {
-                return Err(self.cgroup_failed(pod, &message, state, at.observed));
+                return Err(self.cgroup_failed(pod, &err.to_string(), state, at.observed));
             }
             let acted = std::time::Instant::now();
             let mut made = Made::default();
@@ -818,6 +813,16 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         self.start(pod, observed, decision, state, made).await
     }
+}
+
+/// Why the pod's cgroup could not be made or released: the blocking task failed, or the
+/// cgroup manager refused. Only its text travels on, into the pod's event and log line.
+#[derive(Debug, thiserror::Error)]
+enum PodCgroupError {
+    #[error("{0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Cgroup(#[from] crate::kubelet::cm::CgroupError),
 }
 
 #[cfg(test)]
