@@ -51,24 +51,8 @@ fn functions_of(file: &SourceFile) -> Vec<Function> {
 /// The offset of the `}` that closes the body of the function starting at `text[0]`, or
 /// `None` for a declaration without a body (`fn f();` in a trait).
 fn body_end(text: &str) -> Option<usize> {
-    let open = text.find(['{', ';'])?;
-    if text.as_bytes()[open] == b';' {
-        return None;
-    }
-    let mut depth = 0usize;
-    for (i, c) in text[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(open + i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    let len = shape::item_len(text);
+    text[..len].ends_with('}').then(|| len - 1)
 }
 
 fn all_functions() -> Vec<Function> {

@@ -152,7 +152,7 @@ fn expand(text: &str, base: &[String]) -> Vec<Vec<String>> {
     loop {
         rest = rest.trim_start();
         if rest.starts_with('{') {
-            let inner = &rest[1..group_end(rest)];
+            let inner = &rest[1..shape::end_of_group(rest, '{', '}')];
             return split_top_level(inner)
                 .into_iter()
                 .flat_map(|item| expand(item, &path))
@@ -171,24 +171,6 @@ fn expand(text: &str, base: &[String]) -> Vec<Vec<String>> {
             None => return vec![path],
         }
     }
-}
-
-/// The offset of the `}` that closes the group opened at `text[0]`.
-fn group_end(text: &str) -> usize {
-    let mut depth = 0;
-    for (i, c) in text.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return i;
-                }
-            }
-            _ => {}
-        }
-    }
-    text.len()
 }
 
 fn split_top_level(inner: &str) -> Vec<&str> {

@@ -150,7 +150,7 @@ fn split_attributes(rest: &str) -> (usize, &str) {
 }
 
 /// The offset of the bracket that closes the group opened at `text[0]`.
-fn end_of_group(text: &str, open: char, close: char) -> usize {
+pub fn end_of_group(text: &str, open: char, close: char) -> usize {
     let mut depth = 0;
     for (i, c) in text.char_indices() {
         if c == open {
@@ -182,7 +182,7 @@ pub fn blank_test_items(code: &str) -> String {
 }
 
 /// The length of the next item in `text` (attributes included): to its `;` or its block's `}`.
-fn item_len(text: &str) -> usize {
+pub fn item_len(text: &str) -> usize {
     let mut depth = 0usize;
     for (i, c) in text.char_indices() {
         match c {
