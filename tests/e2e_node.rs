@@ -416,3 +416,49 @@ async fn a_wrong_ca_or_a_refused_token_is_logged_once_and_retried() {
         assert!(get_node(&admin().await, node).await.is_none());
     }
 }
+
+/// Fault injection (`DECKHAND_TEST_PANIC_TASK`): the task that registers the Node and renews
+/// its Lease panics once. The supervisor catches it, says so in `/healthz` and `/metrics`, and
+/// starts it again after a second: the Node registers and the Lease is renewed as usual.
+#[tokio::test]
+async fn a_panicking_node_status_task_is_restarted_and_named_in_healthz() {
+    let client = admin().await;
+    let (mut agent, _cleanup) = joined_agent("dn-task-panic");
+    agent
+        .env
+        .push(("DECKHAND_TEST_PANIC_TASK".into(), "node-status".into()));
+    agent.start();
+    let healthz = format!("http://127.0.0.1:{}/healthz?verbose", agent.healthz_port);
+    let failing = wait_until("/healthz to name the task that panicked", WAIT, || async {
+        let (code, body) = http_get(&healthz).await.ok()?;
+        (code == 500 && body.contains("[-]tasks failed: node-status panicked 1 time"))
+            .then_some(body)
+    })
+    .await;
+    assert!(failing.contains("[+]syncloop ok"), "{failing}");
+    let metrics = format!("http://127.0.0.1:{}/metrics", agent.read_only_port);
+    let (_, body) = http_get(&metrics).await.expect("/metrics answers");
+    assert!(
+        body.contains("deckhand_task_panics_total{task=\"node-status\"} 1\n"),
+        "{body}"
+    );
+    assert!(
+        agent.log().contains("a background task panicked"),
+        "the panic is logged"
+    );
+    wait_node_ready(&client, "dn-task-panic", &agent).await;
+    let first = wait_until("the node Lease", WAIT, || async {
+        get_lease(&client, "dn-task-panic").await?.spec?.renew_time
+    })
+    .await
+    .0;
+    wait_until("the Lease renewed", Duration::from_secs(15), || async {
+        let renewed = get_lease(&client, "dn-task-panic")
+            .await?
+            .spec?
+            .renew_time?
+            .0;
+        (renewed > first).then_some(())
+    })
+    .await;
+}

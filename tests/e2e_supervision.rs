@@ -128,3 +128,44 @@ spec:
     .await;
     drop(registry);
 }
+
+/// Fault injection (`DECKHAND_TEST_PANIC_TASK`): the PLEG's task panics once. The supervisor
+/// catches it, names it in `/healthz` and counts it on `/metrics`, and starts it again: pods
+/// start and the PLEG relists as before.
+#[tokio::test]
+async fn a_panicking_background_task_is_restarted_counted_and_named() {
+    let mut agent = Agent::new("e2e-supervise-task");
+    agent
+        .env
+        .push(("DECKHAND_TEST_PANIC_TASK".into(), "pleg".into()));
+    agent.write_manifest("calm.yaml", &sleeping_pod("calm"));
+    agent.start();
+    let healthz = format!("http://127.0.0.1:{}/healthz?verbose", agent.healthz_port);
+    let failing = wait_until("/healthz to name the task that panicked", WAIT, || async {
+        let (code, body) = http_get(&healthz).await.ok()?;
+        (code == 500 && body.contains("[-]tasks failed: pleg panicked 1 time")).then_some(body)
+    })
+    .await;
+    assert!(failing.contains("[+]syncloop ok"), "{failing}");
+    wait_until("calm running", WAIT, || async {
+        let pod = agent.pod("calm").await?;
+        running(&pod).then_some(())
+    })
+    .await;
+    let metrics = format!("http://127.0.0.1:{}/metrics", agent.read_only_port);
+    let (_, body) = http_get(&metrics).await.expect("/metrics answers");
+    assert!(
+        body.contains("deckhand_task_panics_total{task=\"pleg\"} 1\n"),
+        "{body}"
+    );
+    // Restarted: the PLEG relists again (its check passes with a note on its mode).
+    wait_until("the restarted PLEG to relist", WAIT, || async {
+        let (_, body) = http_get(&healthz).await.ok()?;
+        body.contains("[+]pleg ok").then_some(())
+    })
+    .await;
+    assert!(
+        agent.log().contains("a background task panicked"),
+        "the panic is logged"
+    );
+}

@@ -37,6 +37,7 @@ const LAYERS: &[Layer] = &[
                 "yaml",
             ],
             &["cri_labels", "metrics"],
+            &["supervisor"],
         ],
     },
     Layer {

@@ -1,7 +1,7 @@
 //! Layer 0: helpers that every other layer needs and that need nothing of Deckhand's own
 //! beyond this layer: what a pod's spec means, the names and labels Deckhand writes, bounded
-//! YAML, the runtime's view of a pod, the queue of pods to look at again, named health checks
-//! and the metric families.
+//! YAML, the runtime's view of a pod, the queue of pods to look at again, named health checks,
+//! the metric families and the supervisor of background tasks.
 
 pub mod cri_labels;
 pub mod health;
@@ -11,4 +11,5 @@ pub mod observed;
 pub mod podspec;
 pub mod resync_queue;
 pub mod safe_names;
+pub mod supervisor;
 pub mod yaml;

@@ -23,6 +23,7 @@ use tracing::Instrument;
 
 use crate::base::observed::ObservedPod;
 use crate::base::podspec::full_name;
+use crate::base::supervisor::panic_message;
 use crate::clients::cri::{ImageService, RuntimeService};
 use crate::kubelet::pleg::RuntimeCache;
 use crate::kubelet::pod_status::published::PodStates;
@@ -179,17 +180,6 @@ impl WorkerStats {
 pub fn panic_backoff(n: u32) -> Duration {
     let secs = 1u64 << n.saturating_sub(1).min(6);
     Duration::from_secs(secs.min(60))
-}
-
-/// The text of a panic's payload.
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-text payload".to_string()
-    }
 }
 
 /// Waits until the newest work for the pod is one that `wanted` picks. The sync in progress

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::plan::ClusterPlan;
 use super::{Agent, DaemonError, HEARTBEAT_TIMEOUT, Tuning, WATCH_READ_TIMEOUT};
+use crate::base::supervisor::Supervisor;
 use crate::clients::apiserver::{self, ClientOptions, ConnectError};
 use crate::config::Config;
 use crate::kubelet::certificate::{self, CertSlot, FileStore};
@@ -28,7 +28,12 @@ pub(super) struct ApiClients {
     pub watch: kube::Client,
     /// Events, at `eventRecordQPS`.
     pub events: kube::Client,
+    /// With `rotateCertificates` and a current certificate: the rotation loop, started with
+    /// the other supervised tasks.
+    pub rotation: Option<Rotation>,
 }
+
+type Rotation = certificate::manager::Rotation<certificate::csr::KubeCsrApi>;
 
 /// Connects the three clients. With `--bootstrap-kubeconfig`, a missing or unusable
 /// kubeconfig is first replaced by one naming a certificate requested by CSR; with
@@ -70,20 +75,18 @@ pub(super) async fn connect(
         ..options.clone()
     };
     let events = connect_one(path, &events_options, slot.as_ref()).await?;
-    if let Some(slot) = slot {
-        let rotation = certificate::manager::Rotation {
-            api: certificate::csr::KubeCsrApi(heartbeat.clone()),
-            slot,
-            store,
-            node_name: config.node_name.clone(),
-            rotate_after: tuning.cert_rotate_after,
-        };
-        tokio::spawn(rotation.run(cancel.clone()));
-    }
+    let rotation = slot.map(|slot| certificate::manager::Rotation {
+        api: certificate::csr::KubeCsrApi(heartbeat.clone()),
+        slot,
+        store,
+        node_name: config.node_name.clone(),
+        rotate_after: tuning.cert_rotate_after,
+    });
     Ok(ApiClients {
         heartbeat,
         watch,
         events,
+        rotation,
     })
 }
 
@@ -113,26 +116,41 @@ async fn connect_one(
 }
 
 /// The event recorder: events are logged always, and with a kubeconfig also written to the
-/// API server by a sink task (the first task on `tracker`).
+/// API server by a sink task (the first supervised task).
 pub(super) fn events(
     node_name: &str,
     api: Option<&ApiClients>,
-    tracker: &TaskTracker,
+    tasks: &Supervisor,
     cancel: &CancellationToken,
 ) -> Recorder {
     match api {
         Some(api) => {
             let (recorder, queue) = Recorder::to_api(node_name);
-            tracker.spawn(events::sink::run(
-                events::sink::KubeEventSink::new(api.events.clone()),
-                queue,
-                recorder.stats(),
-                cancel.clone(),
-            ));
+            let queue = Arc::new(tokio::sync::Mutex::new(queue));
+            let (client, stats, cancel) = (api.events.clone(), recorder.stats(), cancel.clone());
+            tasks.spawn("event-sink", move || {
+                let sink = events::sink::KubeEventSink::new(client.clone());
+                let (queue, stats, cancel) = (queue.clone(), stats.clone(), cancel.clone());
+                async move {
+                    let mut queue = queue.lock().await;
+                    events::sink::run(sink, &mut queue, stats, cancel).await
+                }
+            });
             recorder
         }
         None => Recorder::log_only(node_name),
     }
+}
+
+/// Starts client certificate rotation, when there is one to do.
+pub(super) fn start_rotation(agent: &Agent) {
+    let Some(rotation) = agent.api.as_ref().and_then(|api| api.rotation.clone()) else {
+        return;
+    };
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("cert-rotation", move || {
+        rotation.clone().run(cancel.clone())
+    });
 }
 
 /// Registers the Node and keeps its status and Lease current; watches the Node, so admission
@@ -147,12 +165,20 @@ pub(super) fn start_membership(
 ) {
     use crate::kubelet::node::{agent as node_agent, api as node_api, watch as node_watch};
     let config = &agent.config;
-    agent.tracker.spawn(node_watch::run(
+    let (client, name, publisher) = (
         api.watch.clone(),
         config.node_name.clone(),
         node_agent::NodePublisher::to(published.clone()),
-        agent.cancel.clone(),
-    ));
+    );
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("node-watch", move || {
+        node_watch::run(
+            client.clone(),
+            name.clone(),
+            publisher.clone(),
+            cancel.clone(),
+        )
+    });
     let snapshots = node_agent::LiveSnapshots {
         cri: agent.cri.clone(),
         health: agent.health.clone(),
@@ -166,17 +192,26 @@ pub(super) fn start_membership(
         pressure: pressure.clone(),
         shutdown: shutdown.clone(),
     };
-    agent.tracker.spawn(node_agent::run(
-        node_api::KubeNodeApi::new(api.heartbeat.clone()),
-        snapshots,
-        node_agent::AgentSettings {
-            node_name: config.node_name.clone(),
-            cluster: config.cluster.clone(),
-            status_update_frequency: config.node_status_update_frequency,
-            published: node_agent::NodePublisher::to(published),
-        },
-        apiserver::ProblemLog::default(),
+    let settings = node_agent::AgentSettings {
+        node_name: config.node_name.clone(),
+        cluster: config.cluster.clone(),
+        status_update_frequency: config.node_status_update_frequency,
+        published: node_agent::NodePublisher::to(published),
+    };
+    let (client, events, cancel) = (
+        api.heartbeat.clone(),
         agent.events.clone(),
         agent.cancel.clone(),
-    ));
+    );
+    // Registration, node status and the Lease: one task, restarted as a whole.
+    agent.tasks.spawn("node-status", move || {
+        node_agent::run(
+            node_api::KubeNodeApi::new(client.clone()),
+            snapshots.clone(),
+            settings.clone(),
+            apiserver::ProblemLog::default(),
+            events.clone(),
+            cancel.clone(),
+        )
+    });
 }

@@ -55,7 +55,7 @@ pub(super) fn start_gc(
                 .log_monitor_interval
                 .unwrap_or(agent.config.gc.container_log_monitor_interval),
         },
-        &agent.tracker,
+        &agent.tasks,
         agent.cancel.clone(),
     );
     image_gc
@@ -123,7 +123,13 @@ pub(super) fn start_eviction(
         let last = last.lock().unwrap_or_else(|e| e.into_inner()).clone();
         serde_json::to_string(&last).unwrap_or_default()
     });
-    agent.tracker.spawn(manager.run(agent.cancel.clone()));
+    // Restarted after a panic with the state it had (its last observations and reclaims).
+    let manager = Arc::new(tokio::sync::Mutex::new(manager));
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("eviction", move || {
+        let (manager, cancel) = (manager.clone(), cancel.clone());
+        async move { manager.lock().await.run(cancel).await }
+    });
     (pressure, evict_rx)
 }
 

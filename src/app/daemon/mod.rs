@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::base::health::Health;
+use crate::base::supervisor::Supervisor;
 use crate::clients::cri::{CriClient, CriError};
 use crate::config::Config;
 use crate::endpoints::read_only::{Metrics, ServeError};
@@ -106,6 +107,8 @@ struct Agent {
     metrics: Metrics,
     /// Every task of the agent but the HTTP servers, so shutdown can wait for them.
     tracker: TaskTracker,
+    /// Starts the background tasks on `tracker` and restarts any that panics.
+    tasks: Supervisor,
     cancel: CancellationToken,
 }
 
@@ -120,7 +123,14 @@ impl Agent {
         cancel: CancellationToken,
     ) -> Agent {
         let tracker = TaskTracker::new();
-        let events = cluster::events(&config.node_name, api.as_ref(), &tracker, &cancel);
+        let health = Health::default();
+        let tasks = Supervisor::new(
+            tracker.clone(),
+            cancel.clone(),
+            &health,
+            tuning.panic_task.clone(),
+        );
+        let events = cluster::events(&config.node_name, api.as_ref(), &tasks, &cancel);
         let agent = Agent {
             config,
             plan,
@@ -128,16 +138,18 @@ impl Agent {
             cri,
             api,
             events,
-            health: Health::default(),
+            health,
             states: PodStates::default(),
             metrics: Metrics::default(),
             tracker,
+            tasks,
             cancel,
         };
         let stats = agent.events.stats();
         agent
             .metrics
             .register("/metrics/events", move || stats.render());
+        cluster::start_rotation(&agent);
         agent
     }
 }
@@ -174,9 +186,10 @@ pub async fn run(
         );
     }
     // Free memory the allocator keeps after bursts goes back to the kernel once a minute.
-    agent
-        .tracker
-        .spawn(crate::app::heap_trim::run(agent.cancel.clone()));
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("heap-trim", move || {
+        crate::app::heap_trim::run(cancel.clone())
+    });
     let pods::PodPipeline {
         workers,
         changes,

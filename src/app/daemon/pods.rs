@@ -99,20 +99,32 @@ fn start_pleg(
     pokes: &Pokes,
 ) -> PlegState {
     let pleg_state = PlegState::default();
-    agent.tracker.spawn(pleg::run(
+    let (cri, details, runtime_cache, pokes, health, state) = (
         agent.cri.clone(),
-        Some(pleg::feed::RuntimeFeed::new(agent.cri.channel())),
         details.clone(),
         runtime_cache.clone(),
         pokes.clone(),
         agent.health.clone(),
         pleg_state.clone(),
-        PlegConfig {
-            node_name: agent.config.node_name.clone(),
-            ..agent.tuning.pleg.clone()
-        },
-        agent.cancel.clone(),
-    ));
+    );
+    let config = PlegConfig {
+        node_name: agent.config.node_name.clone(),
+        ..agent.tuning.pleg.clone()
+    };
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("pleg", move || {
+        pleg::run(
+            cri.clone(),
+            Some(pleg::feed::RuntimeFeed::new(cri.channel())),
+            details.clone(),
+            runtime_cache.clone(),
+            pokes.clone(),
+            health.clone(),
+            state.clone(),
+            config.clone(),
+            cancel.clone(),
+        )
+    });
     pleg_state
 }
 
@@ -133,7 +145,7 @@ fn start_api_pods(agent: &Agent) -> ApiPods {
                 mirrors.clone(),
                 agent.cancel.clone(),
             );
-            agent.tracker.spawn(writer);
+            agent.tasks.spawn("status-writer", writer);
             handle
         });
     ApiPods {
@@ -298,12 +310,20 @@ pub(super) fn start_mirror_pods(
     mirrors: MirrorPods,
     sources_ready: &SourcesReady,
 ) {
-    agent.tracker.spawn(mirrors.run(
-        KubeMirrorApi::new(api.heartbeat.clone()),
+    let (client, node_name, sources_ready, cancel) = (
+        api.heartbeat.clone(),
         agent.config.node_name.clone(),
         sources_ready.clone(),
         agent.cancel.clone(),
-    ));
+    );
+    agent.tasks.spawn("mirror-pods", move || {
+        mirrors.clone().run(
+            KubeMirrorApi::new(client.clone()),
+            node_name.clone(),
+            sources_ready.clone(),
+            cancel.clone(),
+        )
+    });
 }
 
 /// Running pods and containers by state, from the last relist, for `/metrics`.

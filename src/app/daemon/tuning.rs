@@ -16,6 +16,10 @@ pub struct Tuning {
     /// `DECKHAND_TEST_PANIC_POD`: a pod name whose first sync panics (fault injection for the
     /// end-to-end tests of worker supervision; never set in production).
     pub panic_pod: Option<String>,
+    /// `DECKHAND_TEST_PANIC_TASK`: a background task (`node-status`, `event-sink`, ...) whose
+    /// first run panics (fault injection for the end-to-end test of task supervision; never
+    /// set in production).
+    pub panic_task: Option<String>,
     /// `DECKHAND_TEST_CERT_ROTATE_AFTER`: rotate the client certificate this long after each
     /// one is taken into use instead of at 70-90 % of its life (end-to-end tests of rotation,
     /// whose certificates live for a year; never set in production).
@@ -95,6 +99,9 @@ impl Tuning {
             }
         }
         t.panic_pod = std::env::var("DECKHAND_TEST_PANIC_POD")
+            .ok()
+            .filter(|v| !v.is_empty());
+        t.panic_task = std::env::var("DECKHAND_TEST_PANIC_TASK")
             .ok()
             .filter(|v| !v.is_empty());
         Ok(t)

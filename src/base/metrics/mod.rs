@@ -41,6 +41,8 @@ pub struct KubeletMetrics {
     pub image_garbage_collected: Family,
     pub garbage_collected: Family,
     pub log_rotations: Family,
+    /// Deckhand's own: panics caught in supervised background tasks.
+    pub task_panics: Family,
 }
 
 /// The process-wide families.
@@ -132,6 +134,11 @@ pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
         "deckhand_garbage_collected_total",
         "What the container GC removed, by kind (container, sandbox, log_file).",
         &["kind"],
+    ),
+    task_panics: Family::counter(
+        "deckhand_task_panics_total",
+        "Panics caught in the agent's background tasks (Lease and node status, status writer, event sink, eviction, GC, mirror pods, certificate rotation), by task; each is started again after a back-off.",
+        &["task"],
     ),
     log_rotations: Family::counter(
         "deckhand_container_log_rotations_total",
@@ -297,6 +304,7 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
         &k.image_garbage_collected,
         &k.garbage_collected,
         &k.log_rotations,
+        &k.task_panics,
     ] {
         f.render(&mut out);
     }

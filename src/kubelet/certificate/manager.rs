@@ -16,6 +16,7 @@ use super::{CertSlot, FileStore};
 const CSR_WAIT: Duration = Duration::from_secs(5 * 60);
 
 /// What the rotation loop needs.
+#[derive(Clone)]
 pub struct Rotation<A> {
     pub api: A,
     pub slot: CertSlot,

@@ -84,10 +84,11 @@ enum Try {
     Again(Problem),
 }
 
-/// Runs the writer until `cancel` fires or the recorders are gone.
+/// Runs the writer until `cancel` fires or the recorders are gone. The queue is borrowed, so
+/// that a writer started again after a panic takes over the events still queued.
 pub async fn run(
     sink: impl EventSink,
-    mut queue: mpsc::Receiver<Event>,
+    queue: &mut mpsc::Receiver<Event>,
     stats: Arc<EventStats>,
     cancel: CancellationToken,
 ) {
@@ -228,7 +229,8 @@ mod tests {
             );
         }
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(sink.clone(), rx, recorder.stats(), cancel.clone()));
+        let (sink2, stats2, cancel2, mut rx) = (sink.clone(), recorder.stats(), cancel.clone(), rx);
+        let task = tokio::spawn(async move { run(sink2, &mut rx, stats2, cancel2).await });
         let stats = recorder.stats();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
         while stats.written.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed)

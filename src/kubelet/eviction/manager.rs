@@ -143,7 +143,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
 
     /// Runs rounds until `cancel`. After an eviction it waits for the pod's cleanup (at most
     /// [`POD_CLEANUP_TIMEOUT`]) and goes again at once; otherwise every monitoring period.
-    pub async fn run(mut self, cancel: CancellationToken) {
+    pub async fn run(&mut self, cancel: CancellationToken) {
         if self.settings.thresholds.is_empty() {
             tracing::info!("eviction manager: no thresholds configured; not monitoring");
             return;

@@ -900,7 +900,9 @@ mod tests {
         .with_memcg(MemcgNotifier::new(Box::new(fake.clone())));
         let last = manager.last.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
-        let run = tokio::spawn(manager.run(cancel.clone()));
+        let mut manager = manager;
+        let stop = cancel.clone();
+        let run = tokio::spawn(async move { manager.run(stop).await });
         let deadline = Duration::from_secs(5);
         let armed = async {
             loop {

@@ -19,6 +19,7 @@ use super::rotation::{TIMESTAMP_FORMAT, plan_rotation};
 use crate::base::cri_labels;
 use crate::base::cri_labels::managed_selector;
 use crate::base::safe_names::component_problem;
+use crate::base::supervisor::Supervisor;
 use crate::clients::cri::proto::{
     Container, ContainerFilter, ContainerState, ContainerStateValue, PodSandbox, PodSandboxState,
 };
@@ -82,97 +83,129 @@ where
     }
 }
 
-/// Starts the three loops on `tracker`. `images` is the image record the eviction
-/// manager's reclaim shares.
+/// Starts the three loops as supervised tasks (`container-gc`, `image-gc`, `log-rotation`).
+/// `images` is the image record the eviction manager's reclaim shares.
 pub fn spawn<R: RuntimeService + ImageService>(
     ctx: GcContext<R>,
     settings: &GcSettings,
     keep_images: &[String],
     images: SharedImageGc,
     periods: GcPeriods,
-    tracker: &tokio_util::task::TaskTracker,
+    tasks: &Supervisor,
     cancel: CancellationToken,
 ) {
-    {
-        let ctx = ctx.clone();
-        tracker.spawn(every(periods.container_gc, cancel.clone(), move || {
-            let ctx = ctx.clone();
-            async move {
-                let began = Instant::now();
-                match container_gc_pass(&ctx, ContainerGcPolicy::default()).await {
-                    Ok(done) => {
-                        let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
-                        let (containers, sandboxes) = (done.containers.len(), done.sandboxes.len());
-                        if containers + sandboxes > 0 {
-                            tracing::info!(
-                                containers,
-                                sandboxes,
-                                elapsed_ms,
-                                "container GC pass done"
-                            );
-                        } else {
-                            tracing::debug!(
-                                elapsed_ms,
-                                "container GC pass done; nothing to remove"
-                            );
-                        }
-                    }
-                    Err(err) => tracing::warn!(error = %err, "container GC failed"),
-                }
-            }
-        }));
-    }
-    {
-        let ctx = ctx.clone();
-        let policy = ImageGcPolicy {
-            high_threshold_percent: settings.image_gc_high_threshold_percent,
-            low_threshold_percent: settings.image_gc_low_threshold_percent,
-            min_age: settings.image_minimum_gc_age,
-            max_age: settings.image_maximum_gc_age,
-        };
-        let keep: Arc<Vec<String>> = Arc::new(keep_images.to_vec());
-        let cancel = cancel.clone();
-        tracker.spawn(async move {
-            // Record what is there at once; the first pass comes one period later.
-            {
-                let mut state = images.lock().await;
-                match record_images(&ctx.rt, &mut state, &keep).await {
-                    Ok(n) => tracing::debug!(
-                        images = n,
-                        "image GC: recorded the images present at start"
-                    ),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "image GC: cannot list the images at start")
-                    }
-                }
-            }
-            every(periods.image_gc, cancel, move || {
-                let (ctx, state, keep) = (ctx.clone(), images.clone(), keep.clone());
-                async move {
-                    let mut state = state.lock().await;
-                    if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy, &keep).await {
-                        tracing::warn!(error = %err, "image GC failed");
-                    }
-                }
-            })
-            .await
-        });
-    }
+    spawn_container_gc(ctx.clone(), periods.container_gc, tasks, cancel.clone());
+    let policy = ImageGcPolicy {
+        high_threshold_percent: settings.image_gc_high_threshold_percent,
+        low_threshold_percent: settings.image_gc_low_threshold_percent,
+        min_age: settings.image_minimum_gc_age,
+        max_age: settings.image_maximum_gc_age,
+    };
+    let keep: Arc<Vec<String>> = Arc::new(keep_images.to_vec());
+    let image_gc = ImageGcTask {
+        ctx: ctx.clone(),
+        policy,
+        keep,
+        images,
+        period: periods.image_gc,
+    };
+    let image_cancel = cancel.clone();
+    tasks.spawn("image-gc", move || {
+        image_gc.clone().run(image_cancel.clone())
+    });
     let rotation = RotationPolicy {
         max_size: settings.container_log_max_size_bytes,
         max_files: settings.container_log_max_files,
         workers: settings.container_log_max_workers.max(1) as usize,
     };
     let paths = Arc::new(LogPaths::default());
-    tracker.spawn(every(periods.log_monitor, cancel, move || {
+    tasks.spawn("log-rotation", move || {
+        let (ctx, paths) = (ctx.clone(), paths.clone());
+        every(periods.log_monitor, cancel.clone(), move || {
+            let (ctx, paths) = (ctx.clone(), paths.clone());
+            async move {
+                if let Err(err) = rotate_logs_pass(&ctx, rotation, &paths).await {
+                    tracing::warn!(error = %err, "container log rotation failed");
+                }
+            }
+        })
+    });
+}
+
+fn spawn_container_gc<R: RuntimeService + ImageService>(
+    ctx: GcContext<R>,
+    period: Duration,
+    tasks: &Supervisor,
+    cancel: CancellationToken,
+) {
+    tasks.spawn("container-gc", move || {
         let ctx = ctx.clone();
-        let paths = paths.clone();
-        async move {
-            if let Err(err) = rotate_logs_pass(&ctx, rotation, &paths).await {
-                tracing::warn!(error = %err, "container log rotation failed");
+        every(period, cancel.clone(), move || {
+            let ctx = ctx.clone();
+            async move { container_gc_round(&ctx).await }
+        })
+    });
+}
+
+/// One container GC pass, logged.
+async fn container_gc_round<R: RuntimeService + ImageService>(ctx: &GcContext<R>) {
+    let began = Instant::now();
+    match container_gc_pass(ctx, ContainerGcPolicy::default()).await {
+        Ok(done) => {
+            let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
+            let (containers, sandboxes) = (done.containers.len(), done.sandboxes.len());
+            if containers + sandboxes > 0 {
+                tracing::info!(containers, sandboxes, elapsed_ms, "container GC pass done");
+            } else {
+                tracing::debug!(elapsed_ms, "container GC pass done; nothing to remove");
             }
         }
-    }));
+        Err(err) => tracing::warn!(error = %err, "container GC failed"),
+    }
+}
+
+/// The image GC loop's state: what a (re)started loop needs.
+#[derive(Clone)]
+struct ImageGcTask<R> {
+    ctx: GcContext<R>,
+    policy: ImageGcPolicy,
+    keep: Arc<Vec<String>>,
+    images: SharedImageGc,
+    period: Duration,
+}
+
+impl<R: RuntimeService + ImageService> ImageGcTask<R> {
+    /// Records what is there at once; the first pass comes one period later.
+    async fn run(self, cancel: CancellationToken) {
+        let ImageGcTask {
+            ctx,
+            policy,
+            keep,
+            images,
+            period,
+        } = self;
+        {
+            let mut state = images.lock().await;
+            match record_images(&ctx.rt, &mut state, &keep).await {
+                Ok(n) => {
+                    tracing::debug!(images = n, "image GC: recorded the images present at start")
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "image GC: cannot list the images at start")
+                }
+            }
+        }
+        every(period, cancel, move || {
+            let (ctx, state, keep) = (ctx.clone(), images.clone(), keep.clone());
+            async move {
+                let mut state = state.lock().await;
+                if let Err(err) = image_gc_pass(&ctx.rt, &mut state, policy, &keep).await {
+                    tracing::warn!(error = %err, "image GC failed");
+                }
+            }
+        })
+        .await
+    }
 }
 
 // ---- container GC

@@ -18,6 +18,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::allocatable::{allocatable, capacity};
 use super::api::NodeApi;
@@ -160,21 +161,35 @@ pub async fn run<A: NodeApi, S: SnapshotSource>(
     // anew or not); later ones as they change.
     events.conditions(&NodeStatus::default(), node.status.as_ref());
     let rereads = Rereads::default();
-    let lease_task = tokio::spawn(renew_lease(
+    // The Lease renews on its own task (a slow status write never delays it); it ends with
+    // this function, and a panic in it is this function's panic, so that a supervisor that
+    // restarts the node agent never leaves a second renewer behind.
+    let mut lease_task = AbortOnDropHandle::new(tokio::spawn(renew_lease(
         api.clone(),
         node_ref,
         settings.cluster.node_lease_duration_seconds,
         problems.clone(),
         rereads.clone(),
         cancel.clone(),
-    ));
+    )));
     let around = StatusLoopAround {
         problems: &problems,
         rereads: &rereads,
         events: &events,
     };
-    sync_status(&api, &snapshots, &settings, node, &around, &cancel).await;
-    let _ = lease_task.await;
+    let status = sync_status(&api, &snapshots, &settings, node, &around, &cancel);
+    tokio::pin!(status);
+    tokio::select! {
+        () = &mut status => {}
+        ended = &mut lease_task => {
+            if let Err(err) = ended
+                && err.is_panic()
+            {
+                std::panic::resume_unwind(err.into_panic());
+            }
+            status.await;
+        }
+    }
 }
 
 /// Creates the Node (or finds and reconciles it), retrying with back-off. `None` on cancel.
@@ -487,6 +502,7 @@ async fn ensure_lease<A: NodeApi>(
 }
 
 /// The real [`SnapshotSource`]: the machine's files, the runtime over CRI, the agent's health.
+#[derive(Clone)]
 pub struct LiveSnapshots<R> {
     pub cri: R,
     pub health: Health,

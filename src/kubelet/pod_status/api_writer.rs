@@ -22,7 +22,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -97,30 +98,44 @@ pub fn from_api(pod: &Pod) -> bool {
         .is_some_and(|s| s == SOURCE_API)
 }
 
-/// Starts the writer; returns the workers' handle and the task. `view` is the API server
-/// source's view of the node's pods; `mirrors` says where static pods' statuses go.
+/// Makes the writer; returns the workers' handle and the writer's task as a factory: each
+/// call makes a fresh run (nothing written remembered, the queue of requests taken over), so a
+/// supervisor can start it again after a panic. `view` is the API server source's view of the
+/// node's pods; `mirrors` says where static pods' statuses go.
 pub fn start(
     client: kube::Client,
     states: PodStates,
     view: ApiPodsView,
     mirrors: MirrorPods,
     cancel: CancellationToken,
-) -> (StatusSync, impl std::future::Future<Output = ()>) {
+) -> (
+    StatusSync,
+    impl FnMut() -> BoxFuture<'static, ()> + Send + 'static,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let requests = Arc::new(tokio::sync::Mutex::new(rx));
     let changed = Pokes::default();
     let handle = StatusSync {
         changed: changed.clone(),
         requests: tx,
     };
-    let writer = Writer {
-        client,
-        states,
-        view,
-        mirrors,
-        sent: HashMap::new(),
-        problems: ProblemLog::default(),
+    let run = move || {
+        let writer = Writer {
+            client: client.clone(),
+            states: states.clone(),
+            view: view.clone(),
+            mirrors: mirrors.clone(),
+            sent: HashMap::new(),
+            problems: ProblemLog::default(),
+        };
+        let (changed, requests, cancel) = (changed.clone(), requests.clone(), cancel.clone());
+        async move {
+            let mut requests = requests.lock().await;
+            writer.run(changed, &mut requests, cancel).await
+        }
+        .boxed()
     };
-    (handle, writer.run(changed, rx, cancel))
+    (handle, run)
 }
 
 struct Writer {
@@ -166,7 +181,7 @@ impl Writer {
     async fn run(
         mut self,
         changed: Pokes,
-        mut requests: mpsc::UnboundedReceiver<Request>,
+        requests: &mut mpsc::UnboundedReceiver<Request>,
         cancel: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(RECONCILE);
@@ -978,14 +993,14 @@ mod tests {
         let states = PodStates::default();
         let view = ApiPodsView::default();
         let cancel = CancellationToken::new();
-        let (sync, writer) = start(
+        let (sync, mut writer) = start(
             client,
             states.clone(),
             view.clone(),
             MirrorPods::new(view),
             cancel.clone(),
         );
-        let writer = tokio::spawn(writer);
+        let writer = tokio::spawn(writer());
         let phase = |p: &str| PodStatus {
             phase: Some(p.into()),
             ..Default::default()
