@@ -430,7 +430,7 @@ async fn a_panicking_node_status_task_is_restarted_and_named_in_healthz() {
     agent.start();
     let healthz = format!("http://127.0.0.1:{}/healthz?verbose", agent.healthz_port);
     let failing = wait_until("/healthz to name the task that panicked", WAIT, || async {
-        let (code, body) = http_get(&healthz).await.ok()?;
+        let (code, body) = http_get(&healthz).await?;
         (code == 500 && body.contains("[-]tasks failed: node-status panicked 1 time"))
             .then_some(body)
     })

@@ -142,7 +142,7 @@ async fn a_panicking_background_task_is_restarted_counted_and_named() {
     agent.start();
     let healthz = format!("http://127.0.0.1:{}/healthz?verbose", agent.healthz_port);
     let failing = wait_until("/healthz to name the task that panicked", WAIT, || async {
-        let (code, body) = http_get(&healthz).await.ok()?;
+        let (code, body) = http_get(&healthz).await?;
         (code == 500 && body.contains("[-]tasks failed: pleg panicked 1 time")).then_some(body)
     })
     .await;
@@ -160,7 +160,7 @@ async fn a_panicking_background_task_is_restarted_counted_and_named() {
     );
     // Restarted: the PLEG relists again (its check passes with a note on its mode).
     wait_until("the restarted PLEG to relist", WAIT, || async {
-        let (_, body) = http_get(&healthz).await.ok()?;
+        let (_, body) = http_get(&healthz).await?;
         body.contains("[+]pleg ok").then_some(())
     })
     .await;

@@ -571,8 +571,10 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
             .report()
             .results
             .into_iter()
-            // The runtime is judged from its own answer above; "ping" always passes.
-            .filter(|(name, _)| name != "ping" && name != "runtime")
+            // The runtime is judged from its own answer above; "ping" always passes; a
+            // background task that panicked is restarted and says nothing about whether
+            // pods can run (the PLEG's own check covers a PLEG that does not come back).
+            .filter(|(name, _)| !matches!(name.as_str(), "ping" | "runtime" | "tasks"))
             .filter_map(|(name, result)| {
                 let reason = result.err()?.0;
                 Some((
