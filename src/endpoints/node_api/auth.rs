@@ -221,8 +221,8 @@ impl Gate {
                 self.refused_tokens.put(key, (), ttl, now);
                 None
             }
-            // The queue logs when it starts and stops refusing; one line per request
-            // would be the flood's own echo.
+            // The queue reports its refusals once a minute; one line per request would
+            // be the flood's own echo.
             Err(ReviewError::Busy) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "node API: TokenReview failed; the request is not authenticated");

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -249,9 +249,13 @@ struct Lane {
     permits: Semaphore,
     waiting: AtomicUsize,
     refused: std::sync::atomic::AtomicU64,
-    /// Refusing since the last review that got a turn (logged once, and its end once).
-    refusing: AtomicBool,
+    /// When the last warning about refusals was logged, and the count it reported: a flood
+    /// is reported once a minute with its count, not once per request.
+    reported: std::sync::Mutex<(Option<tokio::time::Instant>, u64)>,
 }
+
+/// How often a lane that keeps refusing says so.
+const REFUSAL_REPORT_EVERY: Duration = Duration::from_secs(60);
 
 impl Lane {
     fn new(what: &'static str, limits: QueueLimits) -> Lane {
@@ -261,7 +265,7 @@ impl Lane {
             permits: Semaphore::new(limits.in_flight.max(1)),
             waiting: AtomicUsize::new(0),
             refused: Default::default(),
-            refusing: AtomicBool::new(false),
+            reported: Default::default(),
         }
     }
 
@@ -273,12 +277,6 @@ impl Lane {
             self.refuse();
             return Err(ReviewError::Busy);
         };
-        if self.refusing.swap(false, Ordering::Relaxed) {
-            tracing::info!(
-                reviews = self.what,
-                "node API: reviews are being made again"
-            );
-        }
         match tokio::time::timeout(self.limits.answer, review).await {
             Ok(answer) => answer,
             Err(_) => Err(ReviewError::TimedOut(self.limits.answer)),
@@ -299,14 +297,21 @@ impl Lane {
     }
 
     fn refuse(&self) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        if !self.refusing.swap(true, Ordering::Relaxed) {
+        let total = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = tokio::time::Instant::now();
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let due = reported
+            .0
+            .is_none_or(|at| now.duration_since(at) >= REFUSAL_REPORT_EVERY);
+        if due {
             tracing::warn!(
                 reviews = self.what,
+                refused = total - reported.1,
                 in_flight = self.limits.in_flight,
                 waiting = self.limits.waiting,
-                "node API: too many reviews in progress; requests that need one more are refused until they drain"
+                "node API: too many reviews in progress; requests that need one more are refused (401 for a token, 500 for an authorization)"
             );
+            *reported = (Some(now), total);
         }
     }
 }
