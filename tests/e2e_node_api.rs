@@ -437,3 +437,336 @@ async fn the_serving_certificate_comes_from_an_approved_csr() {
     assert!(current.exists(), "{} is missing", current.display());
     agent.stop();
 }
+
+/// Made-up bearer tokens at the node API from many TLS connections at once, each connection
+/// sending one request at a time (keep-alive, a new connection when one is closed), on a
+/// thread and runtime of its own so the test's own requests never wait behind it.
+struct TokenFlood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counts: std::sync::Arc<FloodCounts>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default, Debug)]
+struct FloodCounts {
+    sent: std::sync::atomic::AtomicU64,
+    unauthorized: std::sync::atomic::AtomicU64,
+    /// 403: let through (as `system:anonymous`) instead of refused.
+    forbidden: std::sync::atomic::AtomicU64,
+    other: std::sync::atomic::AtomicU64,
+    broken: std::sync::atomic::AtomicU64,
+}
+
+/// Accepts any serving certificate: the flood is about what the node does with tokens.
+#[derive(Debug)]
+struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+impl TokenFlood {
+    /// `connections` connections, each sending a request with a new token every `pace`.
+    fn start(port: u16, connections: usize, pace: Duration) -> TokenFlood {
+        use std::sync::Arc;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let counts = Arc::new(FloodCounts::default());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+        let (s, c) = (stop.clone(), counts.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut tasks = tokio::task::JoinSet::new();
+                for n in 0..connections {
+                    tasks.spawn(hammer(
+                        port,
+                        n,
+                        pace,
+                        connector.clone(),
+                        s.clone(),
+                        c.clone(),
+                    ));
+                }
+                while tasks.join_next().await.is_some() {}
+            });
+        });
+        TokenFlood {
+            stop,
+            counts,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(&mut self) -> &FloodCounts {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        &self.counts
+    }
+}
+
+impl Drop for TokenFlood {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One connection's loop: a request with a new random token, its answer, a pause, again.
+async fn hammer(
+    port: u16,
+    n: usize,
+    pace: Duration,
+    connector: tokio_rustls::TlsConnector,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counts: std::sync::Arc<FloodCounts>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncWriteExt;
+    let mut seed = (n as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+    let mut token = move || {
+        let mut words = [0u64; 4];
+        for w in &mut words {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *w = seed;
+        }
+        words
+            .iter()
+            .map(|w| format!("{w:016x}"))
+            .collect::<String>()
+    };
+    // Spread the connections' first requests over one pace.
+    tokio::time::sleep(pace.mul_f64((n % 97) as f64 / 97.0)).await;
+    while !stop.load(Relaxed) {
+        let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+            counts.broken.fetch_add(1, Relaxed);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let Ok(mut tls) = connector.connect(name, tcp).await else {
+            counts.broken.fetch_add(1, Relaxed);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        while !stop.load(Relaxed) {
+            let request = format!(
+                "GET /pods HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\r\n",
+                token()
+            );
+            if tls.write_all(request.as_bytes()).await.is_err() {
+                break;
+            }
+            counts.sent.fetch_add(1, Relaxed);
+            match tokio::time::timeout(Duration::from_secs(30), read_status(&mut tls)).await {
+                Ok(Some(401)) => counts.unauthorized.fetch_add(1, Relaxed),
+                Ok(Some(403)) => counts.forbidden.fetch_add(1, Relaxed),
+                Ok(Some(_)) => counts.other.fetch_add(1, Relaxed),
+                _ => {
+                    counts.broken.fetch_add(1, Relaxed);
+                    break;
+                }
+            };
+            tokio::time::sleep(pace).await;
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 response (headers and a Content-Length body); its status.
+async fn read_status<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(status)
+}
+
+/// The Lease's renewTime as the API server has it.
+async fn renew_time(client: &kube::Client, node: &str) -> Option<jiff::Timestamp> {
+    let lease = common::cluster::get_lease(client, node).await?;
+    Some(lease.spec?.renew_time?.0)
+}
+
+/// Anyone who can reach the node API can make the node ask the API server a TokenReview: a
+/// made-up bearer token is enough. Thousands of them, from a hundred connections, while the
+/// test reads the node's Lease from the API server and asks `/healthz` with the API
+/// server's client certificate once a second: every renewal must come on time (the agent's
+/// Lease here lasts 8 s and is renewed every 2 s; 3 s of slack for a busy machine) and every
+/// legitimate request must be answered (200 within curl's 5 s). Before heartbeats had a
+/// client of their own, every review spent the one client's rate limit, and the Lease
+/// waited behind the flood; the agent runs with `--kube-api-qps=10 --kube-api-burst=20` so
+/// that the flood's debt (about 20 s then) is far beyond any slack, not a matter of timing.
+///
+/// With anonymous auth on, a made-up token is a 401 (not `system:anonymous`), while a request
+/// with no credentials is anonymous (403: no RBAC lets `system:anonymous` read nodes/proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_made_up_tokens_neither_delays_the_lease_nor_shuts_out_a_client() {
+    const RENEW_EVERY: f64 = 2.0;
+    const SLACK: f64 = 3.0;
+    const FLOOD_FOR: Duration = Duration::from_secs(25);
+    let client = admin().await;
+    let node = "dn-napi-flood";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.extra_args.extend([
+        "--node-ip=127.0.0.1".to_string(),
+        format!("--client-ca-file={}", pki("ca.crt").display()),
+        "--anonymous-auth=true".to_string(),
+        "--kube-api-qps=10".to_string(),
+        "--kube-api-burst=20".to_string(),
+    ]);
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let port = agent.port;
+
+    let bearer = |t: &str| {
+        vec![
+            "-k".to_string(),
+            "-H".into(),
+            format!("Authorization: Bearer {t}"),
+        ]
+    };
+    let (code, body) = curl(port, "/pods", &["-k".into()]).expect("the node API answers");
+    assert_eq!(code, 403, "no credentials, anonymous on: {body}");
+    assert!(body.contains("user=system:anonymous"), "{body}");
+    let (code, body) = curl(port, "/pods", &bearer("made-up-token")).unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (401, "Unauthorized"),
+        "a token the API server refuses is not anonymous"
+    );
+
+    let mut flood = TokenFlood::start(port, 100, Duration::from_millis(300));
+    let mut renewals: Vec<jiff::Timestamp> = Vec::new();
+    let mut legit: Vec<(Option<u16>, Duration)> = Vec::new();
+    let started = std::time::Instant::now();
+    let mut next_legit = started;
+    while started.elapsed() < FLOOD_FOR {
+        if let Some(t) = renew_time(&client, node).await
+            && renewals.last() != Some(&t)
+        {
+            renewals.push(t);
+        }
+        if std::time::Instant::now() >= next_legit {
+            next_legit += Duration::from_secs(1);
+            let asked = std::time::Instant::now();
+            let mut auth = client_cert();
+            auth.extend(["-k".into(), "--max-time".into(), "5".into()]);
+            let answer = tokio::task::spawn_blocking(move || curl(port, "/healthz", &auth))
+                .await
+                .unwrap();
+            legit.push((answer.map(|(code, _)| code), asked.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let now = jiff::Timestamp::now();
+    let counts = flood.stop();
+    eprintln!("flood: {counts:?}; legitimate requests (status, time): {legit:?}");
+    eprintln!("lease renewTimes: {renewals:?}");
+
+    let mut points = renewals.clone();
+    points.push(now);
+    let gaps: Vec<f64> = points
+        .windows(2)
+        .map(|w| (w[1] - w[0]).total(jiff::Unit::Second).unwrap_or(f64::MAX))
+        .collect();
+    let worst = gaps.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        renewals.len() >= 2 && worst <= RENEW_EVERY + SLACK,
+        "the Lease was not renewed on time under the flood: longest gap {worst:.1} s \
+         (renewed every {RENEW_EVERY} s), renewTimes {renewals:?}; log:\n{}",
+        tail(&agent.log())
+    );
+    assert!(
+        legit.len() >= 10 && legit.iter().all(|(code, _)| *code == Some(200)),
+        "a legitimate client was not answered under the flood: {legit:?}"
+    );
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let sent = load(&counts.sent);
+    assert!(
+        sent >= 2000,
+        "the flood sent only {sent} tokens in {FLOOD_FOR:?}: {counts:?}"
+    );
+    assert_eq!(
+        load(&counts.forbidden),
+        0,
+        "made-up tokens were let through as system:anonymous: {counts:?}"
+    );
+    assert!(
+        load(&counts.unauthorized) >= 2000,
+        "made-up tokens are a 401: {counts:?}"
+    );
+    agent.stop();
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

@@ -13,29 +13,81 @@ use super::plan::ClusterPlan;
 use super::{Agent, DaemonError, HEARTBEAT_TIMEOUT, Tuning, WATCH_READ_TIMEOUT};
 use crate::base::supervisor::Supervisor;
 use crate::clients::apiserver::{self, ClientOptions, ConnectError};
-use crate::config::Config;
+use crate::config::{ClusterSettings, Config};
+use crate::endpoints::node_api::review::{KubeReviewer, Reviewer};
 use crate::kubelet::certificate::{self, CertSlot, FileStore};
 use crate::kubelet::events::{self, Recorder};
+use crate::kubelet::node::api::KubeNodeApi;
 use crate::kubelet::shutdown::ShutdownStatus;
 
-/// The three API server clients. Each has time-outs and a rate limit for its own kind of
-/// request, so a slow watch or a burst of events never holds up a heartbeat.
-pub(super) struct ApiClients {
-    /// The node's heartbeats, pod status, reviews, CSRs and the objects pods use (short
-    /// time-outs).
-    pub heartbeat: kube::Client,
+/// The API server clients, one per kind of request, each with its own time-outs and rate
+/// limit (its own token bucket), so one kind never waits behind another: a slow watch, a
+/// burst of events or a flood of reviews never holds up a heartbeat.
+pub(super) struct ClientSet<T> {
+    /// The node's heartbeats: registration, Node status and Lease renewals. Upstream's
+    /// kubelet, too, gives them a client of their own ("heartbeat client"); it turns that
+    /// client's rate limit off, Deckhand gives it its own `kubeAPIQPS` bucket, which the
+    /// heartbeats at rest (a fraction of a request per second) never empty, and which still
+    /// stops a loop on an error from flooding the API server.
+    pub heartbeat: T,
+    /// Pod status, mirror pods, CSRs and the objects pods use (short time-outs).
+    pub general: T,
+    /// The node API's TokenReviews and SubjectAccessReviews. Anyone who can reach the port
+    /// can make the node ask one (a made-up bearer token is enough), so they spend only
+    /// their own `kubeAPIQPS` bucket, behind the node API's bounded queues.
+    pub reviews: T,
     /// Watches: pods bound to the node, the Node itself, the objects pods use.
-    pub watch: kube::Client,
+    pub watch: T,
     /// Events, at `eventRecordQPS`.
-    pub events: kube::Client,
-    /// With `rotateCertificates` and a current certificate: the rotation loop, started with
-    /// the other supervised tasks.
-    pub rotation: Option<Rotation>,
+    pub events: T,
 }
 
-type Rotation = certificate::manager::Rotation<certificate::csr::KubeCsrApi>;
+pub(super) type ApiClients = ClientSet<kube::Client>;
 
-/// Connects the three clients. With `--bootstrap-kubeconfig`, a missing or unusable
+/// Client certificate rotation, started with the other supervised tasks.
+pub(super) type Rotation = certificate::manager::Rotation<certificate::csr::KubeCsrApi>;
+
+/// Each client's time-outs and rate limit (pure).
+pub(super) fn client_options(
+    cluster: &ClusterSettings,
+    plan: &ClusterPlan,
+) -> ClientSet<ClientOptions> {
+    let short = ClientOptions {
+        qps: cluster.kube_api_qps,
+        burst: cluster.kube_api_burst,
+        timeout: HEARTBEAT_TIMEOUT,
+        read_timeout: HEARTBEAT_TIMEOUT,
+    };
+    ClientSet {
+        heartbeat: short.clone(),
+        general: short.clone(),
+        reviews: short.clone(),
+        watch: ClientOptions {
+            read_timeout: WATCH_READ_TIMEOUT,
+            ..short.clone()
+        },
+        events: ClientOptions {
+            qps: plan.events_qps,
+            burst: cluster.event_burst,
+            ..short
+        },
+    }
+}
+
+impl ApiClients {
+    /// The node agent's calls (registration, status, Lease): on the heartbeat client.
+    pub(super) fn node_api(&self) -> KubeNodeApi {
+        KubeNodeApi::new(self.heartbeat.clone())
+    }
+
+    /// The node API's reviews: on the reviews client.
+    pub(super) fn reviewer(&self) -> Arc<dyn Reviewer> {
+        KubeReviewer::shared(self.reviews.clone())
+    }
+}
+
+/// Connects the clients; returns them and, with certificate rotation, the rotation loop to
+/// start. With `--bootstrap-kubeconfig`, a missing or unusable
 /// kubeconfig is first replaced by one naming a certificate requested by CSR; with
 /// `rotateCertificates`, the clients share a certificate slot that a rotation loop renews.
 pub(super) async fn connect(
@@ -43,13 +95,8 @@ pub(super) async fn connect(
     plan: &ClusterPlan,
     tuning: &Tuning,
     cancel: &CancellationToken,
-) -> Result<ApiClients, DaemonError> {
-    let options = ClientOptions {
-        qps: config.cluster.kube_api_qps,
-        burst: config.cluster.kube_api_burst,
-        timeout: HEARTBEAT_TIMEOUT,
-        read_timeout: HEARTBEAT_TIMEOUT,
-    };
+) -> Result<(ApiClients, Option<Rotation>), DaemonError> {
+    let options = client_options(&config.cluster, plan);
     let store = FileStore::new(&config.cert_dir);
     if let Some(bootstrap) = &plan.bootstrap_kubeconfig {
         certificate::bootstrap::load_client_cert(
@@ -63,31 +110,22 @@ pub(super) async fn connect(
     }
     let slot = rotation_slot(config, plan, &store);
     let path = plan.kubeconfig.as_path();
-    let heartbeat = connect_one(path, &options, slot.as_ref()).await?;
-    let watch_options = ClientOptions {
-        read_timeout: WATCH_READ_TIMEOUT,
-        ..options.clone()
+    let slot_ref = slot.as_ref();
+    let clients = ApiClients {
+        heartbeat: connect_one(path, &options.heartbeat, slot_ref).await?,
+        general: connect_one(path, &options.general, slot_ref).await?,
+        reviews: connect_one(path, &options.reviews, slot_ref).await?,
+        watch: connect_one(path, &options.watch, slot_ref).await?,
+        events: connect_one(path, &options.events, slot_ref).await?,
     };
-    let watch = connect_one(path, &watch_options, slot.as_ref()).await?;
-    let events_options = ClientOptions {
-        qps: plan.events_qps,
-        burst: config.cluster.event_burst,
-        ..options.clone()
-    };
-    let events = connect_one(path, &events_options, slot.as_ref()).await?;
     let rotation = slot.map(|slot| certificate::manager::Rotation {
-        api: certificate::csr::KubeCsrApi(heartbeat.clone()),
+        api: certificate::csr::KubeCsrApi(clients.general.clone()),
         slot,
         store,
         node_name: config.node_name.clone(),
         rotate_after: tuning.cert_rotate_after,
     });
-    Ok(ApiClients {
-        heartbeat,
-        watch,
-        events,
-        rotation,
-    })
+    Ok((clients, rotation))
 }
 
 /// With rotation, the slot every client presents the certificate of, holding the current
@@ -143,8 +181,8 @@ pub(super) fn events(
 }
 
 /// Starts client certificate rotation, when there is one to do.
-pub(super) fn start_rotation(agent: &Agent) {
-    let Some(rotation) = agent.api.as_ref().and_then(|api| api.rotation.clone()) else {
+pub(super) fn start_rotation(agent: &Agent, rotation: Option<Rotation>) {
+    let Some(rotation) = rotation else {
         return;
     };
     let cancel = agent.cancel.clone();
@@ -163,7 +201,7 @@ pub(super) fn start_membership(
     pressure: &crate::kubelet::eviction::PressureView,
     shutdown: &ShutdownStatus,
 ) {
-    use crate::kubelet::node::{agent as node_agent, api as node_api, watch as node_watch};
+    use crate::kubelet::node::{agent as node_agent, watch as node_watch};
     let config = &agent.config;
     let (client, name, publisher) = (
         api.watch.clone(),
@@ -199,14 +237,14 @@ pub(super) fn start_membership(
         published: node_agent::NodePublisher::to(published),
     };
     let (client, events, cancel) = (
-        api.heartbeat.clone(),
+        api.node_api(),
         agent.events.clone(),
         agent.cancel.clone(),
     );
     // Registration, node status and the Lease: one task, restarted as a whole.
     agent.tasks.spawn("node-status", move || {
         node_agent::run(
-            node_api::KubeNodeApi::new(client.clone()),
+            client.clone(),
             snapshots.clone(),
             settings.clone(),
             apiserver::ProblemLog::default(),
@@ -214,4 +252,110 @@ pub(super) fn start_membership(
             cancel.clone(),
         )
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clients::apiserver::rate_limit::{RateLimitLayer, TokenBucket};
+    use crate::config::ServerSettings;
+    use crate::endpoints::node_api::auth::Gate;
+    use crate::kubelet::node::api::NodeApi;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    /// A kube client on an in-memory API server, behind the rate limit `options` asks for
+    /// (the layer `connect` puts in front of a real one): a TokenReview is answered "not
+    /// authenticated" after 20 ms, a Lease update is echoed at once.
+    fn fake_client(options: &ClientOptions) -> kube::Client {
+        let server = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            let body = if req.uri().path().ends_with("/tokenreviews") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                serde_json::json!({
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                    "spec": {}, "status": {"authenticated": false},
+                })
+            } else {
+                serde_json::json!({
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "n1", "namespace": "kube-node-lease", "resourceVersion": "2"},
+                })
+            };
+            let body = http_body_util::Full::new(hyper::body::Bytes::from(body.to_string()));
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .unwrap(),
+            )
+        });
+        let bucket = TokenBucket::new(options.qps, options.burst);
+        let limited = tower::Layer::layer(&RateLimitLayer::new(bucket), server);
+        kube::Client::new(limited, "default")
+    }
+
+    fn fake_clients(options: &ClientSet<ClientOptions>) -> ApiClients {
+        ApiClients {
+            heartbeat: fake_client(&options.heartbeat),
+            general: fake_client(&options.general),
+            reviews: fake_client(&options.reviews),
+            watch: fake_client(&options.watch),
+            events: fake_client(&options.events),
+        }
+    }
+
+    /// Two thousand made-up bearer tokens at the node API at once (each would be a
+    /// TokenReview): the Lease renewals that follow are sent at once, every one, and the
+    /// flood's requests are all answered (401).
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_reviews_never_delays_the_lease() {
+        let plan = ClusterPlan {
+            kubeconfig: "/etc/kubernetes/kubelet.conf".into(),
+            bootstrap_kubeconfig: None,
+            rotate_certificates: false,
+            events_qps: -1.0,
+        };
+        let api = fake_clients(&client_options(&ClusterSettings::default(), &plan));
+        let gate = Arc::new(Gate::new(
+            ServerSettings::default(),
+            "n1".into(),
+            Some(api.reviewer()),
+        ));
+        let mut flood = tokio::task::JoinSet::new();
+        for i in 0..2000 {
+            let gate = gate.clone();
+            flood.spawn(async move {
+                let header = format!("Bearer made-up-{i}");
+                gate.authenticate(None, Some(&header)).await
+            });
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        let leases = api.node_api();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                namespace: Some("kube-node-lease".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for renewal in 0..5 {
+            let start = Instant::now();
+            leases.replace_lease(&lease).await.unwrap();
+            assert_eq!(
+                start.elapsed(),
+                Duration::ZERO,
+                "renewal {renewal} waited behind the reviews"
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        while let Some(answer) = flood.join_next().await {
+            assert_eq!(answer.unwrap(), None);
+        }
+    }
 }

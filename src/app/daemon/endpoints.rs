@@ -103,10 +103,7 @@ pub(super) async fn serve_node_api(
     stats: &Arc<StatsProvider>,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let config = &agent.config;
-    let reviewer = agent
-        .api
-        .as_ref()
-        .map(|api| node_api::review::KubeReviewer::shared(api.heartbeat.clone()));
+    let reviewer = agent.api.as_ref().map(ApiClients::reviewer);
     let state = node_api::NodeApiState {
         gate: Arc::new(node_api::auth::Gate::new(
             config.server.clone(),
@@ -186,7 +183,7 @@ fn start_serving_rotation(
     use crate::kubelet::certificate::{self, serving};
     let slot = ServingSlot::default();
     let manager = serving::ServingRotation {
-        api: certificate::csr::KubeCsrApi(api.heartbeat.clone()),
+        api: certificate::csr::KubeCsrApi(api.general.clone()),
         slot: slot.clone(),
         store: certificate::FileStore::serving(&config.cert_dir),
         node_name: config.node_name.clone(),

@@ -149,7 +149,6 @@ impl Agent {
         agent
             .metrics
             .register("/metrics/events", move || stats.render());
-        cluster::start_rotation(&agent);
         agent
     }
 }
@@ -166,12 +165,16 @@ pub async fn run(
     let plan = Plan::for_config(&config);
     preflight(&config, &plan)?;
     // A kubeconfig that cannot be used stops the agent before anything starts.
-    let api = match &plan.cluster {
-        Some(cluster) => Some(cluster::connect(&config, cluster, &tuning, &cancel).await?),
-        None => None,
+    let (api, rotation) = match &plan.cluster {
+        Some(cluster) => {
+            let (api, rotation) = cluster::connect(&config, cluster, &tuning, &cancel).await?;
+            (Some(api), rotation)
+        }
+        None => (None, None),
     };
     let cri = node::connect_runtime(&config, &plan).await?;
     let agent = Agent::assemble(config, plan, tuning, cri, api, cancel);
+    cluster::start_rotation(&agent, rotation);
     // The node's facts and its cgroup tree come first: a node that cannot hold pods says so
     // and stops before it answers as healthy.
     let facts = node::NodeFacts::read(&agent.config, agent.plan.pod_cgroups)?;

@@ -139,7 +139,7 @@ fn start_api_pods(agent: &Agent) -> ApiPods {
         .zip(mirror_pods.as_ref())
         .map(|(api, mirrors)| {
             let (handle, writer) = api_writer::start(
-                api.heartbeat.clone(),
+                api.general.clone(),
                 agent.states.clone(),
                 view.clone(),
                 mirrors.clone(),
@@ -223,7 +223,7 @@ fn executor(
     }
     if let Some(api) = &agent.api {
         use crate::kubelet::api_objects::{ApiObjects, KubeObjectApi};
-        let objects = KubeObjectApi::new(api.watch.clone(), api.heartbeat.clone());
+        let objects = KubeObjectApi::new(api.watch.clone(), api.general.clone());
         executor = executor.with_api_objects(ApiObjects::new(
             Arc::new(objects),
             pokes.clone(),
@@ -311,7 +311,7 @@ pub(super) fn start_mirror_pods(
     sources_ready: &SourcesReady,
 ) {
     let (client, node_name, sources_ready, cancel) = (
-        api.heartbeat.clone(),
+        api.general.clone(),
         agent.config.node_name.clone(),
         sources_ready.clone(),
         agent.cancel.clone(),

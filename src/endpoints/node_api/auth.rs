@@ -3,12 +3,18 @@
 //!
 //! * Authentication, in upstream's order: a client certificate verified against
 //!   `clientCAFile` (user = CN, groups = O), then a bearer token the API server vouches for
-//!   (TokenReview, answers cached for `cacheTTL`), then — only when enabled — anonymous
-//!   (`system:anonymous`, group `system:unauthenticated`). Nobody → 401 `Unauthorized`.
+//!   (TokenReview; both answers, yes and no, cached for `cacheTTL` as upstream's delegating
+//!   authenticator does), then — only when enabled, and only for a request that presents no
+//!   credentials — anonymous (`system:anonymous`, group `system:unauthenticated`). A token
+//!   that is refused, or that could not be reviewed, is a 401 even with anonymous on:
+//!   upstream's union "fails on error" before it reaches the anonymous authenticator.
+//!   Nobody → 401 `Unauthorized`.
 //! * Authorization: `AlwaysAllow`, or `Webhook`: one SubjectAccessReview per subresource the
 //!   path maps to (see [`super::attributes`]), the first allowed one wins; answers cached
 //!   (`cacheAuthorizedTTL` / `cacheUnauthorizedTTL`). Denied → 403 with upstream's body;
 //!   no answer → 500 with upstream's body.
+//! * Both reviews go through [`BoundedReviewer`]'s queues: a review that cannot be made in
+//!   time is answered as a failed one (401, 500) at once, instead of waiting.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +24,9 @@ use x509_parser::prelude::FromDer;
 
 use super::attributes::{self, RequestAttributes};
 use super::cache::TtlCache;
-use super::review::{AccessQuestion, Reviewer, UserInfo};
+use super::review::{
+    AccessQuestion, BoundedReviewer, QueueLimits, ReviewError, Reviewer, UserInfo,
+};
 use crate::config::{AuthorizationMode, ServerSettings};
 
 pub const ANONYMOUS_USER: &str = "system:anonymous";
@@ -78,26 +86,73 @@ pub enum Verdict {
     Error(String),
 }
 
+/// What the token caches are keyed by: an HMAC-SHA256 of the token under a key made at
+/// start (upstream keys its token cache the same way), so no token is kept in memory and
+/// every entry has the same small size however long the token.
+type TokenKey = [u8; 32];
+
+struct TokenKeys(ring::hmac::Key);
+
+impl TokenKeys {
+    fn new() -> TokenKeys {
+        let rng = ring::rand::SystemRandom::new();
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).unwrap_or_else(|_| {
+            // No system randomness: a key from std's randomly keyed hasher instead.
+            use std::hash::{BuildHasher, Hasher};
+            let mut seed = Vec::with_capacity(32);
+            for i in 0..4u8 {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u8(i);
+                seed.extend_from_slice(&h.finish().to_le_bytes());
+            }
+            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &seed)
+        });
+        TokenKeys(key)
+    }
+
+    fn of(&self, token: &str) -> TokenKey {
+        let tag = ring::hmac::sign(&self.0, token.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&tag.as_ref()[..32]);
+        key
+    }
+}
+
 /// Authentication and authorization of node API requests.
 pub struct Gate {
     settings: ServerSettings,
     node_name: String,
     /// `None` without a kubeconfig: tokens are refused and `Webhook` authorization denies.
     reviewer: Option<Arc<dyn Reviewer>>,
-    tokens: TtlCache<String, Option<UserInfo>>,
+    token_keys: TokenKeys,
+    /// Tokens the API server vouched for, and those it refused, each for `cacheTTL`. Kept
+    /// apart, so a flood of made-up tokens pushes out only other refused ones.
+    tokens: TtlCache<TokenKey, UserInfo>,
+    refused_tokens: TtlCache<TokenKey, ()>,
     access: TtlCache<AccessQuestion, bool>,
 }
 
 impl Gate {
+    /// A gate whose reviews (if it has a reviewer) go through queues of the default
+    /// [`QueueLimits`].
     pub fn new(
         settings: ServerSettings,
         node_name: String,
         reviewer: Option<Arc<dyn Reviewer>>,
     ) -> Gate {
+        Gate::with_limits(settings, node_name, reviewer, QueueLimits::default())
+    }
+
+    pub fn with_limits(
+        settings: ServerSettings,
+        node_name: String,
+        reviewer: Option<Arc<dyn Reviewer>>,
+        limits: QueueLimits,
+    ) -> Gate {
         if reviewer.is_none() {
             if settings.token_webhook_enabled {
                 tracing::warn!(
-                    "node API: bearer tokens cannot be checked without --kubeconfig; requests with tokens are refused"
+                    "node API: bearer tokens cannot be checked without --kubeconfig; a request with a bearer token gets 401, also with anonymous auth on"
                 );
             }
             if settings.authorization_mode == AuthorizationMode::Webhook {
@@ -106,17 +161,22 @@ impl Gate {
                 );
             }
         }
+        let reviewer =
+            reviewer.map(|r| Arc::new(BoundedReviewer::new(r, limits)) as Arc<dyn Reviewer>);
         Gate {
             settings,
             node_name,
             reviewer,
+            token_keys: TokenKeys::new(),
             tokens: TtlCache::default(),
+            refused_tokens: TtlCache::default(),
             access: TtlCache::default(),
         }
     }
 
     /// Who sent the request: the verified client certificate's user, a reviewed bearer
-    /// token's user, anonymous if allowed, or nobody.
+    /// token's user, anonymous if allowed and the request presents no credentials, or
+    /// nobody.
     pub async fn authenticate(
         &self,
         peer: Option<&UserInfo>,
@@ -127,9 +187,9 @@ impl Gate {
         }
         if self.settings.token_webhook_enabled
             && let Some(token) = bearer_token(authorization)
-            && let Some(user) = self.review_token(token).await
         {
-            return Some(with_authenticated_group(user));
+            // Credentials that fail are a failure, never anonymous.
+            return self.review_token(token).await.map(with_authenticated_group);
         }
         if self.settings.anonymous_enabled {
             return Some(UserInfo {
@@ -142,21 +202,28 @@ impl Gate {
     }
 
     async fn review_token(&self, token: &str) -> Option<UserInfo> {
+        let key = self.token_keys.of(token);
         let now = Instant::now();
-        if let Some(known) = self.tokens.get(&token.to_string(), now) {
-            return known;
+        if let Some(user) = self.tokens.get(&key, now) {
+            return Some(user);
+        }
+        if self.refused_tokens.get(&key, now).is_some() {
+            return None;
         }
         let reviewer = self.reviewer.as_ref()?;
+        let ttl = self.settings.token_cache_ttl;
         match reviewer.review_token(token).await {
-            Ok(answer) => {
-                self.tokens.put(
-                    token.to_string(),
-                    answer.clone(),
-                    self.settings.token_cache_ttl,
-                    now,
-                );
-                answer
+            Ok(Some(user)) => {
+                self.tokens.put(key, user.clone(), ttl, now);
+                Some(user)
             }
+            Ok(None) => {
+                self.refused_tokens.put(key, (), ttl, now);
+                None
+            }
+            // The queue reports its refusals once a minute; one line per request would
+            // be the flood's own echo.
+            Err(ReviewError::Busy) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "node API: TokenReview failed; the request is not authenticated");
                 None
@@ -196,7 +263,9 @@ impl Gate {
                         answer.allowed
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, user = %user.name, verb = attrs.verb, subresource, "node API: SubjectAccessReview failed");
+                        if !matches!(e, ReviewError::Busy) {
+                            tracing::error!(error = %e, user = %user.name, verb = attrs.verb, subresource, "node API: SubjectAccessReview failed");
+                        }
                         return Verdict::Error(attributes::authorization_error_message(
                             &user.name,
                             attrs.verb,
@@ -257,7 +326,7 @@ mod tests {
             self.token_calls.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
                 if self.broken {
-                    return Err(ReviewError("no answer".into()));
+                    return Err(ReviewError::Failed("no answer".into()));
                 }
                 Ok(self.tokens.get(token).map(|name| UserInfo {
                     name: name.clone(),
@@ -275,7 +344,7 @@ mod tests {
             self.asked.lock().unwrap().push(q.clone());
             Box::pin(async move {
                 if self.broken {
-                    return Err(ReviewError("no answer".into()));
+                    return Err(ReviewError::Failed("no answer".into()));
                 }
                 Ok(AccessAnswer {
                     allowed: self
@@ -418,6 +487,158 @@ mod tests {
         );
         let off = gate(ServerSettings::default(), Some(r));
         assert_eq!(off.authenticate(None, None).await, None);
+    }
+
+    /// Upstream: anonymous is for requests that present no credentials; a bearer token that
+    /// is refused, or that could not be reviewed, is a 401 even with anonymous auth on.
+    #[tokio::test]
+    async fn with_anonymous_on_a_token_that_fails_is_a_401() {
+        let anonymous_on = ServerSettings {
+            anonymous_enabled: true,
+            ..Default::default()
+        };
+        let webhook_off = ServerSettings {
+            token_webhook_enabled: false,
+            ..anonymous_on.clone()
+        };
+        let known = || Some(Arc::new(fake()));
+        let broken = || {
+            Some(Arc::new(FakeReviewer {
+                broken: true,
+                ..fake()
+            }))
+        };
+        let anon = Some(ANONYMOUS_USER);
+        type Case = (
+            ServerSettings,
+            Option<Arc<FakeReviewer>>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (anonymous_on.clone(), known(), None, anon),
+            (anonymous_on.clone(), known(), Some("Bearer unknown"), None),
+            (
+                anonymous_on.clone(),
+                known(),
+                Some("Bearer good"),
+                Some("sa-logs"),
+            ),
+            // No answer from the API server: a failure, not anonymous.
+            (anonymous_on.clone(), broken(), Some("Bearer good"), None),
+            // No reviewer at all (no kubeconfig): tokens are refused, as the warning says.
+            (anonymous_on.clone(), None, Some("Bearer good"), None),
+            // Not a bearer token: no credentials upstream reads, so anonymous.
+            (anonymous_on.clone(), known(), Some("Basic abc"), anon),
+            (anonymous_on.clone(), known(), Some("Bearer "), anon),
+            // No token authenticator configured: the header is not looked at.
+            (webhook_off, known(), Some("Bearer unknown"), anon),
+        ];
+        for (i, (settings, reviewer, header, want)) in cases.into_iter().enumerate() {
+            let g = gate(settings, reviewer);
+            let got = g.authenticate(None, header).await;
+            assert_eq!(got.map(|u| u.name).as_deref(), want, "case {i}: {header:?}");
+            // Asked twice, the cached answer is the same.
+            let again = g.authenticate(None, header).await;
+            assert_eq!(again.map(|u| u.name).as_deref(), want, "case {i} again");
+        }
+        let g = gate(anonymous_on, known());
+        assert_eq!(
+            g.check(None, Some("Bearer unknown"), &Method::GET, "/healthz")
+                .await,
+            Verdict::Unauthorized
+        );
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_refused_tokens_keeps_the_vouched_ones_and_stays_bounded() {
+        let r = Arc::new(fake());
+        let g = gate(ServerSettings::default(), Some(r.clone()));
+        assert!(g.authenticate(None, Some("Bearer good")).await.is_some());
+        let n = super::super::cache::DEFAULT_CAPACITY * 2;
+        for i in 0..n {
+            let header = format!("Bearer made-up-{i}-{}", "x".repeat(1000));
+            assert_eq!(g.authenticate(None, Some(&header)).await, None);
+        }
+        assert_eq!(r.token_calls.load(Ordering::SeqCst), 1 + n);
+        assert!(g.authenticate(None, Some("Bearer good")).await.is_some());
+        assert_eq!(
+            r.token_calls.load(Ordering::SeqCst),
+            1 + n,
+            "the vouched token was still cached"
+        );
+        assert_eq!(g.tokens.len(), 1);
+        assert_eq!(
+            g.refused_tokens.len(),
+            super::super::cache::DEFAULT_CAPACITY
+        );
+        // A recent refusal is still remembered; the oldest ones were pushed out.
+        let last = format!("Bearer made-up-{}-{}", n - 1, "x".repeat(1000));
+        g.authenticate(None, Some(&last)).await;
+        assert_eq!(r.token_calls.load(Ordering::SeqCst), 1 + n);
+        g.authenticate(
+            None,
+            Some(&format!("Bearer made-up-0-{}", "x".repeat(1000))),
+        )
+        .await;
+        assert_eq!(r.token_calls.load(Ordering::SeqCst), 2 + n);
+    }
+
+    /// A review that finds no room in its queue is answered at once, as upstream answers a
+    /// review that failed: 401 for a token (authentication failed), 500 for an
+    /// authorization (the authorizer had no answer).
+    #[tokio::test(start_paused = true)]
+    async fn reviews_beyond_the_queue_are_a_401_or_a_500_at_once() {
+        struct Stuck;
+        impl Reviewer for Stuck {
+            fn review_token<'a>(
+                &'a self,
+                _: &'a str,
+            ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
+                Box::pin(std::future::pending())
+            }
+            fn review_access<'a>(
+                &'a self,
+                _: &'a AccessQuestion,
+            ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
+                Box::pin(std::future::pending())
+            }
+        }
+        let limits = QueueLimits {
+            in_flight: 1,
+            waiting: 0,
+            wait: Duration::from_secs(1),
+            answer: Duration::from_secs(3600),
+        };
+        let g = Arc::new(Gate::with_limits(
+            ServerSettings::default(),
+            "n1".into(),
+            Some(Arc::new(Stuck)),
+            limits,
+        ));
+        let apiserver = cert_user("kube-apiserver-kubelet-client");
+        let (g1, g2, a) = (g.clone(), g.clone(), apiserver.clone());
+        tokio::spawn(async move {
+            g1.check(None, Some("Bearer t1"), &Method::GET, "/pods")
+                .await
+        });
+        tokio::spawn(async move { g2.check(Some(&a), None, &Method::GET, "/pods").await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            g.check(None, Some("Bearer t2"), &Method::GET, "/pods")
+                .await,
+            Verdict::Unauthorized
+        );
+        assert_eq!(
+            g.check(Some(&apiserver), None, &Method::GET, "/healthz").await,
+            Verdict::Error(
+                "Authorization error (user=kube-apiserver-kubelet-client, verb=get, resource=nodes, subresource=healthz)".into()
+            )
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO, "answered without waiting");
     }
 
     #[tokio::test]

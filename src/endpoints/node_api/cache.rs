@@ -1,50 +1,107 @@
 //! A small time-limited answer cache for the reviews (upstream caches both TokenReview and
 //! SubjectAccessReview answers), bounded so a flood of distinct tokens cannot grow it
-//! without end.
+//! without end: when full, the oldest answer goes first.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// At most this many answers are kept; when full, expired ones are dropped first, then
-/// everything (a rare, cheap reset rather than an LRU).
-const MAX_ENTRIES: usize = 4096;
+/// How many answers a cache keeps unless told otherwise.
+pub const DEFAULT_CAPACITY: usize = 4096;
 
 pub struct TtlCache<K, V> {
-    entries: Mutex<HashMap<K, (V, Instant)>>,
+    capacity: usize,
+    inner: Mutex<Entries<K, V>>,
 }
 
-impl<K: Eq + Hash, V: Clone> Default for TtlCache<K, V> {
+/// The answers by key, and their keys in the order they were stored (oldest first), so the
+/// oldest is found without a scan.
+struct Entries<K, V> {
+    by_key: HashMap<K, Entry<V>>,
+    by_age: BTreeMap<u64, K>,
+    next: u64,
+}
+
+struct Entry<V> {
+    value: V,
+    until: Instant,
+    stored: u64,
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Default for TtlCache<K, V> {
     fn default() -> Self {
+        TtlCache::with_capacity(DEFAULT_CAPACITY)
+    }
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
+    /// A cache of at most `capacity` answers (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
         TtlCache {
-            entries: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+            inner: Mutex::new(Entries {
+                by_key: HashMap::new(),
+                by_age: BTreeMap::new(),
+                next: 0,
+            }),
         }
     }
-}
 
-impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
     /// The answer for `key`, if one is kept and has not expired at `now`.
     pub fn get(&self, key: &K, now: Instant) -> Option<V> {
-        let map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(key)
-            .filter(|(_, until)| now < *until)
-            .map(|(v, _)| v.clone())
+        let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = e.by_key.get(key)?;
+        if now < entry.until {
+            return Some(entry.value.clone());
+        }
+        let stored = entry.stored;
+        e.by_key.remove(key);
+        e.by_age.remove(&stored);
+        None
     }
 
-    /// Keeps `value` for `ttl` from `now` (a zero ttl keeps nothing).
+    /// Keeps `value` for `ttl` from `now` (a zero ttl keeps nothing). A full cache first
+    /// drops its oldest answer.
     pub fn put(&self, key: K, value: V, ttl: Duration, now: Instant) {
         if ttl.is_zero() {
             return;
         }
-        let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_ENTRIES {
-            map.retain(|_, (_, until)| now < *until);
-            if map.len() >= MAX_ENTRIES {
-                map.clear();
-            }
+        let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = e.by_key.remove(&key) {
+            e.by_age.remove(&old.stored);
         }
-        map.insert(key, (value, now + ttl));
+        while e.by_key.len() >= self.capacity {
+            let Some((_, oldest)) = e.by_age.pop_first() else {
+                break;
+            };
+            e.by_key.remove(&oldest);
+        }
+        let stored = e.next;
+        e.next += 1;
+        e.by_age.insert(stored, key.clone());
+        e.by_key.insert(
+            key,
+            Entry {
+                value,
+                until: now + ttl,
+                stored,
+            },
+        );
+    }
+
+    /// How many answers are kept (expired ones included until they are looked up or pushed
+    /// out).
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -61,15 +118,37 @@ mod tests {
         assert_eq!(c.get(&"a", t0 + Duration::from_secs(9)), Some(1));
         assert_eq!(c.get(&"a", t0 + Duration::from_secs(10)), None);
         assert_eq!(c.get(&"z", t0), None);
+        assert!(c.is_empty(), "an expired answer looked up is dropped");
     }
 
     #[test]
-    fn stays_bounded() {
-        let c = TtlCache::default();
+    fn a_full_cache_drops_its_oldest_answer_only() {
+        let c = TtlCache::with_capacity(3);
         let t0 = Instant::now();
-        for i in 0..(MAX_ENTRIES + 10) {
+        let ttl = Duration::from_secs(60);
+        for k in ["a", "b", "c"] {
+            c.put(k, k.len(), ttl, t0);
+        }
+        // Storing "a" again makes it the newest.
+        c.put("a", 7, ttl, t0);
+        c.put("d", 4, ttl, t0);
+        assert_eq!(c.get(&"b", t0), None, "the oldest went");
+        assert_eq!(c.get(&"a", t0), Some(7));
+        assert_eq!(c.get(&"c", t0), Some(1));
+        assert_eq!(c.get(&"d", t0), Some(4));
+        assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn stays_bounded_and_keeps_the_newest() {
+        let c = TtlCache::with_capacity(DEFAULT_CAPACITY);
+        let t0 = Instant::now();
+        for i in 0..(DEFAULT_CAPACITY * 3) {
             c.put(i, i, Duration::from_secs(60), t0);
         }
-        assert!(c.entries.lock().unwrap().len() <= MAX_ENTRIES);
+        assert_eq!(c.len(), DEFAULT_CAPACITY);
+        let last = DEFAULT_CAPACITY * 3 - 1;
+        assert_eq!(c.get(&last, t0), Some(last));
+        assert_eq!(c.get(&0, t0), None);
     }
 }

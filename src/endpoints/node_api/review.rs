@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -11,6 +13,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use tokio::sync::Semaphore;
 
 /// An authenticated user, as upstream's `user.Info`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -38,10 +41,19 @@ pub struct AccessAnswer {
     pub reason: String,
 }
 
-/// A review could not be made (no answer, an error status).
+/// A review could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ReviewError(pub String);
+pub enum ReviewError {
+    /// No answer, or an error status.
+    #[error("{0}")]
+    Failed(String),
+    /// Not sent: too many reviews were waiting already, or this one found no turn in time.
+    #[error("not sent: too many reviews in progress")]
+    Busy,
+    /// Sent, but not answered in time.
+    #[error("no answer within {} ms", .0.as_millis())]
+    TimedOut(Duration),
+}
 
 /// TokenReview and SubjectAccessReview.
 pub trait Reviewer: Send + Sync + 'static {
@@ -112,7 +124,9 @@ impl Reviewer for KubeReviewer {
             let done = api
                 .create(&PostParams::default(), &token_review(token))
                 .await
-                .map_err(|e| ReviewError(crate::clients::apiserver::problem::cause_chain(&e)))?;
+                .map_err(|e| {
+                    ReviewError::Failed(crate::clients::apiserver::problem::cause_chain(&e))
+                })?;
             let Some(status) = done.status else {
                 return Ok(None);
             };
@@ -143,7 +157,9 @@ impl Reviewer for KubeReviewer {
             let done = api
                 .create(&PostParams::default(), &access_review(question))
                 .await
-                .map_err(|e| ReviewError(crate::clients::apiserver::problem::cause_chain(&e)))?;
+                .map_err(|e| {
+                    ReviewError::Failed(crate::clients::apiserver::problem::cause_chain(&e))
+                })?;
             let status = done.status.unwrap_or_default();
             if let Some(err) = status.evaluation_error.filter(|e| !e.is_empty()) {
                 tracing::debug!(error = %err, "SubjectAccessReview evaluation error");
@@ -153,6 +169,171 @@ impl Reviewer for KubeReviewer {
                 reason: status.reason.unwrap_or_default(),
             })
         })
+    }
+}
+
+/// How many reviews of one kind (TokenReviews, SubjectAccessReviews) may be on their way at
+/// once, how many may wait for a turn and for how long, and how long an answer may take.
+///
+/// Anyone who can open a connection can make the node ask a TokenReview (a made-up bearer
+/// token is enough), so the reviews must never pile up: a review beyond these bounds is not
+/// sent and the request is answered at once, as upstream answers a review that failed
+/// (401 for a token, 500 for an authorization).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub in_flight: usize,
+    pub waiting: usize,
+    pub wait: Duration,
+    pub answer: Duration,
+}
+
+impl Default for QueueLimits {
+    /// Eight on their way keep a review client at the default 50 QPS busy (an answer takes a
+    /// few milliseconds) while owing its rate limiter at most 160 ms; 32 waiting for up to a
+    /// second cover a burst of `kubectl` sessions and scrapes; 10 s is the API clients'
+    /// own time-out.
+    fn default() -> Self {
+        QueueLimits {
+            in_flight: 8,
+            waiting: 32,
+            wait: Duration::from_secs(1),
+            answer: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A [`Reviewer`] whose TokenReviews and SubjectAccessReviews each go through a bounded
+/// queue of their own ([`QueueLimits`]), so a flood of made-up tokens neither queues up
+/// without end nor keeps an authenticated user's SubjectAccessReview from being made.
+pub struct BoundedReviewer {
+    inner: Arc<dyn Reviewer>,
+    tokens: Lane,
+    access: Lane,
+}
+
+impl BoundedReviewer {
+    pub fn new(inner: Arc<dyn Reviewer>, limits: QueueLimits) -> BoundedReviewer {
+        BoundedReviewer {
+            inner,
+            tokens: Lane::new("TokenReviews", limits),
+            access: Lane::new("SubjectAccessReviews", limits),
+        }
+    }
+
+    /// How many reviews were not sent because their queue was full or slow, since the start.
+    pub fn refused(&self) -> u64 {
+        self.tokens.refused.load(Ordering::Relaxed) + self.access.refused.load(Ordering::Relaxed)
+    }
+}
+
+impl Reviewer for BoundedReviewer {
+    fn review_token<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
+        Box::pin(self.tokens.run(self.inner.review_token(token)))
+    }
+
+    fn review_access<'a>(
+        &'a self,
+        question: &'a AccessQuestion,
+    ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
+        Box::pin(self.access.run(self.inner.review_access(question)))
+    }
+}
+
+/// One kind of review: permits for those on their way, a count of those waiting.
+struct Lane {
+    what: &'static str,
+    limits: QueueLimits,
+    permits: Semaphore,
+    waiting: AtomicUsize,
+    refused: std::sync::atomic::AtomicU64,
+    /// When the last warning about refusals was logged, and the count it reported: a flood
+    /// is reported once a minute with its count, not once per request.
+    reported: std::sync::Mutex<(Option<tokio::time::Instant>, u64)>,
+}
+
+/// How often a lane that keeps refusing says so.
+const REFUSAL_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+impl Lane {
+    fn new(what: &'static str, limits: QueueLimits) -> Lane {
+        Lane {
+            what,
+            limits,
+            permits: Semaphore::new(limits.in_flight.max(1)),
+            waiting: AtomicUsize::new(0),
+            refused: Default::default(),
+            reported: Default::default(),
+        }
+    }
+
+    async fn run<T>(
+        &self,
+        review: BoxFuture<'_, Result<T, ReviewError>>,
+    ) -> Result<T, ReviewError> {
+        let Some(_permit) = self.turn().await else {
+            self.refuse();
+            return Err(ReviewError::Busy);
+        };
+        match tokio::time::timeout(self.limits.answer, review).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ReviewError::TimedOut(self.limits.answer)),
+        }
+    }
+
+    /// A permit at once, or after waiting in line (if there is room in it) for at most
+    /// `limits.wait`; `None` when neither.
+    async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        if let Ok(permit) = self.permits.try_acquire() {
+            return Some(permit);
+        }
+        let _place = WaitingPlace::take(&self.waiting, self.limits.waiting)?;
+        tokio::time::timeout(self.limits.wait, self.permits.acquire())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    fn refuse(&self) {
+        let total = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = tokio::time::Instant::now();
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let due = reported
+            .0
+            .is_none_or(|at| now.duration_since(at) >= REFUSAL_REPORT_EVERY);
+        if due {
+            tracing::warn!(
+                reviews = self.what,
+                refused = total - reported.1,
+                in_flight = self.limits.in_flight,
+                waiting = self.limits.waiting,
+                "node API: too many reviews in progress; requests that need one more are refused (401 for a token, 500 for an authorization)"
+            );
+            *reported = (Some(now), total);
+        }
+    }
+}
+
+/// A place in a lane's waiting line, given back when dropped (also when the request that
+/// waits goes away).
+struct WaitingPlace<'a>(&'a AtomicUsize);
+
+impl<'a> WaitingPlace<'a> {
+    fn take(count: &'a AtomicUsize, max: usize) -> Option<WaitingPlace<'a>> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WaitingPlace(count))
+    }
+}
+
+impl Drop for WaitingPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -184,5 +365,119 @@ mod tests {
         assert_eq!(a.version.as_deref(), Some("v1"));
         assert_eq!(a.group.as_deref(), Some(""));
         assert_eq!(token_review("t").spec.token.as_deref(), Some("t"));
+    }
+
+    /// Answers every token review after `delay` (refusing the token) and every access review
+    /// at once; counts what it was asked.
+    struct Slow {
+        delay: Duration,
+        tokens: AtomicUsize,
+    }
+
+    impl Reviewer for Slow {
+        fn review_token<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
+            Box::pin(async move {
+                self.tokens.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(self.delay).await;
+                Ok(None)
+            })
+        }
+        fn review_access<'a>(
+            &'a self,
+            _: &'a AccessQuestion,
+        ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
+            Box::pin(async {
+                Ok(AccessAnswer {
+                    allowed: true,
+                    reason: String::new(),
+                })
+            })
+        }
+    }
+
+    fn question() -> AccessQuestion {
+        AccessQuestion {
+            user: UserInfo::default(),
+            verb: "get".into(),
+            node_name: "n1".into(),
+            subresource: "proxy".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once_and_a_slow_turn_after_the_wait() {
+        let slow = Arc::new(Slow {
+            delay: Duration::from_secs(5),
+            tokens: AtomicUsize::new(0),
+        });
+        let limits = QueueLimits {
+            in_flight: 2,
+            waiting: 3,
+            wait: Duration::from_secs(1),
+            answer: Duration::from_secs(10),
+        };
+        let bounded = Arc::new(BoundedReviewer::new(slow.clone(), limits));
+        let start = tokio::time::Instant::now();
+        let mut reviews = Vec::new();
+        for i in 0..20 {
+            let b = bounded.clone();
+            reviews.push(tokio::spawn(async move {
+                let r = b.review_token(&format!("t{i}")).await;
+                (r, start.elapsed())
+            }));
+        }
+        while slow.tokens.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        // The token lane is full; an access review still goes through, at once.
+        let answer = bounded.review_access(&question()).await.unwrap();
+        assert!(answer.allowed);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let mut outcomes = Vec::new();
+        for r in reviews {
+            let (result, took) = r.await.unwrap();
+            let kind = match result {
+                Ok(_) => "answered",
+                Err(ReviewError::Busy) => "busy",
+                Err(e) => panic!("unexpected {e}"),
+            };
+            outcomes.push((kind, took.as_secs()));
+        }
+        let count = |k: &str, secs: u64| outcomes.iter().filter(|o| **o == (k, secs)).count();
+        assert_eq!(count("answered", 5), 2, "{outcomes:?}");
+        assert_eq!(
+            count("busy", 1),
+            3,
+            "waited their second in line: {outcomes:?}"
+        );
+        assert_eq!(count("busy", 0), 15, "no room in line: {outcomes:?}");
+        assert_eq!(slow.tokens.load(Ordering::SeqCst), 2, "only two were sent");
+        assert_eq!(bounded.refused(), 18);
+        assert_eq!(bounded.tokens.waiting.load(Ordering::SeqCst), 0);
+        // Drained: the next one is made.
+        assert!(bounded.review_token("later").await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_takes_too_long_is_a_failure() {
+        let slow = Arc::new(Slow {
+            delay: Duration::from_secs(60),
+            tokens: AtomicUsize::new(0),
+        });
+        let bounded = BoundedReviewer::new(slow, QueueLimits::default());
+        let start = tokio::time::Instant::now();
+        assert!(matches!(
+            bounded.review_token("t").await,
+            Err(ReviewError::TimedOut(_))
+        ));
+        assert_eq!(start.elapsed(), QueueLimits::default().answer);
+        // Its permit came back.
+        assert_eq!(
+            bounded.tokens.permits.available_permits(),
+            QueueLimits::default().in_flight
+        );
     }
 }
