@@ -107,7 +107,7 @@ pub(super) fn hardening_settings(
 
 /// The only `imagePullCredentialsVerificationPolicy` Deckhand follows: an image on the node may
 /// be used by any pod, whoever pulled it, with whatever credentials.
-pub const NEVER_VERIFY: &str = "NeverVerify";
+pub(crate) const NEVER_VERIFY: &str = "NeverVerify";
 
 /// Security fields the file may set that Deckhand cannot follow: rather than start with a
 /// weaker setting than the operator asked for, the start stops naming the field.

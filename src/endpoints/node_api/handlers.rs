@@ -151,9 +151,9 @@ impl DebugHandlers {
 }
 
 /// Upstream's answer on a debugging path with `enableDebuggingHandlers: false`.
-pub const DEBUG_DISABLED: &str = "Debug endpoints are disabled.\n";
+pub(crate) const DEBUG_DISABLED: &str = "Debug endpoints are disabled.\n";
 /// Upstream's answer on `/logs/` with `enableSystemLogHandler: false`.
-pub const LOGS_DISABLED: &str = "logs endpoint is disabled.\n";
+pub(crate) const LOGS_DISABLED: &str = "logs endpoint is disabled.\n";
 
 /// The router of the node API. Every path passes the gate first, the refused ones too, as
 /// upstream's authentication filter runs before its handlers.

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 /// `(path under /proc/sys, the value upstream's kubelet wants)`, as upstream lists them.
-pub const KERNEL_TUNABLES: [(&str, i64); 6] = [
+pub(crate) const KERNEL_TUNABLES: [(&str, i64); 6] = [
     ("vm/overcommit_memory", 1),
     ("vm/panic_on_oom", 0),
     ("kernel/panic", 10),
@@ -20,7 +20,7 @@ pub const KERNEL_TUNABLES: [(&str, i64); 6] = [
 ];
 
 /// Where the kernel's tunables are read from.
-pub const PROC_SYS: &str = "/proc/sys";
+pub(crate) const PROC_SYS: &str = "/proc/sys";
 
 /// One tunable as read: its value, or why it could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +69,7 @@ fn join(mismatches: &[Mismatch]) -> String {
 
 /// What start-up does about the tunables.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KernelDecision {
+pub(crate) enum KernelDecision {
     /// All as upstream wants them.
     Fine,
     /// `protectKernelDefaults: false`: they differ, and stay as they are (a warning).
@@ -79,7 +79,7 @@ pub enum KernelDecision {
 /// The decision on `readings` (one per [`KERNEL_TUNABLES`] entry, in its order): with
 /// `protect`, any difference or unreadable tunable refuses the start, as upstream's
 /// `KernelTunableError`; without, they are reported and left.
-pub fn decide(
+pub(crate) fn decide(
     readings: &[(&'static str, Reading)],
     protect: bool,
 ) -> Result<KernelDecision, KernelDefaultsError> {
@@ -106,7 +106,7 @@ pub fn decide(
 }
 
 /// Reads every tunable of [`KERNEL_TUNABLES`] under `root` (`/proc/sys`).
-pub fn read_tunables(root: &Path) -> Vec<(&'static str, Reading)> {
+pub(crate) fn read_tunables(root: &Path) -> Vec<(&'static str, Reading)> {
     KERNEL_TUNABLES
         .iter()
         .map(|(flag, _)| {
