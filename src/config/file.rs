@@ -118,6 +118,15 @@ pub struct KubeletConfigurationFile {
     pub authorization: Option<super::server::AuthorizationFile>,
     pub logging: Option<LoggingFile>,
     pub volume_stats_agg_period: Option<String>,
+    // The hardening section (`super::hardening`).
+    pub seccomp_default: Option<bool>,
+    pub enable_debugging_handlers: Option<bool>,
+    pub enable_system_log_handler: Option<bool>,
+    pub protect_kernel_defaults: Option<bool>,
+    /// Read only to be refused when set: the node API cannot narrow its key exchange groups.
+    pub tls_curve_preferences: Option<Vec<i64>>,
+    /// Read only to be refused unless `NeverVerify`, the only policy Deckhand follows.
+    pub image_pull_credentials_verification_policy: Option<String>,
 }
 
 /// `logging` (upstream's `LoggingConfiguration`): the format only.
@@ -179,9 +188,29 @@ pub fn parse_config_file(path: &Path, text: &str) -> Result<ParsedConfigFile, Co
             if let Ok((meta, _)) = parse_yaml_document::<TypeMeta>(text) {
                 check_type_meta(path, meta.api_version.as_deref(), meta.kind.as_deref())?;
             }
-            Err(parse_err(full_error.to_string()))
+            // A value of the wrong type is reported at its position; name the field there too,
+            // so a mistyped setting is refused by name.
+            let message = match full_error.line.and_then(|line| key_on_line(text, line)) {
+                Some(key) => format!("{key}: {full_error}"),
+                None => full_error.to_string(),
+            };
+            Err(parse_err(message))
         }
     }
+}
+
+/// The mapping key written on 1-based `line` of `text` (`seccompDefault` of
+/// `seccompDefault: maybe`, `maxPods` of `"maxPods": "x",`), if that line holds one.
+fn key_on_line(text: &str, line: usize) -> Option<String> {
+    let content = text.lines().nth(line.checked_sub(1)?)?.trim_start();
+    let content = content.strip_prefix("- ").unwrap_or(content);
+    let (key, _) = content.split_once(':')?;
+    let key = key.trim().trim_matches('"').trim_matches('\'');
+    let plain = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    plain.then(|| key.to_string())
 }
 
 #[derive(Deserialize)]
@@ -418,6 +447,30 @@ maxPods: 5
                     assert_eq!(path, Path::new("/etc/deckhand/config.yaml"));
                     assert!(message.contains("line"), "{text:?}: {message}");
                     assert!(!message.contains('\n'), "{message:?}");
+                }
+                other => panic!("{text:?}: expected Parse, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let cases = [
+            (format!("{HEADER}seccompDefault: maybe\n"), "seccompDefault: line 3"),
+            (format!("{HEADER}maxPods: lots\n"), "maxPods: line 3"),
+            (
+                format!("{HEADER}authentication:\n  anonymous:\n    enabled: 7.5\n"),
+                "enabled: line 5",
+            ),
+            (
+                "{\"apiVersion\": \"kubelet.config.k8s.io/v1beta1\",\n\"kind\": \"KubeletConfiguration\",\n\"protectKernelDefaults\": \"maybe\"}".to_string(),
+                "protectKernelDefaults: line 3",
+            ),
+        ];
+        for (text, want) in &cases {
+            match parse(text) {
+                Err(ConfigError::Parse { message, .. }) => {
+                    assert!(message.starts_with(want), "{text:?}: {message}")
                 }
                 other => panic!("{text:?}: expected Parse, got {other:?}"),
             }

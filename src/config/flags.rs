@@ -119,6 +119,9 @@ pub struct Flags {
     #[command(flatten)]
     pub server: super::server::ServerFlags,
 
+    #[command(flatten)]
+    pub hardening: super::hardening::HardeningFlags,
+
     /// Maximum period between syncs of running containers and config. [default: 1m0s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub sync_frequency: Option<Duration>,
@@ -472,6 +475,7 @@ mod tests {
                 address: Some("::".parse().unwrap()),
                 port: Some(11250),
                 server: Default::default(),
+                hardening: Default::default(),
                 sync_frequency: Some(Duration::from_secs(30)),
                 file_check_frequency: Some(Duration::from_secs(5)),
                 http_check_frequency: Some(Duration::from_secs(60)),

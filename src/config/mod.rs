@@ -12,7 +12,8 @@
 //!   registration, reservations), `runtime` (directories, CRI endpoints, image pulls),
 //!   `timing` (periods and timeouts), `sources` (static pods), [`server`] (ports, TLS,
 //!   authentication, authorization), `cgroups` (layout and pods' resources), `sandbox` (DNS,
-//!   sysctls), [`gc`] (image GC, log rotation), `logging`, [`shutdown`], [`eviction`].
+//!   sysctls), [`gc`] (image GC, log rotation), `logging`, [`shutdown`], [`eviction`],
+//!   [`hardening`] (seccomp default, debugging handlers, kernel defaults).
 
 mod cgroups;
 pub mod duration;
@@ -20,6 +21,7 @@ pub mod eviction;
 pub mod file;
 pub mod flags;
 pub mod gc;
+pub mod hardening;
 mod logging;
 pub mod node;
 mod runtime;
@@ -52,6 +54,7 @@ pub use file::{
 };
 pub use flags::Flags;
 pub use gc::GcSettings;
+pub use hardening::HardeningSettings;
 pub use node::{ClusterSettings, Reservations};
 pub use server::{AuthorizationMode, ServerSettings};
 pub use shutdown::ShutdownSettings;
@@ -139,6 +142,9 @@ pub struct Config {
     pub eviction: EvictionSettings,
     /// Graceful node shutdown (file-only fields, as upstream).
     pub shutdown: ShutdownSettings,
+    /// `seccompDefault`, the node API's debugging and system log handlers,
+    /// `protectKernelDefaults`.
+    pub hardening: HardeningSettings,
     pub config_file: Option<PathBuf>,
     /// Things worth logging at start-up (unknown config fields, ...). Never fatal.
     pub warnings: Vec<String>,

@@ -105,6 +105,7 @@ fn defaults() -> Config {
         gc: super::GcSettings::default(),
         eviction: super::EvictionSettings::default(),
         shutdown: super::ShutdownSettings::default(),
+        hardening: super::HardeningSettings::default(),
         config_file: None,
         warnings: vec![],
     }

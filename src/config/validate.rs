@@ -5,7 +5,7 @@
 //!
 //! [`build`] calls one function per section of the configuration, each in the section's
 //! module (`node`, `runtime`, `timing`, `sources`, `server`, `cgroups`, `sandbox`, `gc`,
-//! `logging`, `shutdown`, `eviction`), and assembles the [`Config`]. This module holds what
+//! `logging`, `shutdown`, `eviction`, `hardening`), and assembles the [`Config`]. This module holds what
 //! the sections share: [`pick`] for the precedence, the readers of the file's typed fields
 //! and [`InvalidValue`].
 
@@ -17,8 +17,8 @@ use super::duration::parse_go_duration;
 use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
 use super::{
-    Config, ConfigError, cgroups, eviction, gc, logging, node, runtime, sandbox, server, shutdown,
-    sources, timing,
+    Config, ConfigError, cgroups, eviction, gc, hardening, logging, node, runtime, sandbox, server,
+    shutdown, sources, timing,
 };
 
 /// Where a merged value came from, for naming it in errors.
@@ -156,6 +156,7 @@ pub(super) fn build(
     let reservations = node::reservations(flags, f)?;
     let server = server::server_settings(&flags.server, f, &resolve)?;
     let eviction = eviction::eviction_settings(flags, f)?;
+    let hardening = hardening::hardening_settings(&flags.hardening, f)?;
 
     Ok(Config {
         node_name,
@@ -209,6 +210,7 @@ pub(super) fn build(
         gc,
         eviction,
         shutdown,
+        hardening,
         config_file: None,
         warnings: Vec::new(),
     })

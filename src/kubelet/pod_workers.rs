@@ -986,6 +986,7 @@ pub(crate) mod test_support {
             },
             runtime_request_timeout: Duration::from_secs(5),
             image_pull_progress_deadline: Some(Duration::from_secs(60)),
+            seccomp_default: false,
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

@@ -121,6 +121,7 @@ pub(super) async fn serve_node_api(
             serde_json::to_vec(&node_api::configz::configz(config)).unwrap_or_default(),
         ),
         stats: stats.clone(),
+        debug: node_api::handlers::DebugHandlers::from_config(&config.hardening),
     };
     let slot = serving_certificate(config, plan, host_ip, agent.api.as_ref(), &agent.cancel)?;
     let server = node_api::serve(

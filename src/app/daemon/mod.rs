@@ -81,6 +81,9 @@ pub enum DaemonError {
     /// `cgroupDriver: systemd` on a machine where systemd does not run.
     #[error(transparent)]
     Systemd(#[from] crate::kubelet::cm::systemd::SystemdNotRunning),
+    /// `protectKernelDefaults: true` and a kernel tunable differs from upstream's value.
+    #[error(transparent)]
+    KernelDefaults(#[from] crate::kubelet::cm::kernel::KernelDefaultsError),
     /// The cgroup root is missing, or kubepods and the QoS cgroups cannot be made.
     #[error("setting up the pod cgroups: {0}")]
     Cgroups(#[from] crate::kubelet::cm::CgroupError),
@@ -163,7 +166,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> Result<(), DaemonError> {
     let plan = Plan::for_config(&config);
-    preflight(&config, &plan)?;
+    preflight(&config, &plan, &tuning)?;
     // A kubeconfig that cannot be used stops the agent before anything starts.
     let (api, rotation) = match &plan.cluster {
         Some(cluster) => {
@@ -234,8 +237,9 @@ pub async fn run(
 }
 
 /// Says what starts, and refuses a configuration this machine cannot serve before anything
-/// starts: the systemd driver needs systemd.
-fn preflight(config: &Config, plan: &Plan) -> Result<(), DaemonError> {
+/// starts: the systemd driver needs systemd; `protectKernelDefaults` needs the kernel's
+/// tunables at upstream's values.
+fn preflight(config: &Config, plan: &Plan, tuning: &Tuning) -> Result<(), DaemonError> {
     tracing::info!("starting: {}", config.summary());
     for warning in &config.warnings {
         tracing::warn!("configuration: {warning}");
@@ -244,6 +248,30 @@ fn preflight(config: &Config, plan: &Plan) -> Result<(), DaemonError> {
         crate::kubelet::cm::systemd::check_running(std::path::Path::new(
             crate::kubelet::cm::systemd::SYSTEMD_RUNNING_MARKER,
         ))?;
+    }
+    check_kernel_tunables(config, tuning)?;
+    Ok(())
+}
+
+/// `protectKernelDefaults`: refuses the start when a tunable differs (upstream's container
+/// manager does the same); otherwise says which differ and leaves them (upstream would write
+/// them: see `kubelet::cm::kernel`).
+fn check_kernel_tunables(config: &Config, tuning: &Tuning) -> Result<(), DaemonError> {
+    use crate::kubelet::cm::kernel::{self, KernelDecision};
+    let root = tuning
+        .proc_sys
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from(kernel::PROC_SYS));
+    let readings = kernel::read_tunables(&root);
+    match kernel::decide(&readings, config.hardening.protect_kernel_defaults)? {
+        KernelDecision::Fine => {}
+        KernelDecision::LeaveAlone(mismatches) => {
+            let list: Vec<String> = mismatches.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                "kernel tunables differ from upstream's kubelet values and are left as they are (protectKernelDefaults is false; Deckhand never writes them): {}",
+                list.join("; ")
+            );
+        }
     }
     Ok(())
 }

@@ -33,6 +33,10 @@ pub struct Tuning {
     /// `DECKHAND_EVICTION_MONITORING_PERIOD`: how often the eviction manager looks (upstream's
     /// `evictionMonitoringPeriod`, 10 s), shorter for the end-to-end tests.
     pub eviction_monitoring_period: Option<Duration>,
+    /// `DECKHAND_TEST_PROC_SYS`: where the kernel tunables `protectKernelDefaults` checks are
+    /// read (instead of `/proc/sys`), so the end-to-end tests can show a refusal without
+    /// touching the host's settings; never set in production.
+    pub proc_sys: Option<std::path::PathBuf>,
 }
 
 /// A test knob given in the environment is malformed.
@@ -98,6 +102,9 @@ impl Tuning {
                 });
             }
         }
+        t.proc_sys = std::env::var_os("DECKHAND_TEST_PROC_SYS")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from);
         t.panic_pod = std::env::var("DECKHAND_TEST_PANIC_POD")
             .ok()
             .filter(|v| !v.is_empty());

@@ -84,6 +84,18 @@ pub fn configz(c: &Config) -> Value {
     if let (Some(obj), Value::Object(rest)) = (kc.as_object_mut(), more) {
         obj.extend(rest);
     }
+    let h = &c.hardening;
+    if let (Some(obj), Value::Object(rest)) = (
+        kc.as_object_mut(),
+        json!({
+            "seccompDefault": h.seccomp_default,
+            "enableDebuggingHandlers": h.debugging_handlers,
+            "enableSystemLogHandler": h.system_log_handler,
+            "protectKernelDefaults": h.protect_kernel_defaults,
+        }),
+    ) {
+        obj.extend(rest);
+    }
     if let Some(n) = c.max_parallel_image_pulls
         && let Some(obj) = kc.as_object_mut()
     {

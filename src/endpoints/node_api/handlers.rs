@@ -68,6 +68,8 @@ pub struct NodeApiState {
     pub configz: Arc<Vec<u8>>,
     /// `/stats/summary` and `/metrics/resource`.
     pub stats: Arc<crate::kubelet::stats::StatsProvider>,
+    /// Which optional endpoints are served.
+    pub debug: DebugHandlers,
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {
@@ -119,32 +121,102 @@ async fn gate(State(state): State<NodeApiState>, req: Request, next: Next) -> Re
     }
 }
 
-/// The router of the node API.
+/// Which of the node API's optional endpoints are served, as upstream's server decides at
+/// start: `enableDebuggingHandlers` (exec, attach, port-forward, run, container logs,
+/// `/runningpods/`, `/configz`, `/logs/`) and, among those, `enableSystemLogHandler`
+/// (`/logs/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DebugHandlers {
+    pub debugging: bool,
+    pub system_log: bool,
+}
+
+impl Default for DebugHandlers {
+    /// Upstream's defaults: both served.
+    fn default() -> Self {
+        DebugHandlers {
+            debugging: true,
+            system_log: true,
+        }
+    }
+}
+
+impl DebugHandlers {
+    pub fn from_config(hardening: &crate::config::HardeningSettings) -> Self {
+        DebugHandlers {
+            debugging: hardening.debugging_handlers,
+            system_log: hardening.system_log_handler,
+        }
+    }
+}
+
+/// Upstream's answer on a debugging path with `enableDebuggingHandlers: false`.
+pub(crate) const DEBUG_DISABLED: &str = "Debug endpoints are disabled.\n";
+/// Upstream's answer on `/logs/` with `enableSystemLogHandler: false`.
+pub(crate) const LOGS_DISABLED: &str = "logs endpoint is disabled.\n";
+
+/// The router of the node API. Every path passes the gate first, the refused ones too, as
+/// upstream's authentication filter runs before its handlers.
 pub fn router(state: NodeApiState) -> Router {
-    Router::new()
+    let always = Router::new()
         .route("/healthz", get(healthz))
         .route("/healthz/{*check}", get(healthz))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
-        .route("/runningpods/", get(running_pods))
-        .route("/configz", get(configz))
         .route("/metrics", get(metrics_page))
         .route("/metrics/resource", get(resource_metrics))
         .route("/stats/summary", get(stats_summary).post(stats_summary))
-        .route("/metrics/{*rest}", get(metrics_page))
-        .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
-        .route("/logs", get(node_logs_root))
-        .route("/logs/", get(node_logs_root))
-        .route("/logs/{*path}", get(node_logs))
-        .route("/exec/{*rest}", any(exec))
-        .route("/attach/{*rest}", any(attach))
-        .route("/portForward/{*rest}", any(port_forward))
+        .route("/metrics/{*rest}", get(metrics_page));
+    let debug = state.debug;
+    let routes = if debug.debugging {
+        always.merge(debugging_routes(debug.system_log))
+    } else {
+        // As upstream: these paths answer 405 with one message; `/configz` is not there.
+        ["/run", "/exec", "/attach", "/portForward", "/containerLogs"]
+            .into_iter()
+            .chain(["/runningpods", "/debug/pprof", "/logs"])
+            .fold(always, |r, path| disabled(r, path, DEBUG_DISABLED))
+    };
+    routes
         .layer(middleware::from_fn_with_state(state.clone(), gate))
         // Outermost, so refused requests are counted too (upstream counts before auth).
         .layer(middleware::from_fn(|req, next| {
             crate::endpoints::read_only::count_request("readwrite", req, next)
         }))
         .with_state(state)
+}
+
+/// The endpoints `enableDebuggingHandlers` turns on; `/logs/` only with `system_log`.
+fn debugging_routes(system_log: bool) -> Router<NodeApiState> {
+    let routes = Router::new()
+        .route("/runningpods/", get(running_pods))
+        .route("/configz", get(configz))
+        .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+        .route("/exec/{*rest}", any(exec))
+        .route("/attach/{*rest}", any(attach))
+        .route("/portForward/{*rest}", any(port_forward));
+    if system_log {
+        routes
+            .route("/logs", get(node_logs_root))
+            .route("/logs/", get(node_logs_root))
+            .route("/logs/{*path}", get(node_logs))
+    } else {
+        disabled(routes, "/logs", LOGS_DISABLED)
+    }
+}
+
+/// `path`, `path/` and everything under it answer 405 with `message`, for any method (Go's
+/// subtree pattern `path/`, as upstream registers them).
+fn disabled(
+    routes: Router<NodeApiState>,
+    path: &str,
+    message: &'static str,
+) -> Router<NodeApiState> {
+    let answer = move || async move { text(StatusCode::METHOD_NOT_ALLOWED, message) };
+    routes
+        .route(path, any(answer))
+        .route(&format!("{path}/"), any(answer))
+        .route(&format!("{path}/{{*rest}}"), any(answer))
 }
 
 async fn healthz(State(state): State<NodeApiState>) -> Response {
@@ -629,5 +701,126 @@ mod tests {
             Some(("ns".into(), "p".into(), None, None))
         );
         assert_eq!(split_target("ns/p/u/x", false), None);
+    }
+
+    /// A router that lets anonymous requests through, serving what `debug` says.
+    fn open_router(debug: DebugHandlers, dir: &std::path::Path) -> Router {
+        struct NoStreams;
+        impl StreamUrls for NoStreams {
+            fn exec(&self, _: ExecRequest) -> BoxFuture<'_, Result<String, CriError>> {
+                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
+            }
+            fn attach(&self, _: AttachRequest) -> BoxFuture<'_, Result<String, CriError>> {
+                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
+            }
+            fn port_forward(
+                &self,
+                _: PortForwardRequest,
+            ) -> BoxFuture<'_, Result<String, CriError>> {
+                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
+            }
+        }
+        let settings = crate::config::ServerSettings {
+            anonymous_enabled: true,
+            authorization_mode: crate::config::AuthorizationMode::AlwaysAllow,
+            ..Default::default()
+        };
+        router(NodeApiState {
+            gate: Arc::new(Gate::new(settings, "n1".into(), None)),
+            health: Default::default(),
+            pods: Default::default(),
+            runtime: Default::default(),
+            streams: Arc::new(NoStreams),
+            metrics: Default::default(),
+            pod_logs_dir: dir.to_path_buf(),
+            node_log_dir: dir.to_path_buf(),
+            configz: Arc::new(b"{}".to_vec()),
+            stats: Arc::new(crate::kubelet::stats::StatsProvider::new(
+                Arc::new(crate::clients::cri::fake::FakeCri::default()),
+                Arc::new(crate::kubelet::stats::HostFiles::default()),
+                "n1".into(),
+            )),
+            debug,
+        })
+    }
+
+    async fn answer(router: &Router, method: &str, path: &str) -> (StatusCode, String) {
+        use tower::ServiceExt;
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let resp = router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// `enableDebuggingHandlers: false` answers upstream's 405 on every debugging path and
+    /// drops `/configz`, while `/pods`, `/healthz`, `/metrics` and `/stats` stay;
+    /// `enableSystemLogHandler: false` alone answers 405 on `/logs/` only.
+    #[tokio::test]
+    async fn debugging_and_system_log_handlers_can_be_turned_off() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("syslog"), "hello").unwrap();
+        let off = open_router(
+            DebugHandlers {
+                debugging: false,
+                system_log: true,
+            },
+            dir.path(),
+        );
+        let debug_off = (StatusCode::METHOD_NOT_ALLOWED, DEBUG_DISABLED.to_string());
+        for (method, path) in [
+            ("POST", "/exec/default/web/app?command=id&output=1"),
+            ("GET", "/exec/default/web/app?command=id&output=1"),
+            ("POST", "/attach/default/web/app?output=1"),
+            ("POST", "/portForward/default/web"),
+            ("POST", "/run/default/web/app?cmd=id"),
+            ("GET", "/containerLogs/default/web/app"),
+            ("GET", "/runningpods/"),
+            ("GET", "/logs/"),
+            ("GET", "/logs/syslog"),
+            ("GET", "/debug/pprof/"),
+        ] {
+            assert_eq!(
+                answer(&off, method, path).await,
+                debug_off,
+                "{method} {path}"
+            );
+        }
+        assert_eq!(
+            answer(&off, "GET", "/configz").await.0,
+            StatusCode::NOT_FOUND
+        );
+        for path in ["/pods", "/healthz", "/stats/summary"] {
+            assert_eq!(answer(&off, "GET", path).await.0, StatusCode::OK, "{path}");
+        }
+
+        let no_logs = open_router(
+            DebugHandlers {
+                debugging: true,
+                system_log: false,
+            },
+            dir.path(),
+        );
+        let logs_off = (StatusCode::METHOD_NOT_ALLOWED, LOGS_DISABLED.to_string());
+        assert_eq!(answer(&no_logs, "GET", "/logs/").await, logs_off);
+        assert_eq!(answer(&no_logs, "GET", "/logs/syslog").await, logs_off);
+        assert_eq!(answer(&no_logs, "GET", "/configz").await.0, StatusCode::OK);
+        assert_eq!(
+            answer(&no_logs, "GET", "/runningpods/").await.0,
+            StatusCode::OK
+        );
+
+        let on = open_router(DebugHandlers::default(), dir.path());
+        assert_eq!(
+            answer(&on, "GET", "/logs/syslog").await,
+            (StatusCode::OK, "hello".to_string())
+        );
+        assert_eq!(answer(&on, "GET", "/configz").await.0, StatusCode::OK);
     }
 }

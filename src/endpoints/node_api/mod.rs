@@ -160,6 +160,7 @@ mod tests {
                 Arc::new(crate::kubelet::stats::HostFiles::default()),
                 "n1".into(),
             )),
+            debug: Default::default(),
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

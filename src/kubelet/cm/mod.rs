@@ -10,12 +10,14 @@
 //! - [`allocatable`]: what `kubepods` is limited to (pure).
 //! - [`systemd`]: slice names, and the check that systemd runs.
 //! - [`orphans`]: pod cgroups no pod owns any more, found and removed.
+//! - [`kernel`]: the kernel tunables checked at start (`protectKernelDefaults`; pure decision).
 //!
 //! The runtime (runc) then creates each container's cgroup below the pod's, with the limits
 //! translated into the CRI config (`runtime::translate::container`).
 
 pub mod allocatable;
 pub mod fs;
+pub mod kernel;
 mod manager;
 pub mod orphans;
 pub mod pod_config;

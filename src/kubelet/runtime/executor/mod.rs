@@ -60,6 +60,8 @@ pub struct NodeContext {
     pub runtime_request_timeout: Duration,
     /// `--image-pull-progress-deadline` (`None`: pulls wait as long as they take).
     pub image_pull_progress_deadline: Option<Duration>,
+    /// `seccompDefault`: pods and containers without a seccomp profile get `RuntimeDefault`.
+    pub seccomp_default: bool,
 }
 
 impl NodeContext {
@@ -378,6 +380,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             ),
             node_name: self.node.node_name.clone(),
             seccomp_profile_root: self.node.seccomp_profile_root(),
+            seccomp_default: self.node.seccomp_default,
         };
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
@@ -887,6 +890,7 @@ mod cgroup_tests {
             allocatable: Default::default(),
             runtime_request_timeout: Duration::from_secs(5),
             image_pull_progress_deadline: None,
+            seccomp_default: false,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

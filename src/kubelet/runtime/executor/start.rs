@@ -318,6 +318,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             node_memory_capacity: self.node.node_memory_bytes,
             node_allocatable: self.node.allocatable,
             seccomp_profile_root: self.node.seccomp_profile_root(),
+            seccomp_default: self.node.seccomp_default,
             resources: self.resources.clone(),
         };
         // Resolved once: the mounts need it (`subPathExpr`), then the container config.

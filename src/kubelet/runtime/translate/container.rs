@@ -14,7 +14,7 @@ use crate::kubelet::cm::pod_config::{milli_cpu_to_quota, milli_cpu_to_shares};
 
 use super::sandbox::is_host_network;
 use super::{
-    ContainerContext, PodMeta, TranslateError, env, namespace_options, seccomp_profile, security,
+    ContainerContext, PodMeta, TranslateError, effective_seccomp, env, namespace_options, security,
     selinux_option,
 };
 use crate::base::podspec::qos::{QosClass, qos_class};
@@ -330,6 +330,7 @@ pub fn linux_security_context(
     pod: &Pod,
     c: &Container,
     seccomp_root: &Path,
+    seccomp_default: bool,
 ) -> Result<LinuxContainerSecurityContext, TranslateError> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = c.security_context.as_ref();
@@ -342,18 +343,13 @@ pub fn linux_security_context(
             add_ambient_capabilities: Vec::new(),
         });
 
-    let seccomp = match sc
-        .and_then(|s| s.seccomp_profile.as_ref())
-        .or_else(|| pod_sc.and_then(|p| p.seccomp_profile.as_ref()))
-    {
-        Some(p) => Some(seccomp_profile(p, seccomp_root).ok_or_else(|| {
-            TranslateError::UnsupportedSeccomp {
-                container: Some(c.name.clone()),
-                kind: p.type_.clone(),
-            }
-        })?),
-        None => None,
-    };
+    let seccomp = effective_seccomp(
+        sc.and_then(|s| s.seccomp_profile.as_ref())
+            .or_else(|| pod_sc.and_then(|p| p.seccomp_profile.as_ref())),
+        seccomp_root,
+        seccomp_default,
+        Some(&c.name),
+    )?;
 
     let apparmor =
         security::apparmor_profile(pod, c).map_err(|source| TranslateError::AppArmor {
@@ -487,6 +483,7 @@ pub fn container_config_with_env(
                 pod,
                 container,
                 &ctx.seccomp_profile_root,
+                ctx.seccomp_default,
             )?),
         }),
         windows: None,
@@ -645,6 +642,7 @@ mod tests {
                 ..Default::default()
             }],
             seccomp_profile_root: std::path::PathBuf::from("/var/lib/deckhand/seccomp"),
+            seccomp_default: false,
             resources: Default::default(),
         }
     }
@@ -964,7 +962,7 @@ mod tests {
             ..Default::default()
         });
         let root = Path::new("/var/lib/deckhand/seccomp");
-        let sc = linux_security_context(&pod, &c, root).unwrap();
+        let sc = linux_security_context(&pod, &c, root, false).unwrap();
         assert!(sc.privileged);
         assert!(!sc.no_new_privs);
         assert_eq!(
@@ -980,7 +978,7 @@ mod tests {
             type_: "Localhost".into(),
             localhost_profile: Some("profiles/audit.json".into()),
         });
-        let sc = linux_security_context(&pod, &c, root).unwrap();
+        let sc = linux_security_context(&pod, &c, root, false).unwrap();
         assert_eq!(
             sc.seccomp,
             Some(SecurityProfile {
@@ -989,7 +987,7 @@ mod tests {
             })
         );
         // Without a root, or escaping it, it cannot be served.
-        let err = linux_security_context(&pod, &c, Path::new("")).unwrap_err();
+        let err = linux_security_context(&pod, &c, Path::new(""), false).unwrap_err();
         assert_eq!(
             err.to_string(),
             "container \"app\": unsupported seccomp profile type \"Localhost\""
@@ -998,7 +996,59 @@ mod tests {
             type_: "Localhost".into(),
             localhost_profile: Some("../escape.json".into()),
         });
-        assert!(linux_security_context(&pod, &c, root).is_err());
+        assert!(linux_security_context(&pod, &c, root, false).is_err());
+    }
+
+    /// `seccompDefault`: a container whose pod and own context set no profile gets
+    /// `RuntimeDefault` in its CRI config; a profile asked for still wins (`Unconfined`
+    /// included), and without the setting nothing is sent (the runtime's unconfined).
+    #[test]
+    fn seccomp_default_fills_in_runtime_default() {
+        let runtime_default = Some(SecurityProfile {
+            profile_type: 0,
+            localhost_ref: String::new(),
+        });
+        let unconfined = Some(SecurityProfile {
+            profile_type: 1,
+            localhost_ref: String::new(),
+        });
+        let bare = with_resources(&[], &[]);
+        let pod = web_pod(vec![bare.clone()]);
+        let config = |pod: &Pod, seccomp_default: bool| {
+            let ctx = ContainerContext {
+                seccomp_default,
+                ..ctx()
+            };
+            container_config(pod, &pod.spec.as_ref().unwrap().containers[0], &ctx)
+                .unwrap()
+                .linux
+                .unwrap()
+                .security_context
+                .unwrap()
+                .seccomp
+        };
+        assert_eq!(config(&pod, true), runtime_default);
+        assert_eq!(config(&pod, false), None);
+
+        let mut own = bare.clone();
+        own.security_context = Some(SecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Unconfined".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(config(&web_pod(vec![own]), true), unconfined);
+
+        let mut pod_level = web_pod(vec![bare]);
+        pod_level.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Unconfined".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(config(&pod_level, true), unconfined);
     }
 
     #[test]
@@ -1031,7 +1081,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let sc = linux_security_context(&pod, &c, Path::new("")).unwrap();
+        let sc = linux_security_context(&pod, &c, Path::new(""), false).unwrap();
         assert_eq!(sc.run_as_user, Some(Int64Value { value: 1001 }));
         assert_eq!(sc.run_as_group, Some(Int64Value { value: 2000 }));
         assert_eq!(sc.supplemental_groups, vec![3000, 4000]);

@@ -46,6 +46,9 @@ pub struct ContainerContext {
     pub extra_mounts: Vec<crate::clients::cri::proto::Mount>,
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
     pub seccomp_profile_root: std::path::PathBuf,
+    /// `seccompDefault`: a container whose pod and own security context set no seccomp
+    /// profile runs with the runtime's default profile instead of unconfined.
+    pub seccomp_default: bool,
     /// The node's CFS settings, cgroup version and huge page sizes.
     pub resources: crate::kubelet::cm::ContainerSettings,
 }
@@ -250,6 +253,33 @@ pub(crate) fn seccomp_profile(
         profile_type: profile_type as i32,
         localhost_ref,
     })
+}
+
+/// The seccomp profile a container (`container`: its name) or a sandbox (`None`) gets, as
+/// upstream's runtime manager chooses it: the profile asked for (the container's own over the
+/// pod's), else `RuntimeDefault` with `seccompDefault` on. Without either, nothing is sent,
+/// which the runtime takes as unconfined (upstream sends `Unconfined`: the same).
+pub(crate) fn effective_seccomp(
+    asked: Option<&SeccompProfile>,
+    root: &std::path::Path,
+    seccomp_default: bool,
+    container: Option<&str>,
+) -> Result<Option<SecurityProfile>, TranslateError> {
+    match asked {
+        Some(p) => {
+            seccomp_profile(p, root)
+                .map(Some)
+                .ok_or_else(|| TranslateError::UnsupportedSeccomp {
+                    container: container.map(str::to_string),
+                    kind: p.type_.clone(),
+                })
+        }
+        None if seccomp_default => Ok(Some(SecurityProfile {
+            profile_type: ProfileType::RuntimeDefault as i32,
+            localhost_ref: String::new(),
+        })),
+        None => Ok(None),
+    }
 }
 
 pub use crate::base::podspec::apparmor::is_local_descending_path;

@@ -13,7 +13,7 @@ use crate::clients::cri::proto::{
 
 use super::dns::{self, HostDns};
 use super::{
-    PodMeta, TranslateError, namespace_options, seccomp_profile, security, selinux_option,
+    PodMeta, TranslateError, effective_seccomp, namespace_options, security, selinux_option,
 };
 
 /// Node facts a sandbox config depends on. Everything is passed in; nothing is read here.
@@ -33,6 +33,8 @@ pub struct SandboxContext {
     pub node_name: String,
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
     pub seccomp_profile_root: PathBuf,
+    /// `seccompDefault`: a sandbox whose pod sets no seccomp profile gets `RuntimeDefault`.
+    pub seccomp_default: bool,
 }
 
 /// Maximum hostname length (a DNS label).
@@ -159,17 +161,12 @@ pub fn pod_sandbox_config(
             })
     });
 
-    let seccomp = match pod_sc.and_then(|sc| sc.seccomp_profile.as_ref()) {
-        Some(p) => Some(
-            seccomp_profile(p, &ctx.seccomp_profile_root).ok_or_else(|| {
-                TranslateError::UnsupportedSeccomp {
-                    container: None,
-                    kind: p.type_.clone(),
-                }
-            })?,
-        ),
-        None => None,
-    };
+    let seccomp = effective_seccomp(
+        pod_sc.and_then(|sc| sc.seccomp_profile.as_ref()),
+        &ctx.seccomp_profile_root,
+        ctx.seccomp_default,
+        None,
+    )?;
 
     let security_context = LinuxSandboxSecurityContext {
         namespace_options: Some(namespace_options(pod)),
@@ -271,6 +268,7 @@ mod tests {
             cgroup_parent: Some("/kubepods/besteffort/pod0b7e4c2a".into()),
             node_name: "node-a".into(),
             seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
+            seccomp_default: false,
         }
     }
 
@@ -396,6 +394,21 @@ mod tests {
         assert!(!sc.privileged);
         assert_eq!(sc.run_as_user, None);
         assert_eq!(sc.seccomp, None);
+    }
+
+    /// `seccompDefault` gives a sandbox whose pod sets no profile `RuntimeDefault`.
+    #[test]
+    fn seccomp_default_reaches_the_sandbox() {
+        let ctx = SandboxContext {
+            seccomp_default: true,
+            ..ctx()
+        };
+        let cfg = pod_sandbox_config(&web_pod(), &ctx, 0).unwrap();
+        let seccomp = cfg.linux.unwrap().security_context.unwrap().seccomp;
+        assert_eq!(
+            seccomp.map(|p| p.profile_type),
+            Some(crate::clients::cri::proto::security_profile::ProfileType::RuntimeDefault as i32)
+        );
     }
 
     #[test]
