@@ -236,11 +236,7 @@ pub(super) fn start_membership(
         status_update_frequency: config.node_status_update_frequency,
         published: node_agent::NodePublisher::to(published),
     };
-    let (client, events, cancel) = (
-        api.node_api(),
-        agent.events.clone(),
-        agent.cancel.clone(),
-    );
+    let (client, events, cancel) = (api.node_api(), agent.events.clone(), agent.cancel.clone());
     // Registration, node status and the Lease: one task, restarted as a whole.
     agent.tasks.spawn("node-status", move || {
         node_agent::run(
