@@ -574,16 +574,6 @@ spec:
     );
     agent.write_manifest("plain.yaml", &common::sleeping_pod("plain"));
 
-    let plain = wait_running(&agent, "plain").await;
-    let pod_dir = agent.root_dir().join("pods").join(uid(&plain));
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&pod_dir).unwrap().permissions(),
-    ) & 0o7777;
-    assert_eq!(
-        mode, 0o750,
-        "the pod directory of a pod without volumes: {mode:o}"
-    );
-
     let host = wait_creating(&agent, "badhost").await;
     assert!(
         host.contains("MountVolume.SetUp failed for volume \"host\""),
@@ -621,9 +611,21 @@ spec:
         warnings <= tries + 6.0,
         "{warnings:.0} warnings a minute for {tries:.0} tries: one warning per try"
     );
+    // Spinning, two such volumes cost a debug build about 7 CPU-s a minute; backed off, next
+    // to nothing.
     assert!(
-        cpu < 6.0,
+        cpu < 2.0,
         "the agent used {cpu:.2} CPU-s a minute with two failing volumes"
+    );
+
+    let plain = wait_running(&agent, "plain").await;
+    let pod_dir = agent.root_dir().join("pods").join(uid(&plain));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&pod_dir).unwrap().permissions(),
+    ) & 0o7777;
+    assert_eq!(
+        mode, 0o750,
+        "the pod directory of a pod without volumes: {mode:o}"
     );
 }
 
