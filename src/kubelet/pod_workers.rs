@@ -1403,6 +1403,88 @@ mod tests {
         h.cancel.cancel();
     }
 
+    /// Issue 27, item 5: a volume that cannot be set up is tried again after upstream's
+    /// back-off (500 ms doubling), one FailedMount each try, and not at 20 ms forever; once
+    /// its configMap appears, the object's watch pokes the pod and it starts at once, however
+    /// long the back-off has grown.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_volume_backs_off_and_wakes_when_its_object_appears() {
+        use crate::kubelet::api_objects::ApiObjects;
+        use crate::kubelet::api_objects::fake::FakeObjectApi;
+        let api = FakeObjectApi::default();
+        let pokes = crate::base::resync_queue::Pokes::default();
+        let objects = ApiObjects::new(
+            Arc::new(api.clone()),
+            pokes.clone(),
+            CancellationToken::new(),
+        );
+        let mut h = harness_with_objects(FakeCri::with_images(&[IMAGE]), Some(objects));
+        let mut p = (*pod("uid-b1")).clone();
+        p.spec.as_mut().unwrap().volumes = Some(
+            serde_json::from_value(serde_json::json!([
+                {"name": "cfg", "configMap": {"name": "late"}}
+            ]))
+            .unwrap(),
+        );
+        h.workers.dispatch("uid-b1", Work::Sync(Arc::new(p)));
+        // The sync loop's part: pokes reach the worker.
+        let forward = |h: &Harness| {
+            if pokes.pending() > 0 {
+                let taken = pokes.take().now_or_never().unwrap_or_default();
+                for uid in taken {
+                    h.workers.poke(&uid);
+                }
+            }
+        };
+        let mut tries = 0;
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            forward(&h);
+            tries += drain_events(&mut h)
+                .iter()
+                .filter(|(r, _)| r == "FailedMount")
+                .count();
+        }
+        // Tries at 0, 0.5, 1.5, 3.5, 7.5, 15.5 and 31.5 s; the next at 63.5 s.
+        assert_eq!(tries, 7, "FailedMount events in a minute");
+        assert_eq!(h.rt.count("RunPodSandbox"), 0);
+        let status = h.states.status("uid-b1").expect("a published status");
+        let waiting = &status.container_statuses.as_ref().unwrap()[0];
+        let message = waiting.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(message.reason.as_deref(), Some("ContainerCreating"));
+        assert_eq!(
+            message.message.as_deref(),
+            Some("MountVolume.SetUp failed for volume \"cfg\" : configmap \"late\" not found")
+        );
+
+        let created = Instant::now();
+        api.put_config_map("default", "late", &[("k", "v")]);
+        while h.rt.count("StartContainer") == 0 {
+            assert!(
+                created.elapsed() < Duration::from_secs(1),
+                "the pod did not start within a second of its configMap appearing"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            forward(&h);
+        }
+        h.cancel.cancel();
+    }
+
+    /// Issue 27, item 7: the pod's directory is 0750 (upstream's `makePodDataDirs`), with
+    /// or without volumes.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_without_volumes_gets_a_0750_pod_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        h.workers.dispatch("uid-d1", Work::Sync(pod("uid-d1")));
+        eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
+        let dir = h.dir.path().join("root/pods/uid-d1");
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o750, "{mode:o}");
+        h.cancel.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn pull_secrets_are_tried_in_turn_and_a_broken_one_fails_only_its_pod() {
         use crate::kubelet::api_objects::ApiObjects;

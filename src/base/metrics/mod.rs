@@ -22,6 +22,11 @@ const POD_START_BUCKETS: &[f64] = &[
     300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
 
+/// Upstream's buckets for storage operations, in seconds.
+const STORAGE_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+
 /// The kubelet's metric families that Deckhand records.
 pub struct KubeletMetrics {
     pub runtime_operations: Family,
@@ -34,6 +39,7 @@ pub struct KubeletMetrics {
     pub pleg_relist_interval: Family,
     pub started_containers: Family,
     pub started_containers_errors: Family,
+    pub storage_operation_duration: Family,
     pub evictions: Family,
     pub http_requests: Family,
     pub http_requests_duration: Family,
@@ -103,6 +109,14 @@ pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
         "kubelet_started_containers_errors_total",
         "Containers that could not be started, by type and error code.",
         &["container_type", "code"],
+    ),
+    storage_operation_duration: Family::histogram(
+        "storage_operation_duration_seconds",
+        "How long each volume operation took, by plugin, operation (volume_mount: one per \
+         set-up attempt of a volume), status (success, fail-unknown) and migrated (always \
+         false); its _count counts the attempts.",
+        &["volume_plugin", "operation_name", "status", "migrated"],
+        STORAGE_BUCKETS.to_vec(),
     ),
     evictions: Family::counter(
         "kubelet_evictions",
@@ -297,6 +311,7 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
         &k.pleg_relist_interval,
         &k.started_containers,
         &k.started_containers_errors,
+        &k.storage_operation_duration,
         &k.evictions,
         &k.http_requests,
         &k.http_requests_duration,

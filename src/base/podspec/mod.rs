@@ -5,6 +5,7 @@
 
 pub mod apparmor;
 pub mod expand;
+pub mod item_path;
 pub mod labels;
 pub mod origin;
 pub mod pod;

@@ -55,17 +55,26 @@ pub struct SyncFacts<'a> {
     pub events_live: bool,
     /// The stream told of an exit that the view does not show yet.
     pub exit_pending: bool,
+    /// The start waits for volumes that are backed off: nothing can start before the first
+    /// back-off ends (or the pod is poked), however ready the rest looks.
+    pub start_blocked: Option<Duration>,
 }
 
 /// The wait before the next look; `None` means only events and the resync bring it.
 pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
     let mut next = facts.decision.retry_after();
     let mut sooner = |d: Duration| next = Some(next.map_or(d, |n: Duration| n.min(d)));
-    if facts.failed || facts.error_waiting {
+    // Waiting on volumes, the containers' ContainerCreating is no error to retry, and the
+    // sandbox or containers still to start are no progress that could be made now.
+    let blocked = facts.start_blocked.is_some();
+    if let Some(wait) = facts.start_blocked {
+        sooner(wait);
+    }
+    if facts.failed || (facts.error_waiting && !blocked) {
         sooner(ERROR_RETRY);
     }
     if let Some(followup) = facts.followup.filter(|_| !facts.failed) {
-        if makes_progress(followup, facts.blocked) {
+        if !blocked && makes_progress(followup, facts.blocked) {
             sooner(PROGRESS_RETRY);
         }
         if let Some(wait) = followup.retry_after() {
@@ -178,6 +187,7 @@ mod tests {
             init_running,
             events_live: false,
             exit_pending: false,
+            start_blocked: None,
         };
         fn live(f: SyncFacts<'_>) -> SyncFacts<'_> {
             SyncFacts {
@@ -191,6 +201,16 @@ mod tests {
                 ..f
             }
         }
+        fn volumes_wait(ms: u64, f: SyncFacts<'_>) -> SyncFacts<'_> {
+            SyncFacts {
+                start_blocked: Some(Duration::from_millis(ms)),
+                ..f
+            }
+        }
+        let new_sandbox = PodActions {
+            create_sandbox: Some(0),
+            ..starts_b.clone()
+        };
         let ms = Duration::from_millis;
         let rows: Vec<(&str, SyncFacts, Option<Duration>)> = vec![
             (
@@ -252,6 +272,38 @@ mod tests {
                 "an exit the view does not show yet",
                 pending(live(facts(&none, false, false, None, nobody, false))),
                 Some(CATCH_UP),
+            ),
+            (
+                "volumes back off: the sandbox still to make is no progress",
+                volumes_wait(
+                    500,
+                    facts(&new_sandbox, false, true, Some(&new_sandbox), nobody, false),
+                ),
+                Some(ms(500)),
+            ),
+            (
+                "volumes back off for two minutes: no error retry either",
+                volumes_wait(
+                    122_000,
+                    facts(&new_sandbox, false, true, Some(&new_sandbox), nobody, false),
+                ),
+                Some(Duration::from_secs(122)),
+            ),
+            (
+                "volumes back off, a crash-loop wait ends sooner",
+                volumes_wait(
+                    8000,
+                    facts(&waits_3, false, true, Some(&waits_3), nobody, false),
+                ),
+                Some(Duration::from_secs(3)),
+            ),
+            (
+                "volumes back off but a CRI call failed",
+                volumes_wait(
+                    8000,
+                    facts(&new_sandbox, true, true, Some(&new_sandbox), nobody, false),
+                ),
+                Some(ERROR_RETRY),
             ),
         ];
         for (name, f, want) in rows {

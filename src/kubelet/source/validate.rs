@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::base::podspec::quantity;
+use crate::base::podspec::{item_path, quantity};
 
 #[path = "validate_security.rs"]
 pub mod validate_security;
@@ -210,20 +210,41 @@ fn validate_mode(mode: Option<i32>, field: &str, errors: &mut Errors) {
     }
 }
 
-fn validate_key_modes(items: Option<&Vec<KeyToPath>>, field: &str, errors: &mut Errors) {
+/// A file's path in a volume: what the volume's writer would refuse at mount time is refused
+/// here, naming the volume (see `base::podspec::item_path`).
+fn validate_item_path(path: &str, field: &str, volume: &str, errors: &mut Errors) {
+    if let Err(problem) = item_path::check_item_path(path) {
+        errors.push(field, format!("volume {volume:?}: {problem}"));
+    }
+}
+
+fn validate_key_items(
+    items: Option<&Vec<KeyToPath>>,
+    field: &str,
+    volume: &str,
+    errors: &mut Errors,
+) {
     for (k, item) in items.into_iter().flatten().enumerate() {
         validate_mode(item.mode, &format!("{field}.items[{k}].mode"), errors);
+        validate_item_path(
+            &item.path,
+            &format!("{field}.items[{k}].path"),
+            volume,
+            errors,
+        );
     }
 }
 
 fn validate_downward_items(
     items: Option<&Vec<DownwardAPIVolumeFile>>,
     field: &str,
+    volume: &str,
     errors: &mut Errors,
 ) {
     for (k, item) in items.into_iter().flatten().enumerate() {
         let itf = format!("{field}.items[{k}]");
         validate_mode(item.mode, &format!("{itf}.mode"), errors);
+        validate_item_path(&item.path, &format!("{itf}.path"), volume, errors);
         if let Some(r) = &item.resource_field_ref {
             validate_divisor(
                 r.divisor.as_ref(),
@@ -234,8 +255,8 @@ fn validate_downward_items(
     }
 }
 
-/// File modes (`defaultMode`, `items[].mode`) and quantities (`sizeLimit`, divisors) of one
-/// volume.
+/// File modes (`defaultMode`, `items[].mode`), file paths (`items[].path`, a token's or
+/// bundle's `path`) and quantities (`sizeLimit`, divisors) of one volume.
 fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
     if let Some(secret) = &v.secret {
         validate_mode(
@@ -243,7 +264,12 @@ fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
             &format!("{field}.secret.defaultMode"),
             errors,
         );
-        validate_key_modes(secret.items.as_ref(), &format!("{field}.secret"), errors);
+        validate_key_items(
+            secret.items.as_ref(),
+            &format!("{field}.secret"),
+            &v.name,
+            errors,
+        );
     }
     if let Some(cm) = &v.config_map {
         validate_mode(
@@ -251,7 +277,12 @@ fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
             &format!("{field}.configMap.defaultMode"),
             errors,
         );
-        validate_key_modes(cm.items.as_ref(), &format!("{field}.configMap"), errors);
+        validate_key_items(
+            cm.items.as_ref(),
+            &format!("{field}.configMap"),
+            &v.name,
+            errors,
+        );
     }
     if let Some(downward) = &v.downward_api {
         validate_mode(
@@ -262,6 +293,7 @@ fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
         validate_downward_items(
             downward.items.as_ref(),
             &format!("{field}.downwardAPI"),
+            &v.name,
             errors,
         );
     }
@@ -274,17 +306,36 @@ fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
         for (j, source) in projected.sources.iter().flatten().enumerate() {
             let sf = format!("{field}.projected.sources[{j}]");
             if let Some(secret) = &source.secret {
-                validate_key_modes(secret.items.as_ref(), &format!("{sf}.secret"), errors);
+                validate_key_items(
+                    secret.items.as_ref(),
+                    &format!("{sf}.secret"),
+                    &v.name,
+                    errors,
+                );
             }
             if let Some(cm) = &source.config_map {
-                validate_key_modes(cm.items.as_ref(), &format!("{sf}.configMap"), errors);
+                validate_key_items(
+                    cm.items.as_ref(),
+                    &format!("{sf}.configMap"),
+                    &v.name,
+                    errors,
+                );
             }
             if let Some(downward) = &source.downward_api {
                 validate_downward_items(
                     downward.items.as_ref(),
                     &format!("{sf}.downwardAPI"),
+                    &v.name,
                     errors,
                 );
+            }
+            if let Some(token) = &source.service_account_token {
+                let tf = format!("{sf}.serviceAccountToken.path");
+                validate_item_path(&token.path, &tf, &v.name, errors);
+            }
+            if let Some(bundle) = &source.cluster_trust_bundle {
+                let bf = format!("{sf}.clusterTrustBundle.path");
+                validate_item_path(&bundle.path, &bf, &v.name, errors);
             }
         }
     }
@@ -923,6 +974,78 @@ spec:
         assert!(
             err[1].reason.contains("too large") && err[1].reason.contains("millicores"),
             "{err:?}"
+        );
+    }
+
+    #[test]
+    fn item_paths_the_volume_writer_refuses_are_refused_naming_volume_and_item() {
+        let yaml = "
+metadata: {name: a, namespace: default, uid: u1}
+spec:
+  containers: [{name: a, image: x}]
+  volumes:
+  - name: s
+    secret: {secretName: s, items: [{key: k, path: ok/fine}, {key: l, path: ./..data/x}]}
+  - name: c
+    configMap: {name: c, items: [{key: k, path: /etc/passwd}]}
+  - name: d
+    downwardAPI: {items: [{path: a/../../x, fieldRef: {fieldPath: metadata.name}}]}
+  - name: p
+    projected:
+      sources:
+      - secret: {name: s, items: [{key: k, path: ..data}]}
+      - configMap: {name: c, items: [{key: k, path: ''}]}
+      - downwardAPI: {items: [{path: .//..data_tmp, fieldRef: {fieldPath: metadata.name}}]}
+      - serviceAccountToken: {path: ./..2024_01_01_00_00_00.1}
+      - clusterTrustBundle: {path: ../b, name: n, optional: true}
+";
+        let err = validate_pod(&pod(yaml), &NodeSecurity::default()).unwrap_err();
+        let got: Vec<(&str, &str)> = err
+            .iter()
+            .map(|e| (e.field.as_str(), e.reason.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "spec.volumes[0].secret.items[1].path",
+                    "volume \"s\": invalid path: must not start with '..' once cleaned \
+                     (..data/x): ./..data/x; names starting with '..' belong to the volume's \
+                     writer"
+                ),
+                (
+                    "spec.volumes[1].configMap.items[0].path",
+                    "volume \"c\": invalid path: must be relative path: /etc/passwd"
+                ),
+                (
+                    "spec.volumes[2].downwardAPI.items[0].path",
+                    "volume \"d\": invalid path: must not contain '..': a/../../x"
+                ),
+                (
+                    "spec.volumes[3].projected.sources[0].secret.items[0].path",
+                    "volume \"p\": invalid path: must not start with '..': ..data"
+                ),
+                (
+                    "spec.volumes[3].projected.sources[1].configMap.items[0].path",
+                    "volume \"p\": invalid path: must not be empty"
+                ),
+                (
+                    "spec.volumes[3].projected.sources[2].downwardAPI.items[0].path",
+                    "volume \"p\": invalid path: must not start with '..' once cleaned \
+                     (..data_tmp): .//..data_tmp; names starting with '..' belong to the \
+                     volume's writer"
+                ),
+                (
+                    "spec.volumes[3].projected.sources[3].serviceAccountToken.path",
+                    "volume \"p\": invalid path: must not start with '..' once cleaned \
+                     (..2024_01_01_00_00_00.1): ./..2024_01_01_00_00_00.1; names starting \
+                     with '..' belong to the volume's writer"
+                ),
+                (
+                    "spec.volumes[3].projected.sources[4].clusterTrustBundle.path",
+                    "volume \"p\": invalid path: must not contain '..': ../b"
+                ),
+            ]
         );
     }
 

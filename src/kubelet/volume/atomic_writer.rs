@@ -9,25 +9,34 @@
 //!
 //! A new version is written into a fresh timestamped directory, a `..data_tmp` symlink to it is
 //! renamed over `..data` (the atomic step), then the top-level symlinks are added or removed
-//! and the old version is deleted. Nothing is written when the content and modes are unchanged.
+//! and every other version directory is deleted. Nothing is written when the content and modes
+//! are unchanged.
+//!
+//! What the writer owns, and so may replace or remove, is only what it makes: a `..data` that
+//! links to a `..<timestamp>` directory, `..<timestamp>` directories, and top-level links to
+//! `..data/<name>`. Anything else where one of those should be is an error, never replaced
+//! (the volume is then left as it is). A write that fails removes the version directory it
+//! was writing, so a full disk costs no directories; version directories left by an earlier
+//! agent (or a crash between the two steps) go with the next write.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const DATA_DIR_NAME: &str = "..data";
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+pub use crate::base::podspec::item_path::InvalidPath;
+use crate::base::podspec::item_path::check_item_path;
+
 use super::ownership::{self, FsGroup};
 use super::safe_fs;
 
 const NEW_DATA_DIR_NAME: &str = "..data_tmp";
-const MAX_PATH_LEN: usize = 4096;
-const MAX_NAME_LEN: usize = 255;
 
 /// One file's content and permission bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,25 +47,6 @@ pub struct FileProjection {
 
 /// Relative path (may contain `/`) → file.
 pub type Payload = BTreeMap<String, FileProjection>;
-
-/// A payload path that may not be written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidPath {
-    #[error("invalid path: must not be empty")]
-    Empty,
-    #[error("invalid path: must be less than or equal to {MAX_PATH_LEN} characters")]
-    TooLong,
-    #[error("invalid path: must be relative path: {0}")]
-    Absolute(String),
-    #[error("invalid path: must not contain path items longer than {MAX_NAME_LEN} characters")]
-    ItemTooLong,
-    #[error("invalid path: must not contain '..': {0}")]
-    DotDot(String),
-    #[error("invalid path: must not start with '..': {0}")]
-    LeadingDots(String),
-    #[error("invalid path: {0}")]
-    NoName(String),
-}
 
 /// Writing a volume's files failed.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +75,12 @@ pub enum WriteError {
     },
     #[error("cannot create a version directory in {}", .0.display())]
     NoVersionDir(PathBuf),
+    /// `..data` is not the writer's link to one of its version directories.
+    #[error("{} is {found}, not the volume writer's link to a version directory; not replaced", path.display())]
+    ForeignDataLink { path: PathBuf, found: String },
+    /// A top-level name is taken by something that is not the writer's link into `..data`.
+    #[error("{} is {found}, not the volume writer's link to {DATA_DIR_NAME}/; not replaced", path.display())]
+    ForeignLink { path: PathBuf, found: String },
     #[error(transparent)]
     Ownership(#[from] ownership::OwnershipError),
     #[error(transparent)]
@@ -100,30 +96,27 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
     }
 }
 
-/// Checks a payload path: relative, no `..` element, not starting with `..`, within length
-/// limits.
+/// Checks a payload path (see [`check_item_path`]): relative, no `..` element, not starting
+/// with `..` before or after cleaning, within length limits.
 pub fn validate_path(path: &str) -> Result<(), InvalidPath> {
-    if path.is_empty() {
-        return Err(InvalidPath::Empty);
-    }
-    if path.len() > MAX_PATH_LEN {
-        return Err(InvalidPath::TooLong);
-    }
-    if Path::new(path).is_absolute() {
-        return Err(InvalidPath::Absolute(path.to_string()));
-    }
-    for item in path.split('/') {
-        if item.len() > MAX_NAME_LEN {
-            return Err(InvalidPath::ItemTooLong);
-        }
-        if item == ".." {
-            return Err(InvalidPath::DotDot(path.to_string()));
-        }
-    }
-    if path.starts_with("..") {
-        return Err(InvalidPath::LeadingDots(path.to_string()));
-    }
-    Ok(())
+    check_item_path(path).map(|_| ())
+}
+
+/// True for a name the writer gives its version directories, `..YYYY_MM_DD_HH_MM_SS.<suffix>`
+/// (upstream's layout: the suffix is random; Deckhand's is digits).
+pub fn is_version_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("..") else {
+        return false;
+    };
+    let Some((stamp, suffix)) = rest.split_once('.') else {
+        return false;
+    };
+    let stamp_ok = stamp.len() == 19
+        && stamp.bytes().enumerate().all(|(i, b)| match i {
+            4 | 7 | 10 | 13 | 16 => b == b'_',
+            _ => b.is_ascii_digit(),
+        });
+    stamp_ok && !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 /// Writes `payload` into `target` (which must exist). Returns whether a new version was written.
@@ -138,15 +131,7 @@ pub fn write(
 ) -> Result<bool, WriteError> {
     let mut clean: BTreeMap<PathBuf, &FileProjection> = BTreeMap::new();
     for (path, file) in payload {
-        validate_path(path)?;
-        let normal: PathBuf = Path::new(path)
-            .components()
-            .filter(|c| matches!(c, Component::Normal(_)))
-            .collect();
-        if normal.as_os_str().is_empty() {
-            return Err(InvalidPath::NoName(path.to_string()).into());
-        }
-        clean.insert(normal, file);
+        clean.insert(PathBuf::from(check_item_path(path)?), file);
     }
     let visible: BTreeSet<String> = clean
         .keys()
@@ -154,60 +139,128 @@ pub fn write(
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
 
-    let data_link = target.join(DATA_DIR_NAME);
-    let old_version = match std::fs::read_link(&data_link) {
-        // Only a version directory of ours (`..<stamp>`, one component) is ever compared with
-        // or removed later; a link that points anywhere else is treated as no version.
-        Ok(name)
-            if name.to_str().is_some_and(|n| {
-                n.starts_with("..") && super::check_component("version", n).is_ok()
-            }) =>
-        {
-            Some(target.join(name))
-        }
-        Ok(name) => {
-            tracing::warn!(link = %data_link.display(), target = %name.display(), "ignoring a ..data link that is not ours");
-            None
-        }
-        Err(e) if e.kind() == ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("read", &data_link)(e)),
-    };
-
+    let old_version = current_version(target)?;
     let changed = match &old_version {
         None => true,
-        Some(old) => differs(old, &clean, fs_group.is_some()),
+        Some(old) => differs(&target.join(old), &clean, fs_group.is_some()),
     };
-    if changed {
-        let version = make_version_dir(target)?;
-        for (path, file) in &clean {
-            write_file(&version.join(path), file)?;
+    let current = if changed {
+        let version = write_version(target, &clean, fs_group)?;
+        if let Err(e) = swap_data_link(target, &version) {
+            discard(&version);
+            return Err(e);
         }
-        if let Some(group) = fs_group {
-            ownership::apply(target, group, true)?;
+        version
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+    } else {
+        old_version
+    };
+    update_visible_links(target, &visible)?;
+    remove_other_versions(target, current.as_deref())?;
+    Ok(changed)
+}
+
+/// The version `..data` links to: `None` when there is no `..data` or its version directory
+/// is gone. A `..data` that is not the writer's (not a link, or a link to anything but a
+/// `..<timestamp>` name) is an error.
+fn current_version(target: &Path) -> Result<Option<String>, WriteError> {
+    let data_link = target.join(DATA_DIR_NAME);
+    let foreign = |found: String| WriteError::ForeignDataLink {
+        path: data_link.clone(),
+        found,
+    };
+    let name = match std::fs::read_link(&data_link) {
+        Ok(name) => name,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            return Err(foreign("not a symlink".into()));
         }
-        let tmp_link = target.join(NEW_DATA_DIR_NAME);
+        Err(e) => return Err(io_error("read", &data_link)(e)),
+    };
+    let Some(name) = name.to_str().filter(|n| is_version_name(n)) else {
+        return Err(foreign(format!("a link to {:?}", name)));
+    };
+    // Our link, to a version that is no longer there: written anew.
+    let is_dir = safe_fs::lstat(&target.join(name))?.is_some_and(|m| m.is_dir());
+    Ok(is_dir.then(|| name.to_string()))
+}
+
+/// Makes a version directory and writes the payload into it (and gives the volume to the
+/// fsGroup). On any error the directory is removed again.
+fn write_version(
+    target: &Path,
+    clean: &BTreeMap<PathBuf, &FileProjection>,
+    fs_group: Option<FsGroup>,
+) -> Result<PathBuf, WriteError> {
+    let version = make_version_dir(target)?;
+    let written = clean
+        .iter()
+        .try_for_each(|(path, file)| write_file(&version.join(path), file))
+        .and_then(|()| match fs_group {
+            Some(group) => ownership::apply(target, group, true)
+                .map(|_| ())
+                .map_err(WriteError::from),
+            None => Ok(()),
+        });
+    match written {
+        Ok(()) => Ok(version),
+        Err(e) => {
+            discard(&version);
+            Err(e)
+        }
+    }
+}
+
+/// Points `..data` at `version`: a `..data_tmp` link renamed over it.
+fn swap_data_link(target: &Path, version: &Path) -> Result<(), WriteError> {
+    let data_link = target.join(DATA_DIR_NAME);
+    let tmp_link = target.join(NEW_DATA_DIR_NAME);
+    let _ = std::fs::remove_file(&tmp_link);
+    let version_name = version.file_name().unwrap_or_default();
+    std::os::unix::fs::symlink(version_name, &tmp_link).map_err(io_error("create", &tmp_link))?;
+    std::fs::rename(&tmp_link, &data_link).map_err(|source| {
         let _ = std::fs::remove_file(&tmp_link);
-        let version_name = version.file_name().expect("a version directory has a name");
-        std::os::unix::fs::symlink(version_name, &tmp_link)
-            .map_err(io_error("create", &tmp_link))?;
-        std::fs::rename(&tmp_link, &data_link).map_err(|source| WriteError::Rename {
+        WriteError::Rename {
             from: tmp_link.clone(),
             to: data_link.clone(),
             source,
-        })?;
-    }
+        }
+    })
+}
 
-    // The user-visible names: add what is missing, remove what is no longer in the payload.
-    for name in &visible {
+/// Removes a version directory a failed write left (it is the writer's own, just made).
+fn discard(version: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(version)
+        && e.kind() != ErrorKind::NotFound
+    {
+        tracing::warn!(path = %version.display(), error = %e, "cannot remove the version directory of a failed write");
+    }
+}
+
+/// The user-visible names: each a link to `..data/<name>`; added when missing, the writer's
+/// links to names no longer in the payload removed. A name taken by anything else is an
+/// error.
+fn update_visible_links(target: &Path, visible: &BTreeSet<String>) -> Result<(), WriteError> {
+    let ours = |name: &str| Path::new(DATA_DIR_NAME).join(name);
+    for name in visible {
         let link = target.join(name);
-        let want = Path::new(DATA_DIR_NAME).join(name);
+        let want = ours(name);
         match std::fs::read_link(&link) {
             Ok(current) if current == want => {}
-            Ok(_) => {
-                let _ = std::fs::remove_file(&link);
-                symlink(&want, &link)?;
+            Ok(current) => {
+                return Err(WriteError::ForeignLink {
+                    path: link,
+                    found: format!("a link to {current:?}"),
+                });
             }
             Err(e) if e.kind() == ErrorKind::NotFound => symlink(&want, &link)?,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(WriteError::ForeignLink {
+                    path: link,
+                    found: "not a symlink".into(),
+                });
+            }
             Err(e) => return Err(io_error("read", &link)(e)),
         }
     }
@@ -217,16 +270,34 @@ pub fn write(
         if name.starts_with("..") || visible.contains(&name) {
             continue;
         }
-        // Only our own symlinks are removed; anything else was not put there by us.
-        if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+        if std::fs::read_link(entry.path()).is_ok_and(|to| to == ours(&name)) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+    Ok(())
+}
 
-    if changed && let Some(old) = old_version {
-        std::fs::remove_dir_all(&old).map_err(io_error("remove", &old))?;
+/// Removes every version directory but `keep`: the one replaced, and any an earlier agent
+/// left. Only real directories with the writer's names are touched (never through a link).
+fn remove_other_versions(target: &Path, keep: Option<&str>) -> Result<(), WriteError> {
+    let entries = std::fs::read_dir(target).map_err(io_error("list", target))?;
+    let mut first_error = None;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if Some(name.as_str()) == keep || !is_version_name(&name) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+            first_error.get_or_insert_with(|| io_error("remove", &entry.path())(e));
+        }
     }
-    Ok(changed)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 fn symlink(to: &Path, at: &Path) -> Result<(), WriteError> {
@@ -270,7 +341,7 @@ fn list_files(dir: &Path, rel: &Path, out: &mut BTreeSet<PathBuf>) -> std::io::R
     Ok(())
 }
 
-/// Creates `..<UTC time>.<number>`, mode 0755.
+/// Creates `..<UTC time>.<number>`, mode 0755 (removed again if its mode cannot be set).
 fn make_version_dir(target: &Path) -> Result<PathBuf, WriteError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let now = jiff::Timestamp::now();
@@ -283,7 +354,7 @@ fn make_version_dir(target: &Path) -> Result<PathBuf, WriteError> {
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {
                 // Through a descriptor opened without following symlinks, not by name.
-                let fd = nix::fcntl::open(
+                let moded = nix::fcntl::open(
                     &dir,
                     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                     Mode::empty(),
@@ -291,8 +362,12 @@ fn make_version_dir(target: &Path) -> Result<PathBuf, WriteError> {
                 .map_err(|source| WriteError::Open {
                     path: dir.clone(),
                     source,
-                })?;
-                safe_fs::set_mode(fd.as_fd(), 0o755, &dir)?;
+                })
+                .and_then(|fd| Ok(safe_fs::set_mode(fd.as_fd(), 0o755, &dir)?));
+                if let Err(e) = moded {
+                    discard(&dir);
+                    return Err(e);
+                }
                 return Ok(dir);
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
@@ -420,17 +495,162 @@ mod tests {
         assert!(std::fs::symlink_metadata(dir.join("..data_tmp")).is_err());
     }
 
+    fn data_link(dir: &Path) -> PathBuf {
+        std::fs::read_link(dir.join(DATA_DIR_NAME)).unwrap()
+    }
+
     #[test]
-    fn a_foreign_data_link_is_never_removed_through() {
+    fn a_foreign_data_link_is_an_error_and_never_replaced() {
         let tmp = tempfile::tempdir().unwrap();
         let outside = tmp.path().join("outside");
         let dir = tmp.path().join("vol");
         std::fs::create_dir_all(outside.join("keep")).unwrap();
         std::fs::create_dir(&dir).unwrap();
         std::os::unix::fs::symlink("../outside", dir.join("..data")).unwrap();
-        assert!(write(&dir, &payload(&[("f", "x", 0o644)]), None).unwrap());
+        let err = write(&dir, &payload(&[("f", "x", 0o644)]), None).unwrap_err();
+        assert!(matches!(err, WriteError::ForeignDataLink { .. }), "{err}");
+        assert_eq!(data_link(&dir), Path::new("../outside"), "not replaced");
         assert!(outside.join("keep").is_dir());
-        assert_eq!(std::fs::read_to_string(dir.join("f")).unwrap(), "x");
+        assert!(version_dirs(&dir).is_empty(), "{:?}", version_dirs(&dir));
+        assert!(std::fs::symlink_metadata(dir.join("f")).is_err());
+
+        // Not a link at all: the same.
+        let other = tmp.path().join("vol2");
+        std::fs::create_dir_all(other.join("..data")).unwrap();
+        let err = write(&other, &payload(&[("f", "x", 0o644)]), None).unwrap_err();
+        assert!(err.to_string().contains("not a symlink"), "{err}");
+        assert!(other.join("..data").is_dir());
+        assert!(version_dirs(&other).is_empty());
+    }
+
+    #[test]
+    fn a_foreign_visible_name_is_an_error_and_never_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::os::unix::fs::symlink("/etc", dir.join("f")).unwrap();
+        std::fs::write(dir.join("g"), "mine").unwrap();
+        assert!(write(dir, &payload(&[("f", "x", 0o644)]), None).is_err());
+        assert_eq!(
+            std::fs::read_link(dir.join("f")).unwrap(),
+            Path::new("/etc")
+        );
+        assert!(write(dir, &payload(&[("g", "x", 0o644)]), None).is_err());
+        assert_eq!(std::fs::read_to_string(dir.join("g")).unwrap(), "mine");
+        // A link that is not ours is never removed as a stale name either.
+        assert!(write(dir, &payload(&[("h", "x", 0o644)]), None).unwrap());
+        assert_eq!(
+            std::fs::read_link(dir.join("f")).unwrap(),
+            Path::new("/etc")
+        );
+    }
+
+    #[test]
+    fn the_issues_path_is_refused_and_the_volume_stays_readable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        assert!(write(dir, &payload(&[("a", "1", 0o644)]), None).unwrap());
+        let before = data_link(dir);
+        for bad in ["./..data/x", ".//..data", "./..2024_01_01_00_00_00.1/x"] {
+            let err =
+                write(dir, &payload(&[("a", "2", 0o644), (bad, "x", 0o644)]), None).unwrap_err();
+            assert!(matches!(err, WriteError::Path(_)), "{bad}: {err}");
+            assert_eq!(data_link(dir), before, "{bad}");
+            assert_eq!(std::fs::read_to_string(dir.join("a")).unwrap(), "1");
+            assert_eq!(version_dirs(dir), [before.to_string_lossy()], "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_version_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // "a" as a file and as a directory: the second file cannot be written.
+        let clash = payload(&[("a", "1", 0o644), ("a/b", "2", 0o644)]);
+        for _ in 0..3 {
+            assert!(write(dir, &clash, None).is_err());
+        }
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().collect();
+        assert!(left.is_empty(), "{left:?}");
+
+        assert!(write(dir, &payload(&[("a", "1", 0o644)]), None).unwrap());
+        let good = data_link(dir);
+        for _ in 0..3 {
+            assert!(write(dir, &clash, None).is_err());
+        }
+        assert_eq!(version_dirs(dir), [good.to_string_lossy()]);
+        assert_eq!(data_link(dir), good);
+        assert!(std::fs::symlink_metadata(dir.join("..data_tmp")).is_err());
+    }
+
+    #[test]
+    fn versions_left_behind_are_removed_by_the_next_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let p = payload(&[("a", "1", 0o644)]);
+        assert!(write(dir, &p, None).unwrap());
+        let leaked = dir.join("..2024_01_01_00_00_00.42");
+        std::fs::create_dir_all(leaked.join("sub")).unwrap();
+        std::fs::create_dir(dir.join("..keep")).unwrap();
+        // Nothing to write, but the leak goes.
+        assert!(!write(dir, &p, None).unwrap());
+        assert!(!leaked.exists());
+        assert!(dir.join("..keep").is_dir(), "not a name of the writer's");
+        assert_eq!(version_dirs(dir).len(), 2, "{:?}", version_dirs(dir));
+    }
+
+    #[test]
+    fn version_names_table() {
+        for (name, want) in [
+            ("..2024_05_01_12_00_00.123456", true),
+            ("..2016_02_01_15_04_05.abc123XY", true),
+            ("..2024_05_01_12_00_00.", false),
+            ("..2024_05_01_12_00_00", false),
+            ("..data", false),
+            ("..data_tmp", false),
+            ("2024_05_01_12_00_00.1", false),
+            ("..2024-05-01_12_00_00.1", false),
+            ("..2024_05_01_12_00_00.1/..", false),
+            ("../outside", false),
+        ] {
+            assert_eq!(is_version_name(name), want, "{name}");
+        }
+    }
+
+    /// A full disk: every write fails, and none leaves a directory (as root: a 16 KiB tmpfs).
+    #[test]
+    fn a_full_disk_leaks_no_version_directory() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("vol");
+        std::fs::create_dir(&dir).unwrap();
+        nix::mount::mount(
+            Some("deckhand-test"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=16k"),
+        )
+        .unwrap();
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(&dir);
+        let small = payload(&[("a", "1", 0o644)]);
+        assert!(write(&dir, &small, None).unwrap());
+        let good = data_link(&dir);
+        let big = "x".repeat(64 * 1024);
+        let too_big = payload(&[("a", "1", 0o644), ("big", &big, 0o644)]);
+        for _ in 0..50 {
+            assert!(write(&dir, &too_big, None).is_err());
+        }
+        assert_eq!(version_dirs(&dir), [good.to_string_lossy()]);
+        assert_eq!(std::fs::read_to_string(dir.join("a")).unwrap(), "1");
     }
 
     #[test]

@@ -32,6 +32,7 @@
 //! with a message saying so.
 
 pub mod atomic_writer;
+pub mod backoff;
 pub mod downward;
 pub mod empty_dir;
 pub mod host_path;
@@ -199,6 +200,99 @@ pub struct PodVolumes {
     pub read_only: HashSet<String>,
 }
 
+impl PodVolumes {
+    /// Adds a volume that was set up.
+    pub fn add(&mut self, name: String, volume: SetUpVolume) {
+        if volume.read_only {
+            self.read_only.insert(name.clone());
+        }
+        self.paths.insert(name, volume.path);
+    }
+}
+
+/// One volume, set up.
+#[derive(Clone, Debug)]
+pub struct SetUpVolume {
+    pub path: PathBuf,
+    /// Always mounted read-only (downwardAPI, projected, configMap, secret).
+    pub read_only: bool,
+}
+
+/// What one try at setting up a volume came to.
+#[derive(Debug)]
+pub struct VolumeAttempt {
+    pub name: String,
+    pub result: Result<SetUpVolume, VolumeError>,
+}
+
+/// Upstream's name of the plugin that serves a volume (`storage_operation_duration_seconds`'
+/// `volume_plugin`), from its source; `unsupported` for a source no plugin here serves.
+pub fn plugin_name(volume: &Volume) -> &'static str {
+    if volume.empty_dir.is_some() {
+        "kubernetes.io/empty-dir"
+    } else if volume.host_path.is_some() {
+        "kubernetes.io/host-path"
+    } else if volume.downward_api.is_some() {
+        "kubernetes.io/downward-api"
+    } else if volume.projected.is_some() {
+        "kubernetes.io/projected"
+    } else if volume.config_map.is_some() {
+        "kubernetes.io/configmap"
+    } else if volume.secret.is_some() {
+        "kubernetes.io/secret"
+    } else {
+        "unsupported"
+    }
+}
+
+/// A fingerprint of what can change while a volume waits to be set up again: the configMaps,
+/// secrets and tokens it is made from, as last read (each object's resource version, or why
+/// it could not be had). The same reads give the same value; an object that appears or
+/// changes gives another (see [`backoff`]).
+pub fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let namespace = crate::base::podspec::pod::namespace(pod);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let config_map = |name: &str, h: &mut std::collections::hash_map::DefaultHasher| {
+        ("configMap", name).hash(h);
+        match objects.config_map(namespace, name) {
+            Ok(cm) => cm.metadata.resource_version.hash(h),
+            Err(e) => e.to_string().hash(h),
+        }
+    };
+    let secret = |name: &str, h: &mut std::collections::hash_map::DefaultHasher| {
+        ("secret", name).hash(h);
+        match objects.secret(namespace, name) {
+            Ok(s) => s.metadata.resource_version.hash(h),
+            Err(e) => e.to_string().hash(h),
+        }
+    };
+    if let Some(cm) = &volume.config_map {
+        config_map(&cm.name, &mut hasher);
+    }
+    if let Some(s) = &volume.secret {
+        secret(s.secret_name.as_deref().unwrap_or(""), &mut hasher);
+    }
+    let sources = volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten());
+    for (index, source) in sources.enumerate() {
+        if let Some(cm) = &source.config_map {
+            config_map(&cm.name, &mut hasher);
+        }
+        if let Some(s) = &source.secret {
+            secret(&s.name, &mut hasher);
+        }
+        if source.service_account_token.is_some() {
+            // Whether there is a token, not its value (a refreshed token changes nothing).
+            let token = objects.token(&volume.name, index);
+            ("token", index, token.err().map(|e| e.to_string())).hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
 /// Sets volumes up under `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 #[derive(Clone, Debug)]
 pub struct VolumeManager {
@@ -246,115 +340,135 @@ impl VolumeManager {
         self.setup_with(pod, &PodObjects::standalone())
     }
 
-    /// Sets up (idempotently) every volume of the pod, with the objects read for it.
+    /// Sets up (idempotently) every volume of the pod, with the objects read for it; the
+    /// first error in the spec's order.
     pub fn setup_with(&self, pod: &Pod, objects: &PodObjects) -> Result<PodVolumes, VolumeError> {
-        let uid = pod.metadata.uid.as_deref().unwrap_or("");
         let mut out = PodVolumes::default();
-        let Some(spec) = pod.spec.as_ref() else {
-            return Ok(out);
-        };
-        let mut mounts: Option<Vec<mountinfo::MountEntry>> = None;
-        for volume in spec.volumes.iter().flatten() {
-            let fail = |reason: VolumeProblem| VolumeError::SetUp {
-                volume: volume.name.clone(),
-                reason: Box::new(reason),
-            };
-            check_component("pod UID", uid).map_err(|e| fail(e.into()))?;
-            check_component("volume name", &volume.name).map_err(|e| fail(e.into()))?;
-            let fs_group = FsGroup::from_pod(pod).map_err(|e| fail(e.into()))?;
-            match plan(volume, objects.from_api).map_err(|e| fail(e.into()))? {
-                Plan::EmptyDir(source) => {
-                    let dir = self
-                        .make_volume_dir(
-                            uid,
-                            EMPTY_DIR_PLUGIN,
-                            &volume.name,
-                            root_mode(fs_group, false),
-                        )
-                        .map_err(|e| fail(e.into()))?;
-                    let mut size = 0;
-                    if source.medium.as_deref() == Some("Memory") {
-                        size = empty_dir::memory_size(source, pod, self.node_memory_bytes);
-                        if mounts.is_none() {
-                            mounts = Some(
-                                mountinfo::read()
-                                    .map_err(|e| fail(VolumeProblem::MountTable(e)))?,
-                            );
-                        }
-                    }
-                    empty_dir::set_up(
-                        &dir,
-                        source,
-                        size,
-                        root_mode(fs_group, false),
-                        mounts.as_deref().unwrap_or(&[]),
-                    )
-                    .map_err(|e| fail(e.into()))?;
-                    if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, false, true)
-                            .map_err(|e| fail(e.into()))?;
-                    }
-                    out.paths.insert(volume.name.clone(), dir);
-                }
-                Plan::HostPath(source) => {
-                    let path = PathBuf::from(&source.path);
-                    if !path.is_absolute() {
-                        return Err(fail(VolumeProblem::RelativeHostPath(source.path.clone())));
-                    }
-                    host_path::check_type(&path, source.type_.as_deref().unwrap_or(""))
-                        .map_err(|e| fail(e.into()))?;
-                    out.paths.insert(volume.name.clone(), path);
-                }
-                Plan::Files(plugin) => {
-                    // The content first: a missing object leaves nothing behind, as upstream.
-                    let payload = self
-                        .payload(pod, volume, objects, fs_group)
-                        .map_err(|e| fail(e.into()))?;
-                    let dir = self
-                        .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
-                        .map_err(|e| fail(e.into()))?;
-                    write_payload(&dir, &payload, fs_group).map_err(|e| fail(e.into()))?;
-                    out.paths.insert(volume.name.clone(), dir);
-                    out.read_only.insert(volume.name.clone());
-                }
-                Plan::MemoryFiles(plugin) => {
-                    let payload = self
-                        .payload(pod, volume, objects, fs_group)
-                        .map_err(|e| fail(e.into()))?;
-                    let mode = root_mode(fs_group, true);
-                    let dir = self
-                        .make_volume_dir(uid, plugin, &volume.name, mode)
-                        .map_err(|e| fail(e.into()))?;
-                    if mounts.is_none() {
-                        mounts = Some(
-                            mountinfo::read().map_err(|e| fail(VolumeProblem::MountTable(e)))?,
-                        );
-                    }
-                    let memory = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
-                        medium: Some("Memory".into()),
-                        size_limit: None,
-                    };
-                    let size = empty_dir::memory_size(&memory, pod, self.node_memory_bytes);
-                    empty_dir::set_up(&dir, &memory, size, mode, mounts.as_deref().unwrap_or(&[]))
-                        .map_err(|e| fail(e.into()))?;
-                    write_payload(&dir, &payload, fs_group).map_err(|e| fail(e.into()))?;
-                    out.paths.insert(volume.name.clone(), dir);
-                    out.read_only.insert(volume.name.clone());
-                }
-                Plan::Empty(plugin) => {
-                    let dir = self
-                        .make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))
-                        .map_err(|e| fail(e.into()))?;
-                    if let Some(group) = fs_group {
-                        set_ownership(pod, &volume.name, &dir, group, true, true)
-                            .map_err(|e| fail(e.into()))?;
-                    }
-                    out.paths.insert(volume.name.clone(), dir);
-                    out.read_only.insert(volume.name.clone());
-                }
-            }
+        for attempt in self.setup_each(pod, objects, &|_| true) {
+            out.add(attempt.name, attempt.result?);
         }
         Ok(out)
+    }
+
+    /// Sets up (idempotently) each volume of the pod that `due` names, on its own: one that
+    /// fails does not keep the others from being set up. Each try is timed into upstream's
+    /// `storage_operation_duration_seconds` (`volume_mount`).
+    pub fn setup_each(
+        &self,
+        pod: &Pod,
+        objects: &PodObjects,
+        due: &dyn Fn(&str) -> bool,
+    ) -> Vec<VolumeAttempt> {
+        let mut mounts: Option<Vec<mountinfo::MountEntry>> = None;
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        let mut out = Vec::new();
+        for volume in volumes.filter(|v| due(&v.name)) {
+            let started = std::time::Instant::now();
+            let result = self
+                .setup_one(pod, volume, objects, &mut mounts)
+                .map_err(|reason| VolumeError::SetUp {
+                    volume: volume.name.clone(),
+                    reason: Box::new(reason),
+                });
+            let plugin = plugin_name(volume);
+            let status = if result.is_ok() {
+                "success"
+            } else {
+                "fail-unknown"
+            };
+            crate::base::metrics::KUBELET
+                .storage_operation_duration
+                .observe(
+                    &[plugin, "volume_mount", status, "false"],
+                    started.elapsed().as_secs_f64(),
+                );
+            out.push(VolumeAttempt {
+                name: volume.name.clone(),
+                result,
+            });
+        }
+        out
+    }
+
+    /// Makes the pod's directory `<root>/pods/<uid>` (mode 0750, as upstream's
+    /// `makePodDataDirs`), whether or not the pod has volumes; returns its path.
+    pub fn ensure_pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeSetupError> {
+        self.make_pod_dir(uid)
+    }
+
+    /// Sets up one volume. `mounts`: the mount table, read once for all volumes that need it.
+    fn setup_one(
+        &self,
+        pod: &Pod,
+        volume: &Volume,
+        objects: &PodObjects,
+        mounts: &mut Option<Vec<mountinfo::MountEntry>>,
+    ) -> Result<SetUpVolume, VolumeProblem> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        check_component("pod UID", uid)?;
+        check_component("volume name", &volume.name)?;
+        let fs_group = FsGroup::from_pod(pod)?;
+        let mut mount_table = || -> Result<Vec<mountinfo::MountEntry>, VolumeProblem> {
+            if mounts.is_none() {
+                *mounts = Some(mountinfo::read().map_err(VolumeProblem::MountTable)?);
+            }
+            Ok(mounts.clone().unwrap_or_default())
+        };
+        let (path, read_only) = match plan(volume, objects.from_api)? {
+            Plan::EmptyDir(source) => {
+                let mode = root_mode(fs_group, false);
+                let dir = self.make_volume_dir(uid, EMPTY_DIR_PLUGIN, &volume.name, mode)?;
+                let mut size = 0;
+                let mut table = Vec::new();
+                if source.medium.as_deref() == Some("Memory") {
+                    size = empty_dir::memory_size(source, pod, self.node_memory_bytes);
+                    table = mount_table()?;
+                }
+                empty_dir::set_up(&dir, source, size, mode, &table)?;
+                if let Some(group) = fs_group {
+                    set_ownership(pod, &volume.name, &dir, group, false, true)?;
+                }
+                (dir, false)
+            }
+            Plan::HostPath(source) => {
+                let path = PathBuf::from(&source.path);
+                if !path.is_absolute() {
+                    return Err(VolumeProblem::RelativeHostPath(source.path.clone()));
+                }
+                host_path::check_type(&path, source.type_.as_deref().unwrap_or(""))?;
+                (path, false)
+            }
+            Plan::Files(plugin) => {
+                // The content first: a missing object leaves nothing behind, as upstream.
+                let payload = self.payload(pod, volume, objects, fs_group)?;
+                let mode = root_mode(fs_group, true);
+                let dir = self.make_volume_dir(uid, plugin, &volume.name, mode)?;
+                write_payload(&dir, &payload, fs_group)?;
+                (dir, true)
+            }
+            Plan::MemoryFiles(plugin) => {
+                let payload = self.payload(pod, volume, objects, fs_group)?;
+                let mode = root_mode(fs_group, true);
+                let dir = self.make_volume_dir(uid, plugin, &volume.name, mode)?;
+                let memory = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: None,
+                };
+                let size = empty_dir::memory_size(&memory, pod, self.node_memory_bytes);
+                empty_dir::set_up(&dir, &memory, size, mode, &mount_table()?)?;
+                write_payload(&dir, &payload, fs_group)?;
+                (dir, true)
+            }
+            Plan::Empty(plugin) => {
+                let dir =
+                    self.make_volume_dir(uid, plugin, &volume.name, root_mode(fs_group, true))?;
+                if let Some(group) = fs_group {
+                    set_ownership(pod, &volume.name, &dir, group, true, true)?;
+                }
+                (dir, true)
+            }
+        };
+        Ok(SetUpVolume { path, read_only })
     }
 
     /// The files of a downwardAPI, projected, configMap or secret volume. Errors are

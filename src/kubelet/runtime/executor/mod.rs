@@ -9,6 +9,7 @@
 //! failing container never stops the others from being tried.
 
 mod image_pull;
+mod mount;
 mod start;
 mod teardown;
 
@@ -107,6 +108,11 @@ pub struct PodSyncState {
     /// complete read of this worker's (it came from the relist that adopted the pod, or a step
     /// failed or could not be read after). Taken by that sync.
     pub reread: bool,
+    /// The failed set-ups of the pod's volumes and when each is tried again.
+    pub mounts: crate::kubelet::volume::backoff::MountBackoff,
+    /// The start could not go on because the volumes are not ready: look again after this
+    /// long (the first volume's back-off), or when poked. Taken at the end of the sync.
+    pub start_blocked: Option<Duration>,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -701,6 +707,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             followup,
             ..
         } = settled;
+        let start_blocked = state.start_blocked.take();
         let blocked = |name: &str| blocked_by_error(state, name);
         let init_running = revisit::init_running(pod, &observed);
         let retry = revisit::next_look(&SyncFacts {
@@ -712,6 +719,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             init_running,
             events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
             exit_pending: behind,
+            start_blocked,
         });
         // The next look is for what the runtime may show with no event come (an init
         // container's exit whose event got lost, an exit the view lags): it reads the pod.

@@ -58,7 +58,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     tokio::task::spawn_blocking(move || volumes.refresh_with(&owned, &objects))
                         .await;
                 if let Ok(Err(err)) = refreshed {
-                    tracing::warn!(error = %err, "cannot refresh the pod's volumes");
+                    // The event's line is the warning.
+                    tracing::debug!(error = %err, "cannot refresh the pod's volumes");
                     self.events.pod(
                         pod,
                         EventType::Warning,
@@ -71,32 +72,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         // Volumes come first, as upstream: no sandbox and no container until they are ready.
         let objects = self.pod_objects(pod).await;
-        let volumes = self.volumes.clone();
-        let owned = pod.clone();
-        let owned_objects = objects.clone();
-        let set_up =
-            tokio::task::spawn_blocking(move || volumes.setup_with(&owned, &owned_objects))
-                .await
-                .map_err(|join| (join.to_string(), None))
-                .and_then(|r| r.map_err(|e| (e.to_string(), Some(e))));
-        let volumes = match set_up {
-            Ok(v) => v,
-            Err((message, err)) => {
-                tracing::warn!(error = %message, "volumes are not ready");
-                self.events.pod(
-                    pod,
-                    EventType::Warning,
-                    reason::FAILED_MOUNT,
-                    failed_mount_message(&message, err.as_ref()),
-                );
-                for start in &decision.start_containers {
-                    state.waiting.insert(
-                        start.name.clone(),
-                        WaitingReason::new(WaitReason::ContainerCreating, message.clone()),
-                    );
-                }
-                return Ok(());
-            }
+        let Some(volumes) = self.set_up_volumes(pod, &objects, decision, state).await else {
+            return Ok(());
         };
         let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
             (Some(attempt), _) => {
@@ -503,7 +480,7 @@ fn failed_event_message(waiting: &WaitingReason) -> Option<String> {
 /// The FailedMount event for volumes that could not be set up, in upstream's words: a volume
 /// whose plugin failed is named with its reason (`MountVolume.SetUp failed for volume "x" :
 /// configmap "y" not found`); a volume no plugin serves keeps the pod from mounting at all.
-fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> String {
+pub(super) fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> String {
     match err {
         Some(VolumeError::SetUp { reason, .. }) if !matches!(**reason, VolumeProblem::Plan(_)) => {
             message.to_string()
