@@ -692,20 +692,19 @@ impl LogPaths {
     fn record(&self, id: &str, size: u64, rotated: bool, now: Instant, policy: RotationPolicy) {
         let mut map = self.lock();
         let Some(w) = map.get_mut(id) else { return };
-        w.due = w.last.and_then(|(before, at)| {
-            // Smaller than before: rotated by someone else; all of it is new.
-            let grew = size.checked_sub(before).unwrap_or(size);
-            let left = if rotated { 0 } else { size };
-            let after = recheck_after(
-                grew,
-                now.saturating_duration_since(at),
-                left,
-                policy.max_size,
-                policy.interval,
-            )?;
-            Some(now + after)
-        });
-        w.last = Some((if rotated { 0 } else { size }, now));
+        let left = if rotated { 0 } else { size };
+        w.due = match w.last {
+            // A first look: a second one soon measures how fast the log grows.
+            None => (FAST_CHECK < policy.interval).then(|| now + FAST_CHECK),
+            Some((before, at)) => {
+                // Smaller than before: rotated by someone else; all of it is new.
+                let grew = size.checked_sub(before).unwrap_or(size);
+                let over = now.saturating_duration_since(at);
+                recheck_after(grew, over, left, policy.max_size, policy.interval)
+                    .map(|after| now + after)
+            }
+        };
+        w.last = Some((left, now));
     }
 
     /// The containers whose logs are due for a look at `now`: (id, pod, container).
