@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::auth::{Gate, Verdict};
+use super::log_read;
 use super::logs;
 use super::review::UserInfo;
 use super::streaming;
@@ -448,16 +449,16 @@ async fn container_logs(
         .and_then(|s| s.parse().ok());
     let runtime = state.runtime.clone();
     let (uid_c, name_c) = (uid.clone(), container.clone());
-    let still_running: logs::StillRunning = Box::new(move || {
+    let still_running: log_read::StillRunning = Box::new(move || {
         runtime.pod(&uid_c).is_some_and(|p| {
             p.containers.iter().any(|c| {
                 c.name == name_c && Some(c.attempt) == attempt && c.state == ContainerState::Running
             })
         })
     });
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let (tx, rx) = tokio::sync::mpsc::channel(log_read::CHANNEL_CHUNKS);
     tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, file = %file.display(), follow = options.follow, "serving container logs");
-    tokio::spawn(logs::stream_file(file, options, still_running, tx));
+    tokio::spawn(log_read::stream_file(file, options, still_running, tx));
     let stream =
         tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
     let mut response = Response::new(Body::from_stream(stream));
@@ -470,7 +471,7 @@ async fn container_logs(
 
 /// `<ns>/<pod>/<container>` or `<ns>/<pod>/<uid>/<container>` (exec and attach);
 /// `<ns>/<pod>` or `<ns>/<pod>/<uid>` (port forward).
-fn split_target(
+pub fn split_target(
     rest: &str,
     with_container: bool,
 ) -> Option<(String, String, Option<String>, Option<String>)> {
@@ -523,6 +524,19 @@ pub fn stream_options(query: &str) -> Result<StreamOptions, NoStreamError> {
         return Err(NoStreamError);
     }
     Ok(o)
+}
+
+/// The `port` values of a port-forward query that name a port (1 to 65535; others are
+/// left out). kubectl's SPDY requests carry none: their ports come in the streams' headers.
+pub fn forward_ports(query: &str) -> Vec<i32> {
+    query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .filter(|(k, _)| *k == "port")
+        .filter_map(|(_, v)| logs::parse_form_value(v).parse::<u16>().ok())
+        .filter(|&p| p > 0)
+        .map(i32::from)
+        .collect()
 }
 
 /// The running instance of `container` in pod `uid`.
@@ -643,14 +657,7 @@ async fn port_forward(
             format!("pod {pod_name:?} has no running sandbox"),
         );
     };
-    let ports: Vec<i32> = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|p| p.strip_prefix("port="))
-        .filter_map(|p| p.parse().ok())
-        .collect();
+    let ports = forward_ports(req.uri().query().unwrap_or(""));
     match state
         .streams
         .port_forward(PortForwardRequest {
@@ -683,6 +690,20 @@ mod tests {
             "upstream wants \"1\""
         );
         assert!(stream_options("command=ls").is_err());
+    }
+
+    #[test]
+    fn port_forward_ports() {
+        let cases: [(&str, &[i32]); 5] = [
+            ("port=8080&port=53", &[8080, 53]),
+            ("", &[]),
+            ("port=0&port=65536&port=-1&port=x&port=", &[]),
+            ("porto=1&xport=2&port=%33", &[3]),
+            ("port=65535", &[65535]),
+        ];
+        for (q, want) in cases {
+            assert_eq!(forward_ports(q), want, "{q}");
+        }
     }
 
     #[test]

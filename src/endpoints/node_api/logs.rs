@@ -5,17 +5,7 @@
 //! with upstream's options: `tailLines`, `limitBytes`, `sinceSeconds`/`sinceTime`,
 //! `timestamps`, `previous` and `follow`.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use axum::body::Bytes;
-use tokio::sync::mpsc;
-
-/// How often a followed file is looked at for more.
-const FOLLOW_POLL: Duration = Duration::from_millis(100);
-/// How often, while a followed file is quiet, the container is checked for having ended.
-const RUNNING_CHECK: Duration = Duration::from_secs(1);
 
 /// The options of one request (upstream's `PodLogOptions` as the kubelet reads them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,11 +85,19 @@ pub fn parse_log_query(query: &str, now: jiff::Timestamp) -> Result<LogOptions, 
     o.tail_lines = tail_lines.map(|n| n as u64);
     o.limit_bytes = limit_bytes.map(|n| n as u64);
     o.since = match (since_seconds, since_time) {
-        (Some(s), _) => Some(now - jiff::SignedDuration::from_secs(s)),
+        (Some(s), _) => Some(since_seconds_ago(now, s)),
         (_, Some(t)) => Some(t),
         _ => None,
     };
     Ok(o)
+}
+
+/// `seconds` before `now`, clamped to the earliest time there is: a `sinceSeconds` that
+/// reaches past it (up to `i64::MAX`, which the API server lets through) asks for every
+/// entry, as upstream's wrapped-around time does in effect, instead of overflowing.
+fn since_seconds_ago(now: jiff::Timestamp, seconds: i64) -> jiff::Timestamp {
+    now.checked_sub(jiff::SignedDuration::from_secs(seconds))
+        .unwrap_or(jiff::Timestamp::MIN)
 }
 
 /// `application/x-www-form-urlencoded` pairs, percent-decoded.
@@ -126,21 +124,23 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                // Two hex digits exactly (`from_str_radix` would also take a sign: `%+1`).
+                (Some(hi), Some(lo)) => {
+                    out.push(hi << 4 | lo);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b => out.push(b),
         }
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
 }
 
 /// Which output stream a log entry belongs to.
@@ -231,35 +231,60 @@ impl Renderer {
     }
 
     /// The output for one file line (nothing for lines that do not parse or are too old).
-    pub fn render(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        if self.done() {
-            return;
-        }
+    /// `None` when the line is not a CRI entry; otherwise whether its message was shown (a
+    /// line cut short by the reader goes on through [`Renderer::emit`] when it was).
+    pub fn render(&mut self, line: &[u8], out: &mut Vec<u8>) -> Option<Shown> {
         let Some(entry) = parse_entry(line) else {
-            tracing::debug!(line = %String::from_utf8_lossy(line), "skipping a log line that is not in CRI format");
-            return;
+            tracing::debug!(line = %String::from_utf8_lossy(&line[..line.len().min(256)]), "skipping a log line that is not in CRI format");
+            return None;
         };
-        if self.since.is_some_and(|s| entry.time < s) {
-            return;
+        let partial = entry.partial;
+        if self.done() || self.since.is_some_and(|s| entry.time < s) {
+            return Some(Shown {
+                emit: false,
+                partial,
+            });
         }
         let idx = entry.stream as usize;
-        let mut piece = Vec::with_capacity(entry.message.len() + 32);
         if self.timestamps && self.line_start[idx] {
-            piece.extend_from_slice(format_time(entry.time).as_bytes());
-            piece.push(b' ');
+            let stamp = format_time(entry.time);
+            self.emit(stamp.as_bytes(), out);
+            self.emit(b" ", out);
         }
-        piece.extend_from_slice(entry.message);
-        self.line_start[idx] = !entry.partial;
-        if let Some(left) = self.remaining.as_mut() {
-            let take = (piece.len() as u64).min(*left) as usize;
-            piece.truncate(take);
-            *left -= take as u64;
-        }
-        out.extend_from_slice(&piece);
+        self.emit(entry.message, out);
+        self.line_start[idx] = !partial;
+        Some(Shown {
+            emit: true,
+            partial,
+        })
+    }
+
+    /// Appends `bytes` of content to `out`, as far as `limitBytes` allows.
+    pub fn emit(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        let take = match self.remaining.as_mut() {
+            Some(left) => {
+                let take = (bytes.len() as u64).min(*left) as usize;
+                *left -= take as u64;
+                take
+            }
+            None => bytes.len(),
+        };
+        out.extend_from_slice(&bytes[..take]);
     }
 }
 
-/// Where the last `n` lines of `data` begin (a final unterminated line counts as one).
+/// What [`Renderer::render`] did with an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown {
+    /// Its message went to the output (not too old, limit not reached).
+    pub emit: bool,
+    /// A `P` entry: its line's newline is not part of the message.
+    pub partial: bool,
+}
+
+/// Where the last `n` lines of `data` begin (a final unterminated line counts as one): the
+/// in-memory reference that [`super::log_read::find_tail`], which reads files backwards in
+/// blocks, is checked against (unit tests, the `container_log` fuzz target).
 pub fn tail_start(data: &[u8], n: u64) -> usize {
     if n == 0 {
         return data.len();
@@ -278,27 +303,6 @@ pub fn tail_start(data: &[u8], n: u64) -> usize {
         }
     }
     0
-}
-
-/// Renders the complete lines of `data`; returns how many bytes were used (an unterminated
-/// last line is left for later unless `final_read`).
-pub fn render_lines(r: &mut Renderer, data: &[u8], final_read: bool, out: &mut Vec<u8>) -> usize {
-    let mut used = 0;
-    while used < data.len() && !r.done() {
-        let rest = &data[used..];
-        match rest.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                r.render(&rest[..=i], out);
-                used += i + 1;
-            }
-            None if final_read => {
-                r.render(rest, out);
-                used = data.len();
-            }
-            None => break,
-        }
-    }
-    used
 }
 
 /// The log file numbers (`<n>.log`) in a container's log directory, ascending.
@@ -326,95 +330,6 @@ pub fn pick_log_file(dir: &Path, previous: bool) -> Option<PathBuf> {
     Some(dir.join(format!("{n}.log")))
 }
 
-/// Whether the container whose log is being followed still runs (checked while the file
-/// is quiet; once it does not, following ends after a last read).
-pub type StillRunning = Box<dyn Fn() -> bool + Send + Sync>;
-
-/// Streams `path` with options `o` into `tx`, following it while `still_running` says so
-/// (and `o.follow`). Ends when the client goes away (the channel closes).
-pub async fn stream_file(
-    path: PathBuf,
-    o: LogOptions,
-    still_running: StillRunning,
-    tx: mpsc::Sender<Bytes>,
-) {
-    if let Err(e) = stream_file_inner(&path, &o, still_running, &tx).await {
-        tracing::debug!(file = %path.display(), error = %e, "log streaming ended");
-    }
-}
-
-async fn stream_file_inner(
-    path: &Path,
-    o: &LogOptions,
-    still_running: StillRunning,
-    tx: &mpsc::Sender<Bytes>,
-) -> std::io::Result<()> {
-    let mut file = std::fs::File::open(path)?;
-    let mut data = Vec::new();
-    file.read_to_end(&mut data)?;
-    let start = o.tail_lines.map_or(0, |n| tail_start(&data, n));
-    let mut renderer = Renderer::new(o);
-    let mut out = Vec::new();
-    let used = render_lines(&mut renderer, &data[start..], !o.follow, &mut out);
-    let mut offset = (start + used) as u64;
-    let mut pending: Vec<u8> = data[start + used..].to_vec();
-    drop(data);
-    if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
-        return Ok(());
-    }
-    if !o.follow || renderer.done() {
-        return Ok(());
-    }
-    offset += pending.len() as u64;
-    let mut quiet_since = tokio::time::Instant::now();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // A rotated or truncated file is read again from its start.
-        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(offset);
-        if len < offset {
-            file = std::fs::File::open(path)?;
-            offset = 0;
-            pending.clear();
-        }
-        file.seek(SeekFrom::Start(offset))?;
-        let n = file.read(&mut buf)?;
-        if n > 0 {
-            offset += n as u64;
-            pending.extend_from_slice(&buf[..n]);
-            let mut out = Vec::new();
-            let used = render_lines(&mut renderer, &pending, false, &mut out);
-            pending.drain(..used);
-            if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
-                return Ok(());
-            }
-            if renderer.done() {
-                return Ok(());
-            }
-            quiet_since = tokio::time::Instant::now();
-            continue;
-        }
-        if quiet_since.elapsed() >= RUNNING_CHECK {
-            if !still_running() {
-                // One last look, then the end of the stream.
-                let mut out = Vec::new();
-                let mut rest = Vec::new();
-                file.read_to_end(&mut rest)?;
-                pending.extend_from_slice(&rest);
-                render_lines(&mut renderer, &pending, true, &mut out);
-                if !out.is_empty() {
-                    let _ = tx.send(Bytes::from(out)).await;
-                }
-                return Ok(());
-            }
-            quiet_since = tokio::time::Instant::now();
-        }
-        tokio::select! {
-            _ = tx.closed() => return Ok(()),
-            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,9 +351,10 @@ not a cri line
     fn render_all(o: &LogOptions, data: &str) -> String {
         let bytes = data.as_bytes();
         let start = o.tail_lines.map_or(0, |n| tail_start(bytes, n));
-        let mut r = Renderer::new(o);
+        let mut pump = super::super::log_read::Pump::new(Renderer::new(o), 1024);
         let mut out = Vec::new();
-        render_lines(&mut r, &bytes[start..], true, &mut out);
+        pump.feed(&bytes[start..], &mut out);
+        pump.end_of_file(&mut out);
         String::from_utf8(out).unwrap()
     }
 
@@ -485,6 +401,25 @@ not a cri line
             ("tailLines=-1", Err(LogQueryError::Invalid)),
             ("limitBytes=0", Err(LogQueryError::Invalid)),
             ("sinceSeconds=0", Err(LogQueryError::Invalid)),
+            // Reaches past the earliest time there is: every entry (it overflowed, a panic).
+            (
+                "sinceSeconds=9223372036854775807",
+                Ok(LogOptions {
+                    since: Some(jiff::Timestamp::MIN),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "sinceSeconds=9223372036854775808",
+                Err(LogQueryError::Decode),
+            ),
+            (
+                "tailLines=%2B1",
+                Ok(LogOptions {
+                    tail_lines: Some(1),
+                    ..Default::default()
+                }),
+            ),
             (
                 "sinceSeconds=3&sinceTime=2026-12-01T10:00:03Z",
                 Err(LogQueryError::Invalid),
@@ -492,6 +427,25 @@ not a cri line
         ];
         for (q, want) in cases {
             assert_eq!(parse_log_query(q, now), want, "{q}");
+        }
+    }
+
+    #[test]
+    fn form_values() {
+        let cases = [
+            ("a+b%20c", "a b c"),
+            ("%41%7e", "A~"),
+            // Not escapes: a sign is no hex digit (`from_str_radix` took `+1` for 0x01), nor
+            // is `%4`.
+            ("%+1", "% 1"),
+            ("%-1x", "%-1x"),
+            ("%4", "%4"),
+            ("%", "%"),
+            ("%zz%41", "%zzA"),
+            ("%ff", "\u{fffd}"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(parse_form_value(raw), want, "{raw}");
         }
     }
 
@@ -595,47 +549,5 @@ not a cri line
         let one = tempfile::tempdir().unwrap();
         std::fs::write(one.path().join("0.log"), "").unwrap();
         assert_eq!(pick_log_file(one.path(), true), None);
-    }
-
-    #[tokio::test]
-    async fn follow_sees_appended_lines_and_ends_with_the_container() {
-        use std::io::Write;
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("0.log");
-        std::fs::write(&path, "2026-12-01T10:00:00Z stdout F old\n").unwrap();
-        let running = Arc::new(AtomicBool::new(true));
-        let flag = running.clone();
-        let (tx, mut rx) = mpsc::channel(16);
-        let task = tokio::spawn(stream_file(
-            path.clone(),
-            LogOptions {
-                follow: true,
-                ..Default::default()
-            },
-            Box::new(move || flag.load(Ordering::SeqCst)),
-            tx,
-        ));
-        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"old\n"));
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap();
-        f.write_all(b"2026-12-01T10:00:01Z stdout P ne").unwrap();
-        f.flush().unwrap();
-        f.write_all(b"w\n2026-12-01T10:00:01Z stdout F !\n")
-            .unwrap();
-        f.flush().unwrap();
-        let mut got = Vec::new();
-        while got != b"new!\n" {
-            got.extend_from_slice(&rx.recv().await.unwrap());
-        }
-        running.store(false, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("following ends once the container has stopped")
-            .unwrap();
-        assert!(rx.recv().await.is_none());
     }
 }

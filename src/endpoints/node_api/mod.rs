@@ -21,6 +21,7 @@ pub mod cache;
 pub mod configz;
 pub mod handlers;
 pub mod listener;
+pub mod log_read;
 pub mod logs;
 pub mod node_logs;
 pub mod review;

@@ -19,13 +19,9 @@ pub enum Target {
 /// Resolves `rel` (the part after `/logs/`) under `root`, following links only while they
 /// stay inside `root`.
 pub fn resolve(root: &Path, rel: &str) -> Target {
-    let rel = Path::new(rel.trim_start_matches('/'));
-    if rel
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
+    let Some(rel) = relative_path(rel) else {
         return Target::NotFound;
-    }
+    };
     let (Ok(root), Ok(path)) = (root.canonicalize(), root.join(rel).canonicalize()) else {
         return Target::NotFound;
     };
@@ -37,6 +33,16 @@ pub fn resolve(root: &Path, rel: &str) -> Target {
         Ok(m) if m.is_file() => Target::File(path),
         _ => Target::NotFound,
     }
+}
+
+/// The path a `/logs/<rel>` request names below the log directory, before any link is
+/// followed: `None` when a part of it is `..` (or it has a NUL byte, which no file name has).
+pub fn relative_path(rel: &str) -> Option<&Path> {
+    let rel = Path::new(rel.trim_start_matches('/'));
+    let below = rel
+        .components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    (below && !rel.as_os_str().as_encoded_bytes().contains(&0)).then_some(rel)
 }
 
 fn escape(s: &str) -> String {
@@ -125,6 +131,20 @@ mod tests {
         ];
         for (rel, want) in cases {
             assert_eq!(resolve(r, rel), want, "{rel:?}");
+        }
+    }
+
+    #[test]
+    fn relative_paths() {
+        let cases = [
+            ("", Some("")),
+            ("//a/./b", Some("a/./b")),
+            ("a/../b", None),
+            ("..", None),
+            ("a\0b", None),
+        ];
+        for (rel, want) in cases {
+            assert_eq!(relative_path(rel), want.map(Path::new), "{rel:?}");
         }
     }
 

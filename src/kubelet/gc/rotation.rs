@@ -73,12 +73,85 @@ pub fn plan_rotation(
     Some(plan)
 }
 
+/// The soonest a growing log is looked at again between the monitor's regular passes.
+pub const FAST_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// When to look at a log again sooner than the regular pass `interval` (upstream looks only
+/// every `containerLogMonitorInterval`, 10 s, so a container writing 10 MB/s leaves its log
+/// 100 MB past `containerLogMaxSize`). From its growth of `grew` bytes over `over`: the time
+/// the log needs at that rate to reach `max_size` from `size`, at least [`FAST_CHECK`];
+/// `None` when the regular pass comes first (or the log is not growing).
+pub fn recheck_after(
+    grew: u64,
+    over: std::time::Duration,
+    size: u64,
+    max_size: u64,
+    interval: std::time::Duration,
+) -> Option<std::time::Duration> {
+    if grew == 0 || over.is_zero() {
+        return None;
+    }
+    let rate = grew as f64 / over.as_secs_f64();
+    let to_full = max_size.saturating_sub(size) as f64 / rate;
+    let after =
+        std::time::Duration::from_secs_f64(to_full.min(interval.as_secs_f64())).max(FAST_CHECK);
+    (after < interval).then_some(after)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn rechecks_of_growing_logs() {
+        use std::time::Duration;
+        let s = Duration::from_secs;
+        const MB: u64 = 1 << 20;
+        type Case = (&'static str, u64, Duration, u64, Option<Duration>);
+        let cases: Vec<Case> = vec![
+            ("not growing", 0, s(10), MB, None),
+            ("slow: the regular pass is soon enough", MB, s(10), MB, None),
+            (
+                "5 MiB/s, 5 MiB of room: in a second",
+                50 * MB,
+                s(10),
+                5 * MB,
+                Some(s(1)),
+            ),
+            (
+                "1 MiB/s, 4 MiB of room: in four",
+                10 * MB,
+                s(10),
+                6 * MB,
+                Some(s(4)),
+            ),
+            (
+                "already over: as soon as allowed",
+                10 * MB,
+                s(10),
+                20 * MB,
+                Some(s(1)),
+            ),
+            (
+                "100 MiB/s: never sooner than a second",
+                100 * MB,
+                s(1),
+                0,
+                Some(s(1)),
+            ),
+            ("no time measured", MB, s(0), 0, None),
+        ];
+        for (name, grew, over, size, want) in cases {
+            assert_eq!(
+                recheck_after(grew, over, size, 10 * MB, s(10)),
+                want,
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -289,6 +289,7 @@ async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
         max_size: 1024,
         max_files: 5,
         workers: 2,
+        interval: Duration::from_secs(10),
     };
 
     let paths = LogPaths::default();
@@ -324,5 +325,50 @@ async fn rotation_renames_reopens_and_undoes_a_failed_reopen() {
     rt.exit_container("r");
     assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
     assert!(paths.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_fast_growing_log_is_looked_at_between_passes() {
+    let dir = tempdir("rotate-fast");
+    let log = dir.join("0.log");
+    let rt = FakeCri::default();
+    rt.add_container(container("r", "p", 0, ContainerState::ContainerRunning));
+    rt.set_log_path("r", log.to_str().unwrap());
+    let ctx = context(rt.clone(), &dir, true);
+    let policy = RotationPolicy {
+        max_size: 10_000,
+        max_files: 5,
+        workers: 2,
+        interval: Duration::from_secs(10),
+    };
+    let paths = LogPaths::default();
+    std::fs::write(&log, vec![b'x'; 1000]).unwrap();
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
+    // A first look plans a second one a second later, to see how fast the log grows: not
+    // at all, so nothing more is planned.
+    assert_eq!(
+        rotate_growing_logs(&ctx, policy, &paths, Instant::now()).await,
+        0
+    );
+    assert_eq!(rt.count("ContainerStatus"), 1);
+    let later = Instant::now() + FAST_CHECK + Duration::from_millis(100);
+    assert_eq!(rotate_growing_logs(&ctx, policy, &paths, later).await, 0);
+    assert!(paths.due(later + Duration::from_secs(5)).is_empty());
+    // 5000 bytes in a few milliseconds: full within the second, looked at after one.
+    std::fs::write(&log, vec![b'x'; 6000]).unwrap();
+    assert_eq!(rotate_logs_pass(&ctx, policy, &paths).await.unwrap(), 0);
+    let lists = rt.count("ListContainers");
+    assert_eq!(
+        rotate_growing_logs(&ctx, policy, &paths, Instant::now()).await,
+        0,
+        "not due yet"
+    );
+    std::fs::write(&log, vec![b'x'; 12_000]).unwrap();
+    let due = Instant::now() + FAST_CHECK + Duration::from_millis(100);
+    assert_eq!(rotate_growing_logs(&ctx, policy, &paths, due).await, 1);
+    assert!(!log.exists(), "the log was rotated");
+    assert_eq!(rt.count("ListContainers"), lists, "no full pass in between");
+    assert_eq!(rt.count("ReopenContainerLog"), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
