@@ -72,7 +72,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "endpoints",
-        tiers: &[&["read_only"], &["node_api"]],
+        tiers: &[&["listener"], &["read_only"], &["node_api"]],
     },
     Layer {
         name: "app",

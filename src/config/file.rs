@@ -116,6 +116,7 @@ pub struct KubeletConfigurationFile {
     pub server_tls_bootstrap: Option<bool>,
     pub authentication: Option<super::server::AuthenticationFile>,
     pub authorization: Option<super::server::AuthorizationFile>,
+    pub streaming_connection_idle_timeout: Option<String>,
     pub logging: Option<LoggingFile>,
     pub volume_stats_agg_period: Option<String>,
     // The hardening section (`super::hardening`).

@@ -28,6 +28,8 @@ pub const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_PORT: u16 = 10250;
 pub const DEFAULT_READ_ONLY_PORT: u16 = 0;
 pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
+/// `streamingConnectionIdleTimeout`'s default, upstream's.
+pub const DEFAULT_STREAMING_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
 /// The node API's flags (flattened into [`super::Flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Args)]
@@ -92,6 +94,11 @@ pub struct ServerFlags {
     /// How long a denying SubjectAccessReview answer is kept. [default: 30s]
     #[arg(long, value_name = "DURATION", value_parser = super::flags::parse_duration_arg)]
     pub authorization_webhook_cache_unauthorized_ttl: Option<Duration>,
+
+    /// Close a logs-follow, exec, attach or port-forward stream of the node API after this
+    /// long without traffic (0: never). [default: 4h0m0s]
+    #[arg(long, value_name = "DURATION", value_parser = super::flags::parse_duration_arg)]
+    pub streaming_connection_idle_timeout: Option<Duration>,
 }
 
 /// `authentication` in the file.
@@ -219,6 +226,9 @@ pub struct ServerSettings {
     pub authorization_mode: AuthorizationMode,
     pub authorized_ttl: Duration,
     pub unauthorized_ttl: Duration,
+    /// `streamingConnectionIdleTimeout`: a node API stream without traffic this long is
+    /// closed (zero: never).
+    pub streaming_idle_timeout: Duration,
 }
 
 impl Default for ServerSettings {
@@ -236,6 +246,7 @@ impl Default for ServerSettings {
             authorization_mode: AuthorizationMode::Webhook,
             authorized_ttl: DEFAULT_AUTHZ_ALLOWED_TTL,
             unauthorized_ttl: DEFAULT_AUTHZ_DENIED_TTL,
+            streaming_idle_timeout: DEFAULT_STREAMING_IDLE_TIMEOUT,
         }
     }
 }
@@ -378,6 +389,12 @@ pub(super) fn server_settings(
             authz_webhook.cache_unauthorized_ttl.as_deref(),
             "authorization.webhook.cacheUnauthorizedTTL",
             d.unauthorized_ttl,
+        )?,
+        streaming_idle_timeout: duration(
+            flags.streaming_connection_idle_timeout,
+            f.streaming_connection_idle_timeout.as_deref(),
+            "streamingConnectionIdleTimeout",
+            d.streaming_idle_timeout,
         )?,
     };
     Ok(settings)
@@ -599,6 +616,21 @@ mod tests {
     }
 
     #[test]
+    fn the_streaming_idle_timeout_is_a_go_duration_in_the_file_and_the_flag() {
+        let s = server_settings(&flags(&[]), &file(""), &resolve).unwrap();
+        assert_eq!(s.streaming_idle_timeout, Duration::from_secs(4 * 3600));
+        let f = file("streamingConnectionIdleTimeout: 1h30m\n");
+        let s = server_settings(&flags(&[]), &f, &resolve).unwrap();
+        assert_eq!(s.streaming_idle_timeout, Duration::from_secs(5400));
+        let over = flags(&["--streaming-connection-idle-timeout=45s"]);
+        let s = server_settings(&over, &f, &resolve).unwrap();
+        assert_eq!(s.streaming_idle_timeout, Duration::from_secs(45));
+        let never = file("streamingConnectionIdleTimeout: 0s\n");
+        let s = server_settings(&flags(&[]), &never, &resolve).unwrap();
+        assert_eq!(s.streaming_idle_timeout, Duration::ZERO);
+    }
+
+    #[test]
     fn tls_version_and_suites() {
         let f = file(
             "tlsMinVersion: VersionTLS13\ntlsCipherSuites: [TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n",
@@ -650,6 +682,10 @@ mod tests {
             (
                 "authentication:\n  webhook:\n    cacheTTL: soon\n",
                 "authentication.webhook.cacheTTL",
+            ),
+            (
+                "streamingConnectionIdleTimeout: 4 hours\n",
+                "streamingConnectionIdleTimeout",
             ),
         ];
         for (yaml, field) in cases {

@@ -60,9 +60,12 @@ pub async fn cri() -> CriClient {
     }
 }
 
-/// The deckhand binary under test.
+/// The deckhand binary under test: `DECKHAND_BIN` when set (a release build, or another
+/// commit's binary to compare with), else the one cargo built for the tests.
 pub fn deckhand_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_deckhand"))
+    std::env::var_os("DECKHAND_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deckhand")))
 }
 
 /// A free TCP port on loopback (bound and released; good enough for tests on one machine).

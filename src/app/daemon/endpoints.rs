@@ -129,7 +129,10 @@ pub(super) async fn serve_node_api(
         state,
         slot,
         &config.server,
-        read_only::ListenerLimits::default(),
+        read_only::ListenerLimits {
+            streaming_idle_timeout: config.server.streaming_idle_timeout,
+            ..Default::default()
+        },
         agent.cancel.clone(),
     )
     .await?;

@@ -25,6 +25,7 @@ use crate::base::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::clients::cri::CriClient;
 use crate::clients::cri::CriError;
 use crate::clients::cri::proto::{AttachRequest, ExecRequest, PortForwardRequest};
+use crate::endpoints::listener::ConnectionHandle;
 use crate::endpoints::read_only::Metrics;
 use crate::kubelet::pleg::RuntimeCache;
 use crate::kubelet::pod_status::published::PodStates;
@@ -91,6 +92,9 @@ fn json(body: Vec<u8>) -> Response {
         .into_response()
 }
 
+/// The answer when the listener's streams are at their cap.
+pub(crate) const TOO_MANY_STREAMS: &str = "too many open streams on this node; try again later";
+
 /// Every request passes the gate first: 401, 403 or 500 with upstream's bodies.
 async fn gate(State(state): State<NodeApiState>, req: Request, next: Next) -> Response {
     let peer = req
@@ -114,6 +118,12 @@ async fn gate(State(state): State<NodeApiState>, req: Request, next: Next) -> Re
     match verdict {
         Verdict::Allowed(user) => {
             tracing::debug!(user = %user.name, method = %req.method(), path = %req.uri().path(), "node API request");
+            // The connection has authenticated: it leaves the unauthenticated class's limits.
+            if user.name != super::auth::ANONYMOUS_USER
+                && let Some(connection) = req.extensions().get::<ConnectionHandle>()
+            {
+                connection.mark_authenticated();
+            }
             next.run(req).await
         }
         Verdict::Unauthorized => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
@@ -394,6 +404,7 @@ fn waiting_reason(state: &NodeApiState, uid: &str, container: &str) -> String {
 async fn container_logs(
     State(state): State<NodeApiState>,
     UrlPath((namespace, pod_name, container)): UrlPath<(String, String, String)>,
+    connection: Option<axum::Extension<ConnectionHandle>>,
     uri: axum::http::Uri,
 ) -> Response {
     let options = match logs::parse_log_query(uri.query().unwrap_or(""), jiff::Timestamp::now()) {
@@ -456,12 +467,24 @@ async fn container_logs(
             })
         })
     });
+    // A follow is a stream: counted apart, ended after streamingConnectionIdleTimeout quiet.
+    let place = match (options.follow, connection) {
+        (true, Some(axum::Extension(connection))) => match connection.open_stream() {
+            Some(place) => Some(place),
+            None => return text(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_STREAMS),
+        },
+        _ => None,
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(log_read::CHANNEL_CHUNKS);
     tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, file = %file.display(), follow = options.follow, "serving container logs");
     tokio::spawn(log_read::stream_file(file, options, still_running, tx));
-    let stream =
+    let lines =
         tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
-    let mut response = Response::new(Body::from_stream(stream));
+    let body = match place {
+        Some(place) => Body::from_stream(crate::endpoints::listener::idle_limited(lines, place)),
+        None => Body::from_stream(lines),
+    };
+    let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -1,25 +1,25 @@
-//! The node API's TLS listener: the same limits as the other listeners (headers within
-//! `header_read_timeout`, at most `max_connections` at once, none served for longer than
-//! `max_connection_age`), a TLS handshake that must also finish within the header
-//! timeout, and HTTP/1.1 with protocol upgrades for exec, attach and port forwarding.
-//!
-//! An upgraded stream leaves the connection's accounting once it switched protocols: it
-//! lives as long as the exec session does, as upstream's.
+//! The node API's TLS listener, with the classes and limits of [`crate::endpoints::listener`]:
+//! the handshake within `handshake_timeout` while the connection is in the handshaking class,
+//! then a connection with a verified client certificate is authenticated at once, one without
+//! is unauthenticated until a request on it passes the gate (a reviewed bearer token). HTTP/1.1
+//! with protocol upgrades for exec, attach and port forwarding, whose streams are counted in
+//! the streams class and closed after `streamingConnectionIdleTimeout` without traffic.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::auth::user_from_certificate;
 use super::handlers::PeerUser;
-use crate::endpoints::read_only::{
-    ListenerLimits, ServeError, accept_connections, serve_connection,
+use crate::endpoints::listener::{
+    ListenerLimits, Member, ServeError, Start, accept_connections, serve_connection,
 };
 
 /// Binds `addr` and serves `router` over TLS until `cancel` fires.
@@ -55,41 +55,73 @@ async fn accept_loop(
     cancel: CancellationToken,
 ) {
     let serve_cancel = cancel.clone();
-    accept_connections("node API", listener, limits, cancel, move |stream, peer| {
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let cancel = serve_cancel.clone();
-        async move {
-            let tls =
-                match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
-                    .await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "node API: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "node API: TLS handshake timed out");
-                        return;
-                    }
+    let what = "node API";
+    accept_connections(
+        listener,
+        limits,
+        what,
+        cancel,
+        move |stream, peer, shared, place| {
+            let acceptor = acceptor.clone();
+            let router = router.clone();
+            let cancel = serve_cancel.clone();
+            async move {
+                let Some(tls) = handshake(&acceptor, stream, &place, limits, &peer).await else {
+                    return;
                 };
-            // rustls has verified the chain against the client CA; the leaf names the user.
-            let user = PeerUser(
-                tls.get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|certs| certs.first())
-                    .and_then(|leaf| user_from_certificate(leaf)),
-            );
-            let service = hyper::service::service_fn(
-                move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(user.clone());
-                    router.clone().oneshot(req)
-                },
-            );
-            serve_connection(TokioIo::new(tls), service, limits, cancel, &peer).await;
-        }
-    })
+                // Handshaken: the connection leaves the handshaking class.
+                drop(place);
+                // rustls has verified the chain against the client CA; the leaf names the user.
+                let user = PeerUser(
+                    tls.get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|certs| certs.first())
+                        .and_then(|leaf| user_from_certificate(leaf)),
+                );
+                let start = if user.0.is_some() {
+                    Start::Authenticated
+                } else {
+                    Start::Unauthenticated
+                };
+                let service = hyper::service::service_fn(
+                    move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(user.clone());
+                        router.clone().oneshot(req)
+                    },
+                );
+                serve_connection(TokioIo::new(tls), service, &shared, start, cancel, &peer).await;
+            }
+        },
+    )
     .await
+}
+
+/// The TLS handshake, within the handshake timeout and while the connection keeps its
+/// handshaking place; `None` when it failed, timed out or was pushed out.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    place: &Member,
+    limits: ListenerLimits,
+    peer: &str,
+) -> Option<TlsStream<TcpStream>> {
+    let accept = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream));
+    tokio::select! {
+        result = accept => match result {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "node API: TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "node API: TLS handshake timed out");
+                None
+            }
+        },
+        _ = place.evicted().cancelled() => {
+            tracing::debug!(%peer, "node API: a newer handshake pushed this one out");
+            None
+        }
+    }
 }

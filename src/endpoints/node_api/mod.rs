@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 pub use handlers::NodeApiState;
 pub use tls::ServingSlot;
 
-use crate::endpoints::read_only::{ListenerLimits, ServeError};
+use crate::endpoints::listener::{ListenerLimits, ServeError};
 
 /// Why the node API could not start.
 #[derive(Debug, thiserror::Error)]

@@ -2,12 +2,16 @@
 //! `Attach`, `PortForward`) on its own streaming server; the node API forwards the client's
 //! upgrade request (SPDY/3.1 or WebSocket, whatever it asked for) there and, once the
 //! runtime switches protocols, copies bytes both ways until either side closes. Deckhand
-//! never parses the stream, so every protocol version the runtime speaks works.
+//! never parses the stream, so every protocol version the runtime speaks works. The stream
+//! holds a place in the listener's streams class and is closed after
+//! `streamingConnectionIdleTimeout` with no bytes either way.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+use crate::endpoints::listener::{ConnectionHandle, splice};
 
 /// How long connecting to the runtime's streaming server may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -49,6 +53,19 @@ pub async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> 
     if !is_upgrade(&req) {
         return plain(StatusCode::BAD_REQUEST, "Upgrade request required");
     }
+    // The stream is counted apart from connections and ends after the idle timeout.
+    let place = match req.extensions().get::<ConnectionHandle>() {
+        Some(connection) => match connection.open_stream() {
+            Some(place) => Some(place),
+            None => {
+                return plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    super::handlers::TOO_MANY_STREAMS,
+                );
+            }
+        },
+        None => None,
+    };
     let target: Uri = match url.parse() {
         Ok(u) => u,
         Err(e) => {
@@ -155,9 +172,9 @@ pub async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> 
                 return;
             }
         };
-        let mut client = TokioIo::new(client);
-        let mut runtime = TokioIo::new(runtime);
-        match tokio::io::copy_bidirectional(&mut client, &mut runtime).await {
+        let client = TokioIo::new(client);
+        let runtime = TokioIo::new(runtime);
+        match splice(client, runtime, place).await {
             Ok((up, down)) => {
                 tracing::debug!(to_runtime = up, to_client = down, "stream closed")
             }

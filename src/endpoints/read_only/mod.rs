@@ -10,60 +10,23 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+
+use crate::endpoints::listener::{Acceptor, Start, accept_connections, serve_connection};
 
 use crate::base::health::Health;
 use crate::kubelet::pod_status::published::PodStates;
 
-/// A server could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} for the {what}: {source}")]
-pub struct ServeError {
-    pub what: &'static str,
-    /// The address or socket path.
-    pub addr: String,
-    #[source]
-    pub source: std::io::Error,
-}
-
-/// A listening socket the accept loop takes connections from (TCP or Unix).
-pub(crate) trait Acceptor: Send + 'static {
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    /// The next connection and a description of its peer for the log.
-    fn next(
-        &self,
-    ) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
-}
-
-impl Acceptor for TcpListener {
-    type Stream = tokio::net::TcpStream;
-    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
-        let (stream, peer) = self.accept().await?;
-        Ok((stream, peer.to_string()))
-    }
-}
-
-impl Acceptor for UnixListener {
-    type Stream = tokio::net::UnixStream;
-    async fn next(&self) -> std::io::Result<(Self::Stream, String)> {
-        let (stream, _) = self.accept().await?;
-        Ok((stream, "local socket".to_string()))
-    }
-}
+pub use crate::endpoints::listener::{ListenerLimits, ServeError};
 
 /// Metric pages by path, each rendered on request in Prometheus' text format.
 #[derive(Clone, Default)]
@@ -167,28 +130,6 @@ async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Re
     }
 }
 
-/// Limits every listener applies, so a slow or hostile client cannot hold the agent's
-/// sockets or memory: a request's headers must arrive within `header_read_timeout` (this also
-/// ends a kept-alive connection idle for that long), and at most `max_connections` are served
-/// at once; further clients wait in the kernel's listen backlog until one ends.
-#[derive(Clone, Copy, Debug)]
-pub struct ListenerLimits {
-    pub header_read_timeout: Duration,
-    pub max_connections: usize,
-    /// The longest any one connection is served, however busy.
-    pub max_connection_age: Duration,
-}
-
-impl Default for ListenerLimits {
-    fn default() -> Self {
-        ListenerLimits {
-            header_read_timeout: Duration::from_secs(10),
-            max_connections: 256,
-            max_connection_age: Duration::from_secs(300),
-        }
-    }
-}
-
 /// Binds `addr` and serves `router` until `cancel` fires. Binding errors come back at once.
 async fn serve(
     what: &'static str,
@@ -209,7 +150,8 @@ async fn serve(
     )))
 }
 
-/// Accepts plain HTTP connections while a slot is free and serves each on its own task.
+/// Accepts plain HTTP connections and serves each on its own task. Nobody authenticates
+/// here: every connection is in the unauthenticated class, under its timeouts and cap.
 async fn accept_loop(
     what: &'static str,
     listener: impl Acceptor,
@@ -218,105 +160,29 @@ async fn accept_loop(
     cancel: CancellationToken,
 ) {
     let serve_cancel = cancel.clone();
-    accept_connections(what, listener, limits, cancel, move |stream, peer| {
-        let service = TowerToHyperService::new(router.clone());
-        let cancel = serve_cancel.clone();
-        async move { serve_connection(TokioIo::new(stream), service, limits, cancel, &peer).await }
-    })
+    accept_connections(
+        listener,
+        limits,
+        what,
+        cancel,
+        move |stream, peer, shared, place| {
+            let service = TowerToHyperService::new(router.clone());
+            let cancel = serve_cancel.clone();
+            async move {
+                let io = TokioIo::new(stream);
+                serve_connection(
+                    io,
+                    service,
+                    &shared,
+                    Start::Handshaking(place),
+                    cancel,
+                    &peer,
+                )
+                .await
+            }
+        },
+    )
     .await
-}
-
-/// Every listener's accept loop: takes a connection while one of `max_connections` slots is
-/// free (the rest wait in the kernel's backlog), hands it to `serve` on its own task, and on
-/// `cancel` stops accepting and gives the open connections 2 s to finish. `serve` is what
-/// differs between listeners (plain HTTP, or a TLS handshake first).
-pub(crate) async fn accept_connections<A, F, Fut>(
-    what: &'static str,
-    listener: A,
-    limits: ListenerLimits,
-    cancel: CancellationToken,
-    serve: F,
-) where
-    A: Acceptor,
-    F: Fn(A::Stream, String) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let connections = TaskTracker::new();
-    loop {
-        let permit = tokio::select! {
-            _ = cancel.cancelled() => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            _ = cancel.cancelled() => break,
-            accepted = listener.next() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    // Out of file descriptors, for instance: wait a little rather than spin.
-                    tracing::warn!(error = %err, "the {what} cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let connection = serve(stream, peer);
-        connections.spawn(async move {
-            let _permit = permit;
-            connection.await;
-        });
-    }
-    connections.close();
-    let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
-}
-
-/// Serves one HTTP/1.1 connection of any listener under `limits` (its headers within the
-/// header timeout, a bounded read buffer), protocol upgrades allowed, and ends it gracefully
-/// when `cancel` fires or once it has been served for `max_connection_age`.
-pub(crate) async fn serve_connection<I, S, B>(
-    io: I,
-    service: S,
-    limits: ListenerLimits,
-    cancel: CancellationToken,
-    peer: &str,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(64 * 1024);
-    let conn = builder.serve_connection(io, service).with_upgrades();
-    tokio::pin!(conn);
-    let deadline = tokio::time::sleep(limits.max_connection_age);
-    tokio::pin!(deadline);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(err) = result {
-                    tracing::debug!(%peer, error = %err, "connection ended with an error");
-                }
-                break;
-            }
-            _ = cancel.cancelled(), if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            _ = &mut deadline, if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-        }
-    }
 }
 
 /// Serves `GET /healthz` on the healthz address.
@@ -470,7 +336,7 @@ pub async fn serve_local_socket(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
@@ -479,9 +345,11 @@ mod tests {
 
     fn quick_limits(max_connections: usize) -> ListenerLimits {
         ListenerLimits {
-            header_read_timeout: Duration::from_millis(300),
-            max_connections,
-            max_connection_age: Duration::from_secs(60),
+            handshake_timeout: Duration::from_millis(300),
+            unauthenticated_idle_timeout: Duration::from_millis(300),
+            max_handshaking: max_connections,
+            max_unauthenticated: max_connections,
+            ..ListenerLimits::default()
         }
     }
 
@@ -550,32 +418,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    async fn a_newcomer_over_the_cap_pushes_the_oldest_idle_connection_out() {
+        // Long timeouts: only the cap can end the idle connections here.
         let (addr, cancel) = serve_on(ListenerLimits {
-            header_read_timeout: Duration::from_secs(2),
-            max_connections: 1,
-            max_connection_age: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(60),
+            unauthenticated_idle_timeout: Duration::from_secs(60),
+            max_handshaking: 2,
+            max_unauthenticated: 2,
+            ..ListenerLimits::default()
         })
         .await;
-        // The first connection holds the only slot (it sends nothing yet).
-        let mut first = TcpStream::connect(addr).await.unwrap();
-        let mut second = TcpStream::connect(addr).await.unwrap();
-        second
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // The third is served at once, and the oldest idle one is closed.
+        let began = Instant::now();
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
-        let mut buf = [0u8; 64];
-        let early = tokio::time::timeout(Duration::from_millis(500), second.read(&mut buf)).await;
-        assert!(early.is_err(), "served beyond the cap: {early:?}");
-        // Once the first is cut off (no headers within 2 s), the second is served.
-        let got = read_to_close(&mut second, Duration::from_secs(10))
+        let got = read_to_close(&mut third, Duration::from_secs(10))
             .await
-            .expect("served once a slot is free");
+            .expect("served although the cap is reached");
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
         assert!(
-            read_to_close(&mut first, Duration::from_secs(10))
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(
+            read_to_close(&mut idle[0], Duration::from_secs(5))
                 .await
-                .is_some()
+                .is_some(),
+            "the oldest idle connection was pushed out"
         );
         cancel.cancel();
     }
