@@ -510,12 +510,15 @@ pub(crate) async fn serve_connection<I, S, B>(
             streaming: state.streaming.load(Ordering::SeqCst),
         };
         class = reclassify(class, seen, listener);
-        if matches!(class, Class::Streaming) && !closing {
+        let in_flight = state.in_flight.load(Ordering::SeqCst);
+        if matches!(class, Class::Streaming) && !closing && in_flight == 0 {
             // The stream is the last answer on this connection; its own idle timeout ends it.
+            // Only once the handler has answered: hyper closes a connection shut down while
+            // the answer is still being made without writing it, and an exec or attach
+            // upgrade then reaches the API server as an empty response.
             conn.as_mut().graceful_shutdown();
             closing = true;
         }
-        let in_flight = state.in_flight.load(Ordering::SeqCst);
         let deadline = idle_deadline(&class, &limits, began, handle.last_answer(), in_flight);
         let evicted = evicted_token(&class);
         let untrusted = evicted.is_some();
