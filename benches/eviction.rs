@@ -312,7 +312,7 @@ async fn main() {
             at: Arc::default(),
             pods: pods.clone(),
         };
-        let manager = Manager::new(
+        let mut manager = Manager::new(
             ManagerSettings {
                 thresholds: thresholds(
                     &parse_flag(&format!("nodefs.available<{threshold_mi}Mi")).unwrap(),
@@ -331,7 +331,8 @@ async fn main() {
             Recorder::log_only(&node),
         );
         let cancel = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(manager.run(cancel.clone()));
+        let stop = cancel.clone();
+        let task = tokio::spawn(async move { manager.run(stop).await });
         // Somewhere in the period, not in step with it.
         let offset = period.mul_f64(((trial * 37 + 11) % 100) as f64 / 100.0);
         tokio::time::sleep(Duration::from_millis(200) + offset).await;

@@ -129,6 +129,7 @@ async fn main() {
         max_size: 10 * 1024 * 1024,
         max_files: 5,
         workers: 1,
+        interval: std::time::Duration::from_secs(10),
     };
     let line = "2026-12-01T00:00:00.000000000Z stdout F lorem ipsum dolor sit amet consectetur\n";
     let fill = || {
