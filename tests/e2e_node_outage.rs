@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     admin, bound_pod, cluster_cmd, cluster_dir, cluster_env, condition, create_namespace,
-    get_lease, get_node, joined_agent, wait_node_ready,
+    create_namespace_waiting, get_lease, get_node, joined_agent, wait_node_ready,
 };
 use common::{cri, http_get, running_containers, sleeping_pod, wait_until};
 use deckhand::clients::cri::proto::{ContainerFilter, ContainerState};
@@ -344,4 +344,10 @@ async fn an_apiserver_outage_restarts_no_container_and_the_watch_and_lease_resum
             "{what}: {failed} warnings, {works} recoveries:\n{log}"
         );
     }
+
+    // Leave a control plane the next test can use: the controller-manager's watches come back
+    // on their own back-off (up to about 30 s after a minute's outage), and a test that makes
+    // a namespace next waits for its service account from them.
+    let _after =
+        create_namespace_waiting(&client, "e2e-outage-after", Duration::from_secs(180)).await;
 }

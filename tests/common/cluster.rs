@@ -221,6 +221,16 @@ pub fn bound_pod_with(name: &str, node: &str, mut spec: serde_json::Value) -> Po
 }
 
 pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceCleanup {
+    create_namespace_waiting(client, ns, Duration::from_secs(60)).await
+}
+
+/// [`create_namespace`], waiting up to `account_wait` for the controller-manager to make the
+/// namespace's default service account.
+pub async fn create_namespace_waiting(
+    client: &kube::Client,
+    ns: &str,
+    account_wait: Duration,
+) -> NamespaceCleanup {
     let namespace: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
     // The same test's namespace from an earlier run may still be going away.
@@ -241,8 +251,8 @@ pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceClean
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(client.clone(), ns);
     super::wait_until(
-        "the default service account",
-        Duration::from_secs(60),
+        "the default service account (made by the controller-manager)",
+        account_wait,
         || async { accounts.get_opt("default").await.ok().flatten() },
     )
     .await;
