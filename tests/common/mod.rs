@@ -68,12 +68,22 @@ pub fn deckhand_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_deckhand")))
 }
 
-/// A free TCP port on loopback (bound and released; good enough for tests on one machine).
+/// A free TCP port on loopback (bound and released), never one this test process handed out
+/// before: the kernel may give the same port to two binds in a row once the first is
+/// released, and an agent given it twice (say, as its node API and healthz ports) cannot start.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port on 127.0.0.1");
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// Polls `check` until it returns `Some`, or fails the test with `what` after `timeout`.
