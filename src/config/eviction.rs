@@ -180,10 +180,11 @@ pub(super) fn eviction_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::SectionError;
 
-    fn merge(args: &[&str], file: &str) -> Result<EvictionSettings, String> {
+    fn merge(args: &[&str], file: &str) -> Result<EvictionSettings, SectionError> {
         let (flags, f) = crate::config::tests::flags_and_file(args, file)?;
-        eviction_settings(&flags, &f).map_err(|e| e.to_string())
+        Ok(eviction_settings(&flags, &f)?)
     }
 
     #[test]
@@ -297,7 +298,7 @@ mod tests {
             ),
         ] {
             let err = merge(args, file).unwrap_err();
-            assert!(err.contains(needle), "{args:?} {file}: {err}");
+            assert!(err.to_string().contains(needle), "{args:?} {file}: {err}");
         }
     }
 }

@@ -225,10 +225,11 @@ pub(super) fn gc_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::SectionError;
 
-    fn merge(args: &[&str], file: &str) -> Result<GcSettings, String> {
+    fn merge(args: &[&str], file: &str) -> Result<GcSettings, SectionError> {
         let (flags, f) = crate::config::tests::flags_and_file(args, file)?;
-        gc_settings(&flags, &f, "10Mi", 5).map_err(|e| e.to_string())
+        Ok(gc_settings(&flags, &f, "10Mi", 5)?)
     }
 
     #[test]
@@ -311,7 +312,7 @@ mod tests {
             ),
         ] {
             let err = merge(args, file).unwrap_err();
-            assert!(err.contains(needle), "{args:?} {file}: {err}");
+            assert!(err.to_string().contains(needle), "{args:?} {file}: {err}");
         }
     }
 }

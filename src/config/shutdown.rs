@@ -158,11 +158,11 @@ pub(super) fn shutdown_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::SectionError;
 
-    fn load(yaml: &str) -> Result<ShutdownSettings, String> {
-        let f: KubeletConfigurationFile =
-            crate::base::yaml::from_str(yaml).map_err(|e| format!("parse: {e}"))?;
-        shutdown_settings(&f).map_err(|e| e.to_string())
+    fn load(yaml: &str) -> Result<ShutdownSettings, SectionError> {
+        let f: KubeletConfigurationFile = crate::base::yaml::from_str(yaml)?;
+        Ok(shutdown_settings(&f)?)
     }
 
     #[test]
@@ -216,7 +216,7 @@ mod tests {
             let got = load(yaml);
             match (want, &got) {
                 (Ok(w), Ok(g)) => assert_eq!(g, w, "{yaml}"),
-                (Err(w), Err(g)) => assert!(g.contains(w), "{yaml}: {g}"),
+                (Err(w), Err(g)) => assert!(g.to_string().contains(w), "{yaml}: {g}"),
                 _ => panic!("{yaml}: got {got:?}, want {want:?}"),
             }
         }

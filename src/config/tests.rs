@@ -18,18 +18,30 @@ fn flags(args: &[&str]) -> Flags {
         .unwrap_or_else(|e| panic!("flags {args:?}: {e}"))
 }
 
+/// Why a section's test helper could not load its settings; the tests match its text.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SectionError {
+    #[error("flags: {0}")]
+    Flags(#[from] clap::Error),
+    #[error("file: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("parse: {0}")]
+    Yaml(#[from] crate::base::yaml::YamlError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+}
+
 /// Flags parsed from `args` and a configuration file from JSON `file` (empty: no fields), for
 /// the tests of one group of settings (`gc`, `eviction`).
 pub(super) fn flags_and_file(
     args: &[&str],
     file: &str,
-) -> Result<(Flags, KubeletConfigurationFile), String> {
-    let flags = Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))
-        .map_err(|e| e.to_string())?;
+) -> Result<(Flags, KubeletConfigurationFile), SectionError> {
+    let flags = Flags::try_parse_from(std::iter::once("deckhand").chain(args.iter().copied()))?;
     let f = if file.is_empty() {
         KubeletConfigurationFile::default()
     } else {
-        serde_json::from_str(file).map_err(|e| e.to_string())?
+        serde_json::from_str(file)?
     };
     Ok((flags, f))
 }
