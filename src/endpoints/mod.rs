@@ -6,3 +6,6 @@
 pub mod listener;
 pub mod node_api;
 pub mod read_only;
+
+#[cfg(test)]
+mod pages_tests;

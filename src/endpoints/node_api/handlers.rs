@@ -749,42 +749,15 @@ mod tests {
 
     /// A router that lets anonymous requests through, serving what `debug` says.
     fn open_router(debug: DebugHandlers, dir: &std::path::Path) -> Router {
-        struct NoStreams;
-        impl StreamUrls for NoStreams {
-            fn exec(&self, _: ExecRequest) -> BoxFuture<'_, Result<String, CriError>> {
-                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-            }
-            fn attach(&self, _: AttachRequest) -> BoxFuture<'_, Result<String, CriError>> {
-                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-            }
-            fn port_forward(
-                &self,
-                _: PortForwardRequest,
-            ) -> BoxFuture<'_, Result<String, CriError>> {
-                Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-            }
-        }
         let settings = crate::config::ServerSettings {
             anonymous_enabled: true,
             authorization_mode: crate::config::AuthorizationMode::AlwaysAllow,
             ..Default::default()
         };
+        let gate = Gate::new(settings, "n1".into(), None);
         router(NodeApiState {
-            gate: Arc::new(Gate::new(settings, "n1".into(), None)),
-            health: Default::default(),
-            pods: Default::default(),
-            runtime: Default::default(),
-            streams: Arc::new(NoStreams),
-            metrics: Default::default(),
-            pod_logs_dir: dir.to_path_buf(),
-            node_log_dir: dir.to_path_buf(),
-            configz: Arc::new(b"{}".to_vec()),
-            stats: Arc::new(crate::kubelet::stats::StatsProvider::new(
-                Arc::new(crate::clients::cri::fake::FakeCri::default()),
-                Arc::new(crate::kubelet::stats::HostFiles::default()),
-                "n1".into(),
-            )),
             debug,
+            ..super::super::test_state::test_state(gate, dir)
         })
     }
 

@@ -26,6 +26,8 @@ pub mod logs;
 pub mod node_logs;
 pub mod review;
 pub mod streaming;
+#[cfg(test)]
+pub(crate) mod test_state;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -64,27 +66,11 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clients::cri::CriError;
-    use crate::clients::cri::proto::{AttachRequest, ExecRequest, PortForwardRequest};
     use crate::config::{AuthorizationMode, ServerSettings};
     use crate::kubelet::certificate::Credentials;
-    use futures::future::BoxFuture;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    struct NoStreams;
-    impl handlers::StreamUrls for NoStreams {
-        fn exec(&self, _: ExecRequest) -> BoxFuture<'_, Result<String, CriError>> {
-            Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-        }
-        fn attach(&self, _: AttachRequest) -> BoxFuture<'_, Result<String, CriError>> {
-            Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-        }
-        fn port_forward(&self, _: PortForwardRequest) -> BoxFuture<'_, Result<String, CriError>> {
-            Box::pin(async { Ok("http://127.0.0.1:1/none".into()) })
-        }
-    }
 
     struct Ca {
         pem: String,
@@ -139,30 +125,15 @@ mod tests {
         let ca_file = dir.join("ca.crt");
         std::fs::write(&ca_file, &ca.pem).unwrap();
         let serving = Credentials::from_pem(leaf(ca, "node", None, true).as_bytes()).unwrap();
-        let state = NodeApiState {
-            gate: Arc::new(auth::Gate::new(
-                ServerSettings {
-                    authorization_mode: mode,
-                    ..Default::default()
-                },
-                "n1".into(),
-                None,
-            )),
-            health: Default::default(),
-            pods: Default::default(),
-            runtime: Default::default(),
-            streams: Arc::new(NoStreams),
-            metrics: Default::default(),
-            pod_logs_dir: dir.to_path_buf(),
-            node_log_dir: dir.to_path_buf(),
-            configz: Arc::new(b"{}".to_vec()),
-            stats: Arc::new(crate::kubelet::stats::StatsProvider::new(
-                Arc::new(crate::clients::cri::fake::FakeCri::default()),
-                Arc::new(crate::kubelet::stats::HostFiles::default()),
-                "n1".into(),
-            )),
-            debug: Default::default(),
-        };
+        let gate = auth::Gate::new(
+            ServerSettings {
+                authorization_mode: mode,
+                ..Default::default()
+            },
+            "n1".into(),
+            None,
+        );
+        let state = test_state::test_state(gate, dir);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
