@@ -72,7 +72,13 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "endpoints",
-        tiers: &[&["listener"], &["read_only"], &["node_api"]],
+        // The connection machinery and the stats answers; the pages every server shares;
+        // the servers, which know nothing of each other.
+        tiers: &[
+            &["listener", "stats"],
+            &["routes"],
+            &["node_api", "read_only"],
+        ],
     },
     Layer {
         name: "app",

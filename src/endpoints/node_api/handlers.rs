@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{FromRef, Path as UrlPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,7 @@ use crate::clients::cri::CriClient;
 use crate::clients::cri::CriError;
 use crate::clients::cri::proto::{AttachRequest, ExecRequest, PortForwardRequest};
 use crate::endpoints::listener::ConnectionHandle;
-use crate::endpoints::read_only::Metrics;
+use crate::endpoints::routes::{self, Healthz, Metrics, Pages};
 use crate::kubelet::pleg::RuntimeCache;
 use crate::kubelet::pod_status::published::PodStates;
 
@@ -72,6 +72,18 @@ pub struct NodeApiState {
     pub stats: Arc<crate::kubelet::stats::StatsProvider>,
     /// Which optional endpoints are served.
     pub debug: DebugHandlers,
+}
+
+/// The shared pages read the node API's health, pods, metrics and stats.
+impl FromRef<NodeApiState> for Pages {
+    fn from_ref(state: &NodeApiState) -> Pages {
+        Pages {
+            health: state.health.clone(),
+            pods: state.pods.clone(),
+            metrics: state.metrics.clone(),
+            stats: Some(state.stats.clone()),
+        }
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {
@@ -166,18 +178,10 @@ pub(crate) const DEBUG_DISABLED: &str = "Debug endpoints are disabled.\n";
 /// Upstream's answer on `/logs/` with `enableSystemLogHandler: false`.
 pub(crate) const LOGS_DISABLED: &str = "logs endpoint is disabled.\n";
 
-/// The router of the node API. Every path passes the gate first, the refused ones too, as
-/// upstream's authentication filter runs before its handlers.
+/// The router of the node API: the shared pages and its own. Every path passes the gate
+/// first, the refused ones too, as upstream's authentication filter runs before its handlers.
 pub fn router(state: NodeApiState) -> Router {
-    let always = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/healthz/{*check}", get(healthz))
-        .route("/pods", get(pods))
-        .route("/pods/", get(pods))
-        .route("/metrics", get(metrics_page))
-        .route("/metrics/resource", get(resource_metrics))
-        .route("/stats/summary", get(stats_summary).post(stats_summary))
-        .route("/metrics/{*rest}", get(metrics_page));
+    let always = routes::common(Healthz::Short);
     let debug = state.debug;
     let routes = if debug.debugging {
         always.merge(debugging_routes(debug.system_log))
@@ -192,7 +196,7 @@ pub fn router(state: NodeApiState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), gate))
         // Outermost, so refused requests are counted too (upstream counts before auth).
         .layer(middleware::from_fn(|req, next| {
-            crate::endpoints::read_only::count_request("readwrite", req, next)
+            routes::count_request("readwrite", req, next)
         }))
         .with_state(state)
 }
@@ -228,23 +232,6 @@ fn disabled(
         .route(path, any(answer))
         .route(&format!("{path}/"), any(answer))
         .route(&format!("{path}/{{*rest}}"), any(answer))
-}
-
-async fn healthz(State(state): State<NodeApiState>) -> Response {
-    let report = state.health.report();
-    let code = if report.healthy() {
-        StatusCode::OK
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    text(code, report.render(false))
-}
-
-async fn pods(State(state): State<NodeApiState>) -> Response {
-    match serde_json::to_vec(&state.pods.pod_list()) {
-        Ok(b) => json(b),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
 }
 
 /// A pod as the runtime has it: name, namespace, UID and its running containers (name and
@@ -302,30 +289,6 @@ async fn running_pods(State(state): State<NodeApiState>) -> Response {
 
 async fn configz(State(state): State<NodeApiState>) -> Response {
     json(state.configz.as_ref().clone())
-}
-
-async fn metrics_page(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
-    match state.metrics.render(uri.path()) {
-        Some(body) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
-}
-
-/// `/stats/summary`, GET or POST (`only_cpu_and_memory=true` gives CPU and memory alone).
-async fn stats_summary(State(state): State<NodeApiState>, uri: axum::http::Uri) -> Response {
-    crate::kubelet::stats::summary_response(&state.stats, uri.query()).await
-}
-
-async fn resource_metrics(State(state): State<NodeApiState>) -> Response {
-    crate::kubelet::stats::resource_metrics_response(&state.stats).await
 }
 
 async fn node_logs_root(state: State<NodeApiState>) -> Response {

@@ -11,9 +11,10 @@
 //! * [`tls`]: serving certificate (files, self-signed, or a CSR's in a swappable slot) and
 //!   the client CA.
 //! * [`listener`]: the TLS accept loop with the listener limits.
-//! * [`handlers`]: the endpoints; [`logs`]: CRI log files; [`streaming`]: the upgrade proxy
-//!   to the runtime's streaming server; [`configz`]: `/configz`; [`node_logs`]: `/logs/`;
-//!   `/stats/summary` and `/metrics/resource` are answered by [`crate::kubelet::stats`].
+//! * [`handlers`]: the router (the shared pages of [`crate::endpoints::routes`] and the node
+//!   API's own, behind the gate) and the node API's own endpoints; [`logs`]: CRI log files;
+//!   [`streaming`]: the upgrade proxy to the runtime's streaming server; [`configz`]:
+//!   `/configz`; [`node_logs`]: `/logs/`.
 
 pub mod attributes;
 pub mod auth;

@@ -7,14 +7,10 @@
 //! not the read-only port is on, plus `/debug/probes` (what the `deckhand pods` command reads)
 //! and `/debug/eviction` (the eviction manager's last round).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -22,113 +18,19 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::endpoints::listener::{Acceptor, Start, accept_connections, serve_connection};
+use crate::endpoints::routes::{self, Healthz, Pages, count_request, metrics_page};
 
 use crate::base::health::Health;
 use crate::kubelet::pod_status::published::PodStates;
 
 pub use crate::endpoints::listener::{ListenerLimits, ServeError};
-
-/// Metric pages by path, each rendered on request in Prometheus' text format.
-#[derive(Clone, Default)]
-pub struct Metrics {
-    pages: Arc<RwLock<BTreeMap<String, Renderer>>>,
-}
-
-type Renderer = Arc<dyn Fn() -> String + Send + Sync>;
-
-impl Metrics {
-    /// Serves `render()` at `path` (e.g. `/metrics/probes`).
-    pub fn register(&self, path: &str, render: impl Fn() -> String + Send + Sync + 'static) {
-        self.pages
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(path.to_string(), Arc::new(render));
-    }
-
-    pub(crate) fn render(&self, path: &str) -> Option<String> {
-        let page = self
-            .pages
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(path)
-            .cloned()?;
-        Some(page())
-    }
-}
-
-#[derive(Clone)]
-struct AppState {
-    health: Health,
-    pods: PodStates,
-    metrics: Metrics,
-    /// `/stats/summary` and `/metrics/resource` (none in tests that do not need them).
-    stats: Option<Arc<StatsProvider>>,
-}
+/// The page registry lives with the shared pages; it is named here too, where the daemon and
+/// the pages' users have always found it.
+pub use crate::endpoints::routes::Metrics;
 
 /// The node's usage, as the read-only port serves it (upstream serves `/stats/summary` and
 /// `/metrics/resource` there without authentication, like `/pods`).
 pub type StatsProvider = crate::kubelet::stats::StatsProvider;
-
-#[derive(serde::Deserialize)]
-struct HealthQuery {
-    verbose: Option<String>,
-}
-
-async fn healthz(State(state): State<AppState>, Query(q): Query<HealthQuery>) -> Response {
-    let report = state.health.report();
-    let code = if report.healthy() {
-        StatusCode::OK
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    let body = report.render(q.verbose.is_some());
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        body,
-    )
-        .into_response()
-}
-
-async fn list_pods(State(state): State<AppState>) -> Response {
-    let list = state.pods.pod_list();
-    match serde_json::to_vec(&list) {
-        Ok(body) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
-        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
-    }
-}
-
-async fn stats_summary(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    match &state.stats {
-        Some(stats) => crate::kubelet::stats::summary_response(stats, uri.query()).await,
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
-}
-
-async fn metrics_page(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    if uri.path() == "/metrics/resource"
-        && let Some(stats) = &state.stats
-    {
-        return crate::kubelet::stats::resource_metrics_response(stats).await;
-    }
-    match state.metrics.render(uri.path()) {
-        Some(text) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
-}
 
 /// Binds `addr` and serves `router` until `cancel` fires. Binding errors come back at once.
 async fn serve(
@@ -192,14 +94,12 @@ pub async fn serve_healthz(
     pods: PodStates,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let router = Router::new()
-        .route("/healthz", get(healthz))
-        .with_state(AppState {
-            health,
-            pods,
-            metrics: Metrics::default(),
-            stats: None,
-        });
+    let router = routes::healthz_alone().with_state(Pages {
+        health,
+        pods,
+        metrics: Metrics::default(),
+        stats: None,
+    });
     serve(
         "healthz endpoint",
         addr,
@@ -220,7 +120,7 @@ pub async fn serve_read_only(
     limits: ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let router = read_only_router().with_state(AppState {
+    let router = read_only_router().with_state(Pages {
         health,
         pods,
         metrics,
@@ -229,46 +129,12 @@ pub async fn serve_read_only(
     serve("read-only API", addr, router, limits, cancel).await
 }
 
-/// The read-only pages (`/pods`, `/healthz`, `/metrics/...`), counted in upstream's
-/// `kubelet_http_*` metrics as server type `readonly`.
-fn read_only_router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/pods", get(list_pods))
-        .route("/pods/", get(list_pods))
-        .route("/stats/summary", get(stats_summary).post(stats_summary))
-        .route("/metrics", get(metrics_page))
-        .route("/metrics/{*rest}", get(metrics_page))
-        .layer(axum::middleware::from_fn(|req, next| {
-            count_request("readonly", req, next)
-        }))
-}
-
-/// Counts and times one request (upstream's `kubelet_http_requests_total`, `…_duration_seconds`
-/// and `kubelet_http_inflight_requests`).
-pub async fn count_request(
-    server_type: &'static str,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let m = &crate::base::metrics::KUBELET;
-    let path = crate::base::metrics::http_path_bucket(req.uri().path());
-    let method = crate::base::metrics::http_method_bucket(req.method().as_str());
-    // Upstream's long-running requests: the streaming ones.
-    let long_running = if matches!(path.as_str(), "exec" | "attach" | "portForward" | "debug") {
-        "true"
-    } else {
-        "false"
-    };
-    let labels = [method, path.as_str(), server_type, long_running];
-    m.http_requests.inc(&labels);
-    m.http_inflight_requests.add(&labels, 1.0);
-    let began = std::time::Instant::now();
-    let response = next.run(req).await;
-    m.http_inflight_requests.add(&labels, -1.0);
-    m.http_requests_duration
-        .observe(&labels, began.elapsed().as_secs_f64());
-    response
+/// The shared pages (`/pods`, `/healthz`, `/stats/summary`, `/metrics/...`), counted in
+/// upstream's `kubelet_http_*` metrics as server type `readonly`.
+fn read_only_router() -> Router<Pages> {
+    routes::common(Healthz::Verbose).layer(axum::middleware::from_fn(|req, next| {
+        count_request("readonly", req, next)
+    }))
 }
 
 /// Where the local socket lives under the root dir.
@@ -316,10 +182,11 @@ pub async fn serve_local_socket(
     let listener = UnixListener::bind(path).map_err(failed)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
     tracing::info!(path = %path.display(), "serving the local socket");
+    // Added after the counting layer: the debug pages are not counted, as they never were.
     let router = read_only_router()
         .route("/debug/probes", get(metrics_page))
         .route("/debug/eviction", get(metrics_page))
-        .with_state(AppState {
+        .with_state(Pages {
             health,
             pods,
             metrics,

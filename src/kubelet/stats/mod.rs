@@ -20,7 +20,7 @@
 //! working set, rates, the composition of the summary and the rendering of both pages are pure
 //! functions, table-tested below. The summary's types are in [`types`]; what it reads of the
 //! host in [`host`]. It is its own module because the node API, the read-only port and the
-//! eviction manager all read it.
+//! eviction manager all read it; the HTTP answers are `endpoints::stats`'s.
 
 pub mod host;
 pub mod types;
@@ -1549,51 +1549,6 @@ pub fn pod_targets(
         }
     }
     by_uid.into_values().collect()
-}
-
-/// The summary as the HTTP answer both ports give (`only_cpu_and_memory=true` as upstream).
-pub async fn summary_response(
-    stats: &StatsProvider,
-    query: Option<&str>,
-) -> axum::response::Response {
-    use axum::http::{StatusCode, header};
-    use axum::response::IntoResponse;
-    let only = query.is_some_and(|q| q.split('&').any(|kv| kv == "only_cpu_and_memory=true"));
-    match stats.summary(only).await {
-        Ok(summary) => match serde_json::to_vec(&summary) {
-            Ok(body) => (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
-                body,
-            )
-                .into_response(),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "stats summary failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                format!("Internal Error: {e}"),
-            )
-                .into_response()
-        }
-    }
-}
-
-/// `/metrics/resource` as the HTTP answer both ports give.
-pub async fn resource_metrics_response(stats: &StatsProvider) -> axum::response::Response {
-    use axum::http::{StatusCode, header};
-    use axum::response::IntoResponse;
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        stats.resource_metrics().await,
-    )
-        .into_response()
 }
 
 #[cfg(test)]
