@@ -15,9 +15,9 @@ mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::node_api::curl_node_api;
 use common::{Agent, http_get, sleeping_pod, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -26,23 +26,10 @@ const REQUESTS: usize = 6;
 const RSS_BOUND_KIB: u64 = 60 * 1024;
 const LAST_LINE: &str = "the-last-line";
 
-/// `curl -k` against the node API; (HTTP status, body), or curl's complaint.
+/// `curl -k` against the node API, waiting up to 120 s (the big log's requests run
+/// together); (HTTP status, body), or curl's complaint.
 fn curl(port: u16, path: &str) -> Result<(u16, String), String> {
-    let out = Command::new("curl")
-        .args(["-sSk", "--max-time", "120", "-w", "\n%{http_code}"])
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .output()
-        .expect("run curl (scripts/install-deps installs it)");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').ok_or("no status line")?;
-    let code = code
-        .trim()
-        .parse()
-        .map_err(|_| format!("status {code:?}"))?;
-    Ok((code, body.to_string()))
+    curl_node_api(port, path, ["-k", "--max-time", "120"])
 }
 
 /// A `VmRSS`/`VmHWM` line of `/proc/<pid>/status`, in KiB.
@@ -91,18 +78,8 @@ fn append_big_log(path: &Path, bytes: usize) {
 #[tokio::test]
 async fn tail_requests_on_a_large_log_stay_small() {
     let mut agent = Agent::new("e2e-biglog");
-    let config = agent.dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-         containerLogMaxSize: 1Gi\n",
-    )
-    .unwrap();
-    agent.extra_args.extend([
-        format!("--config={}", config.display()),
-        "--anonymous-auth=true".to_string(),
-        "--authorization-mode=AlwaysAllow".to_string(),
-    ]);
+    agent.with_config("containerLogMaxSize: 1Gi\n");
+    agent.let_anyone_in();
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest("big.yaml", &sleeping_pod("big"));

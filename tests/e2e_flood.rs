@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::test_ca::TestCa;
 use common::{Agent, BUSYBOX, wait_until};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -44,51 +45,20 @@ struct Pki {
 
 fn pki() -> Pki {
     let dir = tempfile::tempdir().unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "flood-ca");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf = |cn: &str, server: bool| {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let sans = if server {
-            vec!["127.0.0.1".to_string()]
-        } else {
-            vec![]
-        };
-        let mut params = rcgen::CertificateParams::new(sans).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, cn);
-        if !server {
-            params
-                .distinguished_name
-                .push(rcgen::DnType::OrganizationName, "system:masters");
-        }
-        params.extended_key_usages = vec![if server {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf("node", true);
-    let (client_cert, client_key) = leaf("flood-admin", false);
+    let test_ca = TestCa::new("flood-ca");
+    let server = test_ca.server("node");
+    let client = test_ca.client("flood-admin", Some("system:masters"));
     let path = |name: &str, text: &str| {
         let p = dir.path().join(name);
         std::fs::write(&p, text).unwrap();
         p
     };
-    let ca = path("ca.crt", &ca_cert.pem());
-    let cert = path("server.crt", &server_cert);
-    let key = path("server.key", &server_key);
+    let ca = path("ca.crt", &test_ca.pem);
+    let cert = path("server.crt", &server.cert);
+    let key = path("server.key", &server.key);
     let mut roots = rustls::RootCertStore::empty();
     roots
-        .add(CertificateDer::from_pem_slice(ca_cert.pem().as_bytes()).unwrap())
+        .add(CertificateDer::from_pem_slice(test_ca.pem.as_bytes()).unwrap())
         .unwrap();
     let builder = || {
         rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -100,8 +70,8 @@ fn pki() -> Pki {
     };
     let with_cert = builder()
         .with_client_auth_cert(
-            vec![CertificateDer::from_pem_slice(client_cert.as_bytes()).unwrap()],
-            PrivateKeyDer::from_pem_slice(client_key.as_bytes()).unwrap(),
+            vec![CertificateDer::from_pem_slice(client.cert.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(client.key.as_bytes()).unwrap(),
         )
         .unwrap();
     Pki {
@@ -117,12 +87,7 @@ fn pki() -> Pki {
 /// An agent serving the node API with `pki`'s certificates, requests authorized always.
 fn tls_agent(node: &str, pki: &Pki) -> Agent {
     let mut agent = Agent::new(node);
-    agent.extra_args.extend([
-        format!("--client-ca-file={}", pki.ca.display()),
-        format!("--tls-cert-file={}", pki.cert.display()),
-        format!("--tls-private-key-file={}", pki.key.display()),
-        "--authorization-mode=AlwaysAllow".to_string(),
-    ]);
+    agent.trust_client_ca(&pki.ca, &pki.cert, &pki.key);
     agent
 }
 
@@ -428,16 +393,7 @@ spec:
 async fn a_quiet_log_stream_is_closed_after_the_streaming_idle_timeout() {
     let pki = pki();
     let mut agent = tls_agent("e2e-flood-stream", &pki);
-    let config = agent.dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-         streamingConnectionIdleTimeout: 3s\n",
-    )
-    .unwrap();
-    agent
-        .extra_args
-        .push(format!("--config={}", config.display()));
+    agent.with_config("streamingConnectionIdleTimeout: 3s\n");
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest("quiet.yaml", &quiet_pod("quiet"));

@@ -17,62 +17,20 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::node_api::curl_node_api;
 use common::{Agent, BUSYBOX, containers_of, cri, sleeping_pod, wait_until};
 use deckhand::clients::cri::RuntimeService;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Writes a config file of `fields` into the agent's directory and points the agent at it.
-fn with_config(agent: &mut Agent, fields: &str) {
-    let path = agent.root_dir().with_file_name("config.yaml");
-    std::fs::write(
-        &path,
-        format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{fields}"),
-    )
-    .unwrap();
-    agent
-        .extra_args
-        .push(format!("--config={}", path.display()));
-}
-
-fn anonymous(agent: &mut Agent) {
-    agent.extra_args.extend([
-        "--anonymous-auth=true".to_string(),
-        "--authorization-mode=AlwaysAllow".to_string(),
-    ]);
-}
-
-/// `curl -k` against the node API; (HTTP status, body).
-fn curl(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
-    let out = Command::new("curl")
-        .args([
-            "-sSk",
-            "--max-time",
-            "10",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ])
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .output()
-        .expect("run curl (scripts/install-deps installs it)");
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n')?;
-    Some((code.trim().parse().ok()?, body.to_string()))
-}
-
+/// `curl -k -X <method>` against the node API; (HTTP status, body).
 async fn curl_async(port: u16, method: &'static str, path: String) -> (u16, String) {
-    tokio::task::spawn_blocking(move || curl(port, method, &path))
+    tokio::task::spawn_blocking(move || curl_node_api(port, &path, ["-k", "-X", method]))
         .await
         .unwrap()
-        .unwrap_or_else(|| panic!("the node API on port {port} did not answer"))
+        .unwrap_or_else(|e| panic!("the node API on port {port} did not answer: {e}"))
 }
 
 /// The `Seccomp:` line of the `main` container's PID 1, read inside the container.
@@ -118,7 +76,7 @@ spec:
 #[tokio::test]
 async fn seccomp_default_filters_pods_without_a_profile() {
     let mut agent = Agent::new("e2e-hard-seccomp");
-    with_config(&mut agent, "seccompDefault: true\n");
+    agent.with_config("seccompDefault: true\n");
     agent.write_manifest("bare.yaml", &sleeping_pod("bare"));
     agent.write_manifest("open.yaml", &pod_with_seccomp("open", "Unconfined"));
     agent.start();
@@ -141,12 +99,12 @@ async fn seccomp_default_filters_pods_without_a_profile() {
 #[tokio::test]
 async fn debugging_handlers_off_refuse_exec_and_logs_but_serve_pods() {
     let mut off = Agent::new("e2e-hard-debug");
-    anonymous(&mut off);
-    with_config(&mut off, "enableDebuggingHandlers: false\n");
+    off.let_anyone_in();
+    off.with_config("enableDebuggingHandlers: false\n");
     off.write_manifest("app.yaml", &sleeping_pod("app"));
     let mut no_logs = Agent::new("e2e-hard-nologs");
-    anonymous(&mut no_logs);
-    with_config(&mut no_logs, "enableSystemLogHandler: false\n");
+    no_logs.let_anyone_in();
+    no_logs.with_config("enableSystemLogHandler: false\n");
     off.start();
     no_logs.start();
     off.wait_healthy(WAIT).await;
@@ -255,7 +213,7 @@ async fn protect_kernel_defaults_refuses_a_differing_kernel() {
     let fake = tempfile::tempdir().unwrap();
     fake_proc_sys(fake.path(), &[("kernel/panic_on_oops", "0")]);
     let mut refused = Agent::new("e2e-hard-kernel");
-    with_config(&mut refused, "protectKernelDefaults: true\n");
+    refused.with_config("protectKernelDefaults: true\n");
     refused.env.push((
         "DECKHAND_TEST_PROC_SYS".into(),
         fake.path().display().to_string(),
@@ -276,7 +234,7 @@ async fn protect_kernel_defaults_refuses_a_differing_kernel() {
     let good = tempfile::tempdir().unwrap();
     fake_proc_sys(good.path(), &[]);
     let mut started = Agent::new("e2e-hard-kernel-ok");
-    with_config(&mut started, "protectKernelDefaults: true\n");
+    started.with_config("protectKernelDefaults: true\n");
     started.env.push((
         "DECKHAND_TEST_PROC_SYS".into(),
         good.path().display().to_string(),

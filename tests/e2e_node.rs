@@ -354,13 +354,7 @@ fn kubeconfig(
 async fn a_wrong_ca_or_a_refused_token_is_logged_once_and_retried() {
     let cluster = common::cluster::cluster_dir();
     // A CA that did not sign the API server's certificate.
-    let wrong_ca = {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.self_signed(&key).unwrap().pem()
-    };
+    let wrong_ca = common::test_ca::TestCa::new("wrong-ca").pem;
     let cases = [
         ("dn-wrong-ca", "UnknownIssuer", true),
         ("dn-bad-token", "(401 Unauthorized)", false),

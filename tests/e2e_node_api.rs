@@ -20,6 +20,7 @@ use common::cluster::{
     admin, clean_up_with_admin, cluster_dir, cluster_env, create_namespace, joined_agent, kubectl,
     wait_node_ready,
 };
+use common::node_api::curl_node_api;
 use common::{BUSYBOX, wait_until};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Pod;
@@ -34,18 +35,7 @@ fn pki(name: &str) -> PathBuf {
 /// `curl` against the node API; (HTTP status, body). `auth` adds curl arguments
 /// (a client certificate, a bearer token, the CA to verify with).
 fn curl(port: u16, path: &str, auth: &[String]) -> Option<(u16, String)> {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
-        .args(auth)
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .output()
-        .expect("run curl (scripts/install-deps installs it)");
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n')?;
-    Some((code.trim().parse().ok()?, body.to_string()))
+    curl_node_api(port, path, auth).ok()
 }
 
 fn client_cert() -> Vec<String> {

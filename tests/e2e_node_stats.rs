@@ -15,9 +15,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
+use common::node_api::curl_node_api;
 use common::{Agent, BUSYBOX, http_get, sleeping_pod, wait_until};
 use serde_json::Value;
 
@@ -39,21 +39,6 @@ spec:
     )
 }
 
-/// `curl -k` against the node API; (HTTP status, body).
-fn curl(port: u16, path: &str) -> Option<(u16, String)> {
-    let out = Command::new("curl")
-        .args(["-sSk", "--max-time", "10", "-w", "\n%{http_code}"])
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .output()
-        .expect("run curl (scripts/install-deps installs it)");
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n')?;
-    Some((code.trim().parse().ok()?, body.to_string()))
-}
-
 fn pod<'a>(summary: &'a Value, name: &str) -> Option<&'a Value> {
     summary["pods"]
         .as_array()?
@@ -66,9 +51,10 @@ fn nano_cores(summary: &Value, name: &str) -> Option<u64> {
 }
 
 async fn summary(port: u16) -> Option<Value> {
-    let (code, body) = tokio::task::spawn_blocking(move || curl(port, "/stats/summary"))
-        .await
-        .ok()??;
+    let (code, body) =
+        tokio::task::spawn_blocking(move || curl_node_api(port, "/stats/summary", ["-k"]).ok())
+            .await
+            .ok()??;
     if code != 200 {
         return None;
     }
@@ -78,10 +64,7 @@ async fn summary(port: u16) -> Option<Value> {
 #[tokio::test]
 async fn stats_summary_and_resource_metrics_follow_the_pods() {
     let mut agent = Agent::new("e2e-stats");
-    agent.extra_args.extend([
-        "--anonymous-auth=true".to_string(),
-        "--authorization-mode=AlwaysAllow".to_string(),
-    ]);
+    agent.let_anyone_in();
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest("busy.yaml", &busy_pod("busy"));
@@ -138,10 +121,11 @@ async fn stats_summary_and_resource_metrics_follow_the_pods() {
     // A spinning shell uses a good part of a core; a sleeping one next to nothing.
     assert!(b > 100_000_000, "busy {b} nano-cores: {sum}");
 
-    let (code, page) = tokio::task::spawn_blocking(move || curl(port, "/metrics/resource"))
-        .await
-        .unwrap()
-        .expect("GET /metrics/resource");
+    let (code, page) =
+        tokio::task::spawn_blocking(move || curl_node_api(port, "/metrics/resource", ["-k"]).ok())
+            .await
+            .unwrap()
+            .expect("GET /metrics/resource");
     assert_eq!(code, 200, "{page}");
     assert_eq!(common::promtool_lint(&page), "", "promtool on\n{page}");
     for series in [
@@ -210,15 +194,7 @@ fn u64_at(v: &Value, pointer: &str) -> Option<u64> {
 async fn network_volumes_and_logs_on_the_read_only_port() {
     let mut agent = Agent::new("e2e-stats-ro");
     // Volumes measured again every second, so the test need not wait upstream's minute.
-    let config = agent.dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nvolumeStatsAggPeriod: 1s\n",
-    )
-    .unwrap();
-    agent
-        .extra_args
-        .push(format!("--config={}", config.display()));
+    agent.with_config("volumeStatsAggPeriod: 1s\n");
     agent.start();
     agent.wait_healthy(WAIT).await;
     agent.write_manifest("talk.yaml", &talking_pod("talk"));

@@ -12,4 +12,6 @@ pub mod podspec;
 pub mod resync_queue;
 pub mod safe_names;
 pub mod supervisor;
+#[cfg(test)]
+pub(crate) mod test_ca;
 pub mod yaml;

@@ -10,13 +10,13 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::body::Body;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::base::health::Health;
 use crate::base::metrics::KUBELET;
 use crate::endpoints::node_api::handlers::{self, DebugHandlers};
+use crate::endpoints::node_api::test_state;
 use crate::endpoints::read_only::{self, ListenerLimits, Metrics};
 use crate::kubelet::pod_status::published::PodStates;
 use crate::kubelet::stats::{HostFiles, StatsProvider};
@@ -244,7 +244,7 @@ async fn local_socket(path: &Path) {
 
 fn node_api(dir: &Path) -> axum::Router {
     let (health, metrics) = pages();
-    let mut state = crate::endpoints::node_api::test_state::test_state(
+    let mut state = test_state::test_state(
         crate::endpoints::node_api::auth::Gate::new(
             crate::config::ServerSettings {
                 anonymous_enabled: true,
@@ -263,28 +263,8 @@ fn node_api(dir: &Path) -> axum::Router {
 }
 
 async fn ask_router(router: &axum::Router, method: &str, path: &str) -> (u16, String, String) {
-    use tower::ServiceExt;
-    let req = axum::http::Request::builder()
-        .method(method)
-        .uri(path)
-        .body(Body::empty())
-        .unwrap();
-    let resp = router.clone().oneshot(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let content_type = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let body = axum::body::to_bytes(resp.into_body(), 1 << 22)
-        .await
-        .unwrap();
-    (
-        status,
-        content_type,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    let (status, content_type, body) = test_state::ask(router, method, path).await;
+    (status.as_u16(), content_type, body)
 }
 
 fn check(server: &str, row: &Row, want: Want, got: &(u16, String, String)) {

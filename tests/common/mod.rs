@@ -14,7 +14,10 @@ use deckhand::clients::cri::proto::{ContainerFilter, PodSandboxFilter};
 use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
 
 pub mod cluster;
+pub mod node_api;
 pub mod pressure;
+#[path = "../../src/base/test_ca.rs"]
+pub mod test_ca;
 
 /// The busybox image the testbed builds (no registry needed).
 pub const BUSYBOX: &str = "localhost/deckhand/busybox:1.35";

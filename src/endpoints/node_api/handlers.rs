@@ -725,18 +725,8 @@ mod tests {
     }
 
     async fn answer(router: &Router, method: &str, path: &str) -> (StatusCode, String) {
-        use tower::ServiceExt;
-        let req = axum::http::Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Body::empty())
-            .unwrap();
-        let resp = router.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (status, String::from_utf8_lossy(&body).into_owned())
+        let (status, _, body) = super::super::test_state::ask(router, method, path).await;
+        (status, body)
     }
 
     /// `enableDebuggingHandlers: false` answers upstream's 405 on every debugging path and

@@ -67,65 +67,21 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::test_ca::TestCa;
     use crate::config::{AuthorizationMode, ServerSettings};
     use crate::kubelet::certificate::Credentials;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    struct Ca {
-        pem: String,
-        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    }
-
-    fn ca(name: &str) -> Ca {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// (certificate PEM + key PEM) signed by `ca`.
-    fn leaf(ca: &Ca, cn: &str, org: Option<&str>, server: bool) -> String {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let sans = if server {
-            vec!["127.0.0.1".to_string()]
-        } else {
-            vec![]
-        };
-        let mut params = rcgen::CertificateParams::new(sans).unwrap();
-        if let Some(o) = org {
-            params
-                .distinguished_name
-                .push(rcgen::DnType::OrganizationName, o);
-        }
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, cn);
-        params.extended_key_usages = vec![if server {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = params.signed_by(&key, &ca.issuer).unwrap();
-        format!("{}{}", cert.pem(), key.serialize_pem())
-    }
-
     async fn start(
-        ca: &Ca,
+        ca: &TestCa,
         dir: &std::path::Path,
         mode: AuthorizationMode,
     ) -> (u16, CancellationToken) {
         let ca_file = dir.join("ca.crt");
         std::fs::write(&ca_file, &ca.pem).unwrap();
-        let serving = Credentials::from_pem(leaf(ca, "node", None, true).as_bytes()).unwrap();
+        let serving = Credentials::from_pem(ca.server("node").pem().as_bytes()).unwrap();
         let gate = auth::Gate::new(
             ServerSettings {
                 authorization_mode: mode,
@@ -159,13 +115,13 @@ mod tests {
 
     /// GET `path` over TLS trusting `ca`, presenting `client` if given: the raw answer, or
     /// None when the handshake fails.
-    async fn get(port: u16, ca: &Ca, client: Option<&str>, path: &str) -> Option<String> {
+    async fn get(port: u16, ca: &TestCa, client: Option<&str>, path: &str) -> Option<String> {
         get_with(port, ca, client, path, rustls::DEFAULT_VERSIONS).await
     }
 
     async fn get_with(
         port: u16,
-        ca: &Ca,
+        ca: &TestCa,
         client: Option<&str>,
         path: &str,
         versions: &[&'static rustls::SupportedProtocolVersion],
@@ -207,14 +163,11 @@ mod tests {
     #[tokio::test]
     async fn client_certificates_from_the_client_ca_authenticate() {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = ca("cluster-ca");
+        let cluster = TestCa::new("cluster-ca");
         let (port, cancel) = start(&cluster, dir.path(), AuthorizationMode::AlwaysAllow).await;
-        let apiserver = leaf(
-            &cluster,
-            "kube-apiserver-kubelet-client",
-            Some("system:masters"),
-            false,
-        );
+        let apiserver = cluster
+            .client("kube-apiserver-kubelet-client", Some("system:masters"))
+            .pem();
         let ok = get(port, &cluster, Some(&apiserver), "/healthz")
             .await
             .unwrap();
@@ -230,7 +183,7 @@ mod tests {
         assert!(anonymous.ends_with("\r\n\r\nUnauthorized"), "{anonymous}");
 
         // A certificate from another CA is refused in the handshake.
-        let stranger = leaf(&ca("other-ca"), "mallory", None, false);
+        let stranger = TestCa::new("other-ca").client("mallory", None).pem();
         let refused = get(port, &cluster, Some(&stranger), "/healthz").await;
         assert!(
             refused.is_none() || refused.as_deref().is_some_and(|r| r.is_empty()),
@@ -242,9 +195,9 @@ mod tests {
     #[tokio::test]
     async fn without_an_api_server_webhook_authorization_refuses() {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = ca("cluster-ca");
+        let cluster = TestCa::new("cluster-ca");
         let (port, cancel) = start(&cluster, dir.path(), AuthorizationMode::Webhook).await;
-        let user = leaf(&cluster, "alice", None, false);
+        let user = cluster.client("alice", None).pem();
         let got = get(port, &cluster, Some(&user), "/pods").await.unwrap();
         assert!(got.starts_with("HTTP/1.1 403"), "{got}");
         assert!(
@@ -258,9 +211,9 @@ mod tests {
 
     #[tokio::test]
     async fn tls_min_version_13_refuses_tls12_clients() {
-        let cluster = ca("cluster-ca");
+        let cluster = TestCa::new("cluster-ca");
         let slot = ServingSlot::with(
-            Credentials::from_pem(leaf(&cluster, "node", None, true).as_bytes()).unwrap(),
+            Credentials::from_pem(cluster.server("node").pem().as_bytes()).unwrap(),
         );
         let settings = ServerSettings {
             tls_min_version: crate::config::server::TlsMinVersion::Tls13,
@@ -293,7 +246,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_serving_slot_refuses_handshakes_until_filled() {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = ca("cluster-ca");
+        let cluster = TestCa::new("cluster-ca");
         let slot = ServingSlot::default();
         let config = tls::server_config(slot.clone(), &ServerSettings::default()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -313,7 +266,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(get(port, &cluster, None, "/healthz").await, None);
-        slot.set(Credentials::from_pem(leaf(&cluster, "node", None, true).as_bytes()).unwrap());
+        slot.set(Credentials::from_pem(cluster.server("node").pem().as_bytes()).unwrap());
         let got = get(port, &cluster, None, "/healthz").await.unwrap();
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
         drop(dir);

@@ -1,9 +1,13 @@
-//! The node API's state for unit tests: empty pods and runtime, no streams, a stats provider on
-//! the fake runtime, `/configz` as `{}`, every optional endpoint on.
+//! The node API's state for unit tests (empty pods and runtime, no streams, a stats provider on
+//! the fake runtime, `/configz` as `{}`, every optional endpoint on), and one request through
+//! a router without a listener.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use axum::Router;
+use axum::body::Body;
+use axum::http::{StatusCode, header};
 use futures::future::BoxFuture;
 
 use super::auth::Gate;
@@ -45,4 +49,30 @@ pub(crate) fn test_state(gate: Gate, dir: &Path) -> NodeApiState {
         )),
         debug: Default::default(),
     }
+}
+
+/// One request through `router`: (status, content type or "" for none, body).
+pub(crate) async fn ask(router: &Router, method: &str, path: &str) -> (StatusCode, String, String) {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::empty())
+        .unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 22)
+        .await
+        .unwrap();
+    (
+        status,
+        content_type,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
 }

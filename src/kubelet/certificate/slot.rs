@@ -65,6 +65,7 @@ impl ResolvesClientCert for SlotResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::test_ca::TestCa;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use std::time::Duration;
@@ -78,59 +79,17 @@ mod tests {
         }
     }
 
-    /// A CA, a server certificate for 127.0.0.1 and client certificates, made on the spot.
-    struct Pki {
-        ca_pem: String,
-        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    }
-
-    impl Pki {
-        fn new() -> Pki {
-            let key = rcgen::KeyPair::generate().unwrap();
-            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, "test-ca");
-            let ca = params.self_signed(&key).unwrap();
-            Pki {
-                ca_pem: ca.pem(),
-                issuer: rcgen::Issuer::new(params, key),
-            }
-        }
-
-        /// (certificate DER, PEM of certificate and key).
-        fn leaf(&self, cn: &str, server: bool) -> (Vec<u8>, String, rcgen::KeyPair) {
-            let key = rcgen::KeyPair::generate().unwrap();
-            let sans = if server {
-                vec!["127.0.0.1".to_string()]
-            } else {
-                vec![]
-            };
-            let mut params = rcgen::CertificateParams::new(sans).unwrap();
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, cn);
-            params.extended_key_usages = vec![if server {
-                rcgen::ExtendedKeyUsagePurpose::ServerAuth
-            } else {
-                rcgen::ExtendedKeyUsagePurpose::ClientAuth
-            }];
-            let cert = params.signed_by(&key, &self.issuer).unwrap();
-            let pem = format!("{}{}", cert.pem(), key.serialize_pem());
-            (cert.der().to_vec(), pem, key)
-        }
-    }
-
     /// A TLS server that demands a client certificate, records each connection's client
     /// subject, and answers one request per connection (`Connection: close`).
-    async fn recording_server(pki: &Pki) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    async fn recording_server(
+        pki: &TestCa,
+    ) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
         use std::sync::{Arc, Mutex};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (der, _, key) = pki.leaf("server", true);
+        let server = pki.server("server");
         let mut roots = rustls::RootCertStore::empty();
         roots
-            .add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).unwrap())
+            .add(CertificateDer::from_pem_slice(pki.pem.as_bytes()).unwrap())
             .unwrap();
         let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
             .build()
@@ -138,8 +97,8 @@ mod tests {
         let config = rustls::ServerConfig::builder()
             .with_client_cert_verifier(verifier)
             .with_single_cert(
-                vec![CertificateDer::from(der)],
-                PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+                vec![CertificateDer::from(server.der)],
+                PrivateKeyDer::from_pem_slice(server.key.as_bytes()).unwrap(),
             )
             .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
@@ -188,12 +147,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_rotated_certificate_is_presented_on_new_connections() {
-        let pki = Pki::new();
+        let pki = TestCa::new("test-ca");
         let (port, seen) = recording_server(&pki).await;
         let dir = tempfile::tempdir().unwrap();
-        let (_, first_pem, _) = pki.leaf("system:node:first", false);
-        let (_, second_pem, _) = pki.leaf("system:node:second", false);
-        std::fs::write(dir.path().join("ca.crt"), &pki.ca_pem).unwrap();
+        let first_pem = pki.client("system:node:first", None).pem();
+        let second_pem = pki.client("system:node:second", None).pem();
+        std::fs::write(dir.path().join("ca.crt"), &pki.pem).unwrap();
         std::fs::write(dir.path().join("current.pem"), &first_pem).unwrap();
         let path = dir.path().join("kubeconfig");
         std::fs::write(
