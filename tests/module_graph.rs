@@ -278,6 +278,21 @@ fn no_part_uses_a_higher_layer_or_tier() {
     );
 }
 
+/// A test helper shared by several modules' tests is declared with a visibility
+/// (`#[cfg(test)] pub(crate) mod test_ca;`); its file is test code all the same.
+#[test]
+fn a_test_module_declared_with_a_visibility_is_test_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mod.rs");
+    let code = "pub mod real;\n#[cfg(test)]\npub(crate) mod helper;\n#[cfg(test)]\npub mod other;\n#[cfg(test)]\nmod tests;\n";
+    std::fs::write(&file, code).unwrap();
+    let found = shape::test_module_files(&file, code);
+    for name in ["helper.rs", "other.rs", "tests.rs"] {
+        assert!(found.contains(&dir.path().join(name)), "{name}: {found:?}");
+    }
+    assert!(!found.contains(&dir.path().join("real.rs")), "{found:?}");
+}
+
 #[test]
 fn the_reader_resolves_groups_and_super() {
     let text = "use crate::{base::yaml, kubelet::{runtime::X, pleg}};\nuse super::super::gc::Y;\nlet z = crate::config::Config::default();\n";

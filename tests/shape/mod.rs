@@ -97,8 +97,9 @@ pub fn module_of(rel: &Path) -> Vec<String> {
     parts
 }
 
-/// The files that `#[cfg(test)] mod x;` declarations in `file` bring in.
-fn test_module_files(file: &Path, code: &str) -> Vec<PathBuf> {
+/// The files that `#[cfg(test)] mod x;` declarations in `file` bring in (`pub mod x;` and
+/// `pub(crate) mod x;` too: a test helper other modules' tests share needs a visibility).
+pub fn test_module_files(file: &Path, code: &str) -> Vec<PathBuf> {
     let dir = file.parent().unwrap();
     let stem = file.file_stem().unwrap().to_string_lossy();
     // A non-mod file's child modules live in a directory named after it.
@@ -111,6 +112,10 @@ fn test_module_files(file: &Path, code: &str) -> Vec<PathBuf> {
     for (start, _) in code.match_indices("#[cfg(test)]") {
         let rest = &code[start + "#[cfg(test)]".len()..];
         let (attrs, item) = split_attributes(rest);
+        let item = ["pub(crate) ", "pub "]
+            .iter()
+            .find_map(|v| item.strip_prefix(v))
+            .unwrap_or(item);
         let Some(decl) = item.strip_prefix("mod ") else {
             continue;
         };
