@@ -184,3 +184,164 @@ pub async fn run_hook<R: RuntimeService>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use k8s_openapi::api::core::v1::{ContainerPort, HTTPGetAction, HTTPHeader};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    use super::*;
+    use crate::clients::cri::fake::FakeCri;
+
+    /// The User-Agent of each request the server saw.
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    async fn server() -> (u16, Seen) {
+        let seen: Seen = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let record = seen.clone();
+        let app = Router::new().fallback(get(move |uri: Uri, headers: HeaderMap| {
+            let record = record.clone();
+            async move {
+                let agent = headers
+                    .get("user-agent")
+                    .map(|v| v.to_str().unwrap_or("?").to_string())
+                    .unwrap_or_default();
+                record.lock().unwrap().push(agent);
+                match uri.path() {
+                    "/ok" => StatusCode::OK.into_response(),
+                    "/moved" => (
+                        StatusCode::FOUND,
+                        [("location", "http://localhost:1/elsewhere")],
+                        "gone",
+                    )
+                        .into_response(),
+                    _ => StatusCode::NOT_FOUND.into_response(),
+                }
+            }
+        }));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (port, seen)
+    }
+
+    fn http_hook(path: &str, port: IntOrString, headers: Vec<(&str, &str)>) -> LifecycleHandler {
+        LifecycleHandler {
+            http_get: Some(HTTPGetAction {
+                path: Some(path.into()),
+                port,
+                host: Some("127.0.0.1".into()),
+                http_headers: Some(
+                    headers
+                        .into_iter()
+                        .map(|(name, value)| HTTPHeader {
+                            name: name.into(),
+                            value: value.into(),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn run(handler: &LifecycleHandler, container: &Container) -> Result<(), String> {
+        let rt = FakeCri::default();
+        let timeout = Duration::from_secs(5);
+        run_hook(
+            &rt,
+            HookKind::PostStart,
+            handler,
+            container,
+            "cid",
+            None,
+            timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    /// httpGet hooks: a 2xx or an unfollowed redirect succeeds, an error status fails with
+    /// upstream's words; the User-Agent is `kube-lifecycle` unless the hook sets one; a
+    /// named port is the container's.
+    #[tokio::test]
+    async fn http_hooks_succeed_fail_and_name_themselves() {
+        let (port, seen) = server().await;
+        let container = Container {
+            name: "app".into(),
+            ports: Some(vec![ContainerPort {
+                name: Some("web".into()),
+                container_port: port.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let by_number = IntOrString::Int(port.into());
+        let by_name = IntOrString::String("web".into());
+        assert_eq!(
+            run(&http_hook("/ok", by_number.clone(), vec![]), &container).await,
+            Ok(())
+        );
+        assert_eq!(
+            run(&http_hook("/moved", by_name.clone(), vec![]), &container).await,
+            Ok(())
+        );
+        assert_eq!(
+            run(&http_hook("/missing", by_number.clone(), vec![]), &container).await,
+            Err("HTTP lifecycle hook (/missing) for Container \"app\" failed - error: HTTP probe failed with statuscode: 404".into())
+        );
+        let own = http_hook("/ok", by_number.clone(), vec![("user-agent", "mine/1")]);
+        assert_eq!(run(&own, &container).await, Ok(()));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "kube-lifecycle/1.33",
+                "kube-lifecycle/1.33",
+                "kube-lifecycle/1.33",
+                "mine/1"
+            ]
+        );
+        assert_eq!(
+            run(&http_hook("/ok", IntOrString::String("nope".into()), vec![]), &container).await,
+            Err("HTTP lifecycle hook for Container \"app\": couldn't find port \"nope\" in the container's ports".into())
+        );
+        let bad_header = http_hook("/ok", by_number.clone(), vec![("bad name", "x")]);
+        assert_eq!(
+            run(&bad_header, &container).await,
+            Err(
+                "HTTP lifecycle hook for Container \"app\": invalid header name \"bad name\""
+                    .into()
+            )
+        );
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = run(
+            &http_hook("/ok", IntOrString::Int(closed.into()), vec![]),
+            &container,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "HTTP lifecycle hook (/ok) for Container \"app\" failed - error: GET http://127.0.0.1:{closed}/ok: dial tcp: "
+            )),
+            "{err}"
+        );
+        let mut no_host = http_hook("/ok", by_number, vec![]);
+        no_host.http_get.as_mut().unwrap().host = None;
+        assert_eq!(
+            run(&no_host, &container).await,
+            Err("the pod has no IP for an httpGet hook".into())
+        );
+    }
+}
