@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
 
+use crate::base::podspec::ports::{PortError, resolve_port};
 use crate::clients::cri::{CriError, RuntimeService};
-use crate::kubelet::prober::ProbeOutcome;
-use crate::kubelet::prober::handlers::http::{HttpError, HttpProbe};
-use crate::kubelet::prober::handlers::{PortError, resolve_port};
+use crate::clients::pod_http::{HttpError, HttpGet, Verdict};
 
 /// Upstream's User-Agent for lifecycle hook requests.
 const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
@@ -138,29 +137,28 @@ pub async fn run_hook<R: RuntimeService>(
                 .scheme
                 .as_deref()
                 .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
-            let mut headers = vec![("User-Agent".to_string(), LIFECYCLE_USER_AGENT.to_string())];
-            headers.retain(|(name, _)| {
-                !get.http_headers
-                    .iter()
-                    .flatten()
-                    .any(|h| h.name.eq_ignore_ascii_case(name))
-            });
-            headers.extend(
-                get.http_headers
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-            );
-            let request =
-                HttpProbe::new(https, &host, port, &path, headers, timeout).map_err(|source| {
-                    HookError::Request {
-                        container: name(),
-                        source,
-                    }
-                })?;
+            let headers = get
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect();
+            let request = HttpGet::new(
+                https,
+                &host,
+                port,
+                &path,
+                headers,
+                LIFECYCLE_USER_AGENT,
+                timeout,
+            )
+            .map_err(|source| HookError::Request {
+                container: name(),
+                source,
+            })?;
             return match request.run().await {
-                ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
-                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(HookError::Http {
+                Verdict::Success | Verdict::Warning(_) => Ok(()),
+                Verdict::Failure(why) => Err(HookError::Http {
                     path,
                     container: name(),
                     why,
