@@ -42,7 +42,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "clients",
-        tiers: &[&["apiserver", "cri"]],
+        tiers: &[&["apiserver", "cri", "pod_http"]],
     },
     Layer {
         name: "config",

@@ -987,6 +987,7 @@ pub(crate) mod test_support {
             runtime_request_timeout: Duration::from_secs(5),
             image_pull_progress_deadline: Some(Duration::from_secs(60)),
             seccomp_default: false,
+            mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

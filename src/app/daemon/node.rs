@@ -82,6 +82,7 @@ pub(super) fn context(agent: &Agent, facts: &NodeFacts) -> Arc<NodeContext> {
         runtime_request_timeout: config.runtime_request_timeout,
         image_pull_progress_deadline: config.image_pull_progress_deadline,
         seccomp_default: config.hardening.seccomp_default,
+        mounter: Arc::new(crate::kubelet::volume::mounter::KernelMounter),
     });
     tracing::info!(host_ip = ?facts.host_ip, node = %config.node_name, "node facts");
     if agent.plan.cluster_dns_missing {

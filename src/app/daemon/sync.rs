@@ -82,7 +82,9 @@ pub(super) fn sync_loop(
                 volumes: Arc::new(shutdown::volumes::MountTable {
                     pods_dir: config.root_dir.join("pods"),
                     read: || {
-                        crate::kubelet::volume::mountinfo::read()
+                        use crate::kubelet::volume::mounter::{KernelMounter, Mounter};
+                        KernelMounter
+                            .mount_table()
                             .map(|table| table.into_iter().map(|e| e.mount_point).collect())
                     },
                 }),

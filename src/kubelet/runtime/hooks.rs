@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
 
+use crate::base::podspec::ports::{PortError, resolve_port};
 use crate::clients::cri::{CriError, RuntimeService};
-use crate::kubelet::prober::ProbeOutcome;
-use crate::kubelet::prober::handlers::http::{HttpError, HttpProbe};
-use crate::kubelet::prober::handlers::{PortError, resolve_port};
+use crate::clients::pod_http::{HttpError, HttpGet, Verdict};
 
 /// Upstream's User-Agent for lifecycle hook requests.
 const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
@@ -138,29 +137,28 @@ pub async fn run_hook<R: RuntimeService>(
                 .scheme
                 .as_deref()
                 .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
-            let mut headers = vec![("User-Agent".to_string(), LIFECYCLE_USER_AGENT.to_string())];
-            headers.retain(|(name, _)| {
-                !get.http_headers
-                    .iter()
-                    .flatten()
-                    .any(|h| h.name.eq_ignore_ascii_case(name))
-            });
-            headers.extend(
-                get.http_headers
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-            );
-            let request =
-                HttpProbe::new(https, &host, port, &path, headers, timeout).map_err(|source| {
-                    HookError::Request {
-                        container: name(),
-                        source,
-                    }
-                })?;
+            let headers = get
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect();
+            let request = HttpGet::new(
+                https,
+                &host,
+                port,
+                &path,
+                headers,
+                LIFECYCLE_USER_AGENT,
+                timeout,
+            )
+            .map_err(|source| HookError::Request {
+                container: name(),
+                source,
+            })?;
             return match request.run().await {
-                ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
-                ProbeOutcome::Failure(why) | ProbeOutcome::Error(why) => Err(HookError::Http {
+                Verdict::Success | Verdict::Warning(_) => Ok(()),
+                Verdict::Failure(why) => Err(HookError::Http {
                     path,
                     container: name(),
                     why,
@@ -182,5 +180,166 @@ pub async fn run_hook<R: RuntimeService>(
             container: name(),
             seconds: timeout.as_secs(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use k8s_openapi::api::core::v1::{ContainerPort, HTTPGetAction, HTTPHeader};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    use super::*;
+    use crate::clients::cri::fake::FakeCri;
+
+    /// The User-Agent of each request the server saw.
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    async fn server() -> (u16, Seen) {
+        let seen: Seen = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let record = seen.clone();
+        let app = Router::new().fallback(get(move |uri: Uri, headers: HeaderMap| {
+            let record = record.clone();
+            async move {
+                let agent = headers
+                    .get("user-agent")
+                    .map(|v| v.to_str().unwrap_or("?").to_string())
+                    .unwrap_or_default();
+                record.lock().unwrap().push(agent);
+                match uri.path() {
+                    "/ok" => StatusCode::OK.into_response(),
+                    "/moved" => (
+                        StatusCode::FOUND,
+                        [("location", "http://localhost:1/elsewhere")],
+                        "gone",
+                    )
+                        .into_response(),
+                    _ => StatusCode::NOT_FOUND.into_response(),
+                }
+            }
+        }));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (port, seen)
+    }
+
+    fn http_hook(path: &str, port: IntOrString, headers: Vec<(&str, &str)>) -> LifecycleHandler {
+        LifecycleHandler {
+            http_get: Some(HTTPGetAction {
+                path: Some(path.into()),
+                port,
+                host: Some("127.0.0.1".into()),
+                http_headers: Some(
+                    headers
+                        .into_iter()
+                        .map(|(name, value)| HTTPHeader {
+                            name: name.into(),
+                            value: value.into(),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn run(handler: &LifecycleHandler, container: &Container) -> Result<(), String> {
+        let rt = FakeCri::default();
+        let timeout = Duration::from_secs(5);
+        run_hook(
+            &rt,
+            HookKind::PostStart,
+            handler,
+            container,
+            "cid",
+            None,
+            timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    /// httpGet hooks: a 2xx or an unfollowed redirect succeeds, an error status fails with
+    /// upstream's words; the User-Agent is `kube-lifecycle` unless the hook sets one; a
+    /// named port is the container's.
+    #[tokio::test]
+    async fn http_hooks_succeed_fail_and_name_themselves() {
+        let (port, seen) = server().await;
+        let container = Container {
+            name: "app".into(),
+            ports: Some(vec![ContainerPort {
+                name: Some("web".into()),
+                container_port: port.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let by_number = IntOrString::Int(port.into());
+        let by_name = IntOrString::String("web".into());
+        assert_eq!(
+            run(&http_hook("/ok", by_number.clone(), vec![]), &container).await,
+            Ok(())
+        );
+        assert_eq!(
+            run(&http_hook("/moved", by_name.clone(), vec![]), &container).await,
+            Ok(())
+        );
+        assert_eq!(
+            run(&http_hook("/missing", by_number.clone(), vec![]), &container).await,
+            Err("HTTP lifecycle hook (/missing) for Container \"app\" failed - error: HTTP probe failed with statuscode: 404".into())
+        );
+        let own = http_hook("/ok", by_number.clone(), vec![("user-agent", "mine/1")]);
+        assert_eq!(run(&own, &container).await, Ok(()));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "kube-lifecycle/1.33",
+                "kube-lifecycle/1.33",
+                "kube-lifecycle/1.33",
+                "mine/1"
+            ]
+        );
+        assert_eq!(
+            run(&http_hook("/ok", IntOrString::String("nope".into()), vec![]), &container).await,
+            Err("HTTP lifecycle hook for Container \"app\": couldn't find port \"nope\" in the container's ports".into())
+        );
+        let bad_header = http_hook("/ok", by_number.clone(), vec![("bad name", "x")]);
+        assert_eq!(
+            run(&bad_header, &container).await,
+            Err(
+                "HTTP lifecycle hook for Container \"app\": invalid header name \"bad name\""
+                    .into()
+            )
+        );
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = run(
+            &http_hook("/ok", IntOrString::Int(closed.into()), vec![]),
+            &container,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "HTTP lifecycle hook (/ok) for Container \"app\" failed - error: GET http://127.0.0.1:{closed}/ok: dial tcp: "
+            )),
+            "{err}"
+        );
+        let mut no_host = http_hook("/ok", by_number, vec![]);
+        no_host.http_get.as_mut().unwrap().host = None;
+        assert_eq!(
+            run(&no_host, &container).await,
+            Err("the pod has no IP for an httpGet hook".into())
+        );
     }
 }

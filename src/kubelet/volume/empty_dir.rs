@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod};
 
+use super::mounter::Mounter;
 use super::{mountinfo, safe_fs};
 use crate::base::podspec::quantity;
 
@@ -46,6 +47,7 @@ pub enum EmptyDirError {
 /// volume manager created safely) unless one is already there, and gives its root `mode`.
 /// `mounts` is the current mount table.
 pub fn set_up(
+    mounter: &dyn Mounter,
     dir: &Path,
     source: &EmptyDirVolumeSource,
     size_bytes: u64,
@@ -70,20 +72,18 @@ pub fn set_up(
                     fs_type: existing.fs_type.clone(),
                 });
             }
-            let options = (size_bytes > 0).then(|| format!("size={size_bytes}"));
             // Mounted through a descriptor of the directory opened without following symlinks.
             let fd = safe_fs::open_dir_abs(&canonical)?;
-            nix::mount::mount(
-                Some("tmpfs"),
-                &safe_fs::proc_fd_path(fd.as_fd()),
-                Some("tmpfs"),
-                nix::mount::MsFlags::empty(),
-                options.as_deref(),
-            )
-            .map_err(|source| EmptyDirError::Mount {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+            mounter
+                .mount_tmpfs(
+                    fd.as_fd(),
+                    &canonical,
+                    (size_bytes > 0).then_some(size_bytes),
+                )
+                .map_err(|source| EmptyDirError::Mount {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
             // A new tmpfs root is 1777: give it the volume's mode, through a descriptor.
             let root = safe_fs::open_dir_abs(&canonical)?;
             let root = nix::fcntl::openat(

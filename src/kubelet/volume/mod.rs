@@ -36,6 +36,7 @@ pub mod backoff;
 pub mod downward;
 pub mod empty_dir;
 pub mod host_path;
+pub mod mounter;
 pub mod mountinfo;
 pub mod ownership;
 pub mod projection;
@@ -45,12 +46,14 @@ pub mod subpath;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::base::podspec::resources::NodeAllocatable;
 use crate::clients::cri::proto::{Mount, MountPropagation};
 use crate::kubelet::api_objects::{ObjectError, PodObjects, TokenError};
+use mounter::Mounter;
 use ownership::FsGroup;
 use safe_fs::SafeFsError;
 
@@ -302,6 +305,8 @@ pub struct VolumeManager {
     pub node_memory_bytes: u64,
     /// What a container that sets no limit may use (downward API `resourceFieldRef`).
     pub allocatable: NodeAllocatable,
+    /// Every mount and unmount goes through it (the kernel's, or a test's fake).
+    pub mounter: Arc<dyn Mounter>,
 }
 
 /// How one volume is provided.
@@ -317,11 +322,17 @@ enum Plan<'a> {
 }
 
 impl VolumeManager {
-    pub fn new(root_dir: PathBuf, node_memory_bytes: u64, allocatable: NodeAllocatable) -> Self {
+    pub fn new(
+        root_dir: PathBuf,
+        node_memory_bytes: u64,
+        allocatable: NodeAllocatable,
+        mounter: Arc<dyn Mounter>,
+    ) -> Self {
         VolumeManager {
             root_dir,
             node_memory_bytes,
             allocatable,
+            mounter,
         }
     }
 
@@ -410,7 +421,11 @@ impl VolumeManager {
         let fs_group = FsGroup::from_pod(pod)?;
         let mut mount_table = || -> Result<Vec<mountinfo::MountEntry>, VolumeProblem> {
             if mounts.is_none() {
-                *mounts = Some(mountinfo::read().map_err(VolumeProblem::MountTable)?);
+                *mounts = Some(
+                    self.mounter
+                        .mount_table()
+                        .map_err(VolumeProblem::MountTable)?,
+                );
             }
             Ok(mounts.clone().unwrap_or_default())
         };
@@ -424,7 +439,7 @@ impl VolumeManager {
                     size = empty_dir::memory_size(source, pod, self.node_memory_bytes);
                     table = mount_table()?;
                 }
-                empty_dir::set_up(&dir, source, size, mode, &table)?;
+                empty_dir::set_up(&*self.mounter, &dir, source, size, mode, &table)?;
                 if let Some(group) = fs_group {
                     set_ownership(pod, &volume.name, &dir, group, false, true)?;
                 }
@@ -455,7 +470,8 @@ impl VolumeManager {
                     size_limit: None,
                 };
                 let size = empty_dir::memory_size(&memory, pod, self.node_memory_bytes);
-                empty_dir::set_up(&dir, &memory, size, mode, &mount_table()?)?;
+                let table = mount_table()?;
+                empty_dir::set_up(&*self.mounter, &dir, &memory, size, mode, &table)?;
                 write_payload(&dir, &payload, fs_group)?;
                 (dir, true)
             }
@@ -627,7 +643,7 @@ impl VolumeManager {
                     container: &container.name,
                     index,
                 };
-                subpath::prepare(volume_path, &sub, &target, &vm.name)
+                subpath::prepare(&*self.mounter, volume_path, &sub, &target, &vm.name)
                     .map_err(|e| fail(e.into()))?
             };
             let propagation = match vm.mount_propagation.as_deref() {
@@ -732,8 +748,9 @@ impl VolumeManager {
         let Some(pod_dir) = self.existing_pod_dir(uid).map_err(|e| fail(e.into()))? else {
             return Ok(());
         };
-        subpath::clean(&pod_dir).map_err(|e| fail(e.into()))?;
-        remove_checked(&pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.into()))
+        let mounter = &*self.mounter;
+        subpath::clean(mounter, &pod_dir).map_err(|e| fail(e.into()))?;
+        remove_checked(mounter, &pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.into()))
     }
 
     /// The canonical `<root>/pods`, created when missing (the root is the operator's).
@@ -872,7 +889,13 @@ fn set_ownership(
 /// Unmounts everything at or below `dir` and removes it, where `dir` must be a direct child of
 /// the canonical directory `parent`. A symlink (or any non-directory) at `dir` is removed
 /// itself, never followed; a `dir` whose canonical form is not `parent/<name>` is refused.
-pub(crate) fn remove_checked(dir: &Path, parent: &Path) -> Result<(), SafeFsError> {
+/// Each mount is unmounted, deepest first, and detached when that fails (busy); nothing is
+/// removed while the table still shows a mount below `dir`.
+pub(crate) fn remove_checked(
+    mounter: &dyn Mounter,
+    dir: &Path,
+    parent: &Path,
+) -> Result<(), SafeFsError> {
     let outside = || SafeFsError::Outside {
         path: dir.to_path_buf(),
         base: parent.to_path_buf(),
@@ -891,20 +914,20 @@ pub(crate) fn remove_checked(dir: &Path, parent: &Path) -> Result<(), SafeFsErro
     if real != dir {
         return Err(outside());
     }
-    let table = mountinfo::read().map_err(|e| io_error(Path::new("/proc/self/mountinfo"), &e))?;
+    let table_error = |e: std::io::Error| io_error(Path::new("/proc/self/mountinfo"), &e);
+    let table = mounter.mount_table().map_err(table_error)?;
     for point in mountinfo::mounts_under(&table, &real) {
-        let flags = nix::mount::MntFlags::UMOUNT_NOFOLLOW;
-        if let Err(err) = nix::mount::umount2(&point, flags) {
+        if let Err(err) = mounter.unmount(&point, false) {
             tracing::warn!(path = %point.display(), error = %err, "unmount failed; detaching");
-            nix::mount::umount2(&point, flags | nix::mount::MntFlags::MNT_DETACH).map_err(
-                |errno| SafeFsError::Sys {
+            mounter
+                .unmount(&point, true)
+                .map_err(|errno| SafeFsError::Sys {
                     path: point.clone(),
                     errno,
-                },
-            )?;
+                })?;
         }
     }
-    let table = mountinfo::read().map_err(|e| io_error(Path::new("/proc/self/mountinfo"), &e))?;
+    let table = mounter.mount_table().map_err(table_error)?;
     if let Some(left) = mountinfo::mounts_under(&table, &real).first() {
         return Err(SafeFsError::Sys {
             path: left.clone(),

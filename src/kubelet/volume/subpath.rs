@@ -8,10 +8,10 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
-use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::UnlinkatFlags;
 
+use super::mounter::Mounter;
 use super::mountinfo;
 use super::safe_fs::{self, SafeFsError};
 
@@ -115,6 +115,7 @@ impl BindTarget<'_> {
 /// root), and the opened descriptor is bind-mounted onto the private path. A container that
 /// swaps a directory for a symlink at any point makes this fail, never leads it outside.
 pub fn prepare(
+    mounter: &dyn Mounter,
     volume: &Path,
     sub: &str,
     target: &BindTarget<'_>,
@@ -154,7 +155,7 @@ pub fn prepare(
             }
         })?;
     }
-    bind(&fd, target).map_err(prepare_err)
+    bind(mounter, &fd, target).map_err(prepare_err)
 }
 
 /// Splits `sub` into the part that exists, with symlinks evaluated (each must resolve inside
@@ -192,7 +193,11 @@ fn strip(path: &Path, base: &Path) -> PathBuf {
 
 /// Bind-mounts the file or directory `fd` holds onto the target (reusing a mount that is
 /// already there when it shows the same inode) and returns the target's path.
-fn bind(fd: &OwnedFd, target: &BindTarget<'_>) -> Result<PathBuf, SafeFsError> {
+fn bind(
+    mounter: &dyn Mounter,
+    fd: &OwnedFd,
+    target: &BindTarget<'_>,
+) -> Result<PathBuf, SafeFsError> {
     let pod_dir = target.pod_dir;
     let st = safe_fs::fstat(fd.as_fd(), pod_dir)?;
     let want_dir = safe_fs::is_dir(&st);
@@ -206,16 +211,15 @@ fn bind(fd: &OwnedFd, target: &BindTarget<'_>) -> Result<PathBuf, SafeFsError> {
         errno,
     };
 
-    let table = mountinfo::read().map_err(|e| sys(io_errno(&e)))?;
+    let table = mounter.mount_table().map_err(|e| sys(io_errno(&e)))?;
     if mountinfo::mount_at(&table, &path).is_some() {
-        let current = fstatat_nofollow(parent.as_fd(), &name).map_err(sys)?;
+        let current = mounter.stat_at(parent.as_fd(), &name).map_err(sys)?;
         if current.st_dev == st.st_dev && current.st_ino == st.st_ino {
             tracing::debug!(path = %path.display(), "subPath already bind-mounted");
             return Ok(path);
         }
         // Another file than the one wanted now (the subPath was replaced): mount afresh.
-        nix::mount::umount2(&path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
-            .map_err(sys)?;
+        mounter.unmount(&path, true).map_err(sys)?;
     }
     match fstatat_nofollow(parent.as_fd(), &name) {
         Ok(existing) if safe_fs::is_dir(&existing) == want_dir => {}
@@ -239,17 +243,12 @@ fn bind(fd: &OwnedFd, target: &BindTarget<'_>) -> Result<PathBuf, SafeFsError> {
     }
     // Both ends by descriptor: the source is exactly what was opened, the target exactly the
     // entry just checked.
-    nix::mount::mount(
-        Some(&safe_fs::proc_fd_path(fd.as_fd())),
-        &safe_fs::proc_fd_path(target_fd.as_fd()),
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(sys)?;
-    let mounted = fstatat_nofollow(parent.as_fd(), &name).map_err(sys)?;
+    mounter
+        .bind(fd.as_fd(), target_fd.as_fd(), &path)
+        .map_err(sys)?;
+    let mounted = mounter.stat_at(parent.as_fd(), &name).map_err(sys)?;
     if mounted.st_dev != st.st_dev || mounted.st_ino != st.st_ino {
-        let _ = nix::mount::umount2(&path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+        let _ = mounter.unmount(&path, true);
         return Err(sys(Errno::EXDEV));
     }
     tracing::debug!(path = %path.display(), "subPath bind-mounted");
@@ -284,14 +283,16 @@ fn io_errno(e: &std::io::Error) -> Errno {
 
 /// Unmounts and removes `<pod dir>/volume-subpaths` (`pod_dir` canonical and checked). Nothing
 /// is deleted while a mount is left below it, so the deletion cannot reach into a volume.
-pub fn clean(pod_dir: &Path) -> Result<(), SafeFsError> {
+pub fn clean(mounter: &dyn Mounter, pod_dir: &Path) -> Result<(), SafeFsError> {
     let dir = pod_dir.join(SUBPATHS_DIR);
-    super::remove_checked(&dir, pod_dir)
+    super::remove_checked(mounter, &dir, pod_dir)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubelet::volume::mounter::fake::{FakeMounter, MountCall, Op};
+    use crate::kubelet::volume::mounter::{KernelMounter, require_root};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -349,16 +350,24 @@ mod tests {
         );
     }
 
-    /// A volume dir, a pod dir and a host dir with a sentinel, all canonical.
+    /// A volume dir, a pod dir and a host dir with a sentinel, all canonical, and the mounter
+    /// the subPaths are bound with.
     struct Fixture {
         _tmp: tempfile::TempDir,
         vol: PathBuf,
         pod: PathBuf,
         host: PathBuf,
+        mounter: Arc<dyn Mounter>,
     }
 
     impl Fixture {
-        fn new() -> Fixture {
+        /// On a recording fake mounter, returned too.
+        fn new() -> (Fixture, Arc<FakeMounter>) {
+            let fake = Arc::new(FakeMounter::default());
+            (Fixture::on(fake.clone()), fake)
+        }
+
+        fn on(mounter: Arc<dyn Mounter>) -> Fixture {
             let tmp = tempfile::tempdir().unwrap();
             let root = tmp.path().canonicalize().unwrap();
             let vol = root.join("vol");
@@ -374,6 +383,7 @@ mod tests {
                 vol,
                 pod,
                 host,
+                mounter,
             }
         }
 
@@ -387,17 +397,21 @@ mod tests {
         }
 
         fn prepare(&self, sub: &str, index: usize) -> Result<PathBuf, SubPathError> {
-            prepare(&self.vol, sub, &self.target(index), "m")
+            prepare(&*self.mounter, &self.vol, sub, &self.target(index), "m")
+        }
+
+        fn clean(&self) -> Result<(), SafeFsError> {
+            clean(&*self.mounter, &self.pod)
         }
 
         fn mounts(&self) -> Vec<PathBuf> {
-            mountinfo::mounts_under(&mountinfo::read().unwrap(), &self.pod)
+            mountinfo::mounts_under(&self.mounter.mount_table().unwrap(), &self.pod)
         }
     }
 
     impl Drop for Fixture {
         fn drop(&mut self) {
-            let _ = clean(&self.pod);
+            let _ = self.clean();
         }
     }
 
@@ -406,17 +420,26 @@ mod tests {
         (m.dev(), m.ino())
     }
 
+    fn bind_call(source: PathBuf, target: PathBuf) -> MountCall {
+        MountCall::Bind { source, target }
+    }
+
+    fn unmount_call(target: PathBuf, detach: bool) -> MountCall {
+        MountCall::Unmount { target, detach }
+    }
+
     const PREPARE_ERR: &str = "failed to prepare subPath for volumeMount \"m\" of container \"c\"";
     const CREATE_ERR: &str =
         "failed to create subPath directory for volumeMount \"m\" of container \"c\"";
 
     #[test]
     fn binds_inside_paths_and_creates_missing_dirs() {
-        let f = Fixture::new();
+        let (f, fake) = Fixture::new();
         std::fs::write(f.vol.join("file"), b"in-volume").unwrap();
+        let at = |index: usize| f.pod.join("volume-subpaths/v/c").join(index.to_string());
 
         let got = f.prepare("a/b", 0).unwrap();
-        assert_eq!(got, f.pod.join("volume-subpaths/v/c/0"));
+        assert_eq!(got, at(0));
         for d in ["a", "a/b"] {
             let mode = std::fs::metadata(f.vol.join(d))
                 .unwrap()
@@ -424,36 +447,66 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o7777, 0o777, "{d} has the volume's mode");
         }
-        assert_eq!(ino(&got), ino(&f.vol.join("a/b")));
+        assert!(got.is_dir(), "a directory is bound on a directory");
+        assert_eq!(fake.calls(), [bind_call(f.vol.join("a/b"), at(0))]);
         assert_eq!(f.mounts(), vec![got.clone()]);
 
         let file = f.prepare("file", 1).unwrap();
-        assert!(file.is_file());
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), "in-volume");
+        assert!(file.is_file(), "a file is bound on a file");
+        assert_eq!(fake.calls()[1], bind_call(f.vol.join("file"), at(1)));
 
         // Symlinks inside the volume that stay inside are evaluated, as upstream does.
         std::os::unix::fs::symlink("a", f.vol.join("inner")).unwrap();
-        let inner = f.prepare("inner/b", 2).unwrap();
-        assert_eq!(ino(&inner), ino(&f.vol.join("a/b")));
+        assert_eq!(f.prepare("inner/b", 2).unwrap(), at(2));
+        assert_eq!(fake.calls()[2], bind_call(f.vol.join("a/b"), at(2)));
 
         // Idempotent: the same mount is reused, not stacked.
+        fake.take_calls();
         assert_eq!(f.prepare("a/b", 0).unwrap(), got);
+        assert_eq!(fake.calls(), []);
         assert_eq!(f.mounts().len(), 3);
 
-        // The directory was replaced: the old mount goes, the new directory is bound.
+        // The directory was replaced: the old mount goes (detached), the new one is bound.
         std::fs::rename(f.vol.join("a/b"), f.vol.join("a/old")).unwrap();
         std::fs::create_dir(f.vol.join("a/b")).unwrap();
         assert_eq!(f.prepare("a/b", 0).unwrap(), got);
-        assert_eq!(ino(&got), ino(&f.vol.join("a/b")));
+        assert_eq!(
+            fake.take_calls(),
+            [
+                unmount_call(at(0), true),
+                bind_call(f.vol.join("a/b"), at(0))
+            ]
+        );
         assert_eq!(f.mounts().len(), 3);
 
         // A file where a directory was: the target changes kind.
         std::fs::remove_dir(f.vol.join("a/b")).unwrap();
         std::fs::write(f.vol.join("a/b"), b"now a file").unwrap();
         assert_eq!(f.prepare("a/b", 0).unwrap(), got);
-        assert_eq!(std::fs::read_to_string(&got).unwrap(), "now a file");
+        assert!(got.is_file());
+        assert_eq!(
+            fake.take_calls(),
+            [
+                unmount_call(at(0), true),
+                bind_call(f.vol.join("a/b"), at(0))
+            ]
+        );
 
-        clean(&f.pod).unwrap();
+        // A bind the kernel refuses fails the subPath and leaves no mount.
+        fake.fail(Op::Bind, None, Errno::EPERM);
+        assert_eq!(f.prepare("file", 3).unwrap_err().to_string(), PREPARE_ERR);
+        assert_eq!(f.mounts().len(), 3);
+
+        // Cleaning unmounts every mount, once, and removes the directory.
+        fake.take_calls();
+        f.clean().unwrap();
+        let mut unmounted = fake.calls();
+        unmounted.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(
+            unmounted,
+            [0, 1, 2].map(|i| unmount_call(at(i), false)),
+            "each mount, without detaching"
+        );
         assert!(f.mounts().is_empty());
         assert!(!f.pod.join("volume-subpaths").exists());
         assert_eq!(
@@ -464,7 +517,7 @@ mod tests {
 
     #[test]
     fn symlinks_out_of_the_volume_and_backsteps_are_refused_anywhere() {
-        let f = Fixture::new();
+        let (f, fake) = Fixture::new();
         std::fs::create_dir_all(f.vol.join("d/e")).unwrap();
         std::os::unix::fs::symlink(&f.host, f.vol.join("abs")).unwrap();
         std::os::unix::fs::symlink("../host", f.vol.join("rel")).unwrap();
@@ -497,15 +550,17 @@ mod tests {
             f.prepare("/etc", 0).unwrap_err().to_string(),
             "error SubPath `/etc` must not be an absolute path"
         );
-        assert!(f.mounts().is_empty());
+        assert_eq!(fake.calls(), [], "nothing is ever bound");
     }
 
     /// A thread swaps `sub` between the real directory and a symlink to the host directory as
     /// fast as it can while `sub` is prepared many times: every preparation either fails or
-    /// binds the directory inside the volume, never the host's.
+    /// binds the directory inside the volume, never the host's. Against the kernel: what a
+    /// real bind mount shows is the point.
     #[test]
     fn a_swap_race_never_redirects_the_mount() {
-        let f = Fixture::new();
+        require_root("it makes real bind mounts");
+        let f = Fixture::on(Arc::new(KernelMounter));
         let sub = f.vol.join("sub");
         std::fs::create_dir(&sub).unwrap();
         std::fs::write(sub.join("inside"), b"in").unwrap();
@@ -561,7 +616,7 @@ mod tests {
             "the race was not exercised"
         );
         assert!(!f.host.join("inside").exists());
-        clean(&f.pod).unwrap();
+        f.clean().unwrap();
         assert!(f.mounts().is_empty());
     }
 }

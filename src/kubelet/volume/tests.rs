@@ -1,3 +1,5 @@
+use super::mounter::fake::{FakeMounter, MountCall, Op};
+use super::mounter::{KernelMounter, require_root};
 use super::*;
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
@@ -76,7 +78,8 @@ fn downward(name: &str, items: Vec<DownwardAPIVolumeFile>) -> Volume {
     }
 }
 
-fn manager(root: &Path) -> VolumeManager {
+/// A manager on `mounter`, with 1 GiB of node memory.
+fn manager_on(root: &Path, mounter: Arc<dyn Mounter>) -> VolumeManager {
     VolumeManager::new(
         root.to_path_buf(),
         1 << 30,
@@ -85,7 +88,32 @@ fn manager(root: &Path) -> VolumeManager {
             memory_bytes: 1 << 30,
             ephemeral_storage_bytes: 10 << 30,
         },
+        mounter,
     )
+}
+
+/// A manager on a recording fake mounter, and the fake.
+fn manager_with_fake(root: &Path) -> (VolumeManager, Arc<FakeMounter>) {
+    let fake = Arc::new(FakeMounter::default());
+    (manager_on(root, fake.clone()), fake)
+}
+
+fn manager(root: &Path) -> VolumeManager {
+    manager_with_fake(root).0
+}
+
+fn tmpfs(target: &Path, size_bytes: u64) -> MountCall {
+    MountCall::Tmpfs {
+        target: target.to_path_buf(),
+        size_bytes: Some(size_bytes),
+    }
+}
+
+fn unmount(target: &Path, detach: bool) -> MountCall {
+    MountCall::Unmount {
+        target: target.to_path_buf(),
+        detach,
+    }
 }
 
 fn mount(name: &str, path: &str) -> VolumeMount {
@@ -325,7 +353,7 @@ fn projected_downward_sources_with_modes_and_resources() {
 #[test]
 fn container_mounts_map_volume_mounts() {
     let tmp = tempfile::tempdir().unwrap();
-    let m = manager(&tmp.path().join("root"));
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
     let host = tmp.path().join("logs");
     let p = pod(
         "u4",
@@ -411,18 +439,22 @@ fn container_mounts_map_volume_mounts() {
     );
     // The subPaths are bind mounts of what they name: the subPathExpr directory, and for a
     // downwardAPI file the file of the current version.
-    let same = |a: &Path, b: &Path| {
-        use std::os::unix::fs::MetadataExt;
-        let (a, b) = (std::fs::metadata(a).unwrap(), std::fs::metadata(b).unwrap());
-        (a.dev(), a.ino()) == (b.dev(), b.ino())
-    };
-    assert!(same(
-        Path::new(&mounts[2].host_path),
-        &host.join("pods/web-n1")
-    ));
     let version = std::fs::canonicalize(info.join("labels")).unwrap();
     assert!(version.to_string_lossy().contains("..20"), "{version:?}");
-    assert!(same(Path::new(&mounts[3].host_path), &version));
+    let bound = vec![
+        MountCall::Bind {
+            source: host.canonicalize().unwrap().join("pods/web-n1"),
+            target: subpaths.join("logs/app/2"),
+        },
+        MountCall::Bind {
+            source: version,
+            target: subpaths.join("info/app/3"),
+        },
+    ];
+    assert_eq!(fake.calls(), bound);
+    // Asked again, the mounts that show what is wanted are kept.
+    m.container_mounts(&p, &c, &vols, &env).unwrap();
+    assert_eq!(fake.calls(), bound, "no second bind");
 
     let one = |vm: VolumeMount| {
         let c = Container {
@@ -480,7 +512,17 @@ fn container_mounts_map_volume_mounts() {
         mounts[0].propagation,
         MountPropagation::PropagationBidirectional as i32
     );
+    fake.take_calls();
     m.teardown("u4").unwrap();
+    assert_eq!(
+        fake.calls(),
+        [
+            unmount(&subpaths.join("logs/app/2"), false),
+            unmount(&subpaths.join("info/app/3"), false),
+        ],
+        "the teardown unmounts the subPaths, and only them"
+    );
+    assert!(!subpaths.exists());
 }
 
 #[test]
@@ -506,12 +548,53 @@ fn teardown_never_follows_symlinks_out() {
 
 #[test]
 fn memory_empty_dir_is_a_sized_tmpfs() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: mounting tmpfs needs root");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
-    let m = manager(&tmp.path().join("root"));
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
+    let p = pod(
+        "u6",
+        vec![
+            empty_dir("mem", Some("Memory"), Some("4Mi")),
+            empty_dir("disk", None, None),
+        ],
+    );
+    let vols = m.setup(&p).unwrap();
+    let dir = vols.paths["mem"].canonicalize().unwrap();
+    assert_eq!(
+        fake.calls(),
+        [tmpfs(&dir, 4 << 20)],
+        "a tmpfs of the sizeLimit, and only one"
+    );
+    assert_eq!(fake.table_reads(), 1);
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(
+        mode & 0o7777,
+        0o777,
+        "the tmpfs root is given the volume's mode"
+    );
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    // Idempotent: no second mount, content kept.
+    m.setup(&p).unwrap();
+    assert_eq!(fake.calls().len(), 1);
+    assert!(dir.join("f").exists());
+    m.teardown("u6").unwrap();
+    assert_eq!(fake.calls(), [tmpfs(&dir, 4 << 20), unmount(&dir, false)]);
+    assert!(fake.mounted().is_empty());
+    assert!(!m.pod_volumes_dir("u6").exists());
+
+    // Without a sizeLimit or pod limit, the size is the node's memory.
+    let p = pod("u6b", vec![empty_dir("mem", Some("Memory"), None)]);
+    let dir = m.setup(&p).unwrap().paths["mem"].canonicalize().unwrap();
+    assert_eq!(fake.calls().last(), Some(&tmpfs(&dir, 1 << 30)));
+    m.teardown("u6b").unwrap();
+}
+
+/// The one test of a memory volume against the kernel: the tmpfs is really there, of the
+/// size asked for, and gone after the teardown.
+#[test]
+fn a_memory_empty_dir_is_a_real_tmpfs() {
+    require_root("it mounts a real tmpfs");
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager_on(&tmp.path().join("root"), Arc::new(KernelMounter));
     let p = pod("u6", vec![empty_dir("mem", Some("Memory"), Some("4Mi"))]);
     let vols = m.setup(&p).unwrap();
     let dir = vols.paths["mem"].canonicalize().unwrap();
@@ -530,14 +613,108 @@ fn memory_empty_dir_is_a_sized_tmpfs() {
         "{}",
         entry.super_options
     );
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o777, "not the new tmpfs's 1777");
     std::fs::write(dir.join("f"), b"x").unwrap();
-    // Idempotent: no second mount, content kept.
     m.setup(&p).unwrap();
     assert_eq!(count(&dir), 1);
     assert!(dir.join("f").exists());
     m.teardown("u6").unwrap();
     assert_eq!(count(&dir), 0);
     assert!(!m.pod_volumes_dir("u6").exists());
+}
+
+#[test]
+fn teardown_unmounts_what_is_mounted_detaching_when_busy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
+    // A disk emptyDir and a hostPath: nothing is mounted, nothing is unmounted.
+    let host = tmp.path().join("host");
+    let p = pod(
+        "t1",
+        vec![
+            empty_dir("disk", None, None),
+            host_path("data", &host, Some("DirectoryOrCreate")),
+        ],
+    );
+    m.setup(&p).unwrap();
+    fake.preset(&host.canonicalize().unwrap(), "ext4");
+    m.teardown("t1").unwrap();
+    assert_eq!(
+        fake.calls(),
+        [],
+        "nothing was mounted, nothing is unmounted"
+    );
+    assert_eq!(
+        fake.mounted(),
+        [host.canonicalize().unwrap()],
+        "a hostPath's mount is not ours"
+    );
+
+    // A busy tmpfs is detached.
+    let p = pod("t2", vec![empty_dir("mem", Some("Memory"), Some("1Mi"))]);
+    let dir = m.setup(&p).unwrap().paths["mem"].canonicalize().unwrap();
+    fake.take_calls();
+    fake.fail(Op::Unmount, Some(&dir), nix::errno::Errno::EBUSY);
+    m.teardown("t2").unwrap();
+    assert_eq!(fake.calls(), [unmount(&dir, false), unmount(&dir, true)]);
+    assert!(!m.pod_volumes_dir("t2").exists());
+
+    // A mount that cannot be taken away keeps every file where it is.
+    let dir = m.setup(&p).unwrap().paths["mem"].canonicalize().unwrap();
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    fake.take_calls();
+    fake.fail(Op::Unmount, Some(&dir), nix::errno::Errno::EBUSY);
+    fake.fail(Op::Unmount, Some(&dir), nix::errno::Errno::EPERM);
+    let err = m.teardown("t2").unwrap_err().to_string();
+    assert!(err.starts_with("tearing down volumes of pod t2: "), "{err}");
+    assert_eq!(fake.calls(), [unmount(&dir, false), unmount(&dir, true)]);
+    assert!(dir.join("f").exists(), "nothing is deleted under a mount");
+    m.teardown("t2").unwrap();
+    assert!(!m.pod_volumes_dir("t2").exists());
+}
+
+#[test]
+fn memory_volume_mount_problems_fail_the_volume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
+    let p = pod("t3", vec![empty_dir("mem", Some("Memory"), Some("1Mi"))]);
+    fake.fail(Op::Tmpfs, None, nix::errno::Errno::EPERM);
+    let err = m.setup(&p).unwrap_err().to_string();
+    let dir = m.volume_dir("t3", EMPTY_DIR_PLUGIN, "mem");
+    assert_eq!(
+        err,
+        format!(
+            "MountVolume.SetUp failed for volume \"mem\" : mount failed: EPERM: Operation not permitted: mounting tmpfs on {}",
+            dir.display()
+        )
+    );
+    assert!(fake.mounted().is_empty());
+
+    // Something else mounted there is not mounted over.
+    let canonical = dir.canonicalize().unwrap();
+    fake.preset(&canonical, "ext4");
+    fake.take_calls();
+    let err = m.setup(&p).unwrap_err().to_string();
+    assert!(
+        err.ends_with("is already a mount point of type ext4"),
+        "{err}"
+    );
+    assert_eq!(fake.calls(), []);
+
+    // A mount table that cannot be read fails the memory volumes only.
+    let p = pod(
+        "t4",
+        vec![
+            empty_dir("disk", None, None),
+            empty_dir("mem", Some("Memory"), None),
+        ],
+    );
+    fake.fail(Op::Table, None, nix::errno::Errno::EACCES);
+    let attempts = m.setup_each(&p, &PodObjects::standalone(), &|_| true);
+    assert!(attempts[0].result.is_ok());
+    let err = attempts[1].result.as_ref().unwrap_err().to_string();
+    assert!(err.contains("cannot read the mount table"), "{err}");
 }
 
 #[test]
@@ -788,12 +965,8 @@ fn api_volumes(gone_optional: Option<bool>) -> Vec<Volume> {
 
 #[test]
 fn api_volumes_are_written_followed_and_secrets_kept_off_the_disk() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: mounting tmpfs needs root");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
-    let m = manager(&tmp.path().join("root"));
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
     let p = pod("api1", api_volumes(Some(true)));
     let vols = m.setup_with(&p, &api_objects("port=80")).unwrap();
     let read = |v: &str, f: &str| std::fs::read_to_string(vols.paths[v].join(f)).unwrap();
@@ -822,18 +995,15 @@ fn api_volumes_are_written_followed_and_secrets_kept_off_the_disk() {
         m.volume_dir("api1", SECRET_PLUGIN, "creds")
     );
 
-    let table = mountinfo::read().unwrap();
-    let fs = |v: &str| {
-        mountinfo::mount_at(&table, &vols.paths[v].canonicalize().unwrap())
-            .map(|e| e.fs_type.clone())
-    };
-    assert_eq!(fs("creds").as_deref(), Some("tmpfs"));
-    assert_eq!(fs("kube-api-access").as_deref(), Some("tmpfs"));
-    assert_eq!(
-        fs("cfg"),
-        None,
-        "a configMap is on the node's disk, as upstream"
-    );
+    // The secret and the projected volume are each on a tmpfs (the node's memory: no pod
+    // limit), in the spec's order; the configMap is on the node's disk, as upstream.
+    let real = |v: &str| vols.paths[v].canonicalize().unwrap();
+    let mounted = [
+        tmpfs(&real("creds"), 1 << 30),
+        tmpfs(&real("kube-api-access"), 1 << 30),
+    ];
+    assert_eq!(fake.calls(), mounted);
+    assert_eq!(fake.mounted(), [real("creds"), real("kube-api-access")]);
 
     // A change reaches the file; an object that cannot be read keeps what the volume has.
     m.refresh_with(&p, &api_objects("port=8080")).unwrap();
@@ -857,9 +1027,15 @@ fn api_volumes_are_written_followed_and_secrets_kept_off_the_disk() {
         "the others still follow"
     );
     assert_eq!(read("creds", "db/pw"), "hunter2");
+    assert_eq!(fake.calls(), mounted, "a refresh mounts nothing");
 
+    let (creds, token) = (real("creds"), real("kube-api-access"));
     m.teardown("api1").unwrap();
     assert!(!m.pod_volumes_dir("api1").exists());
+    assert_eq!(
+        fake.calls()[2..],
+        [unmount(&creds, false), unmount(&token, false)]
+    );
 }
 
 #[test]
@@ -943,10 +1119,6 @@ fn a_token_with_an_fs_group_is_readable_by_the_group_only() {
             fs_group: Some(nix::unistd::getegid().as_raw().into()),
             ..Default::default()
         });
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: mounting tmpfs needs root");
-        return;
-    }
     let vols = m.setup_with(&p, &api_objects("x")).unwrap();
     let mode = std::fs::metadata(vols.paths["kube-api-access"].join("token"))
         .unwrap()

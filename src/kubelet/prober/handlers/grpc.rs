@@ -12,7 +12,7 @@ use crate::kubelet::prober::health_proto::health_check_response::ServingStatus;
 use crate::kubelet::prober::health_proto::health_client::HealthClient;
 use crate::kubelet::prober::{PROBE_USER_AGENT, ProbeOutcome};
 
-use super::join_host_port;
+use crate::clients::pod_http::join_host_port;
 
 pub struct GrpcProbe {
     address: String,

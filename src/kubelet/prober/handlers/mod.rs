@@ -17,14 +17,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe as ProbeSpec};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::ProbeOutcome;
 use super::worker::Probe;
 use crate::base::podspec::expand::expand_all;
+use crate::base::podspec::ports::resolve_port;
 use crate::clients::cri::RuntimeService;
 
-/// Probe output kept in messages (upstream keeps 10 KiB).
+/// Probe output kept in messages (upstream keeps 10 KiB, as much as of an HTTP answer's body:
+/// `clients::pod_http::MAX_BODY`).
 pub const MAX_OUTPUT: usize = 10 * 1024;
 
 /// One configured check.
@@ -136,50 +137,6 @@ pub fn build<R: RuntimeService>(
     Handler::Invalid("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into())
 }
 
-/// A probe's or hook's port cannot be used.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PortError {
-    #[error("couldn't find port {0:?} in the container's ports")]
-    NoSuchName(String),
-    #[error("invalid port number: {0}")]
-    OutOfRange(i32),
-}
-
-/// A probe's port: a number, or the name of one of the container's ports (or a number written
-/// as a string).
-pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, PortError> {
-    let number = match port {
-        IntOrString::Int(n) => *n,
-        IntOrString::String(name) => {
-            let named = container
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .map(|p| p.container_port);
-            match named {
-                Some(n) => n,
-                None => name
-                    .parse::<i32>()
-                    .map_err(|_| PortError::NoSuchName(name.clone()))?,
-            }
-        }
-    };
-    match u16::try_from(number) {
-        Ok(p) if p > 0 => Ok(p),
-        _ => Err(PortError::OutOfRange(number)),
-    }
-}
-
-/// `host:port`, with brackets around an IPv6 address.
-pub fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 /// Cuts text to [`MAX_OUTPUT`] bytes at a character boundary.
 pub fn truncate(mut text: String) -> String {
     if text.len() > MAX_OUTPUT {
@@ -195,6 +152,7 @@ pub fn truncate(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{ContainerPort, ExecAction, HTTPGetAction, TCPSocketAction};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     use super::*;
 
@@ -211,37 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn ports_resolve_by_number_name_or_numeric_string() {
-        let c = container();
-        assert_eq!(resolve_port(&IntOrString::Int(81), &c), Ok(81));
-        assert_eq!(
-            resolve_port(&IntOrString::String("http".into()), &c),
-            Ok(8080)
-        );
-        assert_eq!(
-            resolve_port(&IntOrString::String("9090".into()), &c),
-            Ok(9090)
-        );
-        assert!(
-            resolve_port(&IntOrString::String("grpc".into()), &c)
-                .unwrap_err()
-                .to_string()
-                .contains("\"grpc\"")
-        );
-        assert_eq!(
-            resolve_port(&IntOrString::Int(0), &c).map_err(|e| e.to_string()),
-            Err("invalid port number: 0".into())
-        );
-        assert_eq!(
-            resolve_port(&IntOrString::Int(70000), &c),
-            Err(PortError::OutOfRange(70000))
-        );
-    }
-
-    #[test]
-    fn host_port_and_truncation() {
-        assert_eq!(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
-        assert_eq!(join_host_port("fd00::1", 80), "[fd00::1]:80");
+    fn truncation() {
         assert_eq!(truncate("é".repeat(MAX_OUTPUT)).len(), MAX_OUTPUT);
         assert_eq!(truncate("short".into()), "short");
     }

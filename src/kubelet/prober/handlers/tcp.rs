@@ -6,7 +6,7 @@ use tokio::net::TcpStream;
 
 use crate::kubelet::prober::ProbeOutcome;
 
-use super::join_host_port;
+use crate::clients::pod_http::join_host_port;
 
 pub struct TcpProbe {
     address: String,

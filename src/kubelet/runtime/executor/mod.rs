@@ -63,6 +63,8 @@ pub struct NodeContext {
     pub image_pull_progress_deadline: Option<Duration>,
     /// `seccompDefault`: pods and containers without a seccomp profile get `RuntimeDefault`.
     pub seccomp_default: bool,
+    /// What volumes are mounted and unmounted through (the kernel's; a fake in unit tests).
+    pub mounter: Arc<dyn crate::kubelet::volume::mounter::Mounter>,
 }
 
 impl NodeContext {
@@ -267,6 +269,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             node.root_dir.clone(),
             node.node_memory_bytes,
             node.allocatable,
+            node.mounter.clone(),
         );
         Executor {
             rt,
@@ -899,6 +902,7 @@ mod cgroup_tests {
             runtime_request_timeout: Duration::from_secs(5),
             image_pull_progress_deadline: None,
             seccomp_default: false,
+            mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

@@ -402,7 +402,7 @@ impl FileTeardown {
         if let Some((ns, name)) = names {
             let dir = format!("{ns}_{name}_{uid}");
             match component_problem(&dir) {
-                None => remove_child(&self.node.pod_logs_dir, &dir)?,
+                None => remove_child(&*self.node.mounter, &self.node.pod_logs_dir, &dir)?,
                 // Names read back from an orphan's labels: never a path to follow.
                 Some(problem) => {
                     tracing::warn!(%dir, problem, "not removing a log directory whose name cannot be a path component");
@@ -424,7 +424,7 @@ impl FileTeardown {
         }
         // The pod's directory goes last: while it is there, a cgroup left by a teardown that
         // did not finish is known to be this node's to sweep (see `cm::orphans`).
-        remove_child(&self.node.root_dir.join("pods"), uid)?;
+        remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
         Ok(())
     }
 
@@ -457,7 +457,11 @@ impl FileTeardown {
 /// Removes `base/name` with the volume module's checked removal: nothing outside `base`, no
 /// link followed (a link there is removed itself), mounts below unmounted first. A `base` that
 /// does not exist holds nothing to remove.
-fn remove_child(base: &std::path::Path, name: &str) -> Result<(), TeardownError> {
+fn remove_child(
+    mounter: &dyn crate::kubelet::volume::mounter::Mounter,
+    base: &std::path::Path,
+    name: &str,
+) -> Result<(), TeardownError> {
     let real = match base.canonicalize() {
         Ok(real) => real,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -470,6 +474,7 @@ fn remove_child(base: &std::path::Path, name: &str) -> Result<(), TeardownError>
         }
     };
     Ok(crate::kubelet::volume::remove_checked(
+        mounter,
         &real.join(name),
         &real,
     )?)
@@ -483,6 +488,8 @@ mod tests {
     fn pod_trees_are_removed_inside_their_base_and_links_are_not_followed() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("pods");
+        let mounter = crate::kubelet::volume::mounter::fake::FakeMounter::default();
+        let remove_child = |base: &std::path::Path, name: &str| remove_child(&mounter, base, name);
         let victim = dir.path().join("victim");
         std::fs::create_dir_all(base.join("u1/sub")).unwrap();
         std::fs::create_dir_all(&victim).unwrap();
