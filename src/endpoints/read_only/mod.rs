@@ -21,6 +21,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock;
 use crate::endpoints::listener::{Acceptor, Start, accept_connections, serve_connection};
 
 use crate::base::health::Health;
@@ -263,7 +264,7 @@ pub async fn count_request(
     let labels = [method, path.as_str(), server_type, long_running];
     m.http_requests.inc(&labels);
     m.http_inflight_requests.add(&labels, 1.0);
-    let began = std::time::Instant::now();
+    let began = clock::instant();
     let response = next.run(req).await;
     m.http_inflight_requests.add(&labels, -1.0);
     m.http_requests_duration
