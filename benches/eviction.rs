@@ -156,7 +156,12 @@ fn decisions(n: usize) -> Duration {
     let mut state = EvictionState::default();
     let began = Instant::now();
     for _ in 0..rounds {
-        let round = state.step(&ts, &observations, Duration::from_secs(300), Instant::now());
+        let round = state.step(
+            &ts,
+            &observations,
+            Duration::from_secs(300),
+            tokio::time::Instant::now(),
+        );
         let t = round.to_reclaim(&ts).expect("memory is low");
         let mut candidates: Vec<Candidate<'_>> = pods
             .iter()

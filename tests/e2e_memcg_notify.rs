@@ -15,7 +15,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{
     NamespaceCleanup, admin, bound_pod_with, create_namespace, joined_agent, sleeping_spec,
@@ -25,6 +25,8 @@ use common::{local_socket_get, node_memory_available, wait_until};
 use deckhand::kubelet::eviction::memcg::{CgroupV1Memcg, Fired, MemcgControl};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
+// The instant `Fired::wait` answers with (the agent's one monotonic clock, `base::clock`).
+use tokio::time::Instant;
 
 const WAIT: Duration = Duration::from_secs(60);
 const MI: u64 = 1 << 20;

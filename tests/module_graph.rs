@@ -28,6 +28,7 @@ const LAYERS: &[Layer] = &[
         name: "base",
         tiers: &[
             &[
+                "clock",
                 "health",
                 "node_pressure",
                 "observed",

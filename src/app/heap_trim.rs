@@ -8,9 +8,11 @@
 //! most, so the agent calls it once a minute (upstream's kubelet leaves this to Go's
 //! scavenger). On a libc other than glibc this does nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+use crate::base::clock;
 
 /// How often free memory is handed back.
 pub const TRIM_PERIOD: Duration = Duration::from_secs(60);
@@ -32,14 +34,14 @@ pub fn release_free_memory() -> bool {
 /// Hands free memory back every [`TRIM_PERIOD`] (on a blocking thread: a trim walks every
 /// arena under its lock) until cancelled.
 pub async fn run(cancel: CancellationToken) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TRIM_PERIOD, TRIM_PERIOD);
+    let mut tick = tokio::time::interval_at(clock::instant() + TRIM_PERIOD, TRIM_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let began = Instant::now();
+        let began = clock::instant();
         match tokio::task::spawn_blocking(release_free_memory).await {
             Ok(released) => tracing::trace!(
                 released,

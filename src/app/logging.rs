@@ -23,6 +23,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use crate::base::clock;
 use crate::config::LoggingFormat;
 
 /// Upstream's `--v` levels mapped onto tracing levels (RUST_LOG overrides).
@@ -220,7 +221,7 @@ where
             }
         }
         let meta = event.metadata();
-        let ts_ms = std::time::SystemTime::now()
+        let ts_ms = clock::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as f64 / 1e6)
             .unwrap_or_default();

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::base::clock;
 use crate::base::health::{CheckFailure, CheckResult, Health};
 use crate::base::metrics::KUBELET;
 
@@ -132,7 +133,7 @@ impl Supervisor {
         let seen = records.clone();
         health.register_noted("tasks", move || {
             let records = seen.lock().unwrap_or_else(|e| e.into_inner());
-            verdict(&records, Instant::now())
+            verdict(&records, clock::instant())
         });
         Supervisor {
             tracker,
@@ -178,7 +179,7 @@ async fn supervise<F, Fut>(
 {
     let mut consecutive = 0;
     loop {
-        let started = Instant::now();
+        let started = clock::instant();
         let run = make();
         let panic_now = std::mem::take(&mut inject);
         let outcome = AssertUnwindSafe(async move {
@@ -219,7 +220,7 @@ fn note_panic(records: &Records, task: &'static str, message: &str, restart_in: 
         task,
         PanicRecord {
             total,
-            at: Instant::now(),
+            at: clock::instant(),
             message: message.to_string(),
             restart_in,
         },

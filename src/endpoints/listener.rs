@@ -39,6 +39,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::base::clock;
+
 /// A server could not start.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} for the {what}: {source}")]
@@ -298,7 +300,7 @@ impl ConnectionHandle {
             streaming: AtomicBool::new(false),
             requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
-            last_answer: Mutex::new(Instant::now()),
+            last_answer: Mutex::new(clock::instant()),
             changed: Notify::new(),
         }))
     }
@@ -329,7 +331,7 @@ impl ConnectionHandle {
     }
 
     fn answered(&self) {
-        *self.0.last_answer.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        *self.0.last_answer.lock().unwrap_or_else(|e| e.into_inner()) = clock::instant();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.0.changed.notify_one();
     }
@@ -496,7 +498,7 @@ pub(crate) async fn serve_connection<I, S, B>(
         .max_buf_size(64 * 1024);
     let conn = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
-    let began = Instant::now();
+    let began = clock::instant();
     let mut closing = false;
     // When a connection closed for its untrusted class must be gone: hyper closes an idle one
     // at once but waits on half a request's headers, which a trickling client never ends.
@@ -547,7 +549,7 @@ pub(crate) async fn serve_connection<I, S, B>(
             conn.as_mut().graceful_shutdown();
             closing = true;
             if untrusted {
-                cut_at = Some(Instant::now() + untrusted_grace);
+                cut_at = Some(clock::instant() + untrusted_grace);
             }
         }
     }
@@ -603,7 +605,7 @@ where
         let (mut a, mut b) = (a, b);
         return tokio::io::copy_bidirectional(&mut a, &mut b).await;
     };
-    let clock = Instant::now();
+    let clock = clock::instant();
     let last = Arc::new(AtomicU64::new(0));
     let mut a = Active::new(a, clock, last.clone());
     let mut b = Active::new(b, clock, last.clone());

@@ -17,6 +17,7 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
+use crate::base::clock;
 use crate::base::health::Health;
 use crate::kubelet::pod_status::published::PodStates;
 use crate::kubelet::stats::StatsProvider;
@@ -189,7 +190,7 @@ pub(crate) async fn count_request(
     let labels = [method, path.as_str(), server_type, long_running];
     m.http_requests.inc(&labels);
     m.http_inflight_requests.add(&labels, 1.0);
-    let began = std::time::Instant::now();
+    let began = clock::instant();
     let response = next.run(req).await;
     m.http_inflight_requests.add(&labels, -1.0);
     m.http_requests_duration

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::base::clock;
 use crate::base::observed::ObservedPod;
 use crate::base::podspec::full_name;
 use crate::base::supervisor::panic_message;
@@ -548,8 +549,8 @@ async fn worker_loop<R: RuntimeService + ImageService>(
     let mut state = initial_sync_state(&uid, &deps);
     let mut worker = WorkerState::new(deps.panic_pod.clone());
     // For upstream's metrics: when the worker first saw the pod.
-    let first_seen = Instant::now();
-    let mut next = Instant::now();
+    let first_seen = clock::instant();
+    let mut next = clock::instant();
     // Look at the work at once (first round, or newer work that interrupted the last).
     let mut immediate = true;
     loop {
@@ -585,7 +586,7 @@ async fn worker_loop<R: RuntimeService + ImageService>(
                     continue;
                 }
                 Action::WaitFor(wait) => {
-                    next = Instant::now() + wait;
+                    next = clock::instant() + wait;
                     continue;
                 }
                 Action::LookNow => {
@@ -638,7 +639,7 @@ async fn run_kill<R: RuntimeService + ImageService>(
 ) -> Option<Event> {
     deps.prober.remove_pod(uid);
     let span = tracing::info_span!("kill", pod = %full_name(&kill.pod), grace = kill.grace);
-    let started = Instant::now();
+    let started = clock::instant();
     // Boxed, as the sync and the teardown: each is a future of tens of KiB, which inline
     // would make every idle worker's task that large.
     let once = Box::pin(kill_once(uid, kill, state, deps).instrument(span));
@@ -684,7 +685,7 @@ async fn run_sync<R: RuntimeService + ImageService>(
     cancel: &CancellationToken,
 ) -> Option<Event> {
     let span = tracing::info_span!("sync", pod = %full_name(&job.pod));
-    let began = Instant::now();
+    let began = clock::instant();
     let sync = Box::pin(sync_once(uid, &job.pod, state, deps, job.inject_panic).instrument(span));
     let result = tokio::select! {
         _ = cancel.cancelled() => return None,
@@ -730,7 +731,7 @@ async fn run_terminate<R: RuntimeService + ImageService>(
         .map(full_name)
         .unwrap_or_else(|| "(orphan)".into());
     let span = tracing::info_span!("terminate", pod = %name);
-    let started = Instant::now();
+    let started = clock::instant();
     let teardown = Box::pin(
         deps.executor
             .terminate_pod(uid, pod.as_deref(), grace_override)
@@ -797,9 +798,7 @@ fn record_pod_start(pod: &Pod, state: &PodSyncState, first_seen: Instant) {
         .observe(&[], first_seen.elapsed().as_secs_f64());
     // A static pod has no creation time of its own: the node seeing it is its creation.
     let since_creation = match pod.metadata.creation_timestamp.as_ref() {
-        Some(created) => jiff::Timestamp::now()
-            .duration_since(created.0)
-            .as_secs_f64(),
+        Some(created) => clock::timestamp().duration_since(created.0).as_secs_f64(),
         None => first_seen.elapsed().as_secs_f64(),
     };
     let init_time: f64 = status
@@ -828,7 +827,7 @@ async fn kill_once<R: RuntimeService + ImageService>(
 ) -> Result<(), crate::kubelet::runtime::executor::TeardownError> {
     let observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
     deps.runtime_cache.update_pod(uid, observed.clone());
-    let now = SystemTime::now();
+    let now = clock::now();
     let no_probes = HashMap::new();
     let mut status = compute_pod_status(
         &kill.pod,
@@ -890,7 +889,7 @@ async fn sync_once<R: RuntimeService + ImageService>(
         pod,
         &outcome.observed,
         &StatusInputs {
-            now: SystemTime::now(),
+            now: clock::now(),
             host_ip: deps.host_ip.clone(),
             waiting: &state.waiting,
             previous: state.status.as_ref(),

@@ -10,13 +10,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock::{self, Instant};
 use crate::base::health::CheckFailure;
 use crate::base::podspec::full_name;
 use crate::base::resync_queue::Pokes;
@@ -61,7 +62,7 @@ impl Default for SyncLoopHealth {
     fn default() -> Self {
         SyncLoopHealth {
             inner: Arc::new(Mutex::new(LoopLiveness {
-                last_turn: Instant::now(),
+                last_turn: clock::instant(),
                 ended: None,
             })),
         }
@@ -75,7 +76,7 @@ impl SyncLoopHealth {
 
     /// The loop went round once.
     pub fn turned(&self) {
-        self.lock().last_turn = Instant::now();
+        self.lock().last_turn = clock::instant();
     }
 
     /// The loop is gone for good (it panicked or returned while the agent runs).
@@ -102,7 +103,7 @@ impl SyncLoopHealth {
     }
 
     pub fn check(&self) -> Result<(), CheckFailure> {
-        self.check_at(Instant::now())
+        self.check_at(clock::instant())
     }
 }
 
@@ -387,7 +388,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             &pod,
             self.admission.states.status(&req.uid),
             &req.message,
-            k8s_openapi::jiff::Timestamp::now(),
+            clock::timestamp(),
         );
         self.terminate(
             pod.clone(),
@@ -728,6 +729,21 @@ mod health_tests {
         h.ended("it panicked: boom".into());
         let err = h.check_at(Instant::now()).unwrap_err().to_string();
         assert_eq!(err, "the sync loop has ended: it panicked: boom");
+    }
+
+    /// The check reads the one clock, so a paused test clock moved past the threshold is a
+    /// stall; with the `std::time::Instant` it read before, only made-up instants could show it.
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_clock_moved_past_the_threshold_is_a_stall() {
+        let h = SyncLoopHealth::default();
+        h.turned();
+        tokio::time::advance(STALL_THRESHOLD).await;
+        assert_eq!(h.check(), Ok(()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let err = h.check().unwrap_err().to_string();
+        assert!(err.contains("has not turned for 31s"), "{err}");
+        h.turned();
+        assert_eq!(h.check(), Ok(()));
     }
 }
 

@@ -1,6 +1,6 @@
 //! Reading the crate's production code as text, for the tests that hold the tree to its shape
 //! (`module_graph.rs`: which layer may use which; `function_length.rs`: how long a function
-//! may be).
+//! may be; `one_clock.rs`: where time is read).
 //!
 //! Production code is every file under `src/` except test code: a module declared under
 //! `#[cfg(test)]` in a file of its own (`#[cfg(test)] mod tests;`, with or without `#[path]`),

@@ -14,6 +14,7 @@ use hyper::body::Bytes;
 use k8s_openapi::List;
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::base::clock;
 use crate::kubelet::source::NodeSecurity;
 
 /// The commands `deckhand` runs instead of the agent when its first argument names one.
@@ -130,7 +131,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                     .unwrap_or_default(),
                 Source::Http(_) => Default::default(),
             };
-            let rows = pods::rows(&list.items, &failing, jiff::Timestamp::now());
+            let rows = pods::rows(&list.items, &failing, clock::timestamp());
             match output {
                 Output::Table => print!("{}", pods::render_table(&rows)),
                 Output::Json => println!("{}", to_json(&rows)),

@@ -2,10 +2,10 @@
 //! line and column, without running anything. Pure apart from the caller reading the files.
 
 use std::path::Path;
-use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::base::clock;
 use crate::base::yaml;
 use crate::kubelet::source::defaults::ManifestOrigin;
 use crate::kubelet::source::{LoadError, NodeSecurity, load_static_pods, validate};
@@ -60,7 +60,7 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
         ManifestOrigin::File(file),
         node_name,
         security,
-        SystemTime::now(),
+        clock::now(),
     ) {
         Ok(loaded) => {
             for field in &loaded.unknown_fields {

@@ -11,6 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+use crate::base::clock;
+
 /// A token bucket shared by every clone of the client.
 #[derive(Clone, Debug)]
 pub struct TokenBucket {
@@ -39,7 +41,7 @@ impl TokenBucket {
             burst,
             state: Arc::new(Mutex::new(BucketState {
                 tokens: burst,
-                refilled_at: Instant::now(),
+                refilled_at: clock::instant(),
             })),
         }
     }
@@ -50,7 +52,7 @@ impl TokenBucket {
         if self.qps.is_infinite() {
             return Duration::ZERO;
         }
-        let now = Instant::now();
+        let now = clock::instant();
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let elapsed = now.saturating_duration_since(s.refilled_at).as_secs_f64();
         s.tokens = (s.tokens + elapsed * self.qps).min(self.burst);

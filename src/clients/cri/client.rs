@@ -13,6 +13,7 @@ use super::pull_progress::content_proto::content_client::ContentClient;
 use super::pull_progress::{CRI_NAMESPACE, NAMESPACE_HEADER, PullProgress};
 use super::service::{CriResult, ImageService, RuntimeService};
 use super::{CriError, RuntimeEndpoint};
+use crate::base::clock;
 
 /// Upstream's limit for CRI messages; a node with many containers exceeds tonic's 4 MiB default.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -132,7 +133,7 @@ async fn call<T>(
     deadline: Option<Duration>,
     fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> CriResult<T> {
-    let began = std::time::Instant::now();
+    let began = clock::instant();
     let result = match deadline {
         Some(timeout) => match tokio::time::timeout(timeout, fut).await {
             Ok(result) => result,

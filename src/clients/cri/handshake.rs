@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::CriError;
 use super::proto::StatusResponse;
 use super::service::RuntimeService;
+use crate::base::clock;
 
 /// Condition names from the CRI protocol.
 pub const RUNTIME_READY: &str = "RuntimeReady";
@@ -69,7 +70,7 @@ pub async fn handshake<R: RuntimeService>(
         "container runtime answered"
     );
 
-    let started = Instant::now();
+    let started = clock::instant();
     let mut last_logged: Option<Instant> = None;
     loop {
         let problem = match runtime.status(false).await {
@@ -92,7 +93,7 @@ pub async fn handshake<R: RuntimeService>(
         }
         if last_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
             tracing::warn!(%problem, "waiting for the container runtime to become ready");
-            last_logged = Some(Instant::now());
+            last_logged = Some(clock::instant());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::proto::{AuthConfig, PodSandboxConfig};
 use super::{CriError, ImageService};
+use crate::base::clock;
 
 /// Types generated from `proto/containerd/services/content/v1/content.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -121,7 +122,7 @@ pub async fn pull_with_progress_deadline<R: ImageService>(
         return pull.await;
     };
     tokio::pin!(pull);
-    let mut watch = ProgressWatch::new(deadline, Instant::now());
+    let mut watch = ProgressWatch::new(deadline, clock::instant());
     let mut ticks = tokio::time::interval(watch.poll_period());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -129,7 +130,7 @@ pub async fn pull_with_progress_deadline<R: ImageService>(
             result = &mut pull => return result,
             _ = ticks.tick() => {
                 let reading = rt.pull_progress().await;
-                if watch.observe(reading, Instant::now()) == Verdict::Stalled {
+                if watch.observe(reading, clock::instant()) == Verdict::Stalled {
                     // Dropping the call cancels it; containerd ends the pull with its context.
                     return Err(CriError::PullStalled { deadline });
                 }

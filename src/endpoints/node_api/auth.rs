@@ -17,7 +17,7 @@
 //!   time is answered as a failed one (401, 500) at once, instead of waiting.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Method;
 use x509_parser::prelude::FromDer;
@@ -27,6 +27,7 @@ use super::cache::TtlCache;
 use super::review::{
     AccessQuestion, BoundedReviewer, QueueLimits, ReviewError, Reviewer, UserInfo,
 };
+use crate::base::clock;
 use crate::config::{AuthorizationMode, ServerSettings};
 
 pub const ANONYMOUS_USER: &str = "system:anonymous";
@@ -203,7 +204,7 @@ impl Gate {
 
     async fn review_token(&self, token: &str) -> Option<UserInfo> {
         let key = self.token_keys.of(token);
-        let now = Instant::now();
+        let now = clock::instant();
         if let Some(user) = self.tokens.get(&key, now) {
             return Some(user);
         }
@@ -246,7 +247,7 @@ impl Gate {
                 node_name: self.node_name.clone(),
                 subresource: subresource.to_string(),
             };
-            let now = Instant::now();
+            let now = clock::instant();
             let allowed = match self.access.get(&question, now) {
                 Some(a) => a,
                 None => match reviewer.review_access(&question).await {

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::base::clock::Instant;
 
 /// How many answers a cache keeps unless told otherwise.
 pub const DEFAULT_CAPACITY: usize = 4096;

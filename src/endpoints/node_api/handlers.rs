@@ -20,6 +20,7 @@ use super::log_read;
 use super::logs;
 use super::review::UserInfo;
 use super::streaming;
+use crate::base::clock;
 use crate::base::health::Health;
 use crate::base::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::clients::cri::CriClient;
@@ -370,7 +371,7 @@ async fn container_logs(
     connection: Option<axum::Extension<ConnectionHandle>>,
     uri: axum::http::Uri,
 ) -> Response {
-    let options = match logs::parse_log_query(uri.query().unwrap_or(""), jiff::Timestamp::now()) {
+    let options = match logs::parse_log_query(uri.query().unwrap_or(""), clock::timestamp()) {
         Ok(o) => o,
         Err(e @ logs::LogQueryError::Decode) => {
             return text(StatusCode::BAD_REQUEST, e.to_string());

@@ -19,6 +19,7 @@ use axum::body::Bytes;
 use tokio::sync::mpsc;
 
 use super::logs::{LogOptions, Renderer, Shown};
+use crate::base::clock;
 
 /// How much of a file one read takes, backwards while looking for the tail and forwards while
 /// streaming.
@@ -442,7 +443,7 @@ async fn stream_file_inner(
     let mut reader = tokio::task::spawn_blocking(move || LogReader::open(&p, &opts))
         .await
         .map_err(io::Error::other)??;
-    let mut quiet_since = tokio::time::Instant::now();
+    let mut quiet_since = clock::instant();
     loop {
         let (r, step) = blocking(reader, LogReader::step).await?;
         reader = r;
@@ -451,7 +452,7 @@ async fn stream_file_inner(
                 if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
                     return Ok(());
                 }
-                quiet_since = tokio::time::Instant::now();
+                quiet_since = clock::instant();
             }
             Step::Done => return Ok(()),
             Step::Idle => {
@@ -459,7 +460,7 @@ async fn stream_file_inner(
                     if !still_running() {
                         return drain(reader, tx).await;
                     }
-                    quiet_since = tokio::time::Instant::now();
+                    quiet_since = clock::instant();
                 }
                 tokio::select! {
                     _ = tx.closed() => return Ok(()),

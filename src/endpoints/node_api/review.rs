@@ -15,6 +15,8 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use tokio::sync::Semaphore;
 
+use crate::base::clock;
+
 /// An authenticated user, as upstream's `user.Info`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct UserInfo {
@@ -298,7 +300,7 @@ impl Lane {
 
     fn refuse(&self) {
         let total = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = tokio::time::Instant::now();
+        let now = clock::instant();
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         let due = reported
             .0

@@ -9,13 +9,13 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
+use crate::base::clock;
 use crate::config::ServerSettings;
 use crate::config::server::TlsMinVersion;
 use crate::kubelet::certificate::Credentials;
@@ -78,7 +78,7 @@ pub fn self_signed(
 ) -> Result<Credentials, TlsError> {
     if cert_path.exists() && key_path.exists() {
         match load_pair(cert_path, key_path) {
-            Ok(c) if c.valid_at(SystemTime::now()) => return Ok(c),
+            Ok(c) if c.valid_at(clock::now()) => return Ok(c),
             Ok(_) => {
                 tracing::info!(cert = %cert_path.display(), "the self-signed serving certificate expired; making a new one")
             }
@@ -124,10 +124,10 @@ pub fn make_self_signed(node_name: &str, ips: &[IpAddr]) -> Result<(String, Stri
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(
         rcgen::DnType::CommonName,
-        format!("{node_name}@{}", jiff::Timestamp::now().as_second()),
+        format!("{node_name}@{}", clock::timestamp().as_second()),
     );
     // From the start of yesterday (UTC) to a year later: no clock skew trips it.
-    let start = jiff::Timestamp::now()
+    let start = clock::timestamp()
         .to_zoned(jiff::tz::TimeZone::UTC)
         .date()
         .yesterday()
@@ -204,6 +204,8 @@ pub fn server_config(
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
     use super::*;
 
     #[test]

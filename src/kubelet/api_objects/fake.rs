@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::api::{ApiObject, ObjectApi};
 use super::{Kind, ObjectKey};
+use crate::base::clock;
 use crate::clients::apiserver::watch::{Event, Events};
 use crate::clients::apiserver::{Problem, ProblemKind};
 
@@ -218,7 +219,7 @@ impl ObjectApi for FakeObjectApi {
         let seconds = s
             .expires_in
             .unwrap_or(request.spec.expiration_seconds.unwrap_or(3600));
-        let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
+        let expires = clock::timestamp() + jiff::SignedDuration::from_secs(seconds);
         request.status = Some(TokenRequestStatus {
             token: format!("token-{n}"),
             expiration_timestamp: Time(expires),

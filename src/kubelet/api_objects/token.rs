@@ -11,6 +11,7 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::Pod;
 
 use super::api::ObjectApi;
+use crate::base::clock;
 
 /// A token is refreshed when it is older than this, whatever its lifetime (upstream's maxTTL).
 pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -110,7 +111,7 @@ impl TokenManager {
             pod_name: pod.metadata.name.clone().unwrap_or_default(),
             pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
         };
-        let now = SystemTime::now();
+        let now = clock::now();
         let cached = self.cache().get(&key).cloned();
         if let Some(issued) = &cached
             && !requires_refresh(now, issued, jitter())
@@ -201,7 +202,7 @@ fn issued_from(tr: &TokenRequest, want: &TokenWant) -> Option<Issued> {
 
 /// Up to [`MAX_JITTER`], from the clock's nanoseconds (no random source needed for this).
 fn jitter() -> Duration {
-    let nanos = SystemTime::now()
+    let nanos = clock::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::csr::{KubeCsrApi, RequestError, request_certificate};
 use super::deadline::retry_with_backoff;
 use super::{Credentials, FileStore};
+use crate::base::clock;
 use crate::clients::apiserver::problem::cause_chain;
 
 /// How long one CSR may wait for approval (upstream waits as long before trying again).
@@ -105,7 +106,7 @@ pub async fn load_client_cert(
     node_name: &str,
     cancel: &CancellationToken,
 ) -> Result<(), BootstrapError> {
-    let now = SystemTime::now();
+    let now = clock::now();
     let Some(problem) = kubeconfig_problem(kubeconfig, now) else {
         tracing::info!(kubeconfig = %kubeconfig.display(), "the kubeconfig holds a valid client certificate; no TLS bootstrap");
         return Ok(());
@@ -182,7 +183,7 @@ async fn bootstrap_once(
         Err(e) => return Err(Attempt::Retry(e.to_string())),
     };
     let path = store
-        .store(&issued.pem, jiff::Timestamp::now())
+        .store(&issued.pem, clock::timestamp())
         .map_err(|e| Attempt::Fatal(e.into()))?;
     tracing::info!(
         csr = %issued.csr_name,

@@ -4,8 +4,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
@@ -16,6 +14,8 @@ use rustls::pki_types::CertificateSigningRequestDer;
 use rustls::pki_types::pem::PemObject;
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::FromDer;
+
+use crate::base::clock;
 
 /// The signer of kubelet client certificates.
 pub const SIGNER_NAME: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -295,7 +295,7 @@ pub async fn submit_and_wait<A: CsrApi>(
         .await
         .map_err(|e| RequestError::Create(crate::clients::apiserver::problem::cause_chain(&e)))?;
     tracing::info!(csr = %name, "created a certificate signing request; waiting for it to be approved and signed");
-    let started = Instant::now();
+    let started = clock::instant();
     let mut pause = Duration::from_millis(200);
     loop {
         match api.get(&name).await {

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock;
+
 /// The pause after the first failed attempt to get a certificate; it doubles after each
 /// further failure, up to [`RETRY_MAX`].
 pub const RETRY_FIRST: Duration = Duration::from_secs(2);
@@ -67,7 +69,7 @@ pub fn wait_for(deadline: SystemTime, now: SystemTime) -> Duration {
 pub fn jitter() -> f64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(
-        SystemTime::now()
+        clock::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0),

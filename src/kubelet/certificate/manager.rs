@@ -3,7 +3,7 @@
 //! certificate is stored, and the shared [`CertSlot`] is updated so that new connections of
 //! every API client present it. Open connections and their watches are left alone.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -11,6 +11,7 @@ use super::bootstrap::jiff_time;
 use super::csr::{CsrApi, RequestError, request_certificate};
 use super::deadline::{jitter, retry_with_backoff, rotation_deadline, wait_for};
 use super::{CertSlot, FileStore};
+use crate::base::clock;
 
 /// How long one renewal CSR may wait for approval.
 const CSR_WAIT: Duration = Duration::from_secs(5 * 60);
@@ -32,7 +33,7 @@ impl<A: CsrApi> Rotation<A> {
     pub async fn run(self, cancel: CancellationToken) {
         loop {
             let current = self.slot.get();
-            let now = SystemTime::now();
+            let now = clock::now();
             let deadline = match self.rotate_after {
                 Some(d) => now + d,
                 None => rotation_deadline(current.not_before, current.not_after, jitter()),
@@ -54,7 +55,7 @@ impl<A: CsrApi> Rotation<A> {
                     if matches!(e, RequestError::Cancelled) {
                         return false;
                     }
-                    let expired = !self.slot.get().valid_at(SystemTime::now());
+                    let expired = !self.slot.get().valid_at(clock::now());
                     tracing::error!(error = %e, retry_in = ?pause, current_expired = expired, "client certificate rotation failed; trying again");
                     true
                 },
@@ -71,7 +72,7 @@ impl<A: CsrApi> Rotation<A> {
             request_certificate(&self.api, &self.node_name, "csr-", CSR_WAIT, cancel).await?;
         let path = self
             .store
-            .store(&issued.pem, jiff::Timestamp::now())
+            .store(&issued.pem, clock::timestamp())
             .map_err(|e| RequestError::BadCertificate {
                 name: issued.csr_name.clone(),
                 reason: format!("cannot store it: {e}"),

@@ -11,7 +11,7 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use x509_parser::extensions::GeneralName;
@@ -21,6 +21,7 @@ use super::bootstrap::jiff_time;
 use super::csr::{CsrApi, RequestError, generate_with_names, serving_csr_object, submit_and_wait};
 use super::deadline::{jitter, retry_with_backoff, rotation_deadline, wait_for};
 use super::{Credentials, FileStore};
+use crate::base::clock;
 
 /// How long one serving CSR waits for someone to approve it before a new one is made.
 const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -116,7 +117,7 @@ impl<A: CsrApi> ServingRotation<A> {
                     .first()
                     .map(|c| certificate_names(c.as_ref()))
                     .unwrap_or_default();
-                if !creds.valid_at(SystemTime::now()) {
+                if !creds.valid_at(clock::now()) {
                     tracing::info!(cert = %path.display(), "the stored serving certificate is not valid now; requesting a new one");
                 } else if !covers(&names, &self.addresses) {
                     tracing::info!(cert = %path.display(), have = ?names, want = ?self.addresses, "the stored serving certificate does not name the node's addresses; requesting a new one");
@@ -131,7 +132,7 @@ impl<A: CsrApi> ServingRotation<A> {
             }
         }
         loop {
-            let now = SystemTime::now();
+            let now = clock::now();
             let deadline = match self.slot.get() {
                 Some(c) => rotation_deadline(c.not_before, c.not_after, jitter()),
                 None => now,
@@ -172,7 +173,7 @@ impl<A: CsrApi> ServingRotation<A> {
         let issued = submit_and_wait(&self.api, request, &object, CSR_WAIT, cancel).await?;
         let path = self
             .store
-            .store(&issued.pem, jiff::Timestamp::now())
+            .store(&issued.pem, clock::timestamp())
             .map_err(|e| RequestError::BadCertificate {
                 name: issued.csr_name.clone(),
                 reason: format!("cannot store it: {e}"),

@@ -28,6 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
 
+use crate::base::clock;
+
 /// The component named in `source.component` and `reportingComponent`: upstream's, since
 /// tools and dashboards filter on it.
 pub const COMPONENT: &str = "kubelet";
@@ -204,7 +206,7 @@ impl Recorder {
             reason,
             message,
             &self.inner.host,
-            Timestamp::now(),
+            clock::timestamp(),
         );
         if queue.try_send(event).is_err() {
             let before = self.inner.stats.dropped.fetch_add(1, Ordering::Relaxed);

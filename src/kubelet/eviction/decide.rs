@@ -5,11 +5,12 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::signals::{Condition, Resource, Signal, ThresholdSpec};
+use crate::base::clock::Instant;
 use crate::base::podspec::qos::{QosClass, qos_class};
 use crate::kubelet::admission::requests::pod_requests;
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +18,7 @@ use super::decide::{
 use super::memcg::{self, MemcgNotifier, Trigger};
 use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer};
 use super::signals::{Condition, ThresholdSpec};
+use crate::base::clock;
 use crate::base::podspec::full_name;
 use crate::kubelet::events::{EventType, Recorder};
 
@@ -235,7 +236,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             n.update(
                 &self.settings.thresholds,
                 &reading.observations,
-                Instant::now(),
+                clock::instant(),
                 notified,
             );
         }
@@ -244,7 +245,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             thresholds,
             &reading.observations,
             self.settings.pressure_transition_period,
-            Instant::now(),
+            clock::instant(),
         );
         let before = self.pressure.conditions();
         if before != round.conditions {
@@ -305,14 +306,14 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             return Ok(false);
         }
         let thresholds = &self.settings.thresholds;
-        let began = Instant::now();
+        let began = clock::instant();
         let mut record = ReclaimRecord {
-            at: jiff::Timestamp::now().to_string(),
+            at: clock::timestamp().to_string(),
             signal: threshold.signal.as_str().to_string(),
             ..Default::default()
         };
         for step in steps {
-            let step_began = Instant::now();
+            let step_began = clock::instant();
             match self.reclaimer.reclaim(*step).await {
                 Ok(n) => {
                     let took_ms = step_began.elapsed().as_secs_f64() * 1000.0;

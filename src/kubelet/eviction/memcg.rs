@@ -27,12 +27,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use super::decide::{Observation, Observations};
 use super::signals::{Signal, ThresholdSpec};
+use crate::base::clock::{self, Instant};
 
 /// How often the registrations are renewed with the inactive file pages of the moment
 /// (upstream's `notifierRefreshInterval`). Renewed at the first round after this has passed.
@@ -194,7 +195,7 @@ pub struct Fired {
 impl Fired {
     /// One notification: noted, and the manager woken (at its next wait if it is busy).
     pub fn fire(&self) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(clock::instant());
         self.count.fetch_add(1, Ordering::Relaxed);
         self.notify.notify_one();
     }
@@ -209,7 +210,7 @@ impl Fired {
         self.last
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .unwrap_or_else(Instant::now)
+            .unwrap_or_else(clock::instant)
     }
 }
 

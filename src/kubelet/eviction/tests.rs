@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{
@@ -18,6 +18,7 @@ use super::manager::{Manager, ManagerSettings, Outcome};
 use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer};
 use super::signals::*;
 use super::*;
+use crate::base::clock::Instant;
 use crate::base::podspec::threshold::{Threshold, parse_flag};
 use crate::config::EvictionSettings;
 use crate::kubelet::events::Recorder;

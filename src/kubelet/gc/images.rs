@@ -5,7 +5,9 @@
 //! A restart forgets it, which only delays removals (every image is new again).
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::base::clock::Instant;
 
 /// What the image GC may do (the `imageGC*` settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

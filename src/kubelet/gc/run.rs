@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +16,7 @@ use super::containers::{
 use super::files;
 use super::images::{FsUsage, ImageGcPolicy, ImageTracker, ListedImage, RemovalReason};
 use super::rotation::{FAST_CHECK, TIMESTAMP_FORMAT, plan_rotation, recheck_after};
+use crate::base::clock::{self, Instant};
 use crate::base::cri_labels;
 use crate::base::cri_labels::managed_selector;
 use crate::base::safe_names::component_problem;
@@ -69,7 +70,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let mut tick = tokio::time::interval_at(clock::instant() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -141,7 +142,7 @@ fn spawn_container_gc<R: RuntimeService + ImageService>(
 
 /// One container GC pass, logged.
 async fn container_gc_round<R: RuntimeService + ImageService>(ctx: &GcContext<R>) {
-    let began = Instant::now();
+    let began = clock::instant();
     match container_gc_pass(ctx, ContainerGcPolicy::default()).await {
         Ok(done) => {
             let elapsed_ms = began.elapsed().as_secs_f64() * 1000.0;
@@ -210,20 +211,20 @@ async fn log_monitor<R: RuntimeService>(
 ) {
     let paths = LogPaths::default();
     let fast = FAST_CHECK.min(policy.interval);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + fast, fast);
+    let mut tick = tokio::time::interval_at(clock::instant() + fast, fast);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut next_full = Instant::now() + policy.interval;
+    let mut next_full = clock::instant() + policy.interval;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
         let pass = async {
-            if Instant::now() >= next_full {
-                next_full = Instant::now() + policy.interval;
+            if clock::instant() >= next_full {
+                next_full = clock::instant() + policy.interval;
                 rotate_logs_pass(&ctx, policy, &paths).await.map(|_| ())
             } else {
-                rotate_growing_logs(&ctx, policy, &paths, Instant::now()).await;
+                rotate_growing_logs(&ctx, policy, &paths, clock::instant()).await;
                 Ok(())
             }
         };
@@ -287,7 +288,7 @@ pub async fn container_gc_pass<R: RuntimeService>(
     ctx: &GcContext<R>,
     policy: ContainerGcPolicy,
 ) -> Result<ContainerGcPlan, GcError> {
-    let listed = SystemTime::now();
+    let listed = clock::now();
     let selector = managed_selector(&ctx.node_name);
     let sandboxes = ctx
         .rt
@@ -441,7 +442,7 @@ impl ImageGc {
     pub fn shared() -> SharedImageGc {
         Arc::new(tokio::sync::Mutex::new(ImageGc {
             tracker: ImageTracker::default(),
-            began: Instant::now(),
+            began: clock::instant(),
         }))
     }
 }
@@ -461,7 +462,7 @@ async fn detect_images<R: RuntimeService + ImageService>(
     state: &mut ImageGc,
     keep: &[String],
 ) -> Result<Detected, GcError> {
-    let now = Instant::now();
+    let now = clock::instant();
     let images = rt.list_images().await?;
     // The sandbox image: containerd 1.6 does not pin it, and no container lists it as its
     // image, yet every new pod needs it (and it may not be pullable from here).
@@ -559,7 +560,7 @@ pub async fn image_gc_pass<R: RuntimeService + ImageService>(
     policy: ImageGcPolicy,
     keep: &[String],
 ) -> Result<Vec<String>, GcError> {
-    let began = Instant::now();
+    let began = clock::instant();
     let detected = detect_images(rt, state, keep).await?;
     let usage = image_fs_usage(rt).await;
     let plan = state
@@ -830,14 +831,14 @@ async fn check_log<R: RuntimeService>(
     policy: RotationPolicy,
     paths: &LogPaths,
 ) -> bool {
-    let began = Instant::now();
+    let began = clock::instant();
     match rotate_one(rt, id, pod, container, policy, paths).await {
         Ok(checked) => {
             paths.record(
                 id,
                 checked.size,
                 checked.rotated.is_some(),
-                Instant::now(),
+                clock::instant(),
                 policy,
             );
             let Some(to) = checked.rotated else {
@@ -904,9 +905,7 @@ async fn rotate_one<R: RuntimeService>(
         });
     }
     let path = log_path.clone();
-    let timestamp = jiff::Timestamp::now()
-        .strftime(TIMESTAMP_FORMAT)
-        .to_string();
+    let timestamp = clock::timestamp().strftime(TIMESTAMP_FORMAT).to_string();
     let prepared =
         tokio::task::spawn_blocking(move || prepare_rotation(&path, policy, &timestamp)).await??;
     match prepared {

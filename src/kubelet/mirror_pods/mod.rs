@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use self::decide::{
     Decision, MirrorView, Stage, StaticView, decide, mirror_hash, mirror_pod, static_hash,
 };
+use crate::base::clock;
 use crate::base::podspec::full_name;
 use crate::clients::apiserver::retry::Backoff;
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
@@ -224,7 +225,7 @@ impl MirrorPods {
         let mut changes = self.inner.view.subscribe();
         let mut memory = Memory::default();
         // The first round looks at once: the view may have been listed already.
-        let mut wake: Option<Instant> = Some(Instant::now());
+        let mut wake: Option<Instant> = Some(clock::instant());
         loop {
             let timer = async {
                 match wake {
@@ -259,7 +260,7 @@ impl MirrorPods {
             // Which mirror pods exist is not known yet; the first list changes the view.
             return None;
         }
-        let now = Instant::now();
+        let now = clock::instant();
         if sources_ready.all_ready() && memory.ready_since.is_none() {
             memory.ready_since = Some(now);
         }
@@ -371,7 +372,7 @@ impl MirrorPods {
                         until: now,
                         backoff: Backoff::new(FIRST_RETRY),
                     });
-                    hold.until = Instant::now() + hold.backoff.next_wait();
+                    hold.until = clock::instant() + hold.backoff.next_wait();
                     wake = earliest(wake, hold.until);
                     if p.is(ProblemKind::Unreachable) {
                         // Every other request would fail the same way; try again later.
@@ -431,7 +432,7 @@ impl MirrorPods {
                 };
                 memory
                     .created
-                    .insert(name.to_string(), (entry, Instant::now()));
+                    .insert(name.to_string(), (entry, clock::instant()));
                 Ok(())
             }
             Err(p) => {

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -29,6 +28,7 @@ use super::status::{
     ImageEntry, NodeSnapshot, Pressure, RuntimeCondition, RuntimeState, compute_node_status,
     condition_status, status_changed,
 };
+use crate::base::clock;
 use crate::base::health::Health;
 use crate::clients::apiserver::retry::{Backoff, pause};
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
@@ -207,7 +207,7 @@ async fn register<A: NodeApi, S: SnapshotSource>(
             return None;
         }
         let snap = snapshots.gather().await;
-        let status = compute_node_status(&snap, None, jiff::Timestamp::now());
+        let status = compute_node_status(&snap, None, clock::timestamp());
         let initial = initial_node(name, &settings.cluster, status);
         match try_register(api, settings, &initial).await {
             Ok(node) => {
@@ -277,14 +277,14 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         events,
     } = *around;
     let name = &settings.node_name;
-    let started = Instant::now();
-    let mut last_report = Instant::now();
+    let started = clock::instant();
+    let mut last_report = clock::instant();
     let mut reread = false;
     loop {
         let known_status = known.status.clone().unwrap_or_default();
         let ready = condition_status(&known_status, "Ready") == Some("True");
         let snap = snapshots.gather().await;
-        let ours = compute_node_status(&snap, Some(&known_status), jiff::Timestamp::now());
+        let ours = compute_node_status(&snap, Some(&known_status), clock::timestamp());
         let due = last_report.elapsed() >= settings.cluster.node_status_report_frequency;
         let after_lease_failure = rereads.pending();
         reread |= after_lease_failure;
@@ -293,7 +293,7 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
                 Ok(before) => {
                     settings.published.publish(&known);
                     events.conditions(&before, known.status.as_ref());
-                    last_report = Instant::now();
+                    last_report = clock::instant();
                     reread = false;
                     if after_lease_failure {
                         rereads.done_one();
@@ -348,8 +348,7 @@ async fn update_status<A: NodeApi>(
             }
         }
         let known_status = known.status.clone().unwrap_or_default();
-        let ours: NodeStatus =
-            compute_node_status(snap, Some(&known_status), jiff::Timestamp::now());
+        let ours: NodeStatus = compute_node_status(snap, Some(&known_status), clock::timestamp());
         match api.patch_node_status(name, &status_patch(&ours)).await {
             Ok(node) => {
                 *known = node;
@@ -456,7 +455,7 @@ async fn renew_lease<A: NodeApi>(
                     &base,
                     &node,
                     duration_seconds,
-                    jiff::Timestamp::now(),
+                    clock::timestamp(),
                 ))
                 .await
             }
@@ -487,7 +486,7 @@ async fn ensure_lease<A: NodeApi>(
     node: &NodeRef,
     duration_seconds: u32,
 ) -> Result<k8s_openapi::api::coordination::v1::Lease, Problem> {
-    let now = jiff::Timestamp::now();
+    let now = clock::timestamp();
     match api.get_lease(&node.name).await {
         Ok(base) => {
             api.replace_lease(&lease::renewed(&base, node, duration_seconds, now))

@@ -232,6 +232,37 @@ async fn registers_ready_and_keeps_the_lease_with_one_request_per_renewal() {
     task.await.unwrap();
 }
 
+/// The Lease's renewTime is the wall clock read at each renewal: a test clock set far from the
+/// machine's shows in it, and a step back of that clock (as NTP makes) shows in the next
+/// renewal, which still comes at its monotonic period.
+#[tokio::test(start_paused = true)]
+async fn the_lease_renew_time_is_the_wall_clock_at_each_renewal_even_after_a_step() {
+    let renew_time = |api: &FakeApi| api.lease().and_then(|l| l.spec?.renew_time).map(|t| t.0);
+    let at: jiff::Timestamp = "2031-03-04T05:06:07Z".parse().unwrap();
+    clock::set_wall(at);
+    let api = FakeApi::default();
+    let (cancel, task) = start(&api, &Snapshots::ready());
+    advance(Duration::from_millis(50)).await;
+    let first = renew_time(&api).expect("a renewed Lease");
+    assert!(
+        at <= first && first <= at + jiff::SignedDuration::from_millis(50),
+        "renewTime {first}, the test clock {at}"
+    );
+
+    let stepped = at - jiff::SignedDuration::from_hours(1);
+    clock::set_wall(stepped);
+    let replaces = api.calls("replace_lease");
+    advance(Duration::from_secs(10)).await;
+    assert_eq!(api.calls("replace_lease") - replaces, 1);
+    let after = renew_time(&api).unwrap();
+    assert!(
+        stepped <= after && after <= stepped + jiff::SignedDuration::from_secs(10),
+        "renewTime {after} after the clock stepped back to {stepped}"
+    );
+    cancel.cancel();
+    task.await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn not_ready_is_reported_and_the_change_to_ready_follows_within_the_fast_period() {
     let api = FakeApi::default();

@@ -28,6 +28,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock;
 use crate::base::health::Health;
 use crate::base::observed::{ContainerState, ObservedPod, SandboxState};
 use crate::base::resync_queue::Pokes;
@@ -464,7 +465,7 @@ impl PlegState {
 
     /// Remembers an exit (or an OOM kill, which its exit follows) heard from the stream.
     pub(crate) fn note_exit(&self, id: &str, facts: Option<feed::ExitFacts>, oom: bool) {
-        let now = Instant::now();
+        let now = clock::instant();
         let mut exits = self.inner.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits.retain(|_, n| now.duration_since(n.at) < EXIT_NOTE_TTL);
         let note = exits.entry(id.to_string()).or_insert(ExitNote {
@@ -483,7 +484,7 @@ impl PlegState {
     /// [`crate::kubelet::runtime::executor::RuntimeEvents::made`]), for [`MADE_TTL`]: by then the
     /// worker's view names it.
     pub fn note_made(&self, pod_uid: &str, id: &str) {
-        let now = Instant::now();
+        let now = clock::instant();
         let mut made = self.inner.made.lock().unwrap_or_else(|e| e.into_inner());
         made.retain(|_, (_, at)| now.duration_since(*at) < MADE_TTL);
         made.insert(id.to_string(), (pod_uid.to_string(), now));
@@ -641,7 +642,7 @@ pub async fn run<R: RuntimeService, F: EventFeed>(
     config: PlegConfig,
     cancel: CancellationToken,
 ) {
-    let started = Instant::now();
+    let started = clock::instant();
     let progress = Arc::new(RwLock::new(Progress::default()));
     {
         let progress = progress.clone();
@@ -700,8 +701,8 @@ async fn relist_loop<R: RuntimeService>(
 ) {
     let mut mode_rx = state.inner.mode.subscribe();
     // The first relist at once (it adopts what the runtime holds).
-    let mut due = Instant::now();
-    let mut last = Instant::now();
+    let mut due = clock::instant();
+    let mut last = clock::instant();
     let mut last_relist_start: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -725,7 +726,7 @@ async fn relist_loop<R: RuntimeService>(
                 continue;
             }
         }
-        let relist_started = Instant::now();
+        let relist_started = clock::instant();
         if let Some(previous) = last_relist_start.replace(relist_started) {
             crate::base::metrics::KUBELET
                 .pleg_relist_interval
@@ -742,7 +743,7 @@ async fn relist_loop<R: RuntimeService>(
         .collect();
         let result = inspect::observe_all(&rt, &details, &config.node_name).await;
         let took = relist_started.elapsed();
-        last = Instant::now();
+        last = clock::instant();
         due = last + config.period_in(state.mode());
         crate::base::metrics::KUBELET
             .pleg_relist_duration
@@ -771,7 +772,7 @@ async fn relist_loop<R: RuntimeService>(
                     if p.last_error.take().is_some() {
                         tracing::info!("the container runtime answers again");
                     }
-                    p.last_ok = Some(Instant::now());
+                    p.last_ok = Some(clock::instant());
                 }
                 for event in changes {
                     tracing::debug!(pod_uid = %event.pod_uid, kind = ?event.kind, id = %event.id, "PLEG event");
@@ -868,7 +869,7 @@ async fn follow_events<F: EventFeed>(
                     "following the runtime's events; relisting only as a check"
                 );
                 said_failure = false;
-                let since = Instant::now();
+                let since = clock::instant();
                 let why = loop {
                     let item = tokio::select! {
                         _ = cancel.cancelled() => return,

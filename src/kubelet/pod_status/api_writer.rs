@@ -31,6 +31,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock;
 use crate::base::podspec::{RestartPolicy, is_sidecar};
 use crate::base::resync_queue::Pokes;
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
@@ -268,7 +269,7 @@ impl Writer {
         if pending.is_empty() || in_flight.len() >= IN_FLIGHT {
             return;
         }
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let now = clock::time();
         let ready: Vec<(String, bool)> = pending
             .iter()
             .filter(|(uid, _)| !busy.contains(*uid))

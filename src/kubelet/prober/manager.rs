@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe as ProbeSpec};
 use tokio::sync::watch;
@@ -20,6 +20,7 @@ use super::handlers;
 use super::metrics::{ProbeCounters, SeriesKey};
 use super::worker::{Report, StartupGate, Verdict, WorkerConfig, random_below, run_worker};
 use super::{ProbeKind, ProbeOutcome, ProbeView, Unhealthy};
+use crate::base::clock;
 use crate::base::observed::{ContainerState, ObservedContainer, ObservedPod};
 use crate::base::podspec::is_sidecar;
 use crate::base::resync_queue::Pokes;
@@ -81,7 +82,7 @@ impl<R: RuntimeService> ProbeManager<R> {
             rt,
             shared: Arc::new(Shared {
                 wake,
-                created: Instant::now(),
+                created: clock::instant(),
                 state: Mutex::new(State::default()),
             }),
             cancel,
@@ -177,7 +178,7 @@ impl<R: RuntimeService> ProbeManager<R> {
         let target = self.probe_ip(observed, c);
         let running_for = c
             .started_time()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .and_then(|t| clock::now().duration_since(t).ok())
             .unwrap_or_default();
         let (started_tx, started_rx) = watch::channel(false);
         let has_startup = container.startup_probe.is_some();

@@ -19,10 +19,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::{ProbeKind, ProbeOutcome, Unhealthy};
+use crate::base::clock;
 
 /// How many times a probe that errored is tried within one period.
 pub const MAX_TRIES: usize = 3;
@@ -134,7 +135,7 @@ pub async fn run_worker<P: Probe, R: Report>(
     }
 
     let mut ticks =
-        tokio::time::interval_at(Instant::now(), cfg.period.max(Duration::from_millis(1)));
+        tokio::time::interval_at(clock::instant(), cfg.period.max(Duration::from_millis(1)));
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut streak = Streak::default();
     let mut ready: Option<bool> = None;
@@ -213,7 +214,7 @@ pub fn random_below(upto: Duration) -> Duration {
     }
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
-        std::time::SystemTime::now()
+        clock::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0),
@@ -228,6 +229,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::base::clock::Instant;
 
     /// A probe that replays a script (then repeats its default) and records when it ran.
     #[derive(Clone)]

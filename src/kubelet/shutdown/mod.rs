@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock;
 use logind::{InhibitLock, Logind, LogindConnector, LogindError, ShutdownSignals};
 use plan::{PodToStop, PriorityGrace};
 
@@ -257,8 +258,8 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
 
     /// Stops the pods step by step, then releases the lock. False when the agent stops first.
     async fn shut_down(&self, session: &mut Session<C::Bus>, cancel: &CancellationToken) -> bool {
-        let start = SystemTime::now();
-        let began = tokio::time::Instant::now();
+        let start = clock::now();
+        let began = clock::instant();
         let state = ShutdownState {
             start_time: Some(unix_seconds(start)),
             end_time: None,
@@ -342,7 +343,7 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
         }
         // Closing the descriptor releases the lock: logind goes on with the shutdown.
         session.lock = None;
-        let end = SystemTime::now();
+        let end = clock::now();
         let state = ShutdownState {
             end_time: Some(unix_seconds(end)),
             ..state

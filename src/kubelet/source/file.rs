@@ -21,6 +21,7 @@ use super::manifest::MAX_MANIFEST_BYTES;
 use super::{
     NodeSecurity, SOURCE_FILE, SourceProblems, SourceSnapshot, full_name, load_static_pods,
 };
+use crate::base::clock;
 
 /// Quiet time after the last inotify event before rescanning: editors write a file in
 /// several steps, and one rescan should see the end result.
@@ -430,7 +431,7 @@ impl FileSource {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let security = self.security.clone();
-        let seen = SystemTime::now();
+        let seen = clock::now();
         let previous = self.last.clone();
         let outcome = match tokio::task::spawn_blocking(move || {
             scan(&path, &node, &security, seen, &previous)
@@ -475,7 +476,7 @@ impl FileSource {
                 _ = watcher.changed() => {}
             }
             // Coalesce a burst of events into one rescan.
-            let burst_end = tokio::time::Instant::now() + COALESCE_MAX;
+            let burst_end = clock::instant() + COALESCE_MAX;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
@@ -30,6 +30,7 @@ use super::manifest::MAX_MANIFEST_BYTES;
 use super::{
     NodeSecurity, SOURCE_HTTP, SourceProblems, SourceSnapshot, full_name, load_static_pods,
 };
+use crate::base::clock;
 
 /// Longest one fetch may take (shorter when the period is shorter).
 const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -350,7 +351,7 @@ impl HttpSource {
             ManifestOrigin::Http(&self.url),
             &self.node_name,
             &self.security,
-            SystemTime::now(),
+            clock::now(),
         ) {
             Ok(loaded) => loaded,
             Err(e) => return FetchOutcome::Failed(e.to_string()),

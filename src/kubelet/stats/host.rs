@@ -12,7 +12,9 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::base::clock::{self, Instant};
 
 /// One interface's counters, as `/proc/net/dev` gives them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -206,7 +208,7 @@ impl DiskUsageCache {
     /// walked now; a stale one is answered as kept and pushed onto `stale` for
     /// [`Self::refresh`].
     pub fn get(&self, path: &Path, stale: &mut Vec<PathBuf>) -> Option<(DiskUsage, i64)> {
-        let now = Instant::now();
+        let now = clock::instant();
         let kept = self.lock().get(path).copied();
         match decide(kept.map(|e| (e.measured, e.refreshing)), now, self.period) {
             CacheDecision::Fresh | CacheDecision::Refreshing => kept.map(|e| (e.usage, e.at_ns)),
@@ -224,7 +226,7 @@ impl DiskUsageCache {
                     path.to_path_buf(),
                     CacheEntry {
                         usage,
-                        measured: Instant::now(),
+                        measured: clock::instant(),
                         at_ns,
                         refreshing: false,
                     },
@@ -245,7 +247,7 @@ impl DiskUsageCache {
                         path.clone(),
                         CacheEntry {
                             usage,
-                            measured: Instant::now(),
+                            measured: clock::instant(),
                             at_ns: super::now_ns(),
                             refreshing: false,
                         },

@@ -39,6 +39,7 @@ use self::types::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
     PodReference, PodStats, ProcessStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
+use crate::base::clock;
 use crate::base::cri_labels;
 use crate::base::cri_labels::managed_selector;
 use crate::clients::cri::proto::{
@@ -540,7 +541,7 @@ impl HostReader for HostFiles {
         self.volumes.retain_where(under_live);
         let stale: Vec<PathBuf> = stale.into_iter().filter(under_live).collect();
         if !stale.is_empty() {
-            let began = std::time::Instant::now();
+            let began = clock::instant();
             self.volumes.refresh(&stale);
             tracing::debug!(
                 volumes = stale.len(),
@@ -567,7 +568,7 @@ fn statvfs(dir: &std::path::Path) -> Option<FsSample> {
 
 /// Nanoseconds since the epoch, now.
 pub fn now_ns() -> i64 {
-    std::time::SystemTime::now()
+    clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or_default()
@@ -1297,7 +1298,7 @@ impl StatsProvider {
     /// The summary now: everything, or (`cpu_and_memory_only`, what metrics-server asks for)
     /// CPU and memory alone, which skips the network, volumes, logs and filesystems.
     pub async fn summary(&self, cpu_and_memory_only: bool) -> Result<Summary, StatsError> {
-        let began = std::time::Instant::now();
+        let began = clock::instant();
         let selector = managed_selector(&self.node_name);
         let listing = async {
             futures::try_join!(

@@ -30,6 +30,7 @@ pub const DATA_DIR_NAME: &str = "..data";
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use crate::base::clock;
 pub use crate::base::podspec::item_path::InvalidPath;
 use crate::base::podspec::item_path::check_item_path;
 
@@ -344,7 +345,7 @@ fn list_files(dir: &Path, rel: &Path, out: &mut BTreeSet<PathBuf>) -> std::io::R
 /// Creates `..<UTC time>.<number>`, mode 0755 (removed again if its mode cannot be set).
 fn make_version_dir(target: &Path) -> Result<PathBuf, WriteError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let now = jiff::Timestamp::now();
+    let now = clock::timestamp();
     let stamp = now.strftime("%Y_%m_%d_%H_%M_%S").to_string();
     for _ in 0..100 {
         let n = u64::from(now.subsec_nanosecond().unsigned_abs())

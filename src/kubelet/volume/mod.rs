@@ -50,6 +50,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
+use crate::base::clock;
 use crate::base::podspec::resources::NodeAllocatable;
 use crate::clients::cri::proto::{Mount, MountPropagation};
 use crate::kubelet::api_objects::{ObjectError, PodObjects, TokenError};
@@ -374,7 +375,7 @@ impl VolumeManager {
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         let mut out = Vec::new();
         for volume in volumes.filter(|v| due(&v.name)) {
-            let started = std::time::Instant::now();
+            let started = clock::instant();
             let result = self
                 .setup_one(pod, volume, objects, &mut mounts)
                 .map_err(|reason| VolumeError::SetUp {

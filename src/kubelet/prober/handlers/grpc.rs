@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
+use crate::base::clock;
 use crate::kubelet::prober::health_proto::HealthCheckRequest;
 use crate::kubelet::prober::health_proto::health_check_response::ServingStatus;
 use crate::kubelet::prober::health_proto::health_client::HealthClient;
@@ -30,7 +30,7 @@ impl GrpcProbe {
     }
 
     pub async fn run(&self) -> ProbeOutcome {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = clock::instant() + self.timeout;
         let endpoint = match Endpoint::from_shared(format!("http://{}", self.address))
             .and_then(|e| e.user_agent(PROBE_USER_AGENT))
         {

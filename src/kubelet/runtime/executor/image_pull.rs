@@ -4,10 +4,10 @@
 //! each in turn until one works, as upstream.
 
 use std::collections::HashMap;
-use std::time::{Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 
+use crate::base::clock;
 use crate::clients::cri::proto::{AuthConfig, Image, PodSandboxConfig};
 use crate::clients::cri::pull_progress::pull_with_progress_deadline;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
@@ -51,7 +51,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             )
         })?;
         let key = backoff_key(&image);
-        let now = SystemTime::now();
+        let now = clock::now();
         match image_step(
             &image,
             PullPolicy::of(container),
@@ -116,7 +116,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             reason::PULLING,
             format!("Pulling image {image:?}"),
         );
-        let began = Instant::now();
+        let began = clock::instant();
         let pulled = self.pull_with(&image, &credentials, sandbox_config).await;
         match pulled {
             Ok(()) => {

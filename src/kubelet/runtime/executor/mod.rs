@@ -16,10 +16,11 @@ mod teardown;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
+use crate::base::clock;
 use crate::clients::cri::proto::PodSandboxConfig;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::api_objects::{ApiObjects, PodObjects};
@@ -147,7 +148,7 @@ pub trait RuntimeEvents: Send + Sync {
 const MAX_STEPS: usize = 8;
 
 fn now_ns() -> i64 {
-    SystemTime::now()
+    clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0)
@@ -314,7 +315,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             return Ok(());
         }
         let owned = pod.clone();
-        let started = std::time::Instant::now();
+        let started = clock::instant();
         let ensured = tokio::task::spawn_blocking(move || cgroups.ensure_pod(&owned)).await??;
         if ensured == crate::kubelet::cm::Ensured::Created {
             tracing::debug!(
@@ -532,7 +533,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 pod,
                 observed,
                 &DecisionContext {
-                    now: SystemTime::now(),
+                    now: clock::now(),
                     backoff,
                     policy: self.policy,
                     spec_hash: &hash,
@@ -560,7 +561,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         uid: &str,
         state: &mut PodSyncState,
     ) -> Result<(ObservedPod, bool), CriError> {
-        let read_started = std::time::Instant::now();
+        let read_started = clock::instant();
         let mut observed = self.read_for_sync(uid, state).await?;
         let behind = self.apply_heard(&mut observed);
         tracing::trace!(
@@ -594,7 +595,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             {
                 return Err(self.cgroup_failed(pod, &err.to_string(), state, at.observed));
             }
-            let acted = std::time::Instant::now();
+            let acted = clock::instant();
             let mut made = Made::default();
             let executed = self
                 .execute(pod, &at.observed, &at.decision, state, &mut made)
@@ -767,7 +768,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// entries are read back from the pod's directory.
     pub fn load_state(&self, uid: &str) -> PodSyncState {
         let (backoff, repairs) =
-            pod_files::load_backoff(&self.node.pod_dir(uid), &self.policy, SystemTime::now());
+            pod_files::load_backoff(&self.node.pod_dir(uid), &self.policy, clock::now());
         for repair in repairs {
             tracing::warn!(pod_uid = %uid, ?repair, "repaired the saved back-off state");
         }

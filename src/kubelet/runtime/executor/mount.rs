@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::core::v1::{Pod, Volume};
 use tokio::time::Instant;
 
+use crate::base::clock;
 use crate::clients::cri::{ImageService, RuntimeService};
 use crate::kubelet::api_objects::PodObjects;
 use crate::kubelet::events::{EventType, reason};
@@ -42,7 +43,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Option<PodVolumes> {
-        let now = Instant::now();
+        let now = clock::instant();
         let specs: Vec<&Volume> = pod
             .spec
             .iter()

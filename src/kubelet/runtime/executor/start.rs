@@ -7,6 +7,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tracing::Instrument;
 
+use crate::base::clock;
 use crate::clients::cri::proto::{
     CreateContainerRequest, Image, PodSandboxConfig, RunPodSandboxRequest,
 };
@@ -259,7 +260,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let name = container.name.as_str();
 
-        let began = std::time::Instant::now();
+        let began = clock::instant();
         let image = self
             .ensure_image(
                 pod,

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use tokio::time::Instant;
 
+use crate::base::clock;
 use crate::base::safe_names::component_problem;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::events::{EventType, reason};
@@ -84,7 +85,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         why: Option<&str>,
         until: StopUntil,
     ) -> Result<(), CriError> {
-        let started = Instant::now();
+        let started = clock::instant();
         let spec = pod.and_then(|p| spec_container(p, &inst.name)).cloned();
         // Orphans have no object to name in an event; their stop is in the log.
         if let Some(p) = pod
@@ -161,7 +162,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let (answer_tx, mut answer) = tokio::sync::oneshot::channel();
         {
             let (rt, details, id) = (self.rt.clone(), self.details.clone(), id.to_string());
-            let started = Instant::now();
+            let started = clock::instant();
             tokio::spawn(async move {
                 let result = match rt.stop_container(id.clone(), grace).await {
                     Err(err) if !err.is_not_found() => Err(err),
@@ -213,7 +214,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         observed: &ObservedPod,
         grace: i64,
     ) -> Result<(), CriError> {
-        let started = Instant::now();
+        let started = clock::instant();
         let ip = observed.reachable_ip(None, self.node.host_ip.as_deref());
         // Orphans carry their own recorded grace period; a given one caps it.
         let grace_for = |c: &ObservedContainer, total: i64| match pod {
@@ -334,7 +335,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             // Orphans: each container's own recorded grace period applies (see stop_pod).
             None => grace_override.unwrap_or(30),
         };
-        let stopping = Instant::now();
+        let stopping = clock::instant();
         self.stop_pod(pod, &observed, grace).await?;
         if let Some(p) = pod
             && stopping.elapsed() > overdue(grace)
