@@ -3,6 +3,6 @@
 //! 10250 ([`node_api`]). They read what the managers publish and never drive a pod themselves.
 //! [`listener`] is the connection machinery they share: classes, caps and timeouts.
 
-pub mod listener;
+pub(crate) mod listener;
 pub mod node_api;
-pub mod read_only;
+pub(crate) mod read_only;

@@ -33,15 +33,7 @@ pub enum SafeFsError {
     Outside { path: PathBuf, base: PathBuf },
 }
 
-impl SafeFsError {
-    /// The errno behind the error, if it came from a system call.
-    pub fn errno(&self) -> Option<Errno> {
-        match self {
-            SafeFsError::Sys { errno, .. } => Some(*errno),
-            _ => None,
-        }
-    }
-}
+impl SafeFsError {}
 
 fn sys(path: &Path, errno: Errno) -> SafeFsError {
     SafeFsError::Sys {
