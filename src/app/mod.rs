@@ -4,5 +4,5 @@
 
 pub mod cli;
 pub mod daemon;
-pub mod heap_trim;
+pub(crate) mod heap_trim;
 pub mod logging;

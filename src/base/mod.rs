@@ -6,13 +6,13 @@
 pub(crate) mod clock;
 pub mod cri_labels;
 pub mod health;
-pub mod metrics;
-pub mod node_pressure;
-pub mod observed;
+pub(crate) mod metrics;
+pub(crate) mod node_pressure;
+pub(crate) mod observed;
 pub mod podspec;
-pub mod resync_queue;
-pub mod safe_names;
-pub mod supervisor;
+pub(crate) mod resync_queue;
+pub(crate) mod safe_names;
+pub(crate) mod supervisor;
 #[cfg(test)]
 pub(crate) mod test_ca;
 pub mod yaml;

@@ -6,4 +6,4 @@
 
 pub mod apiserver;
 pub mod cri;
-pub mod pod_http;
+pub(crate) mod pod_http;

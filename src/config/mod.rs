@@ -17,17 +17,17 @@
 
 mod cgroups;
 pub mod duration;
-pub mod eviction;
-pub mod file;
-pub mod flags;
-pub mod gc;
-pub mod hardening;
+pub(crate) mod eviction;
+pub(crate) mod file;
+pub(crate) mod flags;
+pub(crate) mod gc;
+pub(crate) mod hardening;
 mod logging;
-pub mod node;
+pub(crate) mod node;
 mod runtime;
 mod sandbox;
-pub mod server;
-pub mod shutdown;
+pub(crate) mod server;
+pub(crate) mod shutdown;
 mod sources;
 mod timing;
 mod validate;

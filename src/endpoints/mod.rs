@@ -5,9 +5,9 @@
 //! and timeouts), [`routes`] the pages they all serve (`/healthz`, `/pods`, `/stats/summary`,
 //! `/metrics…`), built once and mounted by each, and [`stats`] the stats pages' answers.
 
-pub mod listener;
+pub(crate) mod listener;
 pub mod node_api;
-pub mod read_only;
+pub(crate) mod read_only;
 pub(crate) mod routes;
 pub(crate) mod stats;
 

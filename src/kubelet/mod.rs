@@ -9,22 +9,22 @@
 //! the other way round.
 
 pub mod admission;
-pub mod api_objects;
+pub(crate) mod api_objects;
 pub mod certificate;
 pub mod cm;
 pub mod events;
 pub mod eviction;
 pub mod gc;
-pub mod mirror_pods;
-pub mod node;
+pub(crate) mod mirror_pods;
+pub(crate) mod node;
 pub mod pleg;
-pub mod pod_status;
-pub mod pod_workers;
+pub(crate) mod pod_status;
+pub(crate) mod pod_workers;
 pub mod prober;
-pub mod pull_credentials;
+pub(crate) mod pull_credentials;
 pub mod runtime;
-pub mod shutdown;
+pub(crate) mod shutdown;
 pub mod source;
-pub mod stats;
-pub mod sync_loop;
-pub mod volume;
+pub(crate) mod stats;
+pub(crate) mod sync_loop;
+pub(crate) mod volume;

@@ -336,15 +336,6 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         self.handles.remove(uid);
         self.activity.forget(uid);
     }
-
-    /// How many workers run.
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
-    }
 }
 
 /// Tells the mirror pods where a static pod is going.

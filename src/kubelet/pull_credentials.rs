@@ -161,6 +161,7 @@ impl Keyring {
         self.index.dedup();
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
     }

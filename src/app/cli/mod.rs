@@ -2,8 +2,8 @@
 //! node (output for reading, `-o json` for scripts). `pods` reads the running agent over its
 //! local socket (or a read-only port); `validate` reads files and runs nothing.
 
-pub mod pods;
-pub mod validate;
+pub(crate) mod pods;
+pub(crate) mod validate;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

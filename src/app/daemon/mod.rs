@@ -22,7 +22,7 @@ mod cluster;
 mod endpoints;
 mod housekeeping;
 mod node;
-pub mod plan;
+pub(crate) mod plan;
 mod pods;
 mod sync;
 mod tuning;

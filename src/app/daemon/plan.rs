@@ -528,7 +528,7 @@ mod tests {
             args: &[],
             file: Some("shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n"),
             expect: |p| {
-                p.graceful_shutdown = Some(crate::kubelet::shutdown::plan::buckets(
+                p.graceful_shutdown = Some(crate::config::shutdown::buckets(
                     Duration::from_secs(30),
                     Duration::from_secs(10),
                     &[],

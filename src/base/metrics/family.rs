@@ -136,12 +136,6 @@ impl Family {
         self.lock().values.insert(key, value);
     }
 
-    /// Makes a series exist at zero, so dashboards see it before the first event.
-    pub fn touch(&self, values: &[&str]) {
-        let key = self.key(values);
-        self.lock().values.entry(key).or_insert(0.0);
-    }
-
     /// Records one observation in a histogram series.
     pub fn observe(&self, values: &[&str], value: f64) {
         let key = self.key(values);
@@ -164,15 +158,10 @@ impl Family {
     }
 
     /// The value of a counter or gauge series, for tests.
+    #[cfg(test)]
     pub fn value(&self, values: &[&str]) -> f64 {
         let key = self.key(values);
         self.lock().values.get(&key).copied().unwrap_or(0.0)
-    }
-
-    /// The number of observations in a histogram series, for tests.
-    pub fn count(&self, values: &[&str]) -> u64 {
-        let key = self.key(values);
-        self.lock().histograms.get(&key).map_or(0, |h| h.count)
     }
 
     /// Appends the family in the text format. A family without series still says what it is.

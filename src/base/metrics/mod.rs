@@ -7,8 +7,8 @@
 //! being handed a registry. Gauges that describe current state (running pods and containers)
 //! are computed when the page is rendered, from the runtime cache.
 
-pub mod family;
-pub mod process;
+pub(crate) mod family;
+pub(crate) mod process;
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -99,6 +99,7 @@ pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, Ap
 
 /// Whether the pod needs the node to enforce AppArmor: some container asks for a profile
 /// other than `Unconfined` (upstream refuses such a pod on a node without AppArmor).
+#[cfg(test)]
 pub fn requires_apparmor(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;

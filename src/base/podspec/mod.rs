@@ -3,18 +3,18 @@
 //! label rules. Several layers ask (the runtime manager, status, probes, volumes, cgroups,
 //! admission, eviction); it depends on nothing else of Deckhand, so any of them can.
 
-pub mod apparmor;
-pub mod expand;
-pub mod item_path;
-pub mod labels;
-pub mod origin;
-pub mod pod;
-pub mod ports;
-pub mod qos;
+pub(crate) mod apparmor;
+pub(crate) mod expand;
+pub(crate) mod item_path;
+pub(crate) mod labels;
+pub(crate) mod origin;
+pub(crate) mod pod;
+pub(crate) mod ports;
+pub(crate) mod qos;
 pub mod quantity;
-pub mod resources;
-pub mod spec_hash;
-pub mod sysctl;
+pub(crate) mod resources;
+pub(crate) mod spec_hash;
+pub(crate) mod sysctl;
 pub mod threshold;
 
 pub use pod::{RestartPolicy, full_name, is_sidecar};

@@ -6,10 +6,10 @@
 //! `--kubeconfig` nothing here runs and Deckhand is a standalone node agent.
 
 pub mod connect;
-pub mod problem;
-pub mod rate_limit;
-pub mod retry;
-pub mod watch;
+pub(crate) mod problem;
+pub(crate) mod rate_limit;
+pub(crate) mod retry;
+pub(crate) mod watch;
 
 pub use connect::{ClientOptions, ConnectError, connect, connect_rotating};
 pub use problem::{Problem, ProblemKind, ProblemLog};

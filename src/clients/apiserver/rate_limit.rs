@@ -64,14 +64,6 @@ impl TokenBucket {
             Duration::from_secs_f64(-s.tokens / self.qps)
         }
     }
-
-    /// Waits for a token.
-    pub async fn acquire(&self) {
-        let wait = self.reserve();
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
 }
 
 /// A tower layer that makes each request wait for a token of the bucket.

@@ -148,11 +148,6 @@ impl FakeCri {
         self.lock().log_paths.insert(id.into(), path.into());
     }
 
-    /// What `ListContainerStats` reports for container `id` (its attributes are filled in).
-    pub fn set_container_stats(&self, id: &str, stats: ContainerStats) {
-        self.lock().container_stats.insert(id.to_string(), stats);
-    }
-
     /// Puts a container in, as a relist would find it (GC and rotation tests).
     pub fn add_container(&self, container: Container) {
         self.lock().containers.push(container);

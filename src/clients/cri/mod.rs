@@ -5,15 +5,15 @@
 //! real implementation is [`CriClient`] (one gRPC channel over the runtime's Unix socket, with a
 //! per-call deadline).
 
-pub mod client;
-pub mod endpoint;
-pub mod error;
+pub(crate) mod client;
+pub(crate) mod endpoint;
+pub(crate) mod error;
 pub mod handshake;
-pub mod pull_progress;
-pub mod service;
+pub(crate) mod pull_progress;
+pub(crate) mod service;
 
 #[cfg(test)]
-pub mod fake;
+pub(crate) mod fake;
 
 /// Types and clients generated from the CRI v1 protocol.
 #[allow(clippy::all, missing_docs)]

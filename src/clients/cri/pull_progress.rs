@@ -24,7 +24,7 @@ use crate::base::clock;
 
 /// Types generated from `proto/containerd/services/content/v1/content.proto`.
 #[allow(clippy::all, missing_docs)]
-pub mod content_proto {
+pub(crate) mod content_proto {
     tonic::include_proto!("containerd.services.content.v1");
 }
 

@@ -94,6 +94,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 
     /// How many answers are kept (expired ones included until they are looked up or pushed
     /// out).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.inner
             .lock()
@@ -102,6 +103,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
             .len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -18,18 +18,18 @@
 
 pub mod attributes;
 pub mod auth;
-pub mod cache;
-pub mod configz;
+pub(crate) mod cache;
+pub(crate) mod configz;
 pub mod handlers;
-pub mod listener;
+pub(crate) mod listener;
 pub mod log_read;
 pub mod logs;
 pub mod node_logs;
-pub mod review;
-pub mod streaming;
+pub(crate) mod review;
+pub(crate) mod streaming;
 #[cfg(test)]
 pub(crate) mod test_state;
-pub mod tls;
+pub(crate) mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -223,6 +223,7 @@ impl BoundedReviewer {
     }
 
     /// How many reviews were not sent because their queue was full or slow, since the start.
+    #[cfg(test)]
     pub fn refused(&self) -> u64 {
         self.tokens.refused.load(Ordering::Relaxed) + self.access.refused.load(Ordering::Relaxed)
     }

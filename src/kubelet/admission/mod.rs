@@ -22,7 +22,7 @@
 //! in-place resize here, so the spec is what was admitted).
 
 mod node;
-pub mod requests;
+pub(crate) mod requests;
 mod selector;
 #[cfg(test)]
 mod tests;
@@ -42,7 +42,7 @@ pub const NODE_OS: &str = "linux";
 pub const OS_LABEL: &str = "kubernetes.io/os";
 
 /// Upstream's reason words.
-pub mod reason {
+pub(crate) mod reason {
     pub const OS_SELECTOR: &str = "PodOSSelectorNodeLabelDoesNotMatch";
     pub const OS_NOT_SUPPORTED: &str = "PodOSNotSupported";
     pub const OUT_OF_PREFIX: &str = "OutOf";

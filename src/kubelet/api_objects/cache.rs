@@ -125,6 +125,7 @@ impl ObjectCache {
     }
 
     /// The objects watched now (or, for immutable ones, kept), for tests and logs.
+    #[cfg(test)]
     pub fn watched(&self) -> Vec<ObjectKey> {
         let mut keys: Vec<ObjectKey> = self.state().items.keys().cloned().collect();
         keys.sort();

@@ -78,10 +78,6 @@ impl FakeObjectApi {
         });
     }
 
-    pub fn put_secret(&self, namespace: &str, name: &str, data: &[(&str, &[u8])]) {
-        self.put_secret_typed(namespace, name, None, data);
-    }
-
     /// A secret of a type (`kubernetes.io/dockerconfigjson`, …).
     pub fn put_secret_typed(
         &self,
@@ -119,10 +115,6 @@ impl FakeObjectApi {
     /// Every later list and token request fails with this (or works again with None).
     pub fn fail_with(&self, problem: Option<Problem>) {
         self.state().fail = problem;
-    }
-
-    pub fn grant_seconds(&self, seconds: Option<i64>) {
-        self.state().granted_seconds = seconds;
     }
 
     pub fn expire_in(&self, seconds: Option<i64>) {

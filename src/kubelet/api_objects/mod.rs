@@ -17,12 +17,12 @@
 //! Without `--kubeconfig` none of this runs; [`PodObjects::standalone`] tells every consumer
 //! that there is no API server to read from.
 
-pub mod api;
-pub mod cache;
+pub(crate) mod api;
+pub(crate) mod cache;
 #[cfg(test)]
-pub mod fake;
-pub mod refs;
-pub mod token;
+pub(crate) mod fake;
+pub(crate) mod refs;
+pub(crate) mod token;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -221,6 +221,7 @@ impl ApiObjects {
         }
     }
 
+    #[cfg(test)]
     pub fn cache(&self) -> &ObjectCache {
         &self.cache
     }

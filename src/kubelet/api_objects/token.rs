@@ -15,9 +15,6 @@ use crate::base::clock;
 
 /// A token is refreshed when it is older than this, whatever its lifetime (upstream's maxTTL).
 pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
-/// Refreshes are spread over up to this much earlier, so tokens issued together are not all
-/// refreshed together.
-pub const MAX_JITTER: Duration = Duration::from_secs(10);
 
 /// What one serviceAccountToken source asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -172,10 +169,12 @@ impl TokenManager {
     }
 
     /// How many tokens are cached.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.cache().len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

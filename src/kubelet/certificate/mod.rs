@@ -13,13 +13,13 @@
 //! * [`manager`]: the rotation loop.
 //! * [`serving`]: the node API's serving certificate by CSR (`serverTLSBootstrap`).
 
-pub mod bootstrap;
-pub mod credentials;
+pub(crate) mod bootstrap;
+pub(crate) mod credentials;
 pub mod csr;
-pub mod deadline;
-pub mod manager;
-pub mod serving;
-pub mod slot;
+pub(crate) mod deadline;
+pub(crate) mod manager;
+pub(crate) mod serving;
+pub(crate) mod slot;
 pub mod store;
 
 pub use credentials::Credentials;

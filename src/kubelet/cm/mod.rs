@@ -15,16 +15,16 @@
 //! The runtime (runc) then creates each container's cgroup below the pod's, with the limits
 //! translated into the CRI config (`runtime::translate::container`).
 
-pub mod allocatable;
-pub mod fs;
-pub mod kernel;
+pub(crate) mod allocatable;
+pub(crate) mod fs;
+pub(crate) mod kernel;
 mod manager;
-pub mod orphans;
-pub mod pod_config;
-pub mod qos;
-pub mod systemd;
-pub mod v1;
-pub mod v2;
+pub(crate) mod orphans;
+pub(crate) mod pod_config;
+pub(crate) mod qos;
+pub(crate) mod systemd;
+pub(crate) mod v1;
+pub(crate) mod v2;
 
 pub use fs::{CgroupFs, HostCgroupFs};
 pub use manager::{

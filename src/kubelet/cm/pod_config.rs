@@ -218,6 +218,7 @@ pub fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceConfig {
 /// Upstream's cgroup v2 `memory.high` for a container or pod with memory QoS and a
 /// throttling factor: request + factor × (limit − request), rounded down to whole pages;
 /// `None` when it would not lie above the request (or request equals limit).
+#[cfg(test)]
 pub fn memory_high(request: i64, limit: i64, factor: f64, page_size: i64) -> Option<i64> {
     if limit == 0 || (request == limit && request != 0) || page_size <= 0 {
         return None;

@@ -13,6 +13,7 @@ pub const SYSTEMD_RUNNING_MARKER: &str = "/run/systemd/system";
 
 /// The slice unit name of a cgroup given by its components (`["kubepods", "burstable",
 /// "pod1-2"]` → `kubepods-burstable-pod1_2.slice`); no components is the root slice.
+#[cfg(test)]
 pub fn slice_name(components: &[&str]) -> String {
     if components.is_empty() {
         return "-.slice".to_string();
@@ -23,6 +24,7 @@ pub fn slice_name(components: &[&str]) -> String {
 
 /// The cgroupfs path systemd gives that slice: every prefix of it is a parent slice
 /// (`/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice`).
+#[cfg(test)]
 pub fn slice_path(components: &[&str]) -> String {
     if components.is_empty() {
         return "/".to_string();

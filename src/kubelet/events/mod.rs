@@ -17,8 +17,8 @@
 //! The reasons and message wording are upstream's ([`reason`]), because operators and their
 //! tools search for them.
 
-pub mod correlate;
-pub mod sink;
+pub(crate) mod correlate;
+pub(crate) mod sink;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +38,7 @@ pub const COMPONENT: &str = "kubelet";
 pub const QUEUE: usize = 1000;
 
 /// The event reasons Deckhand records, with upstream's spelling.
-pub mod reason {
+pub(crate) mod reason {
     pub const PULLING: &str = "Pulling";
     pub const PULLED: &str = "Pulled";
     pub const FAILED: &str = "Failed";

@@ -8,8 +8,8 @@
 
 pub mod containers;
 pub mod files;
-pub mod images;
-pub mod rotation;
+pub(crate) mod images;
+pub(crate) mod rotation;
 pub mod run;
 
 use std::collections::HashMap;

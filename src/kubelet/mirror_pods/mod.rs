@@ -10,7 +10,7 @@
 //! The status writer asks [`MirrorPods::target`] where a static pod's status goes: onto its
 //! mirror pod, under the mirror pod's UID.
 
-pub mod decide;
+pub(crate) mod decide;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;

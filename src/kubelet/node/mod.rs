@@ -11,13 +11,13 @@
 //! - [`agent`]: the loops that register, update the status and renew the Lease.
 //! - [`watch`]: a watch of the node's own Node, for admission (labels, taints).
 
-pub mod agent;
-pub mod allocatable;
-pub mod api;
-pub mod facts;
-pub mod lease;
-pub mod registration;
-pub mod status;
-pub mod watch;
+pub(crate) mod agent;
+pub(crate) mod allocatable;
+pub(crate) mod api;
+pub(crate) mod facts;
+pub(crate) mod lease;
+pub(crate) mod registration;
+pub(crate) mod status;
+pub(crate) mod watch;
 
-pub use facts::{MachineFacts, default_route_interface, detect_host_ip, memory_capacity};
+pub use facts::{MachineFacts, detect_host_ip};

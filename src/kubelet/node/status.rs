@@ -25,8 +25,6 @@ pub fn kubelet_version() -> String {
 /// What the runtime said when last asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeState {
-    /// Not asked yet.
-    NotChecked,
     /// It did not answer.
     Down,
     /// Its answer: version (`containerd://1.6.20`) and conditions.
@@ -203,10 +201,6 @@ pub fn compute_node_status(
 fn ready_problems(snap: &NodeSnapshot) -> (String, Vec<String>) {
     let mut problems = Vec::new();
     let version = match &snap.runtime {
-        RuntimeState::NotChecked => {
-            problems.push("container runtime status check may not have completed yet".into());
-            "Unknown".to_string()
-        }
         RuntimeState::Down => {
             problems.push("container runtime is down".into());
             "Unknown".to_string()
@@ -478,13 +472,6 @@ mod tests {
                 "True",
                 "KubeletReady",
                 "kubelet is posting ready status",
-            ),
-            (
-                "not asked yet",
-                snapshot(RuntimeState::NotChecked),
-                "False",
-                "KubeletNotReady",
-                "container runtime status check may not have completed yet",
             ),
             (
                 "runtime down",

@@ -16,7 +16,7 @@
 //! and `/metrics` say which mode is on.
 
 pub mod feed;
-pub mod route;
+pub(crate) mod route;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

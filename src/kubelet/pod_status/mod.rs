@@ -647,5 +647,5 @@ fn restart_policy_for_init(pod_policy: RestartPolicy) -> RestartPolicy {
 #[cfg(test)]
 mod tests;
 
-pub mod api_writer;
-pub mod published;
+pub(crate) mod api_writer;
+pub(crate) mod published;

@@ -55,6 +55,7 @@ impl ProbeCounters {
     }
 
     /// The current value of one series (0 when it does not exist).
+    #[cfg(test)]
     pub fn get(&self, key: &SeriesKey, result: ProbeResult) -> u64 {
         self.series
             .get(&(key.clone(), result))

@@ -15,10 +15,10 @@
 //! [`manager`] holds the workers of every pod, their verdicts and the wiring to the pod
 //! worker; [`metrics`] counts runs in `prober_probe_total`.
 
-pub mod handlers;
-pub mod manager;
-pub mod metrics;
-pub mod worker;
+pub(crate) mod handlers;
+pub(crate) mod manager;
+pub(crate) mod metrics;
+pub(crate) mod worker;
 
 pub use manager::ProbeManager;
 

@@ -1,14 +1,14 @@
 //! The runtime manager: decide what a pod needs (pure), translate it for CRI (pure), carry it out.
 
-pub mod actions;
-pub mod backoff;
-pub mod executor;
-pub mod hooks;
-pub mod hosts;
-pub mod images;
+pub(crate) mod actions;
+pub(crate) mod backoff;
+pub(crate) mod executor;
+pub(crate) mod hooks;
+pub(crate) mod hosts;
+pub(crate) mod images;
 pub mod inspect;
-pub mod pod_files;
-pub mod revisit;
+pub(crate) mod pod_files;
+pub(crate) mod revisit;
 
-pub mod termination_message;
-pub mod translate;
+pub(crate) mod termination_message;
+pub(crate) mod translate;

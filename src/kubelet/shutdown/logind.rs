@@ -39,6 +39,7 @@ pub enum LogindError {
 pub struct InhibitLock(#[allow(dead_code)] OwnedFd);
 
 impl InhibitLock {
+    #[cfg(test)]
     pub fn new(fd: OwnedFd) -> InhibitLock {
         InhibitLock(fd)
     }

@@ -11,9 +11,9 @@
 //! are behind [`NodePods`] (the sync loop implements it), their mounts behind
 //! [`volumes::PodVolumes`]. Of the rest of the agent it uses only the event recorder.
 
-pub mod logind;
-pub mod plan;
-pub mod volumes;
+pub(crate) mod logind;
+pub(crate) mod plan;
+pub(crate) mod volumes;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 pub use crate::base::podspec::pod::{
     DEFAULT_PRIORITY, NODE_CRITICAL_PRIORITY, SYSTEM_CRITICAL_PRIORITY,
 };
-pub use crate::config::shutdown::{PriorityGrace, buckets};
+pub use crate::config::shutdown::PriorityGrace;
 
 /// The whole time the buckets ask for: what logind's `InhibitDelayMaxUSec` must allow.
 pub fn period_requested(buckets: &[PriorityGrace]) -> Duration {
@@ -109,6 +109,7 @@ pub fn plan(buckets: &[PriorityGrace], pods: &[PodToStop]) -> Vec<Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::shutdown::buckets;
 
     fn b(priority: i32, grace_seconds: i64) -> PriorityGrace {
         PriorityGrace {

@@ -174,7 +174,11 @@ fn settings(dir: &tempfile::TempDir) -> ManagerSettings {
 /// entry: nothing mounted; `None`: never unmounted).
 fn settings_with(dir: &tempfile::TempDir, unmounted_at: &[(&str, Option<u64>)]) -> ManagerSettings {
     ManagerSettings {
-        buckets: plan::buckets(Duration::from_secs(30), Duration::from_secs(10), &[]),
+        buckets: crate::config::shutdown::buckets(
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+            &[],
+        ),
         state_file: dir.path().join(STATE_FILE),
         events: crate::kubelet::events::Recorder::log_only("node-a"),
         node_name: "node-a".into(),

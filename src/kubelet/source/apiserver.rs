@@ -26,6 +26,7 @@ use crate::clients::apiserver::ProblemLog;
 use crate::clients::apiserver::watch::{self as api_watch, Event, Watch};
 
 /// The annotation that marks a mirror pod.
+#[cfg(test)]
 pub const MIRROR_ANNOTATION: &str = super::defaults::CONFIG_MIRROR_ANNOTATION;
 
 /// The wait before the first retry of a failed list or watch (then doubling to 7 s).

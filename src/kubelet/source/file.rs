@@ -413,20 +413,6 @@ impl FileSource {
         logged
     }
 
-    /// Scan once, starting from the last scan, and remember the result for the next one.
-    pub fn scan_once(&mut self, seen: SystemTime) -> &ScanOutcome {
-        let outcome = scan(
-            &self.path,
-            &self.node_name,
-            &self.security,
-            seen,
-            &self.last,
-        );
-        self.report(&outcome);
-        self.last = outcome;
-        &self.last
-    }
-
     async fn rescan(&mut self, tx: &mpsc::Sender<SourceSnapshot>) -> bool {
         let path = self.path.clone();
         let node = self.node_name.clone();

@@ -261,6 +261,7 @@ impl HttpSource {
     }
 
     /// Trust exactly `config` for `https://` (tests: a CA made on the spot).
+    #[cfg(test)]
     pub fn with_tls_config(mut self, config: Arc<rustls::ClientConfig>) -> Self {
         self.tls = Some(Ok(config));
         self

@@ -204,11 +204,13 @@ impl Merger {
     }
 
     /// The conflicts in force: pods ignored because another source owns their UID.
+    #[cfg(test)]
     pub fn conflicts(&self) -> Vec<Conflict> {
         self.conflicts.iter().cloned().collect()
     }
 
     /// All pods currently known, across sources.
+    #[cfg(test)]
     pub fn pods(&self) -> Vec<Arc<Pod>> {
         self.sources
             .values()

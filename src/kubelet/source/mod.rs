@@ -7,12 +7,12 @@
 //! source delivered a first snapshot; [`SourceProblems`] lists the manifests that are
 //! currently broken.
 
-pub mod apiserver;
+pub(crate) mod apiserver;
 pub mod defaults;
-pub mod file;
-pub mod http;
-pub mod manifest;
-pub mod merge;
+pub(crate) mod file;
+pub(crate) mod http;
+pub(crate) mod manifest;
+pub(crate) mod merge;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::base::podspec::{item_path, quantity};
 
 #[path = "validate_security.rs"]
-pub mod validate_security;
+pub(crate) mod validate_security;
 
 use self::validate_security::NodeSecurity;
 

@@ -265,10 +265,12 @@ impl DiskUsageCache {
         self.lock().retain(|p, _| keep(p));
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

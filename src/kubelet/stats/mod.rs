@@ -22,8 +22,8 @@
 //! host in [`host`]. It is its own module because the node API, the read-only port and the
 //! eviction manager all read it; the HTTP answers are `endpoints::stats`'s.
 
-pub mod host;
-pub mod types;
+pub(crate) mod host;
+pub(crate) mod types;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;

@@ -99,6 +99,7 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
 
 /// Checks a payload path (see [`check_item_path`]): relative, no `..` element, not starting
 /// with `..` before or after cleaning, within length limits.
+#[cfg(test)]
 pub fn validate_path(path: &str) -> Result<(), InvalidPath> {
     check_item_path(path).map(|_| ())
 }

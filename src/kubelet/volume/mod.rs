@@ -31,17 +31,17 @@
 //! Everything else (persistent volumes, CSI, …) needs a storage plugin and fails to set up
 //! with a message saying so.
 
-pub mod atomic_writer;
-pub mod backoff;
-pub mod downward;
-pub mod empty_dir;
-pub mod host_path;
-pub mod mounter;
-pub mod mountinfo;
-pub mod ownership;
-pub mod projection;
-pub mod safe_fs;
-pub mod subpath;
+pub(crate) mod atomic_writer;
+pub(crate) mod backoff;
+pub(crate) mod downward;
+pub(crate) mod empty_dir;
+pub(crate) mod host_path;
+pub(crate) mod mounter;
+pub(crate) mod mountinfo;
+pub(crate) mod ownership;
+pub(crate) mod projection;
+pub(crate) mod safe_fs;
+pub(crate) mod subpath;
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
@@ -348,12 +348,14 @@ impl VolumeManager {
     }
 
     /// Sets up (idempotently) every volume of the pod, with no API server to read from.
+    #[cfg(test)]
     pub fn setup(&self, pod: &Pod) -> Result<PodVolumes, VolumeError> {
         self.setup_with(pod, &PodObjects::standalone())
     }
 
     /// Sets up (idempotently) every volume of the pod, with the objects read for it; the
     /// first error in the spec's order.
+    #[cfg(test)]
     pub fn setup_with(&self, pod: &Pod, objects: &PodObjects) -> Result<PodVolumes, VolumeError> {
         let mut out = PodVolumes::default();
         for attempt in self.setup_each(pod, objects, &|_| true) {
@@ -683,6 +685,7 @@ impl VolumeManager {
     }
 
     /// [`Self::refresh_with`] with no API server to read from.
+    #[cfg(test)]
     pub fn refresh(&self, pod: &Pod) -> Result<(), VolumeError> {
         self.refresh_with(pod, &PodObjects::standalone())
     }

@@ -33,8 +33,11 @@ pub enum SafeFsError {
     Outside { path: PathBuf, base: PathBuf },
 }
 
+impl SafeFsError {}
+
 impl SafeFsError {
-    /// The errno behind the error, if it came from a system call.
+    /// The errno behind the error, if it came from a system call (the fake mounter's answers).
+    #[cfg(test)]
     pub fn errno(&self) -> Option<Errno> {
         match self {
             SafeFsError::Sys { errno, .. } => Some(*errno),

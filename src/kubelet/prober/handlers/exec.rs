@@ -32,6 +32,7 @@ impl<R: RuntimeService> ExecProbe<R> {
     }
 
     /// The command, after `$(VAR)` expansion.
+    #[cfg(test)]
     pub fn command(&self) -> &[String] {
         &self.command
     }

@@ -27,6 +27,7 @@ impl HttpProbe {
     }
 
     /// The URL of the first request.
+    #[cfg(test)]
     pub fn url(&self) -> String {
         self.get.url()
     }

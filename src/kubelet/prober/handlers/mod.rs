@@ -8,10 +8,10 @@
 //! A spec that cannot be turned into a check (no handler, unknown port name) gives a handler
 //! whose every run errors, as upstream, so the probe never changes the container's state.
 
-pub mod exec;
-pub mod grpc;
-pub mod http;
-pub mod tcp;
+pub(crate) mod exec;
+pub(crate) mod grpc;
+pub(crate) mod http;
+pub(crate) mod tcp;
 
 use std::collections::HashMap;
 use std::time::Duration;

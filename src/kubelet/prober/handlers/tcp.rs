@@ -22,6 +22,7 @@ impl TcpProbe {
     }
 
     /// `host:port` the probe connects to.
+    #[cfg(test)]
     pub fn address(&self) -> &str {
         &self.address
     }

@@ -38,7 +38,7 @@ use super::translate::{self, HostDns, SandboxContext};
 use crate::base::observed::ObservedPod;
 
 use teardown::StopUntil;
-pub use teardown::{TeardownError, remaining_grace};
+pub use teardown::TeardownError;
 
 /// Facts about the node that translation needs; fixed for the agent's lifetime.
 #[derive(Clone, Debug)]
@@ -161,8 +161,6 @@ pub struct SyncOutcome {
     pub runtime_unreachable: bool,
     /// Sync again after this long even without events (a back-off ends, an error to retry).
     pub retry_after: Option<Duration>,
-    /// Nothing of the pod will run again.
-    pub terminal: bool,
 }
 
 /// Where a sync's step loop stands: the view, the decision to carry out (or carried out
@@ -356,15 +354,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
     }
 
-    /// The recorder the executor's events go to.
-    pub fn events(&self) -> &Recorder {
-        &self.events
-    }
-
-    pub fn node(&self) -> &NodeContext {
-        &self.node
-    }
-
     /// Reads the pod's current state from the runtime.
     pub async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
         inspect::observe_pod(&self.rt, &self.details, &self.node.node_name, uid).await
@@ -388,7 +377,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 qos,
                 pod_uid(pod),
             ),
-            node_name: self.node.node_name.clone(),
             seccomp_profile_root: self.node.seccomp_profile_root(),
             seccomp_default: self.node.seccomp_default,
         };
@@ -522,7 +510,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     observed: ObservedPod::default(),
                     runtime_unreachable: true,
                     retry_after: Some(ERROR_RETRY),
-                    terminal: false,
                 };
             }
         };
@@ -688,7 +675,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             observed,
             runtime_unreachable: false,
             retry_after: Some(ERROR_RETRY),
-            terminal: false,
         }
     }
 
@@ -748,7 +734,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             observed,
             runtime_unreachable: false,
             retry_after: retry,
-            terminal: decision.terminal,
         }
     }
 

@@ -417,6 +417,7 @@ fn container_mounts(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Vec<Mou
 }
 
 /// Builds the CRI config that creates `container` of `pod`.
+#[cfg(test)]
 pub fn container_config(
     pod: &Pod,
     container: &Container,

@@ -19,12 +19,13 @@ use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
 use super::{ContainerContext, TranslateError};
 pub use crate::base::podspec::expand::{expand, expand_all};
-pub use crate::base::podspec::resources::{NodeAllocatable, resource_field_value};
+pub use crate::base::podspec::resources::resource_field_value;
 use crate::kubelet::api_objects::{Kind, PodObjects};
 
 /// The container's environment in spec order (a later duplicate replaces the earlier value in
 /// place). Values may refer to variables defined before them with `$(NAME)`. No API server:
 /// see [`container_env_with`].
+#[cfg(test)]
 pub fn container_env(
     pod: &Pod,
     container: &Container,
@@ -335,6 +336,7 @@ fn subscript<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::podspec::resources::NodeAllocatable;
     use k8s_openapi::api::core::v1::{
         ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, EnvVar, EnvVarSource,
         ObjectFieldSelector, PodSpec, ResourceFieldSelector, SecretKeySelector,

@@ -6,11 +6,11 @@
 //! mount sources) comes in through [`SandboxContext`] / [`ContainerContext`], so each function
 //! is covered by golden tests.
 
-pub mod container;
-pub mod dns;
-pub mod env;
-pub mod sandbox;
-pub mod security;
+pub(crate) mod container;
+pub(crate) mod dns;
+pub(crate) mod env;
+pub(crate) mod sandbox;
+pub(crate) mod security;
 
 use k8s_openapi::api::core::v1::{Pod, SELinuxOptions, SeccompProfile};
 use thiserror::Error;
@@ -18,10 +18,9 @@ use thiserror::Error;
 use crate::clients::cri::proto::security_profile::ProfileType;
 use crate::clients::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
-pub use crate::base::podspec::spec_hash::container_hash;
-pub use container::{container_config, container_config_with_env, container_labels, oom_score_adj};
+pub use container::container_config_with_env;
 pub use dns::{HostDns, parse_resolv_conf};
-pub use sandbox::{SandboxContext, pod_hostname, pod_log_directory, pod_sandbox_config};
+pub use sandbox::{SandboxContext, pod_sandbox_config};
 
 /// Per-container facts the translation needs. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
@@ -149,14 +148,9 @@ fn who(container: &Option<String>) -> String {
     }
 }
 
-impl TranslateError {
-    /// The waiting reason users see for this error.
-    pub fn reason(&self) -> &'static str {
-        "CreateContainerConfigError"
-    }
-}
+impl TranslateError {}
 
-pub use security::{SecurityError, image_user, needs_image_user, verify_run_as_non_root};
+pub use security::{image_user, needs_image_user, verify_run_as_non_root};
 
 /// A pod's identity, checked present once so the rest can use plain strings.
 #[derive(Debug, Clone, PartialEq, Eq)]

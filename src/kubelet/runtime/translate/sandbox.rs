@@ -29,8 +29,6 @@ pub struct SandboxContext {
     pub cluster_domain: String,
     /// cgroupfs path of the pod cgroup, e.g. `/kubepods/besteffort/pod<uid>`.
     pub cgroup_parent: Option<String>,
-    /// This node's name.
-    pub node_name: String,
     /// Where `Localhost` seccomp profiles live (`<root-dir>/seccomp`); empty refuses them.
     pub seccomp_profile_root: PathBuf,
     /// `seccompDefault`: a sandbox whose pod sets no seccomp profile gets `RuntimeDefault`.
@@ -266,7 +264,6 @@ mod tests {
             cluster_dns: vec![],
             cluster_domain: "cluster.local".into(),
             cgroup_parent: Some("/kubepods/besteffort/pod0b7e4c2a".into()),
-            node_name: "node-a".into(),
             seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
             seccomp_default: false,
         }

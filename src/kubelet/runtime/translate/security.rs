@@ -11,7 +11,8 @@ use thiserror::Error;
 use crate::clients::cri::proto::SecurityProfile;
 use crate::clients::cri::proto::security_profile::ProfileType;
 
-pub use crate::base::podspec::apparmor::APPARMOR_ANNOTATION_PREFIX;
+#[cfg(test)]
+use crate::base::podspec::apparmor::APPARMOR_ANNOTATION_PREFIX;
 
 /// Paths the runtime hides from a container whose `procMount` is `Default` (upstream's list).
 pub const DEFAULT_MASKED_PATHS: [&str; 11] = [
@@ -65,12 +66,7 @@ pub enum SecurityError {
     },
 }
 
-impl SecurityError {
-    /// The waiting reason users see, as upstream.
-    pub fn reason(&self) -> &'static str {
-        "CreateContainerConfigError"
-    }
-}
+impl SecurityError {}
 
 /// `name_namespace(uid)`, upstream's way of naming a pod in messages.
 pub fn format_pod(pod: &Pod) -> String {
@@ -178,7 +174,7 @@ pub fn image_user(image: &crate::clients::cri::proto::Image) -> (Option<i64>, St
     }
 }
 
-pub use crate::base::podspec::apparmor::{AppArmorError, requires_apparmor};
+pub use crate::base::podspec::apparmor::AppArmorError;
 
 /// An AppArmor profile in the two forms the CRI carries: the typed field and the deprecated
 /// string (`runtime/default`, `unconfined`, `localhost/<name>`) older runtimes read.
@@ -253,6 +249,7 @@ pub fn supplemental_groups_policy(pod: &Pod) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::podspec::apparmor::requires_apparmor;
     use k8s_openapi::api::core::v1::{AppArmorProfile, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap;
