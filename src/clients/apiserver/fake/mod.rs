@@ -253,7 +253,7 @@ impl Rule {
         Rule::new("*", "*")
     }
 
-    /// Only the object of this name.
+    /// Only the object of this name (as the path names it: a create's path has no name).
     pub(crate) fn named(mut self, name: &str) -> Rule {
         self.name = Some(name.into());
         self
