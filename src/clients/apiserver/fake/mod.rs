@@ -283,6 +283,9 @@ impl Rule {
 }
 
 /// A responder's answer.
+// A `Status` is large, but answers are few and short-lived in tests; kept unboxed so a
+// responder writes `Reply::Status(status)`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(crate) enum Reply {
     /// 200 (201 for a create) with this object.
@@ -760,7 +763,7 @@ fn status_response(s: &Status) -> Response {
     json_response(s.code, &value)
 }
 
-fn result_response(result: Result<Value, Status>, code: u16) -> Response {
+fn result_response(result: Result<Value, Box<Status>>, code: u16) -> Response {
     match result {
         Ok(v) => json_response(code, &v),
         Err(s) => status_response(&s),
@@ -798,7 +801,7 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
     let key = request.key();
     let part = Part::of(request.subresource.as_deref());
     let body = request.body.clone().unwrap_or(Value::Null);
-    let written = |result: Result<Value, Status>, code| {
+    let written = |result: Result<Value, Box<Status>>, code| {
         inner.wake_watches();
         result_response(result, code)
     };
@@ -806,7 +809,7 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
         Verb::Get => {
             let state = inner.state();
             let found = state.store.get(&key).cloned();
-            result_response(found.ok_or_else(|| store::not_found(&key)), 200)
+            result_response(found.ok_or_else(|| Box::new(store::not_found(&key))), 200)
         }
         Verb::List => list(inner, request),
         Verb::Watch => match watch::open(inner.clone(), request) {

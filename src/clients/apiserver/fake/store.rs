@@ -252,7 +252,7 @@ impl Store {
         gvr: &Gvr,
         namespace: Option<&str>,
         mut object: Value,
-    ) -> Result<Value, Status> {
+    ) -> Result<Value, Box<Status>> {
         let given = object["metadata"]["name"]
             .as_str()
             .unwrap_or("")
@@ -264,14 +264,14 @@ impl Store {
                     self.generated_name(&prefix)
                 }
                 _ => {
-                    return Err(status(
+                    return Err(Box::new(status(
                         422,
                         "Invalid",
                         format!(
                             "{} \"\" is invalid: metadata.name: Required value",
                             gvr.qualified()
                         ),
-                    ));
+                    )));
                 }
             }
         } else {
@@ -283,11 +283,11 @@ impl Store {
             name: name.clone(),
         };
         if self.objects.contains_key(&key) {
-            return Err(status(
+            return Err(Box::new(status(
                 409,
                 "AlreadyExists",
                 format!("{} \"{name}\" already exists", gvr.qualified()),
-            ));
+            )));
         }
         let uid = self.next_uid();
         let m = meta(&mut object);
@@ -305,12 +305,21 @@ impl Store {
 
     /// PUT: 404 if missing, 409 Conflict if the object's resourceVersion is given and stale;
     /// uid and creationTimestamp kept. A write that changes nothing keeps the version.
-    pub(crate) fn update(&mut self, key: &Key, part: Part, object: Value) -> Result<Value, Status> {
-        let current = self.objects.get(key).ok_or_else(|| not_found(key))?.clone();
+    pub(crate) fn update(
+        &mut self,
+        key: &Key,
+        part: Part,
+        object: Value,
+    ) -> Result<Value, Box<Status>> {
+        let current = self
+            .objects
+            .get(key)
+            .ok_or_else(|| Box::new(not_found(key)))?
+            .clone();
         if let Some(rv) = rv_of(&object)
             && Some(rv) != rv_of(&current)
         {
-            return Err(conflict(key, STALE));
+            return Err(Box::new(conflict(key, STALE)));
         }
         let next = self.merge_part(key, part, &current, object);
         Ok(self.write_if_changed(key, &current, next))
@@ -318,12 +327,21 @@ impl Store {
 
     /// PATCH with a JSON merge patch (see [`super::patch`]); a resourceVersion in the patch
     /// is a precondition, as upstream's.
-    pub(crate) fn patch(&mut self, key: &Key, part: Part, patch: &Value) -> Result<Value, Status> {
-        let current = self.objects.get(key).ok_or_else(|| not_found(key))?.clone();
+    pub(crate) fn patch(
+        &mut self,
+        key: &Key,
+        part: Part,
+        patch: &Value,
+    ) -> Result<Value, Box<Status>> {
+        let current = self
+            .objects
+            .get(key)
+            .ok_or_else(|| Box::new(not_found(key)))?
+            .clone();
         if let Some(rv) = rv_of(patch)
             && Some(rv) != rv_of(&current)
         {
-            return Err(conflict(key, STALE));
+            return Err(Box::new(conflict(key, STALE)));
         }
         let mut patched = current.clone();
         super::patch::merge(&mut patched, patch);
@@ -382,8 +400,12 @@ impl Store {
     /// (the options', else its `terminationGracePeriodSeconds`, else 30) is marked deleting
     /// (`deletionTimestamp`, `deletionGracePeriodSeconds`) and stays; otherwise it goes.
     /// Returns the object as the answer carries it.
-    pub(crate) fn delete(&mut self, key: &Key, options: &Value) -> Result<Value, Status> {
-        let current = self.objects.get(key).ok_or_else(|| not_found(key))?.clone();
+    pub(crate) fn delete(&mut self, key: &Key, options: &Value) -> Result<Value, Box<Status>> {
+        let current = self
+            .objects
+            .get(key)
+            .ok_or_else(|| Box::new(not_found(key)))?
+            .clone();
         let pre = &options["preconditions"];
         if let Some(uid) = pre["uid"].as_str() {
             let have = current["metadata"]["uid"].as_str().unwrap_or("");
@@ -391,7 +413,7 @@ impl Store {
                 let why = format!(
                     "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
                 );
-                return Err(conflict(key, &why));
+                return Err(Box::new(conflict(key, &why)));
             }
         }
         if let Some(rv) = pre["resourceVersion"].as_str()
@@ -401,7 +423,7 @@ impl Store {
             let why = format!(
                 "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"
             );
-            return Err(conflict(key, &why));
+            return Err(Box::new(conflict(key, &why)));
         }
         let grace = options["gracePeriodSeconds"]
             .as_i64()

@@ -354,6 +354,21 @@ async fn failures_are_answered_n_times_as_the_api_server_would() {
     assert_eq!(fake.count(&Rule::any()), 3);
     fake.clear_requests();
     assert!(fake.requests().is_empty());
+    // Failing until told otherwise, then the API server is back.
+    fake.fail(Rule::new("get", "leases"), 500, usize::MAX);
+    assert_eq!(
+        kind(leases.get("n1").await.unwrap_err()).0,
+        ProblemKind::Refused
+    );
+    assert_eq!(
+        kind(leases.get("n1").await.unwrap_err()).0,
+        ProblemKind::Refused
+    );
+    fake.clear_failures();
+    assert_eq!(
+        kind(leases.get("n1").await.unwrap_err()).0,
+        ProblemKind::NotFound
+    );
 }
 
 #[tokio::test]

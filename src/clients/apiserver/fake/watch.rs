@@ -114,12 +114,12 @@ impl Spec {
 pub(crate) fn open(
     inner: Arc<Inner>,
     request: &Request,
-) -> Result<BoxStream<'static, Bytes>, Status> {
+) -> Result<BoxStream<'static, Bytes>, Box<Status>> {
     let selector = Selector::parse(
         request.param("labelSelector"),
         request.param("fieldSelector"),
     )
-    .map_err(|e| status(400, "BadRequest", e.to_string()))?;
+    .map_err(|e| Box::new(status(400, "BadRequest", e.to_string())))?;
     let from = match request.param("resourceVersion") {
         None | Some("") | Some("0") => None,
         Some(v) => Some(
