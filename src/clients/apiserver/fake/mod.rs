@@ -407,6 +407,21 @@ impl FakeApiServer {
         kube::Client::new(Service(self.inner.clone()), "default")
     }
 
+    /// The tower service behind [`Self::client`], for a test that puts layers in front of
+    /// it (a rate limit, as `connect` does) before making its own `kube::Client::new`.
+    pub(crate) fn service(
+        &self,
+    ) -> impl tower::Service<
+        http::Request<kube::client::Body>,
+        Response = http::Response<UnsyncBoxBody<Bytes, Infallible>>,
+        Error = Refused,
+        Future = BoxFuture<'static, Result<Response, Refused>>,
+    > + Clone
+    + Send
+    + 'static {
+        Service(self.inner.clone())
+    }
+
     /// Creates or replaces `object` as another client would (no precondition); open
     /// watches see it. Returns it as stored (uid, resourceVersion).
     pub(crate) fn apply<K: Object>(&self, object: &K) -> K {

@@ -372,6 +372,22 @@ async fn failures_are_answered_n_times_as_the_api_server_would() {
 }
 
 #[tokio::test]
+async fn the_service_takes_layers_in_front_of_it() {
+    let fake = FakeApiServer::new();
+    fake.apply(&cm("a", "1"));
+    // A layer that marks each request, as a test's layer would do its part.
+    let layered = tower::ServiceBuilder::new()
+        .map_request(|mut r: http::Request<kube::client::Body>| {
+            r.headers_mut()
+                .insert("x-layer", http::HeaderValue::from_static("seen"));
+            r
+        })
+        .service(fake.service());
+    let api: Api<ConfigMap> = Api::namespaced(kube::Client::new(layered, "ns"), "ns");
+    assert_eq!(api.get("a").await.unwrap().data.unwrap()["k"], "1");
+}
+
+#[tokio::test]
 async fn a_held_request_waits_for_its_release() {
     let fake = FakeApiServer::new();
     fake.apply(&cm("a", "1"));
