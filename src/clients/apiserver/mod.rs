@@ -6,6 +6,8 @@
 //! `--kubeconfig` nothing here runs and Deckhand is a standalone node agent.
 
 pub mod connect;
+#[cfg(test)]
+pub(crate) mod fake;
 pub(crate) mod problem;
 pub(crate) mod rate_limit;
 pub(crate) mod retry;

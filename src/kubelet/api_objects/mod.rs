@@ -19,9 +19,9 @@
 
 pub(crate) mod api;
 pub(crate) mod cache;
-#[cfg(test)]
-pub(crate) mod fake;
 pub(crate) mod refs;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod token;
 
 use std::collections::BTreeMap;
