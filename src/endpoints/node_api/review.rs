@@ -1,6 +1,7 @@
 //! The two questions the node API asks the API server: who holds this bearer token
-//! (TokenReview) and may this user do this (SubjectAccessReview). Behind a trait so the
-//! authentication and authorization decisions are tested without a cluster.
+//! (TokenReview) and may this user do this (SubjectAccessReview), behind a trait that
+//! [`BoundedReviewer`] wraps. The tests run [`KubeReviewer`] against the fake API server
+//! (`clients::apiserver::fake`), so the decisions are tested without a cluster.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

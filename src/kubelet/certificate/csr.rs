@@ -206,7 +206,8 @@ pub fn csr_state(csr: &CertificateSigningRequest) -> CsrState {
     }
 }
 
-/// The CSR calls, behind a trait for tests.
+/// The CSR calls (the certificate managers' seam; [`KubeCsrApi`] is the one implementation,
+/// unit-tested against the fake API server).
 pub trait CsrApi: Send + Sync {
     /// Creates the CSR; returns its name.
     fn create(

@@ -1,6 +1,6 @@
 //! Writing events to the API server: one task takes events from the recorder's queue, asks the
-//! correlator what to write, and writes it, through [`EventSink`] so the retry rules are
-//! unit-tested; [`KubeEventSink`] is the real one.
+//! correlator what to write, and writes it through [`EventSink`] ([`KubeEventSink`]; its unit
+//! tests run it against the fake API server, `clients::apiserver::fake`).
 //!
 //! As upstream: an answer that refuses an event (invalid, forbidden, the namespace is going)
 //! drops it, since the same request would be refused again; no answer at all (the API server
