@@ -1327,11 +1327,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_missing_config_map_waits_with_failed_mount_then_starts_and_is_followed() {
-        use crate::kubelet::api_objects::fake::FakeObjectApi;
+        use crate::clients::apiserver::fake::FakeApiServer;
+        use crate::kubelet::api_objects::testing::{config_map, object_api};
         use crate::kubelet::api_objects::{ApiObjects, Kind, ObjectKey};
-        let api = FakeObjectApi::default();
+        let api = FakeApiServer::new();
         let objects = ApiObjects::new(
-            Arc::new(api.clone()),
+            object_api(&api),
             crate::base::resync_queue::Pokes::default(),
             CancellationToken::new(),
         );
@@ -1371,7 +1372,7 @@ mod tests {
             [ObjectKey::new(Kind::ConfigMap, "default", "settings")]
         );
 
-        api.put_config_map("default", "settings", &[("mode", "fast")]);
+        api.apply(&config_map("default", "settings", &[("mode", "fast")]));
         eventually("started", || async { h.rt.count("StartContainer") == 1 }).await;
         let file = h
             .dir
@@ -1380,7 +1381,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "fast");
 
         // A change is written on the next sync of the running pod.
-        api.put_config_map("default", "settings", &[("mode", "slow")]);
+        api.apply(&config_map("default", "settings", &[("mode", "slow")]));
         h.workers.poke("uid-7");
         eventually("the file follows", || async {
             std::fs::read_to_string(&file).ok().as_deref() == Some("slow")
@@ -1409,15 +1410,12 @@ mod tests {
     /// long the back-off has grown.
     #[tokio::test(start_paused = true)]
     async fn a_failing_volume_backs_off_and_wakes_when_its_object_appears() {
+        use crate::clients::apiserver::fake::FakeApiServer;
         use crate::kubelet::api_objects::ApiObjects;
-        use crate::kubelet::api_objects::fake::FakeObjectApi;
-        let api = FakeObjectApi::default();
+        use crate::kubelet::api_objects::testing::{config_map, object_api};
+        let api = FakeApiServer::new();
         let pokes = crate::base::resync_queue::Pokes::default();
-        let objects = ApiObjects::new(
-            Arc::new(api.clone()),
-            pokes.clone(),
-            CancellationToken::new(),
-        );
+        let objects = ApiObjects::new(object_api(&api), pokes.clone(), CancellationToken::new());
         let mut h = harness_with_objects(FakeCri::with_images(&[IMAGE]), Some(objects));
         let mut p = (*pod("uid-b1")).clone();
         p.spec.as_mut().unwrap().volumes = Some(
@@ -1459,7 +1457,7 @@ mod tests {
         );
 
         let created = Instant::now();
-        api.put_config_map("default", "late", &[("k", "v")]);
+        api.apply(&config_map("default", "late", &[("k", "v")]));
         while h.rt.count("StartContainer") == 0 {
             assert!(
                 created.elapsed() < Duration::from_secs(1),
@@ -1487,14 +1485,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn pull_secrets_are_tried_in_turn_and_a_broken_one_fails_only_its_pod() {
+        use crate::clients::apiserver::fake::FakeApiServer;
         use crate::kubelet::api_objects::ApiObjects;
-        use crate::kubelet::api_objects::fake::FakeObjectApi;
+        use crate::kubelet::api_objects::testing::{object_api, secret};
         use crate::kubelet::pull_credentials::{KEY_DOCKER_CONFIG_JSON, TYPE_DOCKER_CONFIG_JSON};
         const PRIVATE: &str = "reg.example.test:5000/team/app:1";
-        let api = FakeObjectApi::default();
+        let api = FakeApiServer::new();
         let json = Some(TYPE_DOCKER_CONFIG_JSON);
         // Both match: the more specific key ("…/team") is tried first, then the host's.
-        api.put_secret_typed(
+        api.apply(&secret(
             "default",
             "team",
             json,
@@ -1502,8 +1501,8 @@ mod tests {
                 KEY_DOCKER_CONFIG_JSON,
                 br#"{"auths": {"reg.example.test:5000/team": {"username": "old", "password": "expired"}}}"#,
             )],
-        );
-        api.put_secret_typed(
+        ));
+        api.apply(&secret(
             "default",
             "host",
             json,
@@ -1511,8 +1510,8 @@ mod tests {
                 KEY_DOCKER_CONFIG_JSON,
                 br#"{"auths": {"http://reg.example.test:5000": {"auth": "bmV3OmZyZXNo"}}}"#,
             )],
-        );
-        api.put_secret_typed(
+        ));
+        api.apply(&secret(
             "default",
             "broken",
             json,
@@ -1520,9 +1519,9 @@ mod tests {
                 KEY_DOCKER_CONFIG_JSON,
                 br#"{"auths": {"reg.example.test:5000": "#,
             )],
-        );
+        ));
         let objects = ApiObjects::new(
-            Arc::new(api.clone()),
+            object_api(&api),
             crate::base::resync_queue::Pokes::default(),
             CancellationToken::new(),
         );

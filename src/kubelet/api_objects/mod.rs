@@ -19,9 +19,9 @@
 
 pub mod api;
 pub mod cache;
-#[cfg(test)]
-pub mod fake;
 pub mod refs;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod token;
 
 use std::collections::BTreeMap;

@@ -277,8 +277,36 @@ mod tests {
 
 #[cfg(test)]
 mod manager_tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::api::authentication::v1::TokenRequestStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
     use super::*;
-    use crate::kubelet::api_objects::fake::{FakeObjectApi, forbidden};
+    use crate::clients::apiserver::fake::{FakeApiServer, Reply, Rule};
+    use crate::kubelet::api_objects::testing::{forbid, object_api, token_requests};
+
+    /// The API server's TokenRequest answers: `token-<n>`, valid for the lifetime asked
+    /// for, or for the seconds the returned cell holds once the test sets it.
+    fn issue_tokens(fake: &FakeApiServer) -> Arc<Mutex<Option<i64>>> {
+        let expires_in = Arc::new(Mutex::new(None::<i64>));
+        let issued = AtomicUsize::new(0);
+        let lifetime = expires_in.clone();
+        fake.respond(Rule::new("create", "serviceaccounts/token"), move |r| {
+            let mut request: TokenRequest = r.body_as()?;
+            let n = issued.fetch_add(1, Ordering::SeqCst) + 1;
+            let asked = request.spec.expiration_seconds.unwrap_or(3600);
+            let seconds = lifetime.lock().unwrap().unwrap_or(asked);
+            let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
+            request.status = Some(TokenRequestStatus {
+                token: format!("token-{n}"),
+                expiration_timestamp: Time(expires),
+            });
+            Some(Reply::Object(serde_json::to_value(request).ok()?))
+        });
+        expires_in
+    }
 
     fn pod() -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -299,11 +327,12 @@ mod manager_tests {
 
     #[tokio::test]
     async fn tokens_are_bound_to_the_pod_reused_and_kept_when_a_refresh_fails() {
-        let api = FakeObjectApi::default();
-        let tokens = TokenManager::new(Arc::new(api.clone()));
+        let api = FakeApiServer::new();
+        let expire_in = issue_tokens(&api);
+        let tokens = TokenManager::new(object_api(&api));
         assert_eq!(tokens.get(&pod(), &want(3600)).await.unwrap(), "token-1");
         assert_eq!(tokens.get(&pod(), &want(3600)).await.unwrap(), "token-1");
-        let sent = api.token_requests();
+        let sent = token_requests(&api);
         assert_eq!(sent.len(), 1);
         let spec = &sent[0].spec;
         assert_eq!(spec.audiences, ["vault"]);
@@ -319,7 +348,7 @@ mod manager_tests {
         );
 
         // A token with a minute left of its hour is refreshed each time it is asked for.
-        api.expire_in(Some(60));
+        *expire_in.lock().unwrap() = Some(60);
         let other_audience = TokenWant {
             audience: None,
             ..want(3600)
@@ -333,19 +362,19 @@ mod manager_tests {
             "token-3"
         );
         // A failing refresh keeps the token while it has not expired…
-        api.fail_with(Some(forbidden()));
+        forbid(&api);
         assert_eq!(
             tokens.get(&pod(), &other_audience).await.unwrap(),
             "token-3"
         );
         // …and says so once it has.
-        api.fail_with(None);
-        api.expire_in(Some(-5));
+        api.clear_failures();
+        *expire_in.lock().unwrap() = Some(-5);
         assert_eq!(
             tokens.get(&pod(), &other_audience).await.unwrap(),
             "token-4"
         );
-        api.fail_with(Some(forbidden()));
+        forbid(&api);
         let err = tokens.get(&pod(), &other_audience).await.unwrap_err();
         assert!(
             err.to_string()

@@ -1,12 +1,13 @@
-//! The manager against a fake API server, under a paused clock: the decisions of `decide.rs`
-//! carried out, the view standing in for the watch.
+//! The manager with the real [`KubeMirrorApi`] against the in-memory API server, under a
+//! paused clock: the decisions of `decide.rs` carried out, the view standing in for the watch.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
 use crate::base::podspec::origin::CONFIG_SOURCE_ANNOTATION;
+use crate::clients::apiserver::fake::{FakeApiServer, Rule, Verb};
 
 /// Waits (in the paused clock's time) until `check` holds.
 async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
@@ -20,55 +21,38 @@ async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
     }
 }
 
-#[derive(Clone, Default)]
-struct FakeApi {
-    calls: Arc<Mutex<Vec<String>>>,
-    /// Failures the next create requests get, in order.
-    create_failures: Arc<Mutex<VecDeque<Problem>>>,
-    next_uid: Arc<Mutex<u32>>,
-}
-
-impl FakeApi {
-    fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-impl MirrorApi for FakeApi {
-    async fn get_node(&self, name: &str) -> Result<Node, Problem> {
-        self.calls.lock().unwrap().push(format!("get node {name}"));
-        let mut node = Node::default();
-        node.metadata.name = Some(name.into());
-        node.metadata.uid = Some("node-uid".into());
-        Ok(node)
-    }
-
-    async fn create_pod(&self, pod: &Pod) -> Result<Pod, Problem> {
-        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
-        self.calls.lock().unwrap().push(format!(
-            "create {} hash={} owner={}/{}",
-            full_name(pod),
-            mirror_hash(pod).unwrap_or_default(),
-            owner.kind,
-            owner.uid
-        ));
-        if let Some(p) = self.create_failures.lock().unwrap().pop_front() {
-            return Err(p);
-        }
-        let mut created = pod.clone();
-        let mut n = self.next_uid.lock().unwrap();
-        *n += 1;
-        created.metadata.uid = Some(format!("c{n}"));
-        Ok(created)
-    }
-
-    async fn delete_pod(&self, namespace: &str, name: &str, uid: &str) -> Result<(), Problem> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("delete {namespace}/{name} {uid}"));
-        Ok(())
-    }
+/// The manager's requests to the fake API server, one line each: `get node n1`,
+/// `create default/web-n1 hash=h1 owner=Node/node-uid`, `delete default/web-n1 <uid>` (the
+/// UID of its precondition).
+fn calls(fake: &FakeApiServer) -> Vec<String> {
+    fake.requests()
+        .iter()
+        .map(|r| match (r.verb, r.gvr.resource.as_str()) {
+            (Verb::Get, "nodes") => format!("get node {}", r.name.as_deref().unwrap_or("")),
+            (Verb::Create, "pods") => {
+                let pod: Pod = r.body_as().expect("a pod");
+                let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+                format!(
+                    "create {} hash={} owner={}/{}",
+                    full_name(&pod),
+                    mirror_hash(&pod).unwrap_or_default(),
+                    owner.kind,
+                    owner.uid
+                )
+            }
+            (Verb::Delete, "pods") => {
+                let body = r.body.clone().unwrap_or_default();
+                assert_eq!(body["gracePeriodSeconds"], 0, "deleted at once");
+                format!(
+                    "delete {}/{} {}",
+                    r.namespace.as_deref().unwrap_or(""),
+                    r.name.as_deref().unwrap_or(""),
+                    body["preconditions"]["uid"].as_str().unwrap_or("")
+                )
+            }
+            _ => r.describe(),
+        })
+        .collect()
 }
 
 fn static_pod(uid: &str) -> Arc<Pod> {
@@ -87,13 +71,10 @@ fn static_pod(uid: &str) -> Arc<Pod> {
 }
 
 /// A mirror pod as the API server shows it.
-fn mirror(uid: &str, hash: &str, deleting: bool) -> Arc<Pod> {
+fn mirror(uid: &str, hash: &str) -> Pod {
     let mut p = mirror_pod(&static_pod(hash), "n1", "node-uid");
     p.metadata.uid = Some(uid.into());
-    if deleting {
-        p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-    }
-    Arc::new(p)
+    p
 }
 
 fn show(view: &ApiPodsView, pods: &[Arc<Pod>]) {
@@ -107,7 +88,7 @@ fn show(view: &ApiPodsView, pods: &[Arc<Pod>]) {
 struct Setup {
     view: ApiPodsView,
     mirrors: MirrorPods,
-    api: FakeApi,
+    api: FakeApiServer,
     ready: SourcesReady,
     cancel: CancellationToken,
 }
@@ -115,14 +96,19 @@ struct Setup {
 fn setup() -> Setup {
     let view = ApiPodsView::default();
     let mirrors = MirrorPods::new(view.clone());
-    let api = FakeApi::default();
+    let api = FakeApiServer::new();
+    let mut node = Node::default();
+    node.metadata.name = Some("n1".into());
+    node.metadata.uid = Some("node-uid".into());
+    api.apply(&node);
     let ready = SourcesReady::new(["file", "api"]);
     let cancel = CancellationToken::new();
-    tokio::spawn(
-        mirrors
-            .clone()
-            .run(api.clone(), "n1".into(), ready.clone(), cancel.clone()),
-    );
+    tokio::spawn(mirrors.clone().run(
+        KubeMirrorApi::new(api.client()),
+        "n1".into(),
+        ready.clone(),
+        cancel.clone(),
+    ));
     Setup {
         view,
         mirrors,
@@ -132,13 +118,23 @@ fn setup() -> Setup {
     }
 }
 
-async fn calls_become(api: &FakeApi, want: &[&str]) {
+/// A mirror pod that is in the API server already (as the fake stores it).
+fn existing_mirror(api: &FakeApiServer, uid: &str, hash: &str) -> Arc<Pod> {
+    Arc::new(api.apply(&mirror(uid, hash)))
+}
+
+/// The mirror pod the manager created, as the API server stores it (its UID the fake's).
+fn created_mirror(api: &FakeApiServer) -> Arc<Pod> {
+    Arc::new(api.get("default", "web-n1").expect("the mirror pod"))
+}
+
+async fn calls_become(api: &FakeApiServer, want: &[&str]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while api.calls() != want {
+    while calls(api) != want {
         assert!(
             tokio::time::Instant::now() < deadline,
             "calls {:?}, not {want:?}",
-            api.calls()
+            calls(api)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -151,7 +147,7 @@ async fn a_running_static_pod_gets_its_mirror_and_keeps_it() {
     show(&s.view, &[]);
     s.mirrors.desired(&p);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(s.api.calls().is_empty(), "not run yet: no mirror pod");
+    assert!(calls(&s.api).is_empty(), "not run yet: no mirror pod");
     s.mirrors.synced(&p);
     calls_become(
         &s.api,
@@ -165,21 +161,26 @@ async fn a_running_static_pod_gets_its_mirror_and_keeps_it() {
     s.mirrors.synced(&p);
     show(&s.view, &[]);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(s.api.calls().len(), 2);
+    assert_eq!(calls(&s.api).len(), 2);
     // The watch shows it: it is the status target.
-    show(&s.view, &[mirror("c1", "h1", false)]);
+    let made = created_mirror(&s.api);
+    let c1 = made.metadata.uid.clone().unwrap();
+    show(&s.view, &[made]);
     eventually("the mirror is the status target", || {
-        s.mirrors.target("h1").and_then(|m| m.metadata.uid.clone()) == Some("c1".into())
+        s.mirrors.target("h1").and_then(|m| m.metadata.uid.clone()) == Some(c1.clone())
     })
     .await;
     // A user deletes it: it is deleted at once and created anew.
-    show(&s.view, &[mirror("c1", "h1", true)]);
+    let deleting = s.api.modify::<Pod>("default", "web-n1", |p| {
+        p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    });
+    show(&s.view, &[Arc::new(deleting)]);
     calls_become(
         &s.api,
         &[
             "get node n1",
             "create default/web-n1 hash=h1 owner=Node/node-uid",
-            "delete default/web-n1 c1",
+            &format!("delete default/web-n1 {c1}"),
             "create default/web-n1 hash=h1 owner=Node/node-uid",
         ],
     )
@@ -197,18 +198,18 @@ async fn an_edited_static_pod_replaces_its_mirror_and_a_removed_one_deletes_it()
     s.ready.mark_seen("file");
     s.ready.mark_seen("api");
     let old = static_pod("h1");
-    show(&s.view, &[mirror("m1", "h1", false)]);
+    show(&s.view, &[existing_mirror(&s.api, "m1", "h1")]);
     s.mirrors.desired(&old);
     s.mirrors.synced(&old);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(s.api.calls().is_empty(), "its mirror is there already");
+    assert!(calls(&s.api).is_empty(), "its mirror is there already");
     // The manifest changed: the old UID is torn down, the new one runs.
     let new = static_pod("h2");
     s.mirrors.terminating("h1");
     s.mirrors.desired(&new);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
-        s.api.calls().is_empty(),
+        calls(&s.api).is_empty(),
         "nothing while the old one is torn down"
     );
     s.mirrors.torn_down("h1");
@@ -222,12 +223,14 @@ async fn an_edited_static_pod_replaces_its_mirror_and_a_removed_one_deletes_it()
         ],
     )
     .await;
-    show(&s.view, &[mirror("m2", "h2", false)]);
+    let m2 = created_mirror(&s.api);
+    let delete_m2 = format!("delete default/web-n1 {}", m2.metadata.uid.clone().unwrap());
+    show(&s.view, &[m2]);
     // The manifest is removed: once torn down, the mirror pod goes.
     s.mirrors.terminating("h2");
     s.mirrors.torn_down("h2");
     eventually("the orphan deleted", || {
-        s.api.calls().last().map(String::as_str) == Some("delete default/web-n1 m2")
+        calls(&s.api).last() == Some(&delete_m2)
     })
     .await;
     s.cancel.cancel();
@@ -236,9 +239,9 @@ async fn an_edited_static_pod_replaces_its_mirror_and_a_removed_one_deletes_it()
 #[tokio::test(start_paused = true)]
 async fn orphans_wait_for_every_source_and_a_grace_after() {
     let s = setup();
-    show(&s.view, &[mirror("m9", "h9", false)]);
+    show(&s.view, &[existing_mirror(&s.api, "m9", "h9")]);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert!(s.api.calls().is_empty(), "the sources have not all spoken");
+    assert!(calls(&s.api).is_empty(), "the sources have not all spoken");
     s.ready.mark_seen("file");
     s.ready.mark_seen("api");
     let marked = tokio::time::Instant::now();
@@ -250,28 +253,13 @@ async fn orphans_wait_for_every_source_and_a_grace_after() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_create_is_retried_with_back_off() {
     let s = setup();
-    let down = Problem {
-        kind: ProblemKind::Unreachable,
-        message: "cannot reach the API server: connection refused".into(),
-    };
-    s.api
-        .create_failures
-        .lock()
-        .unwrap()
-        .extend([down.clone(), down.clone(), down]);
+    let creates = Rule::new("create", "pods").in_namespace("default");
+    s.api.unreachable(creates.clone(), 3);
     show(&s.view, &[]);
     let p = static_pod("h1");
     s.mirrors.synced(&p);
     let start = tokio::time::Instant::now();
-    eventually("four creates", || {
-        s.api
-            .calls()
-            .iter()
-            .filter(|c| c.starts_with("create"))
-            .count()
-            == 4
-    })
-    .await;
+    eventually("four creates", || s.api.count(&creates) == 4).await;
     // 200 + 400 + 800 ms of back-off.
     let waited = start.elapsed();
     assert!(
@@ -279,15 +267,8 @@ async fn a_failed_create_is_retried_with_back_off() {
         "{waited:?}"
     );
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(
-        s.api
-            .calls()
-            .iter()
-            .filter(|c| c.starts_with("create"))
-            .count(),
-        4,
-        "nothing more once it worked"
-    );
+    assert_eq!(s.api.count(&creates), 4, "nothing more once it worked");
+    assert!(s.api.get::<Pod>("default", "web-n1").is_some(), "created");
     s.cancel.cancel();
 }
 

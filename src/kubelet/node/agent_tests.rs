@@ -1,130 +1,63 @@
-//! The agent's loops on an in-memory API (retry, conflict and request-count paths); the real
-//! API server is exercised by the end-to-end tests.
+//! The agent's loops run the real [`KubeNodeApi`] against the in-memory API server (retry,
+//! conflict and request-count paths, and the requests themselves); the real API server is
+//! exercised by the end-to-end tests.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
 
 use super::*;
+use crate::clients::apiserver::fake::{FakeApiServer, Rule};
 use crate::kubelet::node::allocatable::Amounts;
+use crate::kubelet::node::api::KubeNodeApi;
+use crate::kubelet::node::lease::LEASE_NAMESPACE;
 
-#[derive(Default)]
-struct Store {
-    node: Option<Node>,
-    lease: Option<Lease>,
-    version: u64,
-    calls: Vec<&'static str>,
-    /// Problems to return, in order, from the next calls named.
-    failures: VecDeque<(&'static str, Problem)>,
+/// The fake API server and the agent's view of it.
+#[derive(Clone)]
+struct Api {
+    fake: FakeApiServer,
 }
 
-#[derive(Clone, Default)]
-struct FakeApi(Arc<Mutex<Store>>);
-
-fn problem(kind: ProblemKind) -> Problem {
-    Problem {
-        kind,
-        message: format!("{kind:?}"),
-    }
-}
-
-impl FakeApi {
-    fn call(&self, name: &'static str) -> Result<std::sync::MutexGuard<'_, Store>, Problem> {
-        let mut s = self.0.lock().unwrap();
-        s.calls.push(name);
-        if s.failures.front().is_some_and(|(n, _)| *n == name) {
-            return Err(s.failures.pop_front().unwrap().1);
+impl Api {
+    fn new() -> Self {
+        Api {
+            fake: FakeApiServer::new(),
         }
-        Ok(s)
     }
-    fn fail_next(&self, name: &'static str, kind: ProblemKind) {
-        self.0
-            .lock()
-            .unwrap()
-            .failures
-            .push_back((name, problem(kind)));
+
+    fn kube(&self) -> KubeNodeApi {
+        KubeNodeApi::new(self.fake.client())
     }
-    fn calls(&self, name: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .calls
-            .iter()
-            .filter(|c| **c == name)
-            .count()
+
+    /// The requests so far of one kind: `create nodes`, `patch nodes/status`, `update leases`.
+    fn calls(&self, what: &str) -> usize {
+        let (verb, resource) = what.split_once(' ').expect("verb resource");
+        self.fake.count(&Rule::new(verb, resource))
     }
+
     fn node(&self) -> Node {
-        self.0.lock().unwrap().node.clone().unwrap()
+        self.fake.get("", "n1").expect("the Node")
     }
+
     fn lease(&self) -> Option<Lease> {
-        self.0.lock().unwrap().lease.clone()
+        self.fake.get(LEASE_NAMESPACE, "n1")
     }
-}
 
-fn bump(s: &mut Store) -> String {
-    s.version += 1;
-    s.version.to_string()
-}
-
-impl NodeApi for FakeApi {
-    async fn create_node(&self, node: &Node) -> Result<Node, Problem> {
-        let mut s = self.call("create_node")?;
-        if s.node.is_some() {
-            return Err(problem(ProblemKind::AlreadyExists));
-        }
-        let mut node = node.clone();
-        node.metadata.uid = Some("uid-1".into());
-        node.metadata.resource_version = Some(bump(&mut s));
-        s.node = Some(node.clone());
-        Ok(node)
-    }
-    async fn get_node(&self, _: &str) -> Result<Node, Problem> {
-        let s = self.call("get_node")?;
-        s.node.clone().ok_or(problem(ProblemKind::NotFound))
-    }
-    async fn patch_node(&self, _: &str, patch: &serde_json::Value) -> Result<Node, Problem> {
-        let mut s = self.call("patch_node")?;
-        let node = s.node.as_mut().ok_or(problem(ProblemKind::NotFound))?;
-        let labels = node.metadata.labels.get_or_insert_with(Default::default);
-        for (k, v) in patch["metadata"]["labels"]
-            .as_object()
-            .into_iter()
-            .flatten()
-        {
-            labels.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-        }
-        Ok(node.clone())
-    }
-    async fn patch_node_status(&self, _: &str, patch: &serde_json::Value) -> Result<Node, Problem> {
-        let mut s = self.call("patch_node_status")?;
-        let mut status = patch["status"].clone();
-        status["addresses"].as_array_mut().unwrap().pop(); // the $patch directive
-        let node = s.node.as_mut().ok_or(problem(ProblemKind::NotFound))?;
-        node.status = Some(serde_json::from_value(status).unwrap());
-        Ok(node.clone())
-    }
-    async fn get_lease(&self, _: &str) -> Result<Lease, Problem> {
-        let s = self.call("get_lease")?;
-        s.lease.clone().ok_or(problem(ProblemKind::NotFound))
-    }
-    async fn create_lease(&self, lease: &Lease) -> Result<Lease, Problem> {
-        let mut s = self.call("create_lease")?;
-        let mut lease = lease.clone();
-        lease.metadata.resource_version = Some(bump(&mut s));
-        s.lease = Some(lease.clone());
-        Ok(lease)
-    }
-    async fn replace_lease(&self, lease: &Lease) -> Result<Lease, Problem> {
-        let mut s = self.call("replace_lease")?;
-        let current = s.lease.as_ref().ok_or(problem(ProblemKind::NotFound))?;
-        if current.metadata.resource_version != lease.metadata.resource_version {
-            return Err(problem(ProblemKind::Conflict));
-        }
-        let mut lease = lease.clone();
-        lease.metadata.resource_version = Some(bump(&mut s));
-        s.lease = Some(lease.clone());
-        Ok(lease)
+    /// The node controller's hand: the Node's Ready condition set to Unknown.
+    fn mark_unknown(&self) {
+        self.fake.modify::<Node>("", "n1", |node| {
+            for c in node
+                .status
+                .as_mut()
+                .and_then(|s| s.conditions.as_mut())
+                .into_iter()
+                .flatten()
+            {
+                if c.type_ == "Ready" {
+                    c.status = "Unknown".into();
+                }
+            }
+        });
     }
 }
 
@@ -173,10 +106,10 @@ fn settings() -> AgentSettings {
     }
 }
 
-fn start(api: &FakeApi, snaps: &Snapshots) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+fn start(api: &Api, snaps: &Snapshots) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run(
-        api.clone(),
+        api.kube(),
         snaps.clone(),
         settings(),
         ProblemLog::default(),
@@ -197,7 +130,7 @@ fn ready_status(node: &Node) -> Option<String> {
 
 #[tokio::test(start_paused = true)]
 async fn registers_ready_and_keeps_the_lease_with_one_request_per_renewal() {
-    let api = FakeApi::default();
+    let api = Api::new();
     let (cancel, task) = start(&api, &Snapshots::ready());
     advance(Duration::from_millis(50)).await;
     let node = api.node();
@@ -207,34 +140,58 @@ async fn registers_ready_and_keeps_the_lease_with_one_request_per_renewal() {
         "Ready on creation"
     );
     let lease = api.lease().expect("a Lease");
-    assert_eq!(lease.metadata.owner_references.unwrap()[0].uid, "uid-1");
+    assert_eq!(
+        Some(lease.metadata.owner_references.unwrap()[0].uid.clone()),
+        node.metadata.uid,
+        "owned by the Node"
+    );
+
+    // The requests as the API server takes them: the Node created under our field manager,
+    // the Lease created in its namespace.
+    let requests = api.fake.requests();
+    let create = requests
+        .iter()
+        .find(|r| r.describe() == "create nodes")
+        .unwrap();
+    assert_eq!(create.param("fieldManager"), Some("deckhand"));
+    let lease_creates = Rule::new("create", "leases").in_namespace(LEASE_NAMESPACE);
+    assert_eq!(api.fake.count(&lease_creates), 1);
 
     // One minute at rest: six Lease updates, no status patch (nothing changed).
     let (replaces, patches, gets) = (
-        api.calls("replace_lease"),
-        api.calls("patch_node_status"),
-        api.calls("get_node"),
+        api.calls("update leases"),
+        api.calls("patch nodes/status"),
+        api.calls("get nodes"),
     );
     advance(Duration::from_secs(60)).await;
-    assert_eq!(api.calls("replace_lease") - replaces, 6);
-    assert_eq!(api.calls("patch_node_status") - patches, 0);
-    assert_eq!(api.calls("get_node") - gets, 0);
+    assert_eq!(api.calls("update leases") - replaces, 6);
+    assert_eq!(api.calls("patch nodes/status") - patches, 0);
+    assert_eq!(api.calls("get nodes") - gets, 0);
     assert_eq!(
-        api.calls("get_lease"),
+        api.calls("get leases"),
         1,
         "the Lease is read once, then updated optimistically"
     );
 
     // The report period forces a patch even without a change.
     advance(Duration::from_secs(300)).await;
-    assert!(api.calls("patch_node_status") >= 1);
+    assert!(api.calls("patch nodes/status") >= 1);
+    let patch = api
+        .fake
+        .requests()
+        .into_iter()
+        .rfind(|r| r.describe() == "patch nodes/status n1");
+    assert_eq!(
+        patch.unwrap().content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
     cancel.cancel();
     task.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn not_ready_is_reported_and_the_change_to_ready_follows_within_the_fast_period() {
-    let api = FakeApi::default();
+    let api = Api::new();
     let snaps = Snapshots::ready();
     *snaps.0.lock().unwrap() = RuntimeState::Down;
     let (cancel, task) = start(&api, &snaps);
@@ -249,9 +206,8 @@ async fn not_ready_is_reported_and_the_change_to_ready_follows_within_the_fast_p
 
 #[tokio::test(start_paused = true)]
 async fn an_existing_node_is_reconciled_and_a_stale_lease_is_reread() {
-    let api = FakeApi::default();
+    let api = Api::new();
     {
-        let mut s = api.0.lock().unwrap();
         let mut node = initial_node("n1", &ClusterSettings::default(), NodeStatus::default());
         node.metadata.uid = Some("uid-old".into());
         node.metadata
@@ -264,8 +220,8 @@ async fn an_existing_node_is_reconciled_and_a_stale_lease_is_reread() {
             .as_mut()
             .unwrap()
             .insert("team".into(), "blue".into());
-        s.node = Some(node);
-        let mut lease = lease::new_lease(
+        api.fake.apply(&node);
+        let lease = lease::new_lease(
             &NodeRef {
                 name: "n1".into(),
                 uid: "uid-old".into(),
@@ -273,8 +229,7 @@ async fn an_existing_node_is_reconciled_and_a_stale_lease_is_reread() {
             40,
             jiff::Timestamp::now(),
         );
-        lease.metadata.resource_version = Some("100".into());
-        s.lease = Some(lease);
+        api.fake.apply(&lease);
     }
     let (cancel, task) = start(&api, &Snapshots::ready());
     advance(Duration::from_millis(50)).await;
@@ -293,12 +248,9 @@ async fn an_existing_node_is_reconciled_and_a_stale_lease_is_reread() {
     assert_eq!(ready_status(&node).as_deref(), Some("True"));
 
     // Someone else updates the Lease: our next update conflicts, and we re-read it.
-    {
-        let mut s = api.0.lock().unwrap();
-        s.lease.as_mut().unwrap().metadata.resource_version = Some("999".into());
-    }
+    api.fake.modify::<Lease>(LEASE_NAMESPACE, "n1", |_| {});
     advance(Duration::from_secs(10)).await;
-    assert!(api.calls("get_lease") >= 1);
+    assert!(api.calls("get leases") >= 1);
     advance(Duration::from_secs(10)).await;
     assert_eq!(
         api.lease()
@@ -309,60 +261,42 @@ async fn an_existing_node_is_reconciled_and_a_stale_lease_is_reread() {
             .as_deref(),
         Some("n1")
     );
-    assert_eq!(api.calls("create_node"), 1);
+    assert_eq!(api.calls("create nodes"), 1);
     cancel.cancel();
     task.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn failures_back_off_and_the_node_is_reread_after_an_outage() {
-    let api = FakeApi::default();
+    let api = Api::new();
     // Registration: forbidden (and the Node is not there), then the API server is down.
-    api.fail_next("create_node", ProblemKind::Forbidden);
+    api.fake.fail(Rule::new("create", "nodes"), 403, 1);
     let (cancel, task) = start(&api, &Snapshots::ready());
     advance(Duration::from_millis(50)).await;
-    assert_eq!(api.calls("create_node"), 1);
+    assert_eq!(api.calls("create nodes"), 1);
     advance(Duration::from_secs(2)).await;
-    assert_eq!(api.calls("create_node"), 2, "retried after the back-off");
+    assert_eq!(api.calls("create nodes"), 2, "retried after the back-off");
 
     assert_eq!(ready_status(&api.node()).as_deref(), Some("True"));
 
     // The API server drops a status patch, and the node controller marks the Node Unknown
     // meanwhile. Our copy still says True; the failure makes the next round re-read it.
-    let gets = api.calls("get_node");
-    {
-        let mut s = api.0.lock().unwrap();
-        for c in s
-            .node
-            .as_mut()
-            .unwrap()
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap()
-        {
-            if c.type_ == "Ready" {
-                c.status = "Unknown".into();
-            }
-        }
-        s.failures
-            .push_back(("patch_node_status", problem(ProblemKind::Unreachable)));
-    }
+    let gets = api.calls("get nodes");
+    api.mark_unknown();
+    api.fake.unreachable(Rule::new("patch", "nodes/status"), 1);
     // The report period makes the agent patch (and fail); the next round re-reads and fixes.
     advance(Duration::from_secs(300)).await;
     advance(Duration::from_secs(11)).await;
-    assert!(api.calls("get_node") > gets, "the Node was re-read");
+    assert!(api.calls("get nodes") > gets, "the Node was re-read");
     assert_eq!(ready_status(&api.node()).as_deref(), Some("True"));
 
     // A Lease update that fails is retried within the back-off, not a renew interval later.
-    api.fail_next("replace_lease", ProblemKind::Unreachable);
-    let before = api.calls("replace_lease");
+    api.fake.unreachable(Rule::new("update", "leases"), 1);
+    let before = api.calls("update leases");
     advance(Duration::from_secs(10)).await;
     advance(Duration::from_millis(500)).await;
     assert!(
-        api.calls("replace_lease") >= before + 2,
+        api.calls("update leases") >= before + 2,
         "failed, then renewed again after 200 ms"
     );
     cancel.cancel();
@@ -371,33 +305,16 @@ async fn failures_back_off_and_the_node_is_reread_after_an_outage() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_marked_unknown_after_a_lease_outage_is_set_right_within_three_rounds() {
-    let api = FakeApi::default();
+    let api = Api::new();
     let (cancel, task) = start(&api, &Snapshots::ready());
     advance(Duration::from_millis(50)).await;
     assert_eq!(ready_status(&api.node()).as_deref(), Some("True"));
     // A Lease renewal fails (the API server is away); no status write fails meanwhile,
     // since the status does not change.
-    api.fail_next("replace_lease", ProblemKind::Unreachable);
+    api.fake.unreachable(Rule::new("update", "leases"), 1);
     advance(Duration::from_secs(11)).await;
     // Back: the controller manager then marks the Node Unknown, seeing an old Lease.
-    {
-        let mut s = api.0.lock().unwrap();
-        for c in s
-            .node
-            .as_mut()
-            .unwrap()
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap()
-        {
-            if c.type_ == "Ready" {
-                c.status = "Unknown".into();
-            }
-        }
-    }
+    api.mark_unknown();
     advance(Duration::from_secs(11)).await;
     assert_eq!(
         ready_status(&api.node()).as_deref(),
@@ -406,9 +323,9 @@ async fn a_node_marked_unknown_after_a_lease_outage_is_set_right_within_three_ro
     );
     // The re-reads stop after three rounds: at rest again, no more reads of the Node.
     advance(Duration::from_secs(30)).await;
-    let gets = api.calls("get_node");
+    let gets = api.calls("get nodes");
     advance(Duration::from_secs(60)).await;
-    assert_eq!(api.calls("get_node"), gets);
+    assert_eq!(api.calls("get nodes"), gets);
     cancel.cancel();
     task.await.unwrap();
 }
@@ -475,11 +392,11 @@ fn condition_events_name_each_condition_the_node_moved() {
 
 #[tokio::test(start_paused = true)]
 async fn the_node_returned_by_the_api_server_is_published_for_admission() {
-    let api = FakeApi::default();
+    let api = Api::new();
     let (tx, rx) = tokio::sync::watch::channel(None);
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run(
-        api.clone(),
+        api.kube(),
         Snapshots::ready(),
         AgentSettings {
             published: super::NodePublisher::to(tx),
@@ -491,7 +408,7 @@ async fn the_node_returned_by_the_api_server_is_published_for_admission() {
     ));
     advance(Duration::from_millis(50)).await;
     let published = rx.borrow().clone().expect("the registered Node");
-    assert_eq!(published.metadata.uid.as_deref(), Some("uid-1"));
+    assert_eq!(published.metadata.uid, api.node().metadata.uid);
     assert_eq!(
         published.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
         "n1"

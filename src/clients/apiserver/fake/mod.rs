@@ -54,10 +54,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-pub(crate) use store::Gvr;
+pub(crate) use store::{Gvr, status};
 
 use patch::PatchType;
-use store::{Key, Part, Store, reason_for, status};
+use store::{Key, Part, Store, reason_for};
 
 /// The verbs, as RBAC names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,7 +253,7 @@ impl Rule {
         Rule::new("*", "*")
     }
 
-    /// Only the object of this name.
+    /// Only the object of this name (as the path names it: a create's path has no name).
     pub(crate) fn named(mut self, name: &str) -> Rule {
         self.name = Some(name.into());
         self
@@ -333,6 +333,8 @@ struct State {
     /// Bookmarks asked for, and ends of the open watches asked for, so far.
     bookmarks: u64,
     ends: u64,
+    /// Tokens the built-in TokenRequest answer has issued.
+    tokens: usize,
 }
 
 struct Inner {
@@ -505,6 +507,11 @@ impl FakeApiServer {
     /// The next `times` requests `rule` matches get no answer (a transport error).
     pub(crate) fn unreachable(&self, rule: Rule, times: usize) {
         self.add_failure(rule, Reply::Unreachable, times);
+    }
+
+    /// Drops the failures not yet used up: the API server works again.
+    pub(crate) fn clear_failures(&self) {
+        self.inner.state().failures.clear();
     }
 
     fn add_failure(&self, rule: Rule, reply: Reply, times: usize) {
@@ -815,12 +822,17 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
             Err(s) => status_response(&s),
         },
         Verb::Create => {
-            let tokens = inner
-                .state()
-                .log
-                .iter()
-                .filter(|r| Rule::new("create", "serviceaccounts/token").matches(r))
-                .count();
+            let tokens = {
+                let mut state = inner.state();
+                if (
+                    request.gvr.resource.as_str(),
+                    request.subresource.as_deref(),
+                ) == ("serviceaccounts", Some("token"))
+                {
+                    state.tokens += 1;
+                }
+                state.tokens
+            };
             if let Some(answer) = builtin(request, tokens) {
                 return json_response(201, &answer);
             }
@@ -901,7 +913,7 @@ fn list(inner: &Inner, request: &Request) -> Response {
 }
 
 /// The answers of the creates nothing is stored for, until a test sets a responder:
-/// a TokenRequest gets a token (`fake-token-<n>`, the n-th TokenRequest) for its
+/// a TokenRequest gets a token (`fake-token-<n>`, the n-th token issued) for its
 /// `expirationSeconds` (default 3600); a TokenReview or
 /// a SubjectAccessReview is echoed with an empty status (not authenticated, not allowed).
 fn builtin(request: &Request, tokens: usize) -> Option<Value> {

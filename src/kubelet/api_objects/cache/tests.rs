@@ -1,8 +1,11 @@
 use std::time::Duration;
 
 use super::*;
+use crate::clients::apiserver::fake::FakeApiServer;
 use crate::kubelet::api_objects::Kind;
-use crate::kubelet::api_objects::fake::{FakeObjectApi, forbidden};
+use crate::kubelet::api_objects::testing::{
+    config_map, delete, forbid, lists, object_api, open_watches,
+};
 
 fn pod(uid: &str, volumes: serde_json::Value) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -23,11 +26,11 @@ fn cm_key(name: &str) -> ObjectKey {
     ObjectKey::new(Kind::ConfigMap, "ns", name)
 }
 
-fn setup() -> (FakeObjectApi, ObjectCache, Pokes, CancellationToken) {
-    let api = FakeObjectApi::default();
+fn setup() -> (FakeApiServer, ObjectCache, Pokes, CancellationToken) {
+    let api = FakeApiServer::new();
     let pokes = Pokes::default();
     let cancel = CancellationToken::new();
-    let cache = ObjectCache::new(Arc::new(api.clone()), pokes.clone(), cancel.clone());
+    let cache = ObjectCache::new(object_api(&api), pokes.clone(), cancel.clone());
     (api, cache, pokes, cancel)
 }
 
@@ -57,38 +60,38 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_change_is_served_and_pokes_the_pods_that_refer_to_it() {
     let (api, cache, pokes, cancel) = setup();
-    api.put_config_map("ns", "cfg", &[("k", "one")]);
+    api.apply(&config_map("ns", "cfg", &[("k", "one")]));
     let keys = cache.register_pod(&cm_pod("a", "cfg"));
     assert_eq!(keys.into_iter().collect::<Vec<_>>(), [cm_key("cfg")]);
     let got = cache.get(&cm_key("cfg")).await.unwrap();
     assert_eq!(data(&got, "k"), "one");
     assert_eq!(poked(&pokes).await, ["a"], "the first list pokes");
 
-    eventually("the watch is open", || !api.open_watches().is_empty()).await;
-    api.put_config_map("ns", "cfg", &[("k", "two")]);
+    eventually("the watch is open", || !open_watches(&api).is_empty()).await;
+    api.apply(&config_map("ns", "cfg", &[("k", "two")]));
     assert_eq!(poked(&pokes).await, ["a"]);
     let got = cache.get(&cm_key("cfg")).await.unwrap();
     assert_eq!(data(&got, "k"), "two");
-    assert_eq!(api.lists(), 1, "served from the watch, not listed again");
+    assert_eq!(lists(&api), 1, "served from the watch, not listed again");
     cancel.cancel();
 }
 
 #[tokio::test]
 async fn one_watch_per_object_counted_by_pod_and_stopped_with_the_last() {
     let (api, cache, _pokes, cancel) = setup();
-    api.put_config_map("ns", "shared", &[("k", "v")]);
+    api.apply(&config_map("ns", "shared", &[("k", "v")]));
     cache.register_pod(&cm_pod("a", "shared"));
     cache.register_pod(&cm_pod("b", "shared"));
     cache.register_pod(&cm_pod("b", "shared"));
     cache.get(&cm_key("shared")).await.unwrap();
-    eventually("one watch", || api.open_watches().len() == 1).await;
-    assert_eq!(api.lists(), 1);
+    eventually("one watch", || open_watches(&api).len() == 1).await;
+    assert_eq!(lists(&api), 1);
 
     cache.unregister_pod("a");
     assert_eq!(cache.watched(), [cm_key("shared")]);
     cache.unregister_pod("b");
     assert!(cache.watched().is_empty());
-    eventually("the watch is closed", || api.open_watches().is_empty()).await;
+    eventually("the watch is closed", || open_watches(&api).is_empty()).await;
     assert!(matches!(
         cache.get(&cm_key("shared")).await,
         Err(ObjectError::NotRegistered { .. })
@@ -104,11 +107,11 @@ async fn a_missing_object_is_not_found_until_it_is_created() {
     assert_eq!(err.to_string(), "configmap \"later\" not found");
     assert!(err.is_not_found());
     poked(&pokes).await;
-    eventually("the watch is open", || !api.open_watches().is_empty()).await;
-    api.put_config_map("ns", "later", &[("k", "v")]);
+    eventually("the watch is open", || !open_watches(&api).is_empty()).await;
+    api.apply(&config_map("ns", "later", &[("k", "v")]));
     assert_eq!(poked(&pokes).await, ["a"]);
     assert!(cache.get(&cm_key("later")).await.is_ok());
-    api.delete(&cm_key("later"));
+    delete(&api, &cm_key("later"));
     assert_eq!(poked(&pokes).await, ["a"]);
     assert!(
         cache
@@ -123,7 +126,7 @@ async fn a_missing_object_is_not_found_until_it_is_created() {
 #[tokio::test(start_paused = true)]
 async fn an_object_the_node_may_not_read_is_not_synced_and_says_why() {
     let (api, cache, _pokes, cancel) = setup();
-    api.fail_with(Some(forbidden()));
+    forbid(&api);
     cache.register_pod(&cm_pod("a", "secret-ish"));
     let err = cache.get(&cm_key("secret-ish")).await.unwrap_err();
     let text = err.to_string();
@@ -132,8 +135,8 @@ async fn an_object_the_node_may_not_read_is_not_synced_and_says_why() {
         "{text}"
     );
     assert!(text.contains("403"), "{text}");
-    api.fail_with(None);
-    api.put_config_map("ns", "secret-ish", &[("k", "v")]);
+    api.clear_failures();
+    api.apply(&config_map("ns", "secret-ish", &[("k", "v")]));
     // The back-off is at most 7 s.
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(cache.get(&cm_key("secret-ish")).await.is_ok());
@@ -143,11 +146,13 @@ async fn an_object_the_node_may_not_read_is_not_synced_and_says_why() {
 #[tokio::test]
 async fn an_immutable_object_is_not_watched_once_read() {
     let (api, cache, _pokes, cancel) = setup();
-    api.put_config_map_with("ns", "frozen", &[("k", "v")], true);
+    let mut frozen = config_map("ns", "frozen", &[("k", "v")]);
+    frozen.immutable = Some(true);
+    api.apply(&frozen);
     cache.register_pod(&cm_pod("a", "frozen"));
     assert!(cache.get(&cm_key("frozen")).await.is_ok());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(api.open_watches().is_empty());
+    assert!(open_watches(&api).is_empty());
     assert_eq!(cache.watched(), [cm_key("frozen")], "still served");
     assert!(cache.get(&cm_key("frozen")).await.is_ok());
     cancel.cancel();
@@ -162,7 +167,7 @@ async fn a_pod_that_refers_to_nothing_registers_nothing() {
             .is_empty()
     );
     assert!(cache.watched().is_empty());
-    assert_eq!(api.lists(), 0);
+    assert_eq!(lists(&api), 0);
     cache.unregister_pod("a");
     cancel.cancel();
 }
@@ -206,11 +211,11 @@ fn the_watchers_events_say_what_the_object_is() {
 #[tokio::test]
 async fn a_failed_list_is_retried_and_the_object_served() {
     let (api, cache, pokes, cancel) = setup();
-    api.put_config_map("ns", "cfg", &[("k", "v")]);
-    api.fail_with(Some(forbidden()));
+    api.apply(&config_map("ns", "cfg", &[("k", "v")]));
+    forbid(&api);
     cache.register_pod(&cm_pod("a", "cfg"));
-    eventually("a failed list", || api.lists() >= 1).await;
-    api.fail_with(None);
+    eventually("a failed list", || lists(&api) >= 1).await;
+    api.clear_failures();
     assert_eq!(
         poked(&pokes).await,
         ["a"],
