@@ -253,6 +253,7 @@ pub(super) fn start_membership(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clients::apiserver::fake::{FakeApiServer, Rule};
     use crate::clients::apiserver::rate_limit::{RateLimitLayer, TokenBucket};
     use crate::config::ServerSettings;
     use crate::endpoints::node_api::auth::Gate;
@@ -262,43 +263,33 @@ mod tests {
     use std::time::Duration;
     use tokio::time::Instant;
 
-    /// A kube client on an in-memory API server, behind the rate limit `options` asks for
-    /// (the layer `connect` puts in front of a real one): a TokenReview is answered "not
-    /// authenticated" after 20 ms, a Lease update is echoed at once.
-    fn fake_client(options: &ClientOptions) -> kube::Client {
-        let server = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
-            let body = if req.uri().path().ends_with("/tokenreviews") {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                serde_json::json!({
-                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                    "spec": {}, "status": {"authenticated": false},
-                })
-            } else {
-                serde_json::json!({
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "n1", "namespace": "kube-node-lease", "resourceVersion": "2"},
-                })
-            };
-            let body = http_body_util::Full::new(hyper::body::Bytes::from(body.to_string()));
-            Ok::<_, std::convert::Infallible>(
-                http::Response::builder()
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .unwrap(),
-            )
+    /// A kube client on the fake API server, behind the rate limit `options` asks for (the
+    /// layer `connect` puts in front of a real one); TokenReviews take 20 ms to answer
+    /// (the fake's answer: not authenticated).
+    fn fake_client(fake: &FakeApiServer, options: &ClientOptions) -> kube::Client {
+        let to_fake = fake.client();
+        let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let to_fake = to_fake.clone();
+            async move {
+                if req.uri().path().ends_with("/tokenreviews") {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                to_fake.send(req).await
+            }
         });
         let bucket = TokenBucket::new(options.qps, options.burst);
         let limited = tower::Layer::layer(&RateLimitLayer::new(bucket), server);
         kube::Client::new(limited, "default")
     }
 
-    fn fake_clients(options: &ClientSet<ClientOptions>) -> ApiClients {
+    /// The five clients, each with its own rate limit, on one fake API server.
+    fn fake_clients(fake: &FakeApiServer, options: &ClientSet<ClientOptions>) -> ApiClients {
         ApiClients {
-            heartbeat: fake_client(&options.heartbeat),
-            general: fake_client(&options.general),
-            reviews: fake_client(&options.reviews),
-            watch: fake_client(&options.watch),
-            events: fake_client(&options.events),
+            heartbeat: fake_client(fake, &options.heartbeat),
+            general: fake_client(fake, &options.general),
+            reviews: fake_client(fake, &options.reviews),
+            watch: fake_client(fake, &options.watch),
+            events: fake_client(fake, &options.events),
         }
     }
 
@@ -313,7 +304,8 @@ mod tests {
             rotate_certificates: false,
             events_qps: -1.0,
         };
-        let api = fake_clients(&client_options(&ClusterSettings::default(), &plan));
+        let fake = FakeApiServer::new();
+        let api = fake_clients(&fake, &client_options(&ClusterSettings::default(), &plan));
         let gate = Arc::new(Gate::new(
             ServerSettings::default(),
             "n1".into(),
@@ -331,18 +323,17 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let leases = api.node_api();
-        let lease = Lease {
+        let mut lease = fake.apply(&Lease {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
                 namespace: Some("kube-node-lease".into()),
-                resource_version: Some("1".into()),
                 ..Default::default()
             },
             ..Default::default()
-        };
+        });
         for renewal in 0..5 {
             let start = Instant::now();
-            leases.replace_lease(&lease).await.unwrap();
+            lease = leases.replace_lease(&lease).await.unwrap();
             assert_eq!(
                 start.elapsed(),
                 Duration::ZERO,
@@ -353,5 +344,7 @@ mod tests {
         while let Some(answer) = flood.join_next().await {
             assert_eq!(answer.unwrap(), None);
         }
+        let renewals = Rule::new("update", "leases").named("n1");
+        assert_eq!(fake.count(&renewals), 5);
     }
 }

@@ -302,83 +302,66 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::endpoints::node_api::review::{AccessAnswer, ReviewError};
-    use futures::future::BoxFuture;
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::clients::apiserver::fake::{FakeApiServer, Reply, Rule};
+    use crate::endpoints::node_api::review::KubeReviewer;
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 
-    /// Tokens it knows, and (user, subresource) pairs it allows; counts its calls.
-    #[derive(Default)]
-    struct FakeReviewer {
-        tokens: BTreeMap<String, String>,
-        allowed: Vec<(String, String)>,
-        broken: bool,
-        token_calls: AtomicUsize,
-        access_calls: AtomicUsize,
-        asked: Mutex<Vec<AccessQuestion>>,
+    /// Tokens the fake API server's TokenReviews vouch for, as (token, user name); each user
+    /// has uid `uid-1` and the group `system:serviceaccounts`.
+    const TOKENS: [(&str, &str); 2] = [("good", "sa-logs"), ("nobody", "sa-nobody")];
+
+    /// (user, subresource) pairs its SubjectAccessReviews allow.
+    const ALLOWED: [(&str, &str); 4] = [
+        ("sa-logs", "proxy"),
+        ("kube-apiserver-kubelet-client", "proxy"),
+        ("stats-reader", "stats"),
+        ("pod-lister", "pods"),
+    ];
+
+    /// A fake API server that answers TokenReviews and SubjectAccessReviews as the tables
+    /// above say (anything else: not authenticated, not allowed).
+    fn fake() -> FakeApiServer {
+        let fake = FakeApiServer::new();
+        fake.respond(token_reviews(), |req| {
+            let mut review = req.body.clone()?;
+            let token = review["spec"]["token"].as_str()?;
+            let (_, name) = TOKENS.iter().find(|(t, _)| *t == token)?;
+            review["status"] = serde_json::json!({"authenticated": true, "user": {
+                "username": name, "uid": "uid-1", "groups": ["system:serviceaccounts"]}});
+            Some(Reply::Object(review))
+        });
+        fake.respond(access_reviews(), |req| {
+            let mut review = req.body.clone()?;
+            let user = review["spec"]["user"].as_str()?;
+            let sub = review["spec"]["resourceAttributes"]["subresource"].as_str()?;
+            let allowed = ALLOWED.contains(&(user, sub));
+            review["status"] = serde_json::json!({ "allowed": allowed });
+            Some(Reply::Object(review))
+        });
+        fake
     }
 
-    impl Reviewer for FakeReviewer {
-        fn review_token<'a>(
-            &'a self,
-            token: &'a str,
-        ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
-            self.token_calls.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async move {
-                if self.broken {
-                    return Err(ReviewError::Failed("no answer".into()));
-                }
-                Ok(self.tokens.get(token).map(|name| UserInfo {
-                    name: name.clone(),
-                    uid: "uid-1".into(),
-                    groups: vec!["system:serviceaccounts".into()],
-                    ..Default::default()
-                }))
-            })
-        }
-        fn review_access<'a>(
-            &'a self,
-            q: &'a AccessQuestion,
-        ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
-            self.access_calls.fetch_add(1, Ordering::SeqCst);
-            self.asked.lock().unwrap().push(q.clone());
-            Box::pin(async move {
-                if self.broken {
-                    return Err(ReviewError::Failed("no answer".into()));
-                }
-                Ok(AccessAnswer {
-                    allowed: self
-                        .allowed
-                        .contains(&(q.user.name.clone(), q.subresource.clone())),
-                    reason: String::new(),
-                })
-            })
-        }
+    /// A fake API server that never answers.
+    fn broken() -> FakeApiServer {
+        let fake = fake();
+        fake.unreachable(Rule::any(), usize::MAX);
+        fake
     }
 
-    fn fake() -> FakeReviewer {
-        FakeReviewer {
-            tokens: [
-                ("good".to_string(), "sa-logs".to_string()),
-                ("nobody".to_string(), "sa-nobody".to_string()),
-            ]
-            .into(),
-            allowed: vec![
-                ("sa-logs".into(), "proxy".into()),
-                ("kube-apiserver-kubelet-client".into(), "proxy".into()),
-                ("stats-reader".into(), "stats".into()),
-                ("pod-lister".into(), "pods".into()),
-            ],
-            ..Default::default()
-        }
+    fn token_reviews() -> Rule {
+        Rule::new("create", "tokenreviews")
     }
 
-    fn gate(settings: ServerSettings, reviewer: Option<Arc<FakeReviewer>>) -> Gate {
+    fn access_reviews() -> Rule {
+        Rule::new("create", "subjectaccessreviews")
+    }
+
+    /// A gate whose reviews (if any) the real reviewer makes on `fake`.
+    fn gate(settings: ServerSettings, fake: Option<&FakeApiServer>) -> Gate {
         Gate::new(
             settings,
             "n1".into(),
-            reviewer.map(|r| r as Arc<dyn Reviewer>),
+            fake.map(|f| KubeReviewer::shared(f.client())),
         )
     }
 
@@ -392,8 +375,8 @@ mod tests {
 
     #[tokio::test]
     async fn decisions_table() {
-        let r = Arc::new(fake());
-        let g = gate(ServerSettings::default(), Some(r.clone()));
+        let r = fake();
+        let g = gate(ServerSettings::default(), Some(&r));
         let apiserver = cert_user("kube-apiserver-kubelet-client");
         let stats = cert_user("stats-reader");
         let lister = cert_user("pod-lister");
@@ -462,20 +445,31 @@ mod tests {
             token_user.groups,
             ["system:serviceaccounts", "system:authenticated"]
         );
-        // The SAR asked about this node, with the user's groups.
-        let asked = r.asked.lock().unwrap();
-        assert!(asked.iter().all(|q| q.node_name == "n1"));
+        // The SARs asked about this node, with the user's groups.
+        let asked: Vec<SubjectAccessReview> = r
+            .requests()
+            .iter()
+            .filter(|q| access_reviews().matches(q))
+            .filter_map(|q| q.body_as())
+            .collect();
+        assert!(!asked.is_empty());
+        for sar in &asked {
+            let attrs = sar.spec.resource_attributes.as_ref().unwrap();
+            assert_eq!(attrs.name.as_deref(), Some("n1"), "{sar:?}");
+            let groups = sar.spec.groups.as_deref().unwrap_or_default();
+            assert!(groups.iter().any(|g| g == AUTHENTICATED_GROUP), "{sar:?}");
+        }
     }
 
     #[tokio::test]
     async fn anonymous_only_when_enabled() {
-        let r = Arc::new(fake());
+        let r = fake();
         let on = gate(
             ServerSettings {
                 anonymous_enabled: true,
                 ..Default::default()
             },
-            Some(r.clone()),
+            Some(&r),
         );
         let anon = on.authenticate(None, None).await.unwrap();
         assert_eq!(anon.name, "system:anonymous");
@@ -486,7 +480,7 @@ mod tests {
                 "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource(s)=[healthz proxy])\n".into()
             )
         );
-        let off = gate(ServerSettings::default(), Some(r));
+        let off = gate(ServerSettings::default(), Some(&r));
         assert_eq!(off.authenticate(None, None).await, None);
     }
 
@@ -502,17 +496,12 @@ mod tests {
             token_webhook_enabled: false,
             ..anonymous_on.clone()
         };
-        let known = || Some(Arc::new(fake()));
-        let broken = || {
-            Some(Arc::new(FakeReviewer {
-                broken: true,
-                ..fake()
-            }))
-        };
+        let known = || Some(fake());
+        let broken = || Some(broken());
         let anon = Some(ANONYMOUS_USER);
         type Case = (
             ServerSettings,
-            Option<Arc<FakeReviewer>>,
+            Option<FakeApiServer>,
             Option<&'static str>,
             Option<&'static str>,
         );
@@ -536,14 +525,14 @@ mod tests {
             (webhook_off, known(), Some("Bearer unknown"), anon),
         ];
         for (i, (settings, reviewer, header, want)) in cases.into_iter().enumerate() {
-            let g = gate(settings, reviewer);
+            let g = gate(settings, reviewer.as_ref());
             let got = g.authenticate(None, header).await;
             assert_eq!(got.map(|u| u.name).as_deref(), want, "case {i}: {header:?}");
             // Asked twice, the cached answer is the same.
             let again = g.authenticate(None, header).await;
             assert_eq!(again.map(|u| u.name).as_deref(), want, "case {i} again");
         }
-        let g = gate(anonymous_on, known());
+        let g = gate(anonymous_on, known().as_ref());
         assert_eq!(
             g.check(None, Some("Bearer unknown"), &Method::GET, "/healthz")
                 .await,
@@ -553,21 +542,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_flood_of_refused_tokens_keeps_the_vouched_ones_and_stays_bounded() {
-        let r = Arc::new(fake());
-        let g = gate(ServerSettings::default(), Some(r.clone()));
+        let r = fake();
+        let g = gate(ServerSettings::default(), Some(&r));
+        let token_calls = || r.count(&token_reviews());
         assert!(g.authenticate(None, Some("Bearer good")).await.is_some());
         let n = super::super::cache::DEFAULT_CAPACITY * 2;
         for i in 0..n {
             let header = format!("Bearer made-up-{i}-{}", "x".repeat(1000));
             assert_eq!(g.authenticate(None, Some(&header)).await, None);
         }
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 1 + n);
+        assert_eq!(token_calls(), 1 + n);
         assert!(g.authenticate(None, Some("Bearer good")).await.is_some());
-        assert_eq!(
-            r.token_calls.load(Ordering::SeqCst),
-            1 + n,
-            "the vouched token was still cached"
-        );
+        assert_eq!(token_calls(), 1 + n, "the vouched token was still cached");
         assert_eq!(g.tokens.len(), 1);
         assert_eq!(
             g.refused_tokens.len(),
@@ -576,13 +562,13 @@ mod tests {
         // A recent refusal is still remembered; the oldest ones were pushed out.
         let last = format!("Bearer made-up-{}-{}", n - 1, "x".repeat(1000));
         g.authenticate(None, Some(&last)).await;
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 1 + n);
+        assert_eq!(token_calls(), 1 + n);
         g.authenticate(
             None,
             Some(&format!("Bearer made-up-0-{}", "x".repeat(1000))),
         )
         .await;
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 2 + n);
+        assert_eq!(token_calls(), 2 + n);
     }
 
     /// A review that finds no room in its queue is answered at once, as upstream answers a
@@ -590,21 +576,9 @@ mod tests {
     /// authorization (the authorizer had no answer).
     #[tokio::test(start_paused = true)]
     async fn reviews_beyond_the_queue_are_a_401_or_a_500_at_once() {
-        struct Stuck;
-        impl Reviewer for Stuck {
-            fn review_token<'a>(
-                &'a self,
-                _: &'a str,
-            ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
-                Box::pin(std::future::pending())
-            }
-            fn review_access<'a>(
-                &'a self,
-                _: &'a AccessQuestion,
-            ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
-                Box::pin(std::future::pending())
-            }
-        }
+        // An API server that never answers.
+        let stuck = FakeApiServer::new();
+        let hold = stuck.hold(Rule::any());
         let limits = QueueLimits {
             in_flight: 1,
             waiting: 0,
@@ -614,7 +588,7 @@ mod tests {
         let g = Arc::new(Gate::with_limits(
             ServerSettings::default(),
             "n1".into(),
-            Some(Arc::new(Stuck)),
+            Some(KubeReviewer::shared(stuck.client())),
             limits,
         ));
         let apiserver = cert_user("kube-apiserver-kubelet-client");
@@ -624,9 +598,8 @@ mod tests {
                 .await
         });
         tokio::spawn(async move { g2.check(Some(&a), None, &Method::GET, "/pods").await });
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        // Both lanes' one review is on its way.
+        hold.arrived(2).await;
         let start = tokio::time::Instant::now();
         assert_eq!(
             g.check(None, Some("Bearer t2"), &Method::GET, "/pods")
@@ -640,38 +613,43 @@ mod tests {
             )
         );
         assert_eq!(start.elapsed(), Duration::ZERO, "answered without waiting");
+        assert_eq!(
+            stuck.count(&Rule::any()),
+            2,
+            "the refused reviews were not sent"
+        );
     }
 
     #[tokio::test]
     async fn token_webhook_off_ignores_tokens() {
-        let r = Arc::new(fake());
+        let r = fake();
         let g = gate(
             ServerSettings {
                 token_webhook_enabled: false,
                 ..Default::default()
             },
-            Some(r.clone()),
+            Some(&r),
         );
         assert_eq!(g.authenticate(None, Some("Bearer good")).await, None);
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 0);
+        assert_eq!(r.count(&token_reviews()), 0);
     }
 
     #[tokio::test]
     async fn always_allow_asks_nobody() {
-        let r = Arc::new(fake());
+        let r = fake();
         let g = gate(
             ServerSettings {
                 authorization_mode: AuthorizationMode::AlwaysAllow,
                 ..Default::default()
             },
-            Some(r.clone()),
+            Some(&r),
         );
         assert!(matches!(
             g.check(None, Some("Bearer nobody"), &Method::POST, "/exec/a/b/c")
                 .await,
             Verdict::Allowed(_)
         ));
-        assert_eq!(r.access_calls.load(Ordering::SeqCst), 0);
+        assert_eq!(r.count(&access_reviews()), 0);
         // Still 401 without credentials.
         assert_eq!(
             g.check(None, None, &Method::GET, "/pods").await,
@@ -681,8 +659,8 @@ mod tests {
 
     #[tokio::test]
     async fn answers_are_cached() {
-        let r = Arc::new(fake());
-        let g = gate(ServerSettings::default(), Some(r.clone()));
+        let r = fake();
+        let g = gate(ServerSettings::default(), Some(&r));
         for _ in 0..3 {
             g.check(
                 None,
@@ -699,21 +677,17 @@ mod tests {
             )
             .await;
         }
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 2);
-        assert_eq!(r.access_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(r.count(&token_reviews()), 2);
+        assert_eq!(r.count(&access_reviews()), 2);
         // Unknown tokens are remembered too.
         g.authenticate(None, Some("Bearer unknown")).await;
         g.authenticate(None, Some("Bearer unknown")).await;
-        assert_eq!(r.token_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(r.count(&token_reviews()), 3);
     }
 
     #[tokio::test]
     async fn no_answer_is_a_500_and_no_reviewer_forbids() {
-        let broken = Arc::new(FakeReviewer {
-            broken: true,
-            ..fake()
-        });
-        let g = gate(ServerSettings::default(), Some(broken));
+        let g = gate(ServerSettings::default(), Some(&broken()));
         let apiserver = cert_user("kube-apiserver-kubelet-client");
         assert_eq!(
             g.check(Some(&apiserver), None, &Method::GET, "/pods").await,

@@ -1,6 +1,7 @@
 //! The two questions the node API asks the API server: who holds this bearer token
-//! (TokenReview) and may this user do this (SubjectAccessReview). Behind a trait so the
-//! authentication and authorization decisions are tested without a cluster.
+//! (TokenReview) and may this user do this (SubjectAccessReview), behind a trait that
+//! [`BoundedReviewer`] wraps. The tests run [`KubeReviewer`] against the fake API server
+//! (`clients::apiserver::fake`), so the decisions are tested without a cluster.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -343,6 +344,7 @@ impl Drop for WaitingPlace<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clients::apiserver::fake::{FakeApiServer, Hold, Reply, Rule};
 
     #[test]
     fn access_review_asks_about_the_nodes_subresource() {
@@ -370,35 +372,23 @@ mod tests {
         assert_eq!(token_review("t").spec.token.as_deref(), Some("t"));
     }
 
-    /// Answers every token review after `delay` (refusing the token) and every access review
-    /// at once; counts what it was asked.
-    struct Slow {
-        delay: Duration,
-        tokens: AtomicUsize,
+    /// The real reviewer on a fake API server that allows every SubjectAccessReview and
+    /// keeps every TokenReview unanswered until the returned hold is released (then it is
+    /// answered "not authenticated").
+    fn held_token_reviews() -> (FakeApiServer, Hold, Arc<dyn Reviewer>) {
+        let fake = FakeApiServer::new();
+        fake.respond(Rule::new("create", "subjectaccessreviews"), |req| {
+            let mut review = req.body.clone()?;
+            review["status"] = serde_json::json!({"allowed": true});
+            Some(Reply::Object(review))
+        });
+        let hold = fake.hold(token_reviews());
+        let reviewer = KubeReviewer::shared(fake.client());
+        (fake, hold, reviewer)
     }
 
-    impl Reviewer for Slow {
-        fn review_token<'a>(
-            &'a self,
-            _: &'a str,
-        ) -> BoxFuture<'a, Result<Option<UserInfo>, ReviewError>> {
-            Box::pin(async move {
-                self.tokens.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(self.delay).await;
-                Ok(None)
-            })
-        }
-        fn review_access<'a>(
-            &'a self,
-            _: &'a AccessQuestion,
-        ) -> BoxFuture<'a, Result<AccessAnswer, ReviewError>> {
-            Box::pin(async {
-                Ok(AccessAnswer {
-                    allowed: true,
-                    reason: String::new(),
-                })
-            })
-        }
+    fn token_reviews() -> Rule {
+        Rule::new("create", "tokenreviews")
     }
 
     fn question() -> AccessQuestion {
@@ -412,17 +402,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once_and_a_slow_turn_after_the_wait() {
-        let slow = Arc::new(Slow {
-            delay: Duration::from_secs(5),
-            tokens: AtomicUsize::new(0),
-        });
+        let (fake, hold, reviewer) = held_token_reviews();
         let limits = QueueLimits {
             in_flight: 2,
             waiting: 3,
             wait: Duration::from_secs(1),
             answer: Duration::from_secs(10),
         };
-        let bounded = Arc::new(BoundedReviewer::new(slow.clone(), limits));
+        let bounded = Arc::new(BoundedReviewer::new(reviewer, limits));
         let start = tokio::time::Instant::now();
         let mut reviews = Vec::new();
         for i in 0..20 {
@@ -432,9 +419,12 @@ mod tests {
                 (r, start.elapsed())
             }));
         }
-        while slow.tokens.load(Ordering::SeqCst) < 2 {
-            tokio::task::yield_now().await;
-        }
+        hold.arrived(2).await;
+        // The API server answers the token reviews after 5 s.
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start + Duration::from_secs(5)).await;
+            hold.release();
+        });
         // The token lane is full; an access review still goes through, at once.
         let answer = bounded.review_access(&question()).await.unwrap();
         assert!(answer.allowed);
@@ -457,7 +447,7 @@ mod tests {
             "waited their second in line: {outcomes:?}"
         );
         assert_eq!(count("busy", 0), 15, "no room in line: {outcomes:?}");
-        assert_eq!(slow.tokens.load(Ordering::SeqCst), 2, "only two were sent");
+        assert_eq!(fake.count(&token_reviews()), 2, "only two were sent");
         assert_eq!(bounded.refused(), 18);
         assert_eq!(bounded.tokens.waiting.load(Ordering::SeqCst), 0);
         // Drained: the next one is made.
@@ -466,21 +456,77 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_answer_that_takes_too_long_is_a_failure() {
-        let slow = Arc::new(Slow {
-            delay: Duration::from_secs(60),
-            tokens: AtomicUsize::new(0),
-        });
-        let bounded = BoundedReviewer::new(slow, QueueLimits::default());
+        let (fake, _hold, reviewer) = held_token_reviews();
+        let bounded = BoundedReviewer::new(reviewer, QueueLimits::default());
         let start = tokio::time::Instant::now();
         assert!(matches!(
             bounded.review_token("t").await,
             Err(ReviewError::TimedOut(_))
         ));
         assert_eq!(start.elapsed(), QueueLimits::default().answer);
+        assert_eq!(fake.count(&token_reviews()), 1);
         // Its permit came back.
         assert_eq!(
             bounded.tokens.permits.available_permits(),
             QueueLimits::default().in_flight
         );
+    }
+
+    /// The reviews sent are the API server's types with upstream's fields, and its answers
+    /// are read: a TokenReview's user, a SubjectAccessReview's verdict (denied wins), and an
+    /// error status is a failure.
+    #[tokio::test]
+    async fn the_reviews_sent_and_the_answers_read() {
+        let fake = FakeApiServer::new();
+        fake.respond(token_reviews(), |req| {
+            let mut review = req.body.clone()?;
+            if review["spec"]["token"] == "good" {
+                review["status"] = serde_json::json!({"authenticated": true, "user": {
+                    "username": "alice", "uid": "u1", "groups": ["g"],
+                    "extra": {"scopes": ["a"]}}});
+            }
+            Some(Reply::Object(review))
+        });
+        fake.respond(Rule::new("create", "subjectaccessreviews"), |req| {
+            let mut review = req.body.clone()?;
+            let sub = review["spec"]["resourceAttributes"]["subresource"].clone();
+            review["status"] = match sub.as_str() {
+                Some("log") => serde_json::json!({"allowed": true, "reason": "RBAC"}),
+                Some("proxy") => serde_json::json!({"allowed": true, "denied": true}),
+                _ => serde_json::json!({"allowed": false}),
+            };
+            Some(Reply::Object(review))
+        });
+        let reviewer = KubeReviewer(fake.client());
+        let alice = reviewer.review_token("good").await.unwrap().unwrap();
+        assert_eq!(alice.name, "alice");
+        assert_eq!(alice.uid, "u1");
+        assert_eq!(alice.groups, ["g"]);
+        assert_eq!(alice.extra["scopes"], ["a"]);
+        assert_eq!(reviewer.review_token("bad").await.unwrap(), None);
+        let sent: Vec<TokenReview> = fake.requests().iter().filter_map(|r| r.body_as()).collect();
+        assert_eq!(sent[0].spec.token.as_deref(), Some("good"));
+        assert_eq!(sent[0].spec.audiences, None);
+        let ask = |subresource: &str| AccessQuestion {
+            subresource: subresource.into(),
+            ..question()
+        };
+        let answer = reviewer.review_access(&ask("log")).await.unwrap();
+        assert_eq!((answer.allowed, answer.reason.as_str()), (true, "RBAC"));
+        assert!(!reviewer.review_access(&ask("proxy")).await.unwrap().allowed);
+        assert!(!reviewer.review_access(&ask("stats")).await.unwrap().allowed);
+        let last = fake.requests().pop().unwrap();
+        assert_eq!(last.describe(), "create subjectaccessreviews");
+        let sar: SubjectAccessReview = last.body_as().unwrap();
+        assert_eq!(sar, access_review(&ask("stats")));
+        fake.fail(Rule::any(), 500, 2);
+        assert!(matches!(
+            reviewer.review_token("good").await,
+            Err(ReviewError::Failed(_))
+        ));
+        assert!(matches!(
+            reviewer.review_access(&ask("log")).await,
+            Err(ReviewError::Failed(_))
+        ));
     }
 }

@@ -206,7 +206,8 @@ pub fn csr_state(csr: &CertificateSigningRequest) -> CsrState {
     }
 }
 
-/// The CSR calls, behind a trait for tests.
+/// The CSR calls (the certificate managers' seam; [`KubeCsrApi`] is the one implementation,
+/// unit-tested against the fake API server).
 pub trait CsrApi: Send + Sync {
     /// Creates the CSR; returns its name.
     fn create(
@@ -341,10 +342,11 @@ pub async fn submit_and_wait<A: CsrApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clients::apiserver::fake::{FakeApiServer, Rule};
     use k8s_openapi::api::certificates::v1::{
         CertificateSigningRequestCondition, CertificateSigningRequestStatus,
     };
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn subject_and_usages() {
@@ -437,35 +439,44 @@ mod tests {
         }
     }
 
-    /// A fake API: every CSR gets the given state after `polls` GETs.
-    struct Fake {
-        polls: usize,
-        outcome: Mutex<Option<CertificateSigningRequest>>,
-        seen: Mutex<usize>,
+    /// The CSR calls of the code under test, on the fake API server.
+    fn fake_api() -> (FakeApiServer, KubeCsrApi) {
+        let fake = FakeApiServer::new();
+        let api = KubeCsrApi(fake.client());
+        (fake, api)
     }
 
-    impl CsrApi for Fake {
-        async fn create(&self, _csr: &CertificateSigningRequest) -> Result<String, kube::Error> {
-            Ok("csr-test".into())
-        }
-        async fn get(&self, _name: &str) -> Result<CertificateSigningRequest, kube::Error> {
-            let mut seen = self.seen.lock().unwrap();
-            *seen += 1;
-            if *seen > self.polls {
-                Ok(self.outcome.lock().unwrap().clone().unwrap())
-            } else {
-                Ok(CertificateSigningRequest::default())
+    fn gets() -> Rule {
+        Rule::new("get", "certificatesigningrequests")
+    }
+
+    /// The one CSR the code under test created.
+    fn the_csr(fake: &FakeApiServer) -> CertificateSigningRequest {
+        let mut all = fake.list::<CertificateSigningRequest>(None);
+        assert_eq!(all.len(), 1, "one CSR created");
+        all.remove(0)
+    }
+
+    /// The signer's side: the `polls + 1`-th GET of a CSR finds `status` set on it in the
+    /// store (the earlier ones find it pending, as created).
+    fn settle_after(fake: &FakeApiServer, polls: usize, status: CertificateSigningRequestStatus) {
+        let (store, seen) = (fake.clone(), AtomicUsize::new(0));
+        fake.respond(gets(), move |req| {
+            if seen.fetch_add(1, Ordering::SeqCst) == polls {
+                let name = req.name.as_deref().unwrap_or_default();
+                store.modify::<CertificateSigningRequest>("", name, |csr| {
+                    csr.status = Some(status.clone())
+                });
             }
-        }
+            None
+        });
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_denied_csr_is_a_clear_error() {
-        let api = Fake {
-            polls: 3,
-            outcome: Mutex::new(Some(with(vec![cond("Denied", "True", "NoWay")], None))),
-            seen: Mutex::new(0),
-        };
+        let (fake, api) = fake_api();
+        let denied = with(vec![cond("Denied", "True", "NoWay")], None);
+        settle_after(&fake, 3, denied.status.unwrap());
         let err = request_certificate(
             &api,
             "n",
@@ -476,17 +487,23 @@ mod tests {
         .await
         .err()
         .unwrap();
-        assert_eq!(err.to_string(), "CSR csr-test was denied: NoWay");
-        assert_eq!(*api.seen.lock().unwrap(), 4);
+        let csr = the_csr(&fake);
+        let name = csr.metadata.name.unwrap();
+        assert!(name.starts_with("csr-"), "named from generateName: {name}");
+        assert_eq!(err.to_string(), format!("CSR {name} was denied: NoWay"));
+        assert_eq!(fake.count(&gets()), 4);
+        // What was asked for: the node's subject, the client signer and usages.
+        assert_eq!(
+            csr_common_name(&csr.spec.request.0).as_deref(),
+            Some("system:node:n")
+        );
+        assert_eq!(csr.spec.signer_name, SIGNER_NAME);
+        assert_eq!(csr.spec.usages, Some(usages(KeyKind::Ecdsa)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_never_approved_csr_times_out() {
-        let api = Fake {
-            polls: usize::MAX,
-            outcome: Mutex::new(None),
-            seen: Mutex::new(0),
-        };
+        let (fake, api) = fake_api();
         let err = request_certificate(
             &api,
             "n",
@@ -498,18 +515,14 @@ mod tests {
         .err()
         .unwrap();
         assert!(matches!(err, RequestError::TimedOut { .. }), "{err}");
+        assert_eq!(csr_state(&the_csr(&fake)), CsrState::Pending);
     }
 
     #[tokio::test(start_paused = true)]
     async fn garbage_from_the_signer_is_rejected() {
-        let api = Fake {
-            polls: 0,
-            outcome: Mutex::new(Some(with(
-                vec![cond("Approved", "True", "")],
-                Some("not a cert"),
-            ))),
-            seen: Mutex::new(0),
-        };
+        let (fake, api) = fake_api();
+        let garbage = with(vec![cond("Approved", "True", "")], Some("not a cert"));
+        settle_after(&fake, 0, garbage.status.unwrap());
         let err = request_certificate(
             &api,
             "n",
@@ -521,5 +534,6 @@ mod tests {
         .err()
         .unwrap();
         assert!(matches!(err, RequestError::BadCertificate { .. }), "{err}");
+        assert_eq!(fake.count(&gets()), 1);
     }
 }

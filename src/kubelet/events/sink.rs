@@ -1,6 +1,6 @@
 //! Writing events to the API server: one task takes events from the recorder's queue, asks the
-//! correlator what to write, and writes it, through [`EventSink`] so the retry rules are
-//! unit-tested; [`KubeEventSink`] is the real one.
+//! correlator what to write, and writes it through [`EventSink`] ([`KubeEventSink`]; its unit
+//! tests run it against the fake API server, `clients::apiserver::fake`).
 //!
 //! As upstream: an answer that refuses an event (invalid, forbidden, the namespace is going)
 //! drops it, since the same request would be refused again; no answer at all (the API server
@@ -170,55 +170,26 @@ async fn write_once(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
     use super::*;
+    use crate::clients::apiserver::fake::{FakeApiServer, Rule, Verb};
     use crate::kubelet::events::{EventType, Recorder, node_ref};
 
-    /// Answers from a script; records every call.
-    #[derive(Clone, Default)]
-    struct Scripted {
-        answers: Arc<Mutex<VecDeque<Result<(), ProblemKind>>>>,
-        calls: Arc<Mutex<Vec<(String, Event)>>>,
+    /// The event writes that reached the API server, in order: the verb and the `count` sent.
+    fn calls(fake: &FakeApiServer) -> Vec<(&'static str, Option<i64>)> {
+        fake.requests()
+            .iter()
+            .filter(|r| r.gvr.resource == "events")
+            .map(|r| {
+                let count = r.body.as_ref().and_then(|b| b["count"].as_i64());
+                (r.verb.as_str(), count)
+            })
+            .collect()
     }
 
-    impl Scripted {
-        fn answer(&self, call: &str, event: &Event) -> Result<Event, Problem> {
-            self.calls
-                .lock()
-                .unwrap()
-                .push((call.to_string(), event.clone()));
-            match self.answers.lock().unwrap().pop_front().unwrap_or(Ok(())) {
-                Ok(()) => Ok(event.clone()),
-                Err(kind) => Err(Problem {
-                    kind,
-                    message: format!("{kind:?}"),
-                }),
-            }
-        }
-        fn calls(&self) -> Vec<(String, Option<i32>)> {
-            self.calls
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(c, e)| (c.clone(), e.count))
-                .collect()
-        }
-    }
-
-    impl EventSink for Scripted {
-        async fn create(&self, event: &Event) -> Result<Event, Problem> {
-            self.answer("create", event)
-        }
-        async fn update(&self, event: &Event) -> Result<Event, Problem> {
-            self.answer("update", event)
-        }
-    }
-
-    async fn feed(script: Vec<Result<(), ProblemKind>>, events: usize) -> (Scripted, Recorder) {
-        let sink = Scripted::default();
-        sink.answers.lock().unwrap().extend(script);
+    /// Records `events` repeats of one event and runs the real sink on `fake` until each is
+    /// written or given up.
+    async fn feed(fake: &FakeApiServer, events: usize) -> Recorder {
+        let sink = KubeEventSink::new(fake.client());
         let (recorder, rx) = Recorder::to_api("n1");
         for _ in 0..events {
             recorder.record(
@@ -229,8 +200,8 @@ mod tests {
             );
         }
         let cancel = CancellationToken::new();
-        let (sink2, stats2, cancel2, mut rx) = (sink.clone(), recorder.stats(), cancel.clone(), rx);
-        let task = tokio::spawn(async move { run(sink2, &mut rx, stats2, cancel2).await });
+        let (stats2, cancel2, mut rx) = (recorder.stats(), cancel.clone(), rx);
+        let task = tokio::spawn(async move { run(sink, &mut rx, stats2, cancel2).await });
         let stats = recorder.stats();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
         while stats.written.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed)
@@ -241,53 +212,41 @@ mod tests {
         }
         cancel.cancel();
         let _ = task.await;
-        (sink, recorder)
+        recorder
     }
 
     #[tokio::test(start_paused = true)]
     async fn repeats_update_and_no_answer_is_retried_until_written() {
-        let (sink, recorder) = feed(
-            vec![
-                Ok(()),
-                Err(ProblemKind::Unreachable),
-                Err(ProblemKind::Unreachable),
-                Ok(()),
-            ],
-            2,
-        )
-        .await;
+        let fake = FakeApiServer::new();
+        fake.unreachable(Rule::new("patch", "events"), 2);
+        let recorder = feed(&fake, 2).await;
+        let (create, patch) = (Verb::Create.as_str(), Verb::Patch.as_str());
         assert_eq!(
-            sink.calls(),
+            calls(&fake),
             vec![
-                ("create".to_string(), Some(1)),
-                ("update".to_string(), Some(2)),
-                ("update".to_string(), Some(2)),
-                ("update".to_string(), Some(2)),
+                (create, Some(1)),
+                (patch, Some(2)),
+                (patch, Some(2)),
+                (patch, Some(2)),
             ]
         );
         assert_eq!(recorder.stats().written.load(Ordering::Relaxed), 2);
+        let stored = fake.list::<Event>(Some("default"));
+        assert_eq!(stored.len(), 1, "{stored:?}");
+        assert_eq!(stored[0].count, Some(2));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_refusal_drops_the_event_and_a_lost_event_is_created_again() {
-        let (sink, recorder) = feed(
-            vec![
-                Err(ProblemKind::Forbidden),
-                Err(ProblemKind::NotFound),
-                Ok(()),
-            ],
-            2,
-        )
-        .await;
+        let fake = FakeApiServer::new();
+        fake.fail(Rule::new("create", "events"), 403, 1);
+        let recorder = feed(&fake, 2).await;
         // The first create is refused (dropped). The repeat is still counted as the second
-        // occurrence: its update finds nothing, so it is created.
+        // occurrence: its update finds nothing (404), so it is created.
+        let (create, patch) = (Verb::Create.as_str(), Verb::Patch.as_str());
         assert_eq!(
-            sink.calls(),
-            vec![
-                ("create".to_string(), Some(1)),
-                ("update".to_string(), Some(2)),
-                ("create".to_string(), Some(2)),
-            ]
+            calls(&fake),
+            vec![(create, Some(1)), (patch, Some(2)), (create, Some(2))]
         );
         assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 1);
         assert_eq!(recorder.stats().written.load(Ordering::Relaxed), 1);
@@ -295,8 +254,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unreachable_server_is_tried_twelve_times_then_given_up() {
-        let (sink, recorder) = feed(vec![Err(ProblemKind::Unreachable); 20], 1).await;
-        assert_eq!(sink.calls().len(), MAX_TRIES as usize);
+        let fake = FakeApiServer::new();
+        fake.unreachable(Rule::any(), 20);
+        let recorder = feed(&fake, 1).await;
+        assert_eq!(calls(&fake).len(), MAX_TRIES as usize);
         assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 1);
     }
 }

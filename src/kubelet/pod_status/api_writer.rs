@@ -965,32 +965,14 @@ mod tests {
     /// writer is a pipeline, not a batch that waits for its slowest write.
     #[tokio::test]
     async fn a_slow_write_does_not_hold_up_the_next_pod() {
-        use axum::extract::Path as UrlPath;
-        use std::sync::Mutex as StdMutex;
-        let seen: Arc<StdMutex<Vec<String>>> = Arc::default();
-        let release = Arc::new(tokio::sync::Notify::new());
-        let app = {
-            let (seen, release) = (seen.clone(), release.clone());
-            axum::Router::new().route(
-                "/api/v1/namespaces/ns/pods/{name}/status",
-                axum::routing::patch(move |UrlPath(name): UrlPath<String>| {
-                    let (seen, release) = (seen.clone(), release.clone());
-                    async move {
-                        seen.lock().unwrap().push(name.clone());
-                        if name == "slow" {
-                            release.notified().await;
-                        }
-                        axum::Json(serde_json::to_value(&*api_pod(&name)).unwrap())
-                    }
-                }),
-            )
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        use crate::clients::apiserver::fake::{FakeApiServer, Rule};
+        let fake = FakeApiServer::new();
+        for name in ["slow", "fast"] {
+            fake.apply(&*api_pod(name));
+        }
+        let status_write = |name: &str| Rule::new("patch", "pods/status").named(name);
+        let slow = fake.hold(status_write("slow"));
+        let client = fake.client();
         let states = PodStates::default();
         let view = ApiPodsView::default();
         let cancel = CancellationToken::new();
@@ -1007,10 +989,10 @@ mod tests {
             ..Default::default()
         };
         let wait_for = |name: &'static str| {
-            let seen = seen.clone();
+            let fake = fake.clone();
             async move {
                 tokio::time::timeout(Duration::from_secs(10), async {
-                    while !seen.lock().unwrap().iter().any(|n| n == name) {
+                    while fake.count(&status_write(name)) == 0 {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                 })
@@ -1024,7 +1006,19 @@ mod tests {
         states.publish(api_pod("fast"), phase("Running"));
         sync.changed("uid-fast");
         wait_for("fast").await;
-        release.notify_waiters();
+        assert_eq!(slow.waiting(), 1, "the slow write is still unanswered");
+        let phase_of = |name| {
+            let pod: Option<Pod> = fake.get("ns", name);
+            pod.and_then(|p| p.status?.phase)
+        };
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while phase_of("fast").as_deref() != Some("Running") {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the fast pod's status was written");
+        slow.release();
         cancel.cancel();
         writer.await.unwrap();
     }

@@ -558,18 +558,16 @@ mod tests {
         assert!(view.get("a").is_none());
     }
 
-    /// An API server that accepts the connection and never answers: the source must still stop
-    /// when asked, not wait out its list.
+    /// An API server that never answers the list: the source must still stop when asked,
+    /// not wait out its list.
     #[tokio::test]
     async fn a_stop_does_not_wait_for_an_unanswered_list() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: http::Uri = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        use crate::clients::apiserver::fake::{FakeApiServer, Rule};
+        let fake = FakeApiServer::new();
+        let held = fake.hold(Rule::new("*", "pods"));
         let source = ApiSource::new(
             ApiSourceConfig {
-                client,
+                client: fake.client(),
                 on_refused: None,
                 view: ApiPodsView::default(),
             },
@@ -579,8 +577,12 @@ mod tests {
         let (tx, _rx) = mpsc::channel(1);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(source.run(tx, cancel.clone()));
-        // The list request is on its way once the connection is accepted.
-        let (_held, _) = listener.accept().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), held.arrived(1))
+            .await
+            .expect("the source asked for its pods");
+        let list = &fake.requests()[0];
+        assert_eq!(list.describe(), "list pods");
+        assert_eq!(list.param("fieldSelector"), Some("spec.nodeName=n1"));
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(10), task)
             .await
