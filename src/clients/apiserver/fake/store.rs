@@ -298,7 +298,7 @@ impl Store {
         m.insert("uid".into(), uid.into());
         m.insert(
             "creationTimestamp".into(),
-            timestamp(jiff::Timestamp::now()).into(),
+            timestamp(crate::base::clock::timestamp()).into(),
         );
         Ok(self.write(&key, object))
     }
@@ -443,7 +443,7 @@ impl Store {
                 return Ok(current);
             }
             let mut next = current.clone();
-            let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace.max(0));
+            let at = crate::base::clock::timestamp() + jiff::SignedDuration::from_secs(grace.max(0));
             let m = meta(&mut next);
             m.insert("deletionTimestamp".into(), timestamp(at).into());
             m.insert("deletionGracePeriodSeconds".into(), grace.max(0).into());
@@ -468,7 +468,7 @@ impl Store {
                 if !m.contains_key("creationTimestamp") {
                     m.insert(
                         "creationTimestamp".into(),
-                        timestamp(jiff::Timestamp::now()).into(),
+                        timestamp(crate::base::clock::timestamp()).into(),
                     );
                 }
                 self.write(key, object)

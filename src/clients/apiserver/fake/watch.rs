@@ -136,7 +136,7 @@ pub(crate) fn open(
         namespace: request.namespace.clone(),
         selector,
         bookmarks: request.param("allowWatchBookmarks") == Some("true"),
-        deadline: timeout.map(|t| tokio::time::Instant::now() + Duration::from_secs(t)),
+        deadline: timeout.map(|t| crate::base::clock::instant() + Duration::from_secs(t)),
     };
     let ticks = inner.tick.subscribe();
     let mut state = inner.state();
