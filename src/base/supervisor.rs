@@ -276,7 +276,12 @@ mod tests {
         let t0 = Instant::now();
         let secs = Duration::from_secs;
         // (records as (task, total, panicked at t0+s, restart_in), now as t0+s, reason)
-        let table: [(&[(&str, u64, u64, u64)], u64, Option<&str>); 5] = [
+        type Row = (
+            &'static [(&'static str, u64, u64, u64)],
+            u64,
+            Option<&'static str>,
+        );
+        let table: [Row; 5] = [
             (&[], 10, None),
             (
                 &[("lease", 1, 0, 1)],

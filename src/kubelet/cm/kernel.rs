@@ -92,7 +92,7 @@ pub(crate) fn decide(
                 .map(|(_, reading)| reading.clone())
                 .unwrap_or_else(|| Reading::Unreadable("not read".into()));
             (actual != Reading::Value(*expected)).then_some(Mismatch {
-                flag: *flag,
+                flag,
                 expected: *expected,
                 actual,
             })
@@ -147,12 +147,14 @@ mod tests {
             "kernel/keys/root_maxbytes",
             Reading::Unreadable("No such file or directory".into()),
         );
-        let cases: Vec<(
-            &str,
+        // (case, readings, protect, Ok(mismatches) or the refusal's text)
+        type Case = (
+            &'static str,
             Vec<(&'static str, Reading)>,
             bool,
-            Result<usize, &str>,
-        )> = vec![
+            Result<usize, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
             ("all as upstream, protected", upstream(), true, Ok(0)),
             ("all as upstream, unprotected", upstream(), false, Ok(0)),
             (

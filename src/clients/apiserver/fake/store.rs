@@ -443,7 +443,8 @@ impl Store {
                 return Ok(current);
             }
             let mut next = current.clone();
-            let at = crate::base::clock::timestamp() + jiff::SignedDuration::from_secs(grace.max(0));
+            let at =
+                crate::base::clock::timestamp() + jiff::SignedDuration::from_secs(grace.max(0));
             let m = meta(&mut next);
             m.insert("deletionTimestamp".into(), timestamp(at).into());
             m.insert("deletionGracePeriodSeconds".into(), grace.max(0).into());
