@@ -15,6 +15,11 @@
 //! `main.rs` only parses flags, builds a [`config::Config`] and hands it to [`app::daemon::run`].
 //! `docs/architecture.md` walks through the layers and the flow of a pod.
 
+// `pub(crate)` by default: an item is `pub` only when something outside the library (the
+// binary, `tests/`, `benches/`, `fuzz/`) reaches it through a `pub` path; the compiler refuses
+// any other `pub`.
+#![deny(unreachable_pub)]
+
 pub mod app;
 pub mod base;
 pub mod clients;

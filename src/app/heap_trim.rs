@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 use crate::base::clock;
 
 /// How often free memory is handed back.
-pub const TRIM_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const TRIM_PERIOD: Duration = Duration::from_secs(60);
 
 /// Returns the allocator's free pages to the kernel; true when any were returned.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn release_free_memory() -> bool {
+pub(crate) fn release_free_memory() -> bool {
     // SAFETY: malloc_trim takes no pointer and has no precondition: it locks each arena
     // itself and may be called from any thread at any time.
     unsafe { libc::malloc_trim(0) == 1 }
@@ -33,7 +33,7 @@ pub fn release_free_memory() -> bool {
 
 /// Hands free memory back every [`TRIM_PERIOD`] (on a blocking thread: a trim walks every
 /// arena under its lock) until cancelled.
-pub async fn run(cancel: CancellationToken) {
+pub(crate) async fn run(cancel: CancellationToken) {
     let mut tick = tokio::time::interval_at(clock::instant() + TRIM_PERIOD, TRIM_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

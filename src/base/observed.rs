@@ -79,7 +79,7 @@ impl ObservedContainer {
 }
 
 /// Converts CRI's nanoseconds-since-epoch (0 = unset) into a time.
-pub fn nanos_to_time(nanos: i64) -> Option<SystemTime> {
+pub(crate) fn nanos_to_time(nanos: i64) -> Option<SystemTime> {
     (nanos > 0).then(|| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(nanos as u64))
 }
 

@@ -12,7 +12,7 @@ const NAME_MAX: usize = 255;
 
 /// Why `value` cannot be one path component, or `None` when it can: not empty, not `.` or
 /// `..`, no `/`, no NUL, at most 255 bytes.
-pub fn component_problem(value: &str) -> Option<&'static str> {
+pub(crate) fn component_problem(value: &str) -> Option<&'static str> {
     if value.is_empty() {
         Some("it is empty")
     } else if value == "." || value == ".." {
@@ -31,7 +31,7 @@ pub fn component_problem(value: &str) -> Option<&'static str> {
 /// `<pod_logs_dir>/<namespace>_<name>_<uid>`: where the pod's container logs live (upstream's
 /// layout, which log shippers expect). The runtime manager makes it, the stats and the node
 /// API's log endpoints read it.
-pub fn pod_log_directory(
+pub(crate) fn pod_log_directory(
     pod_logs_dir: &std::path::Path,
     namespace: &str,
     name: &str,

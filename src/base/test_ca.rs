@@ -3,14 +3,14 @@
 //! (`tests/common` includes it by path), so it uses nothing but `rcgen`.
 
 /// The test's CA.
-pub struct TestCa {
+pub(crate) struct TestCa {
     /// The CA's certificate, PEM.
     pub pem: String,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 /// A certificate signed by a [`TestCa`] and its key.
-pub struct Leaf {
+pub(crate) struct Leaf {
     /// The certificate, PEM.
     pub cert: String,
     /// The private key, PEM.
@@ -22,14 +22,14 @@ pub struct Leaf {
 impl Leaf {
     /// The certificate and the key in one PEM text, as a kubeconfig's or a node's single
     /// file holds them.
-    pub fn pem(&self) -> String {
+    pub(crate) fn pem(&self) -> String {
         format!("{}{}", self.cert, self.key)
     }
 }
 
 impl TestCa {
     /// A CA whose common name is `name`.
-    pub fn new(name: &str) -> TestCa {
+    pub(crate) fn new(name: &str) -> TestCa {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -44,12 +44,12 @@ impl TestCa {
     }
 
     /// A server certificate for 127.0.0.1.
-    pub fn server(&self, cn: &str) -> Leaf {
+    pub(crate) fn server(&self, cn: &str) -> Leaf {
         self.leaf(cn, None, true)
     }
 
     /// A client certificate of user `cn`, in group `org` if given.
-    pub fn client(&self, cn: &str, org: Option<&str>) -> Leaf {
+    pub(crate) fn client(&self, cn: &str, org: Option<&str>) -> Leaf {
         self.leaf(cn, org, false)
     }
 

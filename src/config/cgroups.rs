@@ -14,10 +14,10 @@ use super::validate::{file_count, file_duration, invalid, pick};
 use super::{CgroupDriver, ConfigError};
 
 // Upstream kubelet (v1beta1) defaults.
-pub const DEFAULT_CGROUP_ROOT: &str = "/";
-pub const DEFAULT_MAX_PODS: u32 = 110;
-pub const DEFAULT_POD_PIDS_LIMIT: i64 = -1;
-pub const DEFAULT_CPU_CFS_QUOTA_PERIOD: Duration = Duration::from_millis(100);
+pub(super) const DEFAULT_CGROUP_ROOT: &str = "/";
+pub(super) const DEFAULT_MAX_PODS: u32 = 110;
+pub(super) const DEFAULT_POD_PIDS_LIMIT: i64 = -1;
+pub(super) const DEFAULT_CPU_CFS_QUOTA_PERIOD: Duration = Duration::from_millis(100);
 /// The `enforceNodeAllocatable` level that limits the kubepods cgroup to allocatable.
 pub const ENFORCE_PODS: &str = "pods";
 

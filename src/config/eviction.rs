@@ -17,7 +17,7 @@ use super::flags::Flags;
 use crate::base::podspec::threshold::{self, Threshold};
 
 /// Upstream's `evictionPressureTransitionPeriod`.
-pub const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(300);
 
 /// The merged eviction settings (the hard thresholds are `Reservations::eviction_hard`).
 #[derive(Debug, Clone, PartialEq)]

@@ -314,7 +314,7 @@ pub struct Flags {
 
 /// A `--manifest-url-header` item that is not a usable `key:value` pair.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderPairError {
+pub(crate) enum HeaderPairError {
     #[error("{0:?} is not a key:value pair")]
     NoColon(String),
     #[error("{0:?} has an empty header name")]
@@ -326,12 +326,12 @@ pub enum HeaderPairError {
 /// A flag value that Go's `strconv.ParseBool` would not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a boolean (use true or false)")]
-pub struct NotABool(pub String);
+pub(crate) struct NotABool(pub String);
 
 /// A duration flag that is not a Go duration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid duration {value:?}: {source}")]
-pub struct DurationArgError {
+pub(crate) struct DurationArgError {
     value: String,
     #[source]
     source: DurationError,
@@ -339,7 +339,7 @@ pub struct DurationArgError {
 
 /// Parses one `key:value` item of `--manifest-url-header`. The key is trimmed and must be
 /// non-empty; the value is everything after the first colon, trimmed, and may be empty.
-pub fn parse_header_pair(item: &str) -> Result<(String, String), HeaderPairError> {
+pub(crate) fn parse_header_pair(item: &str) -> Result<(String, String), HeaderPairError> {
     let Some((key, value)) = item.split_once(':') else {
         return Err(HeaderPairError::NoColon(item.to_string()));
     };
@@ -357,7 +357,7 @@ pub fn parse_header_pair(item: &str) -> Result<(String, String), HeaderPairError
 }
 
 /// Booleans as Go's `strconv.ParseBool` reads them (what `--flag=value` accepts upstream).
-pub fn parse_go_bool(value: &str) -> Result<bool, NotABool> {
+pub(crate) fn parse_go_bool(value: &str) -> Result<bool, NotABool> {
     match value {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),

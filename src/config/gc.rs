@@ -13,15 +13,15 @@ use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
 use super::validate::{InvalidValue, file_count};
 
-pub const DEFAULT_IMAGE_GC_HIGH_THRESHOLD_PERCENT: u8 = 85;
-pub const DEFAULT_IMAGE_GC_LOW_THRESHOLD_PERCENT: u8 = 80;
-pub const DEFAULT_IMAGE_MINIMUM_GC_AGE: Duration = Duration::from_secs(120);
-pub const DEFAULT_CONTAINER_LOG_MAX_SIZE: &str = "10Mi";
-pub const DEFAULT_CONTAINER_LOG_MAX_FILES: u32 = 5;
-pub const DEFAULT_CONTAINER_LOG_MAX_WORKERS: u32 = 1;
-pub const DEFAULT_CONTAINER_LOG_MONITOR_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_IMAGE_GC_HIGH_THRESHOLD_PERCENT: u8 = 85;
+pub(crate) const DEFAULT_IMAGE_GC_LOW_THRESHOLD_PERCENT: u8 = 80;
+pub(crate) const DEFAULT_IMAGE_MINIMUM_GC_AGE: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_CONTAINER_LOG_MAX_SIZE: &str = "10Mi";
+pub(crate) const DEFAULT_CONTAINER_LOG_MAX_FILES: u32 = 5;
+pub(crate) const DEFAULT_CONTAINER_LOG_MAX_WORKERS: u32 = 1;
+pub(crate) const DEFAULT_CONTAINER_LOG_MONITOR_INTERVAL: Duration = Duration::from_secs(10);
 /// Upstream refuses a shorter monitor interval.
-pub const MIN_CONTAINER_LOG_MONITOR_INTERVAL: Duration = Duration::from_secs(3);
+pub(crate) const MIN_CONTAINER_LOG_MONITOR_INTERVAL: Duration = Duration::from_secs(3);
 
 /// What image GC and log rotation do; the merge of flags, file and upstream's defaults.
 #[derive(Debug, Clone, PartialEq)]

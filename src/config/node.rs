@@ -22,13 +22,13 @@ use crate::base::podspec::labels::LabelError;
 use crate::base::podspec::quantity::{self, Quantity};
 use crate::base::podspec::threshold::{self, Threshold};
 
-pub const DEFAULT_KUBE_API_QPS: f32 = 50.0;
-pub const DEFAULT_KUBE_API_BURST: u32 = 100;
-pub const DEFAULT_EVENT_RECORD_QPS: f32 = 50.0;
-pub const DEFAULT_EVENT_BURST: u32 = 100;
-pub const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(300);
-pub const DEFAULT_NODE_LEASE_DURATION_SECONDS: u32 = 40;
-pub const DEFAULT_NODE_STATUS_MAX_IMAGES: i32 = 50;
+pub(crate) const DEFAULT_KUBE_API_QPS: f32 = 50.0;
+pub(crate) const DEFAULT_KUBE_API_BURST: u32 = 100;
+pub(crate) const DEFAULT_EVENT_RECORD_QPS: f32 = 50.0;
+pub(crate) const DEFAULT_EVENT_BURST: u32 = 100;
+pub(crate) const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_NODE_LEASE_DURATION_SECONDS: u32 = 40;
+pub(crate) const DEFAULT_NODE_STATUS_MAX_IMAGES: i32 = 50;
 
 /// How Deckhand joins a cluster and keeps its Node and Lease current.
 #[derive(Debug, Clone, PartialEq)]
@@ -467,7 +467,7 @@ fn check_node_labels(labels: &BTreeMap<String, String>) -> Result<(), NodeFlagEr
 /// Why a node flag (`--node-labels`, `--register-with-taints`, `key=value` lists) is refused.
 /// The texts are what an operator sees at start.
 #[derive(Debug, Error)]
-pub enum NodeFlagError {
+pub(crate) enum NodeFlagError {
     #[error("{0:?} is not key=value")]
     NotKeyValue(String),
     #[error("{0:?} has an empty key")]
@@ -495,7 +495,7 @@ pub enum NodeFlagError {
 
 /// Which part of a taint is wrong.
 #[derive(Debug, Error)]
-pub enum TaintError {
+pub(crate) enum TaintError {
     #[error("key: {0}")]
     Key(LabelError),
     #[error("value: {0}")]
@@ -505,7 +505,7 @@ pub enum TaintError {
 }
 
 /// A taint as `--register-with-taints` writes it: `key=value:Effect` or `key:Effect`.
-pub fn parse_taint(text: &str) -> Result<Taint, NodeFlagError> {
+pub(crate) fn parse_taint(text: &str) -> Result<Taint, NodeFlagError> {
     let (key_value, effect) = text
         .rsplit_once(':')
         .ok_or_else(|| NodeFlagError::NotTaint(text.to_string()))?;
@@ -538,7 +538,7 @@ fn check_taint(t: &Taint) -> Result<(), TaintError> {
 }
 
 /// `key=value` for `--node-labels`, `--kube-reserved` and `--system-reserved`.
-pub fn parse_key_value(item: &str) -> Result<(String, String), NodeFlagError> {
+pub(crate) fn parse_key_value(item: &str) -> Result<(String, String), NodeFlagError> {
     let (k, v) = item
         .split_once('=')
         .ok_or_else(|| NodeFlagError::NotKeyValue(item.to_string()))?;

@@ -15,11 +15,12 @@ use super::flags::Flags;
 use super::validate::{InvalidValue, file_count, invalid, pick};
 
 // Upstream kubelet (v1beta1) defaults.
-pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
-pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
-pub const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+pub(super) const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+pub(super) const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
+pub(super) const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str =
+    "unix:///run/containerd/containerd.sock";
 /// The old dockershim default for `--image-pull-progress-deadline`.
-pub const DEFAULT_IMAGE_PULL_PROGRESS_DEADLINE: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_IMAGE_PULL_PROGRESS_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Where pods' files live and where the runtime listens.
 pub(super) struct Locations {

@@ -10,7 +10,7 @@ use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
 use super::validate::{check_dns_subdomain, invalid, pick};
 
-pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
+pub(super) const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// The merged sandbox settings.
 pub(super) struct Sandbox {

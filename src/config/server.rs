@@ -22,14 +22,14 @@ use super::file::KubeletConfigurationFile;
 use super::flags::Flags;
 use super::validate::{file_ip, file_port, pick};
 
-pub const DEFAULT_AUTHN_CACHE_TTL: Duration = Duration::from_secs(120);
-pub const DEFAULT_AUTHZ_ALLOWED_TTL: Duration = Duration::from_secs(300);
-pub const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
-pub const DEFAULT_PORT: u16 = 10250;
-pub const DEFAULT_READ_ONLY_PORT: u16 = 0;
-pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
+pub(crate) const DEFAULT_AUTHN_CACHE_TTL: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_AUTHZ_ALLOWED_TTL: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_AUTHZ_DENIED_TTL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_PORT: u16 = 10250;
+pub(crate) const DEFAULT_READ_ONLY_PORT: u16 = 0;
+pub(crate) const DEFAULT_HEALTHZ_PORT: u16 = 10248;
 /// `streamingConnectionIdleTimeout`'s default, upstream's.
-pub const DEFAULT_STREAMING_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+pub(crate) const DEFAULT_STREAMING_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
 /// The node API's flags (flattened into [`super::Flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Args)]
@@ -159,7 +159,7 @@ pub enum TlsMinVersion {
 /// The TLS 1.2 cipher suites Deckhand can offer, by Go's names (and Go's short aliases of
 /// the ChaCha20 ones): ECDHE key exchange with an AEAD cipher only. Go's CBC, RC4, 3DES and
 /// plain-RSA suites are refused.
-pub const TLS12_SUITES: &[(&str, &str)] = &[
+pub(crate) const TLS12_SUITES: &[(&str, &str)] = &[
     (
         "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
         "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",

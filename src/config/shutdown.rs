@@ -48,7 +48,7 @@ pub struct PriorityGrace {
 
 /// The buckets that the configuration means, lowest priority first; empty when graceful
 /// shutdown is off. `by_priority` wins when given (validation refuses both at once).
-pub fn buckets(
+pub(crate) fn buckets(
     grace_period: Duration,
     critical_pods: Duration,
     by_priority: &[PriorityGrace],

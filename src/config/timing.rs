@@ -14,14 +14,14 @@ use super::flags::Flags;
 use super::validate::{file_duration, invalid, pick};
 
 // Upstream kubelet (v1beta1) defaults.
-pub const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-pub const DEFAULT_FILE_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
-pub const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
-pub const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
-pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
-pub const DEFAULT_CRASH_LOOP_MAX_BACKOFF: Duration = Duration::from_secs(300);
+pub(super) const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const DEFAULT_FILE_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
+pub(super) const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
+pub(super) const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
+pub(super) const DEFAULT_CRASH_LOOP_MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// `volumeStatsAggPeriod` (upstream's default; 0 turns the volume measurement off).
-pub const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
 
 /// The periods and the timeout that must be positive.
 pub(super) struct Timing {

@@ -34,7 +34,7 @@ use crate::kubelet::runtime::executor::{Executor, PodSyncState};
 
 /// What a worker is asked to do.
 #[derive(Clone, Debug)]
-pub enum Work {
+pub(crate) enum Work {
     /// Make the runtime match this pod.
     Sync(Arc<Pod>),
     /// Stop and remove everything of the pod. `pod` is absent for orphans.
@@ -51,7 +51,7 @@ pub enum Work {
 
 /// A [`Work::Kill`] request.
 #[derive(Clone, Debug)]
-pub struct Kill {
+pub(crate) struct Kill {
     pub pod: Arc<Pod>,
     /// Seconds the containers get (the pod's own grace is not consulted).
     pub grace: i64,
@@ -63,7 +63,7 @@ pub struct Kill {
 /// The status a killed pod ends with: phase Failed (unless it had Succeeded), the reason and
 /// message, and a `DisruptionTarget` condition with `disruption_reason` when given.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FinalStatus {
+pub(crate) struct FinalStatus {
     pub reason: String,
     pub message: String,
     pub disruption_reason: Option<String>,
@@ -71,7 +71,11 @@ pub struct FinalStatus {
 
 impl FinalStatus {
     /// Puts the outcome on the status computed from what the runtime shows after the stop.
-    pub fn apply(&self, status: &mut k8s_openapi::api::core::v1::PodStatus, now: SystemTime) {
+    pub(crate) fn apply(
+        &self,
+        status: &mut k8s_openapi::api::core::v1::PodStatus,
+        now: SystemTime,
+    ) {
         if status.phase.as_deref() != Some("Succeeded") {
             status.phase = Some("Failed".into());
         }
@@ -111,7 +115,7 @@ struct Handle {
 
 /// Shared pieces every worker uses.
 #[derive(Clone)]
-pub struct WorkerDeps<R> {
+pub(crate) struct WorkerDeps<R> {
     pub executor: Executor<R>,
     pub prober: ProbeManager<R>,
     pub states: PodStates,
@@ -132,19 +136,19 @@ pub struct WorkerDeps<R> {
 
 /// What the workers report about themselves on `/metrics`.
 #[derive(Clone, Default)]
-pub struct WorkerStats {
+pub(crate) struct WorkerStats {
     panics: Arc<AtomicU64>,
     syncs_interrupted: Arc<AtomicU64>,
 }
 
 impl WorkerStats {
     /// Panics caught in workers so far.
-    pub fn panics(&self) -> u64 {
+    pub(crate) fn panics(&self) -> u64 {
         self.panics.load(Ordering::Relaxed)
     }
 
     /// Syncs abandoned because the pod was to be terminated.
-    pub fn syncs_interrupted(&self) -> u64 {
+    pub(crate) fn syncs_interrupted(&self) -> u64 {
         self.syncs_interrupted.load(Ordering::Relaxed)
     }
 
@@ -162,7 +166,7 @@ impl WorkerStats {
     }
 
     /// The counters in Prometheus' text format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!(
             "# HELP deckhand_pod_worker_panics_total Panics caught in pod workers; each pod is synced again after a back-off.\n\
              # TYPE deckhand_pod_worker_panics_total counter\n\
@@ -178,7 +182,7 @@ impl WorkerStats {
 
 /// The wait before a worker tries again after its `n`th panic in a row: 1 s, doubling, at
 /// most a minute (a bug that always panics must not spin).
-pub fn panic_backoff(n: u32) -> Duration {
+pub(crate) fn panic_backoff(n: u32) -> Duration {
     let secs = 1u64 << n.saturating_sub(1).min(6);
     Duration::from_secs(secs.min(60))
 }
@@ -203,7 +207,7 @@ fn is_stop(w: &Work) -> bool {
 }
 
 /// The set of pod workers.
-pub struct PodWorkers<R> {
+pub(crate) struct PodWorkers<R> {
     deps: WorkerDeps<R>,
     handles: HashMap<String, Handle>,
     tracker: TaskTracker,
@@ -215,7 +219,7 @@ pub struct PodWorkers<R> {
 
 impl<R: RuntimeService + ImageService> PodWorkers<R> {
     /// `done_tx` receives the UID of each worker that finished terminating its pod.
-    pub fn new(
+    pub(crate) fn new(
         deps: WorkerDeps<R>,
         tracker: TaskTracker,
         cancel: CancellationToken,
@@ -233,12 +237,12 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
 
     /// The shared view of which pods have a worker and which terminate (the container GC
     /// reads it so that it never races a teardown).
-    pub fn activity(&self) -> crate::kubelet::gc::WorkerActivity {
+    pub(crate) fn activity(&self) -> crate::kubelet::gc::WorkerActivity {
         self.activity.clone()
     }
 
     /// Hands work to the pod's worker, starting one if needed.
-    pub fn dispatch(&mut self, uid: &str, work: Work) {
+    pub(crate) fn dispatch(&mut self, uid: &str, work: Work) {
         let terminating = matches!(work, Work::Terminate { .. });
         let name = match &work {
             Work::Sync(p) => Some(full_name(p)),
@@ -295,19 +299,19 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
     }
 
     /// Asks the worker to look at its pod again now (the runtime changed).
-    pub fn poke(&self, uid: &str) {
+    pub(crate) fn poke(&self, uid: &str) {
         if let Some(h) = self.handles.get(uid) {
             h.poke.notify_one();
         }
     }
 
     /// True when a worker exists for the UID.
-    pub fn has(&self, uid: &str) -> bool {
+    pub(crate) fn has(&self, uid: &str) -> bool {
         self.handles.contains_key(uid)
     }
 
     /// True when another UID with this full name is still being torn down.
-    pub fn terminating_other(&self, uid: &str, full_name: &str) -> bool {
+    pub(crate) fn terminating_other(&self, uid: &str, full_name: &str) -> bool {
         self.handles
             .iter()
             .any(|(u, h)| u != uid && h.terminating && h.full_name.as_deref() == Some(full_name))
@@ -315,7 +319,7 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
 
     /// Publishes a pod refused at admission as upstream's `rejectPod` sets it: phase Failed,
     /// the reason and message, the QoS class. Nothing runs for it.
-    pub fn refused(&self, pod: &Arc<Pod>, reason: &str, message: &str) {
+    pub(crate) fn refused(&self, pod: &Arc<Pod>, reason: &str, message: &str) {
         let status = k8s_openapi::api::core::v1::PodStatus {
             phase: Some("Failed".into()),
             reason: Some(reason.into()),
@@ -327,12 +331,16 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
     }
 
     /// Publishes a pod's final status as it is (an evicted pod: Failed, reason Evicted).
-    pub fn publish_final(&self, pod: &Arc<Pod>, status: k8s_openapi::api::core::v1::PodStatus) {
+    pub(crate) fn publish_final(
+        &self,
+        pod: &Arc<Pod>,
+        status: k8s_openapi::api::core::v1::PodStatus,
+    ) {
         self.deps.states.publish(pod.clone(), status);
     }
 
     /// Forgets a worker that reported it is done.
-    pub fn finished(&mut self, uid: &str) {
+    pub(crate) fn finished(&mut self, uid: &str) {
         self.handles.remove(uid);
         self.activity.forget(uid);
     }
@@ -918,9 +926,9 @@ pub(crate) mod test_support {
     use crate::kubelet::runtime::inspect::DetailCache;
     use crate::kubelet::runtime::translate::HostDns;
 
-    pub const IMAGE: &str = "example.test/app:1";
+    pub(crate) const IMAGE: &str = "example.test/app:1";
 
-    pub struct Harness {
+    pub(crate) struct Harness {
         pub rt: FakeCri,
         pub workers: PodWorkers<FakeCri>,
         pub stats: WorkerStats,
@@ -933,12 +941,12 @@ pub(crate) mod test_support {
         pub events: mpsc::Receiver<k8s_openapi::api::core::v1::Event>,
     }
 
-    pub fn harness(rt: FakeCri) -> Harness {
+    pub(crate) fn harness(rt: FakeCri) -> Harness {
         harness_with_objects(rt, None)
     }
 
     /// [`harness`] whose executor reads API objects through `objects`.
-    pub fn harness_with_objects(
+    pub(crate) fn harness_with_objects(
         rt: FakeCri,
         objects: Option<crate::kubelet::api_objects::ApiObjects>,
     ) -> Harness {
@@ -946,7 +954,7 @@ pub(crate) mod test_support {
     }
 
     /// [`harness`] whose executor knows the PLEG's mode through `pleg`.
-    pub fn harness_with_pleg(rt: FakeCri, pleg: crate::kubelet::pleg::PlegState) -> Harness {
+    pub(crate) fn harness_with_pleg(rt: FakeCri, pleg: crate::kubelet::pleg::PlegState) -> Harness {
         harness_full(rt, None, Some(pleg))
     }
 
@@ -1034,7 +1042,7 @@ pub(crate) mod test_support {
     }
 
     /// The (reason, message) of every event recorded so far.
-    pub fn drain_events(h: &mut Harness) -> Vec<(String, String)> {
+    pub(crate) fn drain_events(h: &mut Harness) -> Vec<(String, String)> {
         let mut out = Vec::new();
         while let Ok(e) = h.events.try_recv() {
             out.push((e.reason.unwrap_or_default(), e.message.unwrap_or_default()));
@@ -1043,7 +1051,7 @@ pub(crate) mod test_support {
     }
 
     /// A pod `web` with one container of [`IMAGE`].
-    pub fn pod(uid: &str) -> Arc<Pod> {
+    pub(crate) fn pod(uid: &str) -> Arc<Pod> {
         Arc::new(Pod {
             metadata: ObjectMeta {
                 name: Some("web".into()),
@@ -1067,7 +1075,7 @@ pub(crate) mod test_support {
     }
 
     /// Waits (in the paused clock's time) until `check` holds.
-    pub async fn eventually<F, Fut>(what: &str, mut check: F)
+    pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,

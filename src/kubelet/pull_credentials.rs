@@ -23,17 +23,17 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 
 /// `kubernetes.io/dockerconfigjson` and its key.
-pub const TYPE_DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
-pub const KEY_DOCKER_CONFIG_JSON: &str = ".dockerconfigjson";
+pub(crate) const TYPE_DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
+pub(crate) const KEY_DOCKER_CONFIG_JSON: &str = ".dockerconfigjson";
 /// `kubernetes.io/dockercfg` and its key.
-pub const TYPE_DOCKERCFG: &str = "kubernetes.io/dockercfg";
-pub const KEY_DOCKERCFG: &str = ".dockercfg";
+pub(crate) const TYPE_DOCKERCFG: &str = "kubernetes.io/dockercfg";
+pub(crate) const KEY_DOCKERCFG: &str = ".dockercfg";
 
 const DEFAULT_REGISTRY_HOST: &str = "index.docker.io";
 
 /// One set of credentials for a registry, and the secret it came from.
 #[derive(Clone, PartialEq, Eq, Default)]
-pub struct Credential {
+pub(crate) struct Credential {
     pub username: String,
     pub password: String,
     pub identity_token: String,
@@ -58,7 +58,7 @@ impl std::fmt::Debug for Credential {
 /// A pull secret that could not be read. The message never quotes the secret's content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("couldn't parse image pull secret \"{namespace}/{name}\" ({key}): {reason}")]
-pub struct KeyringError {
+pub(crate) struct KeyringError {
     pub namespace: String,
     pub name: String,
     pub key: &'static str,
@@ -68,7 +68,7 @@ pub struct KeyringError {
 /// Why a docker config (`.dockerconfigjson` or `.dockercfg`) could not be read. The message
 /// never quotes the content.
 #[derive(Debug, thiserror::Error)]
-pub enum DockerConfigError {
+pub(crate) enum DockerConfigError {
     #[error("{0}")]
     Json(#[from] serde_json::Error),
     #[error("expected a JSON object with \"auths\", found {found}")]
@@ -92,7 +92,7 @@ pub enum DockerConfigError {
 
 /// Why an entry's `auth` field could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
+pub(crate) enum AuthError {
     #[error("\"auth\" is not valid base64")]
     NotBase64,
     #[error("unable to parse auth field, must be formatted as base64(username:password)")]
@@ -101,7 +101,7 @@ pub enum AuthError {
 
 /// The credentials of a pod's pull secrets, indexed by registry key.
 #[derive(Debug, Clone, Default)]
-pub struct Keyring {
+pub(crate) struct Keyring {
     /// Every key, unique, in reverse lexical order (most specific first).
     index: Vec<String>,
     creds: BTreeMap<String, Vec<Credential>>,
@@ -109,7 +109,7 @@ pub struct Keyring {
 
 impl Keyring {
     /// The keyring of these secrets, in the pod's order. Secrets of other types are skipped.
-    pub fn from_secrets<'a>(
+    pub(crate) fn from_secrets<'a>(
         secrets: impl IntoIterator<Item = &'a Secret>,
     ) -> Result<Keyring, KeyringError> {
         let mut ring = Keyring::default();
@@ -148,7 +148,7 @@ impl Keyring {
     }
 
     /// Adds one docker config's entries (registry, credentials) from `source`.
-    pub fn add(&mut self, source: &str, entries: Vec<(String, Credential)>) {
+    pub(crate) fn add(&mut self, source: &str, entries: Vec<(String, Credential)>) {
         for (registry, mut cred) in entries {
             let Some(key) = registry_key(&registry) else {
                 continue;
@@ -162,13 +162,13 @@ impl Keyring {
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.index.is_empty()
     }
 
     /// The credentials to try for `image`, in order. None for an image name that does not
     /// parse (the pull then goes without, and the runtime says what is wrong with the name).
-    pub fn lookup(&self, image: &str) -> Vec<Credential> {
+    pub(crate) fn lookup(&self, image: &str) -> Vec<Credential> {
         let Some(repo) = repository_of(image) else {
             return Vec::new();
         };
@@ -189,7 +189,7 @@ impl Keyring {
 }
 
 /// `.dockerconfigjson`: `{"auths": {registry: entry}}`. Other fields are ignored.
-pub fn parse_docker_config_json(
+pub(crate) fn parse_docker_config_json(
     bytes: &[u8],
 ) -> Result<Vec<(String, Credential)>, DockerConfigError> {
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
@@ -206,7 +206,9 @@ pub fn parse_docker_config_json(
 }
 
 /// `.dockercfg`: `{registry: entry}`.
-pub fn parse_dockercfg(bytes: &[u8]) -> Result<Vec<(String, Credential)>, DockerConfigError> {
+pub(crate) fn parse_dockercfg(
+    bytes: &[u8],
+) -> Result<Vec<(String, Credential)>, DockerConfigError> {
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
     entries(&value)
 }
@@ -493,7 +495,7 @@ fn unescape(b: u8, rest: &[u8]) -> Option<(u8, &[u8])> {
 /// The repository an image pulls from, normalized as the docker reference library does:
 /// `busybox:1` → `docker.io/library/busybox`, `example.com:5000/a/b@sha256:…` →
 /// `example.com:5000/a/b`. None for an empty or obviously broken name.
-pub fn repository_of(image: &str) -> Option<String> {
+pub(crate) fn repository_of(image: &str) -> Option<String> {
     let name = image.split('@').next().unwrap_or("");
     if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace()) {
         return None;

@@ -40,16 +40,16 @@ struct Batch {
 }
 
 /// How often orphans are looked for.
-pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+pub(crate) const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
 /// How long the loop may go without turning before `/healthz` says so. It turns at least
 /// every [`HOUSEKEEPING_PERIOD`]; upstream waits for twice `syncFrequency` (at least five
 /// minutes), which hides a stuck loop far too long.
-pub const STALL_THRESHOLD: Duration = Duration::from_secs(30);
+pub(crate) const STALL_THRESHOLD: Duration = Duration::from_secs(30);
 
 /// The loop's liveness as the `syncloop` health check sees it.
 #[derive(Clone)]
-pub struct SyncLoopHealth {
+pub(crate) struct SyncLoopHealth {
     inner: Arc<Mutex<LoopLiveness>>,
 }
 
@@ -75,17 +75,17 @@ impl SyncLoopHealth {
     }
 
     /// The loop went round once.
-    pub fn turned(&self) {
+    pub(crate) fn turned(&self) {
         self.lock().last_turn = clock::instant();
     }
 
     /// The loop is gone for good (it panicked or returned while the agent runs).
-    pub fn ended(&self, why: String) {
+    pub(crate) fn ended(&self, why: String) {
         self.lock().ended = Some(why);
     }
 
     /// The `syncloop` health check, evaluated at `now`.
-    pub fn check_at(&self, now: Instant) -> Result<(), CheckFailure> {
+    pub(crate) fn check_at(&self, now: Instant) -> Result<(), CheckFailure> {
         let l = self.lock();
         if let Some(why) = &l.ended {
             return Err(format!("the sync loop has ended: {why}").into());
@@ -102,14 +102,14 @@ impl SyncLoopHealth {
         Ok(())
     }
 
-    pub fn check(&self) -> Result<(), CheckFailure> {
+    pub(crate) fn check(&self) -> Result<(), CheckFailure> {
         self.check_at(clock::instant())
     }
 }
 
 /// What admission needs besides the pods: the node, the published states (finished pods
 /// hold nothing of the node) and who hears of refusals.
-pub struct Admission {
+pub(crate) struct Admission {
     pub node: NodeSource,
     pub states: PodStates,
     pub refusals: Refusals,
@@ -124,18 +124,18 @@ pub struct Admission {
 /// pod, finishes the deletion (nothing runs for it that could still need stopping). The API
 /// server source's own refusals go the same way.
 #[derive(Clone)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     events: Recorder,
     status: Option<StatusSync>,
 }
 
 impl Refusals {
-    pub fn new(events: Recorder, status: Option<StatusSync>) -> Refusals {
+    pub(crate) fn new(events: Recorder, status: Option<StatusSync>) -> Refusals {
         Refusals { events, status }
     }
 
     /// The node refuses `pod` (`message` without the "Pod was rejected: " of the status).
-    pub fn refused(&self, pod: &Pod, reason: &str, message: &str) {
+    pub(crate) fn refused(&self, pod: &Pod, reason: &str, message: &str) {
         self.events.pod(pod, EventType::Warning, reason, message);
         // Not `from_api`: the API server source refuses pods before the merge marks their
         // source, so "not static" is what tells an API server pod here.
@@ -152,7 +152,7 @@ impl Refusals {
     }
 
     /// A pod was evicted: its Failed status is published; the status writer should look.
-    pub fn evicted(&self, pod: &Pod) {
+    pub(crate) fn evicted(&self, pod: &Pod) {
         if let Some(status) = &self.status {
             status.changed(pod.metadata.uid.as_deref().unwrap_or_default());
         }
@@ -160,7 +160,7 @@ impl Refusals {
 
     /// A pod refused earlier is being deleted in the API server: nothing runs for it, so the
     /// deletion can be finished.
-    pub fn deleting(&self, pod: &Arc<Pod>) {
+    pub(crate) fn deleting(&self, pod: &Arc<Pod>) {
         if let Some(status) = &self.status {
             status.torn_down(pod.clone());
         }
@@ -183,7 +183,7 @@ struct Refused {
 
 /// Requests to the loop from parts that need its view of the pods (the node shutdown
 /// manager).
-pub enum Control {
+pub(crate) enum Control {
     /// The pods admitted and not finished.
     ActivePods(oneshot::Sender<Vec<Arc<Pod>>>),
     /// Stop a pod and give it a final status (see [`Work::Kill`]); `done` is cancelled when
@@ -199,13 +199,13 @@ pub enum Control {
 /// The handle that sends [`Control`] requests; it is the shutdown manager's
 /// [`crate::kubelet::shutdown::NodePods`].
 #[derive(Clone)]
-pub struct SyncLoopControl {
+pub(crate) struct SyncLoopControl {
     tx: mpsc::UnboundedSender<Control>,
 }
 
 impl SyncLoopControl {
     /// The handle and the receiver to give [`SyncLoop::with_control`].
-    pub fn channel() -> (SyncLoopControl, mpsc::UnboundedReceiver<Control>) {
+    pub(crate) fn channel() -> (SyncLoopControl, mpsc::UnboundedReceiver<Control>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (SyncLoopControl { tx }, rx)
     }
@@ -239,7 +239,7 @@ impl crate::kubelet::shutdown::NodePods for SyncLoopControl {
 }
 
 /// The loop's state.
-pub struct SyncLoop<R> {
+pub(crate) struct SyncLoop<R> {
     workers: PodWorkers<R>,
     desired: HashMap<String, Arc<Pod>>,
     /// New UIDs of a static pod waiting for the old UID's teardown, by full name.
@@ -290,7 +290,7 @@ fn admission_order(a: &Arc<Pod>, b: &Arc<Pod>) -> std::cmp::Ordering {
 }
 
 impl<R: RuntimeService + ImageService> SyncLoop<R> {
-    pub fn new(
+    pub(crate) fn new(
         workers: PodWorkers<R>,
         sources_ready: SourcesReady,
         runtime_cache: RuntimeCache,
@@ -313,7 +313,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
 
     /// Takes [`Control`] requests from `rx`, and refuses new pods while `shutdown` says the
     /// node shuts down.
-    pub fn with_control(
+    pub(crate) fn with_control(
         mut self,
         rx: mpsc::UnboundedReceiver<Control>,
         shutdown: ShutdownStatus,
@@ -324,7 +324,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     }
 
     /// Answers one [`Control`] request.
-    pub fn handle_control(&mut self, request: Control) {
+    pub(crate) fn handle_control(&mut self, request: Control) {
         match request {
             Control::ActivePods(reply) => {
                 let finished = self.admission.states.finished();
@@ -370,7 +370,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     }
 
     /// Takes evictions from the eviction manager.
-    pub fn with_evictions(mut self, rx: mpsc::Receiver<EvictRequest>) -> Self {
+    pub(crate) fn with_evictions(mut self, rx: mpsc::Receiver<EvictRequest>) -> Self {
         self.evictions = Some(rx);
         self
     }
@@ -379,7 +379,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// and shown Failed with reason Evicted, and is not run again for later updates (as a
     /// refused pod). A pod the loop does not run (gone meanwhile) is not evicted; dropping
     /// `done` tells the manager.
-    pub fn evict(&mut self, req: EvictRequest) {
+    pub(crate) fn evict(&mut self, req: EvictRequest) {
         let Some(pod) = self.desired.get(&req.uid).cloned() else {
             tracing::info!(pod_uid = %req.uid, "eviction of a pod that no longer runs here; ignored");
             return;
@@ -414,7 +414,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     /// Remove(old) + Add(new), and the new one must see the old one terminating), then
     /// updates, then new pods in admission order, each admitted against the pods admitted
     /// before it.
-    pub fn handle_changes(&mut self, changes: Vec<PodChange>) {
+    pub(crate) fn handle_changes(&mut self, changes: Vec<PodChange>) {
         let mut removes = Vec::new();
         let mut updates = Vec::new();
         let mut adds = Vec::new();
@@ -610,7 +610,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
     }
 
     /// A worker finished tearing its pod down.
-    pub fn handle_done(&mut self, uid: &str) {
+    pub(crate) fn handle_done(&mut self, uid: &str) {
         self.workers.finished(uid);
         // A refused pod whose earlier version (or leftovers in the runtime) was just torn
         // down: the teardown cleared its status, so it is shown again.
@@ -652,7 +652,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
 
     /// Tears down what runs in the runtime for pods no source has, once every source has
     /// spoken (before that, a missing pod may just not have been read yet).
-    pub fn housekeeping(&mut self) {
+    pub(crate) fn housekeeping(&mut self) {
         if !self.sources_ready.all_ready() || !self.runtime_cache.has_relisted() {
             return;
         }
@@ -672,7 +672,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
 
     /// Runs until `cancel` fires. An input that closes is simply no longer read (the
     /// housekeeping tick keeps the loop going); `health` hears of every turn.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         mut config: mpsc::Receiver<Vec<PodChange>>,
         pokes: Pokes,

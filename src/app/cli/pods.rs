@@ -7,11 +7,11 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use serde::Serialize;
 
 /// Failing probe messages by pod UID, then container name (the local socket's `/debug/probes`).
-pub type FailingProbes = BTreeMap<String, BTreeMap<String, String>>;
+pub(crate) type FailingProbes = BTreeMap<String, BTreeMap<String, String>>;
 
 /// One pod as `deckhand pods` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PodRow {
+pub(crate) struct PodRow {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -31,7 +31,7 @@ pub struct PodRow {
 
 /// One container of a pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ContainerRow {
+pub(crate) struct ContainerRow {
     pub name: String,
     /// `init`, `sidecar` or `app`.
     pub kind: &'static str,
@@ -44,7 +44,7 @@ pub struct ContainerRow {
 }
 
 /// The rows for every pod in `pods`, sorted by namespace and name.
-pub fn rows(pods: &[Pod], failing: &FailingProbes, now: jiff::Timestamp) -> Vec<PodRow> {
+pub(crate) fn rows(pods: &[Pod], failing: &FailingProbes, now: jiff::Timestamp) -> Vec<PodRow> {
     let mut out: Vec<PodRow> = pods.iter().map(|p| row(p, failing, now)).collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
@@ -280,7 +280,7 @@ fn first_container_problem(containers: &[ContainerRow]) -> Option<String> {
 }
 
 /// Seconds as kubectl prints ages: `45s`, `3m12s`, `5h4m`, `3d4h`.
-pub fn human_age(secs: i64) -> String {
+pub(crate) fn human_age(secs: i64) -> String {
     let (d, h, m, s) = (
         secs / 86_400,
         (secs / 3600) % 24,
@@ -299,7 +299,7 @@ pub fn human_age(secs: i64) -> String {
 }
 
 /// The rows as a table for people, columns padded to their widest cell.
-pub fn render_table(rows: &[PodRow]) -> String {
+pub(crate) fn render_table(rows: &[PodRow]) -> String {
     let header = [
         "NAMESPACE",
         "NAME",

@@ -13,14 +13,14 @@ use crate::kubelet::source::{LoadError, NodeSecurity, load_static_pods, validate
 /// How bad one finding is: errors stop a manifest from running, warnings do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(crate) enum Severity {
     Error,
     Warning,
 }
 
 /// One finding in one file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Diagnostic {
+pub(crate) struct Diagnostic {
     pub severity: Severity,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line: Option<usize>,
@@ -33,7 +33,7 @@ pub struct Diagnostic {
 
 /// What `validate` found in one file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct FileReport {
+pub(crate) struct FileReport {
     pub file: String,
     /// The file would run: no errors (warnings allowed).
     pub ok: bool,
@@ -45,7 +45,12 @@ pub struct FileReport {
 /// Checks one manifest's bytes as the file source would load it on a node named `node_name`
 /// (static-pod names get the node's name as a suffix) with `security` as what the node can
 /// enforce.
-pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity) -> FileReport {
+pub(crate) fn check(
+    file: &Path,
+    bytes: &[u8],
+    node_name: &str,
+    security: &NodeSecurity,
+) -> FileReport {
     let text = String::from_utf8_lossy(bytes);
     let place = |field: &str| yaml::locate(&text, &yaml::parse_field_path(field));
     // Fields the file does not have came from defaulting (a request copied from its limit):
@@ -149,7 +154,7 @@ pub fn check(file: &Path, bytes: &[u8], node_name: &str, security: &NodeSecurity
 }
 
 /// A file that could not be read at all.
-pub fn unreadable(file: &Path, err: &std::io::Error) -> FileReport {
+pub(crate) fn unreadable(file: &Path, err: &std::io::Error) -> FileReport {
     FileReport {
         file: file.display().to_string(),
         ok: false,
@@ -166,7 +171,7 @@ pub fn unreadable(file: &Path, err: &std::io::Error) -> FileReport {
 
 /// Reports in the style compilers use, one line per finding
 /// (`pod.yaml:12:5: error: spec.containers[0].image: required`), and one `ok` line per good file.
-pub fn render_text(reports: &[FileReport]) -> String {
+pub(crate) fn render_text(reports: &[FileReport]) -> String {
     let mut out = String::new();
     for r in reports {
         for d in &r.diagnostics {

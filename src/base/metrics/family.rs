@@ -7,13 +7,13 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 /// Upstream's default histogram buckets (client_golang's `DefBuckets`), in seconds.
-pub const DEFAULT_BUCKETS: &[f64] = &[
+pub(crate) const DEFAULT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// `count` buckets starting at `start`, each `factor` times the last (client_golang's
 /// `ExponentialBuckets`).
-pub fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+pub(crate) fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(count);
     let mut next = start;
     for _ in 0..count {
@@ -25,7 +25,7 @@ pub fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
 
 /// What kind of family: its `# TYPE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
@@ -58,7 +58,7 @@ struct Series {
 
 /// A named family of series sharing label names.
 #[derive(Debug)]
-pub struct Family {
+pub(crate) struct Family {
     name: &'static str,
     help: &'static str,
     kind: Kind,
@@ -68,7 +68,7 @@ pub struct Family {
 }
 
 impl Family {
-    pub fn counter(
+    pub(crate) fn counter(
         name: &'static str,
         help: &'static str,
         labels: &'static [&'static str],
@@ -76,11 +76,15 @@ impl Family {
         Self::new(name, help, Kind::Counter, labels, Vec::new())
     }
 
-    pub fn gauge(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
+    pub(crate) fn gauge(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
         Self::new(name, help, Kind::Gauge, labels, Vec::new())
     }
 
-    pub fn histogram(
+    pub(crate) fn histogram(
         name: &'static str,
         help: &'static str,
         labels: &'static [&'static str],
@@ -120,24 +124,24 @@ impl Family {
     }
 
     /// Adds `by` to a counter (or gauge) series.
-    pub fn add(&self, values: &[&str], by: f64) {
+    pub(crate) fn add(&self, values: &[&str], by: f64) {
         let key = self.key(values);
         *self.lock().values.entry(key).or_insert(0.0) += by;
     }
 
     /// Adds one.
-    pub fn inc(&self, values: &[&str]) {
+    pub(crate) fn inc(&self, values: &[&str]) {
         self.add(values, 1.0);
     }
 
     /// Sets a gauge series.
-    pub fn set(&self, values: &[&str], value: f64) {
+    pub(crate) fn set(&self, values: &[&str], value: f64) {
         let key = self.key(values);
         self.lock().values.insert(key, value);
     }
 
     /// Records one observation in a histogram series.
-    pub fn observe(&self, values: &[&str], value: f64) {
+    pub(crate) fn observe(&self, values: &[&str], value: f64) {
         let key = self.key(values);
         let mut series = self.lock();
         let h = series
@@ -159,13 +163,13 @@ impl Family {
 
     /// The value of a counter or gauge series, for tests.
     #[cfg(test)]
-    pub fn value(&self, values: &[&str]) -> f64 {
+    pub(crate) fn value(&self, values: &[&str]) -> f64 {
         let key = self.key(values);
         self.lock().values.get(&key).copied().unwrap_or(0.0)
     }
 
     /// Appends the family in the text format. A family without series still says what it is.
-    pub fn render(&self, out: &mut String) {
+    pub(crate) fn render(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind.as_str());
         let series = self.lock();
@@ -209,7 +213,7 @@ impl Family {
 }
 
 /// Numbers as Prometheus prints them: integers without a fraction, `+Inf`/`-Inf`/`NaN`.
-pub fn format_float(v: f64) -> String {
+pub(crate) fn format_float(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()
     } else if v.is_infinite() {
@@ -226,7 +230,7 @@ pub fn format_float(v: f64) -> String {
 }
 
 /// Label values escape backslash, double quote and newline.
-pub fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -13,7 +13,7 @@ pub(crate) mod process;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-pub use family::Family;
+pub(crate) use family::Family;
 use family::{DEFAULT_BUCKETS, exponential_buckets};
 
 /// Upstream's buckets for pod start-up durations, in seconds.
@@ -28,7 +28,7 @@ const STORAGE_BUCKETS: &[f64] = &[
 ];
 
 /// The kubelet's metric families that Deckhand records.
-pub struct KubeletMetrics {
+pub(crate) struct KubeletMetrics {
     pub runtime_operations: Family,
     pub runtime_operations_duration: Family,
     pub runtime_operations_errors: Family,
@@ -52,7 +52,7 @@ pub struct KubeletMetrics {
 }
 
 /// The process-wide families.
-pub static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
+pub(crate) static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMetrics {
     runtime_operations: Family::counter(
         "kubelet_runtime_operations_total",
         "Calls to the container runtime, by operation.",
@@ -184,7 +184,7 @@ const KNOWN_PATHS: &[&str] = &[
 /// Upstream's `path` label: the first segment of the path, or two for `/metrics/…`, and
 /// `other` for paths the agent does not serve, so a client asking for random paths cannot
 /// grow the label's values.
-pub fn http_path_bucket(path: &str) -> String {
+pub(crate) fn http_path_bucket(path: &str) -> String {
     let mut parts = path.trim_start_matches('/').splitn(3, '/');
     let first = parts.next().unwrap_or_default();
     if !KNOWN_PATHS.contains(&first) {
@@ -199,7 +199,7 @@ pub fn http_path_bucket(path: &str) -> String {
 }
 
 /// Upstream's `method` label: the usual methods as they are, anything else `other`.
-pub fn http_method_bucket(method: &str) -> &'static str {
+pub(crate) fn http_method_bucket(method: &str) -> &'static str {
     match method {
         "GET" => "GET",
         "HEAD" => "HEAD",
@@ -214,7 +214,7 @@ pub fn http_method_bucket(method: &str) -> &'static str {
 }
 
 /// Upstream's `operation_type` for a CRI method (`RunPodSandbox` → `run_podsandbox`).
-pub fn operation_type(method: &str) -> &str {
+pub(crate) fn operation_type(method: &str) -> &str {
     match method {
         "Version" => "version",
         "Status" => "status",
@@ -251,7 +251,7 @@ pub fn operation_type(method: &str) -> &str {
 }
 
 /// Records one CRI call: upstream counts every call, times it, and counts failures.
-pub fn record_runtime_call(method: &str, took: Duration, ok: bool) {
+pub(crate) fn record_runtime_call(method: &str, took: Duration, ok: bool) {
     let op = [operation_type(method)];
     KUBELET.runtime_operations.inc(&op);
     KUBELET
@@ -264,7 +264,7 @@ pub fn record_runtime_call(method: &str, took: Duration, ok: bool) {
 
 /// What the page needs besides the recorded families: current state, counted at render time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CurrentState {
+pub(crate) struct CurrentState {
     pub node_name: String,
     /// Pods with a ready sandbox.
     pub running_pods: u64,
@@ -274,7 +274,7 @@ pub struct CurrentState {
 
 /// The whole `/metrics` page: the kubelet families, the current-state gauges, the process
 /// metrics, then `extra` (Deckhand's own counters), in Prometheus' text format.
-pub fn render(state: &CurrentState, extra: &str) -> String {
+pub(crate) fn render(state: &CurrentState, extra: &str) -> String {
     let mut out = String::new();
     let node_name = Family::gauge(
         "kubelet_node_name",
@@ -332,19 +332,19 @@ pub fn render(state: &CurrentState, extra: &str) -> String {
 /// The last graceful shutdown's start and end (seconds since the epoch; 0 = none), for
 /// upstream's `kubelet_graceful_shutdown_{start,end}_time_seconds`. The node shutdown manager
 /// sets them; they are here, with the other families, so that the page needs no manager.
-pub struct ShutdownTimes {
+pub(crate) struct ShutdownTimes {
     pub start: std::sync::atomic::AtomicU64,
     pub end: std::sync::atomic::AtomicU64,
 }
 
-pub static SHUTDOWN_TIMES: ShutdownTimes = ShutdownTimes {
+pub(crate) static SHUTDOWN_TIMES: ShutdownTimes = ShutdownTimes {
     start: std::sync::atomic::AtomicU64::new(0),
     end: std::sync::atomic::AtomicU64::new(0),
 };
 
 impl ShutdownTimes {
     /// Upstream's two gauges in the text format.
-    pub fn render(&self, out: &mut String) {
+    pub(crate) fn render(&self, out: &mut String) {
         use std::fmt::Write;
         let get = |a: &std::sync::atomic::AtomicU64| {
             f64::from_bits(a.load(std::sync::atomic::Ordering::Relaxed))

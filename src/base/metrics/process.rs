@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 /// What `/proc/self/stat` and friends say about this process.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     pub cpu_seconds: f64,
     pub resident_bytes: u64,
     pub virtual_bytes: u64,
@@ -16,7 +16,7 @@ pub struct ProcessStats {
 
 /// Parses the fields of `/proc/self/stat` that matter; the command name (in parentheses, and
 /// free to contain spaces) is skipped by looking for the last `)`.
-pub fn parse_stat(
+pub(crate) fn parse_stat(
     stat: &str,
     ticks_per_second: f64,
     page_size: u64,
@@ -42,7 +42,7 @@ pub fn parse_stat(
 }
 
 /// The soft "Max open files" limit from `/proc/self/limits`.
-pub fn parse_max_fds(limits: &str) -> Option<u64> {
+pub(crate) fn parse_max_fds(limits: &str) -> Option<u64> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..]
         .split_whitespace()
@@ -52,14 +52,14 @@ pub fn parse_max_fds(limits: &str) -> Option<u64> {
 }
 
 /// `btime` from `/proc/stat`: boot time in seconds since the epoch.
-pub fn parse_boot_time(stat: &str) -> Option<u64> {
+pub(crate) fn parse_boot_time(stat: &str) -> Option<u64> {
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
 }
 
 /// Reads this process's numbers; `None` when `/proc` cannot be read.
-pub fn read() -> Option<ProcessStats> {
+pub(crate) fn read() -> Option<ProcessStats> {
     use nix::unistd::{SysconfVar, sysconf};
     let ticks = sysconf(SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
     let page = sysconf(SysconfVar::PAGE_SIZE)
@@ -82,7 +82,7 @@ pub fn read() -> Option<ProcessStats> {
 }
 
 /// Appends the process families (nothing when `/proc` cannot be read).
-pub fn render(out: &mut String) {
+pub(crate) fn render(out: &mut String) {
     let Some(s) = read() else {
         return;
     };

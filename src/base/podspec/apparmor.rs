@@ -9,11 +9,12 @@ use thiserror::Error;
 
 /// Upstream's annotation prefix for a container's AppArmor profile (deprecated by the
 /// `appArmorProfile` field, still honoured when the field is unset).
-pub const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+pub(crate) const APPARMOR_ANNOTATION_PREFIX: &str =
+    "container.apparmor.security.beta.kubernetes.io/";
 
 /// The profile a container asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AppArmor {
+pub(crate) enum AppArmor {
     RuntimeDefault,
     Unconfined,
     /// A profile loaded on the node, by name.
@@ -23,7 +24,7 @@ pub enum AppArmor {
 impl AppArmor {
     /// The deprecated string form (`runtime/default`, `unconfined`, `localhost/<name>`) that
     /// older runtimes read.
-    pub fn deprecated_form(&self) -> String {
+    pub(crate) fn deprecated_form(&self) -> String {
         match self {
             AppArmor::RuntimeDefault => "runtime/default".into(),
             AppArmor::Unconfined => "unconfined".into(),
@@ -34,7 +35,7 @@ impl AppArmor {
 
 /// Why an AppArmor setting cannot be passed on.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum AppArmorError {
+pub(crate) enum AppArmorError {
     #[error("unsupported appArmorProfile type {0:?} (RuntimeDefault, Unconfined or Localhost)")]
     BadType(String),
     #[error("appArmorProfile type Localhost needs localhostProfile")]
@@ -76,7 +77,10 @@ fn from_annotation(key: &str, value: &str) -> Result<AppArmor, AppArmorError> {
 
 /// The container's AppArmor profile: its own field, else the pod's, else the annotation;
 /// `None` leaves the runtime's default in place, as upstream.
-pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, AppArmorError> {
+pub(crate) fn apparmor_profile(
+    pod: &Pod,
+    c: &Container,
+) -> Result<Option<AppArmor>, AppArmorError> {
     let field = c
         .security_context
         .as_ref()
@@ -100,7 +104,7 @@ pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, Ap
 /// Whether the pod needs the node to enforce AppArmor: some container asks for a profile
 /// other than `Unconfined` (upstream refuses such a pod on a node without AppArmor).
 #[cfg(test)]
-pub fn requires_apparmor(pod: &Pod) -> bool {
+pub(crate) fn requires_apparmor(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };
@@ -118,7 +122,7 @@ pub fn requires_apparmor(pod: &Pod) -> bool {
 
 /// A non-empty relative path that stays below its base (no `..` part), as upstream requires
 /// of `localhostProfile` (seccomp's and AppArmor's alike).
-pub fn is_local_descending_path(path: &str) -> bool {
+pub(crate) fn is_local_descending_path(path: &str) -> bool {
     use std::path::Component;
     !path.is_empty()
         && std::path::Path::new(path)

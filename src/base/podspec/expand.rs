@@ -8,7 +8,7 @@ use std::collections::HashMap;
 /// Rules, as in Kubernetes: `$$` stands for a literal `$`; a reference whose name `lookup` does
 /// not know stays as written; a `$` followed by anything else, or a `$(` with no closing `)`,
 /// is copied unchanged.
-pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+pub(crate) fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -49,7 +49,7 @@ pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 }
 
 /// Expands every string of a command or argument list against the resolved environment.
-pub fn expand_all(items: &[String], env: &HashMap<String, String>) -> Vec<String> {
+pub(crate) fn expand_all(items: &[String], env: &HashMap<String, String>) -> Vec<String> {
     items
         .iter()
         .map(|s| expand(s, |name| env.get(name).cloned()))

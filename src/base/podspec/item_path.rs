@@ -11,13 +11,13 @@
 //! fail at mount time is refused up front with the volume and item named.
 
 /// Longest path accepted (upstream's writer: 4096).
-pub const MAX_PATH_LEN: usize = 4096;
+pub(crate) const MAX_PATH_LEN: usize = 4096;
 /// Longest element of a path (upstream's writer: 255, NAME_MAX).
-pub const MAX_NAME_LEN: usize = 255;
+pub(crate) const MAX_NAME_LEN: usize = 255;
 
 /// An item path that may not be written; the texts follow upstream's writer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidPath {
+pub(crate) enum InvalidPath {
     #[error("invalid path: must not be empty")]
     Empty,
     #[error("invalid path: must be less than or equal to {MAX_PATH_LEN} characters")]
@@ -52,7 +52,7 @@ fn clean(path: &str) -> String {
 /// Checks an item path as upstream's atomic writer does (not empty, relative, no `..`
 /// element, not starting with `..`, within the length limits), and then the same of the
 /// cleaned path; returns the cleaned path, the one to write.
-pub fn check_item_path(path: &str) -> Result<String, InvalidPath> {
+pub(crate) fn check_item_path(path: &str) -> Result<String, InvalidPath> {
     if path.is_empty() {
         return Err(InvalidPath::Empty);
     }

@@ -6,7 +6,7 @@ const PREFIX_MAX: usize = 253;
 
 /// Why a label key or value is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LabelError {
+pub(crate) enum LabelError {
     #[error("{what} must be no more than {NAME_MAX} characters")]
     TooLong { what: &'static str },
     #[error(
@@ -42,7 +42,7 @@ fn check_name(name: &str, what: &'static str) -> Result<(), LabelError> {
 }
 
 /// A label key: `[prefix/]name`, the prefix a DNS subdomain.
-pub fn check_label_key(key: &str) -> Result<(), LabelError> {
+pub(crate) fn check_label_key(key: &str) -> Result<(), LabelError> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -68,7 +68,7 @@ pub fn check_label_key(key: &str) -> Result<(), LabelError> {
 }
 
 /// A label value: empty, or a name of at most 63 characters.
-pub fn check_label_value(value: &str) -> Result<(), LabelError> {
+pub(crate) fn check_label_value(value: &str) -> Result<(), LabelError> {
     if value.is_empty() {
         return Ok(());
     }

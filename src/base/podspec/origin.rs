@@ -26,18 +26,18 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a String> {
 }
 
 /// True for a static pod: one from the manifest directory or the manifest URL.
-pub fn is_static(pod: &Pod) -> bool {
+pub(crate) fn is_static(pod: &Pod) -> bool {
     annotation(pod, CONFIG_SOURCE_ANNOTATION).is_some_and(|s| s == SOURCE_FILE || s == SOURCE_HTTP)
 }
 
 /// True for a pod that names a source other than the API server (upstream's `IsStaticPod`,
 /// which admission asks): a static pod, or one of a source this node does not know.
-pub fn is_not_from_api(pod: &Pod) -> bool {
+pub(crate) fn is_not_from_api(pod: &Pod) -> bool {
     annotation(pod, CONFIG_SOURCE_ANNOTATION).is_some_and(|s| s != SOURCE_API)
 }
 
 /// True for a mirror pod (it carries [`CONFIG_MIRROR_ANNOTATION`]).
-pub fn is_mirror(pod: &Pod) -> bool {
+pub(crate) fn is_mirror(pod: &Pod) -> bool {
     annotation(pod, CONFIG_MIRROR_ANNOTATION).is_some()
 }
 

@@ -49,7 +49,7 @@ pub fn is_sidecar(c: &Container) -> bool {
 }
 
 /// The pod's namespace; an unset or empty one is `default`, as the API server defaults it.
-pub fn namespace(pod: &Pod) -> &str {
+pub(crate) fn namespace(pod: &Pod) -> &str {
     pod.metadata
         .namespace
         .as_deref()
@@ -67,11 +67,11 @@ pub fn full_name(pod: &Pod) -> String {
 }
 
 /// Upstream's priority of pods without a priority class, when no default class exists.
-pub const DEFAULT_PRIORITY: i32 = 0;
+pub(crate) const DEFAULT_PRIORITY: i32 = 0;
 /// The lowest priority of critical system pods (`system-cluster-critical`).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// `system-node-critical`, which the API server gives 1000 more.
-pub const NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
+pub(crate) const NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// A probe's or hook's port cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PortError {
+pub(crate) enum PortError {
     #[error("couldn't find port {0:?} in the container's ports")]
     NoSuchName(String),
     #[error("invalid port number: {0}")]
@@ -15,7 +15,7 @@ pub enum PortError {
 
 /// A probe's port: a number, or the name of one of the container's ports (or a number written
 /// as a string).
-pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, PortError> {
+pub(crate) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, PortError> {
     let number = match port {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => {

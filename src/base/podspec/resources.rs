@@ -8,7 +8,7 @@ use super::quantity;
 /// What the node can give a container, standing in for a limit the container does not set.
 /// Detected once at start, from the node's facts, and passed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NodeAllocatable {
+pub(crate) struct NodeAllocatable {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub ephemeral_storage_bytes: i64,
@@ -16,7 +16,7 @@ pub struct NodeAllocatable {
 
 /// Why a `resourceFieldRef` has no value; the messages are upstream's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResourceFieldError {
+pub(crate) enum ResourceFieldError {
     /// The named container (empty: the current one) is not in the pod.
     #[error("container {0} not found")]
     NoContainer(String),
@@ -45,7 +45,7 @@ pub enum ResourceFieldError {
 ///
 /// `current` is the container the reference belongs to (env vars); `containerName` in the
 /// selector, when set, picks another container of the pod (volumes always name it).
-pub fn resource_field_value(
+pub(crate) fn resource_field_value(
     pod: &Pod,
     current: Option<&Container>,
     selector: &ResourceFieldSelector,
@@ -171,17 +171,17 @@ fn ceil_div(a: i64, b: i64) -> i64 {
 }
 
 /// Amounts by resource name while they are added up (units are the caller's).
-pub type AmountsByName = std::collections::BTreeMap<String, i128>;
+pub(crate) type AmountsByName = std::collections::BTreeMap<String, i128>;
 
 /// Adds `from` into `into`, name by name.
-pub fn add_amounts(into: &mut AmountsByName, from: &AmountsByName) {
+pub(crate) fn add_amounts(into: &mut AmountsByName, from: &AmountsByName) {
     for (name, v) in from {
         *into.entry(name.clone()).or_default() += v;
     }
 }
 
 /// Keeps the larger of `into` and `from`, name by name.
-pub fn max_amounts(into: &mut AmountsByName, from: &AmountsByName) {
+pub(crate) fn max_amounts(into: &mut AmountsByName, from: &AmountsByName) {
     for (name, v) in from {
         let e = into.entry(name.clone()).or_insert(*v);
         *e = (*e).max(*v);
@@ -193,7 +193,10 @@ pub fn max_amounts(into: &mut AmountsByName, from: &AmountsByName) {
 /// containers and the sidecars (restartable init containers) add up; while a plain init
 /// container runs the node holds it and the sidecars started before it; the pod needs the
 /// larger of the two. Admission (fit) and the pod cgroup (its limits) both count this way.
-pub fn sum_over_containers(pod: &Pod, of: impl Fn(&Container) -> AmountsByName) -> AmountsByName {
+pub(crate) fn sum_over_containers(
+    pod: &Pod,
+    of: impl Fn(&Container) -> AmountsByName,
+) -> AmountsByName {
     let mut total = AmountsByName::new();
     let Some(spec) = pod.spec.as_ref() else {
         return total;

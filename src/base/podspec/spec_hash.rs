@@ -10,7 +10,7 @@ const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// FNV-1a, 64-bit.
-pub fn fnv1a_64(data: &[u8]) -> u64 {
+pub(crate) fn fnv1a_64(data: &[u8]) -> u64 {
     data.iter().fold(FNV_OFFSET_BASIS, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME)
     })
@@ -20,7 +20,7 @@ pub fn fnv1a_64(data: &[u8]) -> u64 {
 ///
 /// k8s-openapi serialises struct fields in a fixed order and keeps resource maps in
 /// `BTreeMap`s, so the JSON text (and therefore the hash) is the same for equal specs.
-pub fn container_hash(container: &Container) -> u64 {
+pub(crate) fn container_hash(container: &Container) -> u64 {
     // Serialising a plain data struct into memory cannot fail; an empty buffer would still
     // give a stable (if useless) hash.
     let json = serde_json::to_vec(container).unwrap_or_default();
@@ -28,12 +28,12 @@ pub fn container_hash(container: &Container) -> u64 {
 }
 
 /// The annotation form of a hash: lowercase hex, like the upstream kubelet writes it.
-pub fn format_hash(hash: u64) -> String {
+pub(crate) fn format_hash(hash: u64) -> String {
     format!("{hash:x}")
 }
 
 /// Reads back an annotation written by [`format_hash`].
-pub fn parse_hash(s: &str) -> Option<u64> {
+pub(crate) fn parse_hash(s: &str) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()
 }
 

@@ -12,7 +12,7 @@ use thiserror::Error;
 /// IPC namespace and affect only the pod that sets them. Upstream drops a few from the list on
 /// kernels older than 4.x where they were not yet namespaced; Deckhand needs a newer kernel for
 /// cgroup v2 anyway, so the list is fixed.
-pub const SAFE_SYSCTLS: [&str; 12] = [
+pub(crate) const SAFE_SYSCTLS: [&str; 12] = [
     "kernel.shm_rmid_forced",
     "net.ipv4.ip_local_port_range",
     "net.ipv4.tcp_syncookies",
@@ -33,7 +33,7 @@ const MAX_NAME_LEN: usize = 253;
 /// The kernel namespace a sysctl belongs to; a sysctl of no known namespace would change the
 /// whole node and is never allowed in a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SysctlNamespace {
+pub(crate) enum SysctlNamespace {
     Ipc,
     Net,
 }
@@ -68,7 +68,7 @@ pub enum SysctlError {
 
 /// `net/ipv4/conf/eth0.100/rp_filter` → `net.ipv4.conf.eth0/100.rp_filter`: names may use `/`
 /// as the separator, in which case dots inside a part are written as `/` in the dotted form.
-pub fn to_dotted(name: &str) -> String {
+pub(crate) fn to_dotted(name: &str) -> String {
     let first_sep = name.find(['.', '/']);
     match first_sep.map(|i| name.as_bytes()[i]) {
         Some(b'/') => name
@@ -93,12 +93,12 @@ fn is_part(part: &str) -> bool {
 }
 
 /// Whether `name` is syntactically a sysctl name (either separator style).
-pub fn is_valid_name(name: &str) -> bool {
+pub(crate) fn is_valid_name(name: &str) -> bool {
     name.len() <= MAX_NAME_LEN && name.split(['.', '/']).all(is_part)
 }
 
 /// The namespace of a dotted sysctl name, as the kernel scopes it.
-pub fn namespace_of(dotted: &str) -> Option<SysctlNamespace> {
+pub(crate) fn namespace_of(dotted: &str) -> Option<SysctlNamespace> {
     if dotted == "kernel.sem" {
         return Some(SysctlNamespace::Ipc);
     }

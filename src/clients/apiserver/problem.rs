@@ -83,7 +83,7 @@ impl From<kube::Error> for Problem {
 /// Classifies and describes a client error. The API server's own message is kept whole (it
 /// names the object and the reason, e.g. NodeRestriction's); transport errors are given with
 /// their whole cause chain, where the useful part (connection refused, an unknown CA) is.
-pub fn describe(err: &kube::Error) -> Problem {
+pub(crate) fn describe(err: &kube::Error) -> Problem {
     if let kube::Error::Api(status) = err {
         let code = status.code;
         let kind = match (code, status.reason.as_str()) {
@@ -126,7 +126,7 @@ pub fn describe(err: &kube::Error) -> Problem {
 
 /// `a: b: c` from an error and its sources, leaving out a source whose text its parent
 /// already contains (wrappers often repeat it).
-pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = next {

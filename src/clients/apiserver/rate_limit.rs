@@ -15,7 +15,7 @@ use crate::base::clock;
 
 /// A token bucket shared by every clone of the client.
 #[derive(Clone, Debug)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     qps: f64,
     burst: f64,
     state: Arc<Mutex<BucketState>>,
@@ -30,7 +30,7 @@ struct BucketState {
 impl TokenBucket {
     /// `qps` below zero means no limit; zero takes client-go's defaults (5 per second, burst
     /// 10), as upstream does for an unset value. The bucket starts full.
-    pub fn new(qps: f32, burst: u32) -> TokenBucket {
+    pub(crate) fn new(qps: f32, burst: u32) -> TokenBucket {
         let (qps, burst) = match (qps, burst) {
             (q, _) if q < 0.0 => (f64::INFINITY, f64::INFINITY),
             (0.0, b) => (5.0, if b == 0 { 10.0 } else { b as f64 }),
@@ -48,7 +48,7 @@ impl TokenBucket {
 
     /// Takes one token and says how long the caller must wait before using it (zero when one
     /// was there). Waiting callers queue up in order because each one's debt is booked here.
-    pub fn reserve(&self) -> Duration {
+    pub(crate) fn reserve(&self) -> Duration {
         if self.qps.is_infinite() {
             return Duration::ZERO;
         }
@@ -68,12 +68,12 @@ impl TokenBucket {
 
 /// A tower layer that makes each request wait for a token of the bucket.
 #[derive(Clone, Debug)]
-pub struct RateLimitLayer {
+pub(crate) struct RateLimitLayer {
     bucket: TokenBucket,
 }
 
 impl RateLimitLayer {
-    pub fn new(bucket: TokenBucket) -> Self {
+    pub(crate) fn new(bucket: TokenBucket) -> Self {
         RateLimitLayer { bucket }
     }
 }
@@ -92,7 +92,7 @@ impl<S> Layer<S> for RateLimitLayer {
 
 /// The service [`RateLimitLayer`] makes. The token is taken in `poll_ready`, so a caller
 /// that is told "ready" may send at once (the client puts a buffer in front of it).
-pub struct RateLimited<S> {
+pub(crate) struct RateLimited<S> {
     inner: S,
     bucket: TokenBucket,
     permit: Permit,

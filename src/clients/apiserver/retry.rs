@@ -7,35 +7,35 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The longest wait between two tries (upstream's node Lease and registration back-off).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(7);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(7);
 
 /// Doubling back-off from `first` to [`MAX_BACKOFF`].
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     next: Duration,
     first: Duration,
 }
 
 impl Backoff {
-    pub fn new(first: Duration) -> Self {
+    pub(crate) fn new(first: Duration) -> Self {
         Backoff { next: first, first }
     }
 
     /// The wait before the next try; each call doubles the one after.
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(MAX_BACKOFF);
         d
     }
 
     /// After a success: the next failure waits `first` again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.first;
     }
 }
 
 /// Sleeps `d`; false when `cancel` fired first.
-pub async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
+pub(crate) async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
         _ = cancel.cancelled() => false,
         _ = tokio::time::sleep(d) => true,

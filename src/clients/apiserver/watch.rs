@@ -22,21 +22,21 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
-pub use kube::runtime::watcher::{Config, Event};
+pub(crate) use kube::runtime::watcher::{Config, Event};
 
 use super::retry::{Backoff, pause};
 use super::{Problem, ProblemKind, ProblemLog};
 
 /// How long one watch request lasts before the API server ends it (and the watcher starts the
 /// next from the newest version): at rest, one request every five minutes per watch.
-pub const WATCH_SECONDS: u32 = 290;
+pub(crate) const WATCH_SECONDS: u32 = 290;
 
 /// A watcher's events, its failures described.
-pub type Events<K> = BoxStream<'static, Result<Event<K>, Problem>>;
+pub(crate) type Events<K> = BoxStream<'static, Result<Event<K>, Problem>>;
 
 /// kube's watcher of `api` with `config` (its watch requests last [`WATCH_SECONDS`]). `api`
 /// must be on the client made for watching, whose read time-out outlasts a watch request.
-pub fn events<K>(api: Api<K>, config: Config) -> Events<K>
+pub(crate) fn events<K>(api: Api<K>, config: Config) -> Events<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -46,7 +46,7 @@ where
 }
 
 /// A watcher's events, paced after failures and with its failures reported.
-pub struct Watch<K> {
+pub(crate) struct Watch<K> {
     events: Events<K>,
     backoff: Backoff,
     /// The wait before the watcher is polled again, after a failure.
@@ -59,7 +59,7 @@ pub struct Watch<K> {
 impl<K> Watch<K> {
     /// `events` from [`events`] (or a test's stream); after a failure the next try waits
     /// `first_retry`, doubling to 7 s, until an event arrives.
-    pub fn new(
+    pub(crate) fn new(
         events: Events<K>,
         first_retry: Duration,
         doing: impl Into<String>,
@@ -78,7 +78,10 @@ impl<K> Watch<K> {
     /// the problem log, except a 410 Gone: the watcher lists again at once, as it should). None
     /// once `cancel` fires (without waiting for the back-off or the request in flight), or if
     /// the stream ends (kube's watcher never does).
-    pub async fn next(&mut self, cancel: &CancellationToken) -> Option<Result<Event<K>, Problem>> {
+    pub(crate) async fn next(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Event<K>, Problem>> {
         if let Some(wait) = self.wait.take()
             && !pause(wait, cancel).await
         {
@@ -93,7 +96,7 @@ impl<K> Watch<K> {
 
     /// The next events that arrived together, at least one (failures in between are reported
     /// and left out), so a burst is applied at once. None once `cancel` fires.
-    pub async fn next_batch(&mut self, cancel: &CancellationToken) -> Option<Vec<Event<K>>> {
+    pub(crate) async fn next_batch(&mut self, cancel: &CancellationToken) -> Option<Vec<Event<K>>> {
         let mut batch = Vec::new();
         while batch.is_empty() {
             if let Ok(event) = self.next(cancel).await? {

@@ -19,7 +19,7 @@ use super::{CriError, ImageService, RuntimeService};
 
 /// What one scripted `ExecSync` answers (probes and hooks run commands through it).
 #[derive(Clone, Debug)]
-pub enum ExecReply {
+pub(crate) enum ExecReply {
     /// Exits with this code and this output.
     Exit(i32, &'static str),
     Fail(tonic::Code),
@@ -28,11 +28,11 @@ pub enum ExecReply {
 }
 
 /// One `ExecSync` call: container ID, command, timeout in seconds.
-pub type ExecCall = (String, Vec<String>, i64);
+pub(crate) type ExecCall = (String, Vec<String>, i64);
 
 /// What a scripted method does on its next call.
 #[derive(Clone, Debug)]
-pub enum Script {
+pub(crate) enum Script {
     /// Fails with this gRPC code.
     Fail(tonic::Code),
     /// Panics (a bug somewhere below the worker).
@@ -72,7 +72,7 @@ struct State {
 
 /// The fake runtime; clones share one state.
 #[derive(Clone, Default)]
-pub struct FakeCri {
+pub(crate) struct FakeCri {
     state: Arc<Mutex<State>>,
     released: Arc<Notify>,
 }
@@ -84,14 +84,14 @@ fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>)
 impl FakeCri {
     /// Makes a container's process exit with code 0 (an init container's end, a crash), as
     /// the runtime would report it afterwards.
-    pub fn exit_container(&self, id: &str) {
+    pub(crate) fn exit_container(&self, id: &str) {
         if let Some(c) = self.lock().containers.iter_mut().find(|c| c.id == id) {
             c.state = ContainerState::ContainerExited as i32;
         }
     }
 
     /// A runtime that has these images.
-    pub fn with_images(images: &[&str]) -> Self {
+    pub(crate) fn with_images(images: &[&str]) -> Self {
         let fake = FakeCri::default();
         fake.lock().images = images.iter().map(|s| s.to_string()).collect();
         fake
@@ -102,99 +102,99 @@ impl FakeCri {
     }
 
     /// A runtime whose `ExecSync` answers with `replies` in order (then exits 0).
-    pub fn with_exec(replies: Vec<ExecReply>) -> Self {
+    pub(crate) fn with_exec(replies: Vec<ExecReply>) -> Self {
         let fake = FakeCri::default();
         fake.lock().exec_replies = replies.into();
         fake
     }
 
     /// Every `ExecSync` call so far.
-    pub fn exec_calls(&self) -> Vec<ExecCall> {
+    pub(crate) fn exec_calls(&self) -> Vec<ExecCall> {
         self.lock().exec_calls.clone()
     }
 
     /// Makes the next call of `method` behave as `script` (several queue up in order).
-    pub fn script(&self, method: &'static str, script: Script) {
+    pub(crate) fn script(&self, method: &'static str, script: Script) {
         self.lock().scripts.entry(method).or_default().push(script);
     }
 
     /// What `pull_progress` reports from now on.
-    pub fn set_progress(&self, progress: Option<PullProgress>) {
+    pub(crate) fn set_progress(&self, progress: Option<PullProgress>) {
         self.lock().progress = progress;
     }
 
     /// What `ListImages` answers from now on (`RemoveImage` takes an image out by ID).
-    pub fn set_listed_images(&self, images: Vec<Image>) {
+    pub(crate) fn set_listed_images(&self, images: Vec<Image>) {
         self.lock().listed_images = images;
     }
 
     /// The images `ListImages` would answer now.
-    pub fn listed_images(&self) -> Vec<Image> {
+    pub(crate) fn listed_images(&self) -> Vec<Image> {
         self.lock().listed_images.clone()
     }
 
     /// What `ImageFsInfo` answers from now on.
-    pub fn set_image_fs(&self, info: ImageFsInfoResponse) {
+    pub(crate) fn set_image_fs(&self, info: ImageFsInfoResponse) {
         self.lock().image_fs = info;
     }
 
     /// What a verbose `Status` answers in `info` from now on (containerd's `config`, ...).
-    pub fn set_status_info(&self, key: &str, value: &str) {
+    pub(crate) fn set_status_info(&self, key: &str, value: &str) {
         self.lock().status_info.insert(key.into(), value.into());
     }
 
     /// The log path `ContainerStatus` reports for the container from now on.
-    pub fn set_log_path(&self, id: &str, path: &str) {
+    pub(crate) fn set_log_path(&self, id: &str, path: &str) {
         self.lock().log_paths.insert(id.into(), path.into());
     }
 
     /// Puts a container in, as a relist would find it (GC and rotation tests).
-    pub fn add_container(&self, container: Container) {
+    pub(crate) fn add_container(&self, container: Container) {
         self.lock().containers.push(container);
     }
 
     /// Puts a sandbox in, as a relist would find it.
-    pub fn add_sandbox(&self, sandbox: PodSandbox) {
+    pub(crate) fn add_sandbox(&self, sandbox: PodSandbox) {
         self.lock().sandboxes.push(sandbox);
     }
 
     /// Lets every hanging call go on.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         self.released.notify_waiters();
     }
 
     /// The timeout of every `StopContainer` call so far, in order.
-    pub fn stop_timeouts(&self) -> Vec<i64> {
+    pub(crate) fn stop_timeouts(&self) -> Vec<i64> {
         self.lock().stop_timeouts.clone()
     }
 
     /// The methods called so far, in order.
     /// Every PullImage's image and credential, in order.
-    pub fn pull_auths(&self) -> Vec<(String, Option<AuthConfig>)> {
+    pub(crate) fn pull_auths(&self) -> Vec<(String, Option<AuthConfig>)> {
         self.lock().pull_auths.clone()
     }
 
-    pub fn calls(&self) -> Vec<&'static str> {
+    pub(crate) fn calls(&self) -> Vec<&'static str> {
         self.lock().calls.clone()
     }
 
     /// The image of every container created so far, in order.
-    pub fn created_images(&self) -> Vec<String> {
+    pub(crate) fn created_images(&self) -> Vec<String> {
         self.lock().created.clone()
     }
 
     /// How often `method` was called.
-    pub fn count(&self, method: &str) -> usize {
+    pub(crate) fn count(&self, method: &str) -> usize {
         self.lock().calls.iter().filter(|m| **m == method).count()
     }
 
     /// The sandboxes the runtime holds now.
-    pub fn sandboxes(&self) -> Vec<PodSandbox> {
+    pub(crate) fn sandboxes(&self) -> Vec<PodSandbox> {
         self.lock().sandboxes.clone()
     }
 
     /// The containers the runtime holds now.
-    pub fn containers(&self) -> Vec<Container> {
+    pub(crate) fn containers(&self) -> Vec<Container> {
         self.lock().containers.clone()
     }
 

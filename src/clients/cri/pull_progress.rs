@@ -23,15 +23,15 @@ use super::{CriError, ImageService};
 use crate::base::clock;
 
 /// Types generated from `proto/containerd/services/content/v1/content.proto`.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub(crate) mod content_proto {
     tonic::include_proto!("containerd.services.content.v1");
 }
 
 /// containerd keeps CRI's objects in this namespace; requests name it in a gRPC header.
-pub const CRI_NAMESPACE: &str = "k8s.io";
+pub(crate) const CRI_NAMESPACE: &str = "k8s.io";
 /// The gRPC metadata key that selects a containerd namespace.
-pub const NAMESPACE_HEADER: &str = "containerd-namespace";
+pub(crate) const NAMESPACE_HEADER: &str = "containerd-namespace";
 
 /// What the content store shows of the pulls in flight.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl PullProgress {
 /// Watches successive readings and says when the pull has made no progress for too long.
 /// Pure: the readings and the times are given.
 #[derive(Debug)]
-pub struct ProgressWatch {
+pub(crate) struct ProgressWatch {
     deadline: Duration,
     last: Option<PullProgress>,
     since: Instant,
@@ -60,7 +60,7 @@ pub struct ProgressWatch {
 
 /// What a new reading means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Something moved, or the deadline has not passed yet.
     Going,
     /// Nothing moved for the whole deadline.
@@ -69,7 +69,7 @@ pub enum Verdict {
 
 impl ProgressWatch {
     /// Starts watching a pull that began at `started`.
-    pub fn new(deadline: Duration, started: Instant) -> Self {
+    pub(crate) fn new(deadline: Duration, started: Instant) -> Self {
         ProgressWatch {
             deadline,
             last: None,
@@ -80,7 +80,7 @@ impl ProgressWatch {
     /// Takes a reading made at `now`; `None` when the runtime could not say. A failed reading
     /// is neither progress nor a stall (the clock keeps running from the last change), and a
     /// runtime that never gives one never stalls a pull.
-    pub fn observe(&mut self, reading: Option<PullProgress>, now: Instant) -> Verdict {
+    pub(crate) fn observe(&mut self, reading: Option<PullProgress>, now: Instant) -> Verdict {
         if let Some(reading) = reading
             && self.last.as_ref() != Some(&reading)
         {
@@ -103,14 +103,14 @@ impl ProgressWatch {
     }
 
     /// How often readings are worth taking for this deadline.
-    pub fn poll_period(&self) -> Duration {
+    pub(crate) fn poll_period(&self) -> Duration {
         (self.deadline / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
     }
 }
 
 /// Pulls `image`, abandoning the pull when it makes no progress for `deadline` (none: wait as
 /// long as the pull takes).
-pub async fn pull_with_progress_deadline<R: ImageService>(
+pub(crate) async fn pull_with_progress_deadline<R: ImageService>(
     rt: &R,
     image: String,
     auth: Option<AuthConfig>,

@@ -11,7 +11,7 @@ use super::proto::*;
 use super::pull_progress::PullProgress;
 
 /// Result of one CRI call.
-pub type CriResult<T> = Result<T, CriError>;
+pub(crate) type CriResult<T> = Result<T, CriError>;
 
 /// Pod sandboxes and containers (`runtime.v1.RuntimeService`).
 pub trait RuntimeService: Clone + Send + Sync + 'static {

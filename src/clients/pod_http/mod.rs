@@ -50,7 +50,7 @@ pub(crate) enum Verdict {
 
 /// Where a request goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     pub https: bool,
     pub host: String,
     pub port: u16,
@@ -168,7 +168,7 @@ fn normalize_path(path: &str) -> String {
 
 /// Why an HTTP probe's or hook's request could not be made or answered.
 #[derive(Debug, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     #[error("not an absolute URL: {0:?}")]
     NotAbsolute(String),
     #[error("unsupported protocol scheme {0:?}")]
@@ -217,7 +217,7 @@ struct Answer {
 impl HttpGet {
     /// `headers` are the spec's `httpHeaders` in order; `user_agent` is sent unless they set
     /// one.
-    pub fn new(
+    pub(crate) fn new(
         https: bool,
         host: &str,
         port: u16,
@@ -269,11 +269,11 @@ impl HttpGet {
     }
 
     /// The URL of the first request.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.target.url()
     }
 
-    pub async fn run(&self) -> Verdict {
+    pub(crate) async fn run(&self) -> Verdict {
         match tokio::time::timeout(self.timeout, self.run_inner()).await {
             Ok(verdict) => verdict,
             Err(_) => Verdict::Failure(format!(

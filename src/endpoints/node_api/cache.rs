@@ -10,9 +10,9 @@ use std::time::Duration;
 use crate::base::clock::Instant;
 
 /// How many answers a cache keeps unless told otherwise.
-pub const DEFAULT_CAPACITY: usize = 4096;
+pub(crate) const DEFAULT_CAPACITY: usize = 4096;
 
-pub struct TtlCache<K, V> {
+pub(crate) struct TtlCache<K, V> {
     capacity: usize,
     inner: Mutex<Entries<K, V>>,
 }
@@ -39,7 +39,7 @@ impl<K: Eq + Hash + Clone, V: Clone> Default for TtlCache<K, V> {
 
 impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     /// A cache of at most `capacity` answers (at least one).
-    pub fn with_capacity(capacity: usize) -> Self {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
         TtlCache {
             capacity: capacity.max(1),
             inner: Mutex::new(Entries {
@@ -51,7 +51,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     /// The answer for `key`, if one is kept and has not expired at `now`.
-    pub fn get(&self, key: &K, now: Instant) -> Option<V> {
+    pub(crate) fn get(&self, key: &K, now: Instant) -> Option<V> {
         let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let entry = e.by_key.get(key)?;
         if now < entry.until {
@@ -65,7 +65,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 
     /// Keeps `value` for `ttl` from `now` (a zero ttl keeps nothing). A full cache first
     /// drops its oldest answer.
-    pub fn put(&self, key: K, value: V, ttl: Duration, now: Instant) {
+    pub(crate) fn put(&self, key: K, value: V, ttl: Duration, now: Instant) {
         if ttl.is_zero() {
             return;
         }
@@ -95,7 +95,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     /// How many answers are kept (expired ones included until they are looked up or pushed
     /// out).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -104,7 +104,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

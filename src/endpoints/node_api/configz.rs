@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::config::{AuthorizationMode, Config, format_go_duration};
 
 /// The `/configz` document for `c`.
-pub fn configz(c: &Config) -> Value {
+pub(crate) fn configz(c: &Config) -> Value {
     let d = |x: std::time::Duration| format_go_duration(x);
     let path = |p: &std::path::Path| p.display().to_string();
     let s = &c.server;

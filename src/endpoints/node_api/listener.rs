@@ -23,7 +23,7 @@ use crate::endpoints::listener::{
 };
 
 /// Binds `addr` and serves `router` over TLS until `cancel` fires.
-pub async fn serve_tls(
+pub(crate) async fn serve_tls(
     addr: SocketAddr,
     router: Router,
     tls: Arc<rustls::ServerConfig>,

@@ -74,16 +74,16 @@ pub trait Reviewer: Send + Sync + 'static {
 /// [`Reviewer`] through the node's own API client (the Node authorizer lets nodes create
 /// both kinds of review, as `system:node-proxier`-less kubelets do upstream).
 #[derive(Clone)]
-pub struct KubeReviewer(pub kube::Client);
+pub(crate) struct KubeReviewer(pub kube::Client);
 
 impl KubeReviewer {
-    pub fn shared(client: kube::Client) -> Arc<dyn Reviewer> {
+    pub(crate) fn shared(client: kube::Client) -> Arc<dyn Reviewer> {
         Arc::new(KubeReviewer(client))
     }
 }
 
 /// The TokenReview for `token` (no audiences: the API server's own, as upstream's kubelet).
-pub fn token_review(token: &str) -> TokenReview {
+pub(crate) fn token_review(token: &str) -> TokenReview {
     TokenReview {
         spec: TokenReviewSpec {
             token: Some(token.to_string()),
@@ -94,7 +94,7 @@ pub fn token_review(token: &str) -> TokenReview {
 }
 
 /// The SubjectAccessReview for `q`: `nodes` in the core group, version v1, no namespace.
-pub fn access_review(q: &AccessQuestion) -> SubjectAccessReview {
+pub(crate) fn access_review(q: &AccessQuestion) -> SubjectAccessReview {
     SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(q.user.name.clone()),
@@ -208,14 +208,14 @@ impl Default for QueueLimits {
 /// A [`Reviewer`] whose TokenReviews and SubjectAccessReviews each go through a bounded
 /// queue of their own ([`QueueLimits`]), so a flood of made-up tokens neither queues up
 /// without end nor keeps an authenticated user's SubjectAccessReview from being made.
-pub struct BoundedReviewer {
+pub(crate) struct BoundedReviewer {
     inner: Arc<dyn Reviewer>,
     tokens: Lane,
     access: Lane,
 }
 
 impl BoundedReviewer {
-    pub fn new(inner: Arc<dyn Reviewer>, limits: QueueLimits) -> BoundedReviewer {
+    pub(crate) fn new(inner: Arc<dyn Reviewer>, limits: QueueLimits) -> BoundedReviewer {
         BoundedReviewer {
             inner,
             tokens: Lane::new("TokenReviews", limits),
@@ -225,7 +225,7 @@ impl BoundedReviewer {
 
     /// How many reviews were not sent because their queue was full or slow, since the start.
     #[cfg(test)]
-    pub fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.tokens.refused.load(Ordering::Relaxed) + self.access.refused.load(Ordering::Relaxed)
     }
 }

@@ -27,7 +27,7 @@ fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
 }
 
 /// Whether the request asks to switch protocols.
-pub fn is_upgrade(req: &Request<Body>) -> bool {
+pub(crate) fn is_upgrade(req: &Request<Body>) -> bool {
     let connection_upgrade = req
         .headers()
         .get_all(header::CONNECTION)
@@ -49,7 +49,7 @@ fn forwarded(name: &header::HeaderName) -> bool {
 
 /// Forwards the upgrade request `req` to the runtime's streaming `url` and splices the two
 /// connections together.
-pub async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> {
+pub(crate) async fn proxy_upgrade(mut req: Request<Body>, url: &str) -> Response<Body> {
     if !is_upgrade(&req) {
         return plain(StatusCode::BAD_REQUEST, "Upgrade request required");
     }

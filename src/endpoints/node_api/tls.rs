@@ -49,7 +49,7 @@ impl ResolvesServerCert for SlotResolver {
 }
 
 /// Reads a certificate chain and its key from two PEM files.
-pub fn load_pair(cert: &Path, key: &Path) -> Result<Credentials, TlsError> {
+pub(crate) fn load_pair(cert: &Path, key: &Path) -> Result<Credentials, TlsError> {
     let read = |p: &Path| {
         std::fs::read(p).map_err(|e| TlsError::File {
             path: p.to_path_buf(),
@@ -70,7 +70,7 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<Credentials, TlsError> {
 /// A self-signed serving certificate for the node, as upstream makes when no
 /// `tlsCertFile` is given: `kubelet.crt`/`kubelet.key` in the cert dir, reused while
 /// readable and valid, otherwise made anew (valid one year, for the node name and IPs).
-pub fn self_signed(
+pub(crate) fn self_signed(
     cert_path: &Path,
     key_path: &Path,
     node_name: &str,
@@ -112,7 +112,10 @@ pub fn self_signed(
 }
 
 /// (certificate PEM, key PEM): a self-signed server certificate for `node_name` and `ips`.
-pub fn make_self_signed(node_name: &str, ips: &[IpAddr]) -> Result<(String, String), TlsError> {
+pub(crate) fn make_self_signed(
+    node_name: &str,
+    ips: &[IpAddr],
+) -> Result<(String, String), TlsError> {
     let err = |e: rcgen::Error| TlsError::SelfSigned(e.to_string());
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(err)?;
     let mut params = rcgen::CertificateParams::new(vec![node_name.to_string()]).map_err(err)?;
@@ -149,7 +152,7 @@ pub fn make_self_signed(node_name: &str, ips: &[IpAddr]) -> Result<(String, Stri
 /// The rustls server configuration: the slot's certificate; client certificates verified
 /// against `settings.client_ca_file` when one is configured (optional, so token clients
 /// still connect); `tlsMinVersion` and the TLS 1.2 suites of `tlsCipherSuites`.
-pub fn server_config(
+pub(crate) fn server_config(
     slot: ServingSlot,
     settings: &ServerSettings,
 ) -> Result<rustls::ServerConfig, TlsError> {

@@ -23,14 +23,14 @@ use crate::endpoints::routes::{self, Healthz, Pages, count_request, metrics_page
 use crate::base::health::Health;
 use crate::kubelet::pod_status::published::PodStates;
 
-pub use crate::endpoints::listener::{ListenerLimits, ServeError};
+pub(crate) use crate::endpoints::listener::{ListenerLimits, ServeError};
 /// The page registry lives with the shared pages; it is named here too, where the daemon and
 /// the pages' users have always found it.
-pub use crate::endpoints::routes::Metrics;
+pub(crate) use crate::endpoints::routes::Metrics;
 
 /// The node's usage, as the read-only port serves it (upstream serves `/stats/summary` and
 /// `/metrics/resource` there without authentication, like `/pods`).
-pub type StatsProvider = crate::kubelet::stats::StatsProvider;
+pub(crate) type StatsProvider = crate::kubelet::stats::StatsProvider;
 
 /// Binds `addr` and serves `router` until `cancel` fires. Binding errors come back at once.
 async fn serve(
@@ -88,7 +88,7 @@ async fn accept_loop(
 }
 
 /// Serves `GET /healthz` on the healthz address.
-pub async fn serve_healthz(
+pub(crate) async fn serve_healthz(
     addr: SocketAddr,
     health: Health,
     pods: PodStates,
@@ -111,7 +111,7 @@ pub async fn serve_healthz(
 }
 
 /// Serves the read-only API: `GET /pods`, `GET /healthz`, `GET /metrics/...`.
-pub async fn serve_read_only(
+pub(crate) async fn serve_read_only(
     addr: SocketAddr,
     health: Health,
     pods: PodStates,
@@ -138,14 +138,14 @@ fn read_only_router() -> Router<Pages> {
 }
 
 /// Where the local socket lives under the root dir.
-pub fn local_socket_path(root_dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn local_socket_path(root_dir: &std::path::Path) -> std::path::PathBuf {
     root_dir.join("deckhand.sock")
 }
 
 /// Serves the read-only pages and `/debug/probes` (rendered from the page registry) on a Unix
 /// socket at `path`, readable and writable by its owner only: pod specs and probe output are
 /// not for every local user. A socket left by an earlier run is replaced.
-pub async fn serve_local_socket(
+pub(crate) async fn serve_local_socket(
     path: &std::path::Path,
     health: Health,
     pods: PodStates,

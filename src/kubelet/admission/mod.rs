@@ -43,21 +43,22 @@ pub const OS_LABEL: &str = "kubernetes.io/os";
 
 /// Upstream's reason words.
 pub(crate) mod reason {
-    pub const OS_SELECTOR: &str = "PodOSSelectorNodeLabelDoesNotMatch";
-    pub const OS_NOT_SUPPORTED: &str = "PodOSNotSupported";
-    pub const OUT_OF_PREFIX: &str = "OutOf";
-    pub const NODE_AFFINITY: &str = "NodeAffinity";
-    pub const NODE_NAME: &str = "NodeName";
-    pub const NODE_PORTS: &str = "NodePorts";
-    pub const TAINT_TOLERATION: &str = "TaintToleration";
+    pub(crate) const OS_SELECTOR: &str = "PodOSSelectorNodeLabelDoesNotMatch";
+    pub(crate) const OS_NOT_SUPPORTED: &str = "PodOSNotSupported";
+    pub(crate) const OUT_OF_PREFIX: &str = "OutOf";
+    pub(crate) const NODE_AFFINITY: &str = "NodeAffinity";
+    pub(crate) const NODE_NAME: &str = "NodeName";
+    pub(crate) const NODE_PORTS: &str = "NodePorts";
+    pub(crate) const TAINT_TOLERATION: &str = "TaintToleration";
 }
 
 /// The scheduler plugins' own descriptions, which the node's messages quote.
 mod description {
-    pub const NODE_AFFINITY: &str = "node(s) didn't match Pod's node affinity/selector";
-    pub const NODE_NAME: &str = "node(s) didn't match the requested node name";
-    pub const NODE_PORTS: &str = "node(s) didn't have free ports for the requested pod ports";
-    pub const TAINT_TOLERATION: &str = "node(s) had taints that the pod didn't tolerate";
+    pub(super) const NODE_AFFINITY: &str = "node(s) didn't match Pod's node affinity/selector";
+    pub(super) const NODE_NAME: &str = "node(s) didn't match the requested node name";
+    pub(super) const NODE_PORTS: &str =
+        "node(s) didn't have free ports for the requested pod ports";
+    pub(super) const TAINT_TOLERATION: &str = "node(s) had taints that the pod didn't tolerate";
 }
 
 /// What the node offers pods, in the units the fit compares.

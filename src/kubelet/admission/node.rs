@@ -49,7 +49,7 @@ impl NodeSource {
 /// The configuration's node with the Node object's labels and taints, and the extended
 /// resources its allocatable lists that the node does not compute itself (advertised by hand
 /// with a status patch, as upstream's documentation shows).
-pub fn overlay(base: &NodeInfo, node: &Node) -> NodeInfo {
+pub(super) fn overlay(base: &NodeInfo, node: &Node) -> NodeInfo {
     let mut info = base.clone();
     info.labels = node.metadata.labels.clone().unwrap_or_default();
     info.taints = node

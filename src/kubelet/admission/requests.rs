@@ -18,13 +18,13 @@ use crate::base::podspec::resources::{add_amounts, sum_over_containers};
 use crate::base::podspec::{is_sidecar, labels::check_label_key, quantity};
 
 /// `cpu`, in millicores.
-pub const CPU: &str = "cpu";
+pub(crate) const CPU: &str = "cpu";
 /// `memory`, in bytes.
-pub const MEMORY: &str = "memory";
+pub(crate) const MEMORY: &str = "memory";
 /// `ephemeral-storage`, in bytes.
-pub const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+pub(crate) const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// `pods`, a count (only the node has it).
-pub const PODS: &str = "pods";
+pub(crate) const PODS: &str = "pods";
 
 const HUGEPAGES_PREFIX: &str = "hugepages-";
 const ATTACHABLE_VOLUMES_PREFIX: &str = "attachable-volumes-";
@@ -38,7 +38,7 @@ fn is_native(name: &str) -> bool {
 
 /// An extended resource (`example.com/dongle`): outside the default namespace, and a valid
 /// quota name once `requests.` is put before it.
-pub fn is_extended(name: &str) -> bool {
+pub(crate) fn is_extended(name: &str) -> bool {
     !is_native(name)
         && !name.starts_with(QUOTA_REQUESTS_PREFIX)
         && check_label_key(&format!("{QUOTA_REQUESTS_PREFIX}{name}")).is_ok()
@@ -47,7 +47,7 @@ pub fn is_extended(name: &str) -> bool {
 /// The resources the fit counts besides cpu, memory and ephemeral storage (upstream's
 /// "scalar" resources): extended resources, huge pages, prefixed native resources and
 /// attachable volumes.
-pub fn is_scalar(name: &str) -> bool {
+pub(crate) fn is_scalar(name: &str) -> bool {
     is_extended(name)
         || name.starts_with(HUGEPAGES_PREFIX)
         || name.contains(NATIVE_PREFIX)
@@ -56,7 +56,7 @@ pub fn is_scalar(name: &str) -> bool {
 
 /// Resource amounts the fit compares, in the units upstream compares them in.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Amounts {
+pub(crate) struct Amounts {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub ephemeral_storage_bytes: i64,
@@ -66,7 +66,7 @@ pub struct Amounts {
 
 impl Amounts {
     /// Nothing asked at all (upstream then checks only the pod count).
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.cpu_millis == 0
             && self.memory_bytes == 0
             && self.ephemeral_storage_bytes == 0
@@ -74,7 +74,7 @@ impl Amounts {
     }
 
     /// Adds `other` (saturating: amounts near the i64 limit cannot wrap round).
-    pub fn add(&mut self, other: &Amounts) {
+    pub(crate) fn add(&mut self, other: &Amounts) {
         self.cpu_millis = self.cpu_millis.saturating_add(other.cpu_millis);
         self.memory_bytes = self.memory_bytes.saturating_add(other.memory_bytes);
         self.ephemeral_storage_bytes = self
@@ -121,7 +121,7 @@ fn is_pod_level_resource(name: &str) -> bool {
 /// requests by name (upstream drops extended resources the node does not have, so that
 /// cluster-level resources do not block admission); pod-level requests and the overhead are
 /// never dropped.
-pub fn pod_requests(pod: &Pod, keep_container_request: &dyn Fn(&str) -> bool) -> Amounts {
+pub(crate) fn pod_requests(pod: &Pod, keep_container_request: &dyn Fn(&str) -> bool) -> Amounts {
     let Some(spec) = pod.spec.as_ref() else {
         return Amounts::default();
     };
@@ -166,7 +166,7 @@ fn to_amounts(milli: Milli) -> Amounts {
 /// The pod's host ports as upstream's port check sees them: every `hostPort` of the app
 /// containers and of the sidecars (other init containers end before the pod runs), as
 /// (host IP, protocol, port) with `0.0.0.0` and `TCP` for what is left unset.
-pub fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
+pub(crate) fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };

@@ -18,13 +18,13 @@ use crate::clients::apiserver::watch::{self as api_watch, Event, Events};
 
 /// A configMap or a secret, shared (the cache hands out the same copy to every pod).
 #[derive(Debug, Clone)]
-pub enum ApiObject {
+pub(crate) enum ApiObject {
     ConfigMap(Arc<ConfigMap>),
     Secret(Arc<Secret>),
 }
 
 impl ApiObject {
-    pub fn resource_version(&self) -> Option<&str> {
+    pub(crate) fn resource_version(&self) -> Option<&str> {
         match self {
             ApiObject::ConfigMap(o) => o.metadata.resource_version.as_deref(),
             ApiObject::Secret(o) => o.metadata.resource_version.as_deref(),
@@ -32,7 +32,7 @@ impl ApiObject {
     }
 
     /// `immutable: true`: the object never changes, so it is not watched once read.
-    pub fn immutable(&self) -> bool {
+    pub(crate) fn immutable(&self) -> bool {
         match self {
             ApiObject::ConfigMap(o) => o.immutable == Some(true),
             ApiObject::Secret(o) => o.immutable == Some(true),
@@ -41,7 +41,7 @@ impl ApiObject {
 }
 
 /// Watch one object by name, and create a service-account token.
-pub trait ObjectApi: Send + Sync + 'static {
+pub(crate) trait ObjectApi: Send + Sync + 'static {
     /// The watcher's events for `key` (`fieldSelector=metadata.name=<name>` in its namespace):
     /// a list (`Init`, the object if there is one, `InitDone`), then its changes; failures
     /// are items of the stream, which the watcher retries when polled again.
@@ -59,13 +59,13 @@ pub trait ObjectApi: Send + Sync + 'static {
 /// time-out outlasts a watch request), token requests on the one for plain requests (a
 /// hung API server must not hold a pod's sync for minutes).
 #[derive(Clone)]
-pub struct KubeObjectApi {
+pub(crate) struct KubeObjectApi {
     watch: kube::Client,
     requests: kube::Client,
 }
 
 impl KubeObjectApi {
-    pub fn new(watch: kube::Client, requests: kube::Client) -> Self {
+    pub(crate) fn new(watch: kube::Client, requests: kube::Client) -> Self {
         KubeObjectApi { watch, requests }
     }
 }

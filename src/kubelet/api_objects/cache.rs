@@ -23,7 +23,7 @@ use crate::clients::apiserver::watch::{Event, Watch};
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
 
 /// How long a read waits for an object's first list (upstream's one second).
-pub const SYNC_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(1);
 
 /// The wait before the first retry of a failed list or watch (then doubling to 7 s).
 const FIRST_RETRY: Duration = Duration::from_millis(200);
@@ -61,12 +61,12 @@ struct Inner {
 
 /// The cache; cheap to clone, all clones share it. Nothing is held locked across an await.
 #[derive(Clone)]
-pub struct ObjectCache {
+pub(crate) struct ObjectCache {
     inner: Arc<Inner>,
 }
 
 impl ObjectCache {
-    pub fn new(api: Arc<dyn ObjectApi>, pokes: Pokes, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(api: Arc<dyn ObjectApi>, pokes: Pokes, cancel: CancellationToken) -> Self {
         ObjectCache {
             inner: Arc::new(Inner {
                 api,
@@ -84,7 +84,7 @@ impl ObjectCache {
 
     /// Records what the pod refers to now: watches start for new objects, and end for objects
     /// no other pod refers to. Returns the pod's references. Must run inside a tokio runtime.
-    pub fn register_pod(&self, pod: &Pod) -> BTreeSet<ObjectKey> {
+    pub(crate) fn register_pod(&self, pod: &Pod) -> BTreeSet<ObjectKey> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let keys = refs::referenced(pod);
         let mut state = self.state();
@@ -114,7 +114,7 @@ impl ObjectCache {
     }
 
     /// The pod is gone: its references are dropped.
-    pub fn unregister_pod(&self, uid: &str) {
+    pub(crate) fn unregister_pod(&self, uid: &str) {
         let mut state = self.state();
         let Some(keys) = state.pods.remove(uid) else {
             return;
@@ -126,7 +126,7 @@ impl ObjectCache {
 
     /// The objects watched now (or, for immutable ones, kept), for tests and logs.
     #[cfg(test)]
-    pub fn watched(&self) -> Vec<ObjectKey> {
+    pub(crate) fn watched(&self) -> Vec<ObjectKey> {
         let mut keys: Vec<ObjectKey> = self.state().items.keys().cloned().collect();
         keys.sort();
         keys
@@ -134,7 +134,7 @@ impl ObjectCache {
 
     /// The object as last seen, waiting up to a second for its first list. The object must be
     /// referenced by a registered pod.
-    pub async fn get(&self, key: &ObjectKey) -> Result<ApiObject, ObjectError> {
+    pub(crate) async fn get(&self, key: &ObjectKey) -> Result<ApiObject, ObjectError> {
         let not_registered = || ObjectError::NotRegistered {
             namespace: key.namespace.clone(),
             name: key.name.clone(),

@@ -31,22 +31,22 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use tokio_util::sync::CancellationToken;
 
-pub use api::{ApiObject, KubeObjectApi, ObjectApi};
-pub use cache::ObjectCache;
-pub use token::{TokenError, TokenManager};
+pub(crate) use api::{ApiObject, KubeObjectApi, ObjectApi};
+pub(crate) use cache::ObjectCache;
+pub(crate) use token::{TokenError, TokenManager};
 
 use crate::base::resync_queue::Pokes;
 
 /// The kinds of object a pod can refer to by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     ConfigMap,
     Secret,
 }
 
 impl Kind {
     /// The name upstream's managers use in their errors (`configmap "x" not found`).
-    pub fn resource(self) -> &'static str {
+    pub(crate) fn resource(self) -> &'static str {
         match self {
             Kind::ConfigMap => "configmap",
             Kind::Secret => "secret",
@@ -54,7 +54,7 @@ impl Kind {
     }
 
     /// The kind as users write it (`couldn't find key k in ConfigMap ns/x`).
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Kind::ConfigMap => "ConfigMap",
             Kind::Secret => "Secret",
@@ -62,7 +62,7 @@ impl Kind {
     }
 
     /// The field name in upstream's standalone message (`couldn't get configMap ns/x, …`).
-    pub fn field(self) -> &'static str {
+    pub(crate) fn field(self) -> &'static str {
         match self {
             Kind::ConfigMap => "configMap",
             Kind::Secret => "secret",
@@ -72,14 +72,14 @@ impl Kind {
 
 /// One object, by kind, namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
+pub(crate) struct ObjectKey {
     pub kind: Kind,
     pub namespace: String,
     pub name: String,
 }
 
 impl ObjectKey {
-    pub fn new(kind: Kind, namespace: &str, name: &str) -> Self {
+    pub(crate) fn new(kind: Kind, namespace: &str, name: &str) -> Self {
         ObjectKey {
             kind,
             namespace: namespace.to_string(),
@@ -102,7 +102,7 @@ impl std::fmt::Display for ObjectKey {
 
 /// Why an object could not be had. The messages are upstream's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ObjectError {
+pub(crate) enum ObjectError {
     #[error("{} {name:?} not found", kind.resource())]
     NotFound { kind: Kind, name: String },
     /// The watch has not listed the object yet (within a second, as upstream waits); `last`
@@ -127,14 +127,14 @@ fn last_problem(last: &Option<String>) -> String {
 }
 
 impl ObjectError {
-    pub fn is_not_found(&self) -> bool {
+    pub(crate) fn is_not_found(&self) -> bool {
         matches!(self, ObjectError::NotFound { .. })
     }
 }
 
 /// Which serviceAccountToken source of which volume a token is for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct TokenSlot {
+pub(crate) struct TokenSlot {
     pub volume: String,
     pub source: usize,
 }
@@ -142,7 +142,7 @@ pub struct TokenSlot {
 /// Everything one pod's volumes and environment read from the API server, fetched before
 /// the (blocking, pure-ish) volume and environment code runs.
 #[derive(Debug, Clone, Default)]
-pub struct PodObjects {
+pub(crate) struct PodObjects {
     /// False without `--kubeconfig`: nothing could be read.
     pub from_api: bool,
     pub config_maps: BTreeMap<String, Result<Arc<ConfigMap>, ObjectError>>,
@@ -152,22 +152,26 @@ pub struct PodObjects {
 
 impl PodObjects {
     /// No API server: every lookup says so.
-    pub fn standalone() -> Self {
+    pub(crate) fn standalone() -> Self {
         PodObjects::default()
     }
 
     /// The configMap `name` in the pod's namespace `namespace`.
-    pub fn config_map(&self, namespace: &str, name: &str) -> Result<&ConfigMap, ObjectError> {
+    pub(crate) fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<&ConfigMap, ObjectError> {
         self.lookup(&self.config_maps, Kind::ConfigMap, namespace, name)
     }
 
     /// The secret `name` in the pod's namespace `namespace`.
-    pub fn secret(&self, namespace: &str, name: &str) -> Result<&Secret, ObjectError> {
+    pub(crate) fn secret(&self, namespace: &str, name: &str) -> Result<&Secret, ObjectError> {
         self.lookup(&self.secrets, Kind::Secret, namespace, name)
     }
 
     /// The token of a serviceAccountToken source.
-    pub fn token(&self, volume: &str, source: usize) -> Result<&str, TokenError> {
+    pub(crate) fn token(&self, volume: &str, source: usize) -> Result<&str, TokenError> {
         let slot = TokenSlot {
             volume: volume.to_string(),
             source,
@@ -206,7 +210,7 @@ impl PodObjects {
 /// The objects of the node's pods, with an API server: the watch cache and the tokens.
 /// Cheap to clone; all clones share one cache.
 #[derive(Clone)]
-pub struct ApiObjects {
+pub(crate) struct ApiObjects {
     cache: ObjectCache,
     tokens: TokenManager,
 }
@@ -214,7 +218,7 @@ pub struct ApiObjects {
 impl ApiObjects {
     /// Starts nothing yet: each watch starts when a pod first refers to its object, and every
     /// watch ends with `cancel`. A change to a watched object pokes the pods that refer to it.
-    pub fn new(api: Arc<dyn ObjectApi>, pokes: Pokes, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(api: Arc<dyn ObjectApi>, pokes: Pokes, cancel: CancellationToken) -> Self {
         ApiObjects {
             cache: ObjectCache::new(api.clone(), pokes, cancel),
             tokens: TokenManager::new(api),
@@ -222,7 +226,7 @@ impl ApiObjects {
     }
 
     #[cfg(test)]
-    pub fn cache(&self) -> &ObjectCache {
+    pub(crate) fn cache(&self) -> &ObjectCache {
         &self.cache
     }
 
@@ -230,7 +234,7 @@ impl ApiObjects {
     /// every object and token the pod's volumes and environment need. Cheap for a pod that
     /// refers to nothing, and for later calls: objects come from the cache, tokens are reused
     /// until they need a refresh.
-    pub async fn for_pod(&self, pod: &Pod) -> PodObjects {
+    pub(crate) async fn for_pod(&self, pod: &Pod) -> PodObjects {
         let mut out = PodObjects {
             from_api: true,
             ..Default::default()
@@ -270,7 +274,7 @@ impl ApiObjects {
 
     /// The pod is gone: its references are dropped (a watch nobody needs any more stops) and
     /// its tokens forgotten.
-    pub fn forget_pod(&self, uid: &str) {
+    pub(crate) fn forget_pod(&self, uid: &str) {
         self.cache.unregister_pod(uid);
         self.tokens.forget_pod(uid);
     }

@@ -9,12 +9,12 @@ use super::{Kind, ObjectKey, TokenSlot};
 use crate::base::podspec::pod::namespace;
 
 /// Upstream's default lifetime of a projected service-account token.
-pub const DEFAULT_TOKEN_SECONDS: i64 = 3600;
+pub(crate) const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 
 /// Every configMap and secret the pod's volumes (plain and projected), containers' `env`
 /// and `envFrom` and `imagePullSecrets` name, in the pod's namespace. Empty names are left out (validation refuses
 /// them; nothing could be read by such a name anyway).
-pub fn referenced(pod: &Pod) -> BTreeSet<ObjectKey> {
+pub(crate) fn referenced(pod: &Pod) -> BTreeSet<ObjectKey> {
     let ns = namespace(pod);
     let mut out = BTreeSet::new();
     let mut add = |kind: Kind, name: &str| {
@@ -103,7 +103,7 @@ fn container_refs(container: &Container, add: &mut impl FnMut(Kind, &str)) {
 /// The TokenRequests the pod's projected volumes need: for each serviceAccountToken source,
 /// the pod's service account (`default` when unset), the audience, and the lifetime (3600 s
 /// when unset, as the API server defaults it).
-pub fn token_requests(pod: &Pod) -> Vec<(TokenSlot, TokenWant)> {
+pub(crate) fn token_requests(pod: &Pod) -> Vec<(TokenSlot, TokenWant)> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };

@@ -14,11 +14,11 @@ use super::api::ObjectApi;
 use crate::base::clock;
 
 /// A token is refreshed when it is older than this, whatever its lifetime (upstream's maxTTL).
-pub const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// What one serviceAccountToken source asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TokenWant {
+pub(crate) struct TokenWant {
     pub namespace: String,
     pub service_account: String,
     pub audience: Option<String>,
@@ -27,7 +27,7 @@ pub struct TokenWant {
 
 /// Why a token could not be had. The first two are upstream's messages.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     #[error("failed to fetch token: {0}")]
     Fetch(String),
     #[error(
@@ -48,7 +48,7 @@ pub enum TokenError {
 
 /// A token as issued.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Issued {
+pub(crate) struct Issued {
     pub token: String,
     pub expires: SystemTime,
     /// The lifetime the API server granted (it may lengthen what was asked for).
@@ -57,7 +57,7 @@ pub struct Issued {
 
 /// Whether a token expiring at `expires`, issued for `lifetime`, should be replaced at `now`:
 /// older than 24 hours, or less than 20 % of its lifetime left; both moved earlier by `jitter`.
-pub fn requires_refresh(now: SystemTime, issued: &Issued, jitter: Duration) -> bool {
+pub(crate) fn requires_refresh(now: SystemTime, issued: &Issued, jitter: Duration) -> bool {
     let issued_at = issued
         .expires
         .checked_sub(issued.lifetime)
@@ -82,13 +82,13 @@ struct Key {
 
 /// The tokens of the node's pods; cheap to clone, all clones share the cache.
 #[derive(Clone)]
-pub struct TokenManager {
+pub(crate) struct TokenManager {
     api: Arc<dyn ObjectApi>,
     cache: Arc<Mutex<HashMap<Key, Issued>>>,
 }
 
 impl TokenManager {
-    pub fn new(api: Arc<dyn ObjectApi>) -> Self {
+    pub(crate) fn new(api: Arc<dyn ObjectApi>) -> Self {
         TokenManager {
             api,
             cache: Arc::default(),
@@ -102,7 +102,7 @@ impl TokenManager {
     /// The token for `pod`'s source `want`: the cached one while it is fresh, else a new one
     /// from the API server (bound to the pod). A failed refresh keeps a token that has not
     /// expired yet.
-    pub async fn get(&self, pod: &Pod, want: &TokenWant) -> Result<String, TokenError> {
+    pub(crate) async fn get(&self, pod: &Pod, want: &TokenWant) -> Result<String, TokenError> {
         let key = Key {
             want: want.clone(),
             pod_name: pod.metadata.name.clone().unwrap_or_default(),
@@ -164,18 +164,18 @@ impl TokenManager {
     }
 
     /// Forgets the tokens bound to the pod.
-    pub fn forget_pod(&self, uid: &str) {
+    pub(crate) fn forget_pod(&self, uid: &str) {
         self.cache().retain(|k, _| k.pod_uid != uid);
     }
 
     /// How many tokens are cached.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.cache().len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

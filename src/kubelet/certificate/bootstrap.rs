@@ -33,7 +33,7 @@ pub enum BootstrapError {
 }
 
 /// Why a kubeconfig's client certificate is not usable (for the log line).
-pub fn kubeconfig_problem(path: &Path, now: SystemTime) -> Option<String> {
+pub(crate) fn kubeconfig_problem(path: &Path, now: SystemTime) -> Option<String> {
     let kc = match Kubeconfig::read_from(path) {
         Ok(kc) => kc,
         Err(e) => return Some(cause_chain(&e)),
@@ -99,7 +99,7 @@ pub(crate) fn jiff_time(t: SystemTime) -> String {
 
 /// Makes sure `kubeconfig` holds a usable client certificate, bootstrapping one if needed.
 /// Blocks (retrying with back-off, logging each failure) until it does or `cancel` fires.
-pub async fn load_client_cert(
+pub(crate) async fn load_client_cert(
     kubeconfig: &Path,
     bootstrap: &Path,
     store: &FileStore,
@@ -197,7 +197,7 @@ async fn bootstrap_once(
 
 /// Writes the node's kubeconfig (0600, atomically): the bootstrap kubeconfig's cluster, and
 /// the client certificate and key from `cert` (the current-certificate link).
-pub fn write_kubeconfig(
+pub(crate) fn write_kubeconfig(
     path: &Path,
     boot: &Kubeconfig,
     boot_path: &Path,
@@ -269,7 +269,7 @@ pub fn write_kubeconfig(
 }
 
 /// Reads the current credentials for the API clients (after bootstrap).
-pub fn current_credentials(store: &FileStore) -> Option<Credentials> {
+pub(crate) fn current_credentials(store: &FileStore) -> Option<Credentials> {
     match store.current() {
         Ok(Some((_, c))) => Some(c),
         Ok(None) => None,

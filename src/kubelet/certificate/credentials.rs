@@ -58,7 +58,7 @@ pub enum CredentialsError {
 }
 
 /// Validity and subject of a DER certificate.
-pub fn certificate_validity(
+pub(crate) fn certificate_validity(
     der: &[u8],
 ) -> Result<(SystemTime, SystemTime, String), CredentialsError> {
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)

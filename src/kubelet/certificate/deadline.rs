@@ -12,15 +12,15 @@ use crate::base::clock;
 
 /// The pause after the first failed attempt to get a certificate; it doubles after each
 /// further failure, up to [`RETRY_MAX`].
-pub const RETRY_FIRST: Duration = Duration::from_secs(2);
+pub(crate) const RETRY_FIRST: Duration = Duration::from_secs(2);
 /// The longest pause between two attempts.
-pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// Runs `attempt` until it succeeds, pausing [`RETRY_FIRST`], then twice as long each time up
 /// to [`RETRY_MAX`], between failures. Each failure goes to `failed` with the pause that
 /// follows; `failed` returns false to give up, and the failure comes back as `Err(Some(_))`.
 /// `Err(None)`: `cancel` fired during a pause.
-pub async fn retry_with_backoff<E, Fut>(
+pub(crate) async fn retry_with_backoff<E, Fut>(
     cancel: &CancellationToken,
     mut attempt: impl FnMut() -> Fut,
     mut failed: impl FnMut(&E, Duration) -> bool,
@@ -46,7 +46,11 @@ where
 /// The rotation deadline of a certificate valid from `not_before` to `not_after`, for a
 /// `jitter` in [0, 1] (clamped): `not_before + life × (0.7 + 0.2 × jitter)`. A certificate
 /// whose `not_after` is not after `not_before` is due at once (`not_before`).
-pub fn rotation_deadline(not_before: SystemTime, not_after: SystemTime, jitter: f64) -> SystemTime {
+pub(crate) fn rotation_deadline(
+    not_before: SystemTime,
+    not_after: SystemTime,
+    jitter: f64,
+) -> SystemTime {
     let Ok(life) = not_after.duration_since(not_before) else {
         return not_before;
     };
@@ -61,12 +65,12 @@ pub fn rotation_deadline(not_before: SystemTime, not_after: SystemTime, jitter: 
 }
 
 /// How long from `now` until `deadline` (zero when it has passed).
-pub fn wait_for(deadline: SystemTime, now: SystemTime) -> Duration {
+pub(crate) fn wait_for(deadline: SystemTime, now: SystemTime) -> Duration {
     deadline.duration_since(now).unwrap_or(Duration::ZERO)
 }
 
 /// A random jitter in [0, 1) (from the process's randomly keyed hasher; no crypto needed).
-pub fn jitter() -> f64 {
+pub(crate) fn jitter() -> f64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(
         clock::now()

@@ -18,7 +18,7 @@ const CSR_WAIT: Duration = Duration::from_secs(5 * 60);
 
 /// What the rotation loop needs.
 #[derive(Clone)]
-pub struct Rotation<A> {
+pub(crate) struct Rotation<A> {
     pub api: A,
     pub slot: CertSlot,
     pub store: FileStore,
@@ -30,7 +30,7 @@ pub struct Rotation<A> {
 
 impl<A: CsrApi> Rotation<A> {
     /// Runs until `cancel` fires.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub(crate) async fn run(self, cancel: CancellationToken) {
         loop {
             let current = self.slot.get();
             let now = clock::now();

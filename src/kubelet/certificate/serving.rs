@@ -50,14 +50,14 @@ impl ServingSlot {
 
 /// The names a serving certificate is for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeAddresses {
+pub(crate) struct NodeAddresses {
     pub dns_names: Vec<String>,
     pub ips: Vec<IpAddr>,
 }
 
 /// The node's addresses as its Node reports them: the host name (the node name) and the
 /// InternalIP.
-pub fn node_addresses(node_name: &str, host_ip: Option<IpAddr>) -> NodeAddresses {
+pub(crate) fn node_addresses(node_name: &str, host_ip: Option<IpAddr>) -> NodeAddresses {
     NodeAddresses {
         dns_names: vec![node_name.to_string()],
         ips: host_ip.into_iter().collect(),
@@ -65,7 +65,7 @@ pub fn node_addresses(node_name: &str, host_ip: Option<IpAddr>) -> NodeAddresses
 }
 
 /// The DNS names and IPs a certificate (DER) is valid for.
-pub fn certificate_names(der: &[u8]) -> NodeAddresses {
+pub(crate) fn certificate_names(der: &[u8]) -> NodeAddresses {
     let mut out = NodeAddresses::default();
     let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(der) else {
         return out;
@@ -92,13 +92,13 @@ pub fn certificate_names(der: &[u8]) -> NodeAddresses {
 
 /// Whether a certificate with names `have` serves every name in `want` (a changed address
 /// calls for a new certificate, as upstream's manager notices a changed template).
-pub fn covers(have: &NodeAddresses, want: &NodeAddresses) -> bool {
+pub(crate) fn covers(have: &NodeAddresses, want: &NodeAddresses) -> bool {
     want.dns_names.iter().all(|d| have.dns_names.contains(d))
         && want.ips.iter().all(|i| have.ips.contains(i))
 }
 
 /// Requests, stores and renews the serving certificate.
-pub struct ServingRotation<A> {
+pub(crate) struct ServingRotation<A> {
     pub api: A,
     pub slot: ServingSlot,
     pub store: FileStore,
@@ -108,7 +108,7 @@ pub struct ServingRotation<A> {
 
 impl<A: CsrApi> ServingRotation<A> {
     /// Runs until `cancel` fires.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub(crate) async fn run(self, cancel: CancellationToken) {
         match self.store.current() {
             Ok(Some((path, creds))) => {
                 let names = creds

@@ -11,7 +11,7 @@ use crate::config::Reservations;
 
 /// What the machine has, including the process IDs the kernel allows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeCapacity {
+pub(crate) struct NodeCapacity {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     /// min(`kernel.pid_max`, `kernel.threads-max`), when readable.
@@ -23,7 +23,7 @@ pub struct NodeCapacity {
 impl NodeCapacity {
     /// The task limit of the machine, as upstream reads it: the smaller of `kernel.pid_max`
     /// and `kernel.threads-max` (either may be missing).
-    pub fn read_pids(proc_sys_kernel: &std::path::Path) -> Option<i64> {
+    pub(crate) fn read_pids(proc_sys_kernel: &std::path::Path) -> Option<i64> {
         ["pid_max", "threads-max"]
             .iter()
             .filter_map(|f| {
@@ -38,7 +38,7 @@ impl NodeCapacity {
 }
 
 /// The settings of `kubepods`: memory limit, CPU shares, pids limit and huge page limits.
-pub fn kubepods_config(
+pub(crate) fn kubepods_config(
     capacity: &NodeCapacity,
     reservations: &Reservations,
     enforce_pods: bool,

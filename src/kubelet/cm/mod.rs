@@ -198,7 +198,7 @@ pub(crate) mod fixture {
     /// The real filesystem code on a plain directory; only removal differs (a fixture
     /// cgroup's "files" are real files, which rmdir would refuse).
     #[derive(Debug)]
-    pub struct Fixture(pub HostCgroupFs);
+    pub(crate) struct Fixture(pub HostCgroupFs);
 
     impl CgroupFs for Fixture {
         fn is_dir(&self, dir: &Path) -> bool {

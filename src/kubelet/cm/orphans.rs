@@ -27,11 +27,11 @@ use super::CgroupManager;
 
 /// How often the sweep runs. Upstream checks at every housekeeping (2 s); orphans are rare
 /// and harmless for a while, so listing the tiers less often is enough.
-pub const SWEEP_PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const SWEEP_PERIOD: Duration = Duration::from_secs(30);
 
 /// What the sweep does with one pod cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Orphan {
+pub(crate) enum Orphan {
     /// No pod owns it: kill what is left in it and remove it.
     Remove,
     /// No pod owns it, but its volumes are still on disk: wait.
@@ -41,7 +41,7 @@ pub enum Orphan {
 /// The orphans among `found` (the UIDs of the pod cgroups), given whether this agent ran a
 /// UID (its pod directory is there), whether it knows it now (a worker or runtime objects) and
 /// whether the pod's volumes are still on disk.
-pub fn orphans(
+pub(crate) fn orphans(
     found: &BTreeSet<String>,
     ours: impl Fn(&str) -> bool,
     known: impl Fn(&str) -> bool,
@@ -62,7 +62,7 @@ pub fn orphans(
 }
 
 /// What the sweep asks of the rest of the agent.
-pub struct SweepInputs {
+pub(crate) struct SweepInputs {
     /// True once the runtime has been listed (before that, a running pod is not known yet).
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
     /// True when this agent ran the pod: its pod directory is there.
@@ -75,7 +75,7 @@ pub struct SweepInputs {
 
 /// One sweep: lists the pod cgroups, then removes those no pod owns. Blocking (cgroup files).
 /// Returns the UIDs whose cgroups were removed.
-pub fn sweep_once(cgroups: &CgroupManager, inputs: &SweepInputs) -> Vec<String> {
+pub(crate) fn sweep_once(cgroups: &CgroupManager, inputs: &SweepInputs) -> Vec<String> {
     let found = cgroups.pod_cgroup_uids();
     let mut removed = Vec::new();
     for (uid, action) in orphans(&found, &*inputs.ours, &*inputs.known, &*inputs.volumes_left) {
@@ -97,7 +97,11 @@ pub fn sweep_once(cgroups: &CgroupManager, inputs: &SweepInputs) -> Vec<String> 
 
 /// Sweeps every [`SWEEP_PERIOD`] (the first time as soon as the runtime has been listed)
 /// until `cancel`.
-pub async fn run(cgroups: Arc<CgroupManager>, inputs: SweepInputs, cancel: CancellationToken) {
+pub(crate) async fn run(
+    cgroups: Arc<CgroupManager>,
+    inputs: SweepInputs,
+    cancel: CancellationToken,
+) {
     let inputs = Arc::new(inputs);
     let mut wait = Duration::from_millis(500);
     loop {

@@ -17,11 +17,11 @@ use crate::base::podspec::quantity;
 use crate::base::podspec::resources::{add_amounts, sum_over_containers};
 
 /// The kernel's bounds for `cpu.shares`.
-pub const MIN_SHARES: u64 = 2;
-pub const MAX_SHARES: u64 = 262_144;
+pub(crate) const MIN_SHARES: u64 = 2;
+pub(crate) const MAX_SHARES: u64 = 262_144;
 const SHARES_PER_CPU: i64 = 1024;
 /// The default CFS period (100 ms) in microseconds.
-pub const DEFAULT_CPU_PERIOD_US: u64 = 100_000;
+pub(crate) const DEFAULT_CPU_PERIOD_US: u64 = 100_000;
 /// The kernel's smallest CFS quota (1 ms) in microseconds.
 const MIN_QUOTA_US: i64 = 1_000;
 
@@ -63,7 +63,7 @@ impl Default for CfsSettings {
 
 /// `cpu.shares` for a CPU amount in millicores (upstream's `MilliCPUToShares`): 1024 per core,
 /// within the kernel's bounds, and the minimum for nothing.
-pub fn milli_cpu_to_shares(milli: i64) -> u64 {
+pub(crate) fn milli_cpu_to_shares(milli: i64) -> u64 {
     if milli <= 0 {
         return MIN_SHARES;
     }
@@ -73,7 +73,7 @@ pub fn milli_cpu_to_shares(milli: i64) -> u64 {
 
 /// The CFS quota for a CPU limit in millicores over `period_us` (upstream's
 /// `MilliCPUToQuota`): 0 for no limit, at least 1 ms otherwise.
-pub fn milli_cpu_to_quota(milli: i64, period_us: u64) -> i64 {
+pub(crate) fn milli_cpu_to_quota(milli: i64, period_us: u64) -> i64 {
     if milli == 0 {
         return 0;
     }
@@ -115,7 +115,7 @@ fn container_limits(c: &Container) -> BTreeMap<String, i128> {
 
 /// The pod's summed requests (pod overhead included), by resource name; CPU in millicores,
 /// the rest in bytes.
-pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
+pub(crate) fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
     let mut reqs = sum_over_containers(pod, container_requests);
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
         add_amounts(&mut reqs, &parse_list(Some(overhead)));
@@ -124,7 +124,7 @@ pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
 }
 
 /// The pod's summed limits; overhead is added to limits that are set.
-pub fn pod_limits(pod: &Pod) -> BTreeMap<String, i128> {
+pub(crate) fn pod_limits(pod: &Pod) -> BTreeMap<String, i128> {
     let mut limits = sum_over_containers(pod, container_limits);
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
         for (k, v) in parse_list(Some(overhead)) {
@@ -137,13 +137,13 @@ pub fn pod_limits(pod: &Pod) -> BTreeMap<String, i128> {
 }
 
 /// `hugepages-2Mi` → 2 MiB.
-pub fn hugepage_size(resource: &str) -> Option<u64> {
+pub(crate) fn hugepage_size(resource: &str) -> Option<u64> {
     let size = quantity::parse(resource.strip_prefix("hugepages-")?).ok()?;
     u64::try_from(size.value()).ok().filter(|s| *s > 0)
 }
 
 /// The huge page amounts of a resource list, by page size in bytes.
-pub fn hugepage_limits(list: &BTreeMap<String, i128>) -> BTreeMap<u64, i64> {
+pub(crate) fn hugepage_limits(list: &BTreeMap<String, i128>) -> BTreeMap<u64, i64> {
     let mut out: BTreeMap<u64, i64> = BTreeMap::new();
     for (name, amount) in list {
         if let Some(size) = hugepage_size(name) {
@@ -176,7 +176,7 @@ fn every_container_limits(pod: &Pod, resource: &str) -> bool {
 /// - BestEffort: the minimum shares.
 ///
 /// With `cpuCFSQuota` off the quota is -1 (none). Huge pages are limited to what is requested.
-pub fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceConfig {
+pub(crate) fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceConfig {
     let reqs = pod_requests(pod);
     let limits = pod_limits(pod);
     let cpu_request = clamp_i64(reqs.get("cpu").copied().unwrap_or(0));
@@ -219,7 +219,7 @@ pub fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceConfig {
 /// throttling factor: request + factor × (limit − request), rounded down to whole pages;
 /// `None` when it would not lie above the request (or request equals limit).
 #[cfg(test)]
-pub fn memory_high(request: i64, limit: i64, factor: f64, page_size: i64) -> Option<i64> {
+pub(crate) fn memory_high(request: i64, limit: i64, factor: f64, page_size: i64) -> Option<i64> {
     if limit == 0 || (request == limit && request != 0) || page_size <= 0 {
         return None;
     }

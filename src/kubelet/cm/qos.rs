@@ -18,11 +18,11 @@ use super::pod_config::{MIN_SHARES, ResourceConfig, milli_cpu_to_shares};
 use crate::base::podspec::QosClass;
 
 /// Upstream sets huge pages "unbounded" to this (2^62 bytes).
-pub const UNBOUNDED_HUGEPAGES: i64 = 1 << 62;
+pub(crate) const UNBOUNDED_HUGEPAGES: i64 = 1 << 62;
 
 /// What the QoS tiers need to know of one active pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PodFacts {
+pub(crate) struct PodFacts {
     pub qos: QosClass,
     /// Summed CPU request in millicores.
     pub cpu_request_milli: i64,
@@ -32,7 +32,7 @@ pub struct PodFacts {
 
 /// The settings of `kubepods`, `burstable` and `besteffort`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QosConfigs {
+pub(crate) struct QosConfigs {
     pub kubepods: ResourceConfig,
     pub burstable: ResourceConfig,
     pub besteffort: ResourceConfig,
@@ -46,7 +46,7 @@ fn unbounded(page_sizes: &[u64]) -> BTreeMap<u64, i64> {
 }
 
 /// What the tiers are created with at start.
-pub fn startup(page_sizes: &[u64], v2: bool) -> QosConfigs {
+pub(crate) fn startup(page_sizes: &[u64], v2: bool) -> QosConfigs {
     let mut out = QosConfigs::default();
     out.besteffort.cpu_shares = Some(MIN_SHARES);
     out.burstable.hugepage_limits = unbounded(page_sizes);
@@ -66,7 +66,7 @@ pub fn startup(page_sizes: &[u64], v2: bool) -> QosConfigs {
 /// The tiers' settings for the pods active now. `memory_reserve_percent` is `qosReserved`'s
 /// memory percentage (`None`: the default, no tier memory limits); `allocatable_memory` is the
 /// node's allocatable memory in bytes (0 when unknown: no limits either).
-pub fn update(
+pub(crate) fn update(
     pods: &[PodFacts],
     page_sizes: &[u64],
     memory_reserve_percent: Option<i64>,

@@ -9,12 +9,12 @@
 use std::path::Path;
 
 /// Where systemd marks that it runs as the init system.
-pub const SYSTEMD_RUNNING_MARKER: &str = "/run/systemd/system";
+pub(crate) const SYSTEMD_RUNNING_MARKER: &str = "/run/systemd/system";
 
 /// The slice unit name of a cgroup given by its components (`["kubepods", "burstable",
 /// "pod1-2"]` → `kubepods-burstable-pod1_2.slice`); no components is the root slice.
 #[cfg(test)]
-pub fn slice_name(components: &[&str]) -> String {
+pub(crate) fn slice_name(components: &[&str]) -> String {
     if components.is_empty() {
         return "-.slice".to_string();
     }
@@ -25,7 +25,7 @@ pub fn slice_name(components: &[&str]) -> String {
 /// The cgroupfs path systemd gives that slice: every prefix of it is a parent slice
 /// (`/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice`).
 #[cfg(test)]
-pub fn slice_path(components: &[&str]) -> String {
+pub(crate) fn slice_path(components: &[&str]) -> String {
     if components.is_empty() {
         return "/".to_string();
     }
@@ -48,7 +48,7 @@ pub struct SystemdNotRunning {
 }
 
 /// Succeeds when `marker` (normally [`SYSTEMD_RUNNING_MARKER`]) is a directory.
-pub fn check_running(marker: &Path) -> Result<(), SystemdNotRunning> {
+pub(crate) fn check_running(marker: &Path) -> Result<(), SystemdNotRunning> {
     if marker.is_dir() {
         Ok(())
     } else {

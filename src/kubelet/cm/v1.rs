@@ -6,12 +6,12 @@ use super::{FileWrite, hugepage_unit};
 
 /// The hierarchies a Deckhand cgroup lives in, as upstream's existence check counts them
 /// (`hugetlb` only where it is mounted). Others (devices, freezer, …) are runc's business.
-pub const CONTROLLERS: [&str; 7] = [
+pub(crate) const CONTROLLERS: [&str; 7] = [
     "cpu", "cpuacct", "cpuset", "memory", "pids", "systemd", "hugetlb",
 ];
 
 /// `pids.max` for a limit: the number, `max` for none, and 1 for zero (as systemd has it).
-pub fn pids_value(limit: i64) -> String {
+pub(crate) fn pids_value(limit: i64) -> String {
     match limit {
         l if l > 0 => l.to_string(),
         0 => "1".to_string(),
@@ -23,7 +23,7 @@ pub fn pids_value(limit: i64) -> String {
 /// `page_sizes` are the huge page sizes the machine has (in bytes); a size the config does
 /// not name is limited to 0, as upstream does. Zero or absent values are not written.
 /// `unified` entries have no v1 meaning and are left out.
-pub fn files(config: &ResourceConfig, page_sizes: &[u64], hugetlb: bool) -> Vec<FileWrite> {
+pub(crate) fn files(config: &ResourceConfig, page_sizes: &[u64], hugetlb: bool) -> Vec<FileWrite> {
     let mut out = Vec::new();
     if let Some(memory) = config.memory.filter(|m| *m != 0) {
         out.push(FileWrite::new("memory", "memory.limit_in_bytes", memory));

@@ -5,10 +5,10 @@ use super::pod_config::{DEFAULT_CPU_PERIOD_US, MAX_SHARES, ResourceConfig};
 use super::{FileWrite, v1};
 
 /// The controllers upstream needs enabled on a v2 cgroup (those the machine has).
-pub const CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "memory", "pids", "hugetlb"];
+pub(crate) const CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "memory", "pids", "hugetlb"];
 
 /// `cpu.weight` for `cpu.shares` (upstream's conversion from [2, 262144] to [1, 10000]).
-pub fn cpu_weight(shares: u64) -> u64 {
+pub(crate) fn cpu_weight(shares: u64) -> u64 {
     if shares >= MAX_SHARES {
         return 10_000;
     }
@@ -16,7 +16,7 @@ pub fn cpu_weight(shares: u64) -> u64 {
 }
 
 /// `cpu.max`: the quota (or `max` for none) and the period (100 ms when only a quota is set).
-pub fn cpu_max(quota: Option<i64>, period: Option<u64>) -> Option<String> {
+pub(crate) fn cpu_max(quota: Option<i64>, period: Option<u64>) -> Option<String> {
     let quota = quota.unwrap_or(0);
     let period = period.unwrap_or(0);
     if quota == 0 && period == 0 {
@@ -37,7 +37,7 @@ pub fn cpu_max(quota: Option<i64>, period: Option<u64>) -> Option<String> {
 
 /// The writes for `config`: pids, memory, cpu (weight, max), hugetlb, then the unified map.
 /// The controller field is empty: v2 has one hierarchy.
-pub fn files(config: &ResourceConfig, page_sizes: &[u64], hugetlb: bool) -> Vec<FileWrite> {
+pub(crate) fn files(config: &ResourceConfig, page_sizes: &[u64], hugetlb: bool) -> Vec<FileWrite> {
     let mut out = Vec::new();
     if let Some(pids) = config.pids_limit {
         out.push(FileWrite::new("", "pids.max", v1::pids_value(pids)));

@@ -22,22 +22,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 /// Keys per cache (upstream's LRU size).
-pub const CACHE_ENTRIES: usize = 4096;
+pub(crate) const CACHE_ENTRIES: usize = 4096;
 /// Distinct messages of similar events before they are combined.
-pub const AGGREGATE_MAX: usize = 10;
+pub(crate) const AGGREGATE_MAX: usize = 10;
 /// The window for counting similar events.
-pub const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
+pub(crate) const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 /// Events per object before the spam limit applies.
-pub const SPAM_BURST: f64 = 25.0;
+pub(crate) const SPAM_BURST: f64 = 25.0;
 /// One more event per object every this long.
-pub const SPAM_REFILL: Duration = Duration::from_secs(300);
+pub(crate) const SPAM_REFILL: Duration = Duration::from_secs(300);
 
 /// The prefix of a combined event's message.
-pub const COMBINED_PREFIX: &str = "(combined from similar events): ";
+pub(crate) const COMBINED_PREFIX: &str = "(combined from similar events): ";
 
 /// What the writer does with an event.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Correlated {
+pub(crate) enum Correlated {
     /// Not sent (the spam limit).
     Skip,
     /// Create this event.
@@ -108,7 +108,7 @@ struct Bucket {
 }
 
 /// The correlator's memory. One task owns it.
-pub struct Correlator {
+pub(crate) struct Correlator {
     similar: Lru<String, Similar>,
     written: Lru<String, Written>,
     spam: Lru<String, Bucket>,
@@ -174,7 +174,7 @@ fn event_time(e: &Event) -> Timestamp {
 
 impl Correlator {
     /// Decides what to write for `event` (made at its `lastTimestamp`).
-    pub fn correlate(&mut self, event: Event) -> Correlated {
+    pub(crate) fn correlate(&mut self, event: Event) -> Correlated {
         let now = event_time(&event);
         let (event, key) = self.fold_similar(event, now);
         let event = self.count_repeat(event, &key);
@@ -189,7 +189,7 @@ impl Correlator {
     }
 
     /// The server accepted `event` (as it returned it): later repeats update this one.
-    pub fn written(&mut self, event: &Event) {
+    pub(crate) fn written(&mut self, event: &Event) {
         let entry = Written {
             name: event.metadata.name.clone().unwrap_or_default(),
             count: event.count.unwrap_or(1),
@@ -199,7 +199,7 @@ impl Correlator {
     }
 
     /// Forgets `event`'s server copy (it was deleted there): the next repeat creates it anew.
-    pub fn forget(&mut self, event: &Event) {
+    pub(crate) fn forget(&mut self, event: &Event) {
         let key = Self::key_for_written(event);
         self.written.entries.remove(&key);
     }

@@ -39,30 +39,30 @@ pub const QUEUE: usize = 1000;
 
 /// The event reasons Deckhand records, with upstream's spelling.
 pub(crate) mod reason {
-    pub const PULLING: &str = "Pulling";
-    pub const PULLED: &str = "Pulled";
-    pub const FAILED: &str = "Failed";
-    pub const FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
-    pub const BACK_OFF: &str = "BackOff";
-    pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
-    pub const INSPECT_FAILED: &str = "InspectFailed";
-    pub const CREATED: &str = "Created";
-    pub const STARTED: &str = "Started";
-    pub const KILLING: &str = "Killing";
-    pub const EXCEEDED_GRACE_PERIOD: &str = "ExceededGracePeriod";
-    pub const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
-    pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
-    pub const UNHEALTHY: &str = "Unhealthy";
-    pub const PROBE_WARNING: &str = "ProbeWarning";
-    pub const FAILED_MOUNT: &str = "FailedMount";
-    pub const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
-    pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+    pub(crate) const PULLING: &str = "Pulling";
+    pub(crate) const PULLED: &str = "Pulled";
+    pub(crate) const FAILED: &str = "Failed";
+    pub(crate) const FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
+    pub(crate) const BACK_OFF: &str = "BackOff";
+    pub(crate) const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+    pub(crate) const INSPECT_FAILED: &str = "InspectFailed";
+    pub(crate) const CREATED: &str = "Created";
+    pub(crate) const STARTED: &str = "Started";
+    pub(crate) const KILLING: &str = "Killing";
+    pub(crate) const EXCEEDED_GRACE_PERIOD: &str = "ExceededGracePeriod";
+    pub(crate) const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
+    pub(crate) const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+    pub(crate) const UNHEALTHY: &str = "Unhealthy";
+    pub(crate) const PROBE_WARNING: &str = "ProbeWarning";
+    pub(crate) const FAILED_MOUNT: &str = "FailedMount";
+    pub(crate) const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
+    pub(crate) const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
     /// The pod's cgroup could not be made or set.
-    pub const FAILED_TO_CREATE_POD_CONTAINER: &str = "FailedToCreatePodContainer";
-    pub const SANDBOX_CHANGED: &str = "SandboxChanged";
-    pub const STARTING: &str = "Starting";
-    pub const NODE_READY: &str = "NodeReady";
-    pub const NODE_NOT_READY: &str = "NodeNotReady";
+    pub(crate) const FAILED_TO_CREATE_POD_CONTAINER: &str = "FailedToCreatePodContainer";
+    pub(crate) const SANDBOX_CHANGED: &str = "SandboxChanged";
+    pub(crate) const STARTING: &str = "Starting";
+    pub(crate) const NODE_READY: &str = "NodeReady";
+    pub(crate) const NODE_NOT_READY: &str = "NodeNotReady";
 }
 
 /// `Normal` or `Warning`, the two types the API accepts.

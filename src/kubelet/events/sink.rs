@@ -23,24 +23,24 @@ use crate::clients::apiserver::retry::{Backoff, pause};
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
 
 /// Tries per event before it is given up (upstream's number).
-pub const MAX_TRIES: u32 = 12;
+pub(crate) const MAX_TRIES: u32 = 12;
 /// The first wait after a failed try; it doubles up to the API back-off's cap (7 s).
-pub const FIRST_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// The two calls events need.
-pub trait EventSink: Send + Sync + 'static {
+pub(crate) trait EventSink: Send + Sync + 'static {
     fn create(&self, event: &Event) -> impl Future<Output = Result<Event, Problem>> + Send;
     /// Sets `count`, `lastTimestamp` and `message` of the event named in `event`.
     fn update(&self, event: &Event) -> impl Future<Output = Result<Event, Problem>> + Send;
 }
 
 /// [`EventSink`] on a kube client (core/v1 events).
-pub struct KubeEventSink {
+pub(crate) struct KubeEventSink {
     client: kube::Client,
 }
 
 impl KubeEventSink {
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         KubeEventSink { client }
     }
 
@@ -86,7 +86,7 @@ enum Try {
 
 /// Runs the writer until `cancel` fires or the recorders are gone. The queue is borrowed, so
 /// that a writer started again after a panic takes over the events still queued.
-pub async fn run(
+pub(crate) async fn run(
     sink: impl EventSink,
     queue: &mut mpsc::Receiver<Event>,
     stats: Arc<EventStats>,

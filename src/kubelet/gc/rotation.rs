@@ -8,15 +8,15 @@
 //! the one being rotated.
 
 /// Upstream's suffix layout: `<log>.<timestamp>[.gz]`, with `.tmp` while compressing.
-pub const COMPRESS_SUFFIX: &str = ".gz";
-pub const TMP_SUFFIX: &str = ".tmp";
+pub(crate) const COMPRESS_SUFFIX: &str = ".gz";
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
 /// Upstream's timestamp (Go's `20060102-150405`), in strftime's words.
-pub const TIMESTAMP_FORMAT: &str = "%Y%m%d-%H%M%S";
+pub(crate) const TIMESTAMP_FORMAT: &str = "%Y%m%d-%H%M%S";
 
 /// The file operations of one rotation, file names relative to the log's directory, in the
 /// order they are done: remove, compress, then rename and reopen.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RotationPlan {
+pub(crate) struct RotationPlan {
     /// Left-overs of an interrupted compression and the oldest rotations beyond the limit.
     pub remove: Vec<String>,
     /// Rotated files not compressed yet.
@@ -28,7 +28,7 @@ pub struct RotationPlan {
 
 /// Plans the rotation of `log` (its file name) of `size` bytes, given the names of the other
 /// files in its directory. `None` when the file is still under `max_size`.
-pub fn plan_rotation(
+pub(crate) fn plan_rotation(
     log: &str,
     size: u64,
     max_size: u64,
@@ -74,14 +74,14 @@ pub fn plan_rotation(
 }
 
 /// The soonest a growing log is looked at again between the monitor's regular passes.
-pub const FAST_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const FAST_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// When to look at a log again sooner than the regular pass `interval` (upstream looks only
 /// every `containerLogMonitorInterval`, 10 s, so a container writing 10 MB/s leaves its log
 /// 100 MB past `containerLogMaxSize`). From its growth of `grew` bytes over `over`: the time
 /// the log needs at that rate to reach `max_size` from `size`, at least [`FAST_CHECK`];
 /// `None` when the regular pass comes first (or the log is not growing).
-pub fn recheck_after(
+pub(crate) fn recheck_after(
     grew: u64,
     over: std::time::Duration,
     size: u64,

@@ -20,7 +20,7 @@ use crate::kubelet::source::defaults::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANN
 
 /// Where a static pod is in its life, as the pod workers report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// Handed to a worker and not synced yet: its name is taken (an old mirror is no orphan),
     /// but nothing is created before the pod is actually run.
     Pending,
@@ -32,14 +32,14 @@ pub enum Stage {
 
 /// A static pod as the decision sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StaticView<'a> {
+pub(crate) struct StaticView<'a> {
     pub hash: &'a str,
     pub stage: Stage,
 }
 
 /// A mirror pod as the decision sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MirrorView<'a> {
+pub(crate) struct MirrorView<'a> {
     /// Its `kubernetes.io/config.mirror` annotation.
     pub hash: Option<&'a str>,
     /// It has a deletion timestamp.
@@ -48,7 +48,7 @@ pub struct MirrorView<'a> {
 
 /// What to do about one pod name (`namespace/name`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     Nothing,
     /// No mirror pod: create one.
     Create,
@@ -62,7 +62,7 @@ pub enum Decision {
 /// Decides for one name. `statics` are the static pods with that name (an edited static pod
 /// has its old instance terminating while the new one waits); `orphans_allowed` is true once
 /// every source has delivered its pods.
-pub fn decide(
+pub(crate) fn decide(
     statics: &[StaticView<'_>],
     mirror: Option<MirrorView<'_>>,
     orphans_allowed: bool,
@@ -81,7 +81,7 @@ pub fn decide(
 
 /// The hash a static pod's mirror pod must carry: its `kubernetes.io/config.hash` annotation
 /// (the sources set it to the pod's UID), else the UID.
-pub fn static_hash(pod: &Pod) -> &str {
+pub(crate) fn static_hash(pod: &Pod) -> &str {
     pod.metadata
         .annotations
         .as_ref()
@@ -92,7 +92,7 @@ pub fn static_hash(pod: &Pod) -> &str {
 }
 
 /// The `kubernetes.io/config.mirror` annotation of a mirror pod.
-pub fn mirror_hash(pod: &Pod) -> Option<&str> {
+pub(crate) fn mirror_hash(pod: &Pod) -> Option<&str> {
     pod.metadata
         .annotations
         .as_ref()
@@ -105,7 +105,7 @@ pub fn mirror_hash(pod: &Pod) -> Option<&str> {
 /// with the static pod's hash and the Node as controlling owner (the NodeRestriction admission
 /// plugin refuses a mirror pod without exactly that owner). The static pod's UID, version,
 /// timestamps and status are left out: the API server assigns its own.
-pub fn mirror_pod(static_pod: &Pod, node_name: &str, node_uid: &str) -> Pod {
+pub(crate) fn mirror_pod(static_pod: &Pod, node_name: &str, node_uid: &str) -> Pod {
     let meta = &static_pod.metadata;
     let mut annotations: BTreeMap<String, String> = meta.annotations.clone().unwrap_or_default();
     annotations.insert(

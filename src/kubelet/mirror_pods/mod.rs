@@ -37,7 +37,7 @@ use crate::kubelet::source::apiserver::ApiPodsView;
 /// merge marks a source ready once its first changes are on their way to the sync loop, which
 /// hands them to the workers a moment later; until then a static pod that is about to run
 /// would look gone and its mirror pod orphaned.
-pub const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 /// How often the readiness of the sources is looked at while an orphan waits for it.
 const READY_POLL: Duration = Duration::from_millis(250);
 /// How long a mirror pod we created is taken to exist while the watch has not shown it yet.
@@ -47,11 +47,11 @@ const FIRST_RETRY: Duration = Duration::from_millis(200);
 /// Field manager name in managedFields.
 const FIELD_MANAGER: &str = "deckhand";
 
-pub use crate::base::podspec::origin::is_static;
+pub(crate) use crate::base::podspec::origin::is_static;
 
 /// The three API calls mirror pods need, each one request, behind a trait so the manager can
 /// be tested without an API server; [`KubeMirrorApi`] is the real one.
-pub trait MirrorApi: Clone + Send + Sync + 'static {
+pub(crate) trait MirrorApi: Clone + Send + Sync + 'static {
     /// The node's own Node (its UID goes into the owner reference).
     fn get_node(&self, name: &str) -> impl Future<Output = Result<Node, Problem>> + Send;
     fn create_pod(&self, pod: &Pod) -> impl Future<Output = Result<Pod, Problem>> + Send;
@@ -66,12 +66,12 @@ pub trait MirrorApi: Clone + Send + Sync + 'static {
 
 /// [`MirrorApi`] on a kube client.
 #[derive(Clone)]
-pub struct KubeMirrorApi {
+pub(crate) struct KubeMirrorApi {
     client: kube::Client,
 }
 
 impl KubeMirrorApi {
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         KubeMirrorApi { client }
     }
 }
@@ -104,7 +104,7 @@ impl MirrorApi for KubeMirrorApi {
 /// The handle the pod workers and the status writer share: cheap to clone, never blocks on
 /// anything but a short lock.
 #[derive(Clone)]
-pub struct MirrorPods {
+pub(crate) struct MirrorPods {
     inner: Arc<Inner>,
 }
 
@@ -121,7 +121,7 @@ struct StaticEntry {
 }
 
 impl MirrorPods {
-    pub fn new(view: ApiPodsView) -> Self {
+    pub(crate) fn new(view: ApiPodsView) -> Self {
         MirrorPods {
             inner: Arc::new(Inner {
                 statics: Mutex::new(HashMap::new()),
@@ -136,12 +136,12 @@ impl MirrorPods {
     }
 
     /// A static pod was handed to a worker to run.
-    pub fn desired(&self, pod: &Arc<Pod>) {
+    pub(crate) fn desired(&self, pod: &Arc<Pod>) {
         self.note(pod, Stage::Pending);
     }
 
     /// A worker synced a static pod: it is admitted and being run, so it gets its mirror pod.
-    pub fn synced(&self, pod: &Arc<Pod>) {
+    pub(crate) fn synced(&self, pod: &Arc<Pod>) {
         self.note(pod, Stage::Running);
     }
 
@@ -181,7 +181,7 @@ impl MirrorPods {
     }
 
     /// The pod with this UID is being torn down.
-    pub fn terminating(&self, uid: &str) {
+    pub(crate) fn terminating(&self, uid: &str) {
         if let Some(e) = self.statics().get_mut(uid) {
             e.stage = Stage::Terminating;
         }
@@ -189,7 +189,7 @@ impl MirrorPods {
 
     /// The pod with this UID is torn down: if no other static pod has its name, its mirror pod
     /// is now an orphan.
-    pub fn torn_down(&self, uid: &str) {
+    pub(crate) fn torn_down(&self, uid: &str) {
         if self.statics().remove(uid).is_some() {
             self.inner.poke.notify_one();
         }
@@ -198,7 +198,7 @@ impl MirrorPods {
     /// The mirror pod a static pod's status is written onto: the one with its name that carries
     /// its hash and is not being deleted, as the API server last returned it. None while the
     /// static pod is not running or has no such mirror pod yet.
-    pub fn target(&self, static_uid: &str) -> Option<Arc<Pod>> {
+    pub(crate) fn target(&self, static_uid: &str) -> Option<Arc<Pod>> {
         let (name, hash) = {
             let statics = self.statics();
             let e = statics.get(static_uid)?;
@@ -215,7 +215,7 @@ impl MirrorPods {
     }
 
     /// Keeps mirror pods in line until `cancel`.
-    pub async fn run<A: MirrorApi>(
+    pub(crate) async fn run<A: MirrorApi>(
         self,
         api: A,
         node_name: String,

@@ -72,7 +72,7 @@ impl Rereads {
 }
 
 /// Gathers what the node status is computed from.
-pub trait SnapshotSource: Send + Sync + 'static {
+pub(crate) trait SnapshotSource: Send + Sync + 'static {
     fn gather(&self) -> impl Future<Output = NodeSnapshot> + Send;
     /// Resolves when something changed that must be reported before the next period (the
     /// node starting to shut down); never, by default.
@@ -83,7 +83,7 @@ pub trait SnapshotSource: Send + Sync + 'static {
 
 /// Timing and identity of the agent.
 #[derive(Debug, Clone)]
-pub struct AgentSettings {
+pub(crate) struct AgentSettings {
     pub node_name: String,
     pub cluster: ClusterSettings,
     pub status_update_frequency: Duration,
@@ -94,18 +94,20 @@ pub struct AgentSettings {
 
 /// Where the node agent publishes the Node it last had back from the API server.
 #[derive(Clone, Default, Debug)]
-pub struct NodePublisher(Option<tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>>);
+pub(crate) struct NodePublisher(Option<tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>>);
 
 impl NodePublisher {
     /// Publishes to `tx`.
-    pub fn to(tx: tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>) -> NodePublisher {
+    pub(crate) fn to(
+        tx: tokio::sync::watch::Sender<Option<std::sync::Arc<Node>>>,
+    ) -> NodePublisher {
         NodePublisher(Some(tx))
     }
 
     /// Publishes `node` unless the one published already is newer: the node agent and the
     /// Node watch both publish, and neither may put an older version back. (Versions are
     /// compared as the numbers the API server hands out; one that is not a number replaces.)
-    pub fn publish(&self, node: &Node) {
+    pub(crate) fn publish(&self, node: &Node) {
         let Some(tx) = &self.0 else {
             return;
         };
@@ -130,7 +132,7 @@ impl NodePublisher {
 }
 
 /// Registers the Node, then keeps its status and Lease current until `cancel`.
-pub async fn run<A: NodeApi, S: SnapshotSource>(
+pub(crate) async fn run<A: NodeApi, S: SnapshotSource>(
     api: A,
     snapshots: S,
     settings: AgentSettings,
@@ -400,7 +402,7 @@ impl NodeEvents {
 /// The events upstream records when the node itself moves one of its conditions: for each
 /// condition whose status the patch changed (or set first), the event named after the new
 /// state (`NodeReady`, `NodeHasSufficientMemory`, …).
-pub fn condition_events(before: &NodeStatus, after: &NodeStatus) -> Vec<&'static str> {
+pub(crate) fn condition_events(before: &NodeStatus, after: &NodeStatus) -> Vec<&'static str> {
     const NAMES: [(&str, &str, &str); 4] = [
         ("Ready", reason::NODE_READY, reason::NODE_NOT_READY),
         (
@@ -502,7 +504,7 @@ async fn ensure_lease<A: NodeApi>(
 
 /// The real [`SnapshotSource`]: the machine's files, the runtime over CRI, the agent's health.
 #[derive(Clone)]
-pub struct LiveSnapshots<R> {
+pub(crate) struct LiveSnapshots<R> {
     pub cri: R,
     pub health: Health,
     pub node_name: String,

@@ -13,7 +13,7 @@ use crate::config::Reservations;
 
 /// Amounts of each resource the node reports, in base units.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Amounts {
+pub(crate) struct Amounts {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub ephemeral_storage_bytes: i64,
@@ -24,7 +24,7 @@ pub struct Amounts {
 
 impl Amounts {
     /// The API's resource list, each quantity in the canonical form the API server keeps.
-    pub fn to_quantities(&self) -> BTreeMap<String, Quantity> {
+    pub(crate) fn to_quantities(&self) -> BTreeMap<String, Quantity> {
         let mut out = BTreeMap::from([
             ("cpu".to_string(), Quantity(format_millis(self.cpu_millis))),
             (
@@ -48,7 +48,7 @@ impl Amounts {
     }
 
     /// What the downward API uses for limits a container does not set.
-    pub fn for_downward_api(&self) -> NodeAllocatable {
+    pub(crate) fn for_downward_api(&self) -> NodeAllocatable {
         NodeAllocatable {
             cpu_millis: self.cpu_millis,
             memory_bytes: self.memory_bytes,
@@ -58,7 +58,7 @@ impl Amounts {
 }
 
 /// The node's capacity from its facts and `maxPods`.
-pub fn capacity(machine: &MachineFacts, max_pods: u32) -> Amounts {
+pub(crate) fn capacity(machine: &MachineFacts, max_pods: u32) -> Amounts {
     Amounts {
         cpu_millis: i64::from(machine.cpus) * 1000,
         memory_bytes: i64::try_from(machine.memory_bytes).unwrap_or(i64::MAX),
@@ -73,7 +73,7 @@ pub fn capacity(machine: &MachineFacts, max_pods: u32) -> Amounts {
 }
 
 /// Allocatable: capacity less what is reserved.
-pub fn allocatable(capacity: &Amounts, reserved: &Reservations) -> Amounts {
+pub(crate) fn allocatable(capacity: &Amounts, reserved: &Reservations) -> Amounts {
     let held = |name: &str, capacity: i64, milli: bool| -> i64 {
         let amount = |m: &BTreeMap<String, crate::base::podspec::quantity::Quantity>| {
             m.get(name)
@@ -110,7 +110,7 @@ pub fn allocatable(capacity: &Amounts, reserved: &Reservations) -> Amounts {
 }
 
 /// CPU as the API server writes it: whole cores as `2`, otherwise millicores as `1900m`.
-pub fn format_millis(millis: i64) -> String {
+pub(crate) fn format_millis(millis: i64) -> String {
     if millis % 1000 == 0 {
         (millis / 1000).to_string()
     } else {
@@ -120,7 +120,7 @@ pub fn format_millis(millis: i64) -> String {
 
 /// Bytes as the API server writes a binary quantity: the largest power-of-1024 suffix that
 /// divides the amount exactly (`24590000Ki`, `2Mi`), else the plain number.
-pub fn format_bytes(bytes: i64) -> String {
+pub(crate) fn format_bytes(bytes: i64) -> String {
     if bytes == 0 {
         return "0".to_string();
     }

@@ -11,7 +11,7 @@ use super::lease::LEASE_NAMESPACE;
 use crate::clients::apiserver::Problem;
 
 /// Node and Lease calls, each one request.
-pub trait NodeApi: Clone + Send + Sync + 'static {
+pub(crate) trait NodeApi: Clone + Send + Sync + 'static {
     fn create_node(&self, node: &Node) -> impl Future<Output = Result<Node, Problem>> + Send;
     fn get_node(&self, name: &str) -> impl Future<Output = Result<Node, Problem>> + Send;
     /// A JSON merge patch of the Node's metadata.
@@ -34,13 +34,13 @@ pub trait NodeApi: Clone + Send + Sync + 'static {
 
 /// [`NodeApi`] on a kube client.
 #[derive(Clone)]
-pub struct KubeNodeApi {
+pub(crate) struct KubeNodeApi {
     nodes: Api<Node>,
     leases: Api<Lease>,
 }
 
 impl KubeNodeApi {
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         KubeNodeApi {
             nodes: Api::all(client.clone()),
             leases: Api::namespaced(client, LEASE_NAMESPACE),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// The node's IP: the configured one, else the first global IPv4 address of the interface that
 /// carries the default route, else of any interface that is up.
-pub fn detect_host_ip(configured: Option<IpAddr>) -> Option<IpAddr> {
+pub(crate) fn detect_host_ip(configured: Option<IpAddr>) -> Option<IpAddr> {
     if configured.is_some() {
         return configured;
     }
@@ -31,7 +31,7 @@ pub fn detect_host_ip(configured: Option<IpAddr>) -> Option<IpAddr> {
 }
 
 /// The interface of the default route in `/proc/net/route` (destination 00000000).
-pub fn default_route_interface(route_table: &str) -> Option<String> {
+pub(crate) fn default_route_interface(route_table: &str) -> Option<String> {
     route_table.lines().skip(1).find_map(|line| {
         let mut fields = line.split_whitespace();
         let iface = fields.next()?;
@@ -41,13 +41,13 @@ pub fn default_route_interface(route_table: &str) -> Option<String> {
 }
 
 /// Total memory from `/proc/meminfo`, in bytes.
-pub fn memory_capacity(meminfo: &Path) -> Option<u64> {
+pub(crate) fn memory_capacity(meminfo: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(meminfo).ok()?;
     parse_mem_total(&text)
 }
 
 /// `MemTotal:  24590000 kB` → bytes.
-pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+pub(crate) fn parse_mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
@@ -56,7 +56,7 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
 /// What the node is made of, read from the kernel and the OS once per status computation
 /// (cheap: a handful of small files).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MachineFacts {
+pub(crate) struct MachineFacts {
     /// Online CPUs (upstream's cAdvisor `NumCores`).
     pub cpus: u32,
     pub memory_bytes: u64,
@@ -74,7 +74,7 @@ pub struct MachineFacts {
 impl MachineFacts {
     /// Reads the facts; a fact that cannot be read is left empty or zero (the node status
     /// then says a capacity is missing rather than inventing one).
-    pub fn read(root_dir: &Path) -> MachineFacts {
+    pub(crate) fn read(root_dir: &Path) -> MachineFacts {
         let read = |p: &str| {
             std::fs::read_to_string(p)
                 .map(|s| s.trim().to_string())
@@ -110,7 +110,7 @@ impl MachineFacts {
 }
 
 /// `PRETTY_NAME` of os-release (upstream's OS image), or "Linux" when there is none.
-pub fn parse_os_release(text: &str) -> String {
+pub(crate) fn parse_os_release(text: &str) -> String {
     text.lines()
         .find_map(|l| l.strip_prefix("PRETTY_NAME="))
         .map(|v| v.trim().trim_matches('"').trim_matches('\'').to_string())
@@ -140,7 +140,7 @@ fn read_hugepages(dir: &Path) -> Vec<(u64, u64)> {
 }
 
 /// The page size a `/sys/kernel/mm/hugepages` entry names, in bytes.
-pub fn hugepage_size(dir_name: &str) -> Option<u64> {
+pub(crate) fn hugepage_size(dir_name: &str) -> Option<u64> {
     let kib: u64 = dir_name
         .strip_prefix("hugepages-")?
         .strip_suffix("kB")?

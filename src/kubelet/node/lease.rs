@@ -6,17 +6,17 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 
 /// The namespace upstream keeps node Leases in.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(crate) const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// The Node a Lease belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeRef {
+pub(crate) struct NodeRef {
     pub name: String,
     pub uid: String,
 }
 
 /// A Lease to create for `node`.
-pub fn new_lease(node: &NodeRef, duration_seconds: u32, now: jiff::Timestamp) -> Lease {
+pub(crate) fn new_lease(node: &NodeRef, duration_seconds: u32, now: jiff::Timestamp) -> Lease {
     let base = Lease {
         metadata: ObjectMeta {
             name: Some(node.name.clone()),
@@ -34,7 +34,12 @@ pub fn new_lease(node: &NodeRef, duration_seconds: u32, now: jiff::Timestamp) ->
 /// `base` renewed at `now`: duration set (the configuration may have changed), the owner
 /// reference to the Node added when there is none, everything else (resourceVersion
 /// included, for the optimistic update) kept.
-pub fn renewed(base: &Lease, node: &NodeRef, duration_seconds: u32, now: jiff::Timestamp) -> Lease {
+pub(crate) fn renewed(
+    base: &Lease,
+    node: &NodeRef,
+    duration_seconds: u32,
+    now: jiff::Timestamp,
+) -> Lease {
     let mut lease = base.clone();
     let spec = lease.spec.get_or_insert_with(Default::default);
     spec.lease_duration_seconds = Some(i32::try_from(duration_seconds).unwrap_or(i32::MAX));
@@ -57,7 +62,7 @@ pub fn renewed(base: &Lease, node: &NodeRef, duration_seconds: u32, now: jiff::T
 }
 
 /// Renew every quarter of the duration (upstream's ratio), at least every second.
-pub fn renew_interval(duration_seconds: u32) -> std::time::Duration {
+pub(crate) fn renew_interval(duration_seconds: u32) -> std::time::Duration {
     std::time::Duration::from_millis((u64::from(duration_seconds) * 250).max(1000))
 }
 

@@ -20,4 +20,4 @@ pub(crate) mod registration;
 pub(crate) mod status;
 pub(crate) mod watch;
 
-pub use facts::{MachineFacts, detect_host_ip};
+pub(crate) use facts::{MachineFacts, detect_host_ip};

@@ -11,7 +11,7 @@ use super::status::go_arch;
 use crate::config::ClusterSettings;
 
 /// Tells the attach/detach controller that it, not the node agent, attaches volumes.
-pub const CONTROLLER_MANAGED_ATTACH: &str =
+pub(crate) const CONTROLLER_MANAGED_ATTACH: &str =
     "volumes.kubernetes.io/controller-managed-attach-detach";
 
 /// The labels the node agent sets and keeps current on an existing Node (upstream's list;
@@ -33,7 +33,7 @@ const OWNED_LABELS: &[&str] = &[
 /// The labels the node registers with: hostname, OS and architecture, then `--node-labels`
 /// (which win over the defaults, as upstream). Admission matches node selectors against
 /// these until the Node is read back from the API server.
-pub fn node_labels(node_name: &str, settings: &ClusterSettings) -> BTreeMap<String, String> {
+pub(crate) fn node_labels(node_name: &str, settings: &ClusterSettings) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         ("kubernetes.io/hostname".to_string(), node_name.to_string()),
         ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -49,7 +49,11 @@ pub fn node_labels(node_name: &str, settings: &ClusterSettings) -> BTreeMap<Stri
 
 /// The Node to create: name, labels ([`node_labels`]), taints, the attach/detach annotation,
 /// and the first status (so it can be Ready at once).
-pub fn initial_node(node_name: &str, settings: &ClusterSettings, status: NodeStatus) -> Node {
+pub(crate) fn initial_node(
+    node_name: &str,
+    settings: &ClusterSettings,
+    status: NodeStatus,
+) -> Node {
     let labels = node_labels(node_name, settings);
     Node {
         metadata: ObjectMeta {
@@ -73,7 +77,7 @@ pub fn initial_node(node_name: &str, settings: &ClusterSettings, status: NodeSta
 /// The JSON merge patch that brings an existing Node in line with the one Deckhand would
 /// create, or `None` when it already is: owned labels set to our values (an owned label we
 /// would set empty is removed), the attach/detach annotation set. Nothing else is touched.
-pub fn reconcile_existing(existing: &Node, initial: &Node) -> Option<serde_json::Value> {
+pub(crate) fn reconcile_existing(existing: &Node, initial: &Node) -> Option<serde_json::Value> {
     let empty = BTreeMap::new();
     let have = existing.metadata.labels.as_ref().unwrap_or(&empty);
     let want = initial.metadata.labels.as_ref().unwrap_or(&empty);
@@ -116,7 +120,7 @@ pub fn reconcile_existing(existing: &Node, initial: &Node) -> Option<serde_json:
 /// A strategic merge patch of the status subresource carrying our whole status: conditions
 /// merge by type (so conditions others own stay), addresses are replaced as a list (a
 /// strategic merge by type would keep a stale address), images are atomic already.
-pub fn status_patch(status: &NodeStatus) -> serde_json::Value {
+pub(crate) fn status_patch(status: &NodeStatus) -> serde_json::Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(addresses) = value.get_mut("addresses").and_then(|a| a.as_array_mut()) {
         addresses.push(serde_json::json!({ "$patch": "replace" }));

@@ -18,13 +18,13 @@ use super::facts::MachineFacts;
 /// The version the node agent reports as `kubeletVersion`: the Kubernetes API level it is
 /// built against, with Deckhand's own version as semver build metadata (the form other
 /// distributions use, e.g. `v1.33.0+k3s1`), so version-skew checks read the API level.
-pub fn kubelet_version() -> String {
+pub(crate) fn kubelet_version() -> String {
     format!("v1.33.0+deckhand-{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// What the runtime said when last asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuntimeState {
+pub(crate) enum RuntimeState {
     /// It did not answer.
     Down,
     /// Its answer: version (`containerd://1.6.20`) and conditions.
@@ -36,7 +36,7 @@ pub enum RuntimeState {
 
 /// One condition of the CRI status (RuntimeReady, NetworkReady).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeCondition {
+pub(crate) struct RuntimeCondition {
     pub kind: String,
     pub ok: bool,
     pub reason: String,
@@ -45,7 +45,7 @@ pub struct RuntimeCondition {
 
 /// An image the runtime holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageEntry {
+pub(crate) struct ImageEntry {
     pub repo_tags: Vec<String>,
     pub repo_digests: Vec<String>,
     pub size_bytes: i64,
@@ -53,7 +53,7 @@ pub struct ImageEntry {
 
 /// Which pressure conditions hold (the eviction manager sets them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pressure {
+pub(crate) struct Pressure {
     pub memory: bool,
     pub disk: bool,
     pub pid: bool,
@@ -61,7 +61,7 @@ pub struct Pressure {
 
 /// Everything the status is computed from, gathered beforehand.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeSnapshot {
+pub(crate) struct NodeSnapshot {
     pub node_name: String,
     pub internal_ip: Option<IpAddr>,
     pub machine: MachineFacts,
@@ -83,11 +83,12 @@ pub struct NodeSnapshot {
 const MAX_NAMES_PER_IMAGE: usize = 5;
 
 /// The condition types the node agent owns; others (NetworkUnavailable, …) belong to others.
-pub const OWN_CONDITIONS: [&str; 4] = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+pub(crate) const OWN_CONDITIONS: [&str; 4] =
+    ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
 
 /// Computes the status. `previous` is the status the API server last returned: a condition
 /// whose status did not change keeps its transition time.
-pub fn compute_node_status(
+pub(crate) fn compute_node_status(
     snap: &NodeSnapshot,
     previous: Option<&NodeStatus>,
     now: jiff::Timestamp,
@@ -308,7 +309,7 @@ fn images(list: &[ImageEntry], max: i32) -> Vec<ContainerImage> {
 }
 
 /// The architecture in Go's words (what `kubernetes.io/arch` and nodeInfo use).
-pub fn go_arch() -> &'static str {
+pub(crate) fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -323,7 +324,7 @@ pub fn go_arch() -> &'static str {
 /// True when `ours` differs from what the API server holds (`known`) in anything the node
 /// agent owns. Heartbeat times are ignored; quantities are compared by value (the API server
 /// may write them in another form).
-pub fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
+pub(crate) fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
     // Type, status, reason, message and transition time of the conditions we own.
     type Owned = (String, String, Option<String>, Option<String>, Option<Time>);
     let own_conditions = |s: &NodeStatus| -> Vec<Owned> {
@@ -368,7 +369,7 @@ pub fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
 }
 
 /// The status of condition `kind`, if present.
-pub fn condition_status<'a>(status: &'a NodeStatus, kind: &str) -> Option<&'a str> {
+pub(crate) fn condition_status<'a>(status: &'a NodeStatus, kind: &str) -> Option<&'a str> {
     status
         .conditions
         .iter()

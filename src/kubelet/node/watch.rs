@@ -21,7 +21,7 @@ use crate::clients::apiserver::watch::{self as api_watch, Event, Watch};
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// Watches Node `name` until `cancel`, publishing each version.
-pub async fn run(
+pub(crate) async fn run(
     client: kube::Client,
     name: String,
     publisher: NodePublisher,

@@ -28,13 +28,13 @@ use crate::clients::cri::proto::{self, ContainerEventType};
 use crate::clients::cri::pull_progress::CRI_NAMESPACE;
 
 /// Types generated from `proto/containerd/services/events/v1/events.proto`.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub(crate) mod events_proto {
     tonic::include_proto!("containerd.services.events.v1");
 }
 
 /// Types generated from `proto/containerd/events/events.proto`.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub(crate) mod payload_proto {
     tonic::include_proto!("containerd.events");
 }

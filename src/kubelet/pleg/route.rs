@@ -27,7 +27,7 @@ impl Mode {
 
 /// What one event asks of the PLEG.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// Tell this pod's worker to look again now.
     Poke(String),
     /// An object the PLEG does not know changed in a way that matters: relist soon to find
@@ -49,7 +49,7 @@ pub enum Route {
 /// a second observation per start for nothing. A task's deletion follows its exit (containerd's
 /// CRI plugin deletes the task of every process that exits, and only then shows the container
 /// as exited): it matters only when the worker is still waiting for the view to show the exit.
-pub fn route(
+pub(crate) fn route(
     event: &RuntimeEvent,
     owner: Option<&str>,
     foreign: bool,
@@ -74,7 +74,7 @@ pub fn route(
 
 /// How long after one relist the next is due in `mode`. `period` is the relist-only period
 /// (1 s, upstream's), `events_period` the check while events flow.
-pub fn relist_period(mode: Mode, period: Duration, events_period: Duration) -> Duration {
+pub(crate) fn relist_period(mode: Mode, period: Duration, events_period: Duration) -> Duration {
     match mode {
         Mode::Relist => period,
         Mode::Events(_) => events_period.max(period),
@@ -84,21 +84,21 @@ pub fn relist_period(mode: Mode, period: Duration, events_period: Duration) -> D
 /// The shortest gap between two relists that unknown objects asked for: a burst of exits of
 /// objects the PLEG does not know (another agent's pods on a shared containerd) costs at most
 /// this many relists a second.
-pub const RELIST_SOON_GAP: Duration = Duration::from_millis(250);
+pub(crate) const RELIST_SOON_GAP: Duration = Duration::from_millis(250);
 
 /// The first wait before subscribing again after a stream broke or a subscription failed.
-pub const RESUBSCRIBE_FIRST: Duration = Duration::from_millis(250);
+pub(crate) const RESUBSCRIBE_FIRST: Duration = Duration::from_millis(250);
 /// The longest wait between subscription attempts while the runtime is down.
-pub const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
+pub(crate) const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
 /// How long a runtime that offers no event service at all is left alone before asking again
 /// (it may have been upgraded in place).
-pub const UNSUPPORTED_RETRY: Duration = Duration::from_secs(300);
+pub(crate) const UNSUPPORTED_RETRY: Duration = Duration::from_secs(300);
 /// A stream that lasted this long was healthy: the next break starts the back-off afresh.
-pub const STABLE_STREAM: Duration = Duration::from_secs(60);
+pub(crate) const STABLE_STREAM: Duration = Duration::from_secs(60);
 
 /// The wait before the next subscription attempt, after `failures` failed attempts in a row
 /// (0 after a stream that was healthy for a while): a quarter second, doubling, at most 30 s.
-pub fn resubscribe_delay(failures: u32, unsupported: bool) -> Duration {
+pub(crate) fn resubscribe_delay(failures: u32, unsupported: bool) -> Duration {
     if unsupported {
         return UNSUPPORTED_RETRY;
     }
@@ -107,7 +107,7 @@ pub fn resubscribe_delay(failures: u32, unsupported: bool) -> Duration {
 }
 
 /// The count of failures in a row after a stream that lived `lived` ended.
-pub fn failures_after_break(failures: u32, lived: Duration) -> u32 {
+pub(crate) fn failures_after_break(failures: u32, lived: Duration) -> u32 {
     if lived >= STABLE_STREAM {
         0
     } else {

@@ -50,7 +50,7 @@ const FIELD_MANAGER: &str = "deckhand";
 
 /// The workers' handle: cheap to clone, never blocks.
 #[derive(Clone)]
-pub struct StatusSync {
+pub(crate) struct StatusSync {
     changed: Pokes,
     requests: mpsc::UnboundedSender<Request>,
 }
@@ -69,19 +69,19 @@ enum Request {
 
 impl StatusSync {
     /// The pod's status was published anew.
-    pub fn changed(&self, uid: &str) {
+    pub(crate) fn changed(&self, uid: &str) {
         self.changed.poke(uid);
     }
 
     /// The pod has been torn down on the node; if the API server is deleting it, finish that.
-    pub fn torn_down(&self, pod: Arc<Pod>) {
+    pub(crate) fn torn_down(&self, pod: Arc<Pod>) {
         if from_api(&pod) && pod.metadata.deletion_timestamp.is_some() {
             let _ = self.requests.send(Request::Delete(pod));
         }
     }
 
     /// The node refuses the pod (`reason`, `message` as upstream's admission gives them).
-    pub fn refused(&self, pod: &Pod, reason: &str, message: &str) {
+    pub(crate) fn refused(&self, pod: &Pod, reason: &str, message: &str) {
         let _ = self.requests.send(Request::Refused {
             pod: Box::new(pod.clone()),
             reason: reason.to_string(),
@@ -91,7 +91,7 @@ impl StatusSync {
 }
 
 /// True for pods that came from the API server (the merge notes the source on each pod).
-pub fn from_api(pod: &Pod) -> bool {
+pub(crate) fn from_api(pod: &Pod) -> bool {
     pod.metadata
         .annotations
         .as_ref()
@@ -103,7 +103,7 @@ pub fn from_api(pod: &Pod) -> bool {
 /// call makes a fresh run (nothing written remembered, the queue of requests taken over), so a
 /// supervisor can start it again after a panic. `view` is the API server source's view of the
 /// node's pods; `mirrors` says where static pods' statuses go.
-pub fn start(
+pub(crate) fn start(
     client: kube::Client,
     states: PodStates,
     view: ApiPodsView,
@@ -415,7 +415,12 @@ fn is_terminal(phase: Option<&str>) -> bool {
 ///   Never, or OnFailure and it exited 0 (upstream refuses such a transition as a bug);
 /// - once the phase is terminal, Ready and ContainersReady are not true (`now` stamps the
 ///   change).
-pub fn merge_status(pod: &Pod, base: Option<&PodStatus>, new: &PodStatus, now: &Time) -> PodStatus {
+pub(crate) fn merge_status(
+    pod: &Pod,
+    base: Option<&PodStatus>,
+    new: &PodStatus,
+    now: &Time,
+) -> PodStatus {
     let Some(base) = base else {
         return new.clone();
     };
@@ -553,7 +558,7 @@ const NODE_OWNED: [&str; 10] = [
 /// A JSON value with what the API server does not keep taken out: nulls, empty strings, lists
 /// and objects (but `running: {}` and its siblings, which mean something), so that a status
 /// compares equal to the API server's copy of it. Times are already whole seconds in JSON.
-pub fn normalized(v: &Value) -> Value {
+pub(crate) fn normalized(v: &Value) -> Value {
     norm(None, v).unwrap_or(Value::Null)
 }
 
@@ -589,7 +594,7 @@ fn same(a: &Value, b: &Value) -> bool {
 /// in [`MERGE_KEYS`] element by element (changed fields of changed elements, `$patch: delete`
 /// for elements gone, `$setElementOrder` when the order changed); other lists whole. Empty
 /// when the API server holds `new` already.
-pub fn status_patch(old: &Value, new: &Value) -> Map<String, Value> {
+pub(crate) fn status_patch(old: &Value, new: &Value) -> Map<String, Value> {
     let empty = Map::new();
     let old = old.as_object().unwrap_or(&empty);
     let new = new.as_object().unwrap_or(&empty);

@@ -21,7 +21,7 @@ use crate::kubelet::prober::ProbeView;
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WaitReason {
+pub(crate) enum WaitReason {
     /// Volumes are not ready yet.
     ContainerCreating,
     /// A restart waits out its crash-loop back-off.
@@ -37,7 +37,7 @@ pub enum WaitReason {
 
 impl WaitReason {
     /// The reason as the API shows it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WaitReason::ContainerCreating => "ContainerCreating",
             WaitReason::CrashLoopBackOff => "CrashLoopBackOff",
@@ -53,7 +53,7 @@ impl WaitReason {
 
     /// An error that the worker retries soon by itself (everything but a back-off wait, which
     /// has its own end time).
-    pub fn retried_soon(self) -> bool {
+    pub(crate) fn retried_soon(self) -> bool {
         self != WaitReason::CrashLoopBackOff
     }
 }
@@ -61,7 +61,7 @@ impl WaitReason {
 /// A text that is none of the waiting reasons Deckhand records.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is not a waiting reason Deckhand records")]
-pub struct UnknownWaitReason(pub String);
+pub(crate) struct UnknownWaitReason(pub String);
 
 impl std::str::FromStr for WaitReason {
     type Err = UnknownWaitReason;
@@ -92,13 +92,13 @@ impl std::fmt::Display for WaitReason {
 
 /// Why a container is not running, as recorded by the pod worker (image pull failed, back-off…).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WaitingReason {
+pub(crate) struct WaitingReason {
     pub reason: WaitReason,
     pub message: String,
 }
 
 impl WaitingReason {
-    pub fn new(reason: WaitReason, message: impl Into<String>) -> Self {
+    pub(crate) fn new(reason: WaitReason, message: impl Into<String>) -> Self {
         WaitingReason {
             reason,
             message: message.into(),
@@ -107,7 +107,7 @@ impl WaitingReason {
 }
 
 /// Inputs to the status computation besides the pod and the runtime's view.
-pub struct StatusInputs<'a> {
+pub(crate) struct StatusInputs<'a> {
     pub now: SystemTime,
     pub host_ip: Option<String>,
     /// Waiting reasons by container name.
@@ -122,7 +122,7 @@ pub struct StatusInputs<'a> {
 }
 
 /// Container ID as the Kubernetes API writes it.
-pub fn container_id(id: &str) -> String {
+pub(crate) fn container_id(id: &str) -> String {
     format!("containerd://{id}")
 }
 
@@ -335,7 +335,11 @@ fn condition(
 ///
 /// The container statuses come first; the phase, the conditions and the IPs are each read off
 /// them, the sandbox and the previous status by a helper of their own.
-pub fn compute_pod_status(pod: &Pod, observed: &ObservedPod, inputs: &StatusInputs) -> PodStatus {
+pub(crate) fn compute_pod_status(
+    pod: &Pod,
+    observed: &ObservedPod,
+    inputs: &StatusInputs,
+) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let restart_policy = RestartPolicy::of(pod);
     let inits = InitStatuses::compute(&spec, observed, inputs, restart_policy);

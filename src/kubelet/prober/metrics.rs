@@ -29,7 +29,7 @@ impl ProbeResult {
 
 /// Which container a series belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeriesKey {
+pub(crate) struct SeriesKey {
     pub pod_uid: String,
     pub namespace: String,
     pub pod: String,
@@ -39,24 +39,24 @@ pub struct SeriesKey {
 
 /// The counters of every probe on the node.
 #[derive(Debug, Default)]
-pub struct ProbeCounters {
+pub(crate) struct ProbeCounters {
     series: BTreeMap<(SeriesKey, ProbeResult), u64>,
 }
 
 impl ProbeCounters {
     /// Counts one run.
-    pub fn inc(&mut self, key: &SeriesKey, result: ProbeResult) {
+    pub(crate) fn inc(&mut self, key: &SeriesKey, result: ProbeResult) {
         *self.series.entry((key.clone(), result)).or_insert(0) += 1;
     }
 
     /// Drops every series of a pod.
-    pub fn remove_pod(&mut self, pod_uid: &str) {
+    pub(crate) fn remove_pod(&mut self, pod_uid: &str) {
         self.series.retain(|(key, _), _| key.pod_uid != pod_uid);
     }
 
     /// The current value of one series (0 when it does not exist).
     #[cfg(test)]
-    pub fn get(&self, key: &SeriesKey, result: ProbeResult) -> u64 {
+    pub(crate) fn get(&self, key: &SeriesKey, result: ProbeResult) -> u64 {
         self.series
             .get(&(key.clone(), result))
             .copied()
@@ -65,7 +65,7 @@ impl ProbeCounters {
 
     /// The Prometheus text exposition (labels in alphabetical order, as client libraries
     /// print them).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         out.push_str(
             "# HELP prober_probe_total Number of liveness, readiness and startup probe runs of a \

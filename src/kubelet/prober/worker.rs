@@ -26,11 +26,11 @@ use super::{ProbeKind, ProbeOutcome, Unhealthy};
 use crate::base::clock;
 
 /// How many times a probe that errored is tried within one period.
-pub const MAX_TRIES: usize = 3;
+pub(crate) const MAX_TRIES: usize = 3;
 
 /// The schedule and thresholds of one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerConfig {
+pub(crate) struct WorkerConfig {
     pub kind: ProbeKind,
     pub container_name: String,
     pub initial_delay: Duration,
@@ -47,26 +47,26 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     /// The wait before the first run: what is left of the initial delay, plus the jitter.
-    pub fn first_wait(&self) -> Duration {
+    pub(crate) fn first_wait(&self) -> Duration {
         self.initial_delay.saturating_sub(self.running_for) + self.jitter
     }
 }
 
 /// Something that checks a container once.
-pub trait Probe: Send + Sync + 'static {
+pub(crate) trait Probe: Send + Sync + 'static {
     fn run(&self) -> impl Future<Output = ProbeOutcome> + Send;
 }
 
 /// A conclusion a worker reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Ready(bool),
     Started,
     Unhealthy(Unhealthy),
 }
 
 /// Where a worker reports to.
-pub trait Report: Send + Sync + 'static {
+pub(crate) trait Report: Send + Sync + 'static {
     /// Every run that was carried out or gave up (for the metrics).
     fn outcome(&self, kind: ProbeKind, outcome: &ProbeOutcome);
     /// Every conclusion.
@@ -75,7 +75,7 @@ pub trait Report: Send + Sync + 'static {
 
 /// The link between a container's startup worker and its other workers.
 #[derive(Default)]
-pub struct StartupGate {
+pub(crate) struct StartupGate {
     /// For liveness and readiness: wait until this turns true before the first run.
     pub wait: Option<watch::Receiver<bool>>,
     /// For startup: set to true on success.
@@ -84,14 +84,14 @@ pub struct StartupGate {
 
 /// Counts consecutive equal outcomes against the thresholds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Streak {
+pub(crate) struct Streak {
     last: Option<bool>,
     length: u32,
 }
 
 impl Streak {
     /// Adds one outcome (true = success); returns it when its run has reached its threshold.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         success: bool,
         success_threshold: u32,
@@ -113,7 +113,7 @@ impl Streak {
 }
 
 /// Runs one worker until its instance stops (`cancel`) or it reaches a final verdict.
-pub async fn run_worker<P: Probe, R: Report>(
+pub(crate) async fn run_worker<P: Probe, R: Report>(
     cfg: WorkerConfig,
     probe: P,
     report: R,
@@ -207,7 +207,7 @@ async fn run_with_tries<P: Probe>(probe: &P) -> ProbeOutcome {
 }
 
 /// A random duration in `[0, upto)`, from the standard library's per-process random hash keys.
-pub fn random_below(upto: Duration) -> Duration {
+pub(crate) fn random_below(upto: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
     if upto.is_zero() {
         return Duration::ZERO;

@@ -17,14 +17,14 @@ use crate::kubelet::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ContainerKind {
+pub(crate) enum ContainerKind {
     Init,
     App,
 }
 
 /// A container instance to create and start.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StartContainer {
+pub(crate) struct StartContainer {
     pub kind: ContainerKind,
     /// Index in `spec.initContainers` or `spec.containers`.
     pub index: usize,
@@ -37,7 +37,7 @@ pub struct StartContainer {
 
 /// A running container instance to stop.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KillContainer {
+pub(crate) struct KillContainer {
     pub id: String,
     pub name: String,
     pub reason: String,
@@ -47,7 +47,7 @@ pub struct KillContainer {
 
 /// A container that should restart but must wait out its back-off first.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BackoffWait {
+pub(crate) struct BackoffWait {
     pub name: String,
     pub remaining: Duration,
     pub message: String,
@@ -55,7 +55,7 @@ pub struct BackoffWait {
 
 /// Everything to do for one pod in one sync, in the order the executor does it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PodActions {
+pub(crate) struct PodActions {
     /// Stop every container and sandbox of the pod first (sandbox gone bad, pod finished).
     pub kill_pod: Option<String>,
     /// Create a new sandbox with this attempt number.
@@ -75,13 +75,13 @@ pub struct PodActions {
 
 impl PodActions {
     /// When the worker should look again even if nothing else happens (a back-off ends).
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         self.waiting.iter().map(|w| w.remaining).min()
     }
 }
 
 /// Inputs besides the pod and the runtime's view.
-pub struct DecisionContext<'a> {
+pub(crate) struct DecisionContext<'a> {
     pub now: SystemTime,
     pub backoff: &'a BackoffTable,
     pub policy: BackoffPolicy,
@@ -153,7 +153,11 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
 /// The checks go in order of precedence: a pod that will never run again is only made sure to
 /// be stopped; a pod whose sandbox must be replaced starts over in a new one; otherwise its init
 /// containers run, one at a time, before its app containers are looked at.
-pub fn compute_pod_actions(pod: &Pod, observed: &ObservedPod, ctx: &DecisionContext) -> PodActions {
+pub(crate) fn compute_pod_actions(
+    pod: &Pod,
+    observed: &ObservedPod,
+    ctx: &DecisionContext,
+) -> PodActions {
     let mut actions = PodActions::default();
     let Some(spec) = pod.spec.as_ref() else {
         return actions;
@@ -551,7 +555,8 @@ fn replace_instance(
 }
 
 /// Why an instance in state Unknown is stopped (upstream's wording).
-pub const UNKNOWN_STATE: &str = "Container is in \"unknown\" state, try killing it before restart";
+pub(crate) const UNKNOWN_STATE: &str =
+    "Container is in \"unknown\" state, try killing it before restart";
 
 /// Plans a container's start in a new sandbox: a restart with back-off when its newest
 /// instance (in any older sandbox) exited, a plain start otherwise.
@@ -632,7 +637,7 @@ fn plan_restart(
 }
 
 /// The pod as upstream names it in messages: `name_namespace(uid)`.
-pub fn pod_label(pod: &Pod) -> String {
+pub(crate) fn pod_label(pod: &Pod) -> String {
     let meta = &pod.metadata;
     format!(
         "{}_{}({})",
@@ -643,7 +648,7 @@ pub fn pod_label(pod: &Pod) -> String {
 }
 
 /// Upstream writes back-off delays like Go durations: `10s`, `1m20s`, `5m0s`.
-pub fn format_delay(d: Duration) -> String {
+pub(crate) fn format_delay(d: Duration) -> String {
     let secs = d.as_secs();
     if secs >= 60 {
         format!("{}m{}s", secs / 60, secs % 60)

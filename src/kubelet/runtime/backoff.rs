@@ -41,7 +41,7 @@ pub struct BackoffEntry {
 }
 
 /// Back-off state of one pod's containers, keyed by container name.
-pub type BackoffTable = HashMap<String, BackoffEntry>;
+pub(crate) type BackoffTable = HashMap<String, BackoffEntry>;
 
 impl BackoffPolicy {
     /// True when the entry has aged out (no exit for twice the maximum).
@@ -87,7 +87,7 @@ impl BackoffPolicy {
 /// What [`sanitize`] or [`decode_table`] changed in a table read back from disk, per
 /// container name (for a log line).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Repair {
+pub(crate) enum Repair {
     /// The delay was negative or above the policy's maximum; it is the maximum now.
     DelayClamped { container: String },
     /// The last update lies in the future (a clock step, or an edited file): entry dropped.
@@ -98,7 +98,11 @@ pub enum Repair {
 
 /// Clamp every delay to `policy.max` and drop entries whose last update is after `now`.
 /// Returns what was changed, so the caller can log it with the pod's fields.
-pub fn sanitize(table: &mut BackoffTable, policy: &BackoffPolicy, now: SystemTime) -> Vec<Repair> {
+pub(crate) fn sanitize(
+    table: &mut BackoffTable,
+    policy: &BackoffPolicy,
+    now: SystemTime,
+) -> Vec<Repair> {
     let mut repairs = Vec::new();
     table.retain(|name, entry| {
         if entry.last_update > now {
@@ -149,7 +153,7 @@ fn read_span(value: &Value, secs_key: &str, nanos_key: &str) -> Option<Span> {
 /// cannot be read is dropped (the container then starts from the initial delay) instead of
 /// losing the whole table, a negative or huge delay becomes the policy's maximum, and an entry
 /// last updated in the future is dropped. Anything but a JSON object yields an empty table.
-pub fn decode_table(
+pub(crate) fn decode_table(
     bytes: &[u8],
     policy: &BackoffPolicy,
     now: SystemTime,

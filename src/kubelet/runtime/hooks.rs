@@ -18,7 +18,7 @@ const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
 
 /// Which hook is running, for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HookKind {
+pub(crate) enum HookKind {
     PostStart,
     PreStop,
 }
@@ -34,7 +34,7 @@ impl HookKind {
 
 /// Why a hook failed; the text is upstream's, as users see it in events and logs.
 #[derive(Debug, thiserror::Error)]
-pub enum HookError {
+pub(crate) enum HookError {
     #[error("Exec lifecycle hook ({cmd:?}) for Container {container:?} failed - error: {source}")]
     Exec {
         cmd: Vec<String>,
@@ -82,7 +82,7 @@ pub enum HookError {
 }
 
 /// Runs one hook handler to completion or until `timeout`.
-pub async fn run_hook<R: RuntimeService>(
+pub(crate) async fn run_hook<R: RuntimeService>(
     rt: &R,
     kind: HookKind,
     handler: &LifecycleHandler,

@@ -6,7 +6,11 @@ use k8s_openapi::api::core::v1::Pod;
 /// `managedHostsFileContent`: a header, the localhost block, the pod's own line (`IP\thostname`,
 /// or `IP\tFQDN\thostname` when the pod has a `subdomain`), then a `hostAliases` section when
 /// there are aliases.
-pub fn render_hosts_file(pod: &Pod, pod_ip: Option<&str>, cluster_domain: Option<&str>) -> String {
+pub(crate) fn render_hosts_file(
+    pod: &Pod,
+    pod_ip: Option<&str>,
+    cluster_domain: Option<&str>,
+) -> String {
     let mut text = String::from("# Kubernetes-managed hosts file.\n");
     text.push_str("127.0.0.1\tlocalhost\n");
     text.push_str("::1\tlocalhost ip6-localhost ip6-loopback\n");
@@ -36,7 +40,7 @@ pub fn render_hosts_file(pod: &Pod, pod_ip: Option<&str>, cluster_domain: Option
 /// The pod's short hostname (`spec.hostname`, else its name, cut to 63 characters) and, when it
 /// has a `subdomain`, its domain `<subdomain>.<namespace>.svc.<clusterDomain>` (upstream builds
 /// it even when the cluster domain is empty).
-pub fn pod_hostname_and_domain(
+pub(crate) fn pod_hostname_and_domain(
     pod: &Pod,
     cluster_domain: Option<&str>,
 ) -> (String, Option<String>) {
@@ -58,7 +62,7 @@ pub fn pod_hostname_and_domain(
 }
 
 /// Hostnames are DNS labels: at most 63 characters, not ending in `-` or `.`.
-pub fn truncate_hostname(name: &str) -> String {
+pub(crate) fn truncate_hostname(name: &str) -> String {
     let mut h: String = name.chars().take(63).collect();
     while h.ends_with('-') || h.ends_with('.') {
         h.pop();

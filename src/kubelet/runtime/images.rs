@@ -11,7 +11,7 @@ use crate::kubelet::pod_status::{WaitReason, WaitingReason};
 
 /// `imagePullPolicy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PullPolicy {
+pub(crate) enum PullPolicy {
     Always,
     IfNotPresent,
     Never,
@@ -20,7 +20,7 @@ pub enum PullPolicy {
 impl PullPolicy {
     /// The container's policy. The sources default it as the API does (`Always` for `:latest`
     /// or no tag); a value they did not set or do not know reads as `IfNotPresent`.
-    pub fn of(container: &Container) -> PullPolicy {
+    pub(crate) fn of(container: &Container) -> PullPolicy {
         match container.image_pull_policy.as_deref() {
             Some("Always") => PullPolicy::Always,
             Some("Never") => PullPolicy::Never,
@@ -31,7 +31,7 @@ impl PullPolicy {
 
 /// What to do about one container's image.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ImageStep {
+pub(crate) enum ImageStep {
     /// The image is there and the policy does not ask for a pull.
     Ready,
     /// Pull it now.
@@ -41,13 +41,13 @@ pub enum ImageStep {
 }
 
 /// The back-off table's key for pulls of `image` (container names cannot contain ':').
-pub fn backoff_key(image: &str) -> String {
+pub(crate) fn backoff_key(image: &str) -> String {
     format!("image:{image}")
 }
 
 /// Decides the image step for `image` under `policy`, given whether the runtime has it and the
 /// pull back-off entry of the image, at `now`.
-pub fn image_step(
+pub(crate) fn image_step(
     image: &str,
     policy: PullPolicy,
     present: bool,

@@ -17,14 +17,14 @@ const BACKOFF_FILE: &str = "backoff.json";
 /// A pod file could not be written.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write {path}: {source}")]
-pub struct PodFileError {
+pub(crate) struct PodFileError {
     pub path: PathBuf,
     #[source]
     pub source: std::io::Error,
 }
 
 /// The files a container is started with.
-pub struct ContainerFiles {
+pub(crate) struct ContainerFiles {
     /// The managed `/etc/hosts` (pods with their own network only).
     pub hosts: Option<PathBuf>,
     /// The empty file mounted as the termination-message path.
@@ -33,7 +33,7 @@ pub struct ContainerFiles {
 
 /// Writes `/etc/hosts` (own network only) and an empty termination-message file for one start
 /// of `container` (`restart_count` keeps each instance's message apart).
-pub fn prepare_container_files(
+pub(crate) fn prepare_container_files(
     pod_dir: &Path,
     pod: &Pod,
     container: &str,
@@ -72,7 +72,7 @@ pub fn prepare_container_files(
 /// back-off only means a restart comes sooner). What is read is checked: a file anyone may have
 /// edited never yields a delay beyond the policy's maximum or an entry dated in the future;
 /// the repairs made are returned for the log.
-pub fn load_backoff(
+pub(crate) fn load_backoff(
     pod_dir: &Path,
     policy: &BackoffPolicy,
     now: SystemTime,
@@ -84,7 +84,7 @@ pub fn load_backoff(
 }
 
 /// Saves a pod's back-off state.
-pub fn save_backoff(pod_dir: &Path, table: &BackoffTable) -> Result<(), PodFileError> {
+pub(crate) fn save_backoff(pod_dir: &Path, table: &BackoffTable) -> Result<(), PodFileError> {
     let path = pod_dir.join(BACKOFF_FILE);
     serde_json::to_vec(table)
         .map_err(std::io::Error::other)
@@ -93,7 +93,7 @@ pub fn save_backoff(pod_dir: &Path, table: &BackoffTable) -> Result<(), PodFileE
 }
 
 /// Writes a file through a temporary name and a rename, so readers never see half of it.
-pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }

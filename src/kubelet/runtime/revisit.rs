@@ -24,21 +24,21 @@ use crate::base::podspec::is_sidecar;
 
 /// How often a pod is looked at while one of its init containers runs and no event stream
 /// flows.
-pub const INIT_POLL: Duration = Duration::from_millis(50);
+pub(crate) const INIT_POLL: Duration = Duration::from_millis(50);
 /// While events flow: how long a worker waits for the exit of its running init container
 /// before it looks anyway (a lost event costs this much, not a relist period).
-pub const EVENT_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const EVENT_DEADLINE: Duration = Duration::from_secs(5);
 /// How soon the view is read again when the event stream told of an exit it does not show.
 /// The task's deletion, after which containerd's CRI plugin shows the exit, pokes the worker
 /// too; this is the fallback should the view lag even that.
-pub const CATCH_UP: Duration = Duration::from_millis(50);
+pub(crate) const CATCH_UP: Duration = Duration::from_millis(50);
 /// How soon a pod is looked at again after a step of its start-up went through.
-pub const PROGRESS_RETRY: Duration = Duration::from_millis(20);
+pub(crate) const PROGRESS_RETRY: Duration = Duration::from_millis(20);
 /// How soon a sync that hit an error is retried.
-pub const ERROR_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const ERROR_RETRY: Duration = Duration::from_secs(2);
 
 /// What one sync did and saw, as far as the next look is concerned.
-pub struct SyncFacts<'a> {
+pub(crate) struct SyncFacts<'a> {
     /// The decision that was carried out.
     pub decision: &'a PodActions,
     /// Carrying it out failed somewhere.
@@ -61,7 +61,7 @@ pub struct SyncFacts<'a> {
 }
 
 /// The wait before the next look; `None` means only events and the resync bring it.
-pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
+pub(crate) fn next_look(facts: &SyncFacts) -> Option<Duration> {
     let mut next = facts.decision.retry_after();
     let mut sooner = |d: Duration| next = Some(next.map_or(d, |n: Duration| n.min(d)));
     // Waiting on volumes, the containers' ContainerCreating is no error to retry, and the
@@ -96,7 +96,7 @@ pub fn next_look(facts: &SyncFacts) -> Option<Duration> {
 
 /// True when carrying out `followup` would move the pod on: a sandbox to make, something to
 /// stop, or a container to start whose start is not blocked by an error.
-pub fn makes_progress(followup: &PodActions, blocked: &dyn Fn(&str) -> bool) -> bool {
+pub(crate) fn makes_progress(followup: &PodActions, blocked: &dyn Fn(&str) -> bool) -> bool {
     followup.create_sandbox.is_some()
         || followup.kill_pod.is_some()
         || !followup.kill_containers.is_empty()
@@ -106,7 +106,7 @@ pub fn makes_progress(followup: &PodActions, blocked: &dyn Fn(&str) -> bool) -> 
 /// True when a step carried out all of `decision`: the sandbox it was to make was made and no
 /// container it was to start waits on an error. Only then does the same sync go on with the
 /// next step; a step that fell short is retried at its own pace.
-pub fn went_through(
+pub(crate) fn went_through(
     decision: &PodActions,
     made_sandbox: bool,
     blocked: &dyn Fn(&str) -> bool,
@@ -116,7 +116,7 @@ pub fn went_through(
 }
 
 /// True when a regular init container of the pod runs in its newest sandbox.
-pub fn init_running(pod: &Pod, observed: &ObservedPod) -> bool {
+pub(crate) fn init_running(pod: &Pod, observed: &ObservedPod) -> bool {
     let Some(sandbox) = observed.newest_sandbox() else {
         return false;
     };
@@ -132,7 +132,7 @@ pub fn init_running(pod: &Pod, observed: &ObservedPod) -> bool {
 }
 
 /// True when the decision asks for anything beyond keeping the pod as it is.
-pub fn changes_anything(decision: &PodActions) -> bool {
+pub(crate) fn changes_anything(decision: &PodActions) -> bool {
     *decision
         != PodActions {
             sandbox_id: decision.sandbox_id.clone(),

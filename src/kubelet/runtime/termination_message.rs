@@ -14,9 +14,9 @@ use crate::base::observed::{ContainerState, ObservedPod};
 
 /// Upstream's limits: the file is read up to 4096 bytes; the log fallback keeps the last 80
 /// lines and at most 2048 bytes.
-pub const MAX_MESSAGE_BYTES: u64 = 4096;
-pub const FALLBACK_LINES: usize = 80;
-pub const FALLBACK_BYTES: usize = 2048;
+pub(crate) const MAX_MESSAGE_BYTES: u64 = 4096;
+pub(crate) const FALLBACK_LINES: usize = 80;
+pub(crate) const FALLBACK_BYTES: usize = 2048;
 
 fn read_prefix(path: &Path, limit: u64) -> Option<String> {
     let mut file = std::fs::File::open(path).ok()?;
@@ -26,7 +26,7 @@ fn read_prefix(path: &Path, limit: u64) -> Option<String> {
 }
 
 /// The text of a CRI log (`<time> <stream> <P|F> <text>` per record), partial records joined.
-pub fn log_text(cri_log: &str) -> String {
+pub(crate) fn log_text(cri_log: &str) -> String {
     let mut out = String::new();
     for line in cri_log.lines() {
         let mut parts = line.splitn(4, ' ');
@@ -41,7 +41,7 @@ pub fn log_text(cri_log: &str) -> String {
 }
 
 /// The last `lines` lines and at most `bytes` bytes of `text`.
-pub fn tail(text: &str, lines: usize, bytes: usize) -> String {
+pub(crate) fn tail(text: &str, lines: usize, bytes: usize) -> String {
     let kept: Vec<&str> = text.lines().collect();
     let start = kept.len().saturating_sub(lines);
     let mut joined = kept[start..].join("\n");
@@ -71,7 +71,7 @@ fn read_log_tail(path: &Path) -> Option<String> {
 
 /// Adds termination messages to the exited instances of `observed`. `cache` remembers what was
 /// read per container ID (an exited container's message never changes).
-pub fn fill_messages(
+pub(crate) fn fill_messages(
     observed: &mut ObservedPod,
     pod: &Pod,
     pod_dir: &Path,

@@ -16,13 +16,13 @@ const LOGIND_MANAGER: &str = "org.freedesktop.login1.Manager";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 
 /// Who takes the lock, as `systemd-inhibit --list` shows it.
-pub const INHIBITOR_WHO: &str = "deckhand";
+pub(crate) const INHIBITOR_WHO: &str = "deckhand";
 /// Why, in the same list.
-pub const INHIBITOR_WHY: &str = "Deckhand needs time to stop the node's pods gracefully";
+pub(crate) const INHIBITOR_WHY: &str = "Deckhand needs time to stop the node's pods gracefully";
 
 /// What went wrong talking to logind; the step is part of the message.
 #[derive(Debug, thiserror::Error)]
-pub enum LogindError {
+pub(crate) enum LogindError {
     #[error("cannot connect to the system bus: {0}")]
     Connect(#[source] zbus::Error),
     #[error("cannot read logind's InhibitDelayMaxUSec: {0}")]
@@ -36,21 +36,21 @@ pub enum LogindError {
 /// The shutdown delay lock: logind waits for it (at most `InhibitDelayMaxUSec`) before the
 /// system goes down. Dropping it closes the file descriptor, which releases the lock.
 #[derive(Debug)]
-pub struct InhibitLock(#[allow(dead_code)] OwnedFd);
+pub(crate) struct InhibitLock(#[allow(dead_code)] OwnedFd);
 
 impl InhibitLock {
     #[cfg(test)]
-    pub fn new(fd: OwnedFd) -> InhibitLock {
+    pub(crate) fn new(fd: OwnedFd) -> InhibitLock {
         InhibitLock(fd)
     }
 }
 
 /// `PrepareForShutdown` signals, in order: `true` when a shutdown begins, `false` when it was
 /// cancelled. The stream ends when the bus connection is lost.
-pub type ShutdownSignals = BoxStream<'static, bool>;
+pub(crate) type ShutdownSignals = BoxStream<'static, bool>;
 
 /// One connection to logind.
-pub trait Logind: Send + Sync + 'static {
+pub(crate) trait Logind: Send + Sync + 'static {
     /// `InhibitDelayMaxUSec`: how long logind waits for delay locks.
     fn inhibit_delay_max(&self) -> impl Future<Output = Result<Duration, LogindError>> + Send;
     /// Takes a `shutdown` delay lock.
@@ -61,7 +61,7 @@ pub trait Logind: Send + Sync + 'static {
 }
 
 /// Makes connections to logind (again, after one is lost).
-pub trait LogindConnector: Send + Sync + 'static {
+pub(crate) trait LogindConnector: Send + Sync + 'static {
     type Bus: Logind;
     fn connect(&self) -> impl Future<Output = Result<Self::Bus, LogindError>> + Send;
 }
@@ -69,7 +69,7 @@ pub trait LogindConnector: Send + Sync + 'static {
 /// The system bus, found as every D-Bus client finds it: `DBUS_SYSTEM_BUS_ADDRESS`, else
 /// `unix:path=/var/run/dbus/system_bus_socket`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemBus;
+pub(crate) struct SystemBus;
 
 impl LogindConnector for SystemBus {
     type Bus = ZbusLogind;
@@ -82,7 +82,7 @@ impl LogindConnector for SystemBus {
 }
 
 /// logind through a `zbus` connection.
-pub struct ZbusLogind {
+pub(crate) struct ZbusLogind {
     conn: zbus::Connection,
 }
 

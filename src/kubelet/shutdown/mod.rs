@@ -30,26 +30,26 @@ use logind::{InhibitLock, Logind, LogindConnector, LogindError, ShutdownSignals}
 use plan::{PodToStop, PriorityGrace};
 
 /// The reason of a pod stopped for the shutdown (upstream's).
-pub const POD_REASON: &str = "Terminated";
+pub(crate) const POD_REASON: &str = "Terminated";
 /// Its message (upstream's).
-pub const POD_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+pub(crate) const POD_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 /// The `DisruptionTarget` condition's reason on such a pod.
-pub const DISRUPTION_REASON: &str = "TerminationByKubelet";
+pub(crate) const DISRUPTION_REASON: &str = "TerminationByKubelet";
 /// Admission's reason for a new pod while the node shuts down.
-pub const NOT_ADMITTED_REASON: &str = "NodeShutdown";
+pub(crate) const NOT_ADMITTED_REASON: &str = "NodeShutdown";
 /// Admission's message for it.
-pub const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting down.";
+pub(crate) const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting down.";
 /// What the Ready condition says while the node shuts down.
-pub const NOT_READY_MESSAGE: &str = "node is shutting down";
+pub(crate) const NOT_READY_MESSAGE: &str = "node is shutting down";
 /// Upstream's wait before connecting to the bus again after the connection is lost.
-pub const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 /// The file (in the root dir) where the last shutdown's start and end times are kept, so the
 /// metrics show them after the restart.
-pub const STATE_FILE: &str = "graceful_node_shutdown_state";
+pub(crate) const STATE_FILE: &str = "graceful_node_shutdown_state";
 
 /// Whether the node is shutting down: the node status and admission read it. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct ShutdownStatus(Arc<watch::Sender<bool>>);
+pub(crate) struct ShutdownStatus(Arc<watch::Sender<bool>>);
 
 impl Default for ShutdownStatus {
     fn default() -> Self {
@@ -58,17 +58,17 @@ impl Default for ShutdownStatus {
 }
 
 impl ShutdownStatus {
-    pub fn shutting_down(&self) -> bool {
+    pub(crate) fn shutting_down(&self) -> bool {
         *self.0.borrow()
     }
 
     /// Says whether the node shuts down (the manager, and tests).
-    pub fn set(&self, on: bool) {
+    pub(crate) fn set(&self, on: bool) {
         self.0.send_replace(on);
     }
 
     /// Resolves at the next change (for the node status loop to report at once).
-    pub fn changed(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn changed(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.0.subscribe();
         async move {
             if rx.changed().await.is_err() {
@@ -79,7 +79,7 @@ impl ShutdownStatus {
 }
 
 /// The node's pods, as the shutdown manager needs them.
-pub trait NodePods: Send + Sync + 'static {
+pub(crate) trait NodePods: Send + Sync + 'static {
     /// The pods admitted and not finished.
     fn active(&self) -> impl Future<Output = Vec<Arc<Pod>>> + Send;
     /// Stops the pod with `grace` seconds and marks it Failed with [`POD_REASON`] and
@@ -89,7 +89,7 @@ pub trait NodePods: Send + Sync + 'static {
 
 /// What the manager is configured with.
 #[derive(Clone)]
-pub struct ManagerSettings {
+pub(crate) struct ManagerSettings {
     /// From [`plan::buckets`]; empty = graceful shutdown off.
     pub buckets: Vec<PriorityGrace>,
     /// `<root-dir>/graceful_node_shutdown_state`.
@@ -102,7 +102,7 @@ pub struct ManagerSettings {
 }
 
 /// Upstream's event reason for a shutdown announced or cancelled.
-pub const EVENT_REASON: &str = "NodeShutdown";
+pub(crate) const EVENT_REASON: &str = "NodeShutdown";
 
 /// One connection to logind with the lock held (or not, after a shutdown).
 struct Session<B> {
@@ -120,7 +120,7 @@ enum Ended {
 }
 
 /// The shutdown manager's task.
-pub struct Manager<C, P> {
+pub(crate) struct Manager<C, P> {
     connector: C,
     pods: P,
     settings: ManagerSettings,
@@ -128,7 +128,12 @@ pub struct Manager<C, P> {
 }
 
 impl<C: LogindConnector, P: NodePods> Manager<C, P> {
-    pub fn new(connector: C, pods: P, settings: ManagerSettings, status: ShutdownStatus) -> Self {
+    pub(crate) fn new(
+        connector: C,
+        pods: P,
+        settings: ManagerSettings,
+        status: ShutdownStatus,
+    ) -> Self {
         Manager {
             connector,
             pods,
@@ -140,7 +145,7 @@ impl<C: LogindConnector, P: NodePods> Manager<C, P> {
     /// Runs until `cancel`. Upstream's kubelet logs a failed first start and goes on without
     /// graceful shutdown (it does not try again); so does this. A connection lost later is
     /// made again every second.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub(crate) async fn run(self, cancel: CancellationToken) {
         set_metrics(&load_state(&self.settings.state_file));
         let requested = plan::period_requested(&self.settings.buckets);
         tracing::info!(

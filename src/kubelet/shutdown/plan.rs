@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-pub use crate::base::podspec::pod::{
+pub(crate) use crate::base::podspec::pod::{
     DEFAULT_PRIORITY, NODE_CRITICAL_PRIORITY, SYSTEM_CRITICAL_PRIORITY,
 };
-pub use crate::config::shutdown::PriorityGrace;
+pub(crate) use crate::config::shutdown::PriorityGrace;
 
 /// The whole time the buckets ask for: what logind's `InhibitDelayMaxUSec` must allow.
-pub fn period_requested(buckets: &[PriorityGrace]) -> Duration {
+pub(crate) fn period_requested(buckets: &[PriorityGrace]) -> Duration {
     let total = buckets
         .iter()
         .map(|b| b.grace_seconds.max(0))
@@ -30,7 +30,7 @@ pub fn period_requested(buckets: &[PriorityGrace]) -> Duration {
 /// priority class); for a static pod without one, the value the API server would give its
 /// `priorityClassName` if it is one of the two critical classes, so that a static
 /// `system-node-critical` pod is stopped last (upstream ranks such a pod at 0 and warns).
-pub fn pod_priority(pod: &Pod) -> i32 {
+pub(crate) fn pod_priority(pod: &Pod) -> i32 {
     let Some(spec) = pod.spec.as_ref() else {
         return DEFAULT_PRIORITY;
     };
@@ -46,7 +46,7 @@ pub fn pod_priority(pod: &Pod) -> i32 {
 
 /// One pod to stop, as the plan needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodToStop {
+pub(crate) struct PodToStop {
     pub uid: String,
     pub priority: i32,
     /// `terminationGracePeriodSeconds`, when set.
@@ -54,7 +54,7 @@ pub struct PodToStop {
 }
 
 impl PodToStop {
-    pub fn of(pod: &Pod) -> PodToStop {
+    pub(crate) fn of(pod: &Pod) -> PodToStop {
         PodToStop {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             priority: pod_priority(pod),
@@ -69,7 +69,7 @@ impl PodToStop {
 /// One step of the shutdown: these pods are stopped together, each with its grace, and the
 /// next step begins when all have stopped or `grace_seconds` has passed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
+pub(crate) struct Step {
     pub priority: i32,
     pub grace_seconds: i64,
     /// (UID, grace period in seconds): the bucket's, or the pod's own when shorter.
@@ -78,7 +78,7 @@ pub struct Step {
 
 /// Puts each pod in its bucket, lowest priority first. Every bucket is a step, also an empty
 /// one (it is skipped at once). No buckets, no steps.
-pub fn plan(buckets: &[PriorityGrace], pods: &[PodToStop]) -> Vec<Step> {
+pub(crate) fn plan(buckets: &[PriorityGrace], pods: &[PodToStop]) -> Vec<Step> {
     let mut steps: Vec<Step> = buckets
         .iter()
         .map(|b| Step {

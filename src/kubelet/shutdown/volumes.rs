@@ -13,18 +13,18 @@ use std::path::{Path, PathBuf};
 use futures::future::BoxFuture;
 
 /// How often the mounts are looked at while waiting (upstream's retry interval for mounts).
-pub const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(300);
+pub(crate) const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The mount points still under the pods' volume directories.
-pub trait PodVolumes: Send + Sync + 'static {
+pub(crate) trait PodVolumes: Send + Sync + 'static {
     fn still_mounted<'a>(&'a self, uids: &'a [String]) -> BoxFuture<'a, Vec<PathBuf>>;
 }
 
 /// Reads the mount points of this process's mount table (`/proc/self/mountinfo`).
-pub type MountReader = fn() -> std::io::Result<Vec<PathBuf>>;
+pub(crate) type MountReader = fn() -> std::io::Result<Vec<PathBuf>>;
 
 /// The real one: the mount table, for pods under `<root-dir>/pods`.
-pub struct MountTable {
+pub(crate) struct MountTable {
     pub pods_dir: PathBuf,
     pub read: MountReader,
 }
@@ -60,7 +60,7 @@ impl PodVolumes for MountTable {
 /// The mount points (from `points`) under `<pods_dir>/<uid>/volumes` of each pod, pod by
 /// pod in the table's order. A UID that is not one path component has no directory of its
 /// own and is skipped.
-pub fn volume_mounts(points: &[PathBuf], pods_dir: &Path, uids: &[String]) -> Vec<PathBuf> {
+pub(crate) fn volume_mounts(points: &[PathBuf], pods_dir: &Path, uids: &[String]) -> Vec<PathBuf> {
     uids.iter()
         .filter(|uid| crate::base::safe_names::component_problem(uid).is_none())
         .flat_map(|uid| {
@@ -72,7 +72,7 @@ pub fn volume_mounts(points: &[PathBuf], pods_dir: &Path, uids: &[String]) -> Ve
 
 /// Waits until none of `uids` has a volume mounted. The caller bounds the wait with the
 /// step's grace period, as upstream does.
-pub async fn wait_unmounted(volumes: &dyn PodVolumes, uids: &[String]) {
+pub(crate) async fn wait_unmounted(volumes: &dyn PodVolumes, uids: &[String]) {
     if uids.is_empty() {
         return;
     }

@@ -27,13 +27,13 @@ use crate::clients::apiserver::watch::{self as api_watch, Event, Watch};
 
 /// The annotation that marks a mirror pod.
 #[cfg(test)]
-pub const MIRROR_ANNOTATION: &str = super::defaults::CONFIG_MIRROR_ANNOTATION;
+pub(crate) const MIRROR_ANNOTATION: &str = super::defaults::CONFIG_MIRROR_ANNOTATION;
 
 /// The wait before the first retry of a failed list or watch (then doubling to 7 s).
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// Lists and watches the pods bound to this node.
-pub struct ApiSource {
+pub(crate) struct ApiSource {
     pods: Api<Pod>,
     node_name: String,
     security: Arc<NodeSecurity>,
@@ -44,7 +44,7 @@ pub struct ApiSource {
 
 /// Told about each pod the node refuses, with upstream's reason and message, so the refusal
 /// can be written to the pod's status.
-pub type OnRefused = Arc<dyn Fn(&Pod, &str, &str) + Send + Sync>;
+pub(crate) type OnRefused = Arc<dyn Fn(&Pod, &str, &str) + Send + Sync>;
 
 /// What the source needs: the client it watches with, who hears of refusals, and the view it
 /// keeps of every pod it sees.
@@ -222,7 +222,7 @@ impl std::fmt::Debug for ApiPodsView {
     }
 }
 
-pub use crate::base::podspec::origin::is_mirror;
+pub(crate) use crate::base::podspec::origin::is_mirror;
 
 impl std::fmt::Debug for ApiSourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,7 +232,7 @@ impl std::fmt::Debug for ApiSourceConfig {
 
 /// Why a pod from the API server is not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotRun {
+pub(crate) enum NotRun {
     /// Not a pod for this node to run (a mirror pod, another node's, already finished).
     Skip,
     /// The node refuses it: upstream's admission reason and message.
@@ -244,7 +244,7 @@ pub enum NotRun {
 
 /// Upstream's admission result for the checks a pod failed: sysctls and AppArmor have their
 /// own reasons; anything else is an unexpected admission error.
-pub fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, String) {
+pub(crate) fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, String) {
     let all = validate::join_errors(errors);
     if errors.iter().any(|e| e.field.contains("sysctls")) {
         ("SysctlForbidden", format!("forbidden sysctl: {all}"))
@@ -256,7 +256,11 @@ pub fn admission_result(errors: &[validate::ValidationError]) -> (&'static str, 
 }
 
 impl ApiSource {
-    pub fn new(config: ApiSourceConfig, node_name: String, security: Arc<NodeSecurity>) -> Self {
+    pub(crate) fn new(
+        config: ApiSourceConfig,
+        node_name: String,
+        security: Arc<NodeSecurity>,
+    ) -> Self {
         ApiSource {
             pods: Api::all(config.client),
             node_name,

@@ -31,7 +31,7 @@ const COALESCE_MAX: Duration = Duration::from_millis(500);
 
 /// What one scan of `staticPodPath` found.
 #[derive(Clone, Debug, Default)]
-pub struct ScanOutcome {
+pub(crate) struct ScanOutcome {
     /// Pods to run, in file-name order; at most one per `namespace/name`.
     pub pods: Vec<Pod>,
     /// File path (or `staticPodPath` itself) → why it yielded no new pods.
@@ -62,7 +62,7 @@ pub struct ScanOutcome {
 /// rename is another), size, and the modification and change times in nanoseconds (the change
 /// time moves with every write and cannot be set back by a tool that restores `mtime`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
+pub(crate) struct FileStamp {
     dev: u64,
     ino: u64,
     size: u64,
@@ -209,7 +209,7 @@ fn manifest_files(path: &Path) -> Listing {
 /// validated keeps the pods `previous` had for it, and a `staticPodPath` that cannot be listed
 /// keeps all of them. Only a file that is gone (or a `staticPodPath` that does not exist)
 /// removes its pods, as upstream. A file that never read well contributes nothing.
-pub fn scan(
+pub(crate) fn scan(
     path: &Path,
     node_name: &str,
     security: &NodeSecurity,
@@ -313,7 +313,7 @@ pub fn scan(
 }
 
 /// The file source's state between scans.
-pub struct FileSource {
+pub(crate) struct FileSource {
     path: PathBuf,
     node_name: String,
     security: Arc<NodeSecurity>,
@@ -331,7 +331,7 @@ pub struct FileSource {
 }
 
 impl FileSource {
-    pub fn new(
+    pub(crate) fn new(
         path: PathBuf,
         node_name: String,
         security: Arc<NodeSecurity>,
@@ -356,7 +356,7 @@ impl FileSource {
 
     /// Log what is new in `outcome` (each distinct problem once), update the shared problem
     /// list, and return the lines logged (for tests).
-    pub fn report(&mut self, outcome: &ScanOutcome) -> Vec<String> {
+    pub(crate) fn report(&mut self, outcome: &ScanOutcome) -> Vec<String> {
         let mut logged = Vec::new();
         let path_key = self.path.display().to_string();
         let mut current = outcome.errors.clone();

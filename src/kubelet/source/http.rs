@@ -36,7 +36,7 @@ use crate::base::clock;
 const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where Go looks for the system CA bundle on Linux, in order (after `SSL_CERT_FILE`).
-pub const SYSTEM_CA_FILES: &[&str] = &[
+pub(crate) const SYSTEM_CA_FILES: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
     "/etc/ssl/ca-bundle.pem",
@@ -47,7 +47,7 @@ pub const SYSTEM_CA_FILES: &[&str] = &[
 
 /// What one fetch produced.
 #[derive(Debug)]
-pub enum FetchOutcome {
+pub(crate) enum FetchOutcome {
     /// A new set of pods (possibly with a non-fatal problem, e.g. a duplicate pod dropped).
     Pods {
         pods: Vec<Pod>,
@@ -62,7 +62,7 @@ pub enum FetchOutcome {
 
 /// Why TLS for the manifest URL could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TlsSetupError {
+pub(crate) enum TlsSetupError {
     #[error("no CA bundle found (looked at $SSL_CERT_FILE and {})", SYSTEM_CA_FILES.join(", "))]
     NoBundle,
     #[error("{path}: cannot read CA bundle: {reason}")]
@@ -74,7 +74,7 @@ pub enum TlsSetupError {
 }
 
 /// The CA bundle to trust: `SSL_CERT_FILE` when set, else the first system bundle present.
-pub fn system_ca_file() -> Result<PathBuf, TlsSetupError> {
+pub(crate) fn system_ca_file() -> Result<PathBuf, TlsSetupError> {
     if let Some(file) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
         return Ok(PathBuf::from(file));
     }
@@ -87,7 +87,9 @@ pub fn system_ca_file() -> Result<PathBuf, TlsSetupError> {
 
 /// A TLS client configuration (ring provider) trusting the PEM certificates in `ca_file`.
 /// Certificates in the bundle that do not parse are skipped, as Go does.
-pub fn tls_config_from_ca_file(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
+pub(crate) fn tls_config_from_ca_file(
+    ca_file: &Path,
+) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
     let path = ca_file.display().to_string();
     let certs = CertificateDer::pem_file_iter(ca_file)
         .map_err(|e| TlsSetupError::Unreadable {
@@ -222,7 +224,7 @@ fn parse_target(url: &str) -> Result<Target, TargetError> {
 }
 
 /// The HTTP source's state between fetches.
-pub struct HttpSource {
+pub(crate) struct HttpSource {
     url: String,
     headers: BTreeMap<String, Vec<String>>,
     node_name: String,
@@ -236,7 +238,7 @@ pub struct HttpSource {
 }
 
 impl HttpSource {
-    pub fn new(
+    pub(crate) fn new(
         url: String,
         headers: BTreeMap<String, Vec<String>>,
         node_name: String,
@@ -262,7 +264,7 @@ impl HttpSource {
 
     /// Trust exactly `config` for `https://` (tests: a CA made on the spot).
     #[cfg(test)]
-    pub fn with_tls_config(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+    pub(crate) fn with_tls_config(mut self, config: Arc<rustls::ClientConfig>) -> Self {
         self.tls = Some(Ok(config));
         self
     }
@@ -329,7 +331,7 @@ impl HttpSource {
     }
 
     /// Fetch once and decode.
-    pub async fn fetch(&self) -> FetchOutcome {
+    pub(crate) async fn fetch(&self) -> FetchOutcome {
         let target = match parse_target(&self.url) {
             Ok(target) => target,
             Err(e) => return FetchOutcome::Unsupported(e.to_string()),

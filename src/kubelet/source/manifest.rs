@@ -9,11 +9,11 @@ use serde::de::DeserializeOwned;
 use crate::base::yaml;
 
 /// Largest manifest accepted, in bytes (the YAML module enforces the same bound).
-pub const MAX_MANIFEST_BYTES: usize = yaml::MAX_INPUT_BYTES;
+pub(crate) const MAX_MANIFEST_BYTES: usize = yaml::MAX_INPUT_BYTES;
 
 /// Pods decoded from one manifest, plus the paths of fields nothing understood.
 #[derive(Clone, Debug, Default)]
-pub struct Decoded {
+pub(crate) struct Decoded {
     pub pods: Vec<Pod>,
     /// Field paths such as `spec.hostNetwrk` (for lists: `items[2].spec.hostNetwrk`).
     pub unknown_fields: Vec<String>,
@@ -71,7 +71,11 @@ struct TypeMeta {
 }
 
 /// Decode a manifest. `allow_list` accepts a `PodList` / `List` of pods (the HTTP source).
-pub fn decode(bytes: &[u8], origin: &str, allow_list: bool) -> Result<Decoded, ManifestError> {
+pub(crate) fn decode(
+    bytes: &[u8],
+    origin: &str,
+    allow_list: bool,
+) -> Result<Decoded, ManifestError> {
     if bytes.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::new(
             origin,

@@ -22,7 +22,7 @@ use super::{PodChange, SourceSnapshot, SourcesReady, full_name};
 
 /// A pod one source offered under a UID another source already owns.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// The source whose pod was ignored.
     pub source: &'static str,
     /// The source that owns the UID.
@@ -35,7 +35,7 @@ pub struct Conflict {
 /// The merger's memory: per source, the pods of its last snapshot by UID (only those it
 /// owns), and the conflicts in force.
 #[derive(Default)]
-pub struct Merger {
+pub(crate) struct Merger {
     sources: BTreeMap<&'static str, HashMap<String, Arc<Pod>>>,
     conflicts: BTreeSet<Conflict>,
 }
@@ -56,7 +56,7 @@ fn annotations_without_seen(pod: &Pod) -> BTreeMap<&str, &str> {
 
 /// Whether `new` differs from `old` in a way the node acts on: spec, labels, annotations
 /// (other than `config.seen`), deletion timestamp and grace period. Status is the node's own.
-pub fn differs_meaningfully(old: &Pod, new: &Pod) -> bool {
+pub(crate) fn differs_meaningfully(old: &Pod, new: &Pod) -> bool {
     old.spec != new.spec
         || old.metadata.labels != new.metadata.labels
         || annotations_without_seen(old) != annotations_without_seen(new)
@@ -65,7 +65,7 @@ pub fn differs_meaningfully(old: &Pod, new: &Pod) -> bool {
 }
 
 impl Merger {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -82,7 +82,7 @@ impl Merger {
     /// one that is not a safe path component (the sources validate this already; this is the
     /// second line), are dropped; a UID repeated within the snapshot keeps its first pod; a
     /// UID another source owns is a [`Conflict`] and its pod is ignored.
-    pub fn apply(&mut self, source: &'static str, snapshot: Vec<Pod>) -> Vec<PodChange> {
+    pub(crate) fn apply(&mut self, source: &'static str, snapshot: Vec<Pod>) -> Vec<PodChange> {
         let old = self.sources.remove(source).unwrap_or_default();
         let mut new: HashMap<String, Arc<Pod>> = HashMap::with_capacity(snapshot.len());
         let mut removes = Vec::new();
@@ -205,13 +205,13 @@ impl Merger {
 
     /// The conflicts in force: pods ignored because another source owns their UID.
     #[cfg(test)]
-    pub fn conflicts(&self) -> Vec<Conflict> {
+    pub(crate) fn conflicts(&self) -> Vec<Conflict> {
         self.conflicts.iter().cloned().collect()
     }
 
     /// All pods currently known, across sources.
     #[cfg(test)]
-    pub fn pods(&self) -> Vec<Arc<Pod>> {
+    pub(crate) fn pods(&self) -> Vec<Arc<Pod>> {
         self.sources
             .values()
             .flat_map(|m| m.values().cloned())

@@ -23,7 +23,7 @@ use crate::base::podspec::sysctl::{SysctlAllowlist, SysctlError};
 use crate::kubelet::source::validate::ValidationError;
 
 /// Where the kernel says whether AppArmor is on (`Y`).
-pub const APPARMOR_ENABLED_PATH: &str = "/sys/module/apparmor/parameters/enabled";
+pub(crate) const APPARMOR_ENABLED_PATH: &str = "/sys/module/apparmor/parameters/enabled";
 
 /// What this node can enforce.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,13 +61,13 @@ impl NodeSecurity {
 }
 
 /// Whether the file at `path` (the kernel's AppArmor switch) says `Y`.
-pub fn apparmor_enabled(path: &str) -> bool {
+pub(crate) fn apparmor_enabled(path: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| s.trim() == "Y")
 }
 
 /// Whether the runtime says it applies `supplementalGroupsPolicy: Strict` (CRI
 /// `RuntimeFeatures`, which containerd 1.6 does not send).
-pub fn strict_groups_supported(status: &crate::clients::cri::proto::StatusResponse) -> bool {
+pub(crate) fn strict_groups_supported(status: &crate::clients::cri::proto::StatusResponse) -> bool {
     status
         .features
         .as_ref()
@@ -77,7 +77,7 @@ pub fn strict_groups_supported(status: &crate::clients::cri::proto::StatusRespon
 /// Reads the node's facts: called once at start with the validated `allowedUnsafeSysctls` and
 /// the runtime (asked for its features). An entry that is somehow invalid leaves only the safe
 /// set; an unanswered status leaves `Strict` refused.
-pub async fn detect_node_security<R: crate::clients::cri::RuntimeService>(
+pub(crate) async fn detect_node_security<R: crate::clients::cri::RuntimeService>(
     allowed_unsafe_sysctls: &[String],
     runtime: &R,
 ) -> NodeSecurity {
@@ -358,7 +358,7 @@ fn apparmor_source(pod: &Pod, c: &Container, field: &str) -> String {
 }
 
 /// Every security problem of `pod` on a node with `node`'s facts, each naming its field.
-pub fn validate_pod_security(pod: &Pod, node: &NodeSecurity) -> Vec<ValidationError> {
+pub(crate) fn validate_pod_security(pod: &Pod, node: &NodeSecurity) -> Vec<ValidationError> {
     let mut errors = Errors(Vec::new());
     let Some(spec) = pod.spec.as_ref() else {
         return errors.0;

@@ -31,7 +31,7 @@ pub struct InterfaceSample {
 const IGNORED_INTERFACE_PREFIXES: &[&str] = &["lo", "veth", "docker", "nerdctl"];
 
 /// `/proc/<pid>/net/dev` → the interfaces' counters, ignored ones left out, in file order.
-pub fn parse_net_dev(text: &str) -> Vec<InterfaceSample> {
+pub(crate) fn parse_net_dev(text: &str) -> Vec<InterfaceSample> {
     let mut out = Vec::new();
     for line in text.lines() {
         let Some((name, counters)) = line.split_once(':') else {
@@ -67,7 +67,7 @@ pub fn parse_net_dev(text: &str) -> Vec<InterfaceSample> {
 }
 
 /// The interface of the default IPv4 route in `/proc/net/route` (destination `00000000`).
-pub fn default_route_interface(text: &str) -> Option<String> {
+pub(crate) fn default_route_interface(text: &str) -> Option<String> {
     text.lines().skip(1).find_map(|line| {
         let mut f = line.split_whitespace();
         let (iface, dest) = (f.next()?, f.next()?);
@@ -77,7 +77,7 @@ pub fn default_route_interface(text: &str) -> Option<String> {
 
 /// The lower of `pid_max` and `threads-max` (each file's single number), as upstream reckons
 /// the node's process limit.
-pub fn max_pid(pid_max: Option<&str>, threads_max: Option<&str>) -> Option<i64> {
+pub(crate) fn max_pid(pid_max: Option<&str>, threads_max: Option<&str>) -> Option<i64> {
     [pid_max, threads_max]
         .into_iter()
         .flatten()
@@ -86,7 +86,7 @@ pub fn max_pid(pid_max: Option<&str>, threads_max: Option<&str>) -> Option<i64> 
 }
 
 /// The total number of tasks: the part after `/` of `/proc/loadavg`'s fourth field.
-pub fn loadavg_tasks(text: &str) -> Option<i64> {
+pub(crate) fn loadavg_tasks(text: &str) -> Option<i64> {
     let field = text.split_whitespace().nth(3)?;
     field.split_once('/')?.1.parse().ok()
 }
@@ -102,12 +102,12 @@ pub struct DiskUsage {
 
 /// The most entries one walk visits: a tree larger than this is reported as far as it was
 /// walked (a lower bound), and the walk says so at debug level.
-pub const WALK_LIMIT: u64 = 200_000;
+pub(crate) const WALK_LIMIT: u64 = 200_000;
 
 /// Walks `root` without following links or leaving its filesystem, counting what `du -x`
 /// would: allocated blocks and distinct inodes, `root` itself included. `None` when `root`
 /// cannot be read at all.
-pub fn disk_usage(root: &Path, limit: u64) -> Option<DiskUsage> {
+pub(crate) fn disk_usage(root: &Path, limit: u64) -> Option<DiskUsage> {
     let meta = std::fs::symlink_metadata(root).ok()?;
     let dev = meta.dev();
     let mut usage = DiskUsage::default();
@@ -150,7 +150,7 @@ pub fn disk_usage(root: &Path, limit: u64) -> Option<DiskUsage> {
 
 /// Kept walks of directories, by path.
 #[derive(Debug)]
-pub struct DiskUsageCache {
+pub(crate) struct DiskUsageCache {
     period: Duration,
     entries: Mutex<HashMap<PathBuf, CacheEntry>>,
 }
@@ -166,7 +166,7 @@ struct CacheEntry {
 
 /// What the cache decides for a path asked for at `now` (pure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheDecision {
+pub(crate) enum CacheDecision {
     /// Fresh: answer it.
     Fresh,
     /// Older than the period: answer it, and measure again in the background.
@@ -178,7 +178,11 @@ pub enum CacheDecision {
 }
 
 /// Whether a kept figure measured at `measured` is still good at `now`.
-pub fn decide(measured: Option<(Instant, bool)>, now: Instant, period: Duration) -> CacheDecision {
+pub(crate) fn decide(
+    measured: Option<(Instant, bool)>,
+    now: Instant,
+    period: Duration,
+) -> CacheDecision {
     match measured {
         None => CacheDecision::Missing,
         Some((_, true)) => CacheDecision::Refreshing,
@@ -188,7 +192,7 @@ pub fn decide(measured: Option<(Instant, bool)>, now: Instant, period: Duration)
 }
 
 impl DiskUsageCache {
-    pub fn new(period: Duration) -> Self {
+    pub(crate) fn new(period: Duration) -> Self {
         DiskUsageCache {
             period,
             entries: Mutex::new(HashMap::new()),
@@ -196,7 +200,7 @@ impl DiskUsageCache {
     }
 
     /// A period of 0 is upstream's way of turning volume measurement off.
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         self.period.is_zero()
     }
 
@@ -207,7 +211,7 @@ impl DiskUsageCache {
     /// The usage of `path` and when it was measured (ns since the epoch). A path never seen is
     /// walked now; a stale one is answered as kept and pushed onto `stale` for
     /// [`Self::refresh`].
-    pub fn get(&self, path: &Path, stale: &mut Vec<PathBuf>) -> Option<(DiskUsage, i64)> {
+    pub(crate) fn get(&self, path: &Path, stale: &mut Vec<PathBuf>) -> Option<(DiskUsage, i64)> {
         let now = clock::instant();
         let kept = self.lock().get(path).copied();
         match decide(kept.map(|e| (e.measured, e.refreshing)), now, self.period) {
@@ -237,7 +241,7 @@ impl DiskUsageCache {
     }
 
     /// Walks `paths` again (on the caller's thread: a blocking one).
-    pub fn refresh(&self, paths: &[PathBuf]) {
+    pub(crate) fn refresh(&self, paths: &[PathBuf]) {
         for path in paths {
             let usage = disk_usage(path, WALK_LIMIT);
             let mut entries = self.lock();
@@ -261,17 +265,17 @@ impl DiskUsageCache {
     }
 
     /// Forgets every path `keep` refuses (volumes of pods that are gone).
-    pub fn retain_where(&self, keep: impl Fn(&PathBuf) -> bool) {
+    pub(crate) fn retain_where(&self, keep: impl Fn(&PathBuf) -> bool) {
         self.lock().retain(|p, _| keep(p));
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
@@ -291,7 +295,7 @@ pub struct CgroupSample {
 
 /// Reads a cgroup from its files: `read(controller, file)` gives a file's text (`controller`
 /// is the v1 hierarchy; on v2 it is ignored). Pure over `read`.
-pub fn cgroup_sample(
+pub(crate) fn cgroup_sample(
     v2: bool,
     at_ns: i64,
     read: &dyn Fn(&str, &str) -> Option<String>,
@@ -333,7 +337,7 @@ pub fn cgroup_sample(
 
 /// Where the pods' cgroups are: `kubepods` under the cgroup root, on cgroup v1 or v2.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodCgroups {
+pub(crate) struct PodCgroups {
     /// The cgroup filesystem (`/sys/fs/cgroup`).
     pub mount: PathBuf,
     /// `kubepods` as a cgroup path (`/kubepods`).
@@ -352,7 +356,7 @@ impl PodCgroups {
     }
 
     /// Reads the cgroup at `cgroup` (a path like `/kubepods/burstable/pod<uid>`).
-    pub fn read(&self, cgroup: &str) -> Option<CgroupSample> {
+    pub(crate) fn read(&self, cgroup: &str) -> Option<CgroupSample> {
         let read = |controller: &str, file: &str| {
             std::fs::read_to_string(self.dir(controller, cgroup).join(file)).ok()
         };
@@ -360,7 +364,7 @@ impl PodCgroups {
     }
 
     /// The pod's cgroup, whichever QoS tier it is in; `None` when it has none (yet).
-    pub fn pod(&self, uid: &str) -> Option<CgroupSample> {
+    pub(crate) fn pod(&self, uid: &str) -> Option<CgroupSample> {
         if crate::base::safe_names::component_problem(uid).is_some() {
             return None;
         }

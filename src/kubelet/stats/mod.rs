@@ -134,7 +134,7 @@ pub trait SandboxInspector: Send + Sync + 'static {
 
 /// The sandbox's facts from its verbose status: `info["info"]` is containerd's JSON with the
 /// sandbox's `pid`; the namespace options say whether the network is the node's. Pure.
-pub fn sandbox_facts(resp: &proto::PodSandboxStatusResponse) -> SandboxFacts {
+pub(crate) fn sandbox_facts(resp: &proto::PodSandboxStatusResponse) -> SandboxFacts {
     let host_network = resp
         .status
         .as_ref()
@@ -154,13 +154,13 @@ pub fn sandbox_facts(resp: &proto::PodSandboxStatusResponse) -> SandboxFacts {
 
 /// The real inspector: a verbose `PodSandboxStatus` on the CRI connection (the shared CRI
 /// client asks without `verbose`, which containerd answers faster).
-pub struct CriSandboxInspector {
+pub(crate) struct CriSandboxInspector {
     channel: tonic::transport::Channel,
     timeout: Duration,
 }
 
 impl CriSandboxInspector {
-    pub fn new(channel: tonic::transport::Channel, timeout: Duration) -> Self {
+    pub(crate) fn new(channel: tonic::transport::Channel, timeout: Duration) -> Self {
         CriSandboxInspector { channel, timeout }
     }
 }
@@ -224,7 +224,7 @@ pub struct FsSample {
 /// The runtime's filesystem as CRI `ImageFsInfo` tells it (what the images, or the writable
 /// layers, use) with `statvfs` of its mountpoint.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RuntimeFsSample {
+pub(crate) struct RuntimeFsSample {
     pub at_ns: i64,
     pub used: Option<u64>,
     pub inodes_used: Option<u64>,
@@ -291,7 +291,7 @@ pub trait HostReader: Send + Sync + 'static {
 
 /// The real host: cgroup files under `cgroup_root`, `/proc`, `statvfs` of `root_dir`, the pods'
 /// volume directories under `root_dir` and their logs under `pod_logs_dir`.
-pub struct HostFiles {
+pub(crate) struct HostFiles {
     pub cgroup_root: PathBuf,
     pub proc_root: PathBuf,
     pub root_dir: PathBuf,
@@ -304,7 +304,7 @@ pub struct HostFiles {
 }
 
 /// Upstream's `volumeStatsAggPeriod` default: how long a volume's measured use is kept.
-pub const DEFAULT_VOLUME_STATS_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_VOLUME_STATS_PERIOD: Duration = Duration::from_secs(60);
 
 impl Default for HostFiles {
     fn default() -> Self {
@@ -329,7 +329,7 @@ const MEASURED_PLUGINS: &[(&str, bool)] = &[
 ];
 
 impl HostFiles {
-    pub fn new(
+    pub(crate) fn new(
         root_dir: PathBuf,
         pod_logs_dir: PathBuf,
         pod_cgroups: Option<PodCgroups>,
@@ -567,7 +567,7 @@ fn statvfs(dir: &std::path::Path) -> Option<FsSample> {
 }
 
 /// Nanoseconds since the epoch, now.
-pub fn now_ns() -> i64 {
+pub(crate) fn now_ns() -> i64 {
     clock::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
@@ -576,7 +576,7 @@ pub fn now_ns() -> i64 {
 
 /// `key value [unit]` lines (`memory.stat`, `cpu.stat`, `/proc/meminfo` with its `kB`, the
 /// `btime` line of `/proc/stat`) → key → value, with `kB` turned into bytes.
-pub fn key_values(text: &str) -> HashMap<String, u64> {
+pub(crate) fn key_values(text: &str) -> HashMap<String, u64> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let mut words = line.split_whitespace();
@@ -597,7 +597,7 @@ pub fn key_values(text: &str) -> HashMap<String, u64> {
 
 /// The working set: usage less the inactive file pages the kernel can drop at once (cadvisor's
 /// reckoning), never below zero.
-pub fn working_set(usage: u64, inactive_file: Option<u64>) -> u64 {
+pub(crate) fn working_set(usage: u64, inactive_file: Option<u64>) -> u64 {
     usage.saturating_sub(inactive_file.unwrap_or(0))
 }
 
@@ -634,7 +634,7 @@ fn proc_stat_cpu_ns(text: &str) -> Option<u64> {
 /// The kept CPU sample per key (`node`, `pod/<uid>`, `container/<id>`) and the rate it ended,
 /// to turn cumulative CPU time into a rate.
 #[derive(Debug, Default)]
-pub struct Rates {
+pub(crate) struct Rates {
     /// key → (time ns, cumulative core-ns, the rate up to that sample).
     last: HashMap<String, (i64, u64, Option<u64>)>,
 }
@@ -647,7 +647,7 @@ const MIN_SAMPLE_GAP_NS: i64 = 1_000_000_000;
 impl Rates {
     /// Nano-cores between the kept sample of `key` and this one: `None` for the first sample
     /// or when the counter went back (as when a pod's container restarted).
-    pub fn rate(&mut self, key: &str, at_ns: i64, total: u64) -> Option<u64> {
+    pub(crate) fn rate(&mut self, key: &str, at_ns: i64, total: u64) -> Option<u64> {
         let rate = match self.last.get(key) {
             Some(&(_, v0, _)) if total < v0 => None,
             Some(&(t0, _, kept)) if at_ns - t0 < MIN_SAMPLE_GAP_NS => return kept,
@@ -662,7 +662,7 @@ impl Rates {
     }
 
     /// Forgets the samples of what is gone.
-    pub fn keep_only(&mut self, seen: &HashSet<String>) {
+    pub(crate) fn keep_only(&mut self, seen: &HashSet<String>) {
         self.last.retain(|k, _| seen.contains(k));
     }
 }
@@ -673,7 +673,7 @@ fn time_ns(ns: i64) -> Time {
 
 /// Everything one scrape read, the input of [`build_summary`].
 #[derive(Clone, Debug, Default)]
-pub struct Reading {
+pub(crate) struct Reading {
     pub node: NodeSample,
     /// The containers' usage (`ListContainerStats`); exited ones linger there.
     pub stats: Vec<proto::ContainerStats>,
@@ -694,7 +694,7 @@ const POD_DEFAULT_INTERFACE: &str = "eth0";
 ///
 /// Containers first, grouped by pod; then each pod's own figures; then the node. Every key
 /// whose rate is kept is noted in `seen`, and the samples of what is gone are forgotten.
-pub fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> Summary {
+pub(crate) fn build_summary(node_name: &str, reading: &Reading, rates: &mut Rates) -> Summary {
     let mut seen = HashSet::new();
     seen.insert("node".to_string());
     let pods = group_containers(reading, rates, &mut seen)
@@ -1120,7 +1120,7 @@ fn escape(value: &str) -> String {
 
 /// `/metrics/resource` in the text format, upstream's names, help, labels and millisecond
 /// timestamps (each sample carries the time it was measured). `error` sets `scrape_error`.
-pub fn render_resource_metrics(summary: &Summary, error: bool) -> String {
+pub(crate) fn render_resource_metrics(summary: &Summary, error: bool) -> String {
     let mut out = String::new();
     let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, f64, i64)>| {
         let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
@@ -1486,7 +1486,7 @@ impl StatsProvider {
 
 /// Leaves CPU and memory alone in the summary (upstream's `only_cpu_and_memory` answer):
 /// no filesystems, network, volumes, process counts or limits.
-pub fn keep_cpu_and_memory(summary: &mut Summary) {
+pub(crate) fn keep_cpu_and_memory(summary: &mut Summary) {
     let node = &mut summary.node;
     node.network = None;
     node.fs = None;
@@ -1507,7 +1507,7 @@ pub fn keep_cpu_and_memory(summary: &mut Summary) {
 /// The pods to ask the host about: one per pod UID among the running containers, with those
 /// containers' names, and the network namespace of its ready sandbox unless that sandbox is on
 /// the node's network (or its process is unknown). Pure.
-pub fn pod_targets(
+pub(crate) fn pod_targets(
     running: &[proto::Container],
     sandboxes: &[proto::PodSandbox],
     facts: &HashMap<String, SandboxFacts>,

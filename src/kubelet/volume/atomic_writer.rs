@@ -26,12 +26,12 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const DATA_DIR_NAME: &str = "..data";
+pub(crate) const DATA_DIR_NAME: &str = "..data";
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use crate::base::clock;
-pub use crate::base::podspec::item_path::InvalidPath;
+pub(crate) use crate::base::podspec::item_path::InvalidPath;
 use crate::base::podspec::item_path::check_item_path;
 
 use super::ownership::{self, FsGroup};
@@ -41,17 +41,17 @@ const NEW_DATA_DIR_NAME: &str = "..data_tmp";
 
 /// One file's content and permission bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileProjection {
+pub(crate) struct FileProjection {
     pub data: Vec<u8>,
     pub mode: u32,
 }
 
 /// Relative path (may contain `/`) → file.
-pub type Payload = BTreeMap<String, FileProjection>;
+pub(crate) type Payload = BTreeMap<String, FileProjection>;
 
 /// Writing a volume's files failed.
 #[derive(Debug, thiserror::Error)]
-pub enum WriteError {
+pub(crate) enum WriteError {
     #[error(transparent)]
     Path(#[from] InvalidPath),
     #[error("cannot {action} {}: {source}", path.display())]
@@ -100,13 +100,13 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
 /// Checks a payload path (see [`check_item_path`]): relative, no `..` element, not starting
 /// with `..` before or after cleaning, within length limits.
 #[cfg(test)]
-pub fn validate_path(path: &str) -> Result<(), InvalidPath> {
+pub(crate) fn validate_path(path: &str) -> Result<(), InvalidPath> {
     check_item_path(path).map(|_| ())
 }
 
 /// True for a name the writer gives its version directories, `..YYYY_MM_DD_HH_MM_SS.<suffix>`
 /// (upstream's layout: the suffix is random; Deckhand's is digits).
-pub fn is_version_name(name: &str) -> bool {
+pub(crate) fn is_version_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("..") else {
         return false;
     };
@@ -126,7 +126,7 @@ pub fn is_version_name(name: &str) -> bool {
 /// With `fs_group`, the whole volume is given to that group (read-only masks) after the new
 /// version is written and before it becomes visible, as upstream's writer calls its
 /// `setPerms` hook.
-pub fn write(
+pub(crate) fn write(
     target: &Path,
     payload: &Payload,
     fs_group: Option<FsGroup>,

@@ -14,13 +14,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The wait after the first failure (upstream's `initialDurationBeforeRetry`).
-pub const INITIAL: Duration = Duration::from_millis(500);
+pub(crate) const INITIAL: Duration = Duration::from_millis(500);
 /// The longest wait (upstream's `maxDurationBeforeRetry`, 2 m 2 s).
-pub const MAX: Duration = Duration::from_secs(122);
+pub(crate) const MAX: Duration = Duration::from_secs(122);
 
 /// The key of the pod's own directory, made before any volume (never a volume's name: those
 /// are DNS labels).
-pub const POD_DIR: &str = "";
+pub(crate) const POD_DIR: &str = "";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Failure {
@@ -32,7 +32,7 @@ struct Failure {
 
 /// Whether a volume is tried now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Turn {
+pub(crate) enum Turn {
     /// Never failed, or its wait is over.
     Try,
     /// Still waiting, but what it is made from changed: tried now.
@@ -43,13 +43,13 @@ pub enum Turn {
 
 /// The failed set-ups of one pod's volumes, by volume name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MountBackoff {
+pub(crate) struct MountBackoff {
     failures: BTreeMap<String, Failure>,
 }
 
 impl MountBackoff {
     /// Whether `volume` (made from `inputs`) may be tried at `now`.
-    pub fn turn(&self, volume: &str, inputs: u64, now: Instant) -> Turn {
+    pub(crate) fn turn(&self, volume: &str, inputs: u64, now: Instant) -> Turn {
         let Some(f) = self.failures.get(volume) else {
             return Turn::Try;
         };
@@ -64,7 +64,13 @@ impl MountBackoff {
     }
 
     /// Records a failed try at `now`; returns the wait before the next one.
-    pub fn failed(&mut self, volume: &str, inputs: u64, now: Instant, message: String) -> Duration {
+    pub(crate) fn failed(
+        &mut self,
+        volume: &str,
+        inputs: u64,
+        now: Instant,
+        message: String,
+    ) -> Duration {
         let delay = match self.failures.get(volume) {
             None => INITIAL,
             Some(f) => (f.delay * 2).min(MAX),
@@ -82,23 +88,23 @@ impl MountBackoff {
     }
 
     /// The volume is set up: its back-off is over.
-    pub fn succeeded(&mut self, volume: &str) {
+    pub(crate) fn succeeded(&mut self, volume: &str) {
         self.failures.remove(volume);
     }
 
     /// Forgets the volumes for which `keep` is false (no longer in the pod's spec).
-    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.failures.retain(|name, _| keep(name));
     }
 
     /// Why `volume` last failed, while it is backed off.
-    pub fn message(&self, volume: &str) -> Option<&str> {
+    pub(crate) fn message(&self, volume: &str) -> Option<&str> {
         self.failures.get(volume).map(|f| f.message.as_str())
     }
 
     /// How long until the first backed-off volume may be tried again (zero when one may be
     /// now); `None` when none failed.
-    pub fn next_try(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn next_try(&self, now: Instant) -> Option<Duration> {
         self.failures
             .values()
             .map(|f| (f.at + f.delay).saturating_duration_since(now))

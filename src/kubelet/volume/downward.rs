@@ -9,10 +9,10 @@ use super::atomic_writer::{FileProjection, Payload};
 use crate::base::podspec::resources::{NodeAllocatable, ResourceFieldError, resource_field_value};
 
 /// Mode of a file when neither the item nor the volume says otherwise.
-pub const DEFAULT_MODE: i32 = 0o644;
+pub(crate) const DEFAULT_MODE: i32 = 0o644;
 
 /// `key="value"` lines, sorted by key, the value quoted as Go's `%q` does, no final newline.
-pub fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
+pub(crate) fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
     let Some(map) = map else { return String::new() };
     let lines: Vec<String> = map
         .iter()
@@ -24,7 +24,7 @@ pub fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
 /// A string in Go's `strconv.Quote` form: double quotes; `\"` and `\\`; `\a \b \f \n \r \t \v`;
 /// other control bytes as `\xNN`; other non-printable characters as `\uNNNN` / `\UNNNNNNNN`;
 /// printable characters (including non-ASCII) as they are.
-pub fn go_quote(s: &str) -> String {
+pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -69,7 +69,7 @@ fn is_go_printable(c: char) -> bool {
 
 /// Why one item of a downwardAPI volume has no value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ItemError {
+pub(crate) enum ItemError {
     #[error("unsupported fieldPath: {0}")]
     UnsupportedFieldPath(String),
     #[error("item {0:?} has neither fieldRef nor resourceFieldRef")]
@@ -79,7 +79,7 @@ pub enum ItemError {
 }
 
 /// The value of a downward-API field path in a volume file.
-pub fn field_value(pod: &Pod, path: &str) -> Result<String, ItemError> {
+pub(crate) fn field_value(pod: &Pod, path: &str) -> Result<String, ItemError> {
     let meta = &pod.metadata;
     Ok(match path {
         "metadata.name" => meta.name.clone().unwrap_or_default(),
@@ -103,7 +103,7 @@ pub fn field_value(pod: &Pod, path: &str) -> Result<String, ItemError> {
 
 /// The files of a list of downwardAPI items, added to `payload`. Errors are collected, one per
 /// item, as upstream aggregates them.
-pub fn collect_items(
+pub(crate) fn collect_items(
     pod: &Pod,
     items: &[DownwardAPIVolumeFile],
     default_mode: Option<i32>,

@@ -10,11 +10,11 @@ use super::{mountinfo, safe_fs};
 use crate::base::podspec::quantity;
 
 /// Permission bits of an emptyDir (everyone may write, as upstream).
-pub const EMPTY_DIR_MODE: u32 = 0o777;
+pub(crate) const EMPTY_DIR_MODE: u32 = 0o777;
 
 /// Why an emptyDir could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum EmptyDirError {
+pub(crate) enum EmptyDirError {
     #[error("cannot resolve {}: {source}", path.display())]
     Resolve {
         path: PathBuf,
@@ -46,7 +46,7 @@ pub enum EmptyDirError {
 /// For `medium: Memory`, mounts a tmpfs of `size_bytes` on the directory `dir` (which the
 /// volume manager created safely) unless one is already there, and gives its root `mode`.
 /// `mounts` is the current mount table.
-pub fn set_up(
+pub(crate) fn set_up(
     mounter: &dyn Mounter,
     dir: &Path,
     source: &EmptyDirVolumeSource,
@@ -109,7 +109,7 @@ pub fn set_up(
 
 /// Size of a memory-backed emptyDir: the smallest of the node's memory, the pod's memory limit
 /// (when every container has one) and the volume's `sizeLimit`.
-pub fn memory_size(source: &EmptyDirVolumeSource, pod: &Pod, node_memory_bytes: u64) -> u64 {
+pub(crate) fn memory_size(source: &EmptyDirVolumeSource, pod: &Pod, node_memory_bytes: u64) -> u64 {
     let mut size = node_memory_bytes;
     let mut tighten = |candidate: u64| {
         if candidate > 0 && (size == 0 || candidate < size) {

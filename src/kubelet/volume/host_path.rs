@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a hostPath does not pass its `type` check; the texts are upstream's.
 #[derive(Debug, thiserror::Error)]
-pub enum HostPathError {
+pub(crate) enum HostPathError {
     /// Something is at the path, or nothing, but not what the type asks for.
     #[error("hostPath type check failed: {} is not {what}", path.display())]
     WrongType { path: PathBuf, what: &'static str },
@@ -24,7 +24,7 @@ pub enum HostPathError {
 
 /// Checks `path` against the hostPath `type`, creating it for the `…OrCreate` types. The error
 /// texts are upstream's.
-pub fn check_type(path: &Path, kind: &str) -> Result<(), HostPathError> {
+pub(crate) fn check_type(path: &Path, kind: &str) -> Result<(), HostPathError> {
     let wrong = |what: &'static str| HostPathError::WrongType {
         path: path.to_path_buf(),
         what,

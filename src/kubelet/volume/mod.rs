@@ -58,15 +58,15 @@ use mounter::Mounter;
 use ownership::FsGroup;
 use safe_fs::SafeFsError;
 
-pub const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
-pub const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
-pub const PROJECTED_PLUGIN: &str = "kubernetes.io~projected";
-pub const CONFIG_MAP_PLUGIN: &str = "kubernetes.io~configmap";
-pub const SECRET_PLUGIN: &str = "kubernetes.io~secret";
+pub(crate) const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
+pub(crate) const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
+pub(crate) const PROJECTED_PLUGIN: &str = "kubernetes.io~projected";
+pub(crate) const CONFIG_MAP_PLUGIN: &str = "kubernetes.io~configmap";
+pub(crate) const SECRET_PLUGIN: &str = "kubernetes.io~secret";
 
 /// A volume could not be set up or mounted; the message follows upstream's `FailedMount` wording.
 #[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
+pub(crate) enum VolumeError {
     #[error("MountVolume.SetUp failed for volume {volume:?} : {reason}")]
     SetUp {
         volume: String,
@@ -90,7 +90,7 @@ pub enum VolumeError {
 
 /// What went wrong with one volume or volume mount.
 #[derive(Debug, thiserror::Error)]
-pub enum VolumeProblem {
+pub(crate) enum VolumeProblem {
     #[error(transparent)]
     Component(#[from] InvalidComponent),
     #[error(transparent)]
@@ -129,7 +129,7 @@ pub enum VolumeProblem {
 
 /// The files of a downwardAPI, projected, configMap or secret volume could not be written.
 #[derive(Debug, thiserror::Error)]
-pub enum FilesError {
+pub(crate) enum FilesError {
     /// One error per source or item that has no value, shown as upstream aggregates them.
     #[error("{}", show_items(.0))]
     Sources(Vec<SourceError>),
@@ -139,7 +139,7 @@ pub enum FilesError {
 
 /// Why one item or source of a volume has no value.
 #[derive(Debug, thiserror::Error)]
-pub enum SourceError {
+pub(crate) enum SourceError {
     #[error(transparent)]
     Item(#[from] downward::ItemError),
     #[error(transparent)]
@@ -162,7 +162,7 @@ fn show_items<T: std::fmt::Display>(errors: &[T]) -> String {
 
 /// Why no plugin serves a volume on this node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error("projected source {0} is not supported without an apiserver")]
     ProjectedSource(String),
     #[error("configmap {0:?} not found: configMap volumes are not supported without an apiserver")]
@@ -176,14 +176,14 @@ pub enum PlanError {
 /// A name that is not one harmless path component.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {what} {name:?}")]
-pub struct InvalidComponent {
+pub(crate) struct InvalidComponent {
     pub what: &'static str,
     pub name: String,
 }
 
 /// The pod directory could not be looked at.
 #[derive(Debug, thiserror::Error)]
-pub enum PodDirError {
+pub(crate) enum PodDirError {
     #[error(transparent)]
     Invalid(#[from] InvalidComponent),
     #[error("cannot resolve {}: {source}", path.display())]
@@ -198,7 +198,7 @@ pub enum PodDirError {
 
 /// Where each of a pod's volumes lives on the node, by volume name.
 #[derive(Clone, Debug, Default)]
-pub struct PodVolumes {
+pub(crate) struct PodVolumes {
     pub paths: HashMap<String, PathBuf>,
     /// Volumes that are always mounted read-only (downwardAPI, projected, configMap, secret).
     pub read_only: HashSet<String>,
@@ -206,7 +206,7 @@ pub struct PodVolumes {
 
 impl PodVolumes {
     /// Adds a volume that was set up.
-    pub fn add(&mut self, name: String, volume: SetUpVolume) {
+    pub(crate) fn add(&mut self, name: String, volume: SetUpVolume) {
         if volume.read_only {
             self.read_only.insert(name.clone());
         }
@@ -216,7 +216,7 @@ impl PodVolumes {
 
 /// One volume, set up.
 #[derive(Clone, Debug)]
-pub struct SetUpVolume {
+pub(crate) struct SetUpVolume {
     pub path: PathBuf,
     /// Always mounted read-only (downwardAPI, projected, configMap, secret).
     pub read_only: bool,
@@ -224,14 +224,14 @@ pub struct SetUpVolume {
 
 /// What one try at setting up a volume came to.
 #[derive(Debug)]
-pub struct VolumeAttempt {
+pub(crate) struct VolumeAttempt {
     pub name: String,
     pub result: Result<SetUpVolume, VolumeError>,
 }
 
 /// Upstream's name of the plugin that serves a volume (`storage_operation_duration_seconds`'
 /// `volume_plugin`), from its source; `unsupported` for a source no plugin here serves.
-pub fn plugin_name(volume: &Volume) -> &'static str {
+pub(crate) fn plugin_name(volume: &Volume) -> &'static str {
     if volume.empty_dir.is_some() {
         "kubernetes.io/empty-dir"
     } else if volume.host_path.is_some() {
@@ -253,7 +253,7 @@ pub fn plugin_name(volume: &Volume) -> &'static str {
 /// secrets and tokens it is made from, as last read (each object's resource version, or why
 /// it could not be had). The same reads give the same value; an object that appears or
 /// changes gives another (see [`backoff`]).
-pub fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) -> u64 {
+pub(crate) fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) -> u64 {
     use std::hash::{Hash, Hasher};
     let namespace = crate::base::podspec::pod::namespace(pod);
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -299,7 +299,7 @@ pub fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) -> u64 {
 
 /// Sets volumes up under `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 #[derive(Clone, Debug)]
-pub struct VolumeManager {
+pub(crate) struct VolumeManager {
     pub root_dir: PathBuf,
     /// Node memory, the size of a memory-backed emptyDir when neither a sizeLimit nor a pod
     /// memory limit says otherwise.
@@ -323,7 +323,7 @@ enum Plan<'a> {
 }
 
 impl VolumeManager {
-    pub fn new(
+    pub(crate) fn new(
         root_dir: PathBuf,
         node_memory_bytes: u64,
         allocatable: NodeAllocatable,
@@ -338,25 +338,29 @@ impl VolumeManager {
     }
 
     /// `<root>/pods/<uid>/volumes`.
-    pub fn pod_volumes_dir(&self, uid: &str) -> PathBuf {
+    pub(crate) fn pod_volumes_dir(&self, uid: &str) -> PathBuf {
         self.root_dir.join("pods").join(uid).join("volumes")
     }
 
     /// `<root>/pods/<uid>/volumes/<plugin>/<name>`.
-    pub fn volume_dir(&self, uid: &str, plugin: &str, name: &str) -> PathBuf {
+    pub(crate) fn volume_dir(&self, uid: &str, plugin: &str, name: &str) -> PathBuf {
         self.pod_volumes_dir(uid).join(plugin).join(name)
     }
 
     /// Sets up (idempotently) every volume of the pod, with no API server to read from.
     #[cfg(test)]
-    pub fn setup(&self, pod: &Pod) -> Result<PodVolumes, VolumeError> {
+    pub(crate) fn setup(&self, pod: &Pod) -> Result<PodVolumes, VolumeError> {
         self.setup_with(pod, &PodObjects::standalone())
     }
 
     /// Sets up (idempotently) every volume of the pod, with the objects read for it; the
     /// first error in the spec's order.
     #[cfg(test)]
-    pub fn setup_with(&self, pod: &Pod, objects: &PodObjects) -> Result<PodVolumes, VolumeError> {
+    pub(crate) fn setup_with(
+        &self,
+        pod: &Pod,
+        objects: &PodObjects,
+    ) -> Result<PodVolumes, VolumeError> {
         let mut out = PodVolumes::default();
         for attempt in self.setup_each(pod, objects, &|_| true) {
             out.add(attempt.name, attempt.result?);
@@ -367,7 +371,7 @@ impl VolumeManager {
     /// Sets up (idempotently) each volume of the pod that `due` names, on its own: one that
     /// fails does not keep the others from being set up. Each try is timed into upstream's
     /// `storage_operation_duration_seconds` (`volume_mount`).
-    pub fn setup_each(
+    pub(crate) fn setup_each(
         &self,
         pod: &Pod,
         objects: &PodObjects,
@@ -406,7 +410,7 @@ impl VolumeManager {
 
     /// Makes the pod's directory `<root>/pods/<uid>` (mode 0750, as upstream's
     /// `makePodDataDirs`), whether or not the pod has volumes; returns its path.
-    pub fn ensure_pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeSetupError> {
+    pub(crate) fn ensure_pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeSetupError> {
         self.make_pod_dir(uid)
     }
 
@@ -606,7 +610,7 @@ impl VolumeManager {
 
     /// The CRI mounts for one container's `volumeMounts`; `env` is the container's resolved
     /// environment, for `subPathExpr`.
-    pub fn container_mounts(
+    pub(crate) fn container_mounts(
         &self,
         pod: &Pod,
         container: &Container,
@@ -686,7 +690,7 @@ impl VolumeManager {
 
     /// [`Self::refresh_with`] with no API server to read from.
     #[cfg(test)]
-    pub fn refresh(&self, pod: &Pod) -> Result<(), VolumeError> {
+    pub(crate) fn refresh(&self, pod: &Pod) -> Result<(), VolumeError> {
         self.refresh_with(pod, &PodObjects::standalone())
     }
 
@@ -695,7 +699,7 @@ impl VolumeManager {
     /// running pod, cheap when nothing changed. A volume whose content cannot be had now
     /// keeps what it has; the others are still brought up to date, and the first error is
     /// returned.
-    pub fn refresh_with(&self, pod: &Pod, objects: &PodObjects) -> Result<(), VolumeError> {
+    pub(crate) fn refresh_with(&self, pod: &Pod, objects: &PodObjects) -> Result<(), VolumeError> {
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
         if check_component("pod UID", uid).is_err() {
             return Ok(());
@@ -744,7 +748,7 @@ impl VolumeManager {
     /// are unmounted first (lazily if busy); nothing is deleted while a mount is left, and the
     /// deletion never follows a symlink, so a hostPath or anything outside the pod directory is
     /// never touched. A UID that is not a single path component is refused.
-    pub fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
+    pub(crate) fn teardown(&self, uid: &str) -> Result<(), VolumeError> {
         let fail = |reason: VolumeProblem| VolumeError::TearDown {
             uid: uid.to_string(),
             reason: Box::new(reason),
@@ -834,7 +838,7 @@ fn write_payload(
 
 /// A volume directory could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum VolumeSetupError {
+pub(crate) enum VolumeSetupError {
     #[error(transparent)]
     Invalid(#[from] InvalidComponent),
     #[error(transparent)]
@@ -1012,7 +1016,7 @@ fn plan(volume: &Volume, api: bool) -> Result<Plan<'_>, PlanError> {
 
 /// A single, harmless path component (a UID, a volume or container name becomes a directory
 /// name): not empty, not `.` or `..`, no `/` or NUL, at most 255 bytes.
-pub fn check_component(what: &'static str, name: &str) -> Result<(), InvalidComponent> {
+pub(crate) fn check_component(what: &'static str, name: &str) -> Result<(), InvalidComponent> {
     if crate::base::safe_names::component_problem(name).is_some() {
         return Err(InvalidComponent {
             what,

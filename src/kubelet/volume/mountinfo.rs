@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 /// One line of mountinfo, the parts we use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
+pub(crate) struct MountEntry {
     pub mount_point: PathBuf,
     pub fs_type: String,
     pub super_options: String,
@@ -14,7 +14,7 @@ pub struct MountEntry {
 /// `36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue`:
 /// the fifth field is the mount point (octal-escaped), and after the lone `-` come the
 /// filesystem type, the source and the super-block options.
-pub fn parse(text: &str) -> Vec<MountEntry> {
+pub(crate) fn parse(text: &str) -> Vec<MountEntry> {
     let mut out = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -58,12 +58,12 @@ fn unescape(field: &str) -> String {
 }
 
 /// The current mount table of this process.
-pub fn read() -> std::io::Result<Vec<MountEntry>> {
+pub(crate) fn read() -> std::io::Result<Vec<MountEntry>> {
     Ok(parse(&std::fs::read_to_string("/proc/self/mountinfo")?))
 }
 
 /// Mount points at or below `dir`, deepest first (the order to unmount them in).
-pub fn mounts_under(entries: &[MountEntry], dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn mounts_under(entries: &[MountEntry], dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = entries
         .iter()
         .filter(|e| e.mount_point.starts_with(dir))
@@ -75,7 +75,7 @@ pub fn mounts_under(entries: &[MountEntry], dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The most recent mount at exactly `path`, if any.
-pub fn mount_at<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+pub(crate) fn mount_at<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
     entries.iter().rev().find(|e| e.mount_point == path)
 }
 

@@ -35,7 +35,7 @@ const MAX_DEPTH: usize = 256;
 
 /// `fsGroupChangePolicy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChangePolicy {
+pub(crate) enum ChangePolicy {
     /// Always walk the whole volume (upstream's default).
     Always,
     /// Skip the walk when the volume's root already matches.
@@ -44,14 +44,14 @@ pub enum ChangePolicy {
 
 /// The pod's `fsGroup` and how to apply it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsGroup {
+pub(crate) struct FsGroup {
     pub gid: u32,
     pub policy: ChangePolicy,
 }
 
 /// The pod's `fsGroup` settings could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum FsGroupError {
+pub(crate) enum FsGroupError {
     #[error("invalid securityContext.fsGroup {0}: must be between 0 and 4294967294")]
     Gid(i64),
     #[error(
@@ -62,14 +62,14 @@ pub enum FsGroupError {
 
 /// A walk failed to start (errors on single entries are logged and skipped, as upstream).
 #[derive(Debug, thiserror::Error)]
-pub enum OwnershipError {
+pub(crate) enum OwnershipError {
     #[error(transparent)]
     Fs(#[from] SafeFsError),
 }
 
 impl FsGroup {
     /// The pod's `securityContext.fsGroup` and `fsGroupChangePolicy`, if an fsGroup is set.
-    pub fn from_pod(pod: &Pod) -> Result<Option<FsGroup>, FsGroupError> {
+    pub(crate) fn from_pod(pod: &Pod) -> Result<Option<FsGroup>, FsGroupError> {
         let Some(sc) = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()) else {
             return Ok(None);
         };
@@ -91,7 +91,7 @@ impl FsGroup {
 
 /// The mode an entry should have: its own bits plus the group mask, plus setgid and the search
 /// bits for a directory.
-pub fn wanted_mode(mode: u32, is_dir: bool, read_only: bool) -> u32 {
+pub(crate) fn wanted_mode(mode: u32, is_dir: bool, read_only: bool) -> u32 {
     let mut mask = if read_only { RO_MASK } else { RW_MASK };
     if is_dir {
         mask |= SETGID | EXEC_MASK;
@@ -101,7 +101,7 @@ pub fn wanted_mode(mode: u32, is_dir: bool, read_only: bool) -> u32 {
 
 /// Whether the root of a volume already looks done: the group is `gid`, it is a directory with
 /// setgid and at least the group bits the walk would add.
-pub fn root_matches(st: &FileStat, gid: u32, read_only: bool) -> bool {
+pub(crate) fn root_matches(st: &FileStat, gid: u32, read_only: bool) -> bool {
     if st.st_gid != gid || !safe_fs::is_dir(st) {
         return false;
     }
@@ -112,7 +112,7 @@ pub fn root_matches(st: &FileStat, gid: u32, read_only: bool) -> bool {
 
 /// What a walk did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Walked {
+pub(crate) struct Walked {
     pub entries: u64,
     pub errors: u64,
     /// Skipped by `OnRootMismatch`.
@@ -121,7 +121,7 @@ pub struct Walked {
 
 /// Applies `group` to the volume at `dir` (a directory path that must not be, or pass
 /// through, a symlink).
-pub fn apply(dir: &Path, group: FsGroup, read_only: bool) -> Result<Walked, OwnershipError> {
+pub(crate) fn apply(dir: &Path, group: FsGroup, read_only: bool) -> Result<Walked, OwnershipError> {
     let real = dir.canonicalize().map_err(|e| SafeFsError::Sys {
         path: dir.to_path_buf(),
         errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),

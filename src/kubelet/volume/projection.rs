@@ -10,7 +10,7 @@ use super::atomic_writer::{FileProjection, Payload};
 
 /// A listed key that the object does not have (upstream's messages).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProjectionError {
+pub(crate) enum ProjectionError {
     #[error("configmap references non-existent config key: {0}")]
     ConfigMapKey(String),
     #[error("references non-existent secret key: {0}")]
@@ -57,7 +57,7 @@ fn project<'a>(
 
 /// A configMap's `data` and `binaryData` (a key in both: `data` wins, as upstream looks
 /// there first).
-pub fn config_map_payload(
+pub(crate) fn config_map_payload(
     cm: &ConfigMap,
     items: &[KeyToPath],
     default_mode: i32,
@@ -82,7 +82,7 @@ pub fn config_map_payload(
 }
 
 /// A secret's `data`.
-pub fn secret_payload(
+pub(crate) fn secret_payload(
     secret: &Secret,
     items: &[KeyToPath],
     default_mode: i32,

@@ -20,7 +20,7 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 
 /// A path could not be opened, created or changed without following a symlink.
 #[derive(Debug, thiserror::Error)]
-pub enum SafeFsError {
+pub(crate) enum SafeFsError {
     #[error("{path}: {errno}", path = path.display(), errno = errno.desc())]
     Sys { path: PathBuf, errno: Errno },
     #[error("{} is a symlink, which is not followed here", path.display())]
@@ -38,7 +38,7 @@ impl SafeFsError {}
 impl SafeFsError {
     /// The errno behind the error, if it came from a system call (the fake mounter's answers).
     #[cfg(test)]
-    pub fn errno(&self) -> Option<Errno> {
+    pub(crate) fn errno(&self) -> Option<Errno> {
         match self {
             SafeFsError::Sys { errno, .. } => Some(*errno),
             _ => None,
@@ -61,7 +61,11 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 ///
 /// With `O_PATH | O_NOFOLLOW` a symlink is opened as itself rather than refused, so callers
 /// check the type with [`fstat`] before trusting the result.
-pub fn open_component(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlag) -> Result<OwnedFd, Errno> {
+pub(crate) fn open_component(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    flags: OFlag,
+) -> Result<OwnedFd, Errno> {
     if name.is_empty() || name == "." || name == ".." || name.as_bytes().contains(&b'/') {
         return Err(Errno::EINVAL);
     }
@@ -81,26 +85,26 @@ pub fn open_component(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlag) -> Result
 }
 
 /// `fstat` on a descriptor (an `O_PATH` one included).
-pub fn fstat(fd: BorrowedFd<'_>, path: &Path) -> Result<FileStat, SafeFsError> {
+pub(crate) fn fstat(fd: BorrowedFd<'_>, path: &Path) -> Result<FileStat, SafeFsError> {
     nix::sys::stat::fstat(fd).map_err(|e| sys(path, e))
 }
 
 /// The file type bits of a stat.
-pub fn kind(st: &FileStat) -> SFlag {
+pub(crate) fn kind(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
 }
 
-pub fn is_dir(st: &FileStat) -> bool {
+pub(crate) fn is_dir(st: &FileStat) -> bool {
     kind(st) == SFlag::S_IFDIR
 }
 
-pub fn is_symlink(st: &FileStat) -> bool {
+pub(crate) fn is_symlink(st: &FileStat) -> bool {
     kind(st) == SFlag::S_IFLNK
 }
 
 /// Opens an absolute path (normally already canonical) as a directory, refusing a symlink in
 /// any component.
-pub fn open_dir_abs(path: &Path) -> Result<OwnedFd, SafeFsError> {
+pub(crate) fn open_dir_abs(path: &Path) -> Result<OwnedFd, SafeFsError> {
     if !path.is_absolute() {
         return Err(SafeFsError::Component {
             path: path.to_path_buf(),
@@ -130,7 +134,7 @@ pub fn open_dir_abs(path: &Path) -> Result<OwnedFd, SafeFsError> {
 /// that mode (chmod'ed through their descriptor, so the umask does not matter), as upstream's
 /// safe mkdir does. The result is an `O_PATH` descriptor, or a directory opened for reading
 /// when it was just created.
-pub fn open_beneath(
+pub(crate) fn open_beneath(
     base: BorrowedFd<'_>,
     base_path: &Path,
     rel: &Path,
@@ -175,7 +179,7 @@ pub fn open_beneath(
 
 /// Creates the directory `name` below `parent` (an existing one is fine) and returns it opened
 /// for reading, with its mode set to `mode` when this call created it.
-pub fn make_dir_at(
+pub(crate) fn make_dir_at(
     parent: BorrowedFd<'_>,
     name: &OsStr,
     mode: u32,
@@ -230,7 +234,7 @@ fn components<'a>(base_path: &Path, rel: &'a Path) -> Result<Vec<&'a OsStr>, Saf
 /// link is changed instead: that link names the very inode the descriptor holds, so no path
 /// is looked up again (glibc's `fchmodat(AT_SYMLINK_NOFOLLOW)` does the same). Never call this
 /// on a descriptor of a symlink: callers check the type first.
-pub fn set_mode(fd: BorrowedFd<'_>, mode: u32, shown: &Path) -> Result<(), SafeFsError> {
+pub(crate) fn set_mode(fd: BorrowedFd<'_>, mode: u32, shown: &Path) -> Result<(), SafeFsError> {
     let mode = Mode::from_bits_truncate(mode & 0o7777);
     match nix::sys::stat::fchmod(fd, mode) {
         Ok(()) => Ok(()),
@@ -250,7 +254,7 @@ pub fn set_mode(fd: BorrowedFd<'_>, mode: u32, shown: &Path) -> Result<(), SafeF
 
 /// Changes the group of the file a descriptor holds (`O_PATH` ones included; a symlink's own
 /// group when the descriptor is of a symlink).
-pub fn set_group(fd: BorrowedFd<'_>, gid: u32, shown: &Path) -> Result<(), SafeFsError> {
+pub(crate) fn set_group(fd: BorrowedFd<'_>, gid: u32, shown: &Path) -> Result<(), SafeFsError> {
     nix::unistd::fchownat(
         fd,
         "",
@@ -262,12 +266,12 @@ pub fn set_group(fd: BorrowedFd<'_>, gid: u32, shown: &Path) -> Result<(), SafeF
 }
 
 /// `/proc/self/fd/N` for a descriptor: a source for a bind mount that cannot be redirected.
-pub fn proc_fd_path(fd: BorrowedFd<'_>) -> PathBuf {
+pub(crate) fn proc_fd_path(fd: BorrowedFd<'_>) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// The canonical form of `path`, which must lie within the canonical `base` (or be it).
-pub fn canonical_within(path: &Path, base: &Path) -> Result<PathBuf, SafeFsError> {
+pub(crate) fn canonical_within(path: &Path, base: &Path) -> Result<PathBuf, SafeFsError> {
     let real = path.canonicalize().map_err(|e| {
         sys(
             path,
@@ -285,7 +289,7 @@ pub fn canonical_within(path: &Path, base: &Path) -> Result<PathBuf, SafeFsError
 }
 
 /// What is at `path`, without following a final symlink: `None` when nothing is.
-pub fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>, SafeFsError> {
+pub(crate) fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>, SafeFsError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

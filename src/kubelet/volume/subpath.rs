@@ -20,11 +20,14 @@ use crate::base::podspec::expand::expand;
 /// A `subPathExpr` refers to variables the container does not have (or has empty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("missing value for {}", .0.join(", "))]
-pub struct MissingVars(pub Vec<String>);
+pub(crate) struct MissingVars(pub Vec<String>);
 
 /// Expands `$(VAR)` in a `subPathExpr`; a reference to a variable the container does not have
 /// (or has empty) is an error naming the missing ones.
-pub fn expand_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, MissingVars> {
+pub(crate) fn expand_expr(
+    expr: &str,
+    env: &HashMap<String, String>,
+) -> Result<String, MissingVars> {
     let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let expanded = expand(expr, |name| match env.get(name) {
         Some(v) if !v.is_empty() => Some(v.clone()),
@@ -43,7 +46,7 @@ pub fn expand_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, 
 
 /// A subPath could not be used; the texts are upstream's (the detail goes to the log).
 #[derive(Debug, thiserror::Error)]
-pub enum SubPathError {
+pub(crate) enum SubPathError {
     #[error("error SubPath `{0}` must not be an absolute path")]
     Absolute(String),
     #[error("unable to provision SubPath `{0}`: must not contain '..'")]
@@ -67,7 +70,7 @@ pub enum SubPathError {
 }
 
 /// Rejects absolute subpaths and subpaths with a `..` element, with upstream's texts.
-pub fn validate(sub: &str) -> Result<(), SubPathError> {
+pub(crate) fn validate(sub: &str) -> Result<(), SubPathError> {
     if Path::new(sub).is_absolute() {
         return Err(SubPathError::Absolute(sub.to_string()));
     }
@@ -81,7 +84,7 @@ pub fn validate(sub: &str) -> Result<(), SubPathError> {
 /// `<pod dir>/volume-subpaths/<volume>/<container>/<index of the volumeMount>`. `pod_dir` is
 /// canonical and was checked by the caller; the names are single path components.
 #[derive(Clone, Copy, Debug)]
-pub struct BindTarget<'a> {
+pub(crate) struct BindTarget<'a> {
     pub pod_dir: &'a Path,
     pub volume: &'a str,
     pub container: &'a str,
@@ -89,7 +92,7 @@ pub struct BindTarget<'a> {
 }
 
 /// The directory of a pod's subPath bind mounts.
-pub const SUBPATHS_DIR: &str = "volume-subpaths";
+pub(crate) const SUBPATHS_DIR: &str = "volume-subpaths";
 
 impl BindTarget<'_> {
     fn parent_rel(&self) -> PathBuf {
@@ -99,7 +102,7 @@ impl BindTarget<'_> {
     }
 
     /// The path handed to the runtime.
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.pod_dir
             .join(self.parent_rel())
             .join(self.index.to_string())
@@ -114,7 +117,7 @@ impl BindTarget<'_> {
 /// any symlink, missing directories are created the same way (with the mode of the volume's
 /// root), and the opened descriptor is bind-mounted onto the private path. A container that
 /// swaps a directory for a symlink at any point makes this fail, never leads it outside.
-pub fn prepare(
+pub(crate) fn prepare(
     mounter: &dyn Mounter,
     volume: &Path,
     sub: &str,
@@ -283,7 +286,7 @@ fn io_errno(e: &std::io::Error) -> Errno {
 
 /// Unmounts and removes `<pod dir>/volume-subpaths` (`pod_dir` canonical and checked). Nothing
 /// is deleted while a mount is left below it, so the deletion cannot reach into a volume.
-pub fn clean(mounter: &dyn Mounter, pod_dir: &Path) -> Result<(), SafeFsError> {
+pub(crate) fn clean(mounter: &dyn Mounter, pod_dir: &Path) -> Result<(), SafeFsError> {
     let dir = pod_dir.join(SUBPATHS_DIR);
     super::remove_checked(mounter, &dir, pod_dir)
 }

@@ -14,7 +14,7 @@ use super::truncate;
 /// Extra time given to the runtime beyond the probe's timeout before Deckhand gives up itself.
 const RUNTIME_SLACK: Duration = Duration::from_secs(2);
 
-pub struct ExecProbe<R> {
+pub(crate) struct ExecProbe<R> {
     rt: R,
     container_id: String,
     command: Vec<String>,
@@ -22,7 +22,12 @@ pub struct ExecProbe<R> {
 }
 
 impl<R: RuntimeService> ExecProbe<R> {
-    pub fn new(rt: R, container_id: String, command: Vec<String>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        rt: R,
+        container_id: String,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Self {
         ExecProbe {
             rt,
             container_id,
@@ -33,11 +38,11 @@ impl<R: RuntimeService> ExecProbe<R> {
 
     /// The command, after `$(VAR)` expansion.
     #[cfg(test)]
-    pub fn command(&self) -> &[String] {
+    pub(crate) fn command(&self) -> &[String] {
         &self.command
     }
 
-    pub async fn run(&self) -> ProbeOutcome {
+    pub(crate) async fn run(&self) -> ProbeOutcome {
         let secs = self.timeout.as_secs().max(1) as i64;
         let call = self
             .rt

@@ -14,14 +14,14 @@ use crate::kubelet::prober::{PROBE_USER_AGENT, ProbeOutcome};
 
 use crate::clients::pod_http::join_host_port;
 
-pub struct GrpcProbe {
+pub(crate) struct GrpcProbe {
     address: String,
     service: String,
     timeout: Duration,
 }
 
 impl GrpcProbe {
-    pub fn new(host: String, port: u16, service: String, timeout: Duration) -> Self {
+    pub(crate) fn new(host: String, port: u16, service: String, timeout: Duration) -> Self {
         GrpcProbe {
             address: join_host_port(&host, port),
             service,
@@ -29,7 +29,7 @@ impl GrpcProbe {
         }
     }
 
-    pub async fn run(&self) -> ProbeOutcome {
+    pub(crate) async fn run(&self) -> ProbeOutcome {
         let deadline = clock::instant() + self.timeout;
         let endpoint = match Endpoint::from_shared(format!("http://{}", self.address))
             .and_then(|e| e.user_agent(PROBE_USER_AGENT))

@@ -8,13 +8,13 @@ use crate::clients::pod_http::{HttpError, HttpGet, Verdict};
 use crate::kubelet::prober::{PROBE_USER_AGENT, ProbeOutcome};
 
 /// One `httpGet` probe of one container.
-pub struct HttpProbe {
+pub(crate) struct HttpProbe {
     get: HttpGet,
 }
 
 impl HttpProbe {
     /// `headers` are the probe's `httpHeaders` in spec order.
-    pub fn new(
+    pub(crate) fn new(
         https: bool,
         host: &str,
         port: u16,
@@ -28,11 +28,11 @@ impl HttpProbe {
 
     /// The URL of the first request.
     #[cfg(test)]
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.get.url()
     }
 
-    pub async fn run(&self) -> ProbeOutcome {
+    pub(crate) async fn run(&self) -> ProbeOutcome {
         outcome(self.get.run().await)
     }
 }

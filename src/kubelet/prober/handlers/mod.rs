@@ -26,10 +26,10 @@ use crate::clients::cri::RuntimeService;
 
 /// Probe output kept in messages (upstream keeps 10 KiB, as much as of an HTTP answer's body:
 /// `clients::pod_http::MAX_BODY`).
-pub const MAX_OUTPUT: usize = 10 * 1024;
+pub(crate) const MAX_OUTPUT: usize = 10 * 1024;
 
 /// One configured check.
-pub enum Handler<R> {
+pub(crate) enum Handler<R> {
     Exec(exec::ExecProbe<R>),
     Http(http::HttpProbe),
     Tcp(tcp::TcpProbe),
@@ -51,13 +51,13 @@ impl<R: RuntimeService> Probe for Handler<R> {
 }
 
 /// The probe's timeout (`timeoutSeconds`, at least one second).
-pub fn probe_timeout(spec: &ProbeSpec) -> Duration {
+pub(crate) fn probe_timeout(spec: &ProbeSpec) -> Duration {
     Duration::from_secs(spec.timeout_seconds.unwrap_or(1).max(1) as u64)
 }
 
 /// Builds the check for one probe of one container instance. `pod_ip` is where network probes
 /// go when the spec names no host (the host IP for hostNetwork pods).
-pub fn build<R: RuntimeService>(
+pub(crate) fn build<R: RuntimeService>(
     spec: &ProbeSpec,
     container: &Container,
     container_id: &str,
@@ -138,7 +138,7 @@ pub fn build<R: RuntimeService>(
 }
 
 /// Cuts text to [`MAX_OUTPUT`] bytes at a character boundary.
-pub fn truncate(mut text: String) -> String {
+pub(crate) fn truncate(mut text: String) -> String {
     if text.len() > MAX_OUTPUT {
         let mut cut = MAX_OUTPUT;
         while !text.is_char_boundary(cut) {

@@ -8,13 +8,13 @@ use crate::kubelet::prober::ProbeOutcome;
 
 use crate::clients::pod_http::join_host_port;
 
-pub struct TcpProbe {
+pub(crate) struct TcpProbe {
     address: String,
     timeout: Duration,
 }
 
 impl TcpProbe {
-    pub fn new(host: String, port: u16, timeout: Duration) -> Self {
+    pub(crate) fn new(host: String, port: u16, timeout: Duration) -> Self {
         TcpProbe {
             address: join_host_port(&host, port),
             timeout,
@@ -23,11 +23,11 @@ impl TcpProbe {
 
     /// `host:port` the probe connects to.
     #[cfg(test)]
-    pub fn address(&self) -> &str {
+    pub(crate) fn address(&self) -> &str {
         &self.address
     }
 
-    pub async fn run(&self) -> ProbeOutcome {
+    pub(crate) async fn run(&self) -> ProbeOutcome {
         match tokio::time::timeout(self.timeout, TcpStream::connect(self.address.as_str())).await {
             Ok(Ok(stream)) => {
                 drop(stream);

@@ -38,11 +38,11 @@ use super::translate::{self, HostDns, SandboxContext};
 use crate::base::observed::ObservedPod;
 
 use teardown::StopUntil;
-pub use teardown::TeardownError;
+pub(crate) use teardown::TeardownError;
 
 /// Facts about the node that translation needs; fixed for the agent's lifetime.
 #[derive(Clone, Debug)]
-pub struct NodeContext {
+pub(crate) struct NodeContext {
     pub node_name: String,
     pub host_ip: Option<String>,
     pub root_dir: PathBuf,
@@ -70,24 +70,24 @@ pub struct NodeContext {
 
 impl NodeContext {
     /// `<root>/pods/<uid>`: the pod's own files (hosts file, termination logs).
-    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+    pub(crate) fn pod_dir(&self, uid: &str) -> PathBuf {
         self.root_dir.join("pods").join(uid)
     }
 
     /// `<podLogsDir>/<namespace>_<name>_<uid>`, upstream's pod log directory.
-    pub fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
+    pub(crate) fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
         self.pod_logs_dir.join(format!("{namespace}_{name}_{uid}"))
     }
 
     /// Where `Localhost` seccomp profiles are read from.
-    pub fn seccomp_profile_root(&self) -> PathBuf {
+    pub(crate) fn seccomp_profile_root(&self) -> PathBuf {
         self.root_dir.join("seccomp")
     }
 }
 
 /// What a worker keeps between syncs of one pod.
 #[derive(Default)]
-pub struct PodSyncState {
+pub(crate) struct PodSyncState {
     pub backoff: BackoffTable,
     /// The message of each image's last failed pull, by back-off key, for the back-off's
     /// status message (as upstream: `Back-off pulling image "x": ErrImagePull: …`).
@@ -121,7 +121,7 @@ pub struct PodSyncState {
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
 /// again. `pleg::PlegState` implements it; a trait, so the runtime never depends on the PLEG
 /// (which reads the runtime).
-pub trait RuntimeEvents: Send + Sync {
+pub(crate) trait RuntimeEvents: Send + Sync {
     /// Events from the runtime flow now (an exit will wake the worker).
     fn events_live(&self) -> bool;
     /// The exits the stream told of for objects `observed` still shows running or ready.
@@ -155,7 +155,7 @@ fn now_ns() -> i64 {
 }
 
 /// The result of one sync.
-pub struct SyncOutcome {
+pub(crate) struct SyncOutcome {
     pub observed: ObservedPod,
     /// The runtime could not be read: `observed` means nothing, keep the last status.
     pub runtime_unreachable: bool,
@@ -208,7 +208,7 @@ pub(crate) const MIN_GRACE_SECONDS: i64 = 2;
 
 /// Carries out decisions for pods on one runtime.
 #[derive(Clone)]
-pub struct Executor<R> {
+pub(crate) struct Executor<R> {
     rt: R,
     node: Arc<NodeContext>,
     details: DetailCache,
@@ -241,7 +241,7 @@ fn pod_namespace(pod: &Pod) -> &str {
 }
 
 /// The grace period for stopping a pod's containers.
-pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
+pub(crate) fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
     let from_spec = pod
         .and_then(|p| p.spec.as_ref())
         .and_then(|s| s.termination_grace_period_seconds)
@@ -250,14 +250,14 @@ pub fn grace_period(pod: Option<&Pod>, override_seconds: Option<i64>) -> i64 {
 }
 
 /// The spec hash in the form recorded on containers.
-pub fn spec_hash(container: &Container) -> String {
+pub(crate) fn spec_hash(container: &Container) -> String {
     crate::base::podspec::spec_hash::format_hash(crate::base::podspec::spec_hash::container_hash(
         container,
     ))
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {
-    pub fn new(
+    pub(crate) fn new(
         rt: R,
         node: Arc<NodeContext>,
         details: DetailCache,
@@ -285,14 +285,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Makes and removes the pods' cgroups through `cgroups`.
-    pub fn with_cgroups(mut self, cgroups: Arc<crate::kubelet::cm::CgroupManager>) -> Self {
+    pub(crate) fn with_cgroups(mut self, cgroups: Arc<crate::kubelet::cm::CgroupManager>) -> Self {
         self.cgroups = Some(cgroups);
         self
     }
 
     /// Translates container limits with `settings` (`cpuCFSQuota`, its period, the cgroup
     /// version, the machine's huge page sizes).
-    pub fn with_container_settings(
+    pub(crate) fn with_container_settings(
         mut self,
         settings: crate::kubelet::cm::ContainerSettings,
     ) -> Self {
@@ -326,14 +326,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Lets the next-look decision know whether the PLEG's event stream flows.
-    pub fn with_pleg(mut self, pleg: Arc<dyn RuntimeEvents>) -> Self {
+    pub(crate) fn with_pleg(mut self, pleg: Arc<dyn RuntimeEvents>) -> Self {
         self.pleg = Some(pleg);
         self
     }
 
     /// Reads configMaps, secrets and tokens through `objects` (with `--kubeconfig`); without
     /// it, volumes and variables that need them are refused, as a standalone kubelet does.
-    pub fn with_api_objects(mut self, objects: ApiObjects) -> Self {
+    pub(crate) fn with_api_objects(mut self, objects: ApiObjects) -> Self {
         self.objects = Some(objects);
         self
     }
@@ -355,7 +355,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Reads the pod's current state from the runtime.
-    pub async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
+    pub(crate) async fn observe(&self, uid: &str) -> Result<ObservedPod, CriError> {
         inspect::observe_pod(&self.rt, &self.details, &self.node.node_name, uid).await
     }
 
@@ -494,7 +494,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// Brings the pod closer to its spec: reads it, then decides and acts, step after step
     /// while the view after one step already calls for the next (the next init container, a
     /// container that exited meanwhile), at most [`MAX_STEPS`] times.
-    pub async fn sync_pod(
+    pub(crate) async fn sync_pod(
         &self,
         pod: &Pod,
         state: &mut PodSyncState,
@@ -751,7 +751,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
     /// The sync state of a pod this agent may have run before it restarted: the back-off
     /// entries are read back from the pod's directory.
-    pub fn load_state(&self, uid: &str) -> PodSyncState {
+    pub(crate) fn load_state(&self, uid: &str) -> PodSyncState {
         let (backoff, repairs) =
             pod_files::load_backoff(&self.node.pod_dir(uid), &self.policy, clock::now());
         for repair in repairs {

@@ -494,7 +494,7 @@ pub(super) fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> 
 /// sandbox with containerd's default runtime handler and does not read RuntimeClass objects
 /// yet, so a pod asking for another runtime waits with this message rather than running on
 /// one it did not ask for.
-pub fn unsupported_runtime_class(pod: &Pod) -> Option<String> {
+pub(super) fn unsupported_runtime_class(pod: &Pod) -> Option<String> {
     let name = pod
         .spec
         .as_ref()

@@ -22,7 +22,7 @@ use crate::base::podspec::QosClass;
 
 /// Errors of a teardown; the worker retries.
 #[derive(Debug, thiserror::Error)]
-pub enum TeardownError {
+pub(crate) enum TeardownError {
     #[error("{0}")]
     Runtime(#[from] CriError),
     #[error("{0}")]
@@ -50,7 +50,7 @@ fn is_active(c: &ObservedContainer) -> bool {
 /// How long a pod's stop may take before it counts as having exceeded its grace period:
 /// the grace period and half again, plus 10 s for the runtime (upstream's margin for
 /// killing a pod).
-pub fn overdue(grace: i64) -> Duration {
+pub(super) fn overdue(grace: i64) -> Duration {
     let grace = grace.max(0) as u64;
     Duration::from_secs(grace + grace / 2 + 10)
 }
@@ -67,7 +67,7 @@ pub(super) enum StopUntil {
 }
 
 /// Seconds left of a grace period that started at `started`, never below the minimum.
-pub fn remaining_grace(grace: i64, started: Instant) -> i64 {
+pub(super) fn remaining_grace(grace: i64, started: Instant) -> i64 {
     let spent = started.elapsed().as_secs() as i64;
     (grace - spent).max(MIN_GRACE_SECONDS)
 }
@@ -295,7 +295,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// (upstream's kill: the dead containers and their logs stay until the pod is removed;
     /// the volumes go with [`Self::unmount_volumes`]). Returns what the runtime shows
     /// afterwards.
-    pub async fn kill_pod(
+    pub(crate) async fn kill_pod(
         &self,
         uid: &str,
         pod: &Pod,
@@ -309,7 +309,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// Unmounts and removes the volumes of a pod that was killed and will not run again,
     /// keeping its containers and logs: upstream's volume manager does the same once a pod is
     /// terminal, and the shutdown manager waits for it.
-    pub async fn unmount_volumes(&self, uid: &str) -> Result<(), TeardownError> {
+    pub(crate) async fn unmount_volumes(&self, uid: &str) -> Result<(), TeardownError> {
         let volumes = self.volumes.clone();
         let uid = uid.to_string();
         tokio::task::spawn_blocking(move || volumes.teardown(&uid))
@@ -322,7 +322,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
 
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
     /// `pod` is absent for orphans found in the runtime; their names come from the labels.
-    pub async fn terminate_pod(
+    pub(crate) async fn terminate_pod(
         &self,
         uid: &str,
         pod: Option<&Pod>,

@@ -22,9 +22,9 @@ use crate::base::podspec::quantity::{self, Quantity};
 use crate::base::podspec::spec_hash::{container_hash, format_hash};
 
 /// Where a container writes its termination message unless the spec says otherwise.
-pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+pub(crate) const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 /// Default terminationMessagePolicy.
-pub const DEFAULT_TERMINATION_MESSAGE_POLICY: &str = "File";
+pub(crate) const DEFAULT_TERMINATION_MESSAGE_POLICY: &str = "File";
 
 /// OOM score adjustments, as upstream.
 const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
@@ -32,12 +32,12 @@ const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
 use crate::base::podspec::pod::SYSTEM_CRITICAL_PRIORITY;
 
 /// The log file of one container instance, relative to the sandbox log directory.
-pub fn container_log_path(container_name: &str, restart_count: u32) -> String {
+pub(crate) fn container_log_path(container_name: &str, restart_count: u32) -> String {
     format!("{container_name}/{restart_count}.log")
 }
 
 /// Labels of a runtime container: its pod's identity, its name, Deckhand's marker.
-pub fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String, String> {
+pub(crate) fn container_labels(meta: &PodMeta, container_name: &str) -> HashMap<String, String> {
     let mut out = HashMap::from([
         (cri_labels::POD_NAME_LABEL.to_string(), meta.name.clone()),
         (
@@ -213,7 +213,7 @@ fn is_node_critical(pod: &Pod) -> bool {
 /// `1000 - 1000 × memory request / node capacity`, kept within 3..=999 so it always ranks
 /// between Guaranteed and BestEffort containers; a sidecar never scores above the regular
 /// container with the smallest request.
-pub fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64) -> i64 {
+pub(crate) fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64) -> i64 {
     if is_node_critical(pod) {
         return GUARANTEED_OOM_SCORE_ADJ;
     }
@@ -283,7 +283,7 @@ fn hugepage_limits(
 /// - on cgroup v2 the unified map upstream sends at its defaults: `memory.oom.group` 1
 ///   (the whole container is killed on OOM) and no memory protection (`memory.min`,
 ///   `memory.low` 0).
-pub fn linux_resources(
+pub(crate) fn linux_resources(
     pod: &Pod,
     c: &Container,
     node_memory_capacity: u64,
@@ -326,7 +326,7 @@ pub fn linux_resources(
 // The deprecated `apparmor_profile` string is still what containerd 1.6 reads; upstream sets
 // both forms for that reason.
 #[allow(deprecated)]
-pub fn linux_security_context(
+pub(crate) fn linux_security_context(
     pod: &Pod,
     c: &Container,
     seccomp_root: &Path,
@@ -418,7 +418,7 @@ fn container_mounts(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Vec<Mou
 
 /// Builds the CRI config that creates `container` of `pod`.
 #[cfg(test)]
-pub fn container_config(
+pub(crate) fn container_config(
     pod: &Pod,
     container: &Container,
     ctx: &ContainerContext,
@@ -429,7 +429,7 @@ pub fn container_config(
 
 /// [`container_config`] with the environment already resolved by [`env::container_env`] (the
 /// executor needs it first for `subPathExpr`, and resolves it once).
-pub fn container_config_with_env(
+pub(crate) fn container_config_with_env(
     pod: &Pod,
     container: &Container,
     ctx: &ContainerContext,

@@ -7,7 +7,7 @@ use crate::clients::cri::proto::DnsConfig;
 
 /// The resolver settings of the host, as parsed from its resolv.conf.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostDns {
+pub(crate) struct HostDns {
     pub servers: Vec<String>,
     pub searches: Vec<String>,
     pub options: Vec<String>,
@@ -19,7 +19,7 @@ pub struct HostDns {
 /// and trailing dots trimmed so `a.` and `a` count once; `options` accumulate, a later option
 /// replacing an earlier one of the same name. Comments (`#`, `;`) and other keywords are
 /// ignored.
-pub fn parse_resolv_conf(content: &str) -> HostDns {
+pub(crate) fn parse_resolv_conf(content: &str) -> HostDns {
     let mut dns = HostDns::default();
     for line in content.lines() {
         let line = line.split(['#', ';']).next().unwrap_or("");
@@ -86,7 +86,7 @@ enum Base {
 /// DNS servers, or the host's when there are none or the pod uses the host network;
 /// `ClusterFirstWithHostNet` → the cluster's (host's when there are none); `None` → nothing.
 /// The pod's `dnsConfig` is then merged on top in every case.
-pub fn pod_dns_config(
+pub(crate) fn pod_dns_config(
     pod: &Pod,
     host: &HostDns,
     cluster_dns: &[String],

@@ -18,15 +18,15 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{Container, EnvVarSource, Pod};
 
 use super::{ContainerContext, TranslateError};
-pub use crate::base::podspec::expand::{expand, expand_all};
-pub use crate::base::podspec::resources::resource_field_value;
+pub(crate) use crate::base::podspec::expand::{expand, expand_all};
+pub(crate) use crate::base::podspec::resources::resource_field_value;
 use crate::kubelet::api_objects::{Kind, PodObjects};
 
 /// The container's environment in spec order (a later duplicate replaces the earlier value in
 /// place). Values may refer to variables defined before them with `$(NAME)`. No API server:
 /// see [`container_env_with`].
 #[cfg(test)]
-pub fn container_env(
+pub(crate) fn container_env(
     pod: &Pod,
     container: &Container,
     ctx: &ContainerContext,
@@ -37,7 +37,7 @@ pub fn container_env(
 /// Keys of one `envFrom` source that were left out because they are not valid variable
 /// names (upstream's `InvalidEnvironmentVariableNames` event says so).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedKeys {
+pub(crate) struct SkippedKeys {
     pub kind: Kind,
     pub namespace: String,
     pub name: String,
@@ -47,7 +47,7 @@ pub struct SkippedKeys {
 
 impl SkippedKeys {
     /// Upstream's event message.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         let kind = match self.kind {
             Kind::ConfigMap => "configMap",
             Kind::Secret => "secret",
@@ -63,14 +63,14 @@ impl SkippedKeys {
 
 /// A container's resolved environment.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ResolvedEnv {
+pub(crate) struct ResolvedEnv {
     pub vars: Vec<(String, String)>,
     pub skipped: Vec<SkippedKeys>,
 }
 
 /// A variable name as the API server accepts it (relaxed validation, on by default since
 /// 1.32): printable ASCII except `=`, not empty.
-pub fn valid_env_name(name: &str) -> bool {
+pub(crate) fn valid_env_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .bytes()
@@ -78,7 +78,7 @@ pub fn valid_env_name(name: &str) -> bool {
 }
 
 /// The container's environment, reading configMaps and secrets from `objects`.
-pub fn container_env_with(
+pub(crate) fn container_env_with(
     pod: &Pod,
     container: &Container,
     ctx: &ContainerContext,

@@ -18,13 +18,13 @@ use thiserror::Error;
 use crate::clients::cri::proto::security_profile::ProfileType;
 use crate::clients::cri::proto::{NamespaceMode, NamespaceOption, SeLinuxOption, SecurityProfile};
 
-pub use container::container_config_with_env;
-pub use dns::{HostDns, parse_resolv_conf};
-pub use sandbox::{SandboxContext, pod_sandbox_config};
+pub(crate) use container::container_config_with_env;
+pub(crate) use dns::{HostDns, parse_resolv_conf};
+pub(crate) use sandbox::{SandboxContext, pod_sandbox_config};
 
 /// Per-container facts the translation needs. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
-pub struct ContainerContext {
+pub(crate) struct ContainerContext {
     /// Restarts so far; becomes the CRI attempt number and the log file name.
     pub restart_count: u32,
     /// The sandbox's IP (for `status.podIP` env vars).
@@ -54,7 +54,7 @@ pub struct ContainerContext {
 
 /// Why a quantity a container refers to has no usable value.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum QuantityProblem {
+pub(crate) enum QuantityProblem {
     #[error(transparent)]
     Parse(#[from] crate::base::podspec::quantity::QuantityError),
     #[error(transparent)]
@@ -64,7 +64,7 @@ pub enum QuantityProblem {
 /// Why a pod or container could not be turned into a CRI config. Every variant about a
 /// container names it; the pod worker reports these as `CreateContainerConfigError`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum TranslateError {
+pub(crate) enum TranslateError {
     #[error("pod has no {0}")]
     MissingPodField(&'static str),
 
@@ -150,11 +150,11 @@ fn who(container: &Option<String>) -> String {
 
 impl TranslateError {}
 
-pub use security::{image_user, needs_image_user, verify_run_as_non_root};
+pub(crate) use security::{image_user, needs_image_user, verify_run_as_non_root};
 
 /// A pod's identity, checked present once so the rest can use plain strings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodMeta {
+pub(crate) struct PodMeta {
     pub name: String,
     /// `default` when unset.
     pub namespace: String,
@@ -164,7 +164,7 @@ pub struct PodMeta {
 }
 
 impl PodMeta {
-    pub fn of(pod: &Pod) -> Result<PodMeta, TranslateError> {
+    pub(crate) fn of(pod: &Pod) -> Result<PodMeta, TranslateError> {
         let name = pod
             .metadata
             .name
@@ -276,7 +276,7 @@ pub(crate) fn effective_seccomp(
     }
 }
 
-pub use crate::base::podspec::apparmor::is_local_descending_path;
+pub(crate) use crate::base::podspec::apparmor::is_local_descending_path;
 
 pub(crate) fn selinux_option(o: &SELinuxOptions) -> SeLinuxOption {
     SeLinuxOption {

@@ -18,7 +18,7 @@ use super::{
 
 /// Node facts a sandbox config depends on. Everything is passed in; nothing is read here.
 #[derive(Debug, Clone, Default)]
-pub struct SandboxContext {
+pub(crate) struct SandboxContext {
     /// Root of the per-pod log directories, e.g. `/var/log/pods`.
     pub pod_logs_dir: PathBuf,
     /// The host's resolver settings (see [`dns::parse_resolv_conf`]).
@@ -40,7 +40,7 @@ const MAX_HOSTNAME_LEN: usize = 63;
 
 /// The hostname a pod sees: `spec.hostname`, else the pod name, cut to 63 characters with
 /// trailing `-`/`.` removed so it stays a valid DNS label.
-pub fn pod_hostname(pod: &Pod) -> String {
+pub(crate) fn pod_hostname(pod: &Pod) -> String {
     let raw = pod
         .spec
         .as_ref()
@@ -60,10 +60,10 @@ pub fn pod_hostname(pod: &Pod) -> String {
     cut.trim_end_matches(['-', '.']).to_string()
 }
 
-pub use crate::base::safe_names::pod_log_directory;
+pub(crate) use crate::base::safe_names::pod_log_directory;
 
 /// True when the pod uses the node's network namespace.
-pub fn is_host_network(pod: &Pod) -> bool {
+pub(crate) fn is_host_network(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.host_network)
@@ -110,7 +110,7 @@ fn port_mappings(pod: &Pod) -> Result<Vec<PortMapping>, TranslateError> {
 }
 
 /// Labels of a sandbox: the pod's labels, its identity, and Deckhand's marker.
-pub fn sandbox_labels(pod: &Pod, meta: &PodMeta) -> HashMap<String, String> {
+pub(crate) fn sandbox_labels(pod: &Pod, meta: &PodMeta) -> HashMap<String, String> {
     let mut out: HashMap<String, String> = pod
         .metadata
         .labels
@@ -135,7 +135,7 @@ pub fn sandbox_labels(pod: &Pod, meta: &PodMeta) -> HashMap<String, String> {
 }
 
 /// Builds the sandbox config for `pod`. `attempt` counts sandboxes created for this pod UID.
-pub fn pod_sandbox_config(
+pub(crate) fn pod_sandbox_config(
     pod: &Pod,
     ctx: &SandboxContext,
     attempt: u32,

@@ -15,7 +15,7 @@ use crate::clients::cri::proto::security_profile::ProfileType;
 use crate::base::podspec::apparmor::APPARMOR_ANNOTATION_PREFIX;
 
 /// Paths the runtime hides from a container whose `procMount` is `Default` (upstream's list).
-pub const DEFAULT_MASKED_PATHS: [&str; 11] = [
+pub(crate) const DEFAULT_MASKED_PATHS: [&str; 11] = [
     "/proc/asound",
     "/proc/acpi",
     "/proc/kcore",
@@ -30,7 +30,7 @@ pub const DEFAULT_MASKED_PATHS: [&str; 11] = [
 ];
 
 /// Paths the runtime mounts read-only for a `Default` procMount (upstream's list).
-pub const DEFAULT_READONLY_PATHS: [&str; 5] = [
+pub(crate) const DEFAULT_READONLY_PATHS: [&str; 5] = [
     "/proc/bus",
     "/proc/fs",
     "/proc/irq",
@@ -41,7 +41,7 @@ pub const DEFAULT_READONLY_PATHS: [&str; 5] = [
 /// A container that must not start as configured. The messages are upstream's, so operators
 /// can search for them; the pod is named as upstream formats it (`name_namespace(uid)`).
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum SecurityError {
+pub(crate) enum SecurityError {
     #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
     RunAsUserIsRoot { pod: String, container: String },
     #[error(
@@ -69,7 +69,7 @@ pub enum SecurityError {
 impl SecurityError {}
 
 /// `name_namespace(uid)`, upstream's way of naming a pod in messages.
-pub fn format_pod(pod: &Pod) -> String {
+pub(crate) fn format_pod(pod: &Pod) -> String {
     format!(
         "{}_{}({})",
         pod.metadata.name.as_deref().unwrap_or_default(),
@@ -100,18 +100,18 @@ fn effective<T: Clone>(
 }
 
 /// The effective `runAsUser`.
-pub fn effective_run_as_user(pod: &Pod, c: &Container) -> Option<i64> {
+pub(crate) fn effective_run_as_user(pod: &Pod, c: &Container) -> Option<i64> {
     effective(pod, c, |s| s.run_as_user, |p| p.run_as_user)
 }
 
 /// The effective `runAsGroup`.
-pub fn effective_run_as_group(pod: &Pod, c: &Container) -> Option<i64> {
+pub(crate) fn effective_run_as_group(pod: &Pod, c: &Container) -> Option<i64> {
     effective(pod, c, |s| s.run_as_group, |p| p.run_as_group)
 }
 
 /// Whether starting the container needs the image's user: `runAsNonRoot` is in force and no
 /// `runAsUser` says who the process runs as. Callers skip the image lookup otherwise.
-pub fn needs_image_user(pod: &Pod, c: &Container) -> bool {
+pub(crate) fn needs_image_user(pod: &Pod, c: &Container) -> bool {
     effective(pod, c, |s| s.run_as_non_root, |p| p.run_as_non_root) == Some(true)
         && effective_run_as_user(pod, c).is_none()
 }
@@ -119,7 +119,7 @@ pub fn needs_image_user(pod: &Pod, c: &Container) -> bool {
 /// Upstream's start-time check of `runAsNonRoot` against the user the container will run as:
 /// the effective `runAsUser` when set, else the image's user (the CRI image status gives a
 /// `uid`, or a `username` that is not a number and so cannot be checked).
-pub fn verify_run_as_non_root(
+pub(crate) fn verify_run_as_non_root(
     pod: &Pod,
     container: &Container,
     image_uid: Option<i64>,
@@ -166,7 +166,7 @@ pub fn verify_run_as_non_root(
 /// The user an image runs as, from the CRI image status, as upstream reads it: the numeric
 /// `uid` when the runtime gives one, else the `username`; an image that names no user at all
 /// runs as root (uid 0).
-pub fn image_user(image: &crate::clients::cri::proto::Image) -> (Option<i64>, String) {
+pub(crate) fn image_user(image: &crate::clients::cri::proto::Image) -> (Option<i64>, String) {
     match (&image.uid, image.username.as_str()) {
         (Some(uid), _) => (Some(uid.value), String::new()),
         (None, name) if !name.is_empty() => (None, name.to_string()),
@@ -174,12 +174,12 @@ pub fn image_user(image: &crate::clients::cri::proto::Image) -> (Option<i64>, St
     }
 }
 
-pub use crate::base::podspec::apparmor::AppArmorError;
+pub(crate) use crate::base::podspec::apparmor::AppArmorError;
 
 /// An AppArmor profile in the two forms the CRI carries: the typed field and the deprecated
 /// string (`runtime/default`, `unconfined`, `localhost/<name>`) older runtimes read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AppArmor {
+pub(crate) struct AppArmor {
     pub profile: SecurityProfile,
     pub deprecated: String,
 }
@@ -193,7 +193,10 @@ fn profile(kind: ProfileType, localhost_ref: &str) -> SecurityProfile {
 
 /// The container's AppArmor profile in CRI's terms (the pod spec's answer is
 /// [`crate::base::podspec::apparmor::apparmor_profile`]); `None` leaves the runtime's default.
-pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, AppArmorError> {
+pub(crate) fn apparmor_profile(
+    pod: &Pod,
+    c: &Container,
+) -> Result<Option<AppArmor>, AppArmorError> {
     use crate::base::podspec::apparmor::AppArmor as Asked;
     let asked = crate::base::podspec::apparmor::apparmor_profile(pod, c)?;
     Ok(asked.map(|a| {
@@ -212,7 +215,7 @@ pub fn apparmor_profile(pod: &Pod, c: &Container) -> Result<Option<AppArmor>, Ap
 
 /// `masked_paths` and `readonly_paths` for the container's `procMount`. `Default` gets
 /// upstream's lists; `Unmasked` is refused at validation (it needs a user namespace).
-pub fn proc_mount_paths(c: &Container) -> (Vec<String>, Vec<String>) {
+pub(crate) fn proc_mount_paths(c: &Container) -> (Vec<String>, Vec<String>) {
     match own_sc(c).and_then(|s| s.proc_mount.as_deref()) {
         Some("Unmasked") => (Vec::new(), Vec::new()),
         _ => (
@@ -227,7 +230,7 @@ pub fn proc_mount_paths(c: &Container) -> (Vec<String>, Vec<String>) {
 
 /// Supplemental groups as upstream sends them: `fsGroup` first (volume access), then
 /// `supplementalGroups`.
-pub fn supplemental_groups(pod: &Pod) -> Vec<i64> {
+pub(crate) fn supplemental_groups(pod: &Pod) -> Vec<i64> {
     let sc = pod_sc(pod);
     let mut out: Vec<i64> = sc.and_then(|p| p.fs_group).into_iter().collect();
     out.extend(
@@ -238,7 +241,7 @@ pub fn supplemental_groups(pod: &Pod) -> Vec<i64> {
 }
 
 /// The CRI value of `supplementalGroupsPolicy` (`Merge`, the default, is 0).
-pub fn supplemental_groups_policy(pod: &Pod) -> i32 {
+pub(crate) fn supplemental_groups_policy(pod: &Pod) -> i32 {
     use crate::clients::cri::proto::SupplementalGroupsPolicy;
     match pod_sc(pod).and_then(|p| p.supplemental_groups_policy.as_deref()) {
         Some("Strict") => SupplementalGroupsPolicy::Strict as i32,

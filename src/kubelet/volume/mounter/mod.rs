@@ -23,7 +23,7 @@ use super::safe_fs::proc_fd_path;
 
 /// Mounting and unmounting for the volume code. Mount targets and sources are descriptors
 /// opened without following symlinks, so what is mounted is exactly what was checked.
-pub trait Mounter: Send + Sync + std::fmt::Debug {
+pub(crate) trait Mounter: Send + Sync + std::fmt::Debug {
     /// Mounts a new tmpfs on the directory `dir` holds (at `path`, its canonical path), with
     /// the `size=` option when `size_bytes` is given (else the kernel's default, half of RAM).
     fn mount_tmpfs(
@@ -56,7 +56,7 @@ pub trait Mounter: Send + Sync + std::fmt::Debug {
 
 /// The system calls.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct KernelMounter;
+pub(crate) struct KernelMounter;
 
 impl Mounter for KernelMounter {
     fn mount_tmpfs(
