@@ -473,6 +473,9 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
 }
 
 #[cfg(test)]
+pub(crate) mod user_agent_server;
+
+#[cfg(test)]
 mod tests {
     use std::sync::Mutex;
 

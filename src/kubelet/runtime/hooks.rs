@@ -185,49 +185,12 @@ pub(crate) async fn run_hook<R: RuntimeService>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
 
-    use axum::Router;
-    use axum::http::{HeaderMap, StatusCode, Uri};
-    use axum::response::IntoResponse;
-    use axum::routing::get;
     use k8s_openapi::api::core::v1::{ContainerPort, HTTPGetAction, HTTPHeader};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     use super::*;
     use crate::clients::cri::fake::FakeCri;
-
-    /// The User-Agent of each request the server saw.
-    type Seen = Arc<Mutex<Vec<String>>>;
-
-    async fn server() -> (u16, Seen) {
-        let seen: Seen = Arc::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let record = seen.clone();
-        let app = Router::new().fallback(get(move |uri: Uri, headers: HeaderMap| {
-            let record = record.clone();
-            async move {
-                let agent = headers
-                    .get("user-agent")
-                    .map(|v| v.to_str().unwrap_or("?").to_string())
-                    .unwrap_or_default();
-                record.lock().unwrap().push(agent);
-                match uri.path() {
-                    "/ok" => StatusCode::OK.into_response(),
-                    "/moved" => (
-                        StatusCode::FOUND,
-                        [("location", "http://localhost:1/elsewhere")],
-                        "gone",
-                    )
-                        .into_response(),
-                    _ => StatusCode::NOT_FOUND.into_response(),
-                }
-            }
-        }));
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (port, seen)
-    }
 
     fn http_hook(path: &str, port: IntOrString, headers: Vec<(&str, &str)>) -> LifecycleHandler {
         LifecycleHandler {
@@ -271,7 +234,7 @@ mod tests {
     /// named port is the container's.
     #[tokio::test]
     async fn http_hooks_succeed_fail_and_name_themselves() {
-        let (port, seen) = server().await;
+        let (port, seen) = crate::clients::pod_http::user_agent_server::start().await;
         let container = Container {
             name: "app".into(),
             ports: Some(vec![ContainerPort {

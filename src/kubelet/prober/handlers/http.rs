@@ -48,12 +48,6 @@ fn outcome(verdict: Verdict) -> ProbeOutcome {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use axum::Router;
-    use axum::http::{HeaderMap, StatusCode, Uri};
-    use axum::response::IntoResponse;
-    use axum::routing::get;
 
     use super::*;
 
@@ -61,31 +55,7 @@ mod tests {
     /// `kube-probe/1.33` unless the probe sets a User-Agent.
     #[tokio::test]
     async fn outcomes_and_user_agent() {
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let record = seen.clone();
-        let app = Router::new().fallback(get(move |uri: Uri, headers: HeaderMap| {
-            let record = record.clone();
-            async move {
-                let agent = headers.get("user-agent").map(|v| v.to_str().unwrap_or("?"));
-                record
-                    .lock()
-                    .unwrap()
-                    .push(agent.unwrap_or_default().to_string());
-                match uri.path() {
-                    "/ok" => StatusCode::OK.into_response(),
-                    "/moved" => (
-                        StatusCode::FOUND,
-                        [("location", "http://localhost:1/elsewhere")],
-                        "moved",
-                    )
-                        .into_response(),
-                    _ => StatusCode::NOT_FOUND.into_response(),
-                }
-            }
-        }));
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let (port, seen) = crate::clients::pod_http::user_agent_server::start().await;
         let probe = |path: &str, headers: Vec<(String, String)>| {
             HttpProbe::new(
                 false,
