@@ -111,6 +111,12 @@ impl RuntimeCache {
         s.pods.keys().cloned().collect()
     }
 
+    /// True when the last relist saw `uid` among this agent's pods.
+    pub(crate) fn has_pod(&self, uid: &str) -> bool {
+        let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        s.pods.contains_key(uid)
+    }
+
     /// One pod as the last relist saw it.
     pub fn pod(&self, uid: &str) -> Option<ObservedPod> {
         let s = self.inner.read().unwrap_or_else(|e| e.into_inner());
@@ -801,9 +807,10 @@ async fn relist_loop<R: RuntimeService>(
 /// Handles one event: pokes the owner, or asks for a relist to find it.
 fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state: &PlegState) {
     state.inner.events.fetch_add(1, Ordering::Relaxed);
-    let owner = cache
+    let known = cache
         .owner_of(&event.id)
         .or_else(|| state.made_by(&event.id));
+    let owner = route::event_owner(known, event.pod_uid.as_deref(), |uid| cache.has_pod(uid));
     let foreign = owner.is_none() && cache.is_foreign(&event.id);
     let decision = route::route(
         event,
@@ -1164,6 +1171,21 @@ mod tests {
                     .render_metrics()
                     .contains("deckhand_pleg_event_pokes_total 2\n")
             );
+
+            // An event naming another agent's pod (CRI events carry the pod UID) wakes no
+            // worker and leaves nothing in the stale set; one relist looks for the ID.
+            let mut theirs = event("elsewhere-2", Happening::Exited).unwrap();
+            theirs.pod_uid = Some("theirs".into());
+            tx.send(Ok(theirs)).await.unwrap();
+            until("a relist", || r.rt.count("ListPodSandbox") == relists + 2).await;
+            assert_eq!(r.pokes.pending(), 0, "another agent's pod is not poked");
+            assert!(!r.state.take_stale("theirs"), "nor left in the stale set");
+            // The same for this agent's own pod still goes to its worker at once.
+            let mut mine = event("new-id", Happening::Exited).unwrap();
+            mine.pod_uid = Some("u1".into());
+            tx.send(Ok(mine)).await.unwrap();
+            until("the poke", || r.pokes.pending() == 1).await;
+            assert_eq!(drain(&r.pokes).await, ["u1"]);
             r.cancel.cancel();
         }
 

@@ -37,8 +37,21 @@ pub(crate) enum Route {
     Ignore,
 }
 
-/// Decides what an event asks for. `owner` is the pod the object belongs to as far as the
-/// runtime cache knows; `foreign` says an earlier relist showed the object is not this node's;
+/// The pod an event is about, if it is one this agent runs: the pod the runtime cache or a
+/// worker's own call ties the object to, else the pod UID the event carries (CRI
+/// `GetContainerEvents` names it) when `is_ours` knows that pod. A UID the event names but
+/// this agent does not run (another agent's pod on a shared containerd) is not an owner:
+/// poking it would wake nobody and leave it in the PLEG's stale set for good.
+pub(crate) fn event_owner(
+    known: Option<String>,
+    event_pod_uid: Option<&str>,
+    is_ours: impl Fn(&str) -> bool,
+) -> Option<String> {
+    known.or_else(|| event_pod_uid.filter(|uid| is_ours(uid)).map(str::to_string))
+}
+
+/// Decides what an event asks for. `owner` is the pod the object belongs to as far as this
+/// agent knows ([`event_owner`]); `foreign` says an earlier relist showed the object is not this node's;
 /// `exit_awaited` says its exit was heard but its worker has not seen it in the runtime's view
 /// yet.
 ///
@@ -63,7 +76,7 @@ pub(crate) fn route(
     if !matters {
         return Route::Ignore;
     }
-    match (owner.or(event.pod_uid.as_deref()), foreign) {
+    match (owner, foreign) {
         (Some(uid), _) => Route::Poke(uid.to_string()),
         (None, true) => Route::Ignore,
         // An OOM kill is always followed by the exit, which does the finding.
@@ -125,6 +138,50 @@ mod tests {
             happening,
             pod_uid: pod_uid.map(String::from),
             exit: None,
+        }
+    }
+
+    /// Only a pod this agent runs is an owner; the event's UID of another agent's pod is not.
+    #[test]
+    fn event_owner_table() {
+        let ours = |uid: &str| uid == "mine";
+        // (case, the owner known, the event's pod UID, the owner wanted)
+        type Row = (
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "the cache or a worker knows the object",
+                Some("u1"),
+                None,
+                Some("u1"),
+            ),
+            (
+                "what is known wins over the event",
+                Some("u1"),
+                Some("mine"),
+                Some("u1"),
+            ),
+            (
+                "the event names a pod this agent runs",
+                None,
+                Some("mine"),
+                Some("mine"),
+            ),
+            (
+                "the event names another agent's pod",
+                None,
+                Some("theirs"),
+                None,
+            ),
+            ("nothing names the pod", None, None, None),
+        ];
+        for (name, known, event_uid, want) in rows {
+            let got = event_owner(known.map(String::from), event_uid, ours);
+            assert_eq!(got.as_deref(), want, "{name}");
         }
     }
 
@@ -216,20 +273,6 @@ mod tests {
                 None,
                 true,
                 Route::Ignore,
-            ),
-            (
-                "the event names its pod",
-                ev(Exited, Some("u2")),
-                None,
-                false,
-                poke("u2"),
-            ),
-            (
-                "the cache wins over the event",
-                ev(Exited, Some("u2")),
-                Some("u1"),
-                false,
-                poke("u1"),
             ),
         ];
         for (name, event, owner, foreign, want) in rows {
