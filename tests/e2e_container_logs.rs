@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::node_api::curl_node_api;
+use common::node_api::{CurlError, curl_node_api};
 use common::{Agent, http_get, sleeping_pod, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -28,7 +28,7 @@ const LAST_LINE: &str = "the-last-line";
 
 /// `curl -k` against the node API, waiting up to 120 s (the big log's requests run
 /// together); (HTTP status, body), or curl's complaint.
-fn curl(port: u16, path: &str) -> Result<(u16, String), String> {
+fn curl(port: u16, path: &str) -> Result<(u16, String), CurlError> {
     curl_node_api(port, path, ["-k", "--max-time", "120"])
 }
 

@@ -49,7 +49,7 @@ impl Agent {
 /// 10 s: (HTTP status, body), or curl's complaint. `args` go before the URL: `-k` to skip
 /// verifying the serving certificate, `-X POST`, client certificates, a bearer token, or
 /// another `--max-time` (curl takes the last one given).
-pub fn curl_node_api<I, A>(port: u16, path: &str, args: I) -> Result<(u16, String), String>
+pub fn curl_node_api<I, A>(port: u16, path: &str, args: I) -> Result<(u16, String), CurlError>
 where
     I: IntoIterator<Item = A>,
     A: AsRef<OsStr>,
@@ -61,13 +61,28 @@ where
         .output()
         .expect("run curl (scripts/install-deps installs it)");
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        return Err(CurlError::Failed(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
     }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').ok_or("no status line")?;
+    let (body, code) = text.rsplit_once('\n').ok_or(CurlError::NoStatusLine)?;
     let code = code
         .trim()
         .parse()
-        .map_err(|_| format!("status {code:?}"))?;
+        .map_err(|_| CurlError::BadStatus(code.to_string()))?;
     Ok((code, body.to_string()))
+}
+
+/// Why [`curl_node_api`] has no answer to give.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum CurlError {
+    /// curl itself failed (no connection, a TLS refusal, its time limit): its stderr.
+    #[error("{0}")]
+    Failed(String),
+    /// The output lacks the status line `-w` appends.
+    #[error("no status line")]
+    NoStatusLine,
+    #[error("status {0:?}")]
+    BadStatus(String),
 }
