@@ -303,6 +303,22 @@ impl Store {
         Ok(self.write(&key, object))
     }
 
+    /// The stored object a PUT or PATCH applies to: 404 if missing, 409 Conflict when `given`
+    /// (the body or the patch) names a resourceVersion other than the stored one.
+    fn current_unless_stale(&self, key: &Key, given: &Value) -> Result<Value, Box<Status>> {
+        let current = self
+            .objects
+            .get(key)
+            .ok_or_else(|| Box::new(not_found(key)))?
+            .clone();
+        if let Some(rv) = rv_of(given)
+            && Some(rv) != rv_of(&current)
+        {
+            return Err(Box::new(conflict(key, STALE)));
+        }
+        Ok(current)
+    }
+
     /// PUT: 404 if missing, 409 Conflict if the object's resourceVersion is given and stale;
     /// uid and creationTimestamp kept. A write that changes nothing keeps the version.
     pub(crate) fn update(
@@ -311,16 +327,7 @@ impl Store {
         part: Part,
         object: Value,
     ) -> Result<Value, Box<Status>> {
-        let current = self
-            .objects
-            .get(key)
-            .ok_or_else(|| Box::new(not_found(key)))?
-            .clone();
-        if let Some(rv) = rv_of(&object)
-            && Some(rv) != rv_of(&current)
-        {
-            return Err(Box::new(conflict(key, STALE)));
-        }
+        let current = self.current_unless_stale(key, &object)?;
         let next = self.merge_part(key, part, &current, object);
         Ok(self.write_if_changed(key, &current, next))
     }
@@ -333,16 +340,7 @@ impl Store {
         part: Part,
         patch: &Value,
     ) -> Result<Value, Box<Status>> {
-        let current = self
-            .objects
-            .get(key)
-            .ok_or_else(|| Box::new(not_found(key)))?
-            .clone();
-        if let Some(rv) = rv_of(patch)
-            && Some(rv) != rv_of(&current)
-        {
-            return Err(Box::new(conflict(key, STALE)));
-        }
+        let current = self.current_unless_stale(key, patch)?;
         let mut patched = current.clone();
         super::patch::merge(&mut patched, patch);
         let next = self.merge_part(key, part, &current, patched);
