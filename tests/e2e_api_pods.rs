@@ -76,11 +76,10 @@ fn rolled_out(d: &Deployment, replicas: i32) -> bool {
     let (Some(status), Some(generation)) = (d.status.as_ref(), d.metadata.generation) else {
         return false;
     };
-    let available = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Available" && c.status == "True");
+    let available =
+        status.conditions.iter().flatten().any(|c| {
+            c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True")
+        });
     status.observed_generation >= Some(generation)
         && status.replicas.unwrap_or(0) == replicas
         && status.updated_replicas.unwrap_or(0) == replicas

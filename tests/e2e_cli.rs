@@ -281,7 +281,7 @@ fn deckhand_version_names_itself_and_its_api_level() {
         v["kubeletVersion"]
             .as_str()
             .unwrap()
-            .starts_with("v1.33.0+deckhand-")
+            .starts_with("v1.37.0+deckhand-")
     );
     let (code, out, _) = deckhand(&["version"]);
     assert_eq!(code, 0);

@@ -139,7 +139,7 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
         ("linux", "amd64")
     );
     assert!(
-        info.kubelet_version.starts_with("v1.33.0+deckhand-"),
+        info.kubelet_version.starts_with("v1.37.0+deckhand-"),
         "{}",
         info.kubelet_version
     );

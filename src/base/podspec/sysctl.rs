@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-/// Sysctls every pod may set (upstream's list for 1.33). All are namespaced in the network or
+/// Sysctls every pod may set (upstream's list as of 1.33). All are namespaced in the network or
 /// IPC namespace and affect only the pod that sets them. Upstream drops a few from the list on
 /// kernels older than 4.x where they were not yet namespaced; Deckhand needs a newer kernel for
 /// cgroup v2 anyway, so the list is fixed.

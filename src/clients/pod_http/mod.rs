@@ -530,7 +530,7 @@ mod tests {
     }
 
     /// The User-Agent the tests' requests default to (a probe's).
-    const AGENT: &str = "kube-probe/1.33";
+    const AGENT: &str = "kube-probe/1.37";
 
     fn probe(port: u16, path: &str, headers: Vec<(&str, &str)>) -> HttpGet {
         let headers = headers
@@ -610,7 +610,7 @@ mod tests {
         );
         let seen = seen.lock().unwrap();
         let plain = &seen[0].1;
-        assert_eq!(plain[USER_AGENT], "kube-probe/1.33");
+        assert_eq!(plain[USER_AGENT], "kube-probe/1.37");
         assert_eq!(plain[ACCEPT], "*/*");
         assert_eq!(plain[HOST], format!("127.0.0.1:{port}").as_str());
         assert_eq!(plain[CONNECTION], "close");
@@ -623,7 +623,7 @@ mod tests {
         assert_eq!(values, ["a", "b"]);
         assert_eq!(custom[HOST], "example.test");
         assert!(custom.get(ACCEPT).is_none(), "an empty Accept removes it");
-        assert_eq!(custom[USER_AGENT], "kube-probe/1.33");
+        assert_eq!(custom[USER_AGENT], "kube-probe/1.37");
         let own = &seen[2].1;
         assert_eq!(own[USER_AGENT], "mine");
         assert_eq!(own[ACCEPT], "text/plain");

@@ -86,7 +86,7 @@ impl KubeReviewer {
 pub(crate) fn token_review(token: &str) -> TokenReview {
     TokenReview {
         spec: TokenReviewSpec {
-            token: Some(token.to_string()),
+            token: token.to_string(),
             audiences: None,
         },
         ..Default::default()
@@ -369,7 +369,7 @@ mod tests {
         assert_eq!(a.name.as_deref(), Some("n1"));
         assert_eq!(a.version.as_deref(), Some("v1"));
         assert_eq!(a.group.as_deref(), Some(""));
-        assert_eq!(token_review("t").spec.token.as_deref(), Some("t"));
+        assert_eq!(token_review("t").spec.token, "t");
     }
 
     /// The real reviewer on a fake API server that allows every SubjectAccessReview and
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(alice.extra["scopes"], ["a"]);
         assert_eq!(reviewer.review_token("bad").await.unwrap(), None);
         let sent: Vec<TokenReview> = fake.requests().iter().filter_map(|r| r.body_as()).collect();
-        assert_eq!(sent[0].spec.token.as_deref(), Some("good"));
+        assert_eq!(sent[0].spec.token, "good");
         assert_eq!(sent[0].spec.audiences, None);
         let ask = |subresource: &str| AccessQuestion {
             subresource: subresource.into(),

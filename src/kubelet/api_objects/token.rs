@@ -116,8 +116,8 @@ impl TokenManager {
             return Ok(issued.token.clone());
         }
         let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: want.audience.iter().cloned().collect(),
+            spec: Some(TokenRequestSpec {
+                audiences: Some(want.audience.iter().cloned().collect()),
                 expiration_seconds: Some(want.expiration_seconds),
                 bound_object_ref: Some(BoundObjectReference {
                     api_version: Some("v1".into()),
@@ -125,7 +125,8 @@ impl TokenManager {
                     name: Some(key.pod_name.clone()),
                     uid: Some(key.pod_uid.clone()),
                 }),
-            },
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let answer = self
@@ -183,17 +184,16 @@ impl TokenManager {
 /// The token, its expiry and the lifetime granted, from the API server's answer.
 fn issued_from(tr: &TokenRequest, want: &TokenWant) -> Option<Issued> {
     let status = tr.status.as_ref()?;
-    if status.token.is_empty() {
-        return None;
-    }
-    let expires_unix = status.expiration_timestamp.0.as_second();
+    let token = status.token.as_ref().filter(|t| !t.is_empty())?;
+    let expires_unix = status.expiration_timestamp.as_ref()?.0.as_second();
     let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(expires_unix).ok()?);
     let seconds = tr
         .spec
-        .expiration_seconds
+        .as_ref()
+        .and_then(|spec| spec.expiration_seconds)
         .unwrap_or(want.expiration_seconds);
     Some(Issued {
-        token: status.token.clone(),
+        token: token.clone(),
         expires,
         lifetime: Duration::from_secs(u64::try_from(seconds).unwrap_or(0)),
     })
@@ -296,12 +296,16 @@ mod manager_tests {
         fake.respond(Rule::new("create", "serviceaccounts/token"), move |r| {
             let mut request: TokenRequest = r.body_as()?;
             let n = issued.fetch_add(1, Ordering::SeqCst) + 1;
-            let asked = request.spec.expiration_seconds.unwrap_or(3600);
+            let asked = request
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.expiration_seconds)
+                .unwrap_or(3600);
             let seconds = lifetime.lock().unwrap().unwrap_or(asked);
             let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
             request.status = Some(TokenRequestStatus {
-                token: format!("token-{n}"),
-                expiration_timestamp: Time(expires),
+                token: Some(format!("token-{n}")),
+                expiration_timestamp: Some(Time(expires)),
             });
             Some(Reply::Object(serde_json::to_value(request).ok()?))
         });
@@ -334,8 +338,8 @@ mod manager_tests {
         assert_eq!(tokens.get(&pod(), &want(3600)).await.unwrap(), "token-1");
         let sent = token_requests(&api);
         assert_eq!(sent.len(), 1);
-        let spec = &sent[0].spec;
-        assert_eq!(spec.audiences, ["vault"]);
+        let spec = sent[0].spec.as_ref().unwrap();
+        assert_eq!(spec.audiences.as_deref(), Some(&["vault".to_string()][..]));
         assert_eq!(spec.expiration_seconds, Some(3600));
         let bound = spec.bound_object_ref.as_ref().unwrap();
         assert_eq!(

@@ -17,9 +17,9 @@ use super::facts::MachineFacts;
 
 /// The version the node agent reports as `kubeletVersion`: the Kubernetes API level it is
 /// built against, with Deckhand's own version as semver build metadata (the form other
-/// distributions use, e.g. `v1.33.0+k3s1`), so version-skew checks read the API level.
+/// distributions use, e.g. `v1.37.0+k3s1`), so version-skew checks read the API level.
 pub(crate) fn kubelet_version() -> String {
-    format!("v1.33.0+deckhand-{}", env!("CARGO_PKG_VERSION"))
+    format!("v1.37.0+deckhand-{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// What the runtime said when last asked.
@@ -191,6 +191,7 @@ pub(crate) fn compute_node_status(
             machine_id: snap.machine.machine_id.clone(),
             operating_system: "linux".into(),
             os_image: snap.machine.os_image.clone(),
+            running_in_user_namespace: None,
             swap: None,
             system_uuid: snap.machine.system_uuid.clone(),
         }),
@@ -587,7 +588,7 @@ mod tests {
         assert_eq!(info.container_runtime_version, "containerd://1.6.20");
         assert_eq!(info.operating_system, "linux");
         assert_eq!(info.boot_id, "b1");
-        assert!(info.kubelet_version.starts_with("v1.33.0+deckhand-"));
+        assert!(info.kubelet_version.starts_with("v1.37.0+deckhand-"));
         assert_eq!(
             s.daemon_endpoints
                 .as_ref()

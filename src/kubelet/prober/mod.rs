@@ -29,7 +29,7 @@ pub mod health_proto {
 
 /// The User-Agent of HTTP and gRPC probes, as upstream sends it (`kube-probe/<major>.<minor>`
 /// of the Kubernetes version the agent implements).
-pub const PROBE_USER_AGENT: &str = "kube-probe/1.33";
+pub const PROBE_USER_AGENT: &str = "kube-probe/1.37";
 
 /// What the probes say about one container's current instance. `None` = no such probe.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::clients::cri::{CriError, RuntimeService};
 use crate::clients::pod_http::{HttpError, HttpGet, Verdict};
 
 /// Upstream's User-Agent for lifecycle hook requests.
-const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
+const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.37";
 
 /// Which hook is running, for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,9 +265,9 @@ mod tests {
         assert_eq!(
             *seen.lock().unwrap(),
             [
-                "kube-lifecycle/1.33",
-                "kube-lifecycle/1.33",
-                "kube-lifecycle/1.33",
+                "kube-lifecycle/1.37",
+                "kube-lifecycle/1.37",
+                "kube-lifecycle/1.37",
                 "mine/1"
             ]
         );

@@ -232,6 +232,7 @@ mod tests {
             }),
             mode,
             resource_field_ref: None,
+            user: None,
         };
         let mut payload = Payload::new();
         let mut errors = Vec::new();

@@ -182,6 +182,7 @@ mod tests {
         EmptyDirVolumeSource {
             medium: Some("Memory".into()),
             size_limit: size.map(|s| Quantity(s.into())),
+            ..Default::default()
         }
     }
 

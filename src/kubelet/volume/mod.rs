@@ -475,6 +475,7 @@ impl VolumeManager {
                 let memory = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
                     medium: Some("Memory".into()),
                     size_limit: None,
+                    mode: None,
                 };
                 let size = empty_dir::memory_size(&memory, pod, self.node_memory_bytes);
                 let table = mount_table()?;

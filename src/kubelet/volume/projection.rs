@@ -129,6 +129,7 @@ mod tests {
             key: key.into(),
             path: path.into(),
             mode,
+            user: None,
         }
     }
 

@@ -40,6 +40,7 @@ fn empty_dir(name: &str, medium: Option<&str>, size: Option<&str>) -> Volume {
         empty_dir: Some(EmptyDirVolumeSource {
             medium: medium.map(str::to_string),
             size_limit: size.map(|s| Quantity(s.into())),
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -73,6 +74,7 @@ fn downward(name: &str, items: Vec<DownwardAPIVolumeFile>) -> Volume {
         downward_api: Some(DownwardAPIVolumeSource {
             items: Some(items),
             default_mode: None,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -243,6 +245,7 @@ fn setup_errors_use_upstream_wording() {
         projected: Some(ProjectedVolumeSource {
             sources: Some(vec![source]),
             default_mode: None,
+            ..Default::default()
         }),
         ..Default::default()
     };
@@ -309,6 +312,7 @@ fn projected_downward_sources_with_modes_and_resources() {
         vec![Volume {
             name: "p".into(),
             projected: Some(ProjectedVolumeSource {
+                default_user: None,
                 default_mode: Some(0o440),
                 sources: Some(vec![VolumeProjection {
                     downward_api: Some(DownwardAPIProjection {
@@ -835,6 +839,7 @@ fn fs_group_owns_empty_dir_and_downward_api_but_not_host_path() {
                         },
                     ]),
                     default_mode: None,
+                    ..Default::default()
                 }),
                 ..Default::default()
             },

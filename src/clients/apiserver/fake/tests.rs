@@ -425,7 +425,7 @@ async fn responders_compute_answers_and_creates_of_reviews_and_tokens_have_defau
     );
     fake.respond(Rule::new("create", "tokenreviews"), |r| {
         let mut review: TokenReview = r.body_as()?;
-        let good = review.spec.token.as_deref() == Some("good");
+        let good = review.spec.token == "good";
         review.status = Some(serde_json::from_value(json!({"authenticated": good})).unwrap());
         Some(Reply::Object(serde_json::to_value(review).unwrap()))
     });
@@ -444,7 +444,7 @@ async fn responders_compute_answers_and_creates_of_reviews_and_tokens_have_defau
         .create_token_request("default", &PostParams::default(), &request)
         .await
         .unwrap();
-    assert_eq!(token.status.unwrap().token, "fake-token-1");
+    assert_eq!(token.status.unwrap().token.as_deref(), Some("fake-token-1"));
     let last = fake.requests().pop().unwrap();
     assert_eq!(last.describe(), "create serviceaccounts/token ns/default");
 

@@ -191,7 +191,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(
-            agents.lock().unwrap()[0].starts_with("kube-probe/1.33"),
+            agents.lock().unwrap()[0].starts_with("kube-probe/1.37"),
             "{:?}",
             agents.lock().unwrap()
         );

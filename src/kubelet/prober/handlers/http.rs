@@ -52,7 +52,7 @@ mod tests {
     use super::*;
 
     /// A probe's outcomes are the client's verdicts, in the same words, and its requests say
-    /// `kube-probe/1.33` unless the probe sets a User-Agent.
+    /// `kube-probe/1.37` unless the probe sets a User-Agent.
     #[tokio::test]
     async fn outcomes_and_user_agent() {
         let (port, seen) = crate::clients::pod_http::user_agent_server::start().await;
@@ -81,9 +81,9 @@ mod tests {
         assert_eq!(
             *seen.lock().unwrap(),
             [
-                "kube-probe/1.33",
-                "kube-probe/1.33",
-                "kube-probe/1.33",
+                "kube-probe/1.37",
+                "kube-probe/1.37",
+                "kube-probe/1.37",
                 "mine/1"
             ]
         );
