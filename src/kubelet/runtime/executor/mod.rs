@@ -980,6 +980,9 @@ mod cgroup_tests {
 }
 
 #[cfg(test)]
+mod pod_api_tests;
+
+#[cfg(test)]
 mod replace_tests {
     use std::collections::HashMap;
     use std::sync::Arc;

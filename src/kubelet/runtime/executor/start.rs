@@ -378,7 +378,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         self.post_start(pod, container, &id, pod_ip).await
     }
 
-    /// runAsNonRoot is checked against the user the image runs as, as upstream does.
+    /// runAsNonRoot is checked against the user the container runs as, as upstream does: an
+    /// explicit `runAsUser` (0 is refused without looking at the image), else the image's.
     async fn check_run_as_non_root(
         &self,
         pod: &Pod,
@@ -386,7 +387,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         seen: Option<Image>,
     ) -> Result<(), WaitingReason> {
         if !translate::needs_image_user(pod, container) {
-            return Ok(());
+            return translate::verify_run_as_non_root(pod, container, None, "")
+                .map_err(|e| config_error(e.to_string()));
         }
         let image = container.image.clone().unwrap_or_default();
         let found = match seen {
