@@ -2,6 +2,7 @@
 //! `/etc/hosts`, each container's termination-message file, and the crash-loop back-off state
 //! (`backoff.json`), which lets a restarted agent continue a back-off instead of restarting it.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -62,6 +63,10 @@ pub(crate) fn prepare_container_files(
     std::fs::create_dir_all(&term_dir).map_err(err(&term_dir))?;
     let termination_log = term_dir.join(restart_count.to_string());
     std::fs::write(&termination_log, b"").map_err(err(&termination_log))?;
+    // Writable by whatever user the container runs as (upstream makes it 0666 whatever the
+    // umask): a non-root process must be able to leave its termination message.
+    std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666))
+        .map_err(err(&termination_log))?;
     Ok(ContainerFiles {
         hosts,
         termination_log,
@@ -124,6 +129,11 @@ mod tests {
         assert!(hosts.contains("10.0.0.7"), "{hosts}");
         assert_eq!(files.termination_log, dir.path().join("containers/app/3"));
         assert_eq!(std::fs::read(&files.termination_log).unwrap(), b"");
+        let mode = std::fs::metadata(&files.termination_log)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o666, "writable by a non-root container user");
 
         let policy = BackoffPolicy::default();
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_100);
