@@ -45,6 +45,9 @@ pub(crate) fn pod_hostname_and_domain(
     cluster_domain: Option<&str>,
 ) -> (String, Option<String>) {
     let spec = pod.spec.as_ref();
+    if let Some(hostname) = hostname_override(pod) {
+        return (truncate_hostname(hostname), None);
+    }
     let name = pod.metadata.name.as_deref().unwrap_or("");
     let hostname = spec
         .and_then(|s| s.hostname.as_deref())
@@ -59,6 +62,17 @@ pub(crate) fn pod_hostname_and_domain(
             format!("{sub}.{ns}.svc.{}", cluster_domain.unwrap_or(""))
         });
     (hostname, domain)
+}
+
+/// `spec.hostnameOverride` when set: the pod's whole hostname, with no domain, whatever its
+/// `hostname` and `subdomain` say (upstream's `GeneratePodHostNameAndDomain`; the
+/// `HostnameOverride` gate is on by default since 1.35, and the API server refuses it together
+/// with `setHostnameAsFQDN` or `hostNetwork`, and when it is not a DNS subdomain).
+pub(crate) fn hostname_override(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.hostname_override.as_deref())
+        .filter(|h| !h.is_empty())
 }
 
 /// Hostnames are DNS labels: at most 63 characters, not ending in `-` or `.`.
@@ -154,6 +168,18 @@ mod tests {
                 Some("10.88.0.5"),
                 None,
                 format!("{HEADER}10.88.0.5\t{}\n", "x".repeat(62)),
+            ),
+            (
+                "hostnameOverride: the whole name, no domain, over hostname and subdomain",
+                {
+                    let mut p = pod(Some("h"), Some("svc1"), None);
+                    p.spec.as_mut().unwrap().hostname_override =
+                        Some("override.example.host".into());
+                    p
+                },
+                Some("10.88.0.5"),
+                Some("cluster.local"),
+                format!("{HEADER}10.88.0.5\toverride.example.host\n"),
             ),
             (
                 "aliases",

@@ -38,14 +38,16 @@ pub(crate) struct SandboxContext {
 /// Maximum hostname length (a DNS label).
 const MAX_HOSTNAME_LEN: usize = 63;
 
-/// The hostname a pod sees: `spec.hostname`, else the pod name, cut to 63 characters with
+/// The hostname a pod sees: `spec.hostnameOverride`, else `spec.hostname`, else the pod name, cut to 63 characters with
 /// trailing `-`/`.` removed so it stays a valid DNS label.
 pub(crate) fn pod_hostname(pod: &Pod) -> String {
-    let raw = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.hostname.as_deref())
-        .filter(|h| !h.is_empty())
+    let raw = crate::kubelet::runtime::hosts::hostname_override(pod)
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.hostname.as_deref())
+                .filter(|h| !h.is_empty())
+        })
         .or(pod.metadata.name.as_deref())
         .unwrap_or("");
     let mut cut: &str = raw;
@@ -471,6 +473,12 @@ mod tests {
         let mut pod = web_pod();
         pod.spec.as_mut().unwrap().hostname = Some("custom".into());
         assert_eq!(pod_hostname(&pod), "custom");
+        pod.spec.as_mut().unwrap().hostname_override = Some("override.example.host".into());
+        assert_eq!(pod_hostname(&pod), "override.example.host");
+        assert_eq!(
+            pod_sandbox_config(&pod, &ctx(), 0).unwrap().hostname,
+            "override.example.host"
+        );
 
         let mut long = web_pod();
         long.metadata.name = Some(format!("{}-.x", "a".repeat(61)));
