@@ -8,7 +8,7 @@
 //! [`crate::kubelet::admission`] against the pods admitted before it, and a refused one never reaches a
 //! worker; [`Refusals`] tells the rest of the agent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -257,6 +257,8 @@ pub(crate) struct SyncLoop<R> {
     control: Option<mpsc::UnboundedReceiver<Control>>,
     /// While the node shuts down, new pods are refused (upstream's shutdown admit handler).
     shutdown: ShutdownStatus,
+    /// Pods being stopped for passing their `activeDeadlineSeconds`.
+    past_deadline: HashSet<String>,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -308,6 +310,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             evicting: HashMap::new(),
             control: None,
             shutdown: ShutdownStatus::default(),
+            past_deadline: HashSet::new(),
         }
     }
 
@@ -650,6 +653,57 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         }
     }
 
+    /// Stops, in place, each running pod past its `activeDeadlineSeconds` (counted from its
+    /// start time), which ends Failed with upstream's `DeadlineExceeded` reason and message and
+    /// a Normal event; it is looked for on every tick because the deadline may be set or
+    /// lowered on a running pod.
+    pub(crate) fn enforce_active_deadlines(&mut self) {
+        use crate::base::podspec::active_deadline::{MESSAGE, REASON, past_active_deadline};
+        self.past_deadline
+            .retain(|uid| self.desired.contains_key(uid));
+        let now = clock::now();
+        let finished = self.admission.states.finished();
+        let due: Vec<Arc<Pod>> = self
+            .desired
+            .iter()
+            .filter(|(uid, _)| !finished.contains(*uid) && !self.past_deadline.contains(*uid))
+            .filter(|(uid, pod)| {
+                let start = self
+                    .admission
+                    .states
+                    .status(uid)
+                    .and_then(|s| s.start_time)
+                    .or_else(|| pod.status.as_ref().and_then(|s| s.start_time.clone()))
+                    .map(|t| std::time::SystemTime::from(t.0));
+                past_active_deadline(pod, start, now)
+            })
+            .map(|(_, pod)| pod.clone())
+            .collect();
+        for pod in due {
+            let uid = uid_of(&pod);
+            self.past_deadline.insert(uid.clone());
+            self.admission
+                .refusals
+                .events
+                .pod(&pod, EventType::Normal, REASON, MESSAGE);
+            let grace = crate::kubelet::runtime::executor::grace_period(Some(&pod), None);
+            tracing::info!(pod = %full_name(&pod), pod_uid = %uid, grace, "the pod is past its active deadline; stopping it");
+            self.workers.dispatch(
+                &uid,
+                Work::Kill(Kill {
+                    pod,
+                    grace,
+                    outcome: FinalStatus {
+                        reason: REASON.into(),
+                        message: MESSAGE.into(),
+                        disruption_reason: None,
+                    },
+                    done: CancellationToken::new(),
+                }),
+            );
+        }
+    }
+
     /// Tears down what runs in the runtime for pods no source has, once every source has
     /// spoken (before that, a missing pod may just not have been read yet).
     pub(crate) fn housekeeping(&mut self) {
@@ -698,7 +752,10 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 Some(changes) = config.recv() => self.handle_changes(changes),
                 uids = pokes.take() => for uid in uids { self.workers.poke(&uid) },
                 Some(uid) = done.recv() => self.handle_done(&uid),
-                _ = housekeeping.tick() => self.housekeeping(),
+                _ = housekeeping.tick() => {
+                    self.enforce_active_deadlines();
+                    self.housekeeping();
+                }
                 Some(req) = next_eviction(&mut evictions) => self.evict(req),
             }
         }
@@ -1247,6 +1304,56 @@ mod tests {
         sl.handle_changes(vec![PodChange::Update(p)]);
         assert!(!sl.workers.has("uid-del"));
         assert_eq!(parts.rt.count("RunPodSandbox"), 0);
+        parts.cancel.cancel();
+    }
+
+    /// `activeDeadlineSeconds` set on a running pod (an update, as the API server allows):
+    /// once the deadline passes, counted from the pod's start time, the pod is stopped in
+    /// place and ends Failed with upstream's reason and message, and is not started again.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_past_an_active_deadline_set_while_it_runs_is_stopped_and_failed() {
+        let (mut sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        clock::set_wall(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        let p = add_started(&mut sl, &parts, "uid-d").await;
+        eventually("a start time", || async {
+            sl.admission
+                .states
+                .status("uid-d")
+                .is_some_and(|s| s.start_time.is_some())
+        })
+        .await;
+        sl.enforce_active_deadlines();
+        let mut with_deadline = (*p).clone();
+        with_deadline.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+        sl.handle_changes(vec![PodChange::Update(Arc::new(with_deadline))]);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        sl.enforce_active_deadlines();
+        assert_eq!(parts.rt.count("StopContainer"), 0, "not yet past it");
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        sl.enforce_active_deadlines();
+        eventually("the pod Failed", || async {
+            sl.admission
+                .states
+                .status("uid-d")
+                .is_some_and(|s| s.phase.as_deref() == Some("Failed"))
+        })
+        .await;
+        let status = sl.admission.states.status("uid-d").unwrap();
+        assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was active on the node longer than the specified deadline")
+        );
+        assert_eq!(
+            parts.rt.stop_timeouts(),
+            vec![30],
+            "the pod's own grace period"
+        );
+        sl.enforce_active_deadlines();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(parts.rt.count("StopContainer"), 1, "stopped once");
+        assert_eq!(parts.rt.count("StartContainer"), 1, "not started again");
         parts.cancel.cancel();
     }
 }

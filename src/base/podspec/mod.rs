@@ -3,6 +3,7 @@
 //! label rules. Several layers ask (the runtime manager, status, probes, volumes, cgroups,
 //! admission, eviction); it depends on nothing else of Deckhand, so any of them can.
 
+pub(crate) mod active_deadline;
 pub(crate) mod apparmor;
 pub(crate) mod expand;
 pub(crate) mod item_path;
