@@ -222,13 +222,20 @@ fn executor(
         executor = executor.with_cgroups(cgroups.clone());
     }
     if let Some(api) = &agent.api {
+        use crate::kubelet::api_objects::services::{ServiceView, watch};
         use crate::kubelet::api_objects::{ApiObjects, KubeObjectApi};
         let objects = KubeObjectApi::new(api.watch.clone(), api.general.clone());
-        executor = executor.with_api_objects(ApiObjects::new(
-            Arc::new(objects),
-            pokes.clone(),
+        // The Services, for the service environment variables of every container.
+        let services = ServiceView::default();
+        agent.tracker.spawn(watch(
+            services.clone(),
+            api.watch.clone(),
             agent.cancel.clone(),
         ));
+        executor = executor.with_api_objects(
+            ApiObjects::new(Arc::new(objects), pokes.clone(), agent.cancel.clone())
+                .with_services(services),
+        );
     }
     executor
 }

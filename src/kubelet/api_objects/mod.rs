@@ -20,6 +20,7 @@
 pub(crate) mod api;
 pub(crate) mod cache;
 pub(crate) mod refs;
+pub(crate) mod services;
 #[cfg(test)]
 pub(crate) mod testing;
 pub(crate) mod token;
@@ -117,6 +118,9 @@ pub(crate) enum ObjectError {
     },
     #[error("object {namespace:?}/{name:?} not registered")]
     NotRegistered { namespace: String, name: String },
+    /// The Services have not been listed once, so the service variables cannot be had.
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotSynced,
 }
 
 fn last_problem(last: &Option<String>) -> String {
@@ -148,6 +152,9 @@ pub(crate) struct PodObjects {
     pub config_maps: BTreeMap<String, Result<Arc<ConfigMap>, ObjectError>>,
     pub secrets: BTreeMap<String, Result<Arc<Secret>, ObjectError>>,
     pub tokens: BTreeMap<TokenSlot, Result<String, TokenError>>,
+    /// The service variables every container gets ([`services`]): none without an API
+    /// server (`None`), an error until the Services have been listed once.
+    pub service_env: Option<Result<BTreeMap<String, String>, ObjectError>>,
 }
 
 impl PodObjects {
@@ -213,6 +220,7 @@ impl PodObjects {
 pub(crate) struct ApiObjects {
     cache: ObjectCache,
     tokens: TokenManager,
+    services: Option<services::ServiceView>,
 }
 
 impl ApiObjects {
@@ -222,7 +230,14 @@ impl ApiObjects {
         ApiObjects {
             cache: ObjectCache::new(api.clone(), pokes, cancel),
             tokens: TokenManager::new(api),
+            services: None,
         }
+    }
+
+    /// Gives each pod the variables of the Services in `view`.
+    pub(crate) fn with_services(mut self, view: services::ServiceView) -> Self {
+        self.services = Some(view);
+        self
     }
 
     #[cfg(test)]
@@ -264,6 +279,9 @@ impl ApiObjects {
                     out.secrets.insert(key.name, secret);
                 }
             }
+        }
+        if let Some(view) = &self.services {
+            out.service_env = Some(view.env_for(pod).ok_or(ObjectError::ServicesNotSynced));
         }
         for (slot, want) in refs::token_requests(pod) {
             let token = self.tokens.get(pod, &want).await;

@@ -950,6 +950,7 @@ fn api_objects(app_conf: &str) -> PodObjects {
             },
             Ok("eyJhbGciOi.token".to_string()),
         )]),
+        service_env: None,
     }
 }
 

@@ -88,6 +88,11 @@ pub(crate) fn container_env_with(
         check_standalone_env_from(container)?;
     }
     let namespace = crate::base::podspec::pod::namespace(pod);
+    let services = match &objects.service_env {
+        Some(Ok(env)) => Some(env),
+        Some(Err(e)) => return Err(e.clone().into()),
+        None => None,
+    };
     let mut ordered: Vec<(String, String)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut skipped = Vec::new();
@@ -138,7 +143,9 @@ pub(crate) fn container_env_with(
         let value = match &var.value_from {
             None => {
                 let raw = var.value.as_deref().unwrap_or("");
-                expand(raw, |name| index_of(&ordered, name))
+                expand(raw, |name| {
+                    index_of(&ordered, name).or_else(|| services?.get(name).cloned())
+                })
             }
             Some(from) => {
                 let unsupported = |kind: &'static str| TranslateError::UnsupportedEnvSource {
@@ -194,6 +201,13 @@ pub(crate) fn container_env_with(
             }
         };
         set(&mut ordered, var.name.clone(), value);
+    }
+    // The service variables come last, each unless the container defines it (upstream's
+    // order; `$(VAR)` above may refer to them).
+    for (name, value) in services.into_iter().flatten() {
+        if index_of(&ordered, name).is_none() {
+            ordered.push((name.clone(), value.clone()));
+        }
     }
     Ok(ResolvedEnv {
         vars: ordered,
@@ -834,7 +848,48 @@ mod tests {
                 })),
             )]),
             tokens: BTreeMap::new(),
+            service_env: None,
         }
+    }
+
+    /// The service variables come after the container's own, which win over them, and
+    /// `$(VAR)` sees them; until the Services are listed the container cannot be made.
+    #[test]
+    fn service_variables_follow_the_containers_own() {
+        use crate::kubelet::api_objects::ObjectError;
+        let mut with_services = objects();
+        with_services.service_env = Some(Ok(BTreeMap::from([
+            (
+                "KUBERNETES_SERVICE_HOST".to_string(),
+                "10.0.0.1".to_string(),
+            ),
+            ("MY_SVC_SERVICE_HOST".to_string(), "10.0.0.3".to_string()),
+        ])));
+        let container = c(serde_json::json!({"env": [
+            {"name": "URL", "value": "https://$(KUBERNETES_SERVICE_HOST)"},
+            {"name": "MY_SVC_SERVICE_HOST", "value": "mine"}
+        ]}));
+        let got = container_env_with(&test_pod(), &container, &ctx(), &with_services).unwrap();
+        let vars: Vec<(&str, &str)> = got
+            .vars
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            vars,
+            [
+                ("URL", "https://10.0.0.1"),
+                ("MY_SVC_SERVICE_HOST", "mine"),
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ]
+        );
+        let mut not_listed = objects();
+        not_listed.service_env = Some(Err(ObjectError::ServicesNotSynced));
+        let err = container_env_with(&test_pod(), &container, &ctx(), &not_listed).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "services have not yet been read at least once, cannot construct envvars"
+        );
     }
 
     fn from_api(container: &Container) -> Result<ResolvedEnv, TranslateError> {
