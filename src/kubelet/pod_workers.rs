@@ -723,6 +723,7 @@ async fn run_terminate<R: RuntimeService + ImageService>(
     deps: &WorkerDeps<R>,
     cancel: &CancellationToken,
 ) -> Option<Event> {
+    let previous = deps.states.status(uid);
     deps.states.forget(uid);
     deps.prober.remove_pod(uid);
     let name = pod
@@ -732,16 +733,21 @@ async fn run_terminate<R: RuntimeService + ImageService>(
     let span = tracing::info_span!("terminate", pod = %name);
     let started = clock::instant();
     let teardown = Box::pin(
-        deps.executor
-            .terminate_pod(uid, pod.as_deref(), grace_override)
-            .instrument(span),
+        async {
+            let last = last_status(uid, pod.as_deref(), grace_override, previous, deps).await;
+            deps.executor
+                .terminate_pod(uid, pod.as_deref(), grace_override)
+                .await
+                .map(|()| last)
+        }
+        .instrument(span),
     );
     let result = tokio::select! {
         _ = cancel.cancelled() => return None,
         r = AssertUnwindSafe(teardown).catch_unwind() => r,
     };
     Some(match result {
-        Ok(Ok(())) => {
+        Ok(Ok(last)) => {
             tracing::info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "pod terminated and removed"
@@ -751,7 +757,7 @@ async fn run_terminate<R: RuntimeService + ImageService>(
                 .observe(&["terminated"], started.elapsed().as_secs_f64());
             deps.runtime_cache.update_pod(uid, ObservedPod::default());
             if let (Some(sync), Some(pod)) = (&deps.status_sync, pod) {
-                sync.torn_down(pod);
+                sync.torn_down_with(pod, last);
             }
             if let Some(mirrors) = &deps.mirror_pods {
                 mirrors.torn_down(uid);
@@ -768,6 +774,51 @@ async fn run_terminate<R: RuntimeService + ImageService>(
             "tearing the pod down",
         )),
     })
+}
+
+/// For a pod the API server is deleting: stops it (preStop hooks within the grace period) and
+/// returns the status it ended with, its containers terminated with their exit codes and
+/// times, for the status writer to write before the deletion (upstream's
+/// `syncTerminatingPod`). None for other pods, for one with no container left, or when the
+/// stop fails (the teardown that follows retries it).
+async fn last_status<R: RuntimeService + ImageService>(
+    uid: &str,
+    pod: Option<&Pod>,
+    grace_override: Option<i64>,
+    previous: Option<k8s_openapi::api::core::v1::PodStatus>,
+    deps: &WorkerDeps<R>,
+) -> Option<k8s_openapi::api::core::v1::PodStatus> {
+    let pod = pod.filter(|p| {
+        deps.status_sync.is_some()
+            && p.metadata.deletion_timestamp.is_some()
+            && crate::kubelet::pod_status::api_writer::from_api(p)
+    })?;
+    let grace = crate::kubelet::runtime::executor::grace_period(Some(pod), grace_override);
+    let observed = match deps.executor.kill_pod(uid, pod, grace).await {
+        Ok(observed) => observed,
+        Err(err) => {
+            tracing::warn!(error = %err, "stopping the deleted pod failed; the teardown retries");
+            return None;
+        }
+    };
+    // Nothing of the pod is left (a second teardown, after the deletion's first): the status
+    // written then stands.
+    if observed.containers.is_empty() {
+        return None;
+    }
+    let no_probes = HashMap::new();
+    Some(compute_pod_status(
+        pod,
+        &observed,
+        &StatusInputs {
+            now: clock::now(),
+            host_ip: deps.host_ip.clone(),
+            waiting: &HashMap::new(),
+            previous: previous.as_ref(),
+            terminating: true,
+            probes: &no_probes,
+        },
+    ))
 }
 
 /// True once the pod runs with every container started: when upstream's start-up metrics

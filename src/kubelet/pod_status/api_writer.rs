@@ -57,8 +57,9 @@ pub(crate) struct StatusSync {
 
 /// Work other than status changes, in order.
 enum Request {
-    /// Delete the pod (it is torn down on the node).
-    Delete(Arc<Pod>),
+    /// Delete the pod (it is torn down on the node), after writing its last status, when
+    /// there is one (its containers as they ended).
+    Delete(Arc<Pod>, Option<Box<PodStatus>>),
     /// Mark the pod Failed: the node refused it.
     Refused {
         pod: Box<Pod>,
@@ -75,8 +76,15 @@ impl StatusSync {
 
     /// The pod has been torn down on the node; if the API server is deleting it, finish that.
     pub(crate) fn torn_down(&self, pod: Arc<Pod>) {
+        self.torn_down_with(pod, None);
+    }
+
+    /// [`StatusSync::torn_down`], with the status the pod ended with (its containers stopped,
+    /// before their removal), written before the deletion as upstream's status manager does:
+    /// a pod a finalizer holds shows its containers terminated, with their exit and time.
+    pub(crate) fn torn_down_with(&self, pod: Arc<Pod>, last: Option<PodStatus>) {
         if from_api(&pod) && pod.metadata.deletion_timestamp.is_some() {
-            let _ = self.requests.send(Request::Delete(pod));
+            let _ = self.requests.send(Request::Delete(pod, last.map(Box::new)));
         }
     }
 
@@ -211,7 +219,12 @@ impl Writer {
                     self.written(write, result);
                 }
                 Some(request) = requests.recv() => match request {
-                    Request::Delete(pod) => self.delete(&pod).await,
+                    Request::Delete(pod, last) => {
+                        if let Some(last) = last {
+                            self.write_last(&pod, &last).await;
+                        }
+                        self.delete(&pod).await
+                    }
                     Request::Refused { pod, reason, message } => self.refuse(&pod, reason, message).await,
                 }
             }
@@ -350,6 +363,30 @@ impl Writer {
         match patch_status(self.client.clone(), pod, patch).await {
             Ok(written) => self.view.note_written(written),
             Err(p) => self.problems.failed("writing a refused pod's status", &p),
+        }
+    }
+
+    /// Writes the status a deleted pod ended with, merged onto what the API server holds as
+    /// every write is.
+    async fn write_last(&mut self, pod: &Arc<Pod>, last: &PodStatus) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let target = self.view.get(&uid).unwrap_or_else(|| pod.clone());
+        let base = target.status.as_ref();
+        let merged = merge_status(pod, base, last, &clock::time());
+        let merged = serde_json::to_value(&merged).unwrap_or_default();
+        let base = base
+            .and_then(|b| serde_json::to_value(b).ok())
+            .unwrap_or_default();
+        let patch = status_patch(&base, &merged);
+        if patch.is_empty() {
+            return;
+        }
+        match patch_status(self.client.clone(), &target, Value::Object(patch)).await {
+            Ok(written) => self.view.note_written(written),
+            Err(p) if p.is(ProblemKind::NotFound) || p.is(ProblemKind::Conflict) => {}
+            Err(p) => self
+                .problems
+                .failed("writing a deleted pod's last status", &p),
         }
     }
 
@@ -1024,6 +1061,76 @@ mod tests {
         .await
         .expect("the fast pod's status was written");
         slow.release();
+        cancel.cancel();
+        writer.await.unwrap();
+    }
+
+    /// A pod the API server deletes is written its last status (its container terminated)
+    /// before the deletion, so a pod a finalizer holds shows how its containers ended
+    /// (upstream's `Lifecycle Sleep Hook` specs read `finishedAt` there). It used to be deleted
+    /// with the running status it had.
+    #[tokio::test]
+    async fn a_deleted_pod_gets_its_last_status_before_the_deletion() {
+        use crate::clients::apiserver::fake::{FakeApiServer, Rule};
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
+        let fake = FakeApiServer::new();
+        let mut pod = (*api_pod("gone")).clone();
+        pod.metadata.deletion_timestamp = Some(clock::time());
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        let pod = Arc::new(pod);
+        fake.apply(&*api_pod("gone"));
+        let view = ApiPodsView::default();
+        let cancel = CancellationToken::new();
+        let (sync, mut writer) = start(
+            fake.client(),
+            PodStates::default(),
+            view.clone(),
+            MirrorPods::new(view),
+            cancel.clone(),
+        );
+        let writer = tokio::spawn(writer());
+        let finished = Time("2026-01-02T03:04:05Z".parse().unwrap());
+        let last = PodStatus {
+            phase: Some("Succeeded".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 0,
+                        reason: Some("Completed".into()),
+                        finished_at: Some(finished.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        sync.torn_down_with(pod, Some(last));
+        let delete = Rule::new("delete", "pods").named("gone");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while fake.count(&delete) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the pod was deleted");
+        let verbs: Vec<String> = fake
+            .requests()
+            .iter()
+            .filter(|r| r.name.as_deref() == Some("gone"))
+            .map(|r| format!("{:?} {}", r.verb, r.path))
+            .collect();
+        assert_eq!(verbs.len(), 2, "{verbs:?}");
+        assert!(
+            verbs[0].ends_with("/pods/gone/status"),
+            "the status first: {verbs:?}"
+        );
+        assert!(
+            verbs[1].ends_with("/pods/gone"),
+            "then the deletion: {verbs:?}"
+        );
         cancel.cancel();
         writer.await.unwrap();
     }
