@@ -85,7 +85,7 @@ runtime_tools() {
     return 0
 }
 
-# write_config_v4: containerd 2's config in its current schema (version 4 since 2.3: the
+# write_config_v4: containerd 2's config in its current schema (version 4 in 2.4.2: the
 # server's sockets are plugins of their own; version 3 had split CRI into the cri.v1.images and
 # cri.v1.runtime plugins, the streaming server staying in grpc.v1.cri). Written in that schema,
 # not as an older one containerd would migrate at each start (and warn about). The settings are
