@@ -1,4 +1,8 @@
-//! End-to-end: the PLEG follows containerd's event stream, against a real containerd.
+//! End-to-end: the PLEG follows the runtime's event stream, against a real containerd.
+//!
+//! The source it should use depends on the runtime (CRI `Version`'s name): containerd's own
+//! event service on any containerd (1.6 has no CRI events; 2.x sends them only after it has
+//! deleted the task), CRI `GetContainerEvents` elsewhere.
 //!
 //! With the relist period raised to 60 s, only the events can explain a crash restarted and an
 //! init chain finished within seconds. The second test breaks the stream by restarting
@@ -11,6 +15,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Agent, BUSYBOX, OwnTestbed, http_get, wait_until};
+use deckhand::clients::cri::{CriClient, RuntimeService, parse_endpoint};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -22,6 +27,21 @@ async fn pleg_line(agent: &Agent) -> Option<String> {
     body.lines()
         .find(|l| l.contains("]pleg "))
         .map(str::to_string)
+}
+
+/// The `/healthz` words for the source the PLEG should follow on the runtime at `endpoint`.
+async fn expected_source(endpoint: &str) -> String {
+    let endpoint = parse_endpoint(endpoint).expect("a unix endpoint");
+    let client = CriClient::connect(&endpoint, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("the runtime at {endpoint:?} does not answer: {e}"));
+    let version = client.version().await.expect("CRI Version");
+    let source = if version.runtime_name == "containerd" {
+        "containerd"
+    } else {
+        "cri"
+    };
+    format!("events from {source} ")
 }
 
 /// One counter or gauge from `/metrics` (the first sample whose name and labels start so).
@@ -58,7 +78,18 @@ async fn with_a_60s_relist_a_crash_is_restarted_and_an_init_chain_proceeds_on_ev
             .filter(|l| l.contains("events from"))
     })
     .await;
-    assert!(line.contains("events from containerd"), "{line}");
+    let want = expected_source(&common::runtime_endpoint()).await;
+    assert!(line.contains(&want), "want {want:?}: {line}");
+    let source = want.trim_end().rsplit(' ').next().unwrap_or_default();
+    assert_eq!(
+        metric(
+            &agent,
+            &format!("deckhand_pleg_mode{{mode=\"events\",source=\"{source}\"}}")
+        )
+        .await,
+        Some(1.0),
+        "the metric names the source"
+    );
 
     let written = Instant::now();
     agent.write_manifest(
@@ -136,10 +167,9 @@ async fn when_containerd_restarts_the_relist_takes_over_and_events_resume() {
     agent.runtime = Some(endpoint.clone());
     agent.start();
     agent.wait_healthy(WAIT).await;
+    let want = expected_source(&endpoint).await;
     wait_until("the PLEG to follow events", WAIT, || async {
-        pleg_line(&agent)
-            .await
-            .filter(|l| l.contains("events from containerd"))
+        pleg_line(&agent).await.filter(|l| l.contains(&want))
     })
     .await;
 
@@ -160,9 +190,7 @@ async fn when_containerd_restarts_the_relist_takes_over_and_events_resume() {
 
     tb.up();
     wait_until("events to resume", WAIT, || async {
-        pleg_line(&agent)
-            .await
-            .filter(|l| l.contains("events from containerd"))
+        pleg_line(&agent).await.filter(|l| l.contains(&want))
     })
     .await;
     assert!(
@@ -200,12 +228,9 @@ spec:
     .await;
 
     // The agent's Drop removes pods through the suite's testbed; remove ours here.
-    let client = deckhand::clients::cri::CriClient::connect(
-        &deckhand::clients::cri::parse_endpoint(&endpoint).unwrap(),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let client = CriClient::connect(&parse_endpoint(&endpoint).unwrap(), Duration::from_secs(30))
+        .await
+        .unwrap();
     agent.kill();
     common::remove_node_pods(&client, &agent.node).await;
 }

@@ -209,9 +209,12 @@ async fn wait_pull_error(
     message
 }
 
+/// The registry's refusal in the runtime's words: containerd 1.6 (and 2.x with a wrong
+/// password) quotes the 401; containerd 2.x without any credentials says it had none to offer.
 fn unauthorized(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    m.contains("401") && m.contains("unauthorized")
+    (m.contains("401") && m.contains("unauthorized"))
+        || m.contains("authorization failed: no basic auth credentials")
 }
 
 #[tokio::test]

@@ -59,10 +59,11 @@ tb_lock() {
     flock -w 120 9 || die "timed out waiting for the lock on $TB_LOCK (another up/down running?)"
 }
 
-# env_write: record bridge/subnet/network name in DIR/testbed.env (KEY=VALUE lines).
+# env_write: record bridge/subnet/network name and the runtime (2 or 1.6, and the dirs of its
+# programs, empty for the packaged 1.6) in DIR/testbed.env (KEY=VALUE lines).
 env_write() {
-    printf 'BRIDGE=%s\nSUBNET=%s\nNETNAME=%s\nSOCKET=%s\n' \
-        "$BRIDGE" "$SUBNET" "$NETNAME" "$TB_SOCK" >"$TB_ENV.tmp"
+    printf 'BRIDGE=%s\nSUBNET=%s\nNETNAME=%s\nSOCKET=%s\nRUNTIME=%s\nRUNTIME_PATH=%s\n' \
+        "$BRIDGE" "$SUBNET" "$NETNAME" "$TB_SOCK" "${RUNTIME:-1.6}" "${RUNTIME_PATH:-}" >"$TB_ENV.tmp"
     mv "$TB_ENV.tmp" "$TB_ENV"
 }
 
@@ -76,6 +77,8 @@ env_read() {
             BRIDGE) BRIDGE=$value ;;
             SUBNET) SUBNET=$value ;;
             NETNAME) NETNAME=$value ;;
+            RUNTIME) RUNTIME=$value ;;
+            RUNTIME_PATH) RUNTIME_PATH=$value ;;
         esac
     done <"$TB_ENV"
     [[ -n ${BRIDGE:-} && -n ${SUBNET:-} && -n ${NETNAME:-} ]]
@@ -170,11 +173,11 @@ mounts_under() {
 }
 
 # ctrk ARGS...: ctr on this testbed's socket, in the CRI namespace, bounded in time.
-ctrk() { timeout 20 ctr --address "$TB_SOCK" -n k8s.io "$@"; }
+ctrk() { timeout 20 "${CTR:-ctr}" --address "$TB_SOCK" -n k8s.io "$@"; }
 
 # socket_answers: containerd's gRPC socket serves requests.
 socket_answers() {
-    [[ -S $TB_SOCK ]] && timeout 5 ctr --address "$TB_SOCK" version >/dev/null 2>&1
+    [[ -S $TB_SOCK ]] && timeout 5 "${CTR:-ctr}" --address "$TB_SOCK" version >/dev/null 2>&1
 }
 
 # containerd_running: the recorded containerd is alive and matches our config.
