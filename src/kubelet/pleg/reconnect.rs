@@ -49,12 +49,14 @@ mod tests {
     use super::{DOWN_POLL, back_after_outage, until_answering};
     use crate::clients::cri::fake::FakeCri;
 
+    type Senders = Arc<Mutex<Vec<mpsc::Sender<Result<RuntimeEvent, FeedError>>>>>;
+
     /// containerd's event service on the fake runtime: no subscription while it is down, and
     /// [`OwnFeed::break_all`] ends the streams that stand (what a stopping containerd does).
     #[derive(Clone)]
     struct OwnFeed {
         rt: FakeCri,
-        senders: Arc<Mutex<Vec<mpsc::Sender<Result<RuntimeEvent, FeedError>>>>>,
+        senders: Senders,
     }
 
     impl OwnFeed {
