@@ -122,15 +122,15 @@ vs_stop() {
     kill -TERM "$VS_PID" 2>/dev/null || true
     wait "$VS_PID" 2>/dev/null || true
     VS_PID=
+    vs_unmount
 }
 
-# vs_remove_leftovers: the stopped sandboxes and containers upstream's kubelet leaves behind
-# (Deckhand removes its own), through containerd's CRI-namespace tasks and containers.
-vs_remove_leftovers() {
-    local c
-    for c in $(ctr --address "$VS_TB/containerd.sock" -n k8s.io containers ls -q 2>/dev/null); do
-        ctr --address "$VS_TB/containerd.sock" -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true
-        ctr --address "$VS_TB/containerd.sock" -n k8s.io tasks delete "$c" >/dev/null 2>&1 || true
+# vs_unmount: upstream's kubelet bind-mounts its root dir onto itself (to make it shared);
+# that mount outlives it.
+vs_unmount() {
+    local m
+    for m in $(awk -v w="$VS_WORK/" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r); do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
 }
 
@@ -171,6 +171,7 @@ vs_cleanup() {
         wait "$VS_PID" 2>/dev/null || true
     fi
     VS_PID=
+    vs_unmount
     vs_cgroup_remove deckhand-versus
     vs_cgroup_remove upstream-versus
 }
