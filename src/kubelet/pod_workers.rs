@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::base::clock;
-use crate::base::observed::ObservedPod;
+use crate::base::observed::{ContainerState, ObservedPod};
 use crate::base::podspec::full_name;
 use crate::base::supervisor::panic_message;
 use crate::clients::cri::{ImageService, RuntimeService};
@@ -225,6 +225,10 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         cancel: CancellationToken,
         done_tx: mpsc::UnboundedSender<String>,
     ) -> Self {
+        deps.prober.on_readiness(readiness_sink(
+            deps.states.clone(),
+            deps.status_sync.clone(),
+        ));
         PodWorkers {
             deps,
             handles: HashMap::new(),
@@ -344,6 +348,34 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         self.handles.remove(uid);
         self.activity.forget(uid);
     }
+}
+
+/// Where the probe manager writes readiness verdicts at once: into the pod's published status
+/// (then `/pods`), and on to the API server's status writer. The pod's worker, poked too,
+/// computes the same status on its next sync.
+fn readiness_sink(
+    states: PodStates,
+    status_sync: Option<crate::kubelet::pod_status::api_writer::StatusSync>,
+) -> crate::kubelet::prober::manager::ReadinessSink {
+    Arc::new(move |uid: &str, container_id: &str, ready: bool| {
+        let now = clock::now();
+        let changed = states.update(uid, |pod, status| {
+            crate::kubelet::pod_status::readiness::apply_readiness(
+                status,
+                pod,
+                container_id,
+                ready,
+                now,
+            )
+        });
+        if !changed {
+            return;
+        }
+        tracing::debug!(pod_uid = %uid, container_id, ready, "readiness published");
+        if let Some(sync) = &status_sync {
+            sync.changed(uid);
+        }
+    })
 }
 
 /// Tells the mirror pods where a static pod is going.
@@ -923,6 +955,13 @@ async fn sync_once<R: RuntimeService + ImageService>(
         );
     }
     let unhealthy = deps.prober.unhealthy(uid);
+    // A probe asks to kill an instance the last view shows running: the kill starts on that
+    // view, with no read of the pod first (whatever else changed is read after the step).
+    state.act_on_view |= state.view.as_ref().is_some_and(|view| {
+        view.containers
+            .iter()
+            .any(|c| c.state == ContainerState::Running && unhealthy.contains_key(&c.id))
+    });
     let probes_before = deps.prober.results(uid);
     let outcome = deps
         .executor
@@ -935,6 +974,9 @@ async fn sync_once<R: RuntimeService + ImageService>(
     deps.runtime_cache.update_pod(uid, outcome.observed.clone());
     deps.prober.sync_pod(pod, &outcome.observed);
     let probes = deps.prober.results(uid);
+    // The status as published, readiness verdicts written in since this worker's last one
+    // included: their transition times are kept.
+    let published = deps.states.status(uid);
     let status = compute_pod_status(
         pod,
         &outcome.observed,
@@ -942,7 +984,7 @@ async fn sync_once<R: RuntimeService + ImageService>(
             now: clock::now(),
             host_ip: deps.host_ip.clone(),
             waiting: &state.waiting,
-            previous: state.status.as_ref(),
+            previous: published.as_ref().or(state.status.as_ref()),
             terminating: false,
             probes: &probes,
         },
@@ -990,6 +1032,8 @@ pub(crate) mod test_support {
         pub dir: tempfile::TempDir,
         /// The events the workers recorded, in order.
         pub events: mpsc::Receiver<k8s_openapi::api::core::v1::Event>,
+        /// Where the probe manager asks for a look at a pod (no sync loop takes from it here).
+        pub probe_pokes: crate::base::resync_queue::Pokes,
     }
 
     pub(crate) fn harness(rt: FakeCri) -> Harness {
@@ -1044,6 +1088,7 @@ pub(crate) mod test_support {
         let runtime_cache = RuntimeCache::default();
         let (done_tx, done) = mpsc::unbounded_channel();
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
+        let probe_pokes = crate::base::resync_queue::Pokes::default();
         let deps = WorkerDeps {
             executor: {
                 let executor = Executor::new(
@@ -1064,7 +1109,7 @@ pub(crate) mod test_support {
             },
             prober: ProbeManager::new(
                 rt.clone(),
-                crate::base::resync_queue::Pokes::default(),
+                probe_pokes.clone(),
                 None,
                 TaskTracker::new(),
                 crate::kubelet::events::Recorder::log_only("node"),
@@ -1089,6 +1134,7 @@ pub(crate) mod test_support {
             cancel,
             dir,
             events,
+            probe_pokes,
         }
     }
 
@@ -2003,6 +2049,113 @@ mod tests {
     fn panic_backoff_doubles_to_a_minute() {
         let secs: Vec<u64> = (1..=9).map(|n| panic_backoff(n).as_secs()).collect();
         assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+    /// A pod `web` whose container `app` has this probe (exec, period 1 s, threshold 1).
+    fn probed_pod(uid: &str, liveness: bool) -> Arc<Pod> {
+        let probe = k8s_openapi::api::core::v1::Probe {
+            exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                command: Some(vec!["check".into()]),
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(1),
+            ..Default::default()
+        };
+        let mut pod = (*pod(uid)).clone();
+        let app = &mut pod.spec.as_mut().unwrap().containers[0];
+        if liveness {
+            app.liveness_probe = Some(probe);
+        } else {
+            app.readiness_probe = Some(probe);
+        }
+        Arc::new(pod)
+    }
+
+    fn pod_ready(h: &Harness, uid: &str) -> Option<bool> {
+        let status = h.states.status(uid)?;
+        let ready = status
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        Some(ready.status == "True")
+    }
+
+    /// A readiness verdict reaches the published status (`/pods`, the API writer) at once,
+    /// even while the pod's worker is stuck in a sync: it does not wait for the worker.
+    #[tokio::test(start_paused = true)]
+    async fn a_readiness_verdict_is_published_while_the_worker_is_busy() {
+        use crate::clients::cri::fake::ExecReply;
+        let rt = FakeCri::with_exec(vec![ExecReply::Exit(1, "not yet")]);
+        let mut h = harness(rt);
+        h.workers
+            .dispatch("uid-r", Work::Sync(probed_pod("uid-r", false)));
+        eventually("the pod published, not ready", || async {
+            pod_ready(&h, "uid-r") == Some(false) && h.rt.exec_calls().len() == 1
+        })
+        .await;
+        // The worker's next sync hangs reading the pod (a slow runtime, a pull, a hook).
+        h.rt.script("PodSandboxStatus", Script::Hang);
+        h.rt.script("ListContainers", Script::Hang);
+        let listed = h.rt.count("ListContainers") + h.rt.count("PodSandboxStatus");
+        h.workers.poke("uid-r");
+        eventually("the worker stuck in its read", || async {
+            h.rt.count("ListContainers") + h.rt.count("PodSandboxStatus") > listed
+        })
+        .await;
+        // The probe's second run (1 s after the first) succeeds.
+        let answered = tokio::time::Instant::now();
+        eventually("the pod ready in the published status", || async {
+            pod_ready(&h, "uid-r") == Some(true)
+        })
+        .await;
+        assert!(
+            answered.elapsed() <= Duration::from_millis(1_010),
+            "published {:?} after the worker got stuck (the probe answers 1 s after its first run)",
+            answered.elapsed()
+        );
+        let status = h.states.status("uid-r").unwrap();
+        assert!(status.container_statuses.unwrap()[0].ready);
+        h.rt.release();
+        h.cancel.cancel();
+    }
+
+    /// A liveness verdict starts the kill at once, on the last view: no read of the pod comes
+    /// between the failed probe and `StopContainer` (with no event stream a sync reads first).
+    #[tokio::test(start_paused = true)]
+    async fn a_liveness_verdict_starts_the_kill_without_reading_the_pod_first() {
+        use crate::clients::cri::fake::ExecReply;
+        let rt = FakeCri::with_exec(vec![ExecReply::Exit(0, ""), ExecReply::Exit(1, "dead")]);
+        let mut h = harness(rt);
+        h.workers
+            .dispatch("uid-l", Work::Sync(probed_pod("uid-l", true)));
+        // Probe pokes go to the worker at once (the sync loop's part here).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while h.rt.count("StopContainer") == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no kill after the failed probe"
+            );
+            tokio::select! {
+                uids = h.probe_pokes.take() => for uid in uids { h.workers.poke(&uid) },
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        let calls = h.rt.calls();
+        let stop = calls.iter().position(|c| *c == "StopContainer").unwrap();
+        let failed = calls[..stop]
+            .iter()
+            .rposition(|c| *c == "ExecSync")
+            .unwrap();
+        assert_eq!(
+            &calls[failed + 1..stop],
+            &[] as &[&str],
+            "nothing between the verdict and the kill: {calls:?}"
+        );
+        // The restart follows in the same sync.
+        eventually("the restarted instance", || async {
+            h.rt.count("StartContainer") == 2
+        })
+        .await;
+        h.cancel.cancel();
     }
 }
 

@@ -68,6 +68,8 @@ struct State {
     stop_timeouts: Vec<i64>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
+    /// The runtime is gone (stopped, restarting): every call fails as on a closed socket.
+    down: bool,
 }
 
 /// The fake runtime; clones share one state.
@@ -198,11 +200,24 @@ impl FakeCri {
         self.lock().containers.clone()
     }
 
+    /// Takes the runtime away (`true`: every call fails `Unavailable`, as while containerd
+    /// restarts) or brings it back.
+    pub(crate) fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
     /// Records the call and runs its script, if any.
     async fn enter(&self, method: &'static str) -> CriResult<()> {
         let script = {
             let mut st = self.lock();
             st.calls.push(method);
+            if st.down {
+                return Err(CriError::Rpc {
+                    method,
+                    code: tonic::Code::Unavailable,
+                    message: "the runtime is down".into(),
+                });
+            }
             st.scripts.get_mut(method).and_then(|q| {
                 if q.is_empty() {
                     None

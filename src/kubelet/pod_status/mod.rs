@@ -653,3 +653,4 @@ mod tests;
 
 pub(crate) mod api_writer;
 pub(crate) mod published;
+pub(crate) mod readiness;

@@ -28,6 +28,18 @@ impl PodStates {
             .insert(uid, (pod, status));
     }
 
+    /// Changes a pod's published status in place (under the lock, so no publish comes in
+    /// between); true when `change` says it changed it.
+    pub(crate) fn update(
+        &self,
+        uid: &str,
+        change: impl FnOnce(&Pod, &mut PodStatus) -> bool,
+    ) -> bool {
+        let mut map = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        map.get_mut(uid)
+            .is_some_and(|(pod, status)| change(pod, status))
+    }
+
     /// Forgets a pod that is gone from the node.
     pub fn forget(&self, uid: &str) {
         self.inner

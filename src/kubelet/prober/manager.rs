@@ -4,7 +4,10 @@
 //! is a new instance and gets new workers with fresh counts, and the workers of an instance end
 //! when [`ProbeManager::sync_pod`] no longer sees it running (its results go with them).
 //! Verdicts are kept per instance; a change wakes the pod's worker, whose next sync publishes the
-//! new status or kills the unhealthy instance.
+//! new status or kills the unhealthy instance. A readiness change also goes straight to the
+//! published status through the [`ReadinessSink`] (upstream's `SetContainerReadiness`), so it
+//! reaches `/pods` and the API server within milliseconds of the probe's answer even while the
+//! pod's worker is busy with something else.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,9 @@ use crate::base::resync_queue::Pokes;
 use crate::clients::cri::RuntimeService;
 use crate::kubelet::events::{EventType, Recorder, container_ref, reason};
 
+/// Told of every readiness change at once: pod UID, container ID, ready.
+pub(crate) type ReadinessSink = Arc<dyn Fn(&str, &str, bool) + Send + Sync>;
+
 /// Runs the probes of every pod on the node.
 #[derive(Clone)]
 pub struct ProbeManager<R> {
@@ -41,6 +47,8 @@ pub struct ProbeManager<R> {
 
 struct Shared {
     wake: Pokes,
+    /// Where readiness changes go at once (set once, by the pod workers).
+    readiness: std::sync::OnceLock<ReadinessSink>,
     /// When the manager was made: workers that start within one period of it (adopted
     /// containers after an agent restart) wait a random part of the period first.
     created: Instant,
@@ -82,6 +90,7 @@ impl<R: RuntimeService> ProbeManager<R> {
             rt,
             shared: Arc::new(Shared {
                 wake,
+                readiness: std::sync::OnceLock::new(),
                 created: clock::instant(),
                 state: Mutex::new(State::default()),
             }),
@@ -89,6 +98,12 @@ impl<R: RuntimeService> ProbeManager<R> {
             host_ip,
             tracker,
         }
+    }
+
+    /// Sends every readiness change to `sink` as it happens, besides waking the pod's worker
+    /// (the first sink set stays).
+    pub(crate) fn on_readiness(&self, sink: ReadinessSink) {
+        let _ = self.shared.readiness.set(sink);
     }
 
     /// Starts workers for running containers of `pod` that have probes, and stops the workers
@@ -402,6 +417,10 @@ impl Report for InstanceReport {
     }
 
     fn verdict(&self, kind: ProbeKind, verdict: Verdict) {
+        let readiness = match verdict {
+            Verdict::Ready(ready) => Some(ready),
+            _ => None,
+        };
         let changed = {
             let mut state = self.shared.lock();
             let Some(inst) = state
@@ -429,6 +448,9 @@ impl Report for InstanceReport {
         };
         if changed {
             tracing::debug!(pod_uid = %self.uid, container_id = %self.container_id, probe = kind.as_str(), "probe result changed");
+            if let (Some(ready), Some(sink)) = (readiness, self.shared.readiness.get()) {
+                sink(&self.uid, &self.container_id, ready);
+            }
             self.shared.wake.poke(&self.uid);
         }
     }

@@ -2,7 +2,10 @@
 //!
 //! The worker waits for the initial delay (counted from the moment the container started) and,
 //! right after an agent start, a random part of the period, then runs the probe once per
-//! period. A liveness or readiness worker of a container with a startup probe waits until that
+//! period, as upstream's worker does: after the random wait its ticks fall on `jitter + k ·
+//! period`, and the first probe is the first tick once the initial delay is over; a run that
+//! takes longer than the period is followed by the next one at once, and the ticks keep their
+//! phase (Go's ticker drops the ticks it missed, it does not shift the later ones). A liveness or readiness worker of a container with a startup probe waits until that
 //! probe has succeeded. Consecutive equal outcomes are counted; when a run reaches the success or
 //! failure threshold the worker reports a [`Verdict`]:
 //!
@@ -46,9 +49,20 @@ pub(crate) struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// The wait before the first run: what is left of the initial delay, plus the jitter.
+    /// The wait before the first run. Without jitter: what is left of the initial delay.
+    /// With it (right after an agent start), upstream's schedule: its ticks fall on `jitter +
+    /// k · period`, and the first probe is the first of them once the initial delay is over
+    /// (the jitter and the delay overlap; they do not add up).
     pub(crate) fn first_wait(&self) -> Duration {
-        self.initial_delay.saturating_sub(self.running_for) + self.jitter
+        let delay_left = self.initial_delay.saturating_sub(self.running_for);
+        if self.jitter.is_zero() || delay_left <= self.jitter {
+            return delay_left.max(self.jitter);
+        }
+        let period = self.period.max(Duration::from_millis(1));
+        let ticks = (delay_left - self.jitter)
+            .as_nanos()
+            .div_ceil(period.as_nanos());
+        self.jitter + period * u32::try_from(ticks).unwrap_or(u32::MAX)
     }
 }
 
@@ -136,7 +150,9 @@ pub(crate) async fn run_worker<P: Probe, R: Report>(
 
     let mut ticks =
         tokio::time::interval_at(clock::instant(), cfg.period.max(Duration::from_millis(1)));
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // A run longer than the period is followed by the next at once, then the ticks go on in
+    // their phase (Go's ticker, which upstream's worker waits on, drops missed ticks).
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut streak = Streak::default();
     let mut ready: Option<bool> = None;
     loop {
@@ -557,6 +573,81 @@ mod tests {
         let after = probe.runs().len();
         tokio::time::sleep(secs(5)).await;
         assert_eq!(probe.runs().len(), after, "no run after cancel");
+    }
+
+    /// Upstream's schedule: after a run longer than the period the next runs at once, and the
+    /// ticks keep their phase (Go's ticker drops missed ticks; it does not shift later ones).
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_run_is_followed_at_once_and_the_ticks_keep_their_phase() {
+        /// The first run takes 1.2 s, every later one no time.
+        #[derive(Clone)]
+        struct SlowFirst(Scripted, Arc<Mutex<bool>>);
+        impl Probe for SlowFirst {
+            async fn run(&self) -> ProbeOutcome {
+                let outcome = self.0.run().await;
+                let first = std::mem::replace(&mut *self.1.lock().unwrap(), false);
+                if first {
+                    tokio::time::sleep(Duration::from_millis(1_200)).await;
+                }
+                outcome
+            }
+        }
+        let t0 = Instant::now();
+        let probe = SlowFirst(Scripted::new(vec![], S, t0), Arc::new(Mutex::new(true)));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run_worker(
+            cfg(ProbeKind::Readiness),
+            probe.clone(),
+            Recorder::new(t0),
+            StartupGate::default(),
+            cancel.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(4_500)).await;
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(
+            probe.0.runs(),
+            vec![
+                Duration::ZERO,
+                Duration::from_millis(1_200),
+                secs(2),
+                secs(3),
+                secs(4)
+            ]
+        );
+    }
+
+    /// The first run after the random wait of an agent start: the first of upstream's ticks
+    /// (`jitter + k · period`) once the initial delay is over; without jitter the end of the
+    /// initial delay itself.
+    #[test]
+    fn the_first_run_is_the_first_tick_after_the_initial_delay() {
+        let ms = Duration::from_millis;
+        // (initial delay, running for, jitter, period) -> first run.
+        let rows = [
+            ((ms(0), ms(0), ms(0), secs(1)), ms(0)),
+            ((ms(2_500), ms(0), ms(0), secs(1)), ms(2_500)),
+            ((ms(2_500), ms(1_000), ms(0), secs(1)), ms(1_500)),
+            ((ms(0), ms(0), ms(700), secs(1)), ms(700)),
+            ((ms(2_500), ms(0), ms(700), secs(1)), ms(2_700)),
+            ((ms(2_000), ms(0), ms(700), secs(1)), ms(2_700)),
+            ((ms(2_800), ms(0), ms(700), secs(1)), ms(3_700)),
+            ((ms(500), ms(0), ms(700), secs(1)), ms(700)),
+            ((secs(30), secs(100), ms(4_000), secs(10)), ms(4_000)),
+            ((secs(30), ms(0), ms(4_000), secs(10)), ms(34_000)),
+        ];
+        for ((initial_delay, running_for, jitter, period), want) in rows {
+            let mut c = cfg(ProbeKind::Liveness);
+            c.initial_delay = initial_delay;
+            c.running_for = running_for;
+            c.jitter = jitter;
+            c.period = period;
+            assert_eq!(
+                c.first_wait(),
+                want,
+                "delay {initial_delay:?}, running {running_for:?}, jitter {jitter:?}, period {period:?}"
+            );
+        }
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub(crate) struct PodSyncState {
     /// The start could not go on because the volumes are not ready: look again after this
     /// long (the first volume's back-off), or when poked. Taken at the end of the sync.
     pub start_blocked: Option<Duration>,
+    /// The next sync starts from the view without reading the pod: a probe asked to kill an
+    /// instance the view shows running, and the kill should not wait for a read. Taken by
+    /// that sync.
+    pub act_on_view: bool,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -397,6 +401,12 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     ) -> Result<ObservedPod, CriError> {
         if std::mem::take(&mut state.known_empty) {
             return Ok(ObservedPod::default());
+        }
+        if std::mem::take(&mut state.act_on_view)
+            && let Some(view) = state.view.take()
+        {
+            tracing::debug!("a probe asks for a kill; acting on the last view without a read");
+            return Ok(view);
         }
         let reread = std::mem::take(&mut state.reread);
         let Some(view) = state.view.take() else {

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Timing rounds for scripts/bench-probes --versus and scripts/bench-lifecycle --runtime-return.
+
+One kubelet (Deckhand or upstream's) runs on the testbed; this program drives rounds against
+its read-only `/pods` and `/healthz` and appends one JSON object per round to OUT:
+
+  readiness       the pod `ready-<tag>` (readiness: exec `test -f /w/ready`, period 1 s) is not
+                  ready; after a random wait the file is made; seconds until `/pods` shows the pod
+                  Ready. The probe's command also touches /w/answered the first time it
+                  succeeds: its mtime is when the probe answered, so the time from the answer to
+                  `/pods` (the kubelet's own part) is measured too.
+  liveness        a fresh pod per round (`live-<tag>-<n>`: liveness exec `test -f /w/alive`,
+                  period 1 s, failureThreshold 2), running; after a random wait the file is
+                  removed; seconds until `/pods` shows the container running again with
+                  restartCount 1 (each pod is new, so no crash-loop back-off applies).
+  runtime-return  the pod `steady-<tag>` running; containerd is stopped (SIGTERM), 2 s
+                  later started again (`scripts/testbed up`); from the moment its socket accepts
+                  again, seconds until `/healthz` says ok and `/pods` shows the same container IDs
+                  running; and the same from the moment `scripts/testbed up` returned (its
+                  readiness check: the socket answers and the CRI plugin is loaded), 0 when
+                  the kubelet was ok before. Upstream's kubelet never fails `/healthz` for a
+                  runtime outage, so its figures are the first poll.
+  summary         the table from the files the rounds wrote.
+
+Polls every 5 ms (one HTTP request each, on a kept-alive connection), so each figure is good to
+about 5 ms. Standard library only.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+POLL = 0.005
+
+
+class Agent:
+    """The kubelet's read-only port and healthz port on 127.0.0.1."""
+
+    def __init__(self, pods_port, healthz_port):
+        self.pods_port = pods_port
+        self.healthz_port = healthz_port
+        self.conns = {}
+
+    def get(self, port, path):
+        for attempt in range(2):
+            conn = self.conns.get(port)
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                self.conns[port] = conn
+            try:
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self.conns.pop(port, None)
+                if attempt == 1:
+                    return None, b""
+        return None, b""
+
+    def pods(self):
+        code, body = self.get(self.pods_port, "/pods")
+        if code != 200:
+            return []
+        try:
+            return json.loads(body).get("items") or []
+        except ValueError:
+            return []
+
+    def healthy(self):
+        code, body = self.get(self.healthz_port, "/healthz")
+        return code == 200 and body.strip() == b"ok"
+
+
+def pod_named(pods, prefix):
+    for p in pods:
+        if (p.get("metadata") or {}).get("name", "").startswith(prefix):
+            return p
+    return None
+
+
+def is_ready(pod):
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def container(pod, name):
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        if c.get("name") == name:
+            return c
+    return None
+
+
+def wait(what, check, timeout, poll=POLL):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            sys.exit(f"versus: timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+def emit(out, record):
+    with open(out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+def manifest_readiness(tag, image, hostdir):
+    return f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: ready-{tag}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - name: w
+    hostPath: {{path: {hostdir}, type: Directory}}
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    volumeMounts: [{{name: w, mountPath: /w}}]
+    readinessProbe:
+      exec:
+        command: ["sh", "-c", "test -f /w/ready && {{ test -e /w/answered || touch /w/answered; }}"]
+      periodSeconds: 1
+      failureThreshold: 1
+"""
+
+
+def manifest_liveness(name, image, hostdir):
+    return f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - name: w
+    hostPath: {{path: {hostdir}, type: Directory}}
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    volumeMounts: [{{name: w, mountPath: /w}}]
+    livenessProbe:
+      exec:
+        command: ["test", "-f", "/w/alive"]
+      periodSeconds: 1
+      failureThreshold: 2
+"""
+
+
+def put_manifest(manifests, name, text):
+    tmp = os.path.join(manifests, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, os.path.join(manifests, f"{name}.yaml"))
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def cmd_readiness(a, agent):
+    hostdir = os.path.join(a.shared, f"ready-{a.tag}")
+    os.makedirs(hostdir, exist_ok=True)
+    ready, answered = os.path.join(hostdir, "ready"), os.path.join(hostdir, "answered")
+    remove(ready)
+    remove(answered)
+    put_manifest(a.manifests, f"ready-{a.tag}", manifest_readiness(a.tag, a.image, hostdir))
+    prefix = f"ready-{a.tag}"
+    wait("the readiness pod to run", lambda: (lambda p: p and (container(p, "app") or {}).get("state", {}).get("running"))(pod_named(agent.pods(), prefix)), 180, 0.05)
+    rng = random.Random(a.seed)
+    for n in range(a.rounds):
+        wait("the pod to be not ready", lambda: (lambda p: p and not is_ready(p))(pod_named(agent.pods(), prefix)), 30, 0.02)
+        remove(answered)
+        time.sleep(1.0 + rng.random())
+        t_file = time.time()
+        with open(ready, "w"):
+            pass
+        wait("the pod to be ready", lambda: (lambda p: p and is_ready(p))(pod_named(agent.pods(), prefix)), 30)
+        t_ready = time.time()
+        try:
+            t_answer = os.stat(answered).st_mtime
+        except FileNotFoundError:
+            t_answer = None
+        remove(ready)
+        emit(a.out, {
+            "figure": "readiness", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "file_to_ready_s": round(t_ready - t_file, 4),
+            "answer_to_ready_ms": None if t_answer is None else round((t_ready - t_answer) * 1000, 1),
+        })
+    remove(os.path.join(a.manifests, f"ready-{a.tag}.yaml"))
+
+
+def cmd_liveness(a, agent):
+    rng = random.Random(a.seed)
+    for n in range(a.rounds):
+        name = f"live-{a.tag}-{n}"
+        hostdir = os.path.join(a.shared, name)
+        os.makedirs(hostdir, exist_ok=True)
+        alive = os.path.join(hostdir, "alive")
+        with open(alive, "w"):
+            pass
+        put_manifest(a.manifests, name, manifest_liveness(name, a.image, hostdir))
+
+        def running(restarts):
+            p = pod_named(agent.pods(), name)
+            c = p and container(p, "app")
+            return bool(c and (c.get("state") or {}).get("running") and c.get("restartCount", 0) >= restarts)
+
+        wait(f"pod {name} to run", lambda: running(0), 180, 0.05)
+        # Two probe periods: the liveness worker runs and has seen the file.
+        time.sleep(2.0 + rng.random())
+        t_rm = time.time()
+        remove(alive)
+        wait(f"pod {name} restarted", lambda: running(1), 60)
+        t_back = time.time()
+        with open(alive, "w"):
+            pass
+        remove(os.path.join(a.manifests, f"{name}.yaml"))
+        emit(a.out, {
+            "figure": "liveness", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "removed_to_restarted_s": round(t_back - t_rm, 4),
+        })
+        wait(f"pod {name} gone", lambda: pod_named(agent.pods(), name) is None, 60, 0.05)
+
+
+def socket_accepts(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def running_ids(agent):
+    ids = {}
+    for p in agent.pods():
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            if (c.get("state") or {}).get("running"):
+                ids[(p["metadata"]["name"], c["name"])] = c.get("containerID")
+    return ids
+
+
+def manifest_steady(name, image):
+    return f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+"""
+
+
+def cmd_runtime_return(a, agent):
+    sock = os.path.join(a.testbed, "containerd.sock")
+    name = f"steady-{a.tag}"
+    put_manifest(a.manifests, name, manifest_steady(name, a.image))
+    wait(f"pod {name} to run", lambda: (lambda p: p and (container(p, "app") or {}).get("state", {}).get("running"))(pod_named(agent.pods(), name)), 180, 0.05)
+    for n in range(a.rounds):
+        before = wait("running containers", lambda: running_ids(agent), 60, 0.05)
+        wait("healthz ok before the stop", agent.healthy, 60, 0.05)
+        with open(os.path.join(a.testbed, "containerd.pid")) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, signal.SIGTERM)
+        wait("containerd to stop", lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z", 30, 0.01)
+        wait("the socket to refuse", lambda: not socket_accepts(sock), 10, 0.01)
+        time.sleep(2.0)
+        up = subprocess.Popen([a.testbed_cmd, "up", a.testbed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait("the socket to accept", lambda: socket_accepts(sock), 60, 0.001)
+        t0 = time.monotonic()
+        healthy_at = up_at = None
+        deadline = t0 + 120
+        while healthy_at is None or up_at is None:
+            if up_at is None and up.poll() is not None:
+                if up.returncode != 0:
+                    sys.exit("versus: scripts/testbed up failed")
+                up_at = time.monotonic()
+            if healthy_at is None and agent.healthy() and running_ids(agent) == before:
+                healthy_at = time.monotonic()
+            if time.monotonic() > deadline:
+                sys.exit("versus: timed out waiting for healthz ok with the same containers")
+            time.sleep(POLL)
+        emit(a.out, {
+            "figure": "runtime-return", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "accepting_to_healthy_s": round(healthy_at - t0, 4),
+            "ready_to_healthy_s": round(max(0.0, healthy_at - up_at), 4),
+        })
+
+
+FIGURES = [
+    ("readiness", "file_to_ready_s", "exec readiness probe (period 1 s): the file appears -> pod Ready in /pods", "s"),
+    ("readiness", "answer_to_ready_ms", "  of which: the probe's answer -> Ready in /pods", "ms"),
+    ("liveness", "removed_to_restarted_s", "exec liveness probe (period 1 s, failureThreshold 2): the file removed -> container restarted", "s"),
+    ("runtime-return", "accepting_to_healthy_s", "containerd stopped 2 s, started again: its socket accepts -> /healthz ok with the same containers", "s"),
+    ("runtime-return", "ready_to_healthy_s", "  the same from containerd ready (`scripts/testbed up` returned: CRI plugin loaded; 0 when already ok)", "s"),
+]
+
+
+def cmd_summary(a):
+    rows = []
+    for path in a.files:
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    out = ["| | upstream | Deckhand |", "| --- | --- | --- |"]
+    for figure, key, label, unit in FIGURES:
+        cells = []
+        for kubelet in ("upstream", "deckhand"):
+            vals = [r[key] for r in rows if r["figure"] == figure and r["kubelet"] == kubelet and r.get(key) is not None]
+            if not vals:
+                cells.append("-")
+                continue
+            fmt = (lambda v: f"{v:.0f}") if unit == "ms" else (lambda v: f"{v:.3f}")
+            cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}-{fmt(max(vals))}, n={len(vals)})")
+        if any(c != "-" for c in cells):
+            out.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    print("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("readiness", "liveness", "runtime-return"):
+        p = sub.add_parser(name)
+        p.add_argument("--kubelet", required=True, choices=["deckhand", "upstream"])
+        p.add_argument("--pods-port", type=int, required=True)
+        p.add_argument("--healthz-port", type=int, required=True)
+        p.add_argument("--manifests")
+        p.add_argument("--shared", help="a host directory the pods mount (hostPath)")
+        p.add_argument("--image", default="localhost/deckhand/busybox:1.35")
+        p.add_argument("--testbed", help="the testbed's directory (runtime-return)")
+        p.add_argument("--testbed-cmd", help="scripts/testbed (runtime-return)")
+        p.add_argument("--rounds", type=int, default=5)
+        p.add_argument("--tag", required=True, help="names this block's pods")
+        p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--out", required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("files", nargs="+")
+    a = ap.parse_args()
+    if a.cmd == "summary":
+        return cmd_summary(a)
+    agent = Agent(a.pods_port, a.healthz_port)
+    {"readiness": cmd_readiness, "liveness": cmd_liveness, "runtime-return": cmd_runtime_return}[a.cmd](a, agent)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+# shellcheck shell=bash
+# Deckhand next to upstream's kubelet on one testbed, for scripts/bench-probes --versus and
+# scripts/bench-lifecycle --runtime-return: start either kubelet on the testbed's containerd
+# with its own root dir, cgroup root, ports and static pod directory (no API server), run a
+# block of rounds of scripts/lib/versus.py against it, remove its pods and stop it. Blocks
+# alternate between the two kubelets; the caller sources this file and calls versus_run.
+#
+# Expects: VS_TB (testbed dir, up), VS_WORK (a fresh work dir), VS_DECKHAND (the agent's
+# binary), VS_KUBELET (upstream's kubelet binary), VS_NODE (node name).
+
+VS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VS_PID=
+VS_KIND=
+
+vs_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# vs_cgroup_root NAME: an empty cgroup NAME in every v1 hierarchy (or under the v2 root), as
+# both kubelets want their --cgroup-root to exist.
+vs_cgroup_root() {
+    local c d
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+        mkdir -p "/sys/fs/cgroup/$1"
+        return
+    fi
+    for c in /sys/fs/cgroup/*/; do
+        c=${c%/}
+        [[ -f $c/cgroup.procs && ! -L $c ]] || continue
+        d=$c/$1
+        mkdir -p "$d"
+        if [[ -f $c/cpuset.cpus ]]; then
+            cat "$c/cpuset.cpus" >"$d/cpuset.cpus"
+            cat "$c/cpuset.mems" >"$d/cpuset.mems"
+        fi
+    done
+}
+
+# vs_cgroup_remove NAME: removes the cgroup tree NAME again (deepest first); what still has
+# processes stays.
+vs_cgroup_remove() {
+    local c
+    for c in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+        [[ -d ${c%/}/$1 ]] || continue
+        find "${c%/}/$1" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done
+}
+
+# vs_start deckhand|upstream TAG: starts the kubelet; sets VS_PODS_PORT, VS_HZ_PORT, VS_MANIFESTS.
+vs_start() {
+    local kind=$1 tag=$2 dir=$VS_WORK/$1-$2
+    VS_KIND=$kind
+    VS_PODS_PORT=$(vs_free_port)
+    VS_HZ_PORT=$(vs_free_port)
+    VS_MANIFESTS=$dir/manifests
+    mkdir -p "$VS_MANIFESTS" "$dir/root" "$dir/logs"
+    local endpoint="unix://$VS_TB/containerd.sock"
+    local evict='memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%'
+    if [[ $kind == deckhand ]]; then
+        vs_cgroup_root deckhand-versus
+        "$VS_DECKHAND" --container-runtime-endpoint="$endpoint" --hostname-override="$VS_NODE" \
+            --pod-manifest-path="$VS_MANIFESTS" --root-dir="$dir/root" --pod-logs-dir="$dir/logs" \
+            --healthz-port="$VS_HZ_PORT" --read-only-port="$VS_PODS_PORT" --address=127.0.0.1 \
+            --cgroup-root=/deckhand-versus --v=2 --image-gc-high-threshold=100 \
+            --eviction-hard="$evict" --enable-server=false >"$dir/kubelet.log" 2>&1 &
+    else
+        vs_cgroup_root upstream-versus
+        cat >"$dir/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: $VS_MANIFESTS
+containerRuntimeEndpoint: $endpoint
+cgroupDriver: cgroupfs
+cgroupRoot: /upstream-versus
+failSwapOn: false
+failCgroupV1: false
+address: 127.0.0.1
+port: $(vs_free_port)
+readOnlyPort: $VS_PODS_PORT
+healthzBindAddress: 127.0.0.1
+healthzPort: $VS_HZ_PORT
+podLogsDir: $dir/logs
+authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+EOF
+        "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" \
+            --hostname-override="$VS_NODE" --v=2 >"$dir/kubelet.log" 2>&1 &
+    fi
+    VS_PID=$!
+    local i
+    for ((i = 0; i < 300; i++)); do
+        [[ $(curl -s "http://127.0.0.1:$VS_HZ_PORT/healthz" || true) == ok ]] && return 0
+        kill -0 "$VS_PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    tail -20 "$dir/kubelet.log" >&2
+    echo "versus: $kind did not become healthy; see $dir/kubelet.log" >&2
+    return 1
+}
+
+# vs_stop: removes the kubelet's pods (every manifest), waits until its /pods is empty and
+# the runtime holds no running container of ours, then stops the kubelet (SIGTERM).
+vs_stop() {
+    [[ -n $VS_PID ]] || return 0
+    rm -f "$VS_MANIFESTS"/*.yaml
+    local i n
+    for ((i = 0; i < 300; i++)); do
+        n=$(curl -s "http://127.0.0.1:$VS_PODS_PORT/pods" | jq '.items | length' 2>/dev/null || echo 1)
+        [[ $n == 0 ]] && break
+        sleep 0.2
+    done
+    # Upstream's kubelet stops the containers but leaves them (and their sandboxes) to its GC:
+    # wait until no task of the pods runs any more.
+    for ((i = 0; i < 150; i++)); do
+        n=$(ctr --address "$VS_TB/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null | wc -l)
+        ((n == 0)) && break
+        sleep 0.2
+    done
+    kill -TERM "$VS_PID" 2>/dev/null || true
+    wait "$VS_PID" 2>/dev/null || true
+    VS_PID=
+    vs_unmount
+}
+
+# vs_unmount: upstream's kubelet bind-mounts its root dir onto itself (to make it shared);
+# that mount outlives it.
+vs_unmount() {
+    local m
+    for m in $(awk -v w="$VS_WORK/" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r); do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
+}
+
+# vs_block KIND TAG FIGURE ROUNDS OUT: one kubelet, one block of rounds of FIGURE.
+vs_block() {
+    local kind=$1 tag=$2 figure=$3 rounds=$4 out=$5
+    vs_start "$kind" "$tag" || return 1
+    python3 "$VS_HERE/versus.py" "$figure" --kubelet "$kind" --tag "$tag" \
+        --pods-port "$VS_PODS_PORT" --healthz-port "$VS_HZ_PORT" --manifests "$VS_MANIFESTS" \
+        --shared "$VS_WORK/shared" --testbed "$VS_TB" --testbed-cmd "$VS_HERE/../testbed" \
+        --rounds "$rounds" --seed "${tag//[!0-9]/}" --out "$out" >&2 || { vs_stop; return 1; }
+    vs_stop
+}
+
+# vs_run OUT ROUNDS BLOCKS FIGURE...: for each figure, BLOCKS blocks of ROUNDS rounds per
+# kubelet, upstream and Deckhand alternating (upstream first in odd blocks, Deckhand first in
+# even ones).
+vs_run() {
+    local out=$1 rounds=$2 blocks=$3
+    shift 3
+    mkdir -p "$VS_WORK/shared"
+    local figure b order k
+    for figure in "$@"; do
+        for ((b = 1; b <= blocks; b++)); do
+            if ((b % 2)); then order="upstream deckhand"; else order="deckhand upstream"; fi
+            for k in $order; do
+                echo "versus: $figure, block $b of $blocks, $k ($(uptime | sed 's/.*load average: //'))" >&2
+                vs_block "$k" "b$b" "$figure" "$rounds" "$out" || return 1
+            done
+        done
+    done
+}
+
+# vs_cleanup: stops a kubelet still running (on failure), removes the cgroup roots.
+vs_cleanup() {
+    if [[ -n $VS_PID ]] && kill -0 "$VS_PID" 2>/dev/null; then
+        kill -TERM "$VS_PID" 2>/dev/null || true
+        wait "$VS_PID" 2>/dev/null || true
+    fi
+    VS_PID=
+    vs_unmount
+    vs_cgroup_remove deckhand-versus
+    vs_cgroup_remove upstream-versus
+}
+
+# vs_main NAME ROUNDS FIGURE...: the whole run for a bench script (as root): the agent (built
+# unless BENCH_AGENT names one), upstream's kubelet (`scripts/cluster build-kubelet`), a testbed
+# (BENCH_TESTBED, BENCH_BRIDGE, BENCH_SUBNET), BENCH_BLOCKS blocks (2) of ROUNDS rounds per
+# kubelet and figure, the table; everything torn down again, also on failure.
+vs_main() {
+    local name=$1 rounds=$2
+    shift 2
+    local root
+    root=$(cd "$VS_HERE/../.." && pwd)
+    [[ $rounds =~ ^[0-9]+$ ]] && ((rounds >= 1)) || { echo "$name: ROUNDS must be a number >= 1" >&2; return 2; }
+    ((EUID == 0)) || { echo "$name: containerd and CNI need root" >&2; return 1; }
+    local blocks=${BENCH_BLOCKS:-2}
+    VS_TB=${BENCH_TESTBED:-$root/.testbed/$name-versus}
+    VS_WORK=$root/.testbed/$name-versus-run
+    VS_NODE=versus-node
+    if [[ -n ${BENCH_AGENT:-} ]]; then
+        VS_DECKHAND=$BENCH_AGENT
+    else
+        (cd "$root" && cargo build --locked --release --bin deckhand >&2) || return 1
+        VS_DECKHAND=$root/target/release/deckhand
+    fi
+    VS_KUBELET=$("$root/scripts/cluster" build-kubelet) || return 1
+    rm -rf "$VS_WORK"
+    mkdir -p "$VS_WORK/bin"
+    # Private copies: a rebuild during the run must not swap the binaries.
+    cp -p "$VS_DECKHAND" "$VS_WORK/bin/deckhand"
+    VS_DECKHAND=$VS_WORK/bin/deckhand
+    trap 'vs_cleanup; "$VS_HERE/../testbed" down "$VS_TB" >&2' EXIT
+    trap 'exit 130' INT TERM
+    "$VS_HERE/../testbed" up "$VS_TB" --bridge "${BENCH_BRIDGE:-dhv0}" --subnet "${BENCH_SUBNET:-10.88.47.0/24}" >&2
+    local out=$VS_WORK/rounds.jsonl
+    echo "$name: load before: $(uptime | sed 's/.*load average: //')" >&2
+    vs_run "$out" "$rounds" "$blocks" "$@" || return 1
+    echo "$name: load after: $(uptime | sed 's/.*load average: //')" >&2
+    python3 "$VS_HERE/versus.py" summary "$out"
+    echo "rounds: $out; kubelet logs: $VS_WORK/*/kubelet.log" >&2
+}
