@@ -2,7 +2,10 @@
 //! earlier one that has not been picked up yet (a `watch` channel, never a queue of stale work).
 //!
 //! A worker syncs its pod until asked to terminate it; then it stops and removes everything of
-//! the pod, reports that it is done, and ends. The agent shutting down ends workers without
+//! the pod, reports that it is done, and ends. A pod that finishes (its phase is `Succeeded`
+//! or `Failed`, as computed here or as its source says) is stopped for good and kept, as
+//! upstream's "terminated" pod: sandbox stopped, volumes unmounted, its exited containers and
+//! their logs left for `kubectl logs` until the pod is removed from its source. The agent shutting down ends workers without
 //! touching their containers: a restarted agent adopts them.
 
 use std::any::Any;
@@ -45,7 +48,7 @@ pub(crate) enum Work {
     /// Stop the pod's containers (and sandbox) with a grace period, leave them in place,
     /// publish the pod's final status and unmount its volumes: upstream's `killPodNow`, as the
     /// node shutdown manager uses it. The worker then syncs the pod no more; a later
-    /// `Terminate` removes it.
+    /// `Terminate` removes it. A worker whose pod finished does the same by itself.
     Kill(Kill),
 }
 
@@ -55,9 +58,25 @@ pub(crate) struct Kill {
     pub pod: Arc<Pod>,
     /// Seconds the containers get (the pod's own grace is not consulted).
     pub grace: i64,
-    pub outcome: FinalStatus,
+    /// The reason the status is to show; `None` for a pod that finished by itself (its
+    /// status stays as computed).
+    pub outcome: Option<FinalStatus>,
     /// Cancelled once the pod has stopped and its final status is published.
     pub done: CancellationToken,
+}
+
+impl Kill {
+    /// The stop of a pod that finished by itself: its own grace period, no outcome of its
+    /// own, nobody waiting (upstream's `SyncTerminatingPod` then `SyncTerminatedPod`).
+    fn finished(pod: Arc<Pod>) -> Kill {
+        let grace = crate::kubelet::runtime::executor::grace_period(Some(&pod), None);
+        Kill {
+            pod,
+            grace,
+            outcome: None,
+            done: CancellationToken::new(),
+        }
+    }
 }
 
 /// The status a killed pod ends with: phase Failed (unless it had Succeeded), the reason and
@@ -294,8 +313,14 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         let done = self.done_tx.clone();
         let uid = uid.to_string();
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
+        let channels = WorkerChannels {
+            rx,
+            poke,
+            done,
+            activity: self.activity.clone(),
+        };
         self.tracker
-            .spawn(worker_loop(uid, rx, poke, deps, cancel, done).instrument(span));
+            .spawn(worker_loop(uid, channels, deps, cancel).instrument(span));
     }
 
     /// Asks the worker to look at its pod again now (the runtime changed).
@@ -375,7 +400,8 @@ struct WorkerState {
     last_synced: Option<Arc<Pod>>,
     /// For upstream's metrics: the pod's start has been recorded.
     start_recorded: bool,
-    /// The kill asked for has been carried out: nothing is synced any more.
+    /// The kill asked for has been carried out, or the pod finished and was stopped: nothing
+    /// is synced any more.
     killed: bool,
 }
 
@@ -389,11 +415,13 @@ enum Event {
     /// Killing the pod failed.
     KillFailed,
     /// A sync of `pod` completed and asks to be looked at again after `wait`. `running`: the
-    /// pod runs with every container started (see [`pod_started`]).
+    /// pod runs with every container started (see [`pod_started`]); `finished`: the status it
+    /// published has a terminal phase.
     Synced {
         pod: Arc<Pod>,
         wait: Duration,
         running: bool,
+        finished: bool,
     },
     /// Everything of the pod is stopped and removed.
     TornDown,
@@ -481,8 +509,17 @@ impl WorkerState {
                 vec![Action::WaitFor(KILLED_IDLE)]
             }
             Event::KillFailed => vec![Action::WaitFor(KILL_RETRY)],
-            Event::Synced { pod, wait, running } => {
+            Event::Synced {
+                pod,
+                wait,
+                running,
+                finished,
+            } => {
                 self.panics_in_a_row = 0;
+                if finished && !self.killed {
+                    // Nothing will run again: stop what is left and keep the containers.
+                    return vec![Action::Kill(Kill::finished(pod))];
+                }
                 let mut actions = vec![Action::WaitFor(wait)];
                 if running && !self.start_recorded {
                     self.start_recorded = true;
@@ -502,11 +539,16 @@ impl WorkerState {
     }
 
     /// What to do with the newest work: a killed pod is synced and killed no more (only its
-    /// removal is still to come); a sync notes what upstream's metrics call it.
+    /// removal is still to come); a pod its source shows finished is never started again,
+    /// only stopped (upstream: a terminal phase is never left); a sync notes what upstream's
+    /// metrics call it.
     fn pick(&mut self, work: Work) -> Action {
         match work {
             Work::Sync(_) | Work::Kill(_) if self.killed => Action::WaitFor(KILLED_IDLE),
             Work::Kill(kill) => Action::Kill(kill),
+            Work::Sync(pod) if crate::base::podspec::pod::phase_is_terminal(&pod) => {
+                Action::Kill(Kill::finished(pod))
+            }
             Work::Sync(pod) => {
                 let inject_panic = !self.injected_panic
                     && self.panic_pod.as_deref() == pod.metadata.name.as_deref();
@@ -534,17 +576,30 @@ impl WorkerState {
     }
 }
 
+/// What connects one worker to the rest: its work, its pokes, where it reports its end, and
+/// the activity the container GC reads (a finished pod is noted there).
+struct WorkerChannels {
+    rx: watch::Receiver<Work>,
+    poke: Arc<Notify>,
+    done: mpsc::UnboundedSender<String>,
+    activity: crate::kubelet::gc::WorkerActivity,
+}
+
 /// The worker task of one pod: waits for new work, a poke or its next look, hands what
 /// happened to [`WorkerState::step`] and carries out what it says, until the pod is torn down
 /// or the agent shuts down.
 async fn worker_loop<R: RuntimeService + ImageService>(
     uid: String,
-    mut rx: watch::Receiver<Work>,
-    poke: Arc<Notify>,
+    channels: WorkerChannels,
     deps: WorkerDeps<R>,
     cancel: CancellationToken,
-    done: mpsc::UnboundedSender<String>,
 ) {
+    let WorkerChannels {
+        mut rx,
+        poke,
+        done,
+        activity,
+    } = channels;
     let mut state = initial_sync_state(&uid, &deps);
     let mut worker = WorkerState::new(deps.panic_pod.clone());
     // For upstream's metrics: when the worker first saw the pod.
@@ -567,7 +622,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
         while let Some(action) = todo.pop_front() {
             let ran = match action {
                 Action::Kill(kill) => {
-                    run_kill(&uid, &kill, &mut state, &deps, &mut rx, &cancel).await
+                    let ran = run_kill(&uid, &kill, &mut state, &deps, &mut rx, &cancel).await;
+                    if matches!(ran, Some(Event::Killed)) {
+                        activity.finished(&uid);
+                    }
+                    ran
                 }
                 Action::Sync(job) => {
                     run_sync(&uid, &job, &mut state, &deps, &mut rx, &cancel).await
@@ -652,12 +711,18 @@ async fn run_kill<R: RuntimeService + ImageService>(
     };
     Some(match result {
         Ok(Ok(())) => {
-            tracing::info!(
-                pod = %full_name(&kill.pod),
-                reason = %kill.outcome.reason,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "pod killed"
-            );
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            let pod = full_name(&kill.pod);
+            match &kill.outcome {
+                Some(outcome) => {
+                    tracing::info!(%pod, reason = %outcome.reason, elapsed_ms, "pod killed")
+                }
+                None => tracing::info!(
+                    %pod,
+                    elapsed_ms,
+                    "pod finished and stopped; its containers and logs are kept until it is removed"
+                ),
+            }
             kill.done.cancel();
             Event::Killed
         }
@@ -704,6 +769,10 @@ async fn run_sync<R: RuntimeService + ImageService>(
                 pod: job.pod.clone(),
                 wait,
                 running: pod_started(state),
+                finished: state
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))),
             }
         }
         Err(payload) => Event::Panicked(PanicReport::new(
@@ -828,19 +897,33 @@ async fn kill_once<R: RuntimeService + ImageService>(
     deps.runtime_cache.update_pod(uid, observed.clone());
     let now = clock::now();
     let no_probes = HashMap::new();
-    let mut status = compute_pod_status(
-        &kill.pod,
-        &observed,
-        &StatusInputs {
-            now,
-            host_ip: deps.host_ip.clone(),
-            waiting: &state.waiting,
-            previous: state.status.as_ref(),
-            terminating: true,
-            probes: &no_probes,
-        },
-    );
-    kill.outcome.apply(&mut status, now);
+    // A pod its source already shows finished keeps that phase (upstream never leaves one);
+    // when the runtime has nothing of it either (refused, or removed before), the source's
+    // status is all there is to say.
+    let from_source = kill
+        .pod
+        .status
+        .as_ref()
+        .filter(|_| crate::base::podspec::pod::phase_is_terminal(&kill.pod));
+    let nothing_here = observed.containers.is_empty() && observed.sandboxes.is_empty();
+    let mut status = match from_source {
+        Some(source) if nothing_here && state.status.is_none() => source.clone(),
+        _ => compute_pod_status(
+            &kill.pod,
+            &observed,
+            &StatusInputs {
+                now,
+                host_ip: deps.host_ip.clone(),
+                waiting: &state.waiting,
+                previous: state.status.as_ref().or(from_source),
+                terminating: true,
+                probes: &no_probes,
+            },
+        ),
+    };
+    if let Some(outcome) = &kill.outcome {
+        outcome.apply(&mut status, now);
+    }
     state.status = Some(status.clone());
     deps.states.publish(kill.pod.clone(), status);
     if let Some(mirrors) = &deps.mirror_pods {
@@ -1173,11 +1256,11 @@ mod tests {
             Work::Kill(Kill {
                 pod: pod("uid-k"),
                 grace: 0,
-                outcome: FinalStatus {
+                outcome: Some(FinalStatus {
                     reason: "Terminated".into(),
                     message: "node shutdown".into(),
                     disruption_reason: None,
-                },
+                }),
                 done: done.clone(),
             }),
         );
@@ -1965,7 +2048,7 @@ mod task_size {
     use crate::clients::cri::CriClient;
 
     /// The size of what an async fn returns, without calling it.
-    fn future_size<A, B, C, D, E, F, Fut>(_: fn(A, B, C, D, E, F) -> Fut) -> usize {
+    fn future_size<A, B, C, D, Fut>(_: fn(A, B, C, D) -> Fut) -> usize {
         std::mem::size_of::<Fut>()
     }
 

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::base::clock::{self, Instant};
 use crate::base::health::CheckFailure;
 use crate::base::podspec::full_name;
+use crate::base::podspec::pod::phase_is_terminal;
 use crate::base::resync_queue::Pokes;
 use crate::clients::cri::{ImageService, RuntimeService};
 use crate::kubelet::admission::{self, Decision, NodeInfo, NodeSource, Usage};
@@ -331,7 +332,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 let pods = self
                     .desired
                     .iter()
-                    .filter(|(uid, _)| !finished.contains(*uid))
+                    .filter(|(uid, p)| !finished.contains(*uid) && !phase_is_terminal(p))
                     .map(|(_, p)| p.clone())
                     .collect();
                 let _ = reply.send(pods);
@@ -361,7 +362,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                     Work::Kill(Kill {
                         pod,
                         grace,
-                        outcome,
+                        outcome: Some(outcome),
                         done,
                     }),
                 );
@@ -496,6 +497,13 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             self.refuse(pod, REFUSED_REASON, message, false);
             return;
         }
+        if phase_is_terminal(&pod) && !deleting(&pod) {
+            // Finished before the node saw it (an agent restarted after the pod completed):
+            // not admitted again, as upstream; its worker only makes sure it is stopped and
+            // keeps its exited containers.
+            self.start(pod);
+            return;
+        }
         if self.shutdown.shutting_down() && !deleting(&pod) {
             self.refuse(
                 pod,
@@ -536,7 +544,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         let usage = admission::Usage::of(
             self.desired
                 .iter()
-                .filter(|(uid, _)| !finished.contains(*uid))
+                .filter(|(uid, p)| !finished.contains(*uid) && !phase_is_terminal(p))
                 .map(|(_, p)| &**p),
         );
         Batch {
