@@ -3,7 +3,8 @@
 //! them, until it is deleted.
 //!
 //! Three bare pods bound to a Deckhand node: one that succeeds (`restartPolicy: Never`), one
-//! that fails (`Never`, exit 3), and one under `OnFailure` that fails once and then succeeds.
+//! that fails (`Never`, exit 3), and one under `OnFailure` that fails once and then succeeds;
+//! and a static pod that succeeds, read through its mirror pod.
 //! Once the API server shows them `Succeeded`/`Failed`, their logs are read through the API
 //! server (the pods' `log` subresource, which the API server fetches from the node API's
 //! `containerLogs`), the restarted container's first run with `previous=true`; the containers
@@ -122,6 +123,24 @@ async fn sandbox_states(cri: &deckhand::clients::cri::CriClient, ns: &str, name:
         .collect()
 }
 
+/// A static pod (in the test's namespace) that prints a line and succeeds.
+fn static_manifest(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: static-once, namespace: {ns}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo out of static; exit 0"]
+"#
+    )
+}
+
 const EXITED: i32 = ContainerState::ContainerExited as i32;
 const NOT_READY: i32 = PodSandboxState::SandboxNotready as i32;
 
@@ -147,6 +166,8 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
         ),
     ]);
     let _ns = create_namespace(&client, ns).await;
+    agent.write_manifest("static.yaml", &static_manifest(ns));
+    let mirror = format!("static-once-{node}");
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -166,6 +187,7 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
         ("succeeds", "Succeeded"),
         ("fails", "Failed"),
         ("retries", "Succeeded"),
+        (mirror.as_str(), "Succeeded"),
     ] {
         wait_until(&format!("{name} {want}"), WAIT, || async {
             let p = pods.get(name).await.ok()?;
@@ -176,8 +198,13 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
 
     let cri = cri().await;
     let check_kept = |when: &'static str| {
-        let (pods, cri) = (pods.clone(), &cri);
+        let (pods, cri, mirror) = (pods.clone(), &cri, mirror.clone());
         async move {
+            assert_eq!(
+                logs(&pods, &mirror, false).await,
+                "out of static\n",
+                "{when}"
+            );
             assert_eq!(
                 logs(&pods, "succeeds", false).await,
                 "out of succeeds\n",
@@ -194,7 +221,7 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
                 "{when}"
             );
             assert_eq!(logs(&pods, "retries", true).await, "first run\n", "{when}");
-            for name in ["succeeds", "fails"] {
+            for name in ["succeeds", "fails", mirror.as_str()] {
                 assert_eq!(
                     containers(cri, ns, name).await,
                     [(0, EXITED)],
@@ -227,7 +254,7 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
         || async {
             let list = agent.pods().await?;
             let items = list["items"].as_array()?;
-            (items.len() >= 3).then_some(())
+            (items.len() >= 4).then_some(())
         },
     )
     .await;
@@ -235,7 +262,24 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
     let retries = pods.get("retries").await.unwrap();
     assert_eq!(phase(&retries), Some("Succeeded"));
 
-    // Deleting the pods removes everything of them on the node.
+    // Deleting the pods removes everything of them on the node; removing the manifest, the
+    // static pod's.
+    agent.remove_manifest("static.yaml");
+    wait_until("the static pod gone from containerd", WAIT, || async {
+        (containers(&cri, ns, &mirror).await.is_empty()
+            && sandbox_states(&cri, ns, &mirror).await.is_empty())
+        .then_some(())
+    })
+    .await;
+    let prefix = format!("{ns}_{mirror}_");
+    wait_until("the static pod's log directory removed", WAIT, || async {
+        let left = std::fs::read_dir(agent.logs_dir())
+            .ok()?
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&prefix));
+        (!left).then_some(())
+    })
+    .await;
     let mut uids = Vec::new();
     for name in ["succeeds", "fails", "retries"] {
         let p = pods.get(name).await.unwrap();

@@ -1177,6 +1177,94 @@ mod tests {
     use super::*;
     use crate::clients::cri::fake::{FakeCri, Script};
 
+    /// `pod(uid)` under `restartPolicy` `policy`, with its source's `phase` if any.
+    fn pod_with(uid: &str, policy: &str, phase: Option<&str>) -> Arc<Pod> {
+        let mut p = (*pod(uid)).clone();
+        p.spec.as_mut().unwrap().restart_policy = Some(policy.into());
+        p.status = phase.map(|phase| k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        Arc::new(p)
+    }
+
+    /// A pod that ran to completion is stopped and kept: its exited container stays (for its
+    /// logs), its sandbox is stopped, nothing starts again, the GC sees it finished; only its
+    /// removal takes the container and sandbox away.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_pod_is_stopped_and_kept_until_it_is_removed() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let p = pod_with("uid-f", "Never", None);
+        h.workers.dispatch("uid-f", Work::Sync(p.clone()));
+        eventually("the container started", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        let id = h.rt.containers()[0].id.clone();
+        h.rt.exit_container(&id);
+        h.workers.poke("uid-f");
+        let activity = h.workers.activity();
+        eventually("the finished pod stopped", || async {
+            activity.activity("uid-f") == crate::kubelet::gc::PodActivity::Finished
+        })
+        .await;
+        let status = h.states.status("uid-f").expect("a status");
+        assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(h.rt.count("RemoveContainer"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.count("RemovePodSandbox"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.containers().len(), 1, "the exited container is kept");
+        let sandboxes = h.rt.sandboxes();
+        assert_eq!(sandboxes.len(), 1);
+        assert_eq!(
+            sandboxes[0].state,
+            crate::clients::cri::proto::PodSandboxState::SandboxNotready as i32,
+            "the sandbox is stopped"
+        );
+        // Its source shows it Succeeded now; later looks start nothing and remove nothing.
+        h.workers.dispatch(
+            "uid-f",
+            Work::Sync(pod_with("uid-f", "Never", Some("Succeeded"))),
+        );
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(h.rt.count("StartContainer"), 1);
+        assert_eq!(h.rt.containers().len(), 1);
+        h.workers.dispatch(
+            "uid-f",
+            Work::Terminate {
+                pod: Some(p),
+                grace_override: None,
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-f"));
+        assert!(h.rt.containers().is_empty() && h.rt.sandboxes().is_empty());
+        h.cancel.cancel();
+    }
+
+    /// A pod its source already shows finished (an agent restarted after it completed) is
+    /// never started, whatever its restart policy: its leftovers are stopped and kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_its_source_shows_finished_is_never_started() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let p = pod_with("uid-g", "Always", Some("Failed"));
+        h.workers.dispatch("uid-g", Work::Sync(p));
+        let activity = h.workers.activity();
+        eventually("the finished pod stopped", || async {
+            activity.activity("uid-g") == crate::kubelet::gc::PodActivity::Finished
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(h.rt.count("RunPodSandbox"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.count("StartContainer"), 0);
+        let status = h.states.status("uid-g").expect("a status");
+        assert_eq!(
+            status.phase.as_deref(),
+            Some("Failed"),
+            "the source's phase stays"
+        );
+        h.cancel.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_panicking_sync_is_caught_counted_and_retried() {
         let rt = FakeCri::with_images(&[IMAGE]);

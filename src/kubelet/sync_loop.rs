@@ -1197,6 +1197,49 @@ mod tests {
         parts.cancel.cancel();
     }
 
+    /// A pod that is already finished when the loop first sees it (the agent restarted after
+    /// it completed) is not admitted: it holds nothing of the node and is never refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_already_finished_is_not_admitted_again() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(1));
+        parts.ready.mark_seen("file");
+        sl.handle_changes(vec![PodChange::Add(named("uid-x", "x", 100))]);
+        let mut done = (*named("uid-done", "done", 150)).clone();
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        sl.handle_changes(vec![PodChange::Add(Arc::new(done))]);
+        assert!(sl.workers.has("uid-done"), "kept, with a worker");
+        assert_ne!(
+            states.status("uid-done").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods"),
+            "not refused for lack of room"
+        );
+        // It takes no room from a new pod either.
+        sl.handle_changes(vec![PodChange::Remove(named("uid-x", "x", 100))]);
+        sl.handle_changes(vec![PodChange::Add(named("uid-y", "y", 200))]);
+        assert!(sl.workers.has("uid-y"), "admitted");
+        eventually("y's sandbox", || async {
+            parts
+                .rt
+                .sandboxes()
+                .iter()
+                .any(|s| s.metadata.as_ref().is_some_and(|m| m.uid == "uid-y"))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let ran_done = parts
+            .rt
+            .sandboxes()
+            .iter()
+            .any(|s| s.metadata.as_ref().is_some_and(|m| m.uid == "uid-done"));
+        assert!(!ran_done, "the finished pod never ran");
+        parts.cancel.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_pod_on_a_taken_host_port_or_for_other_labels_is_refused() {
         let h = harness(FakeCri::with_images(&[IMAGE]));
