@@ -173,7 +173,12 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     for pod in [
         script_pod("succeeds", node, "Never", "echo out of succeeds; exit 0"),
-        script_pod("fails", node, "Never", "echo out of fails; exit 3"),
+        script_pod(
+            "fails",
+            node,
+            "Never",
+            "echo out of fails; echo -n gave up > /dev/termination-log; exit 3",
+        ),
         script_pod(
             "retries",
             node,
@@ -259,6 +264,19 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
     )
     .await;
     check_kept("after the agent restarted").await;
+    // The node's own status of the adopted pod keeps its termination message (read again from
+    // the pod's directory).
+    let message = wait_until("the restarted agent's status of fails", WAIT, || async {
+        let list = agent.pods().await?;
+        let fails = list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == "fails")?
+            .clone();
+        Some(fails["status"]["containerStatuses"][0]["state"]["terminated"]["message"].clone())
+    })
+    .await;
+    assert_eq!(message, "gave up", "the termination message on the node");
     let retries = pods.get("retries").await.unwrap();
     assert_eq!(phase(&retries), Some("Succeeded"));
 

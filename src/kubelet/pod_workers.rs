@@ -893,7 +893,9 @@ async fn kill_once<R: RuntimeService + ImageService>(
     state: &mut PodSyncState,
     deps: &WorkerDeps<R>,
 ) -> Result<(), crate::kubelet::runtime::executor::TeardownError> {
-    let observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    let mut observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    deps.executor
+        .fill_termination_messages(&kill.pod, &mut observed, &mut state.messages);
     deps.runtime_cache.update_pod(uid, observed.clone());
     let now = clock::now();
     let no_probes = HashMap::new();
