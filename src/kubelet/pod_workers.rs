@@ -938,6 +938,14 @@ async fn kill_once<R: RuntimeService + ImageService>(
     // unmount); a failure is retried by the pod's removal later.
     if let Err(err) = deps.executor.unmount_volumes(uid).await {
         tracing::warn!(error = %err, "cannot unmount the killed pod's volumes");
+        return Ok(());
+    }
+    // A pod that finished by itself has its cgroup removed too, as upstream's housekeeping
+    // does for a terminated pod whose volumes are gone (its containers and logs stay).
+    if kill.outcome.is_none()
+        && let Err(err) = deps.executor.remove_pod_cgroup(uid).await
+    {
+        tracing::warn!(error = %err, "cannot remove the finished pod's cgroup");
     }
     Ok(())
 }
@@ -1203,6 +1211,9 @@ mod tests {
         })
         .await;
         let id = h.rt.containers()[0].id.clone();
+        // The pod's cgroup, as the runtime makes it (no cgroup manager here).
+        let cgroup = h.dir.path().join("cgroup/cpu/kubepods/besteffort/poduid-f");
+        std::fs::create_dir_all(&cgroup).unwrap();
         h.rt.exit_container(&id);
         h.workers.poke("uid-f");
         let activity = h.workers.activity();
@@ -1215,6 +1226,7 @@ mod tests {
         assert_eq!(h.rt.count("RemoveContainer"), 0, "{:?}", h.rt.calls());
         assert_eq!(h.rt.count("RemovePodSandbox"), 0, "{:?}", h.rt.calls());
         assert_eq!(h.rt.containers().len(), 1, "the exited container is kept");
+        assert!(!cgroup.exists(), "the finished pod's cgroup is removed");
         let sandboxes = h.rt.sandboxes();
         assert_eq!(sandboxes.len(), 1);
         assert_eq!(

@@ -303,7 +303,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     ) -> Result<ObservedPod, TeardownError> {
         let observed = self.observe(uid).await?;
         self.stop_pod(Some(pod), &observed, grace).await?;
-        Ok(self.observe(uid).await?)
+        let mut after = self.observe(uid).await?;
+        // As a sync reads it: an OOM kill the event stream told of keeps its reason
+        // (containerd 1.6 may have recorded the exit as an Error first).
+        self.apply_heard(&mut after);
+        Ok(after)
     }
 
     /// Unmounts and removes the volumes of a pod that was killed and will not run again,
@@ -318,6 +322,19 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 TeardownError::Volumes(format!("the volume teardown task failed: {join}"))
             })?
             .map_err(|err| TeardownError::Volumes(err.to_string()))
+    }
+
+    /// Removes the cgroup of a pod that finished and was stopped for good: nothing of it runs
+    /// any more, and upstream's housekeeping destroys the cgroup of a terminated pod once its
+    /// volumes are gone, long before the pod is deleted. What is left is logged.
+    pub(crate) async fn remove_pod_cgroup(&self, uid: &str) -> Result<(), TeardownError> {
+        let files = self.file_teardown();
+        let uid = uid.to_string();
+        tokio::task::spawn_blocking(move || files.remove_cgroup(&uid))
+            .await
+            .map_err(|join| {
+                TeardownError::Volumes(format!("the cgroup removal task failed: {join}"))
+            })
     }
 
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
@@ -414,8 +431,16 @@ impl FileTeardown {
             tracing::warn!(error = %err, "volume teardown failed; will retry");
             return Err(TeardownError::Volumes(err.to_string()));
         }
-        // The manager removes the cgroup wherever its QoS class put it, after killing what is
-        // left in it, and takes the pod off the QoS tiers; then the pod's directory goes.
+        self.remove_cgroup(uid);
+        // The pod's directory goes last: while it is there, a cgroup left by a teardown that
+        // did not finish is known to be this node's to sweep (see `cm::orphans`).
+        remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
+        Ok(())
+    }
+
+    /// The manager removes the cgroup wherever its QoS class put it, after killing what is
+    /// left in it, and takes the pod off the QoS tiers.
+    fn remove_cgroup(&self, uid: &str) {
         if let Some(cgroups) = &self.cgroups {
             for problem in cgroups.destroy_pod(uid) {
                 tracing::warn!(%problem, "cannot remove the pod's cgroup");
@@ -423,10 +448,6 @@ impl FileTeardown {
         } else {
             self.remove_cgroup_without_manager(uid);
         }
-        // The pod's directory goes last: while it is there, a cgroup left by a teardown that
-        // did not finish is known to be this node's to sweep (see `cm::orphans`).
-        remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
-        Ok(())
     }
 
     /// Without the cgroup manager (`cgroupsPerQOS` off or the systemd driver): the pod's
