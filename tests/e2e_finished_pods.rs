@@ -201,19 +201,6 @@ async fn a_finished_pod_keeps_its_containers_and_logs_until_it_is_deleted() {
         .await;
     }
 
-    // The finished pods' cgroups go (as upstream's housekeeping removes a terminated pod's),
-    // while their containers stay. Looked at in the memory hierarchy (cgroup v1 here).
-    let memory = std::path::Path::new("/sys/fs/cgroup/memory/kubepods/besteffort");
-    if memory.is_dir() {
-        for name in ["succeeds", "fails", "retries"] {
-            let uid = pods.get(name).await.unwrap().metadata.uid.unwrap();
-            let dir = memory.join(format!("pod{uid}"));
-            wait_until(&format!("{} removed", dir.display()), WAIT, || async {
-                (!dir.exists()).then_some(())
-            })
-            .await;
-        }
-    }
     let cri = cri().await;
     let check_kept = |when: &'static str| {
         let (pods, cri, mirror) = (pods.clone(), &cri, mirror.clone());

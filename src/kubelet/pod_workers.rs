@@ -403,6 +403,10 @@ struct WorkerState {
     /// The kill asked for has been carried out, or the pod finished and was stopped: nothing
     /// is synced any more.
     killed: bool,
+    /// The pod finished by itself (it was not killed from outside): a later look at it reads
+    /// it again and publishes its status again, still starting nothing (an OOM kill the event
+    /// stream tells of after the exit still names the container's reason).
+    finished: bool,
 }
 
 /// What happened, as the worker's state machine hears it.
@@ -518,6 +522,7 @@ impl WorkerState {
                 self.panics_in_a_row = 0;
                 if finished && !self.killed {
                     // Nothing will run again: stop what is left and keep the containers.
+                    self.finished = true;
                     return vec![Action::Kill(Kill::finished(pod))];
                 }
                 let mut actions = vec![Action::WaitFor(wait)];
@@ -544,9 +549,11 @@ impl WorkerState {
     /// metrics call it.
     fn pick(&mut self, work: Work) -> Action {
         match work {
+            Work::Sync(pod) if self.killed && self.finished => Action::Kill(Kill::finished(pod)),
             Work::Sync(_) | Work::Kill(_) if self.killed => Action::WaitFor(KILLED_IDLE),
             Work::Kill(kill) => Action::Kill(kill),
             Work::Sync(pod) if crate::base::podspec::pod::phase_is_terminal(&pod) => {
+                self.finished = true;
                 Action::Kill(Kill::finished(pod))
             }
             Work::Sync(pod) => {
@@ -896,6 +903,16 @@ async fn kill_once<R: RuntimeService + ImageService>(
     let mut observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
     deps.executor
         .fill_termination_messages(&kill.pod, &mut observed, &mut state.messages);
+    // An OOM kill the last sync's view named (told by the event stream, which need not
+    // remember it by now) stays one in the final status.
+    if let Some(before) = state.view.as_ref() {
+        crate::kubelet::runtime::inspect::name_heard_ooms(&mut observed, |id| {
+            before
+                .containers
+                .iter()
+                .any(|b| b.id == id && b.reason == "OOMKilled")
+        });
+    }
     deps.runtime_cache.update_pod(uid, observed.clone());
     let now = clock::now();
     let no_probes = HashMap::new();
@@ -938,14 +955,6 @@ async fn kill_once<R: RuntimeService + ImageService>(
     // unmount); a failure is retried by the pod's removal later.
     if let Err(err) = deps.executor.unmount_volumes(uid).await {
         tracing::warn!(error = %err, "cannot unmount the killed pod's volumes");
-        return Ok(());
-    }
-    // A pod that finished by itself has its cgroup removed too, as upstream's housekeeping
-    // does for a terminated pod whose volumes are gone (its containers and logs stay).
-    if kill.outcome.is_none()
-        && let Err(err) = deps.executor.remove_pod_cgroup(uid).await
-    {
-        tracing::warn!(error = %err, "cannot remove the finished pod's cgroup");
     }
     Ok(())
 }
@@ -1211,9 +1220,6 @@ mod tests {
         })
         .await;
         let id = h.rt.containers()[0].id.clone();
-        // The pod's cgroup, as the runtime makes it (no cgroup manager here).
-        let cgroup = h.dir.path().join("cgroup/cpu/kubepods/besteffort/poduid-f");
-        std::fs::create_dir_all(&cgroup).unwrap();
         h.rt.exit_container(&id);
         h.workers.poke("uid-f");
         let activity = h.workers.activity();
@@ -1226,7 +1232,6 @@ mod tests {
         assert_eq!(h.rt.count("RemoveContainer"), 0, "{:?}", h.rt.calls());
         assert_eq!(h.rt.count("RemovePodSandbox"), 0, "{:?}", h.rt.calls());
         assert_eq!(h.rt.containers().len(), 1, "the exited container is kept");
-        assert!(!cgroup.exists(), "the finished pod's cgroup is removed");
         let sandboxes = h.rt.sandboxes();
         assert_eq!(sandboxes.len(), 1);
         assert_eq!(

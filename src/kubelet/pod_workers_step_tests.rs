@@ -54,8 +54,8 @@ fn summary(w: &WorkerState, pods: &[(&str, &Arc<Pod>)]) -> String {
             .unwrap_or_else(|| "another pod".into()),
     };
     format!(
-        "injected={} panics={} last={last} recorded={} killed={}",
-        w.injected_panic, w.panics_in_a_row, w.start_recorded, w.killed
+        "injected={} panics={} last={last} recorded={} killed={} finished={}",
+        w.injected_panic, w.panics_in_a_row, w.start_recorded, w.killed, w.finished
     )
 }
 
@@ -73,6 +73,15 @@ fn state(
         last_synced: last_synced.cloned(),
         start_recorded,
         killed,
+        finished: false,
+    }
+}
+
+/// [`state`] of a pod that finished by itself (and, with `killed`, was stopped).
+fn finished_state(last_synced: Option<&Arc<Pod>>, killed: bool) -> WorkerState {
+    WorkerState {
+        finished: true,
+        ..state(0, last_synced, true, killed)
     }
 }
 
@@ -180,17 +189,27 @@ fn each_event_gives_its_actions_and_state() {
             before: state(0, Some(&a), true, false),
             event: finished,
             actions: &["stop the finished pod, grace 30"],
-            after: state(0, Some(&a), true, false),
+            after: finished_state(Some(&a), false),
         },
         Row {
             name: "a pod its source shows finished is never synced (started), only stopped",
             before: state(0, None, false, false),
             event: Event::Picked(Work::Sync(done.clone())),
             actions: &["stop the finished pod, grace 30"],
-            after: state(0, None, false, false),
+            after: WorkerState {
+                finished: true,
+                ..state(0, None, false, false)
+            },
         },
         Row {
-            name: "a finished pod once stopped is not synced again",
+            name: "a finished pod once stopped is never synced again, only read again",
+            before: finished_state(Some(&a), true),
+            event: Event::Picked(Work::Sync(done.clone())),
+            actions: &["stop the finished pod, grace 30"],
+            after: finished_state(Some(&a), true),
+        },
+        Row {
+            name: "a killed pod that did not finish by itself is not even read again",
             before: state(0, Some(&a), true, true),
             event: Event::Picked(Work::Sync(done.clone())),
             actions: &["wait 3600s"],
@@ -432,7 +451,12 @@ fn a_finished_pod_is_kept_until_it_is_removed() {
         (Event::Picked(Work::Sync(a.clone())), &["sync sync"]),
         (synced(true), &["stop the finished pod, grace 30"]),
         (Event::Killed, &["wait 3600s"]),
-        (Event::Picked(Work::Sync(a.clone())), &["wait 3600s"]),
+        // A later look (a poke, an update) reads it again and starts nothing.
+        (
+            Event::Picked(Work::Sync(a.clone())),
+            &["stop the finished pod, grace 30"],
+        ),
+        (Event::Killed, &["wait 3600s"]),
         (
             Event::Picked(Work::Terminate {
                 pod: Some(a.clone()),

@@ -324,19 +324,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .map_err(|err| TeardownError::Volumes(err.to_string()))
     }
 
-    /// Removes the cgroup of a pod that finished and was stopped for good: nothing of it runs
-    /// any more, and upstream's housekeeping destroys the cgroup of a terminated pod once its
-    /// volumes are gone, long before the pod is deleted. What is left is logged.
-    pub(crate) async fn remove_pod_cgroup(&self, uid: &str) -> Result<(), TeardownError> {
-        let files = self.file_teardown();
-        let uid = uid.to_string();
-        tokio::task::spawn_blocking(move || files.remove_cgroup(&uid))
-            .await
-            .map_err(|join| {
-                TeardownError::Volumes(format!("the cgroup removal task failed: {join}"))
-            })
-    }
-
     /// Stops and removes everything of a pod, then its log directory, files and cgroup.
     /// `pod` is absent for orphans found in the runtime; their names come from the labels.
     pub(crate) async fn terminate_pod(
@@ -431,16 +418,8 @@ impl FileTeardown {
             tracing::warn!(error = %err, "volume teardown failed; will retry");
             return Err(TeardownError::Volumes(err.to_string()));
         }
-        self.remove_cgroup(uid);
-        // The pod's directory goes last: while it is there, a cgroup left by a teardown that
-        // did not finish is known to be this node's to sweep (see `cm::orphans`).
-        remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
-        Ok(())
-    }
-
-    /// The manager removes the cgroup wherever its QoS class put it, after killing what is
-    /// left in it, and takes the pod off the QoS tiers.
-    fn remove_cgroup(&self, uid: &str) {
+        // The manager removes the cgroup wherever its QoS class put it, after killing what is
+        // left in it, and takes the pod off the QoS tiers; then the pod's directory goes.
         if let Some(cgroups) = &self.cgroups {
             for problem in cgroups.destroy_pod(uid) {
                 tracing::warn!(%problem, "cannot remove the pod's cgroup");
@@ -448,6 +427,10 @@ impl FileTeardown {
         } else {
             self.remove_cgroup_without_manager(uid);
         }
+        // The pod's directory goes last: while it is there, a cgroup left by a teardown that
+        // did not finish is known to be this node's to sweep (see `cm::orphans`).
+        remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
+        Ok(())
     }
 
     /// Without the cgroup manager (`cgroupsPerQOS` off or the systemd driver): the pod's
