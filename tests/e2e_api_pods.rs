@@ -397,16 +397,28 @@ async fn the_api_server_sees_phases_restarts_and_refusals() {
         "{:?}",
         status.message
     );
-    // Finished pods are not run again: their containers are torn down, the status stays.
+    // Finished pods are not run again: as upstream, their exited containers (and logs) stay
+    // until the pod is deleted, their sandbox stopped; the status stays.
     let cri = cri().await;
     for name in ["done", "broken"] {
-        wait_until(&format!("{name}'s containers removed"), WAIT, || async {
-            common::containers_of(&cri, name)
-                .await
-                .is_empty()
+        wait_until(&format!("{name}'s sandbox stopped"), WAIT, || async {
+            let sandboxes = common::sandboxes_of(&cri, name).await;
+            (sandboxes.len() == 1
+                && sandboxes[0].state
+                    == deckhand::clients::cri::proto::PodSandboxState::SandboxNotready as i32)
                 .then_some(())
         })
         .await;
+        let states: Vec<i32> = common::containers_of(&cri, name)
+            .await
+            .into_iter()
+            .map(|c| c.state)
+            .collect();
+        assert_eq!(
+            states,
+            [deckhand::clients::cri::proto::ContainerState::ContainerExited as i32],
+            "{name}'s one container is kept, exited"
+        );
     }
     assert_eq!(
         phase(&pods.get("done").await.unwrap()).as_deref(),

@@ -2,7 +2,10 @@
 //! earlier one that has not been picked up yet (a `watch` channel, never a queue of stale work).
 //!
 //! A worker syncs its pod until asked to terminate it; then it stops and removes everything of
-//! the pod, reports that it is done, and ends. The agent shutting down ends workers without
+//! the pod, reports that it is done, and ends. A pod that finishes (its phase is `Succeeded`
+//! or `Failed`, as computed here or as its source says) is stopped for good and kept, as
+//! upstream's "terminated" pod: sandbox stopped, volumes unmounted, its exited containers and
+//! their logs left for `kubectl logs` until the pod is removed from its source. The agent shutting down ends workers without
 //! touching their containers: a restarted agent adopts them.
 
 use std::any::Any;
@@ -45,7 +48,7 @@ pub(crate) enum Work {
     /// Stop the pod's containers (and sandbox) with a grace period, leave them in place,
     /// publish the pod's final status and unmount its volumes: upstream's `killPodNow`, as the
     /// node shutdown manager uses it. The worker then syncs the pod no more; a later
-    /// `Terminate` removes it.
+    /// `Terminate` removes it. A worker whose pod finished does the same by itself.
     Kill(Kill),
 }
 
@@ -55,9 +58,25 @@ pub(crate) struct Kill {
     pub pod: Arc<Pod>,
     /// Seconds the containers get (the pod's own grace is not consulted).
     pub grace: i64,
-    pub outcome: FinalStatus,
+    /// The reason the status is to show; `None` for a pod that finished by itself (its
+    /// status stays as computed).
+    pub outcome: Option<FinalStatus>,
     /// Cancelled once the pod has stopped and its final status is published.
     pub done: CancellationToken,
+}
+
+impl Kill {
+    /// The stop of a pod that finished by itself: its own grace period, no outcome of its
+    /// own, nobody waiting (upstream's `SyncTerminatingPod` then `SyncTerminatedPod`).
+    fn finished(pod: Arc<Pod>) -> Kill {
+        let grace = crate::kubelet::runtime::executor::grace_period(Some(&pod), None);
+        Kill {
+            pod,
+            grace,
+            outcome: None,
+            done: CancellationToken::new(),
+        }
+    }
 }
 
 /// The status a killed pod ends with: phase Failed (unless it had Succeeded), the reason and
@@ -298,8 +317,14 @@ impl<R: RuntimeService + ImageService> PodWorkers<R> {
         let done = self.done_tx.clone();
         let uid = uid.to_string();
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
+        let channels = WorkerChannels {
+            rx,
+            poke,
+            done,
+            activity: self.activity.clone(),
+        };
         self.tracker
-            .spawn(worker_loop(uid, rx, poke, deps, cancel, done).instrument(span));
+            .spawn(worker_loop(uid, channels, deps, cancel).instrument(span));
     }
 
     /// Asks the worker to look at its pod again now (the runtime changed).
@@ -407,8 +432,13 @@ struct WorkerState {
     last_synced: Option<Arc<Pod>>,
     /// For upstream's metrics: the pod's start has been recorded.
     start_recorded: bool,
-    /// The kill asked for has been carried out: nothing is synced any more.
+    /// The kill asked for has been carried out, or the pod finished and was stopped: nothing
+    /// is synced any more.
     killed: bool,
+    /// The pod finished by itself (it was not killed from outside): a later look at it reads
+    /// it again and publishes its status again, still starting nothing (an OOM kill the event
+    /// stream tells of after the exit still names the container's reason).
+    finished: bool,
 }
 
 /// What happened, as the worker's state machine hears it.
@@ -421,11 +451,13 @@ enum Event {
     /// Killing the pod failed.
     KillFailed,
     /// A sync of `pod` completed and asks to be looked at again after `wait`. `running`: the
-    /// pod runs with every container started (see [`pod_started`]).
+    /// pod runs with every container started (see [`pod_started`]); `finished`: the status it
+    /// published has a terminal phase.
     Synced {
         pod: Arc<Pod>,
         wait: Duration,
         running: bool,
+        finished: bool,
     },
     /// Everything of the pod is stopped and removed.
     TornDown,
@@ -513,8 +545,18 @@ impl WorkerState {
                 vec![Action::WaitFor(KILLED_IDLE)]
             }
             Event::KillFailed => vec![Action::WaitFor(KILL_RETRY)],
-            Event::Synced { pod, wait, running } => {
+            Event::Synced {
+                pod,
+                wait,
+                running,
+                finished,
+            } => {
                 self.panics_in_a_row = 0;
+                if finished && !self.killed {
+                    // Nothing will run again: stop what is left and keep the containers.
+                    self.finished = true;
+                    return vec![Action::Kill(Kill::finished(pod))];
+                }
                 let mut actions = vec![Action::WaitFor(wait)];
                 if running && !self.start_recorded {
                     self.start_recorded = true;
@@ -534,11 +576,18 @@ impl WorkerState {
     }
 
     /// What to do with the newest work: a killed pod is synced and killed no more (only its
-    /// removal is still to come); a sync notes what upstream's metrics call it.
+    /// removal is still to come); a pod its source shows finished is never started again,
+    /// only stopped (upstream: a terminal phase is never left); a sync notes what upstream's
+    /// metrics call it.
     fn pick(&mut self, work: Work) -> Action {
         match work {
+            Work::Sync(pod) if self.killed && self.finished => Action::Kill(Kill::finished(pod)),
             Work::Sync(_) | Work::Kill(_) if self.killed => Action::WaitFor(KILLED_IDLE),
             Work::Kill(kill) => Action::Kill(kill),
+            Work::Sync(pod) if crate::base::podspec::pod::phase_is_terminal(&pod) => {
+                self.finished = true;
+                Action::Kill(Kill::finished(pod))
+            }
             Work::Sync(pod) => {
                 let inject_panic = !self.injected_panic
                     && self.panic_pod.as_deref() == pod.metadata.name.as_deref();
@@ -566,17 +615,30 @@ impl WorkerState {
     }
 }
 
+/// What connects one worker to the rest: its work, its pokes, where it reports its end, and
+/// the activity the container GC reads (a finished pod is noted there).
+struct WorkerChannels {
+    rx: watch::Receiver<Work>,
+    poke: Arc<Notify>,
+    done: mpsc::UnboundedSender<String>,
+    activity: crate::kubelet::gc::WorkerActivity,
+}
+
 /// The worker task of one pod: waits for new work, a poke or its next look, hands what
 /// happened to [`WorkerState::step`] and carries out what it says, until the pod is torn down
 /// or the agent shuts down.
 async fn worker_loop<R: RuntimeService + ImageService>(
     uid: String,
-    mut rx: watch::Receiver<Work>,
-    poke: Arc<Notify>,
+    channels: WorkerChannels,
     deps: WorkerDeps<R>,
     cancel: CancellationToken,
-    done: mpsc::UnboundedSender<String>,
 ) {
+    let WorkerChannels {
+        mut rx,
+        poke,
+        done,
+        activity,
+    } = channels;
     let mut state = initial_sync_state(&uid, &deps);
     let mut worker = WorkerState::new(deps.panic_pod.clone());
     // For upstream's metrics: when the worker first saw the pod.
@@ -599,7 +661,11 @@ async fn worker_loop<R: RuntimeService + ImageService>(
         while let Some(action) = todo.pop_front() {
             let ran = match action {
                 Action::Kill(kill) => {
-                    run_kill(&uid, &kill, &mut state, &deps, &mut rx, &cancel).await
+                    let ran = run_kill(&uid, &kill, &mut state, &deps, &mut rx, &cancel).await;
+                    if matches!(ran, Some(Event::Killed)) {
+                        activity.finished(&uid);
+                    }
+                    ran
                 }
                 Action::Sync(job) => {
                     run_sync(&uid, &job, &mut state, &deps, &mut rx, &cancel).await
@@ -684,12 +750,18 @@ async fn run_kill<R: RuntimeService + ImageService>(
     };
     Some(match result {
         Ok(Ok(())) => {
-            tracing::info!(
-                pod = %full_name(&kill.pod),
-                reason = %kill.outcome.reason,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "pod killed"
-            );
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            let pod = full_name(&kill.pod);
+            match &kill.outcome {
+                Some(outcome) => {
+                    tracing::info!(%pod, reason = %outcome.reason, elapsed_ms, "pod killed")
+                }
+                None => tracing::info!(
+                    %pod,
+                    elapsed_ms,
+                    "pod finished and stopped; its containers and logs are kept until it is removed"
+                ),
+            }
             kill.done.cancel();
             Event::Killed
         }
@@ -736,6 +808,10 @@ async fn run_sync<R: RuntimeService + ImageService>(
                 pod: job.pod.clone(),
                 wait,
                 running: pod_started(state),
+                finished: state
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))),
             }
         }
         Err(payload) => Event::Panicked(PanicReport::new(
@@ -907,23 +983,49 @@ async fn kill_once<R: RuntimeService + ImageService>(
     state: &mut PodSyncState,
     deps: &WorkerDeps<R>,
 ) -> Result<(), crate::kubelet::runtime::executor::TeardownError> {
-    let observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    let mut observed = deps.executor.kill_pod(uid, &kill.pod, kill.grace).await?;
+    deps.executor
+        .fill_termination_messages(&kill.pod, &mut observed, &mut state.messages);
+    // An OOM kill the last sync's view named (told by the event stream, which need not
+    // remember it by now) stays one in the final status.
+    if let Some(before) = state.view.as_ref() {
+        crate::kubelet::runtime::inspect::name_heard_ooms(&mut observed, |id| {
+            before
+                .containers
+                .iter()
+                .any(|b| b.id == id && b.reason == "OOMKilled")
+        });
+    }
     deps.runtime_cache.update_pod(uid, observed.clone());
     let now = clock::now();
     let no_probes = HashMap::new();
-    let mut status = compute_pod_status(
-        &kill.pod,
-        &observed,
-        &StatusInputs {
-            now,
-            host_ip: deps.host_ip.clone(),
-            waiting: &state.waiting,
-            previous: state.status.as_ref(),
-            terminating: true,
-            probes: &no_probes,
-        },
-    );
-    kill.outcome.apply(&mut status, now);
+    // A pod its source already shows finished keeps that phase (upstream never leaves one);
+    // when the runtime has nothing of it either (refused, or removed before), the source's
+    // status is all there is to say.
+    let from_source = kill
+        .pod
+        .status
+        .as_ref()
+        .filter(|_| crate::base::podspec::pod::phase_is_terminal(&kill.pod));
+    let nothing_here = observed.containers.is_empty() && observed.sandboxes.is_empty();
+    let mut status = match from_source {
+        Some(source) if nothing_here && state.status.is_none() => source.clone(),
+        _ => compute_pod_status(
+            &kill.pod,
+            &observed,
+            &StatusInputs {
+                now,
+                host_ip: deps.host_ip.clone(),
+                waiting: &state.waiting,
+                previous: state.status.as_ref().or(from_source),
+                terminating: true,
+                probes: &no_probes,
+            },
+        ),
+    };
+    if let Some(outcome) = &kill.outcome {
+        outcome.apply(&mut status, now);
+    }
     state.status = Some(status.clone());
     deps.states.publish(kill.pod.clone(), status);
     if let Some(mirrors) = &deps.mirror_pods {
@@ -1191,6 +1293,94 @@ mod tests {
     use super::*;
     use crate::clients::cri::fake::{FakeCri, Script};
 
+    /// `pod(uid)` under `restartPolicy` `policy`, with its source's `phase` if any.
+    fn pod_with(uid: &str, policy: &str, phase: Option<&str>) -> Arc<Pod> {
+        let mut p = (*pod(uid)).clone();
+        p.spec.as_mut().unwrap().restart_policy = Some(policy.into());
+        p.status = phase.map(|phase| k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        Arc::new(p)
+    }
+
+    /// A pod that ran to completion is stopped and kept: its exited container stays (for its
+    /// logs), its sandbox is stopped, nothing starts again, the GC sees it finished; only its
+    /// removal takes the container and sandbox away.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_pod_is_stopped_and_kept_until_it_is_removed() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let p = pod_with("uid-f", "Never", None);
+        h.workers.dispatch("uid-f", Work::Sync(p.clone()));
+        eventually("the container started", || async {
+            h.rt.count("StartContainer") == 1
+        })
+        .await;
+        let id = h.rt.containers()[0].id.clone();
+        h.rt.exit_container(&id);
+        h.workers.poke("uid-f");
+        let activity = h.workers.activity();
+        eventually("the finished pod stopped", || async {
+            activity.activity("uid-f") == crate::kubelet::gc::PodActivity::Finished
+        })
+        .await;
+        let status = h.states.status("uid-f").expect("a status");
+        assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(h.rt.count("RemoveContainer"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.count("RemovePodSandbox"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.containers().len(), 1, "the exited container is kept");
+        let sandboxes = h.rt.sandboxes();
+        assert_eq!(sandboxes.len(), 1);
+        assert_eq!(
+            sandboxes[0].state,
+            crate::clients::cri::proto::PodSandboxState::SandboxNotready as i32,
+            "the sandbox is stopped"
+        );
+        // Its source shows it Succeeded now; later looks start nothing and remove nothing.
+        h.workers.dispatch(
+            "uid-f",
+            Work::Sync(pod_with("uid-f", "Never", Some("Succeeded"))),
+        );
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(h.rt.count("StartContainer"), 1);
+        assert_eq!(h.rt.containers().len(), 1);
+        h.workers.dispatch(
+            "uid-f",
+            Work::Terminate {
+                pod: Some(p),
+                grace_override: None,
+            },
+        );
+        let done = tokio::time::timeout(Duration::from_secs(60), h.done.recv()).await;
+        assert_eq!(done.ok().flatten().as_deref(), Some("uid-f"));
+        assert!(h.rt.containers().is_empty() && h.rt.sandboxes().is_empty());
+        h.cancel.cancel();
+    }
+
+    /// A pod its source already shows finished (an agent restarted after it completed) is
+    /// never started, whatever its restart policy: its leftovers are stopped and kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_its_source_shows_finished_is_never_started() {
+        let mut h = harness(FakeCri::with_images(&[IMAGE]));
+        let p = pod_with("uid-g", "Always", Some("Failed"));
+        h.workers.dispatch("uid-g", Work::Sync(p));
+        let activity = h.workers.activity();
+        eventually("the finished pod stopped", || async {
+            activity.activity("uid-g") == crate::kubelet::gc::PodActivity::Finished
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(h.rt.count("RunPodSandbox"), 0, "{:?}", h.rt.calls());
+        assert_eq!(h.rt.count("StartContainer"), 0);
+        let status = h.states.status("uid-g").expect("a status");
+        assert_eq!(
+            status.phase.as_deref(),
+            Some("Failed"),
+            "the source's phase stays"
+        );
+        h.cancel.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_panicking_sync_is_caught_counted_and_retried() {
         let rt = FakeCri::with_images(&[IMAGE]);
@@ -1270,11 +1460,11 @@ mod tests {
             Work::Kill(Kill {
                 pod: pod("uid-k"),
                 grace: 0,
-                outcome: FinalStatus {
+                outcome: Some(FinalStatus {
                     reason: "Terminated".into(),
                     message: "node shutdown".into(),
                     disruption_reason: None,
-                },
+                }),
                 done: done.clone(),
             }),
         );
@@ -2169,7 +2359,7 @@ mod task_size {
     use crate::clients::cri::CriClient;
 
     /// The size of what an async fn returns, without calling it.
-    fn future_size<A, B, C, D, E, F, Fut>(_: fn(A, B, C, D, E, F) -> Fut) -> usize {
+    fn future_size<A, B, C, D, Fut>(_: fn(A, B, C, D) -> Fut) -> usize {
         std::mem::size_of::<Fut>()
     }
 

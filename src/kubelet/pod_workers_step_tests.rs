@@ -15,7 +15,10 @@ use super::*;
 /// An action as short text: `sync create`, `wait 1s`, `record start`, …
 fn label(action: &Action) -> String {
     match action {
-        Action::Kill(kill) => format!("kill grace {}", kill.grace),
+        Action::Kill(kill) => match &kill.outcome {
+            Some(_) => format!("kill grace {}", kill.grace),
+            None => format!("stop the finished pod, grace {}", kill.grace),
+        },
         Action::Sync(job) if job.inject_panic => format!("sync {} with a panic", job.operation),
         Action::Sync(job) => format!("sync {}", job.operation),
         Action::Terminate {
@@ -51,8 +54,8 @@ fn summary(w: &WorkerState, pods: &[(&str, &Arc<Pod>)]) -> String {
             .unwrap_or_else(|| "another pod".into()),
     };
     format!(
-        "injected={} panics={} last={last} recorded={} killed={}",
-        w.injected_panic, w.panics_in_a_row, w.start_recorded, w.killed
+        "injected={} panics={} last={last} recorded={} killed={} finished={}",
+        w.injected_panic, w.panics_in_a_row, w.start_recorded, w.killed, w.finished
     )
 }
 
@@ -70,6 +73,15 @@ fn state(
         last_synced: last_synced.cloned(),
         start_recorded,
         killed,
+        finished: false,
+    }
+}
+
+/// [`state`] of a pod that finished by itself (and, with `killed`, was stopped).
+fn finished_state(last_synced: Option<&Arc<Pod>>, killed: bool) -> WorkerState {
+    WorkerState {
+        finished: true,
+        ..state(0, last_synced, true, killed)
     }
 }
 
@@ -77,11 +89,11 @@ fn kill(pod: &Arc<Pod>) -> Work {
     Work::Kill(Kill {
         pod: pod.clone(),
         grace: 30,
-        outcome: FinalStatus {
+        outcome: Some(FinalStatus {
             reason: "Terminated".into(),
             message: "node shutdown".into(),
             disruption_reason: None,
-        },
+        }),
         done: CancellationToken::new(),
     })
 }
@@ -112,6 +124,22 @@ fn each_event_gives_its_actions_and_state() {
         pod: a.clone(),
         wait: Duration::from_secs(10),
         running,
+        finished: false,
+    };
+    let finished = Event::Synced {
+        pod: a.clone(),
+        wait: Duration::from_secs(10),
+        running: false,
+        finished: true,
+    };
+    // The pod as its source shows it once finished (the API server's copy, Succeeded).
+    let done = {
+        let mut p = (*a).clone();
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        Arc::new(p)
     };
     let rows = vec![
         Row {
@@ -155,6 +183,49 @@ fn each_event_gives_its_actions_and_state() {
             event: synced(true),
             actions: &["wait 10s"],
             after: state(0, Some(&a), true, false),
+        },
+        Row {
+            name: "a sync that finds the pod finished stops it for good, keeping its containers",
+            before: state(0, Some(&a), true, false),
+            event: finished,
+            actions: &["stop the finished pod, grace 30"],
+            after: finished_state(Some(&a), false),
+        },
+        Row {
+            name: "a pod its source shows finished is never synced (started), only stopped",
+            before: state(0, None, false, false),
+            event: Event::Picked(Work::Sync(done.clone())),
+            actions: &["stop the finished pod, grace 30"],
+            after: WorkerState {
+                finished: true,
+                ..state(0, None, false, false)
+            },
+        },
+        Row {
+            name: "a finished pod once stopped is never synced again, only read again",
+            before: finished_state(Some(&a), true),
+            event: Event::Picked(Work::Sync(done.clone())),
+            actions: &["stop the finished pod, grace 30"],
+            after: finished_state(Some(&a), true),
+        },
+        Row {
+            name: "a killed pod that did not finish by itself is not even read again",
+            before: state(0, Some(&a), true, true),
+            event: Event::Picked(Work::Sync(done.clone())),
+            actions: &["wait 3600s"],
+            after: state(0, Some(&a), true, true),
+        },
+        Row {
+            name: "a sync that ran before the stop was done asks for no second stop",
+            before: state(0, Some(&a), true, true),
+            event: Event::Synced {
+                pod: a.clone(),
+                wait: Duration::from_secs(10),
+                running: false,
+                finished: true,
+            },
+            actions: &["wait 10s"],
+            after: state(0, Some(&a), true, true),
         },
         Row {
             name: "a kill is carried out",
@@ -319,6 +390,7 @@ fn a_pods_life_from_first_sync_to_removal() {
                 pod: a.clone(),
                 wait: Duration::from_secs(60),
                 running: true,
+                finished: false,
             },
             &["wait 60s", "record start of default/web"],
         ),
@@ -342,6 +414,49 @@ fn a_pods_life_from_first_sync_to_removal() {
             &["terminate default/web grace None"],
         ),
         (Event::TeardownFailed, &["wait 2s"]),
+        (
+            Event::Picked(Work::Terminate {
+                pod: Some(a.clone()),
+                grace_override: None,
+            }),
+            &["terminate default/web grace None"],
+        ),
+        (Event::TornDown, &["finish"]),
+    ];
+    for (i, (event, want)) in steps.into_iter().enumerate() {
+        let got: Vec<String> = worker.step(event).iter().map(label).collect();
+        assert_eq!(got, want, "step {i}");
+    }
+}
+
+/// A pod that runs to completion: stopped and kept once it finished (its containers and logs
+/// stay for `kubectl logs`), removed only when its source removes it.
+#[test]
+fn a_finished_pod_is_kept_until_it_is_removed() {
+    let a = pod("uid-a");
+    let mut worker = WorkerState::new(None);
+    let synced = |finished| Event::Synced {
+        pod: a.clone(),
+        wait: Duration::from_secs(60),
+        running: false,
+        finished,
+    };
+    let steps: Vec<(Event, &[&str])> = vec![
+        (Event::Picked(Work::Sync(a.clone())), &["sync create"]),
+        (synced(false), &["wait 60s"]),
+        (Event::Picked(Work::Sync(a.clone())), &["sync sync"]),
+        (synced(true), &["stop the finished pod, grace 30"]),
+        // The stop failed: the next look syncs and stops again.
+        (Event::KillFailed, &["wait 1s"]),
+        (Event::Picked(Work::Sync(a.clone())), &["sync sync"]),
+        (synced(true), &["stop the finished pod, grace 30"]),
+        (Event::Killed, &["wait 3600s"]),
+        // A later look (a poke, an update) reads it again and starts nothing.
+        (
+            Event::Picked(Work::Sync(a.clone())),
+            &["stop the finished pod, grace 30"],
+        ),
+        (Event::Killed, &["wait 3600s"]),
         (
             Event::Picked(Work::Terminate {
                 pod: Some(a.clone()),

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::base::clock::{self, Instant};
 use crate::base::health::CheckFailure;
 use crate::base::podspec::full_name;
+use crate::base::podspec::pod::phase_is_terminal;
 use crate::base::resync_queue::Pokes;
 use crate::clients::cri::{ImageService, RuntimeService};
 use crate::kubelet::admission::{self, Decision, NodeInfo, NodeSource, Usage};
@@ -334,7 +335,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 let pods = self
                     .desired
                     .iter()
-                    .filter(|(uid, _)| !finished.contains(*uid))
+                    .filter(|(uid, p)| !finished.contains(*uid) && !phase_is_terminal(p))
                     .map(|(_, p)| p.clone())
                     .collect();
                 let _ = reply.send(pods);
@@ -364,7 +365,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                     Work::Kill(Kill {
                         pod,
                         grace,
-                        outcome,
+                        outcome: Some(outcome),
                         done,
                     }),
                 );
@@ -499,6 +500,13 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             self.refuse(pod, REFUSED_REASON, message, false);
             return;
         }
+        if phase_is_terminal(&pod) && !deleting(&pod) {
+            // Finished before the node saw it (an agent restarted after the pod completed):
+            // not admitted again, as upstream; its worker only makes sure it is stopped and
+            // keeps its exited containers.
+            self.start(pod);
+            return;
+        }
         if self.shutdown.shutting_down() && !deleting(&pod) {
             self.refuse(
                 pod,
@@ -539,7 +547,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
         let usage = admission::Usage::of(
             self.desired
                 .iter()
-                .filter(|(uid, _)| !finished.contains(*uid))
+                .filter(|(uid, p)| !finished.contains(*uid) && !phase_is_terminal(p))
                 .map(|(_, p)| &**p),
         );
         Batch {
@@ -693,11 +701,11 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 Work::Kill(Kill {
                     pod,
                     grace,
-                    outcome: FinalStatus {
+                    outcome: Some(FinalStatus {
                         reason: REASON.into(),
                         message: MESSAGE.into(),
                         disruption_reason: None,
-                    },
+                    }),
                     done: CancellationToken::new(),
                 }),
             );
@@ -1243,6 +1251,49 @@ mod tests {
         );
         sl.handle_changes(vec![PodChange::Add(named("uid-y", "y", 200))]);
         assert!(sl.workers.has("uid-y"), "admitted");
+        parts.cancel.cancel();
+    }
+
+    /// A pod that is already finished when the loop first sees it (the agent restarted after
+    /// it completed) is not admitted: it holds nothing of the node and is never refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_already_finished_is_not_admitted_again() {
+        let h = harness(FakeCri::with_images(&[IMAGE]));
+        let states = h.states.clone();
+        let (mut sl, parts) = sync_loop_on(h, node_info(1));
+        parts.ready.mark_seen("file");
+        sl.handle_changes(vec![PodChange::Add(named("uid-x", "x", 100))]);
+        let mut done = (*named("uid-done", "done", 150)).clone();
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        sl.handle_changes(vec![PodChange::Add(Arc::new(done))]);
+        assert!(sl.workers.has("uid-done"), "kept, with a worker");
+        assert_ne!(
+            states.status("uid-done").and_then(|s| s.reason).as_deref(),
+            Some("OutOfpods"),
+            "not refused for lack of room"
+        );
+        // It takes no room from a new pod either.
+        sl.handle_changes(vec![PodChange::Remove(named("uid-x", "x", 100))]);
+        sl.handle_changes(vec![PodChange::Add(named("uid-y", "y", 200))]);
+        assert!(sl.workers.has("uid-y"), "admitted");
+        eventually("y's sandbox", || async {
+            parts
+                .rt
+                .sandboxes()
+                .iter()
+                .any(|s| s.metadata.as_ref().is_some_and(|m| m.uid == "uid-y"))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let ran_done = parts
+            .rt
+            .sandboxes()
+            .iter()
+            .any(|s| s.metadata.as_ref().is_some_and(|m| m.uid == "uid-done"));
+        assert!(!ran_done, "the finished pod never ran");
         parts.cancel.cancel();
     }
 

@@ -66,6 +66,16 @@ pub fn full_name(pod: &Pod) -> String {
     )
 }
 
+/// True when the pod's own status (as its source gives it: the API server's copy) has a
+/// terminal phase, `Succeeded` or `Failed`. Upstream never runs such a pod again; its exited
+/// containers stay until it is deleted.
+pub(crate) fn phase_is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 /// Upstream's priority of pods without a priority class, when no default class exists.
 pub(crate) const DEFAULT_PRIORITY: i32 = 0;
 /// The lowest priority of critical system pods (`system-cluster-critical`).

@@ -284,7 +284,8 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
 }
 
 /// The real reclaimer: the GC's passes, run at once. Dead containers go as in the periodic
-/// container GC; images as upstream's `DeleteUnusedImages`: every unused image seen for at
+/// container GC, and with them every exited container and dead sandbox of finished pods
+/// (upstream's `evictNonDeletedPods`); images as upstream's `DeleteUnusedImages`: every unused image seen for at
 /// least the minimum age, whatever the GC thresholds, through the image record the periodic
 /// image GC keeps (so an image's age counts from when the agent first saw it).
 pub struct GcReclaimer<R> {
@@ -299,7 +300,9 @@ impl<R: RuntimeService + ImageService> Reclaimer for GcReclaimer<R> {
         Box::pin(async move {
             match what {
                 Reclaim::DeadContainers => {
-                    let done = container_gc_pass(&self.ctx, ContainerGcPolicy::default()).await?;
+                    // Finished pods' exited containers go too, as upstream's reclaim does.
+                    let done =
+                        container_gc_pass(&self.ctx, ContainerGcPolicy::reclaiming()).await?;
                     Ok(done.containers.len() + done.sandboxes.len())
                 }
                 Reclaim::UnusedImages => {

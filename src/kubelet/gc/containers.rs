@@ -12,6 +12,11 @@ use std::collections::{BTreeMap, HashSet};
 pub enum PodActivity {
     /// A worker syncs the pod: keep its newest dead instances and newest sandbox.
     Active,
+    /// The pod has finished (upstream: its worker is "terminated", the pod not yet deleted):
+    /// nothing of it runs, and its exited containers, their logs and its newest sandbox are
+    /// kept as for an active pod, so `kubectl logs` answers, until the pod is deleted; under
+    /// disk pressure ([`ContainerGcPolicy::evict_finished_pods`]) all of it may go.
+    Finished,
     /// A worker is tearing the pod down: the GC keeps its hands off.
     Terminating,
     /// No worker has the pod: everything dead of it may go.
@@ -39,13 +44,18 @@ pub struct GcSandbox {
     pub created_at: i64,
 }
 
-/// Upstream's `GCPolicy` (its minimum age is 0 there, so it is left out).
+/// Upstream's `GCPolicy` (its minimum age is 0 there, so it is left out), and whether the
+/// pass reclaims space for the eviction manager.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContainerGcPolicy {
     /// `maxPerPodContainer`: dead instances kept per (pod, container name); below 0 = all.
     pub max_per_pod_container: i32,
     /// `maxContainers`: dead instances kept on the node; below 0 = no limit.
     pub max_containers: i32,
+    /// Everything dead of a finished pod goes too, as with a deleted one: upstream's
+    /// `evictNonDeletedPods`, set when the eviction manager reclaims space under disk
+    /// pressure (`DeleteAllUnusedContainers`), never by the periodic pass.
+    pub evict_finished_pods: bool,
 }
 
 impl Default for ContainerGcPolicy {
@@ -53,6 +63,30 @@ impl Default for ContainerGcPolicy {
         ContainerGcPolicy {
             max_per_pod_container: 1,
             max_containers: -1,
+            evict_finished_pods: false,
+        }
+    }
+}
+
+impl ContainerGcPolicy {
+    /// The policy of a reclaim under disk pressure: the defaults, and finished pods' dead
+    /// containers and sandboxes go as well.
+    pub fn reclaiming() -> Self {
+        ContainerGcPolicy {
+            evict_finished_pods: true,
+            ..Self::default()
+        }
+    }
+
+    /// What the pass does with a pod's dead objects: keep them alone (`None`: being torn
+    /// down), or keep the newest per container and the newest sandbox (`Some(true)`), or
+    /// let every one go (`Some(false)`).
+    fn keeps_newest(&self, activity: PodActivity) -> Option<bool> {
+        match activity {
+            PodActivity::Terminating => None,
+            PodActivity::Gone => Some(false),
+            PodActivity::Finished if self.evict_finished_pods => Some(false),
+            PodActivity::Finished | PodActivity::Active => Some(true),
         }
     }
 }
@@ -89,10 +123,10 @@ pub fn plan_container_gc(
     let mut remove: Vec<&GcContainer> = Vec::new();
     let mut kept: BTreeMap<(&str, &str), Vec<&GcContainer>> = BTreeMap::new();
     for (key, unit) in units {
-        match activity_of(key.0) {
-            PodActivity::Terminating => {}
-            PodActivity::Gone => remove.extend(unit),
-            PodActivity::Active => {
+        match policy.keeps_newest(activity_of(key.0)) {
+            None => {}
+            Some(false) => remove.extend(unit),
+            Some(true) => {
                 let keep = if policy.max_per_pod_container < 0 {
                     unit.len()
                 } else {
@@ -142,10 +176,10 @@ pub fn plan_container_gc(
     for (uid, mut list) in by_pod {
         list.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         // A pod that still exists keeps its newest sandbox, whatever its state.
-        let skip = match activity_of(uid) {
-            PodActivity::Terminating => continue,
-            PodActivity::Gone => 0,
-            PodActivity::Active => 1,
+        let skip = match policy.keeps_newest(activity_of(uid)) {
+            None => continue,
+            Some(false) => 0,
+            Some(true) => 1,
         };
         for s in list.into_iter().skip(skip) {
             if !s.ready && !in_use.contains(s.id.as_str()) {
@@ -191,6 +225,7 @@ mod tests {
         match uid {
             "gone" => PodActivity::Gone,
             "ending" => PodActivity::Terminating,
+            "done" => PodActivity::Finished,
             _ => PodActivity::Active,
         }
     }
@@ -242,11 +277,41 @@ mod tests {
                 vec![],
             ),
             (
+                "a finished pod keeps the newest dead instance of each container (its logs)",
+                vec![
+                    dead("d2", "done", "app", 2),
+                    dead("d1", "done", "app", 1),
+                    dead("i1", "done", "init", 1),
+                ],
+                policy,
+                vec!["d1"],
+            ),
+            (
+                "reclaiming under disk pressure, a finished pod loses every dead one",
+                vec![
+                    dead("d2", "done", "app", 2),
+                    dead("d1", "done", "app", 1),
+                    dead("i1", "done", "init", 1),
+                ],
+                ContainerGcPolicy::reclaiming(),
+                vec!["d2", "d1", "i1"],
+            ),
+            (
+                "reclaiming, a live pod still keeps its newest dead one",
+                vec![
+                    running("r", "p", "app", 3),
+                    dead("d2", "p", "app", 2),
+                    dead("d1", "p", "app", 1),
+                ],
+                ContainerGcPolicy::reclaiming(),
+                vec!["d1"],
+            ),
+            (
                 "a negative per-container limit keeps all",
                 vec![dead("d2", "p", "app", 2), dead("d1", "p", "app", 1)],
                 ContainerGcPolicy {
                     max_per_pod_container: -1,
-                    max_containers: -1,
+                    ..policy
                 },
                 vec![],
             ),
@@ -261,6 +326,7 @@ mod tests {
                 ContainerGcPolicy {
                     max_per_pod_container: 2,
                     max_containers: 2,
+                    ..policy
                 },
                 vec!["x1", "y1"],
             ),
@@ -302,6 +368,15 @@ mod tests {
                 vec!["sb-gone"],
             ),
             (
+                "a finished pod keeps its newest sandbox, not ready, with its containers",
+                vec![
+                    sandbox("sb-done", "done", false, 2),
+                    sandbox("older", "done", false, 1),
+                ],
+                vec![dead("d", "done", "app", 2)],
+                vec!["older"],
+            ),
+            (
                 "a ready sandbox of a gone pod stays (its teardown stops it)",
                 vec![sandbox("s", "gone", true, 1)],
                 vec![],
@@ -322,5 +397,33 @@ mod tests {
             let want: Vec<String> = want.into_iter().map(String::from).collect();
             assert_eq!(sorted(plan.sandboxes), sorted(want), "{name}");
         }
+    }
+
+    #[test]
+    fn reclaiming_removes_a_finished_pods_sandboxes_with_its_containers() {
+        let sandboxes = vec![
+            sandbox("sb-done", "done", false, 2),
+            sandbox("sb-p", "p", false, 1),
+        ];
+        let containers = vec![dead("d", "done", "app", 2), dead("e", "p", "app", 1)];
+        let plan = plan_container_gc(
+            &containers,
+            &sandboxes,
+            ContainerGcPolicy::reclaiming(),
+            activity,
+        );
+        assert_eq!(plan.containers, ["d"]);
+        assert_eq!(plan.sandboxes, ["sb-done"], "a live pod keeps its newest");
+        let plan = plan_container_gc(
+            &containers,
+            &sandboxes,
+            ContainerGcPolicy::default(),
+            activity,
+        );
+        assert_eq!(
+            plan,
+            ContainerGcPlan::default(),
+            "the periodic pass keeps both"
+        );
     }
 }

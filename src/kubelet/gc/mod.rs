@@ -17,22 +17,39 @@ use std::sync::{Arc, RwLock};
 
 pub use containers::PodActivity;
 
-/// Which pods have a worker, and whether it is tearing its pod down; written by the pod
-/// workers, read by the container GC so that it never races a teardown.
+/// Which pods have a worker, whether it is tearing its pod down, and whether its pod has
+/// finished; written by the pod workers, read by the container GC so that it never races a
+/// teardown and keeps a finished pod's containers (and logs) until the pod is deleted.
 #[derive(Clone, Debug, Default)]
 pub struct WorkerActivity {
-    /// UID → the worker is terminating its pod.
-    inner: Arc<RwLock<HashMap<String, bool>>>,
+    inner: Arc<RwLock<HashMap<String, PodActivity>>>,
 }
 
 impl WorkerActivity {
-    /// Notes that the pod's worker exists and whether it is terminating.
+    /// Notes that the pod's worker exists and whether it is terminating. A finished pod stays
+    /// finished until its teardown: later updates of it do not run it again.
     pub fn set(&self, uid: &str, terminating: bool) {
         let mut map = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        map.insert(uid.to_string(), terminating);
+        let next = match (terminating, map.get(uid)) {
+            (true, _) => PodActivity::Terminating,
+            (false, Some(PodActivity::Finished)) => PodActivity::Finished,
+            (false, _) => PodActivity::Active,
+        };
+        map.insert(uid.to_string(), next);
     }
 
-    /// Notes that the pod's worker has finished.
+    /// Notes that the pod has finished: its worker stopped it for good and keeps its exited
+    /// containers. A teardown already asked for wins.
+    pub fn finished(&self, uid: &str) {
+        let mut map = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = map.get_mut(uid)
+            && *a == PodActivity::Active
+        {
+            *a = PodActivity::Finished;
+        }
+    }
+
+    /// Notes that the pod's worker has ended.
     pub fn forget(&self, uid: &str) {
         let mut map = self.inner.write().unwrap_or_else(|e| e.into_inner());
         map.remove(uid);
@@ -41,10 +58,43 @@ impl WorkerActivity {
     /// What the GC may do with the pod's runtime objects.
     pub fn activity(&self, uid: &str) -> PodActivity {
         let map = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        match map.get(uid) {
-            Some(true) => PodActivity::Terminating,
-            Some(false) => PodActivity::Active,
-            None => PodActivity::Gone,
-        }
+        map.get(uid).copied().unwrap_or(PodActivity::Gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_pod_stays_finished_until_its_teardown() {
+        let a = WorkerActivity::default();
+        assert_eq!(a.activity("u"), PodActivity::Gone);
+        a.finished("u");
+        assert_eq!(
+            a.activity("u"),
+            PodActivity::Gone,
+            "no worker, nothing finished"
+        );
+        a.set("u", false);
+        assert_eq!(a.activity("u"), PodActivity::Active);
+        a.finished("u");
+        assert_eq!(a.activity("u"), PodActivity::Finished);
+        a.set("u", false);
+        assert_eq!(
+            a.activity("u"),
+            PodActivity::Finished,
+            "an update does not revive it"
+        );
+        a.set("u", true);
+        assert_eq!(a.activity("u"), PodActivity::Terminating);
+        a.finished("u");
+        assert_eq!(
+            a.activity("u"),
+            PodActivity::Terminating,
+            "the teardown wins"
+        );
+        a.forget("u");
+        assert_eq!(a.activity("u"), PodActivity::Gone);
     }
 }

@@ -391,7 +391,8 @@ async fn sweep_logs<R>(
             label(&s.labels, cri_labels::POD_NAME_LABEL),
             uid
         );
-        if activity(uid) == PodActivity::Active && component_problem(&dir).is_none() {
+        let kept = matches!(activity(uid), PodActivity::Active | PodActivity::Finished);
+        if kept && component_problem(&dir).is_none() {
             dirs.insert(uid.to_string(), ctx.pod_logs_dir.join(dir));
         }
     }

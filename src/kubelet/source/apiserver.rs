@@ -233,7 +233,7 @@ impl std::fmt::Debug for ApiSourceConfig {
 /// Why a pod from the API server is not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum NotRun {
-    /// Not a pod for this node to run (a mirror pod, another node's, already finished).
+    /// Not a pod for this node (a mirror pod, another node's, a finished one it would refuse).
     Skip,
     /// The node refuses it: upstream's admission reason and message.
     Refuse {
@@ -326,21 +326,23 @@ impl ApiSource {
         .is_ok()
     }
 
-    /// Whether this node runs `pod`: not a mirror pod, bound here, not finished, and safe.
+    /// Whether this node has `pod`: not a mirror pod, bound here, and safe. A pod in a
+    /// terminal phase is passed on, as upstream's config passes it: the node never starts it
+    /// again (its worker only makes sure it is stopped), but keeps its exited containers and
+    /// their logs until the API server deletes it. One that fails the checks is not refused
+    /// again (it will not run), only left out.
     fn admit(&self, pod: &Pod) -> Result<(), NotRun> {
         let mirror = is_mirror(pod);
         let bound_here =
             pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node_name.as_str());
-        // A pod in a terminal phase is never started again (upstream's rule); once its final
-        // status is written, its containers are torn down.
-        let finished = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
-        if mirror || !bound_here || finished {
+        if mirror || !bound_here {
             return Err(NotRun::Skip);
         }
+        let finished = crate::base::podspec::pod::phase_is_terminal(pod);
         validate::validate_pod(pod, &self.security).map_err(|errors| {
+            if finished {
+                return NotRun::Skip;
+            }
             let (reason, message) = admission_result(&errors);
             NotRun::Refuse { reason, message }
         })

@@ -747,6 +747,28 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
     }
 
+    /// Puts the exited containers' termination messages into `observed` (each read once and
+    /// kept in `cache`), as a sync does: a pod stopped outside a sync (finished, or killed)
+    /// keeps them in its final status.
+    pub(crate) fn fill_termination_messages(
+        &self,
+        pod: &Pod,
+        observed: &mut ObservedPod,
+        cache: &mut HashMap<String, String>,
+    ) {
+        let uid = pod_uid(pod);
+        let log_dir = self
+            .node
+            .pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
+        super::termination_message::fill_messages(
+            observed,
+            pod,
+            &self.node.pod_dir(uid),
+            &log_dir,
+            cache,
+        );
+    }
+
     /// Writes the pod's back-off table to its directory, so that an agent restarted keeps
     /// the crash loops' delays (a failure is logged: the table is still kept in memory).
     async fn save_backoff(&self, uid: &str, backoff: &BackoffTable) {

@@ -303,7 +303,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     ) -> Result<ObservedPod, TeardownError> {
         let observed = self.observe(uid).await?;
         self.stop_pod(Some(pod), &observed, grace).await?;
-        Ok(self.observe(uid).await?)
+        let mut after = self.observe(uid).await?;
+        // As a sync reads it: an OOM kill the event stream told of keeps its reason
+        // (containerd 1.6 may have recorded the exit as an Error first).
+        self.apply_heard(&mut after);
+        Ok(after)
     }
 
     /// Unmounts and removes the volumes of a pod that was killed and will not run again,
