@@ -230,8 +230,10 @@ replace (
 	k8s.io/streaming => k8s.io/streaming v0.37.2
 )
 
-// agnhost goes into the test image of that name; ginkgo runs e2e.test in parallel.
+// agnhost and nonewprivs go into the test images of those names; ginkgo runs e2e.test in
+// parallel.
 tool (
 	github.com/onsi/ginkgo/v2/ginkgo
 	k8s.io/kubernetes/test/images/agnhost
+	k8s.io/kubernetes/test/images/nonewprivs
 )
