@@ -81,9 +81,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::base::observed::{
-        ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
-    };
+    use crate::base::observed::{ContainerState, ObservedContainer, ObservedPod, SandboxState};
+    use crate::kubelet::pod_status::tests::{self, running};
     use crate::kubelet::pod_status::{StatusInputs, compute_pod_status};
     use crate::kubelet::prober::ProbeView;
 
@@ -119,46 +118,18 @@ mod tests {
         }
     }
 
-    fn instance(id: &str, name: &str, is_init: bool, state: ContainerState) -> ObservedContainer {
-        ObservedContainer {
-            id: id.into(),
-            sandbox_id: "sb".into(),
-            name: name.into(),
-            attempt: 0,
-            state,
-            created_at: 1,
-            started_at: 1_000_000_000,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            hash: None,
-            image: String::new(),
-            image_ref: String::new(),
-            grace_period: None,
-            is_init,
-            pre_stop: None,
-        }
-    }
-
+    /// The sidecar `side` and `a` running, `b` in `b`; ids `side1`, `a1`, `b1` (the status
+    /// tests' instances, attempt 1).
     fn observed(b: ContainerState) -> ObservedPod {
-        ObservedPod {
-            sandboxes: vec![ObservedSandbox {
-                id: "sb".into(),
-                attempt: 0,
-                state: SandboxState::Ready,
-                created_at: 1,
-                ip: Some("10.0.0.2".into()),
-                additional_ips: vec![],
-                host_network: false,
-            }],
-            containers: vec![
-                instance("s1", "side", true, ContainerState::Running),
-                instance("a1", "a", false, ContainerState::Running),
-                instance("b1", "b", false, b),
-            ],
-            names: None,
-        }
+        let side = ObservedContainer {
+            is_init: true,
+            ..running("side", 1)
+        };
+        let b = ObservedContainer {
+            state: b,
+            ..running("b", 1)
+        };
+        tests::observed(Some(SandboxState::Ready), vec![side, running("a", 1), b])
     }
 
     /// The worker's status for these probe results, at `at` seconds.
@@ -219,7 +190,7 @@ mod tests {
         // a, then the sidecar, then b: the pod is ready only with the last.
         let steps: [(&str, &[&str], bool); 3] = [
             ("a1", &["a"], false),
-            ("s1", &["a", "side"], false),
+            ("side1", &["a", "side"], false),
             ("b1", &["a", "side", "b"], true),
         ];
         let mut previous = status.clone();

@@ -77,7 +77,7 @@ fn sandbox(state: SandboxState) -> ObservedSandbox {
     }
 }
 
-fn instance(name: &str, attempt: u32, state: Rt) -> ObservedContainer {
+pub(super) fn instance(name: &str, attempt: u32, state: Rt) -> ObservedContainer {
     ObservedContainer {
         id: format!("{name}{attempt}"),
         sandbox_id: "s0".into(),
@@ -99,7 +99,7 @@ fn instance(name: &str, attempt: u32, state: Rt) -> ObservedContainer {
     }
 }
 
-fn running(name: &str, attempt: u32) -> ObservedContainer {
+pub(super) fn running(name: &str, attempt: u32) -> ObservedContainer {
     ObservedContainer {
         started_at: ns(100 + attempt as u64),
         ..instance(name, attempt, Rt::Running)
@@ -121,7 +121,10 @@ fn with_reason(mut c: ObservedContainer, reason: &str) -> ObservedContainer {
     c
 }
 
-fn observed(state: Option<SandboxState>, containers: Vec<ObservedContainer>) -> ObservedPod {
+pub(super) fn observed(
+    state: Option<SandboxState>,
+    containers: Vec<ObservedContainer>,
+) -> ObservedPod {
     ObservedPod {
         sandboxes: state.map(sandbox).into_iter().collect(),
         containers,
