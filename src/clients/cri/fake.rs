@@ -66,6 +66,8 @@ struct State {
     exec_replies: std::collections::VecDeque<ExecReply>,
     exec_calls: Vec<ExecCall>,
     stop_timeouts: Vec<i64>,
+    /// The container of every `StopContainer` call, in order.
+    stopped: Vec<String>,
     /// Scripted behaviour, consumed one per call, by method name.
     scripts: HashMap<&'static str, Vec<Script>>,
     /// The runtime is gone (stopped, restarting): every call fails as on a closed socket.
@@ -168,6 +170,11 @@ impl FakeCri {
     /// The timeout of every `StopContainer` call so far, in order.
     pub(crate) fn stop_timeouts(&self) -> Vec<i64> {
         self.lock().stop_timeouts.clone()
+    }
+
+    /// The container of every `StopContainer` call so far, in order.
+    pub(crate) fn stopped(&self) -> Vec<String> {
+        self.lock().stopped.clone()
     }
 
     /// The methods called so far, in order.
@@ -395,6 +402,7 @@ impl RuntimeService for FakeCri {
         self.enter("StopContainer").await?;
         let mut st = self.lock();
         st.stop_timeouts.push(timeout);
+        st.stopped.push(id.clone());
         if let Some(c) = st.containers.iter_mut().find(|c| c.id == id) {
             c.state = ContainerState::ContainerExited as i32;
         }

@@ -11,4 +11,5 @@ pub(crate) mod pod_files;
 pub(crate) mod revisit;
 
 pub(crate) mod termination_message;
+pub(crate) mod termination_order;
 pub(crate) mod translate;

@@ -12,6 +12,9 @@ use crate::base::podspec::quantity;
 /// Permission bits of an emptyDir (everyone may write, as upstream).
 pub(crate) const EMPTY_DIR_MODE: u32 = 0o777;
 
+/// The sticky bit, which a memory-backed emptyDir's root keeps from its tmpfs.
+const STICKY: u32 = 0o1000;
+
 /// Why an emptyDir could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EmptyDirError {
@@ -84,7 +87,9 @@ pub(crate) fn set_up(
                     path: dir.to_path_buf(),
                     source,
                 })?;
-            // A new tmpfs root is 1777: give it the volume's mode, through a descriptor.
+            // A new tmpfs root is 1777: give it the volume's mode, through a descriptor, and
+            // keep the sticky bit, as upstream does (it leaves the tmpfs root alone when the
+            // permission bits already match; its e2e specs expect `dtrwxrwxrwx`).
             let root = safe_fs::open_dir_abs(&canonical)?;
             let root = nix::fcntl::openat(
                 root.as_fd(),
@@ -98,7 +103,7 @@ pub(crate) fn set_up(
                 path: dir.to_path_buf(),
                 source,
             })?;
-            Ok(safe_fs::set_mode(root.as_fd(), mode, dir)?)
+            Ok(safe_fs::set_mode(root.as_fd(), mode | STICKY, dir)?)
         }
         other if other.starts_with("HugePages") => {
             Err(EmptyDirError::UnsupportedMedium(other.to_string()))

@@ -572,8 +572,8 @@ fn memory_empty_dir_is_a_sized_tmpfs() {
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
     assert_eq!(
         mode & 0o7777,
-        0o777,
-        "the tmpfs root is given the volume's mode"
+        0o1777,
+        "the tmpfs root is given the volume's mode and keeps its sticky bit"
     );
     std::fs::write(dir.join("f"), b"x").unwrap();
     // Idempotent: no second mount, content kept.
@@ -618,7 +618,11 @@ fn a_memory_empty_dir_is_a_real_tmpfs() {
         entry.super_options
     );
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
-    assert_eq!(mode & 0o7777, 0o777, "not the new tmpfs's 1777");
+    assert_eq!(
+        mode & 0o7777,
+        0o1777,
+        "the tmpfs's sticky bit is kept, as upstream"
+    );
     std::fs::write(dir.join("f"), b"x").unwrap();
     m.setup(&p).unwrap();
     assert_eq!(count(&dir), 1);

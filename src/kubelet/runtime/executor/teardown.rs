@@ -1,12 +1,15 @@
 //! Stopping containers the way upstream does: the preStop hook first, within the grace period,
 //! then `StopContainer` with what is left of it (at least two seconds); app containers before
-//! sidecars and other init containers, and the sandboxes last. And removing everything of a
+//! sidecars (in the reverse of their order, see `runtime::termination_order`) and other init
+//! containers, and the sandboxes last. And removing everything of a
 //! pod once it is gone: containers, sandboxes, log directory, pod files, volumes, cgroups.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::base::clock;
@@ -16,9 +19,10 @@ use crate::kubelet::events::{EventType, reason};
 use crate::kubelet::volume::safe_fs::SafeFsError;
 
 use super::super::hooks::{HookKind, run_hook};
+use super::super::termination_order::TerminationOrder;
 use super::{Executor, MIN_GRACE_SECONDS, grace_period, pod_name, pod_namespace};
 use crate::base::observed::{ContainerState, ObservedContainer, ObservedPod};
-use crate::base::podspec::QosClass;
+use crate::base::podspec::{QosClass, is_sidecar};
 
 /// Errors of a teardown; the worker retries.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +42,14 @@ fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .find(|c| c.name == name)
+}
+
+/// Whether the pod declares a sidecar (a restartable init container).
+fn has_sidecars(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|inits| inits.iter().any(is_sidecar))
 }
 
 fn is_active(c: &ObservedContainer) -> bool {
@@ -86,6 +98,24 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         until: StopUntil,
     ) -> Result<(), CriError> {
         let started = clock::instant();
+        self.begin_stop(pod, inst, grace, pod_ip, why).await;
+        let left = remaining_grace(grace, started);
+        match until {
+            StopUntil::Answered => self.stop_container(&inst.id, left).await,
+            StopUntil::Exited => self.stop_container_until_exit(&inst.id, left).await,
+        }
+    }
+
+    /// The start of a container's stop: the Killing event, then its preStop hook (if any)
+    /// within `grace`.
+    async fn begin_stop(
+        &self,
+        pod: Option<&Pod>,
+        inst: &ObservedContainer,
+        grace: i64,
+        pod_ip: Option<&str>,
+        why: Option<&str>,
+    ) {
         let spec = pod.and_then(|p| spec_container(p, &inst.name)).cloned();
         // Orphans have no object to name in an event; their stop is in the log.
         if let Some(p) = pod
@@ -135,11 +165,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     );
                 }
             }
-        }
-        let left = remaining_grace(grace, started);
-        match until {
-            StopUntil::Answered => self.stop_container(&inst.id, left).await,
-            StopUntil::Exited => self.stop_container_until_exit(&inst.id, left).await,
         }
     }
 
@@ -205,17 +230,107 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
     }
 
-    /// Stops every running container of the pod, then its sandboxes. App containers go first,
-    /// all at once; sidecars and any running init containers follow with what is left of the
-    /// grace period.
+    /// Stops every running container of the pod, then its sandboxes. A pod with sidecars
+    /// stops in upstream's order ([`TerminationOrder`]); otherwise app containers go first,
+    /// all at once, and any running init containers follow with what is left of the grace
+    /// period.
     pub(super) async fn stop_pod(
         &self,
         pod: Option<&Pod>,
         observed: &ObservedPod,
         grace: i64,
     ) -> Result<(), CriError> {
-        let started = clock::instant();
         let ip = observed.reachable_ip(None, self.node.host_ip.as_deref());
+        match pod {
+            Some(pod) if has_sidecars(pod) => {
+                self.stop_in_order(pod, observed, grace, ip.as_deref())
+                    .await?
+            }
+            _ => {
+                self.stop_apps_then_inits(pod, observed, grace, ip.as_deref())
+                    .await?
+            }
+        }
+        // NotReady sandboxes are stopped too: a sandbox whose pause process died still holds
+        // its network (IP lease, veth, host ports) until StopPodSandbox releases it.
+        for sandbox in &observed.sandboxes {
+            if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
+                && !err.is_not_found()
+            {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every running container's Killing event and preStop hook at once; then each one's
+    /// stop once the containers it waits for ([`TerminationOrder`]) have exited, or when what
+    /// is left of the grace period has run out waiting.
+    async fn stop_in_order(
+        &self,
+        pod: &Pod,
+        observed: &ObservedPod,
+        grace: i64,
+        ip: Option<&str>,
+    ) -> Result<(), CriError> {
+        let active: Vec<&ObservedContainer> = observed
+            .containers
+            .iter()
+            .filter(|c| is_active(c))
+            .collect();
+        let order = match pod.spec.as_ref() {
+            Some(spec) => TerminationOrder::new(spec, active.iter().map(|c| c.name.as_str())),
+            None => TerminationOrder::default(),
+        };
+        let exited: HashMap<&str, watch::Sender<bool>> = active
+            .iter()
+            .map(|c| (c.name.as_str(), watch::channel(false).0))
+            .collect();
+        let (order, exited) = (&order, &exited);
+        let stops = active.iter().map(|c| async move {
+            let started = clock::instant();
+            self.begin_stop(Some(pod), c, grace, ip, None).await;
+            let turn = order
+                .waits_for(&c.name)
+                .filter_map(|name| exited.get(name))
+                .map(|sender| {
+                    let mut done = sender.subscribe();
+                    async move {
+                        // An error is a sender dropped, which cannot happen before this ends.
+                        let _ = done.wait_for(|exited| *exited).await;
+                    }
+                });
+            let left = (grace - started.elapsed().as_secs() as i64).max(0) as u64;
+            if tokio::time::timeout(Duration::from_secs(left), join_all(turn))
+                .await
+                .is_err()
+            {
+                tracing::info!(container = %c.name, "the containers this one waits for did not exit within the grace period; stopping it");
+            }
+            let result = self
+                .stop_container(&c.id, remaining_grace(grace, started))
+                .await;
+            if let Some(sender) = exited.get(c.name.as_str()) {
+                sender.send_replace(true);
+            }
+            result
+        });
+        for result in join_all(stops).await {
+            result?;
+        }
+        Ok(())
+    }
+
+    /// App containers all at once, then running init containers with what is left of the
+    /// grace period (a pod without sidecars, or an orphan whose spec is gone).
+    async fn stop_apps_then_inits(
+        &self,
+        pod: Option<&Pod>,
+        observed: &ObservedPod,
+        grace: i64,
+        ip: Option<&str>,
+    ) -> Result<(), CriError> {
+        let started = clock::instant();
         // Orphans carry their own recorded grace period; a given one caps it.
         let grace_for = |c: &ObservedContainer, total: i64| match pod {
             Some(_) => total,
@@ -230,7 +345,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     pod,
                     c,
                     grace_for(c, grace),
-                    ip.as_deref(),
+                    ip,
                     None,
                     StopUntil::Answered,
                 )
@@ -249,7 +364,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     pod,
                     c,
                     grace_for(c, left),
-                    ip.as_deref(),
+                    ip,
                     None,
                     StopUntil::Answered,
                 )
@@ -257,15 +372,6 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             .collect();
         for result in join_all(inits).await {
             result?;
-        }
-        // NotReady sandboxes are stopped too: a sandbox whose pause process died still holds
-        // its network (IP lease, veth, host ports) until StopPodSandbox releases it.
-        for sandbox in &observed.sandboxes {
-            if let Err(err) = self.rt.stop_pod_sandbox(sandbox.id.clone()).await
-                && !err.is_not_found()
-            {
-                return Err(err);
-            }
         }
         Ok(())
     }
@@ -483,6 +589,111 @@ fn remove_child(
         &real.join(name),
         &real,
     )?)
+}
+
+#[cfg(test)]
+mod order_tests {
+    use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler};
+
+    use super::super::cgroup_tests::{executor, pod};
+    use super::*;
+    use crate::clients::cri::fake::FakeCri;
+
+    fn running(name: &str, is_init: bool) -> ObservedContainer {
+        ObservedContainer {
+            id: format!("id-{name}"),
+            sandbox_id: "sb".into(),
+            name: name.into(),
+            attempt: 0,
+            state: ContainerState::Running,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            hash: None,
+            image: String::new(),
+            image_ref: String::new(),
+            grace_period: None,
+            is_init,
+            pre_stop: None,
+        }
+    }
+
+    fn container(name: &str, sidecar: bool, pre_stop: bool) -> Container {
+        Container {
+            name: name.into(),
+            restart_policy: sidecar.then(|| "Always".to_string()),
+            lifecycle: pre_stop.then(|| Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction {
+                        command: Some(vec!["true".into()]),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The runtime calls of a teardown as (method, container), in order.
+    fn teardown_calls(rt: &FakeCri) -> Vec<(String, String)> {
+        let mut execs = rt.exec_calls().into_iter().map(|c| c.0);
+        let mut stops = rt.stopped().into_iter();
+        rt.calls()
+            .into_iter()
+            .filter_map(|m| match m {
+                "ExecSync" => Some(("preStop".to_string(), execs.next()?)),
+                "StopContainer" => Some(("stop".to_string(), stops.next()?)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The proxy sidecar (declared first) serves the later sidecar's preStop hook, as in
+    /// upstream's "Restartable Init Container Lifecycle Hook ... prestop http hook" spec: it
+    /// must outlive that hook and that sidecar, and the app goes first.
+    #[tokio::test]
+    async fn sidecars_stop_after_the_apps_in_reverse_order_once_their_hooks_ran() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = FakeCri::default();
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let mut p = pod("uid-order");
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers = Some(vec![
+            container("proxy", true, false),
+            container("setup", false, false),
+            container("hooked", true, true),
+        ]);
+        spec.containers = vec![container("main", false, false)];
+        let observed = ObservedPod {
+            containers: vec![
+                running("proxy", true),
+                running("hooked", true),
+                running("main", false),
+            ],
+            ..Default::default()
+        };
+        executor.stop_pod(Some(&p), &observed, 30).await.unwrap();
+        let calls = teardown_calls(&rt);
+        let at = |what: &str, id: &str| {
+            calls
+                .iter()
+                .position(|(m, c)| m == what && c == id)
+                .unwrap_or_else(|| panic!("no {what} of {id} in {calls:?}"))
+        };
+        assert!(at("stop", "id-main") < at("stop", "id-hooked"), "{calls:?}");
+        assert!(
+            at("preStop", "id-hooked") < at("stop", "id-proxy"),
+            "{calls:?}"
+        );
+        assert!(
+            at("stop", "id-hooked") < at("stop", "id-proxy"),
+            "{calls:?}"
+        );
+    }
 }
 
 #[cfg(test)]
