@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::cluster::{admin, bound_pod, create_namespace, joined_agent, wait_node_ready};
 use common::wait_until;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{Api, DeleteParams, PostParams};
 
@@ -28,6 +28,8 @@ const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "e2e-csi";
 const MOCK: &str = "io.kubernetes.storage.mock";
 const UNREGISTERED: &str = "unregistered.csi.mock";
+/// The mock driver's topology segment (with `--enable-topology`).
+const TOPOLOGY_KEY: &str = "io.kubernetes.storage.mock/node";
 
 /// The mock driver's binary: built from `controlplane/csi-mock` unless given.
 fn mock_driver() -> PathBuf {
@@ -70,6 +72,7 @@ impl Driver {
             .arg(format!("--csi-address={}", dir.join("csi.sock").display()))
             .arg(format!("--registration-socket={}", registration.display()))
             .args(["--name", MOCK, "-v=5", "--logtostderr"])
+            .args(["--enable-topology", "--attach-limit=5"])
             .stderr(std::fs::File::create(&log).unwrap())
             .stdout(Stdio::null())
             .spawn()
@@ -181,6 +184,23 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
     })
     .await;
     assert_eq!(entry.node_id, MOCK, "the mock driver's node ID is its name");
+    assert_eq!(entry.topology_keys, Some(vec![TOPOLOGY_KEY.to_string()]));
+    assert_eq!(entry.allocatable.and_then(|a| a.count), Some(5));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let meta = nodes.get(node).await.unwrap().metadata;
+    assert_eq!(
+        meta.labels
+            .unwrap_or_default()
+            .get(TOPOLOGY_KEY)
+            .map(String::as_str),
+        Some("some-mock-node")
+    );
+    let ids = meta
+        .annotations
+        .unwrap_or_default()
+        .get("csi.volume.kubernetes.io/nodeid")
+        .cloned();
+    assert_eq!(ids, Some(format!("{{\"{MOCK}\":\"{MOCK}\"}}")));
     let csi_node = csi_nodes.get(node).await.unwrap();
     let owner = &csi_node.metadata.owner_references.unwrap()[0];
     assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", node));
@@ -276,6 +296,22 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
     wait_until("the CSINode no longer lists the driver", WAIT, || async {
         let csi_node = csi_nodes.get(node).await.ok()?;
         (!csi_node.spec.drivers.iter().any(|d| d.name == MOCK)).then_some(())
+    })
+    .await;
+    let meta = nodes.get(node).await.unwrap().metadata;
+    assert!(
+        !meta
+            .annotations
+            .unwrap_or_default()
+            .contains_key("csi.volume.kubernetes.io/nodeid")
+    );
+
+    // A registration socket made again (the driver restarted): registered anew.
+    drop(driver);
+    let _driver = Driver::start(agent.dir.path(), &agent.root_dir());
+    wait_until("the CSINode lists the driver again", WAIT, || async {
+        let csi_node = csi_nodes.get(node).await.ok()?;
+        csi_node.spec.drivers.into_iter().find(|d| d.name == MOCK)
     })
     .await;
     for name in [MOCK, UNREGISTERED] {
