@@ -8,9 +8,9 @@
 //! whose driver is not registered waits with upstream's message while another pod runs; and
 //! the driver is deregistered when its socket goes away.
 //!
-//! The mock driver is built with `go build` from `controlplane/csi-mock` into the test's
-//! target dir (Go's build cache makes later builds quick), or taken from
-//! `DECKHAND_CSI_MOCK_DRIVER`.
+//! The mock driver is taken from `DECKHAND_CSI_MOCK_DRIVER` (`scripts/test` sets it from
+//! `scripts/build-csi-mock`, cached as the control plane is), else built with `go build` from
+//! `controlplane/csi-mock` into the test's target dir.
 
 mod common;
 
