@@ -5,8 +5,10 @@
 //! node's CSINode lists it; a pod with a CSI inline ephemeral volume runs with the volume
 //! published by the driver (its own gRPC call log shows NodePublishVolume with upstream's
 //! target path and pod-info volume_context, and NodeUnpublishVolume when the pod goes); a pod
-//! whose driver is not registered waits with upstream's message while another pod runs; and
-//! the driver is deregistered when its socket goes away.
+//! whose driver is not registered waits with upstream's message while another pod runs; a
+//! restart of Deckhand registers the driver again and the volume is still unpublished when its
+//! pod goes; the driver is deregistered when its socket goes away, and registered again when
+//! the socket is made again.
 //!
 //! The mock driver is taken from `DECKHAND_CSI_MOCK_DRIVER` (`scripts/test` sets it from
 //! `scripts/build-csi-mock`, cached as the control plane is), else built with `go build` from
@@ -273,6 +275,25 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
             .into_iter()
             .find(|(r, m)| r == "FailedMount" && *m == want)
     })
+    .await;
+
+    // Deckhand restarts while the pod runs: the driver registers again (a second NodeGetInfo)
+    // and the volume, found again from its vol_data.json, is still unpublished when the pod goes.
+    let infos = || {
+        driver
+            .calls()
+            .iter()
+            .filter(|(m, _)| m == "/csi.v1.Node/NodeGetInfo")
+            .count()
+    };
+    let before = infos();
+    agent.stop();
+    agent.start();
+    wait_until(
+        "the driver registered again after the restart",
+        WAIT,
+        || async { (infos() > before).then_some(()) },
+    )
     .await;
 
     // The pod goes: its volume is unpublished from the same path.
