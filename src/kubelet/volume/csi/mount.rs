@@ -378,6 +378,31 @@ pub(crate) fn set_up_persistent(
     Ok(target)
 }
 
+impl crate::kubelet::volume::VolumeManager {
+    /// The one call for a pod volume whose claim is bound to a CSI persistent volume: makes
+    /// `pods/<uid>/volumes/kubernetes.io~csi/<pv name>` and stages and publishes the volume
+    /// there ([`set_up_persistent`]). Its teardown is the pod's ([`tear_down_pod`]).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn set_up_csi_persistent(
+        &self,
+        pod: &Pod,
+        pv: &PersistentCsi,
+    ) -> Result<crate::kubelet::volume::SetUpVolume, crate::kubelet::volume::VolumeProblem> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        crate::kubelet::volume::check_component("pod UID", uid)?;
+        let fs_group = FsGroup::from_pod(pod)?;
+        let dir = self.make_volume_dir(uid, CSI_PLUGIN_DIR, pv.pv_name, 0o750)?;
+        let target = PodTarget {
+            pod,
+            dir: &dir,
+            fs_group,
+        };
+        let path = set_up_persistent(&self.root_dir, &target, pv)?;
+        let read_only = pv.read_only || pv.source.read_only == Some(true);
+        Ok(crate::kubelet::volume::SetUpVolume { path, read_only })
+    }
+}
+
 /// Unpublishes every CSI volume of a pod (and unstages the persistent ones no other pod on
 /// the node uses), then removes their directories. A driver that is not registered fails
 /// the teardown, which is tried again: nothing is removed while it may still be mounted.

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, CSIVolumeSource, Pod
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
 
 use super::client::NodeInfo;
-use super::mount::{self, PersistentCsi, PodTarget};
+use super::mount::{self, PersistentCsi};
 use super::proto::node_server::{Node, NodeServer};
 use super::*;
 use crate::clients::apiserver::fake::FakeApiServer;
@@ -282,15 +282,14 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
             ..Default::default()
         };
         let modes = ["ReadWriteOnce".to_string()];
+        let manager = crate::kubelet::volume::VolumeManager::new(
+            root2.clone(),
+            1 << 30,
+            crate::base::podspec::resources::NodeAllocatable::default(),
+            Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
+        );
         for uid in ["u1", "u2"] {
             let dir = root2.join(format!("pods/{uid}/volumes/kubernetes.io~csi/pv1"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let p = pod(uid);
-            let target = PodTarget {
-                pod: &p,
-                dir: &dir,
-                fs_group: None,
-            };
             let pv = PersistentCsi {
                 pv_name: "pv1",
                 source: &source,
@@ -298,17 +297,19 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
                 mount_options: &[],
                 read_only: false,
             };
-            assert_eq!(
-                mount::set_up_persistent(&root2, &target, &pv).unwrap(),
-                dir.join("mount")
-            );
+            let set_up = manager.set_up_csi_persistent(&pod(uid), &pv).unwrap();
+            assert_eq!((set_up.path, set_up.read_only), (dir.join("mount"), false));
             let data: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.join("vol_data.json")).unwrap()).unwrap();
             assert_eq!(data["volumeLifecycleMode"], "Persistent");
             assert_eq!(data["specVolID"], "pv1");
         }
-        mount::tear_down_pod(&root2, &root2.join("pods/u1")).unwrap();
-        mount::tear_down_pod(&root2, &root2.join("pods/u2")).unwrap();
+        manager.teardown("u1").unwrap();
+        assert!(
+            !root2.join("pods/u1/volumes").exists(),
+            "the pod's volumes are gone"
+        );
+        manager.teardown("u2").unwrap();
     })
     .await
     .unwrap();
