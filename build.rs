@@ -7,7 +7,9 @@
 //! containerd's content service (`proto/containerd/...`) lets `src/cri/pull_progress.rs` see
 //! whether an image pull is still receiving bytes, and a subset of its event service and event
 //! payloads (`proto/containerd/services/events`, `proto/containerd/events`) lets the PLEG
-//! (`src/pleg/feed.rs`) hear of container exits as they happen.
+//! (`src/pleg/feed.rs`) hear of container exits as they happen. The kubelet's plugin
+//! registration protocol (`proto/pluginregistration/v1`) and the CSI Node service's subset
+//! (`proto/csi/v1`) serve `src/kubelet/plugin_watcher` and `src/kubelet/volume/csi`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -28,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "containerd/services/content/v1/content.proto",
             "containerd/services/events/v1/events.proto",
             "containerd/events/events.proto",
+            "pluginregistration/v1/api.proto",
+            "csi/v1/csi.proto",
         ],
         ["proto"],
     )?;

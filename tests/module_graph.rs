@@ -58,6 +58,7 @@ const LAYERS: &[Layer] = &[
                 "certificate",
                 "cm",
                 "events",
+                "plugin_watcher",
                 "pull_credentials",
             ],
             // The pod sources, and what a pod's sync needs below the runtime manager.

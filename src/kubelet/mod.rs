@@ -18,6 +18,7 @@ pub mod gc;
 pub(crate) mod mirror_pods;
 pub(crate) mod node;
 pub mod pleg;
+pub(crate) mod plugin_watcher;
 pub(crate) mod pod_status;
 pub(crate) mod pod_workers;
 pub mod prober;

@@ -64,6 +64,7 @@ pub(super) async fn build(
     )
     .await;
     let api_pods = start_api_pods(agent);
+    start_plugin_watcher(agent);
     // Every refusal, the API server source's and admission's, is told the same way: an
     // event, and the pod's status in the API server.
     let refusals = Refusals::new(agent.events.clone(), api_pods.status_sync.clone());
@@ -88,6 +89,25 @@ pub(super) async fn build(
         mirror_pods: api_pods.mirror_pods,
         refusals,
     }
+}
+
+/// The plugin watcher on `<root-dir>/plugins_registry`, with the CSI handler; the CSI volume
+/// code's view of the cluster (CSIDriver objects, secrets) is installed here.
+fn start_plugin_watcher(agent: &Agent) {
+    use crate::kubelet::plugin_watcher::{self, CSI_PLUGIN, Handlers, PluginHandler};
+    use crate::kubelet::volume::csi::{self, CsiHandler, CsiHost};
+    let host = CsiHost {
+        node_name: agent.config.node_name.clone(),
+        client: agent.api.as_ref().map(|api| api.general.clone()),
+    };
+    csi::install_host(host.clone());
+    let handler: Arc<dyn PluginHandler> = CsiHandler::new(host);
+    let handlers: Handlers = [(CSI_PLUGIN.to_string(), handler)].into();
+    let dir = agent.config.root_dir.join("plugins_registry");
+    let cancel = agent.cancel.clone();
+    agent.tasks.spawn("plugin-watcher", move || {
+        plugin_watcher::run(dir.clone(), handlers.clone(), cancel.clone())
+    });
 }
 
 /// The PLEG follows the runtime's events where it can, and tells the workers (through the

@@ -28,11 +28,15 @@
 //! following a symlink, so neither a hostile UID nor a container's symlink can make it touch
 //! anything outside the pod's own directory.
 //!
-//! Everything else (persistent volumes, CSI, …) needs a storage plugin and fails to set up
+//! A CSI inline ephemeral volume (`csi`) is published by its driver, registered through the
+//! plugin watcher, to `kubernetes.io~csi/<name>/mount` (see [`csi`]).
+//!
+//! Everything else (persistent volumes, …) needs a storage plugin and fails to set up
 //! with a message saying so.
 
 pub(crate) mod atomic_writer;
 pub(crate) mod backoff;
+pub(crate) mod csi;
 pub(crate) mod downward;
 pub(crate) mod empty_dir;
 pub(crate) mod host_path;
@@ -69,6 +73,13 @@ pub(crate) const SECRET_PLUGIN: &str = "kubernetes.io~secret";
 pub(crate) enum VolumeError {
     #[error("MountVolume.SetUp failed for volume {volume:?} : {reason}")]
     SetUp {
+        volume: String,
+        #[source]
+        reason: Box<VolumeProblem>,
+    },
+    /// Upstream fails these before the set-up proper (a CSI driver's lifecycle modes).
+    #[error("MountVolume.NewMounter initialization failed for volume {volume:?} : {reason}")]
+    NewMounter {
         volume: String,
         #[source]
         reason: Box<VolumeProblem>,
@@ -125,6 +136,8 @@ pub(crate) enum VolumeProblem {
     PodDir(#[from] PodDirError),
     #[error(transparent)]
     Fs(#[from] SafeFsError),
+    #[error(transparent)]
+    Csi(#[from] csi::CsiError),
 }
 
 /// The files of a downwardAPI, projected, configMap or secret volume could not be written.
@@ -244,6 +257,8 @@ pub(crate) fn plugin_name(volume: &Volume) -> &'static str {
         "kubernetes.io/configmap"
     } else if volume.secret.is_some() {
         "kubernetes.io/secret"
+    } else if volume.csi.is_some() {
+        csi::CSI_PLUGIN_NAME
     } else {
         "unsupported"
     }
@@ -320,6 +335,8 @@ enum Plan<'a> {
     MemoryFiles(&'static str),
     /// An empty read-only directory (an optional configMap or secret we cannot read).
     Empty(&'static str),
+    /// Published by a registered CSI driver (an inline ephemeral volume).
+    Csi(&'a k8s_openapi::api::core::v1::CSIVolumeSource),
 }
 
 impl VolumeManager {
@@ -384,9 +401,15 @@ impl VolumeManager {
             let started = clock::instant();
             let result = self
                 .setup_one(pod, volume, objects, &mut mounts)
-                .map_err(|reason| VolumeError::SetUp {
-                    volume: volume.name.clone(),
-                    reason: Box::new(reason),
+                .map_err(|reason| match reason {
+                    VolumeProblem::Csi(ref e) if e.is_new_mounter() => VolumeError::NewMounter {
+                        volume: volume.name.clone(),
+                        reason: Box::new(reason),
+                    },
+                    _ => VolumeError::SetUp {
+                        volume: volume.name.clone(),
+                        reason: Box::new(reason),
+                    },
                 });
             let plugin = plugin_name(volume);
             let status = if result.is_ok() {
@@ -482,6 +505,16 @@ impl VolumeManager {
                 empty_dir::set_up(&*self.mounter, &dir, &memory, size, mode, &table)?;
                 write_payload(&dir, &payload, fs_group)?;
                 (dir, true)
+            }
+            Plan::Csi(source) => {
+                let dir = self.make_volume_dir(uid, csi::CSI_PLUGIN_DIR, &volume.name, 0o750)?;
+                let target = csi::mount::PodTarget {
+                    pod,
+                    dir: &dir,
+                    fs_group,
+                };
+                let path = csi::mount::set_up_inline(&target, &volume.name, source)?;
+                (path, source.read_only == Some(true))
             }
             Plan::Empty(plugin) => {
                 let dir =
@@ -759,6 +792,7 @@ impl VolumeManager {
         };
         let mounter = &*self.mounter;
         subpath::clean(mounter, &pod_dir).map_err(|e| fail(e.into()))?;
+        csi::mount::tear_down_pod(&self.root_dir, &pod_dir).map_err(|e| fail(e.into()))?;
         remove_checked(mounter, &pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.into()))
     }
 
@@ -959,6 +993,9 @@ fn plan(volume: &Volume, api: bool) -> Result<Plan<'_>, PlanError> {
     }
     if let Some(s) = &volume.host_path {
         return Ok(Plan::HostPath(s));
+    }
+    if let Some(s) = &volume.csi {
+        return Ok(Plan::Csi(s));
     }
     if volume.downward_api.is_some() {
         return Ok(Plan::Files(DOWNWARD_API_PLUGIN));
