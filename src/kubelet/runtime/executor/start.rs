@@ -488,6 +488,7 @@ pub(super) fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> 
         Some(VolumeError::SetUp { reason, .. }) if !matches!(**reason, VolumeProblem::Plan(_)) => {
             message.to_string()
         }
+        Some(VolumeError::NodeAffinity { .. }) => message.to_string(),
         _ => format!("Unable to attach or mount volumes: {message}"),
     }
 }

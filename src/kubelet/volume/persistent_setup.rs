@@ -1,0 +1,173 @@
+//! Setting up a `persistentVolumeClaim` volume once [`super::persistent`] has resolved it: a
+//! `local` volume's path is bind-mounted at `<pod>/volumes/kubernetes.io~local-volume/<pv>`
+//! (upstream's local plugin; a mount already there, as after a restart, is kept) and given
+//! to the fsGroup unless read-only; a `hostPath` volume is the node's path, checked against
+//! its `type`. Teardown is the pod's (`remove_checked`): the bind mount is unmounted before
+//! anything is removed, so the volume's own data is never deleted.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{NodeSelector, PersistentVolumeClaimVolumeSource, Pod, Volume};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::mountinfo::{self, MountEntry};
+use super::ownership::FsGroup;
+use super::persistent::{self, Served, VolumeUse};
+use super::{VolumeManager, VolumeProblem, host_path, safe_fs};
+use crate::kubelet::api_objects::PodObjects;
+
+/// Whether a persistent volume's required node affinity admits this node. The default (no
+/// node known, as in unit tests of other volume types) admits every volume.
+#[derive(Clone)]
+pub(crate) struct AffinityCheck(Arc<dyn Fn(&NodeSelector) -> bool + Send + Sync>);
+
+impl AffinityCheck {
+    pub(crate) fn new(check: impl Fn(&NodeSelector) -> bool + Send + Sync + 'static) -> Self {
+        AffinityCheck(Arc::new(check))
+    }
+}
+
+impl Default for AffinityCheck {
+    fn default() -> Self {
+        AffinityCheck::new(|_| true)
+    }
+}
+
+impl std::fmt::Debug for AffinityCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AffinityCheck")
+    }
+}
+
+/// A local volume's path could not be bind-mounted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LocalError {
+    #[error("local volume path {}: {errno}", path.display())]
+    Source { path: PathBuf, errno: Errno },
+    #[error("bind-mounting local volume path {} at {}: {errno}", source_path.display(), target.display())]
+    Bind {
+        source_path: PathBuf,
+        target: PathBuf,
+        errno: Errno,
+    },
+}
+
+/// How the pod's containers use the volume `name`.
+fn usage(pod: &Pod, name: &str) -> VolumeUse {
+    let mut out = VolumeUse::default();
+    let spec = pod.spec.as_ref();
+    let containers = spec.iter().flat_map(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+    });
+    for c in containers {
+        out.mounts |= c.volume_mounts.iter().flatten().any(|m| m.name == name);
+        out.devices |= c.volume_devices.iter().flatten().any(|d| d.name == name);
+    }
+    out
+}
+
+impl VolumeManager {
+    /// Resolves the claim and sets its volume up; the volume's path and whether it is mounted
+    /// read-only.
+    pub(super) fn set_up_claim(
+        &self,
+        pod: &Pod,
+        volume: &Volume,
+        source: &PersistentVolumeClaimVolumeSource,
+        objects: &PodObjects,
+        fs_group: Option<FsGroup>,
+        table: &[MountEntry],
+    ) -> Result<(PathBuf, bool), VolumeProblem> {
+        let namespace = crate::base::podspec::pod::namespace(pod);
+        let claim = objects.claim(&source.claim_name);
+        let pv = claim
+            .as_ref()
+            .ok()
+            .and_then(|c| crate::kubelet::api_objects::claims::bound_volume(c))
+            .map(|name| objects.persistent_volume(name));
+        let check = &self.pv_affinity.0;
+        let resolved = persistent::resolve(
+            &volume.name,
+            namespace,
+            source,
+            &claim,
+            pv.as_ref(),
+            usage(pod, &volume.name),
+            &|selector| check(selector),
+        )?;
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        let path = match &resolved.served {
+            Served::HostPath { path, kind } => {
+                let path = PathBuf::from(path);
+                if !path.is_absolute() {
+                    return Err(VolumeProblem::RelativeHostPath(path.display().to_string()));
+                }
+                host_path::check_type(&path, kind)?;
+                path
+            }
+            Served::Local { path } => {
+                super::check_component("volume name", &resolved.pv)?;
+                let dir = self.bind_local(uid, &resolved.pv, path, table)?;
+                if let (Some(group), false) = (fs_group, resolved.read_only) {
+                    super::set_ownership(pod, &volume.name, &dir, group, false, false)?;
+                }
+                dir
+            }
+        };
+        tracing::debug!(
+            pod = %crate::base::podspec::full_name(pod),
+            volume = %volume.name,
+            unique_name = %persistent::unique_name(&resolved, uid),
+            path = %path.display(),
+            "persistent volume set up"
+        );
+        Ok((path, resolved.read_only))
+    }
+
+    /// Bind-mounts `source` at the pod's local-volume directory for `pv`, unless a mount is
+    /// already there (set up before, or before a restart: kept as it is).
+    fn bind_local(
+        &self,
+        uid: &str,
+        pv: &str,
+        source: &Path,
+        table: &[MountEntry],
+    ) -> Result<PathBuf, VolumeProblem> {
+        let dir = self.volume_dir(uid, persistent::LOCAL_PLUGIN, pv);
+        // Checked before the directory is made: making it gives it a mode, which must never
+        // reach the root of the volume mounted there.
+        if let Ok(real) = dir.canonicalize() {
+            if mountinfo::mount_at(table, &real).is_some() {
+                return Ok(dir);
+            }
+        }
+        let dir = self.make_volume_dir(uid, persistent::LOCAL_PLUGIN, pv, 0o750)?;
+        let source_error = |errno| LocalError::Source {
+            path: source.to_path_buf(),
+            errno,
+        };
+        // The administrator's path, followed as upstream's `mount --bind` follows it.
+        let src = nix::fcntl::open(
+            source,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(source_error)?;
+        let target = safe_fs::open_dir_abs(&dir)?;
+        self.mounter
+            .bind(src.as_fd(), target.as_fd(), &dir)
+            .map_err(|errno| LocalError::Bind {
+                source_path: source.to_path_buf(),
+                target: dir.clone(),
+                errno,
+            })?;
+        tracing::info!(pod_uid = %uid, pv, path = %dir.display(), "local volume bind-mounted");
+        Ok(dir)
+    }
+}
