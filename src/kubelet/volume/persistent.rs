@@ -97,6 +97,8 @@ pub(crate) struct Resolved {
     pub served: Served,
     /// The pod's `readOnly` on the claim (upstream's spec read-only for a PV).
     pub read_only: bool,
+    /// `ReadWriteOncePod` is the volume's only access mode: no second pod may mount it.
+    pub once_per_pod: bool,
 }
 
 /// Upstream's unique volume name, as `volumesInUse` and the volume manager's logs show it:
@@ -189,10 +191,12 @@ pub(crate) fn resolve(
             });
         }
     }
+    let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref());
     Ok(Resolved {
         pv: pv_name.to_string(),
         served,
         read_only: source.read_only == Some(true),
+        once_per_pod: modes.is_some_and(|m| m == ["ReadWriteOncePod"]),
     })
 }
 

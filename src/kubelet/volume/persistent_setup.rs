@@ -48,6 +48,9 @@ impl std::fmt::Debug for AffinityCheck {
 pub(crate) enum LocalError {
     #[error("local volume path {}: {errno}", path.display())]
     Source { path: PathBuf, errno: Errno },
+    /// Upstream's kubelet check (the scheduler checks it too).
+    #[error("volume uses the ReadWriteOncePod access mode and is already in use by another pod")]
+    InUse,
     #[error("bind-mounting local volume path {} at {}: {errno}", source_path.display(), target.display())]
     Bind {
         source_path: PathBuf,
@@ -113,7 +116,7 @@ impl VolumeManager {
             }
             Served::Local { path } => {
                 super::check_component("volume name", &resolved.pv)?;
-                let dir = self.bind_local(uid, &resolved.pv, path, table)?;
+                let dir = self.bind_local(uid, &resolved, path, table)?;
                 if let (Some(group), false) = (fs_group, resolved.read_only) {
                     super::set_ownership(pod, &volume.name, &dir, group, false, false)?;
                 }
@@ -130,15 +133,16 @@ impl VolumeManager {
         Ok((path, resolved.read_only))
     }
 
-    /// Bind-mounts `source` at the pod's local-volume directory for `pv`, unless a mount is
-    /// already there (set up before, or before a restart: kept as it is).
+    /// Bind-mounts `source` at the pod's local-volume directory for the volume, unless a
+    /// mount is already there (set up before, or before a restart: kept as it is).
     fn bind_local(
         &self,
         uid: &str,
-        pv: &str,
+        resolved: &persistent::Resolved,
         source: &Path,
         table: &[MountEntry],
     ) -> Result<PathBuf, VolumeProblem> {
+        let pv = resolved.pv.as_str();
         let dir = self.volume_dir(uid, persistent::LOCAL_PLUGIN, pv);
         // Checked before the directory is made: making it gives it a mode, which must never
         // reach the root of the volume mounted there.
@@ -146,6 +150,9 @@ impl VolumeManager {
             if mountinfo::mount_at(table, &real).is_some() {
                 return Ok(dir);
             }
+        }
+        if resolved.once_per_pod && self.mounted_by_another_pod(uid, pv, table) {
+            return Err(LocalError::InUse.into());
         }
         let dir = self.make_volume_dir(uid, persistent::LOCAL_PLUGIN, pv, 0o750)?;
         let source_error = |errno| LocalError::Source {
@@ -169,5 +176,24 @@ impl VolumeManager {
             })?;
         tracing::info!(pod_uid = %uid, pv, path = %dir.display(), "local volume bind-mounted");
         Ok(dir)
+    }
+
+    /// Whether another pod on this node has the local volume `pv` mounted.
+    fn mounted_by_another_pod(&self, uid: &str, pv: &str, table: &[MountEntry]) -> bool {
+        let Ok(pods) = self.root_dir.join("pods").canonicalize() else {
+            return false;
+        };
+        let tail = Path::new("volumes").join(persistent::LOCAL_PLUGIN).join(pv);
+        table.iter().any(|m| {
+            m.mount_point
+                .strip_prefix(&pods)
+                .ok()
+                .and_then(|rest| {
+                    let mut parts = rest.components();
+                    let owner = parts.next()?.as_os_str().to_str()?.to_string();
+                    (parts.as_path() == tail && owner != uid).then_some(())
+                })
+                .is_some()
+        })
     }
 }

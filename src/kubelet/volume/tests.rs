@@ -1246,3 +1246,49 @@ fn a_bound_local_claim_is_bind_mounted_kept_across_setups_and_unmounted_without_
         "the volume's data stays"
     );
 }
+
+#[test]
+fn a_read_write_once_pod_local_volume_is_mounted_by_one_pod_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _fake) = manager_with_fake(&tmp.path().join("root"));
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mut objects = claim_objects(&disk, true);
+    let mut pv = (**objects.persistent_volumes["pv1"].as_ref().unwrap()).clone();
+    pv.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOncePod".into()]);
+    objects
+        .persistent_volumes
+        .insert("pv1".into(), Ok(Arc::new(pv)));
+    let claim_pod = |uid: &str| {
+        let mut p = pod(
+            uid,
+            vec![Volume {
+                name: "data".into(),
+                persistent_volume_claim: Some(
+                    k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                        claim_name: "data".into(),
+                        read_only: None,
+                    },
+                ),
+                ..Default::default()
+            }],
+        );
+        p.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![mount("data", "/d")]);
+        p
+    };
+    m.setup_with(&claim_pod("first"), &objects).unwrap();
+    m.setup_with(&claim_pod("first"), &objects)
+        .expect("the pod that has it mounts it again");
+    let err = m
+        .setup_with(&claim_pod("second"), &objects)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"data\" : volume uses the ReadWriteOncePod access \
+         mode and is already in use by another pod"
+    );
+    m.teardown("first").unwrap();
+    m.setup_with(&claim_pod("second"), &objects)
+        .expect("free once the first pod is gone");
+}

@@ -281,6 +281,7 @@ fn unique_names_follow_upstreams_plugins() {
             path: "/mnt".into(),
         },
         read_only: false,
+        once_per_pod: false,
     };
     assert_eq!(unique_name(&local, "u1"), "kubernetes.io/local-volume/pv1");
     let host = Resolved {
