@@ -371,8 +371,9 @@ fn stateful_set(node: &str) -> StatefulSet {
     .unwrap()
 }
 
-/// The node path of the volume bound to the claim `claim` (the provisioner's hostPath).
-async fn volume_path(client: &kube::Client, claim: &str) -> std::path::PathBuf {
+/// The name and node path of the volume bound to the claim `claim` (the provisioner's
+/// hostPath).
+async fn volume_path(client: &kube::Client, claim: &str) -> (String, std::path::PathBuf) {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), STS_NS);
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     wait_until(
@@ -382,7 +383,7 @@ async fn volume_path(client: &kube::Client, claim: &str) -> std::path::PathBuf {
             let c = claims.get(claim).await.ok()?;
             let name = c.spec?.volume_name?;
             let pv = volumes.get(&name).await.ok()?;
-            Some(std::path::PathBuf::from(pv.spec?.host_path?.path))
+            Some((name, std::path::PathBuf::from(pv.spec?.host_path?.path)))
         },
     )
     .await
@@ -425,6 +426,8 @@ async fn a_stateful_set_keeps_its_provisioned_local_data_until_its_claims_go() {
     wait_node_ready(&client, node, &agent).await;
     let storage = tempfile::tempdir().unwrap();
     let _provisioner = Provisioner::start(storage.path());
+    // Declared after the provisioner, so dropped before it: PVs it did not delete go.
+    let mut pv_cleanup = PvCleanup(Vec::new());
     let _ns_cleanup = create_namespace(&client, STS_NS).await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), STS_NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), STS_NS);
@@ -439,8 +442,10 @@ async fn a_stateful_set_keeps_its_provisioned_local_data_until_its_claims_go() {
     })
     .await;
     let mut paths = Vec::new();
+    let mut names = Vec::new();
     for i in 0..3 {
-        let path = volume_path(&client, &format!("data-db-{i}")).await;
+        let (name, path) = volume_path(&client, &format!("data-db-{i}")).await;
+        names.push(name);
         assert!(
             path.starts_with(storage.path()),
             "{} is under the provisioner's path",
@@ -449,6 +454,7 @@ async fn a_stateful_set_keeps_its_provisioned_local_data_until_its_claims_go() {
         assert_eq!(wait_boots(&path, 1).await, format!("db-{i}\n"));
         paths.push(path);
     }
+    pv_cleanup.0.extend(names.iter().cloned());
 
     // The data outlives the pod, and a restart of Deckhand.
     recreate(&pods, "db-0").await;
@@ -487,6 +493,15 @@ async fn a_stateful_set_keeps_its_provisioned_local_data_until_its_claims_go() {
             &format!("{} removed by a helper pod", path.display()),
             WAIT * 2,
             || async { (!path.exists()).then_some(()) },
+        )
+        .await;
+    }
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    for name in &names {
+        wait_until(
+            &format!("volume {name} deleted by the provisioner"),
+            WAIT,
+            || async { volumes.get_opt(name).await.ok()?.is_none().then_some(()) },
         )
         .await;
     }
