@@ -87,10 +87,10 @@ pub(crate) async fn fetch(
     .await;
     let mut volume_names: Vec<String> = Vec::new();
     for claim in claims.iter().flatten() {
-        if let Some(name) = bound_volume(claim) {
-            if !volume_names.iter().any(|n| n == name) {
-                volume_names.push(name.to_string());
-            }
+        if let Some(name) = bound_volume(claim)
+            && !volume_names.iter().any(|n| n == name)
+        {
+            volume_names.push(name.to_string());
         }
     }
     let volumes: Vec<Volume> = join_all(volume_names.iter().map(|name| {
@@ -106,4 +106,39 @@ pub(crate) async fn fetch(
         names.into_iter().zip(claims).collect(),
         volume_names.into_iter().zip(volumes).collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_named_once_and_read_on_only_when_bound() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [], "volumes": [
+                {"name": "a", "persistentVolumeClaim": {"claimName": "c1"}},
+                {"name": "b", "emptyDir": {}},
+                {"name": "c", "persistentVolumeClaim": {"claimName": "c2"}},
+                {"name": "d", "persistentVolumeClaim": {"claimName": "c1", "readOnly": true}},
+            ]},
+        }))
+        .unwrap();
+        assert_eq!(claim_names(&pod), ["c1", "c2"]);
+        let claim = |phase: &str, volume: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(serde_json::json!({
+                "spec": {"volumeName": volume},
+                "status": {"phase": phase},
+            }))
+            .unwrap()
+        };
+        let rows = [
+            (claim("Bound", "pv1"), Some("pv1")),
+            (claim("Pending", "pv1"), None),
+            (claim("Bound", ""), None),
+            (claim("Lost", "pv1"), None),
+        ];
+        for (c, want) in rows {
+            assert_eq!(bound_volume(&c), want, "{c:?}");
+        }
+    }
 }

@@ -60,7 +60,7 @@ pub(crate) enum PersistentError {
     Claim {
         namespace: String,
         claim: String,
-        reason: ClaimError,
+        reason: Box<ClaimError>,
     },
     #[error("volume {volume} has volumeMode {mode}, but is specified in volumeMounts")]
     MountsBlock { volume: String, mode: String },
@@ -134,7 +134,7 @@ pub(crate) fn resolve(
     let claim_error = |reason| PersistentError::Claim {
         namespace: namespace.to_string(),
         claim: source.claim_name.clone(),
-        reason,
+        reason: Box::new(reason),
     };
     let claim = claim
         .as_ref()
@@ -184,12 +184,12 @@ pub(crate) fn resolve(
         .as_ref()
         .and_then(|s| s.node_affinity.as_ref())
         .and_then(|a| a.required.as_ref());
-    if let Some(required) = required {
-        if !affinity_matches(required) {
-            return Err(PersistentError::NodeAffinity {
-                pv: pv_name.to_string(),
-            });
-        }
+    if let Some(required) = required
+        && !affinity_matches(required)
+    {
+        return Err(PersistentError::NodeAffinity {
+            pv: pv_name.to_string(),
+        });
     }
     let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref());
     Ok(Resolved {

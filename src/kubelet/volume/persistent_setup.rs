@@ -146,10 +146,10 @@ impl VolumeManager {
         let dir = self.volume_dir(uid, persistent::LOCAL_PLUGIN, pv);
         // Checked before the directory is made: making it gives it a mode, which must never
         // reach the root of the volume mounted there.
-        if let Ok(real) = dir.canonicalize() {
-            if mountinfo::mount_at(table, &real).is_some() {
-                return Ok(dir);
-            }
+        if let Ok(real) = dir.canonicalize()
+            && mountinfo::mount_at(table, &real).is_some()
+        {
+            return Ok(dir);
         }
         if resolved.once_per_pod && self.mounted_by_another_pod(uid, pv, table) {
             return Err(LocalError::InUse.into());

@@ -82,6 +82,16 @@ fn source(read_only: bool) -> PersistentVolumeClaimVolumeSource {
     }
 }
 
+/// What the row is, the claim and volume as read, the claim's readOnly, the use, the outcome.
+type Row = (
+    &'static str,
+    Claim,
+    Option<Volume>,
+    bool,
+    VolumeUse,
+    &'static str,
+);
+
 const MOUNTS: VolumeUse = VolumeUse {
     mounts: true,
     devices: false,
@@ -109,7 +119,7 @@ fn claims_resolve_to_their_bound_volume_or_say_why_not_as_upstream() {
         |edit: fn(&mut PersistentVolumeSpec)| Some(Ok(Arc::new(pv(Some("claim-uid"), edit))));
     let mut deleting = claim("Bound", "pv1");
     deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
-    let rows: Vec<(&str, Claim, Option<Volume>, bool, VolumeUse, &str)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "local, bound",
             bound(),
