@@ -341,11 +341,9 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
 }
 
 /// A static PV + PVC of the mock driver, staged and published with upstream's paths and
-/// order. DEPENDS ON the PVC → PV resolution (issue 29 items 1-2, the PVC helper's branch):
-/// enabled at merge, when a pod's `persistentVolumeClaim` reaches
-/// `kubelet::volume::csi::mount::set_up_persistent`.
+/// order: the pod's `persistentVolumeClaim` is resolved to the PV (`volume::persistent`) and
+/// handed to `volume::csi::mount::set_up_persistent`.
 #[tokio::test]
-#[ignore = "needs the PVC → PV resolution of the PVC branch (issue 29 items 1-2)"]
 async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     let client = admin().await;
     let node = "csi-pv-node";

@@ -206,13 +206,13 @@ async fn what_happens_on_the_node_is_told_in_events() {
     })
     .await;
 
-    // Unsupported: a PVC volume and a RuntimeClass. Each waits with an event and a status
-    // message that name what is missing; neither gets a container.
+    // A claim that is not there, and an unsupported RuntimeClass. Each waits with an event
+    // and a status message that name what is missing; neither gets a container.
     wait_event(&client, ns, "claims", "FailedMount", |e| {
         e.0 == "Warning"
             && e.1 == "FailedMount"
             && e.2.starts_with("Unable to attach or mount volumes: ")
-            && e.2.contains("persistentVolumeClaim")
+            && e.2.contains("error processing PVC")
     })
     .await;
     wait_event(&client, ns, "sandboxed", "FailedCreatePodSandBox", |e| {
@@ -224,7 +224,7 @@ async fn what_happens_on_the_node_is_told_in_events() {
     })
     .await;
     for (name, needle) in [
-        ("claims", "persistentVolumeClaim"),
+        ("claims", "error processing PVC"),
         ("sandboxed", "RuntimeClass"),
     ] {
         wait_until(

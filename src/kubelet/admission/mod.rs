@@ -34,7 +34,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 pub use node::NodeSource;
 use requests::{Amounts, CPU, EPHEMERAL_STORAGE, MEMORY, PODS, host_ports, pod_requests};
-pub use selector::{node_affinity_matches, tolerates, untolerated_no_execute};
+pub use selector::{
+    node_affinity_matches, node_selector_matches, tolerates, untolerated_no_execute,
+};
 
 /// The OS every Deckhand node runs.
 pub const NODE_OS: &str = "linux";

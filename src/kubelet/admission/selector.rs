@@ -55,6 +55,20 @@ pub fn node_affinity_matches(
         .any(|t| term_matches(t, labels, node_name))
 }
 
+/// True when one of the selector's terms matches the node (upstream's
+/// `MatchNodeSelectorTerms`, as a persistent volume's node affinity is checked).
+pub fn node_selector_matches(
+    selector: &k8s_openapi::api::core::v1::NodeSelector,
+    labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> bool {
+    selector
+        .node_selector_terms
+        .iter()
+        .filter(|t| !is_empty_term(t))
+        .any(|t| term_matches(t, labels, node_name))
+}
+
 fn is_empty_term(t: &NodeSelectorTerm) -> bool {
     t.match_expressions.as_ref().is_none_or(Vec::is_empty)
         && t.match_fields.as_ref().is_none_or(Vec::is_empty)

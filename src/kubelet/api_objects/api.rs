@@ -9,7 +9,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
+};
 use kube::api::{Api, PostParams};
 
 use super::{Kind, ObjectKey};
@@ -53,6 +55,15 @@ pub(crate) trait ObjectApi: Send + Sync + 'static {
         service_account: &str,
         request: TokenRequest,
     ) -> BoxFuture<'static, Result<TokenRequest, Problem>>;
+    /// `GET persistentvolumeclaims/<name>` in `namespace`: the Node authorizer lets a node
+    /// get (not list or watch) the claims of its pods, so claims are read, not watched.
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'static, Result<PersistentVolumeClaim, Problem>>;
+    /// `GET persistentvolumes/<name>` (the volume bound to a claim of one of the node's pods).
+    fn get_volume(&self, name: &str) -> BoxFuture<'static, Result<PersistentVolume, Problem>>;
 }
 
 /// [`ObjectApi`] on kube clients: kube's watcher on the client made for watching (its read
@@ -126,5 +137,21 @@ impl ObjectApi for KubeObjectApi {
                 .await?)
         }
         .boxed()
+    }
+
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'static, Result<PersistentVolumeClaim, Problem>> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.requests.clone(), namespace);
+        let name = name.to_string();
+        async move { Ok(api.get(&name).await?) }.boxed()
+    }
+
+    fn get_volume(&self, name: &str) -> BoxFuture<'static, Result<PersistentVolume, Problem>> {
+        let api: Api<PersistentVolume> = Api::all(self.requests.clone());
+        let name = name.to_string();
+        async move { Ok(api.get(&name).await?) }.boxed()
     }
 }

@@ -19,6 +19,7 @@
 
 pub(crate) mod api;
 pub(crate) mod cache;
+pub(crate) mod claims;
 pub(crate) mod refs;
 pub(crate) mod services;
 #[cfg(test)]
@@ -155,6 +156,10 @@ pub(crate) struct PodObjects {
     /// The service variables every container gets ([`services`]): none without an API
     /// server (`None`), an error until the Services have been listed once.
     pub service_env: Option<Result<BTreeMap<String, String>, ObjectError>>,
+    /// The claims of the pod's `persistentVolumeClaim` volumes, by claim name.
+    pub claims: BTreeMap<String, claims::Claim>,
+    /// The volumes those claims are bound to, by volume name.
+    pub persistent_volumes: BTreeMap<String, claims::Volume>,
 }
 
 impl PodObjects {
@@ -191,6 +196,28 @@ impl PodObjects {
         }
     }
 
+    /// The claim `name` in the pod's namespace, as last read.
+    pub(crate) fn claim(&self, name: &str) -> claims::Claim {
+        match self.claims.get(name) {
+            Some(c) => c.clone(),
+            None => Err(claims::FetchError::NoApiServer {
+                resource: claims::CLAIMS,
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The persistent volume `name`, as last read.
+    pub(crate) fn persistent_volume(&self, name: &str) -> claims::Volume {
+        match self.persistent_volumes.get(name) {
+            Some(v) => v.clone(),
+            None => Err(claims::FetchError::NoApiServer {
+                resource: claims::VOLUMES,
+                name: name.to_string(),
+            }),
+        }
+    }
+
     fn lookup<'a, T>(
         &self,
         map: &'a BTreeMap<String, Result<Arc<T>, ObjectError>>,
@@ -218,6 +245,7 @@ impl PodObjects {
 /// Cheap to clone; all clones share one cache.
 #[derive(Clone)]
 pub(crate) struct ApiObjects {
+    api: Arc<dyn ObjectApi>,
     cache: ObjectCache,
     tokens: TokenManager,
     services: Option<services::ServiceView>,
@@ -228,6 +256,7 @@ impl ApiObjects {
     /// watch ends with `cancel`. A change to a watched object pokes the pods that refer to it.
     pub(crate) fn new(api: Arc<dyn ObjectApi>, pokes: Pokes, cancel: CancellationToken) -> Self {
         ApiObjects {
+            api: api.clone(),
             cache: ObjectCache::new(api.clone(), pokes, cancel),
             tokens: TokenManager::new(api),
             services: None,
@@ -280,6 +309,10 @@ impl ApiObjects {
                 }
             }
         }
+        let namespace = crate::base::podspec::pod::namespace(pod);
+        let (claims, volumes) = claims::fetch(&*self.api, namespace, pod).await;
+        out.claims.extend(claims);
+        out.persistent_volumes.extend(volumes);
         if let Some(view) = &self.services {
             out.service_env = Some(view.env_for(pod).ok_or(ObjectError::ServicesNotSynced));
         }

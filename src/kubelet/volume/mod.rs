@@ -29,10 +29,10 @@
 //! anything outside the pod's own directory.
 //!
 //! A CSI inline ephemeral volume (`csi`) is published by its driver, registered through the
-//! plugin watcher, to `kubernetes.io~csi/<name>/mount` (see [`csi`]).
-//!
-//! Everything else (persistent volumes, …) needs a storage plugin and fails to set up
-//! with a message saying so.
+//! plugin watcher, to `kubernetes.io~csi/<name>/mount` (see [`csi`]). A
+//! `persistentVolumeClaim` is resolved to its bound volume, and `local`, `hostPath` and `csi`
+//! persistent volumes are served (see [`persistent`]); everything else (network filesystems,
+//! in-tree cloud disks, …) fails to set up with a message saying so.
 
 pub(crate) mod atomic_writer;
 pub(crate) mod backoff;
@@ -43,6 +43,8 @@ pub(crate) mod host_path;
 pub(crate) mod mounter;
 pub(crate) mod mountinfo;
 pub(crate) mod ownership;
+pub(crate) mod persistent;
+pub(crate) mod persistent_setup;
 pub(crate) mod projection;
 pub(crate) mod safe_fs;
 pub(crate) mod subpath;
@@ -91,6 +93,21 @@ pub(crate) enum VolumeError {
         #[source]
         reason: Box<VolumeProblem>,
     },
+    /// A claim that does not lead to a volume that can be served (upstream's populator
+    /// error, as `WaitForAttachAndMount` reports it).
+    #[error(
+        "unmounted volumes=[{volume}], unattached volumes=[], failed to process volumes=[{volume}]: {reason}"
+    )]
+    Process {
+        volume: String,
+        #[source]
+        reason: Box<persistent::PersistentError>,
+    },
+    /// The persistent volume's node affinity leaves this node out.
+    #[error(
+        "MountVolume.NodeAffinity check failed for volume {pv:?} : no matching NodeSelectorTerms"
+    )]
+    NodeAffinity { pv: String },
     #[error("tearing down volumes of pod {uid}: {reason}")]
     TearDown {
         uid: String,
@@ -138,6 +155,10 @@ pub(crate) enum VolumeProblem {
     Fs(#[from] SafeFsError),
     #[error(transparent)]
     Csi(#[from] csi::CsiError),
+    #[error(transparent)]
+    Persistent(#[from] persistent::PersistentError),
+    #[error(transparent)]
+    Local(#[from] persistent_setup::LocalError),
 }
 
 /// The files of a downwardAPI, projected, configMap or secret volume could not be written.
@@ -289,6 +310,17 @@ pub(crate) fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) ->
     if let Some(cm) = &volume.config_map {
         config_map(&cm.name, &mut hasher);
     }
+    if let Some(c) = &volume.persistent_volume_claim {
+        // The claim and its volume as read: a claim that binds changes this.
+        let claim = objects.claim(&c.claim_name);
+        ("claim", version_or_error(&claim)).hash(&mut hasher);
+        let pv = claim
+            .as_ref()
+            .ok()
+            .and_then(|c| crate::kubelet::api_objects::claims::bound_volume(c))
+            .map(|name| objects.persistent_volume(name));
+        ("pv", pv.as_ref().map(version_or_error)).hash(&mut hasher);
+    }
     if let Some(s) = &volume.secret {
         secret(s.secret_name.as_deref().unwrap_or(""), &mut hasher);
     }
@@ -312,6 +344,18 @@ pub(crate) fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) ->
     hasher.finish()
 }
 
+/// An object's resource version, or why it could not be read.
+fn version_or_error<
+    T: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+>(
+    read: &Result<Arc<T>, crate::kubelet::api_objects::claims::FetchError>,
+) -> Result<Option<String>, String> {
+    match read {
+        Ok(o) => Ok(o.metadata().resource_version.clone()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Sets volumes up under `<root>/pods/<uid>/volumes/<plugin>/<name>`.
 #[derive(Clone, Debug)]
 pub(crate) struct VolumeManager {
@@ -323,12 +367,16 @@ pub(crate) struct VolumeManager {
     pub allocatable: NodeAllocatable,
     /// Every mount and unmount goes through it (the kernel's, or a test's fake).
     pub mounter: Arc<dyn Mounter>,
+    /// Whether a persistent volume's required node affinity admits this node.
+    pub pv_affinity: persistent_setup::AffinityCheck,
 }
 
 /// How one volume is provided.
 enum Plan<'a> {
     EmptyDir(&'a k8s_openapi::api::core::v1::EmptyDirVolumeSource),
     HostPath(&'a k8s_openapi::api::core::v1::HostPathVolumeSource),
+    /// A claim, resolved to its bound persistent volume.
+    Claim(&'a k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource),
     /// Files written by the atomic writer (downwardAPI, projected, configMap).
     Files(&'static str),
     /// The same on a tmpfs (secret, and projected with an API server: never on disk).
@@ -351,7 +399,14 @@ impl VolumeManager {
             node_memory_bytes,
             allocatable,
             mounter,
+            pv_affinity: persistent_setup::AffinityCheck::default(),
         }
+    }
+
+    /// Checks persistent volumes' node affinity with `check` (this node's labels and name).
+    pub(crate) fn with_pv_affinity(mut self, check: persistent_setup::AffinityCheck) -> Self {
+        self.pv_affinity = check;
+        self
     }
 
     /// `<root>/pods/<uid>/volumes`.
@@ -401,16 +456,7 @@ impl VolumeManager {
             let started = clock::instant();
             let result = self
                 .setup_one(pod, volume, objects, &mut mounts)
-                .map_err(|reason| match reason {
-                    VolumeProblem::Csi(ref e) if e.is_new_mounter() => VolumeError::NewMounter {
-                        volume: volume.name.clone(),
-                        reason: Box::new(reason),
-                    },
-                    _ => VolumeError::SetUp {
-                        volume: volume.name.clone(),
-                        reason: Box::new(reason),
-                    },
-                });
+                .map_err(|reason| setup_error(&volume.name, reason));
             let plugin = plugin_name(volume);
             let status = if result.is_ok() {
                 "success"
@@ -482,6 +528,10 @@ impl VolumeManager {
                 }
                 host_path::check_type(&path, source.type_.as_deref().unwrap_or(""))?;
                 (path, false)
+            }
+            Plan::Claim(source) => {
+                let table = mount_table()?;
+                self.set_up_claim(pod, volume, source, objects, fs_group, &table)?
             }
             Plan::Files(plugin) => {
                 // The content first: a missing object leaves nothing behind, as upstream.
@@ -857,6 +907,28 @@ impl VolumeManager {
     }
 }
 
+/// The error of a volume's set-up: a claim that leads to no volume is told as upstream's
+/// populator tells it, a node-affinity mismatch as its mount operation does.
+fn setup_error(volume: &str, reason: VolumeProblem) -> VolumeError {
+    match reason {
+        VolumeProblem::Persistent(persistent::PersistentError::NodeAffinity { pv }) => {
+            VolumeError::NodeAffinity { pv }
+        }
+        VolumeProblem::Persistent(p) => VolumeError::Process {
+            volume: volume.to_string(),
+            reason: Box::new(p),
+        },
+        VolumeProblem::Csi(ref e) if e.is_new_mounter() => VolumeError::NewMounter {
+            volume: volume.to_string(),
+            reason: Box::new(reason),
+        },
+        reason => VolumeError::SetUp {
+            volume: volume.to_string(),
+            reason: Box::new(reason),
+        },
+    }
+}
+
 /// Writes a payload with the atomic writer; with an fsGroup, upstream gives the whole volume
 /// to the group on every write, whatever the policy.
 fn write_payload(
@@ -996,6 +1068,9 @@ fn plan(volume: &Volume, api: bool) -> Result<Plan<'_>, PlanError> {
     }
     if let Some(s) = &volume.csi {
         return Ok(Plan::Csi(s));
+    }
+    if let Some(s) = &volume.persistent_volume_claim {
+        return Ok(Plan::Claim(s));
     }
     if volume.downward_api.is_some() {
         return Ok(Plan::Files(DOWNWARD_API_PLUGIN));

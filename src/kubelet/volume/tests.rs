@@ -955,6 +955,7 @@ fn api_objects(app_conf: &str) -> PodObjects {
             Ok("eyJhbGciOi.token".to_string()),
         )]),
         service_env: None,
+        ..Default::default()
     }
 }
 
@@ -1137,4 +1138,161 @@ fn a_token_with_an_fs_group_is_readable_by_the_group_only() {
         & 0o777;
     assert_eq!(mode, 0o640, "0600 and the group's read bit");
     m.teardown("api3").unwrap();
+}
+
+/// Objects read for a pod whose claim `data` is bound to the local volume `pv1` at `path`.
+fn claim_objects(path: &Path, bound: bool) -> PodObjects {
+    use crate::kubelet::api_objects::claims::FetchError;
+    use k8s_openapi::api::core::v1::{
+        LocalVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+        PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    };
+    let mut claim = PersistentVolumeClaim {
+        spec: Some(PersistentVolumeClaimSpec {
+            volume_name: bound.then(|| "pv1".to_string()),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeClaimStatus {
+            phase: Some(if bound { "Bound" } else { "Pending" }.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    claim.metadata.uid = Some("c-uid".into());
+    let pv = PersistentVolume {
+        spec: Some(PersistentVolumeSpec {
+            local: Some(LocalVolumeSource {
+                path: path.to_string_lossy().into_owned(),
+                fs_type: None,
+            }),
+            claim_ref: Some(ObjectReference {
+                uid: Some("c-uid".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut objects = PodObjects {
+        from_api: true,
+        ..Default::default()
+    };
+    objects.claims.insert("data".into(), Ok(Arc::new(claim)));
+    let read = if bound {
+        Ok(Arc::new(pv))
+    } else {
+        Err(FetchError::Request("not read".into()))
+    };
+    objects.persistent_volumes.insert("pv1".into(), read);
+    objects
+}
+
+#[test]
+fn a_bound_local_claim_is_bind_mounted_kept_across_setups_and_unmounted_without_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, fake) = manager_with_fake(&tmp.path().join("root"));
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    std::fs::write(disk.join("kept"), b"data").unwrap();
+    let claim = Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(
+            k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                claim_name: "data".into(),
+                read_only: None,
+            },
+        ),
+        ..Default::default()
+    };
+    let mut p = pod("pv1-pod", vec![claim]);
+    p.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![mount("data", "/data")]);
+
+    // Unbound: the pod waits with upstream's populator message.
+    let err = m
+        .setup_with(&p, &claim_objects(&disk, false))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "unmounted volumes=[data], unattached volumes=[], failed to process volumes=[data]: \
+         error processing PVC default/data: PVC is not bound"
+    );
+    assert_eq!(fake.calls(), [], "nothing is mounted for an unbound claim");
+
+    // Bound: the local path is bind-mounted at upstream's place.
+    let objects = claim_objects(&disk, true);
+    let got = m.setup_with(&p, &objects).unwrap();
+    let dir = m.volume_dir("pv1-pod", "kubernetes.io~local-volume", "pv1");
+    assert_eq!(got.paths["data"], dir);
+    assert!(!got.read_only.contains("data"));
+    let real = dir.canonicalize().unwrap();
+    assert_eq!(
+        fake.take_calls(),
+        [MountCall::Bind {
+            source: disk.canonicalize().unwrap(),
+            target: real.clone(),
+        }]
+    );
+    // Set up again (a later sync, or after a restart): the mount there is kept.
+    m.setup_with(&p, &objects).unwrap();
+    assert_eq!(
+        fake.take_calls(),
+        [],
+        "an existing mount is not mounted again"
+    );
+
+    m.teardown("pv1-pod").unwrap();
+    assert_eq!(fake.calls(), [unmount(&real, false)]);
+    assert!(!m.pod_volumes_dir("pv1-pod").exists());
+    assert_eq!(
+        std::fs::read(disk.join("kept")).unwrap(),
+        b"data",
+        "the volume's data stays"
+    );
+}
+
+#[test]
+fn a_read_write_once_pod_local_volume_is_mounted_by_one_pod_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _fake) = manager_with_fake(&tmp.path().join("root"));
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mut objects = claim_objects(&disk, true);
+    let mut pv = (**objects.persistent_volumes["pv1"].as_ref().unwrap()).clone();
+    pv.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOncePod".into()]);
+    objects
+        .persistent_volumes
+        .insert("pv1".into(), Ok(Arc::new(pv)));
+    let claim_pod = |uid: &str| {
+        let mut p = pod(
+            uid,
+            vec![Volume {
+                name: "data".into(),
+                persistent_volume_claim: Some(
+                    k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                        claim_name: "data".into(),
+                        read_only: None,
+                    },
+                ),
+                ..Default::default()
+            }],
+        );
+        p.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![mount("data", "/d")]);
+        p
+    };
+    m.setup_with(&claim_pod("first"), &objects).unwrap();
+    m.setup_with(&claim_pod("first"), &objects)
+        .expect("the pod that has it mounts it again");
+    let err = m
+        .setup_with(&claim_pod("second"), &objects)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "MountVolume.SetUp failed for volume \"data\" : volume uses the ReadWriteOncePod access \
+         mode and is already in use by another pod"
+    );
+    m.teardown("first").unwrap();
+    m.setup_with(&claim_pod("second"), &objects)
+        .expect("free once the first pod is gone");
 }

@@ -66,6 +66,9 @@ pub(crate) struct NodeContext {
     pub seccomp_default: bool,
     /// What volumes are mounted and unmounted through (the kernel's; a fake in unit tests).
     pub mounter: Arc<dyn crate::kubelet::volume::mounter::Mounter>,
+    /// The labels the node registers with (a persistent volume's node affinity is checked
+    /// against them).
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 impl NodeContext {
@@ -260,6 +263,15 @@ pub(crate) fn spec_hash(container: &Container) -> String {
     ))
 }
 
+/// A persistent volume's required node affinity against this node's labels and name.
+fn pv_affinity(node: &NodeContext) -> crate::kubelet::volume::persistent_setup::AffinityCheck {
+    let labels = node.node_labels.clone();
+    let name = node.node_name.clone();
+    crate::kubelet::volume::persistent_setup::AffinityCheck::new(move |selector| {
+        crate::kubelet::admission::node_selector_matches(selector, &labels, &name)
+    })
+}
+
 impl<R: RuntimeService + ImageService> Executor<R> {
     pub(crate) fn new(
         rt: R,
@@ -273,7 +285,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             node.node_memory_bytes,
             node.allocatable,
             node.mounter.clone(),
-        );
+        )
+        .with_pv_affinity(pv_affinity(&node));
         Executor {
             rt,
             node,
@@ -921,6 +934,7 @@ mod cgroup_tests {
             image_pull_progress_deadline: None,
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
+            node_labels: Default::default(),
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

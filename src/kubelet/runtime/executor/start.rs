@@ -489,6 +489,7 @@ pub(super) fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> 
             message.to_string()
         }
         Some(VolumeError::NewMounter { .. }) => message.to_string(),
+        Some(VolumeError::NodeAffinity { .. }) => message.to_string(),
         _ => format!("Unable to attach or mount volumes: {message}"),
     }
 }

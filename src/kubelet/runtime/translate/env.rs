@@ -849,6 +849,7 @@ mod tests {
             )]),
             tokens: BTreeMap::new(),
             service_env: None,
+            ..Default::default()
         }
     }
 
