@@ -59,6 +59,7 @@ const LAYERS: &[Layer] = &[
                 "cm",
                 "events",
                 "pull_credentials",
+                "userns",
             ],
             // The pod sources, and what a pod's sync needs below the runtime manager.
             &["prober", "shutdown", "source", "volume"],

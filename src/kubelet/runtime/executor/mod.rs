@@ -12,6 +12,7 @@ mod image_pull;
 mod mount;
 mod start;
 mod teardown;
+mod userns;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ pub(crate) struct NodeContext {
     pub seccomp_default: bool,
     /// What volumes are mounted and unmounted through (the kernel's; a fake in unit tests).
     pub mounter: Arc<dyn crate::kubelet::volume::mounter::Mounter>,
+    /// The pods' user namespaces (`hostUsers: false`); `None` where none are set up (unit
+    /// tests), which gives no user-namespace options to the runtime and refuses such pods.
+    pub userns: Option<Arc<crate::kubelet::userns::UsernsManager>>,
 }
 
 impl NodeContext {
@@ -367,6 +371,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         &self,
         pod: &Pod,
         attempt: u32,
+        userns: Option<crate::clients::cri::proto::UserNamespace>,
     ) -> Result<PodSandboxConfig, translate::TranslateError> {
         let qos = crate::base::podspec::qos_class(pod);
         let ctx = SandboxContext {
@@ -383,6 +388,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             ),
             seccomp_profile_root: self.node.seccomp_profile_root(),
             seccomp_default: self.node.seccomp_default,
+            userns,
         };
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
@@ -921,6 +927,7 @@ mod cgroup_tests {
             image_pull_progress_deadline: None,
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
+            userns: None,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (
