@@ -115,6 +115,52 @@ async fn the_node_registers_turns_ready_and_reports_the_machine() {
     );
     assert_eq!(quantity_value(&node, "allocatable", "cpu"), cpus);
 
+    // The runtime's handlers and features, as its CRI Status says them (containerd 2.x: the
+    // default handler "" and "runc" with user namespaces; containerd 1.6: neither field).
+    let cri_status = cri().await.status(false).await.unwrap();
+    let handlers: Vec<(String, bool, bool)> = status
+        .runtime_handlers
+        .iter()
+        .flatten()
+        .map(|h| {
+            let f = h.features.clone().unwrap_or_default();
+            (
+                h.name.clone().unwrap_or_default(),
+                f.recursive_read_only_mounts.unwrap_or_default(),
+                f.user_namespaces.unwrap_or_default(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, bool, bool)> = cri_status
+        .runtime_handlers
+        .iter()
+        .map(|h| {
+            let f = h.features.unwrap_or_default();
+            (
+                h.name.clone(),
+                f.recursive_read_only_mounts,
+                f.user_namespaces,
+            )
+        })
+        .collect();
+    assert_eq!(handlers, want, "status.runtimeHandlers");
+    assert_eq!(
+        status
+            .features
+            .as_ref()
+            .and_then(|f| f.supplemental_groups_policy),
+        cri_status.features.map(|f| f.supplemental_groups_policy),
+        "status.features"
+    );
+    if version_is_2x(&cri().await).await {
+        assert!(
+            handlers
+                .iter()
+                .any(|(name, _, userns)| name.is_empty() && *userns),
+            "containerd 2.x's default handler has user namespaces: {handlers:?}"
+        );
+    }
+
     // nodeInfo, against the kernel, the OS and the runtime.
     let info = status.node_info.clone().unwrap();
     let version = cri().await.version().await.unwrap();
@@ -455,4 +501,13 @@ async fn a_panicking_node_status_task_is_restarted_and_named_in_healthz() {
         (renewed > first).then_some(())
     })
     .await;
+}
+
+/// The runtime is containerd 2.x (handlers and features are reported from 2.0 on).
+async fn version_is_2x(client: &deckhand::clients::cri::CriClient) -> bool {
+    let version = client.version().await.unwrap();
+    !version
+        .runtime_version
+        .trim_start_matches('v')
+        .starts_with("1.")
 }

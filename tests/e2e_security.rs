@@ -1,7 +1,8 @@
 //! End to end, against the private containerd: security settings are applied or refused,
 //! never dropped. `runAsNonRoot` against a root image waits with `CreateContainerConfigError`;
 //! `runAsUser` takes effect; safe and allow-listed sysctls reach the pod's kernel namespaces
-//! while others, AppArmor on a node without it and user namespaces are refused like any
+//! while others, AppArmor on a node without it and a user namespace with the host's PID
+//! namespace are refused like any
 //! invalid manifest; a read-only root filesystem is read-only; a Localhost seccomp profile
 //! from `<root-dir>/seccomp` is enforced.
 
@@ -180,7 +181,7 @@ async fn sysctls_apparmor_and_user_namespaces() {
     );
     agent.write_manifest(
         "userns.yaml",
-        &pod_yaml("userns", "  hostUsers: false\n", ""),
+        &pod_yaml("userns", "  hostUsers: false\n  hostPID: true\n", ""),
     );
     let apparmor_on = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
         .is_ok_and(|s| s.trim() == "Y");
@@ -218,7 +219,7 @@ async fn sysctls_apparmor_and_user_namespaces() {
         ),
         (
             "userns.yaml",
-            "spec.hostUsers: false (a user namespace per pod) is not supported",
+            "spec.securityContext.HostPID: Forbidden: when `pod.Spec.HostUsers` is false",
         ),
     ];
     if !apparmor_on {

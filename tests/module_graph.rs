@@ -60,6 +60,7 @@ const LAYERS: &[Layer] = &[
                 "events",
                 "plugin_watcher",
                 "pull_credentials",
+                "userns",
             ],
             // The pod sources, and what a pod's sync needs below the runtime manager.
             &["prober", "shutdown", "source", "volume"],

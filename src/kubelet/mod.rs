@@ -28,4 +28,5 @@ pub(crate) mod shutdown;
 pub mod source;
 pub(crate) mod stats;
 pub(crate) mod sync_loop;
+pub(crate) mod userns;
 pub(crate) mod volume;

@@ -1184,6 +1184,7 @@ pub(crate) mod test_support {
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
             node_labels: Default::default(),
+            userns: None,
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

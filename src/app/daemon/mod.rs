@@ -87,6 +87,10 @@ pub enum DaemonError {
     /// The cgroup root is missing, or kubepods and the QoS cgroups cannot be made.
     #[error("setting up the pod cgroups: {0}")]
     Cgroups(#[from] crate::kubelet::cm::CgroupError),
+    /// The node's user-namespace ID range breaks upstream's rules, or a pod's mappings file
+    /// cannot be read back (upstream's kubelet does not start either).
+    #[error("user namespaces: {0}")]
+    Userns(Box<dyn std::error::Error + Send + Sync>),
     /// The sync loop died: nothing would sync pods any more, so the agent stops (its service
     /// manager starts it again, and the new agent adopts the pods, which keep running).
     #[error("the sync loop ended unexpectedly: {0}")]

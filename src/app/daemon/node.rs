@@ -14,6 +14,7 @@ use crate::kubelet::cm::{CgroupManager, ContainerSettings};
 use crate::kubelet::node::allocatable::Amounts;
 use crate::kubelet::runtime::executor::NodeContext;
 use crate::kubelet::runtime::translate::{HostDns, parse_resolv_conf};
+use crate::kubelet::userns::UsernsManager;
 
 /// Connects to the runtime and waits until it reports RuntimeReady and NetworkReady: a
 /// runtime that is not there stops the agent with a clear error before it serves anything.
@@ -40,6 +41,8 @@ pub(super) struct NodeFacts {
     pub cgroups: Option<Arc<CgroupManager>>,
     /// What translating a container's resources needs of the cgroups.
     pub container_settings: ContainerSettings,
+    /// The pods' user namespaces over the node's ID range, with the mappings read back.
+    pub userns: Arc<UsernsManager>,
 }
 
 impl NodeFacts {
@@ -51,7 +54,16 @@ impl NodeFacts {
         let capacity = allocatable::capacity(&machine, config.max_pods);
         let allocatable = allocatable::allocatable(&capacity, &config.reservations);
         let (cgroups, container_settings) = super::cgroups::setup(config, pod_cgroups, &capacity)?;
+        let userns = UsernsManager::for_node(&config.root_dir, config.max_pods)
+            .map_err(|e| DaemonError::Userns(Box::new(e)))?;
+        let range = userns.range();
+        tracing::info!(
+            first_id = range.first,
+            ids = range.len,
+            "user namespace ID range"
+        );
         Ok(NodeFacts {
+            userns: Arc::new(userns),
             host_ip,
             memory_bytes: machine.memory_bytes,
             allocatable,
@@ -87,6 +99,7 @@ pub(super) fn context(agent: &Agent, facts: &NodeFacts) -> Arc<NodeContext> {
             &config.node_name,
             &config.cluster,
         ),
+        userns: Some(facts.userns.clone()),
     });
     tracing::info!(host_ip = ?facts.host_ip, node = %config.node_name, "node facts");
     if agent.plan.cluster_dns_missing {

@@ -540,6 +540,8 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
         let runtime = match (self.cri.status(false).await, self.cri.version().await) {
             (Ok(status), Ok(version)) => RuntimeState::Up {
                 version: format!("{}://{}", version.runtime_name, version.runtime_version),
+                handlers: super::status::runtime_handlers(&status.runtime_handlers),
+                features: super::status::node_features(status.features.as_ref()),
                 conditions: status
                     .status
                     .map(|s| s.conditions)

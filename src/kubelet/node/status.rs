@@ -7,8 +7,8 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    ContainerImage, DaemonEndpoint, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
-    NodeSystemInfo,
+    ContainerImage, DaemonEndpoint, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeFeatures,
+    NodeRuntimeHandler, NodeRuntimeHandlerFeatures, NodeStatus, NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -23,7 +23,7 @@ pub(crate) fn kubelet_version() -> String {
 }
 
 /// What the runtime said when last asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RuntimeState {
     /// It did not answer.
     Down,
@@ -31,7 +31,40 @@ pub(crate) enum RuntimeState {
     Up {
         version: String,
         conditions: Vec<RuntimeCondition>,
+        /// Its handlers and what each can do (`status.runtimeHandlers`; none on containerd 1.6).
+        handlers: Vec<NodeRuntimeHandler>,
+        /// What it supports across handlers (`status.features`; absent on containerd 1.6).
+        features: Option<NodeFeatures>,
     },
+}
+
+/// `status.runtimeHandlers` from CRI `Status`, as upstream writes them: every handler in the
+/// runtime's order with both features said (the default handler's name is empty).
+pub(crate) fn runtime_handlers(
+    handlers: &[crate::clients::cri::proto::RuntimeHandler],
+) -> Vec<NodeRuntimeHandler> {
+    handlers
+        .iter()
+        .map(|h| {
+            let f = h.features.unwrap_or_default();
+            NodeRuntimeHandler {
+                name: Some(h.name.clone()),
+                features: Some(NodeRuntimeHandlerFeatures {
+                    recursive_read_only_mounts: Some(f.recursive_read_only_mounts),
+                    user_namespaces: Some(f.user_namespaces),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// `status.features` from CRI `Status`'s features: only when the runtime reports them.
+pub(crate) fn node_features(
+    features: Option<&crate::clients::cri::proto::RuntimeFeatures>,
+) -> Option<NodeFeatures> {
+    features.map(|f| NodeFeatures {
+        supplemental_groups_policy: Some(f.supplemental_groups_policy),
+    })
 }
 
 /// One condition of the CRI status (RuntimeReady, NetworkReady).
@@ -170,6 +203,15 @@ pub(crate) fn compute_node_status(
         // Ready goes last: old API clients read the last condition as readiness.
         ready,
     ];
+    let (runtime_handlers, features) = match &snap.runtime {
+        RuntimeState::Up {
+            handlers, features, ..
+        } => (
+            (!handlers.is_empty()).then(|| handlers.clone()),
+            features.clone(),
+        ),
+        RuntimeState::Down => (None, None),
+    };
     NodeStatus {
         addresses: Some(addresses),
         allocatable: Some(snap.allocatable.to_quantities()),
@@ -195,6 +237,8 @@ pub(crate) fn compute_node_status(
             swap: None,
             system_uuid: snap.machine.system_uuid.clone(),
         }),
+        runtime_handlers,
+        features,
         ..Default::default()
     }
 }
@@ -210,6 +254,7 @@ fn ready_problems(snap: &NodeSnapshot) -> (String, Vec<String>) {
         RuntimeState::Up {
             version,
             conditions,
+            ..
         } => {
             let mut network = None;
             for (kind, prefix) in [
@@ -367,6 +412,9 @@ pub(crate) fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
         || known.node_info != ours.node_info
         || known.images.as_deref().unwrap_or_default() != ours.images.as_deref().unwrap_or_default()
         || known.daemon_endpoints != ours.daemon_endpoints
+        // A runtime that did not answer says nothing of its handlers: the known ones stand.
+        || (ours.runtime_handlers.is_some() && known.runtime_handlers != ours.runtime_handlers)
+        || (ours.features.is_some() && known.features != ours.features)
 }
 
 /// The status of condition `kind`, if present.
@@ -408,6 +456,8 @@ pub(crate) fn runtime_up(network_ok: bool) -> RuntimeState {
                 .into(),
             },
         ],
+        handlers: Vec::new(),
+        features: None,
     }
 }
 
@@ -601,6 +651,61 @@ mod tests {
         );
         assert_eq!(s.capacity.as_ref().unwrap()["memory"].0, "8Gi");
         assert_eq!(s.allocatable.as_ref().unwrap()["memory"].0, "8092Mi");
+        // containerd 1.6 reports neither handlers nor features.
+        assert_eq!((s.runtime_handlers, s.features), (None, None));
+    }
+
+    #[test]
+    fn the_runtimes_handlers_and_features_as_upstream_writes_them() {
+        use crate::clients::cri::proto::{RuntimeFeatures, RuntimeHandler, RuntimeHandlerFeatures};
+        let cri = [
+            RuntimeHandler {
+                name: String::new(),
+                features: Some(RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: true,
+                    user_namespaces: true,
+                }),
+            },
+            RuntimeHandler {
+                name: "runc".into(),
+                features: None,
+            },
+        ];
+        let RuntimeState::Up {
+            version,
+            conditions,
+            ..
+        } = runtime_up(true)
+        else {
+            unreachable!()
+        };
+        let snap = snapshot(RuntimeState::Up {
+            version,
+            conditions,
+            handlers: runtime_handlers(&cri),
+            features: node_features(Some(&RuntimeFeatures {
+                supplemental_groups_policy: true,
+                user_namespaces_host_network: false,
+            })),
+        });
+        let s = compute_node_status(&snap, None, t(0));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["runtimeHandlers"],
+            serde_json::json!([
+                {"name": "", "features": {"recursiveReadOnlyMounts": true, "userNamespaces": true}},
+                {"name": "runc", "features": {"recursiveReadOnlyMounts": false, "userNamespaces": false}},
+            ])
+        );
+        assert_eq!(
+            json["features"],
+            serde_json::json!({"supplementalGroupsPolicy": true})
+        );
+        // A change of them is sent; a runtime that does not answer leaves the known ones.
+        let old = compute_node_status(&snapshot(runtime_up(true)), None, t(0));
+        assert!(status_changed(&old, &s));
+        let down = compute_node_status(&snapshot(RuntimeState::Down), None, t(0));
+        assert_eq!(down.runtime_handlers, None);
     }
 
     #[test]

@@ -373,11 +373,18 @@ pub(crate) fn validate_pod_security(pod: &Pod, node: &NodeSecurity) -> Vec<Valid
     let linux = os == Some("linux");
     let host_users = spec.host_users.unwrap_or(true);
     if !host_users {
-        errors.push(
-            "spec.hostUsers",
-            "false (a user namespace per pod) is not supported: Deckhand does not allocate \
-             user-namespace ID mappings, and containerd 1.6 cannot create them",
-        );
+        // Upstream's validation: a user namespace with the host's network, PID or IPC
+        // namespace gives surprising permissions and has no known use.
+        let host = |f: Option<bool>| f.unwrap_or(false);
+        for (field, on) in [
+            ("spec.securityContext.hostNetwork", host(spec.host_network)),
+            ("spec.securityContext.HostPID", host(spec.host_pid)),
+            ("spec.securityContext.HostIPC", host(spec.host_ipc)),
+        ] {
+            if on {
+                errors.push(field, "Forbidden: when `pod.Spec.HostUsers` is false");
+            }
+        }
     }
     if let Some(sc) = spec.security_context.as_ref() {
         validate_pod_sc(&mut errors, pod, sc, node, linux);
@@ -510,9 +517,27 @@ mod tests {
             ],
         ),
         (
-            "user namespaces and unmasked proc",
+            "user namespaces and unmasked proc are served",
             "hostUsers: false\n  containers: [{name: a, image: x}]\n  initContainers: [{name: i, image: x, securityContext: {procMount: Unmasked}}]",
-            &[("spec.hostUsers", "not supported")],
+            &[],
+        ),
+        (
+            "user namespaces without the host's namespaces",
+            "hostUsers: false\n  hostNetwork: true\n  hostPID: true\n  hostIPC: true\n  containers: [{name: a, image: x}]",
+            &[
+                (
+                    "spec.securityContext.hostNetwork",
+                    "when `pod.Spec.HostUsers` is false",
+                ),
+                (
+                    "spec.securityContext.HostPID",
+                    "when `pod.Spec.HostUsers` is false",
+                ),
+                (
+                    "spec.securityContext.HostIPC",
+                    "when `pod.Spec.HostUsers` is false",
+                ),
+            ],
         ),
         (
             "unmasked proc needs a user namespace",

@@ -12,6 +12,7 @@ mod image_pull;
 mod mount;
 mod start;
 mod teardown;
+mod userns;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -69,6 +70,9 @@ pub(crate) struct NodeContext {
     /// The labels the node registers with (a persistent volume's node affinity is checked
     /// against them).
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// The pods' user namespaces (`hostUsers: false`); `None` where none are set up (unit
+    /// tests), which gives no user-namespace options to the runtime and refuses such pods.
+    pub userns: Option<Arc<crate::kubelet::userns::UsernsManager>>,
 }
 
 impl NodeContext {
@@ -380,6 +384,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         &self,
         pod: &Pod,
         attempt: u32,
+        userns: Option<crate::clients::cri::proto::UserNamespace>,
     ) -> Result<PodSandboxConfig, translate::TranslateError> {
         let qos = crate::base::podspec::qos_class(pod);
         let ctx = SandboxContext {
@@ -396,6 +401,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             ),
             seccomp_profile_root: self.node.seccomp_profile_root(),
             seccomp_default: self.node.seccomp_default,
+            userns,
         };
         translate::pod_sandbox_config(pod, &ctx, attempt)
     }
@@ -935,6 +941,7 @@ mod cgroup_tests {
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
             node_labels: Default::default(),
+            userns: None,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

@@ -34,6 +34,8 @@ struct StartTarget<'a> {
     volumes: &'a PodVolumes,
     /// The API objects read for the pod, for the environment.
     objects: &'a PodObjects,
+    /// The pod's user namespace, the same as its sandbox's.
+    userns: Option<&'a crate::clients::cri::proto::UserNamespace>,
 }
 
 fn config_error(message: impl Into<String>) -> WaitingReason {
@@ -76,32 +78,40 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let Some(volumes) = self.set_up_volumes(pod, &objects, decision, state).await else {
             return Ok(());
         };
-        let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
-            (Some(attempt), _) => {
-                if let Some(message) = unsupported_runtime_class(pod) {
-                    self.sandbox_failed(pod, &message);
-                    for start in &decision.start_containers {
-                        state.waiting.insert(
-                            start.name.clone(),
-                            WaitingReason::new(WaitReason::ContainerCreating, message.clone()),
-                        );
-                    }
-                    return Ok(());
-                }
-                match self.create_sandbox(pod, attempt).await {
-                    Ok(id) => {
-                        if let Some(pleg) = &self.pleg {
-                            pleg.made(pod_uid(pod), &id);
-                        }
-                        made.sandbox = Some(id.clone());
-                        (id, attempt)
-                    }
-                    Err(err) => {
-                        self.sandbox_failed(pod, &err.to_string());
-                        return Err(err);
-                    }
-                }
+        let userns = match unsupported_runtime_class(pod) {
+            Some(message) => Err(message),
+            None => {
+                self.pod_userns(pod, decision.create_sandbox.is_some())
+                    .await
             }
+        };
+        let userns = match userns {
+            Ok(userns) => userns,
+            Err(message) => {
+                self.sandbox_failed(pod, &message);
+                for start in &decision.start_containers {
+                    state.waiting.insert(
+                        start.name.clone(),
+                        WaitingReason::new(WaitReason::ContainerCreating, message.clone()),
+                    );
+                }
+                return Ok(());
+            }
+        };
+        let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
+            (Some(attempt), _) => match self.create_sandbox(pod, attempt, userns.clone()).await {
+                Ok(id) => {
+                    if let Some(pleg) = &self.pleg {
+                        pleg.made(pod_uid(pod), &id);
+                    }
+                    made.sandbox = Some(id.clone());
+                    (id, attempt)
+                }
+                Err(err) => {
+                    self.sandbox_failed(pod, &err.to_string());
+                    return Err(err);
+                }
+            },
             (None, Some(id)) => {
                 let attempt = observed
                     .sandboxes
@@ -116,7 +126,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if decision.start_containers.is_empty() {
             return Ok(());
         }
-        let sandbox_config = match self.sandbox_config(pod, attempt) {
+        let sandbox_config = match self.sandbox_config(pod, attempt, userns.clone()) {
             Ok(c) => c,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot build the sandbox config");
@@ -131,6 +141,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 pod_ip: pod_ip.as_deref(),
                 volumes: &volumes,
                 objects: &objects,
+                userns: userns.as_ref(),
             };
             // A restart after an exit updates the back-off, whether or not the start succeeds.
             if let Some(entry) = start.backoff {
@@ -199,9 +210,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     }
 
     /// Creates the pod's sandbox and its log directory.
-    async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, CriError> {
+    async fn create_sandbox(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+        userns: Option<crate::clients::cri::proto::UserNamespace>,
+    ) -> Result<String, CriError> {
         let uid = pod_uid(pod);
-        let config = match self.sandbox_config(pod, attempt) {
+        let config = match self.sandbox_config(pod, attempt, userns) {
             Ok(c) => c,
             Err(err) => {
                 return Err(CriError::Rpc {
@@ -243,6 +259,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             pod_ip,
             volumes,
             objects,
+            userns,
         } = *target;
         let container = match start.kind {
             ContainerKind::Init => pod
@@ -298,6 +315,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             seccomp_profile_root: self.node.seccomp_profile_root(),
             seccomp_default: self.node.seccomp_default,
             resources: self.resources.clone(),
+            userns: userns.cloned(),
         };
         // Resolved once: the mounts need it (`subPathExpr`), then the container config.
         let resolved = translate::env::container_env_with(pod, container, &ctx, objects)

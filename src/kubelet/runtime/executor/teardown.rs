@@ -536,6 +536,10 @@ impl FileTeardown {
         // The pod's directory goes last: while it is there, a cgroup left by a teardown that
         // did not finish is known to be this node's to sweep (see `cm::orphans`).
         remove_child(&*self.node.mounter, &self.node.root_dir.join("pods"), uid)?;
+        // With the directory went the pod's user-namespace mappings: its IDs are free.
+        if let Some(userns) = &self.node.userns {
+            userns.release(uid);
+        }
         Ok(())
     }
 

@@ -361,7 +361,7 @@ pub(crate) fn linux_security_context(
     Ok(LinuxContainerSecurityContext {
         capabilities,
         privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-        namespace_options: Some(namespace_options(pod)),
+        namespace_options: Some(namespace_options(pod, None)),
         selinux_options: sc
             .and_then(|s| s.se_linux_options.as_ref())
             .or_else(|| pod_sc.and_then(|p| p.se_linux_options.as_ref()))
@@ -480,12 +480,15 @@ pub(crate) fn container_config_with_env(
                 ctx.node_memory_capacity,
                 &ctx.resources,
             )?),
-            security_context: Some(linux_security_context(
-                pod,
-                container,
-                &ctx.seccomp_profile_root,
-                ctx.seccomp_default,
-            )?),
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(namespace_options(pod, ctx.userns.as_ref())),
+                ..linux_security_context(
+                    pod,
+                    container,
+                    &ctx.seccomp_profile_root,
+                    ctx.seccomp_default,
+                )?
+            }),
         }),
         windows: None,
         cdi_devices: Vec::new(),
@@ -645,6 +648,7 @@ mod tests {
             seccomp_profile_root: std::path::PathBuf::from("/var/lib/deckhand/seccomp"),
             seccomp_default: false,
             resources: Default::default(),
+            userns: None,
         }
     }
 

@@ -50,6 +50,8 @@ pub(crate) struct ContainerContext {
     pub seccomp_default: bool,
     /// The node's CFS settings, cgroup version and huge page sizes.
     pub resources: crate::kubelet::cm::ContainerSettings,
+    /// The pod's user namespace (`kubelet::userns`), the same as its sandbox's.
+    pub userns: Option<crate::clients::cri::proto::UserNamespace>,
 }
 
 /// Why a quantity a container refers to has no usable value.
@@ -199,7 +201,12 @@ impl PodMeta {
 
 /// Namespace sharing for the pod's sandbox and containers: network and IPC are per pod unless
 /// the host's are asked for; PID is per container unless shared in the pod or the host's.
-pub(crate) fn namespace_options(pod: &Pod) -> NamespaceOption {
+/// The user namespace is the one the pod was given (`kubelet::userns`), for the sandbox and
+/// every container alike, as upstream passes it.
+pub(crate) fn namespace_options(
+    pod: &Pod,
+    userns: Option<&crate::clients::cri::proto::UserNamespace>,
+) -> NamespaceOption {
     let spec = pod.spec.as_ref();
     let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| {
         spec.and_then(f).unwrap_or(false)
@@ -217,6 +224,7 @@ pub(crate) fn namespace_options(pod: &Pod) -> NamespaceOption {
         network: mode(flag(|s| s.host_network), NamespaceMode::Pod),
         pid: mode(flag(|s| s.host_pid), pid_default),
         ipc: mode(flag(|s| s.host_ipc), NamespaceMode::Pod),
+        userns_options: userns.cloned(),
         ..Default::default()
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct SandboxContext {
     pub seccomp_profile_root: PathBuf,
     /// `seccompDefault`: a sandbox whose pod sets no seccomp profile gets `RuntimeDefault`.
     pub seccomp_default: bool,
+    /// The pod's user namespace (`kubelet::userns`): its mappings with `hostUsers: false`.
+    pub userns: Option<crate::clients::cri::proto::UserNamespace>,
 }
 
 /// Maximum hostname length (a DNS label).
@@ -169,7 +171,7 @@ pub(crate) fn pod_sandbox_config(
     )?;
 
     let security_context = LinuxSandboxSecurityContext {
-        namespace_options: Some(namespace_options(pod)),
+        namespace_options: Some(namespace_options(pod, ctx.userns.as_ref())),
         selinux_options: pod_sc
             .and_then(|sc| sc.se_linux_options.as_ref())
             .map(selinux_option),
@@ -268,7 +270,65 @@ mod tests {
             cgroup_parent: Some("/kubepods/besteffort/pod0b7e4c2a".into()),
             seccomp_profile_root: PathBuf::from("/var/lib/deckhand/seccomp"),
             seccomp_default: false,
+            userns: None,
         }
+    }
+
+    #[test]
+    fn the_pods_user_namespace_goes_to_the_sandbox_and_its_containers() {
+        use crate::clients::cri::proto::{IdMapping, UserNamespace};
+        let map = IdMapping {
+            host_id: 131072,
+            container_id: 0,
+            length: 65536,
+        };
+        let userns = UserNamespace {
+            mode: NamespaceMode::Pod as i32,
+            uids: vec![map],
+            gids: vec![map],
+        };
+        let pod: Pod = crate::base::yaml::from_str(
+            "metadata: {name: p, namespace: d, uid: u}\nspec:\n  hostUsers: false\n  containers: [{name: c, image: x}]\n",
+        )
+        .unwrap();
+        let with_userns = SandboxContext {
+            userns: Some(userns.clone()),
+            ..ctx()
+        };
+        let config = pod_sandbox_config(&pod, &with_userns, 0).unwrap();
+        let ns = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.userns_options, Some(userns.clone()));
+        let cctx = crate::kubelet::runtime::translate::ContainerContext {
+            userns: Some(userns.clone()),
+            ..Default::default()
+        };
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let config =
+            super::super::container::container_config_with_env(&pod, c, &cctx, vec![]).unwrap();
+        let ns = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.userns_options, Some(userns));
+        // Without one (unit tests, no manager), nothing is said.
+        let config = pod_sandbox_config(&pod, &ctx(), 0).unwrap();
+        let ns = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(ns.userns_options, None);
     }
 
     fn web_pod() -> Pod {
