@@ -402,7 +402,10 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
         .calls()
         .into_iter()
         .map(|(m, _)| m)
-        .filter(|m| m.contains("StageVolume") || m.contains("PublishVolume"))
+        .filter(|m| {
+            let m = m.to_ascii_lowercase();
+            m.contains("stagevolume") || m.contains("publishvolume")
+        })
         .collect();
     assert_eq!(
         calls,
