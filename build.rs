@@ -7,7 +7,9 @@
 //! containerd's content service (`proto/containerd/...`) lets `src/cri/pull_progress.rs` see
 //! whether an image pull is still receiving bytes, and a subset of its event service and event
 //! payloads (`proto/containerd/services/events`, `proto/containerd/events`) lets the PLEG
-//! (`src/pleg/feed.rs`) hear of container exits as they happen.
+//! (`src/pleg/feed.rs`) hear of container exits as they happen. The kubelet's device plugin API
+//! (`proto/deviceplugin/v1beta1`) and pod-resources API (`proto/podresources/v1`) are served
+//! and called by `src/kubelet/devices`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -28,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "containerd/services/content/v1/content.proto",
             "containerd/services/events/v1/events.proto",
             "containerd/events/events.proto",
+            "deviceplugin/v1beta1/api.proto",
+            "podresources/v1/api.proto",
         ],
         ["proto"],
     )?;

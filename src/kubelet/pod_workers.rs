@@ -1183,6 +1183,7 @@ pub(crate) mod test_support {
             image_pull_progress_deadline: Some(Duration::from_secs(60)),
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
+            devices: None,
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

@@ -83,6 +83,7 @@ pub(super) fn context(agent: &Agent, facts: &NodeFacts) -> Arc<NodeContext> {
         image_pull_progress_deadline: config.image_pull_progress_deadline,
         seccomp_default: config.hardening.seccomp_default,
         mounter: Arc::new(crate::kubelet::volume::mounter::KernelMounter),
+        devices: Some(agent.devices.clone()),
     });
     tracing::info!(host_ip = ?facts.host_ip, node = %config.node_name, "node facts");
     if agent.plan.cluster_dns_missing {

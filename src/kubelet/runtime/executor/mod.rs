@@ -66,6 +66,8 @@ pub(crate) struct NodeContext {
     pub seccomp_default: bool,
     /// What volumes are mounted and unmounted through (the kernel's; a fake in unit tests).
     pub mounter: Arc<dyn crate::kubelet::volume::mounter::Mounter>,
+    /// The device plugin manager: a container's devices at its creation (`None`: no devices).
+    pub devices: Option<crate::kubelet::devices::DeviceManager>,
 }
 
 impl NodeContext {
@@ -921,6 +923,7 @@ mod cgroup_tests {
             image_pull_progress_deadline: None,
             seccomp_default: false,
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
+            devices: None,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (
