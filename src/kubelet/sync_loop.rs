@@ -533,7 +533,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             let wanted = admission::extended_requests(&pod);
             let usage = &batch.usage;
             if let Err((reason, message)) =
-                devices.admit(&wanted, &|name| usage.requested_scalar(name))
+                devices.admit(&uid, &wanted, &|name| usage.requested_scalar(name))
             {
                 self.refuse(pod, reason, message, true);
                 return;

@@ -20,6 +20,7 @@
 //! older one (upstream 1.37 keeps several endpoints per resource and promotes another when one
 //! leaves).
 
+mod authority;
 pub(crate) mod checkpoint;
 pub(crate) mod options;
 pub(crate) mod plugin;
@@ -307,12 +308,13 @@ impl DeviceManager {
     /// `used`: what the pods admitted before it request).
     pub(crate) fn admit(
         &self,
+        pod_uid: &str,
         wanted: &BTreeMap<String, i64>,
         used: &dyn Fn(&str) -> i64,
     ) -> Result<(), (&'static str, String)> {
         self.inner
             .lock()
-            .admit(wanted, used)
+            .admit(pod_uid, wanted, used)
             .map_err(|m| (table::UNEXPECTED_ADMISSION_ERROR, m))
     }
 

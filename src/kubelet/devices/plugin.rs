@@ -226,7 +226,7 @@ pub(crate) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
                 inner: inner.clone(),
             }))
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                super::authority::incoming(listener),
                 this.clone().cancelled_owned(),
             );
         let task = tokio::spawn(server);

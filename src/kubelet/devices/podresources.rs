@@ -242,10 +242,7 @@ pub(crate) async fn serve(root_dir: PathBuf, providers: Providers, stop: Cancell
     };
     let result = tonic::transport::Server::builder()
         .add_service(PodResourcesListerServer::new(server))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            stop.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(super::authority::incoming(listener), stop.cancelled_owned())
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "the pod-resources server failed");

@@ -145,9 +145,12 @@ impl Table {
     /// Whether the pod's device requests fit, as upstream's device manager admits (it runs
     /// before the resource fit): `wanted` is the pod's effective request per resource (init
     /// containers counted as upstream), `used` what the pods admitted before it request. Only
-    /// resources a plugin registered are checked; others are left to the resource fit.
+    /// resources a plugin registered are checked; others are left to the resource fit. What
+    /// the pod already holds (a running pod admitted again after a restart, before its plugin
+    /// has registered again) is not asked for again, as upstream's `devicesToAllocate`.
     pub(crate) fn admit(
         &self,
+        pod_uid: &str,
         wanted: &BTreeMap<String, i64>,
         used: &dyn Fn(&str) -> i64,
     ) -> Result<(), String> {
@@ -155,6 +158,14 @@ impl Table {
             let Some(resource) = self.resources.get(name) else {
                 continue;
             };
+            let held = self
+                .allocations
+                .iter()
+                .filter(|a| a.pod_uid == pod_uid && a.resource == *name)
+                .flat_map(Allocation::ids)
+                .collect::<BTreeSet<_>>()
+                .len();
+            let want = &want.saturating_sub(count(held));
             if *want <= 0 {
                 continue;
             }
@@ -360,7 +371,7 @@ mod tests {
             (0, 5, None),
         ];
         for (wanted, used, refused) in cases {
-            let got = t.admit(&want(*wanted), &|_| *used);
+            let got = t.admit("new", &want(*wanted), &|_| *used);
             match refused {
                 None => assert!(got.is_ok(), "{wanted} with {used} used: {got:?}"),
                 Some(part) => {
@@ -373,7 +384,14 @@ mod tests {
         }
         // A resource no plugin registered is not the device manager's to check.
         let other = BTreeMap::from([("other.com/x".to_string(), 9)]);
-        assert!(t.admit(&other, &|_| 0).is_ok());
+        assert!(t.admit("new", &other, &|_| 0).is_ok());
+        // A pod that already holds its devices (admitted again after a restart, its plugin
+        // not back yet) is not refused.
+        let mut restarted = Table::default();
+        restarted.connected(R);
+        restarted.record(alloc("running", "c", &["a"]));
+        assert!(restarted.admit("running", &want(1), &|_| 0).is_ok());
+        assert!(restarted.admit("new", &want(1), &|_| 0).is_err());
     }
 
     #[test]

@@ -253,7 +253,7 @@ async fn a_plugin_that_goes_away_leaves_capacity_and_no_allocatable() {
     );
     // The admission check now refuses a pod that asks for one.
     let wanted = BTreeMap::from([(R.to_string(), 1)]);
-    let (reason, message) = manager.admit(&wanted, &|_| 0).unwrap_err();
+    let (reason, message) = manager.admit("new", &wanted, &|_| 0).unwrap_err();
     assert_eq!(reason, "UnexpectedAdmissionError");
     assert!(message.contains("Requested: 1, Available: 0"), "{message}");
     stop.cancel();
