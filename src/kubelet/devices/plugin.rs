@@ -195,10 +195,10 @@ pub(crate) fn clean_directory(dir: &Path) {
     };
     for entry in entries.flatten() {
         use std::os::unix::fs::FileTypeExt as _;
-        if entry.file_type().is_ok_and(|t| t.is_socket()) {
-            if let Err(e) = std::fs::remove_file(entry.path()) {
-                tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a stale device plugin socket");
-            }
+        if entry.file_type().is_ok_and(|t| t.is_socket())
+            && let Err(e) = std::fs::remove_file(entry.path())
+        {
+            tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a stale device plugin socket");
         }
     }
 }

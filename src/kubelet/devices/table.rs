@@ -415,7 +415,15 @@ mod tests {
     #[test]
     fn choosing_prefers_a_valid_preferred_answer_then_reuse_then_id_order() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let cases: &[(usize, &[&str], &[&str], Option<&[&str]>, Option<&[&str]>)] = &[
+        // (needed, reusable, free, preferred answer, chosen)
+        type Case<'a> = (
+            usize,
+            &'a [&'a str],
+            &'a [&'a str],
+            Option<&'a [&'a str]>,
+            Option<&'a [&'a str]>,
+        );
+        let cases: &[Case<'_>] = &[
             (1, &[], &["a", "b"], None, Some(&["a"])),
             (2, &["z"], &["a", "b"], None, Some(&["z", "a"])),
             (1, &[], &["a", "b"], Some(&["b"]), Some(&["b"])),
