@@ -328,6 +328,19 @@ mod tests {
     }
 
     #[test]
+    fn checksums_are_upstreams() {
+        // The values upstream's checkpoint.New(...).MarshalCheckpoint() wrote for the same
+        // data (k8s.io/kubernetes v1.37.2, pkg/kubelet/cm/devicemanager/checkpoint).
+        assert_eq!(checksum(&sample()), 2_346_640_708);
+        let empty = Data {
+            entries: None,
+            registered: Some(BTreeMap::new()),
+        };
+        assert_eq!(checksum(&empty), 3_467_439_661);
+        assert!(String::from_utf8(encode(sample())).unwrap().ends_with(r#""AllocResp":"EgMBAg=="}],"RegisteredDevices":{"example.com/resource":["Dev-1","Dev-2"]}},"Checksum":2346640708}"#));
+    }
+
+    #[test]
     fn fnv32a_matches_gos() {
         // hash/fnv New32a: "" → 0x811c9dc5, "a" → 0xe40c292c.
         assert_eq!(fnv32a(b""), 0x811c_9dc5);
