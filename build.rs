@@ -9,7 +9,9 @@
 //! payloads (`proto/containerd/services/events`, `proto/containerd/events`) lets the PLEG
 //! (`src/pleg/feed.rs`) hear of container exits as they happen. The kubelet's plugin
 //! registration protocol (`proto/pluginregistration/v1`) and the CSI Node service's subset
-//! (`proto/csi/v1`) serve `src/kubelet/plugin_watcher` and `src/kubelet/volume/csi`.
+//! (`proto/csi/v1`) serve `src/kubelet/plugin_watcher` and `src/kubelet/volume/csi`; the
+//! device plugin API (`proto/deviceplugin/v1beta1`) and pod-resources API
+//! (`proto/podresources/v1`) are served and called by `src/kubelet/devices`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -32,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "containerd/events/events.proto",
             "pluginregistration/v1/api.proto",
             "csi/v1/csi.proto",
+            "deviceplugin/v1beta1/api.proto",
+            "podresources/v1/api.proto",
         ],
         ["proto"],
     )?;

@@ -57,6 +57,7 @@ const LAYERS: &[Layer] = &[
                 "api_objects",
                 "certificate",
                 "cm",
+                "devices",
                 "events",
                 "plugin_watcher",
                 "pull_credentials",

@@ -12,6 +12,7 @@ pub mod admission;
 pub(crate) mod api_objects;
 pub mod certificate;
 pub mod cm;
+pub(crate) mod devices;
 pub mod events;
 pub mod eviction;
 pub mod gc;

@@ -1185,6 +1185,7 @@ pub(crate) mod test_support {
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
             node_labels: Default::default(),
             userns: None,
+            devices: None,
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

@@ -117,6 +117,10 @@ pub(crate) struct Admission {
     /// The eviction manager's pressure conditions: under pressure, new pods are refused as
     /// upstream's eviction admit handler refuses them.
     pub pressure: PressureView,
+    /// The device plugin manager: a pod asking for more devices than are free is refused
+    /// before the resource fit, as upstream's device manager admit handler runs before its
+    /// predicate handler.
+    pub devices: Option<crate::kubelet::devices::DeviceManager>,
 }
 
 /// Who hears of a refused pod besides `/pods`, as upstream's `rejectPod` tells them: a
@@ -525,6 +529,16 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             return;
         }
         let batch = batch.get_or_insert_with(|| self.batch());
+        if let Some(devices) = &self.admission.devices {
+            let wanted = admission::extended_requests(&pod);
+            let usage = &batch.usage;
+            if let Err((reason, message)) =
+                devices.admit(&uid, &wanted, &|name| usage.requested_scalar(name))
+            {
+                self.refuse(pod, reason, message, true);
+                return;
+            }
+        }
         match admission::admit_with_usage(&pod, &batch.node, &batch.usage) {
             Decision::Refuse(refusal) => {
                 self.refuse(pod, &refusal.reason, refusal.message, true);
@@ -853,6 +867,7 @@ mod tests {
             states: h.states.clone(),
             refusals: Refusals::new(Recorder::log_only("node-a"), None),
             pressure: PressureView::default(),
+            devices: None,
         };
         let parts = Parts {
             rt: h.rt,

@@ -229,6 +229,7 @@ pub(super) fn start_membership(
         kubelet_port: config.port,
         pressure: pressure.clone(),
         shutdown: shutdown.clone(),
+        devices: Some(agent.devices.clone()),
     };
     let settings = node_agent::AgentSettings {
         node_name: config.node_name.clone(),

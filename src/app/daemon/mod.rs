@@ -19,6 +19,7 @@
 
 mod cgroups;
 mod cluster;
+mod devices;
 mod endpoints;
 mod housekeeping;
 mod node;
@@ -39,6 +40,7 @@ use crate::base::supervisor::Supervisor;
 use crate::clients::cri::{CriClient, CriError};
 use crate::config::Config;
 use crate::endpoints::read_only::{Metrics, ServeError};
+use crate::kubelet::devices::DeviceManager;
 use crate::kubelet::events::Recorder;
 use crate::kubelet::pleg::RuntimeCache;
 use crate::kubelet::pod_status::published::PodStates;
@@ -111,6 +113,8 @@ struct Agent {
     events: Recorder,
     health: Health,
     states: PodStates,
+    /// The device plugin manager (upstream's `cm/devicemanager`).
+    devices: DeviceManager,
     metrics: Metrics,
     /// Every task of the agent but the HTTP servers, so shutdown can wait for them.
     tracker: TaskTracker,
@@ -131,6 +135,8 @@ impl Agent {
     ) -> Agent {
         let tracker = TaskTracker::new();
         let health = Health::default();
+        // Before any pod is admitted: the checkpoint says which devices running containers hold.
+        let devices = DeviceManager::new(&config.root_dir);
         let tasks = Supervisor::new(
             tracker.clone(),
             cancel.clone(),
@@ -147,6 +153,7 @@ impl Agent {
             events,
             health,
             states: PodStates::default(),
+            devices,
             metrics: Metrics::default(),
             tracker,
             tasks,
@@ -209,6 +216,7 @@ pub async fn run(
         mirror_pods,
         refusals,
     } = pods::build(&agent, &node, &facts, &runtime_cache).await;
+    devices::start(&agent, &sources_ready);
     let image_gc = housekeeping::start_gc(&agent, &workers, &sources_ready);
     if let (Some(mirrors), Some(api)) = (mirror_pods, &agent.api) {
         pods::start_mirror_pods(&agent, api, mirrors, &sources_ready);

@@ -100,6 +100,7 @@ pub(super) fn context(agent: &Agent, facts: &NodeFacts) -> Arc<NodeContext> {
             &config.cluster,
         ),
         userns: Some(facts.userns.clone()),
+        devices: Some(agent.devices.clone()),
     });
     tracing::info!(host_ip = ?facts.host_ip, node = %config.node_name, "node facts");
     if agent.plan.cluster_dns_missing {

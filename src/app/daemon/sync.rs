@@ -48,6 +48,7 @@ pub(super) fn admission(
         states: agent.states.clone(),
         refusals,
         pressure: pressure.clone(),
+        devices: Some(agent.devices.clone()),
     };
     (admission, node_tx)
 }

@@ -160,6 +160,11 @@ impl Usage {
         self.ports.extend(host_ports(pod));
     }
 
+    /// What the admitted pods request of an extended resource, in whole units.
+    pub(crate) fn requested_scalar(&self, name: &str) -> i64 {
+        self.requested.scalar.get(name).copied().unwrap_or(0)
+    }
+
     /// True when a port the pod wants is taken: the same protocol and port on the same host
     /// IP, or on any IP when either side binds every address (`0.0.0.0`).
     fn port_taken(&self, ip: &str, protocol: &str, port: i32) -> bool {
@@ -176,6 +181,12 @@ impl Usage {
 /// True for pods that did not come from the API server (upstream's `IsStaticPod`).
 fn is_static(pod: &Pod) -> bool {
     crate::base::podspec::origin::is_not_from_api(pod)
+}
+
+/// The pod's effective requests of extended resources (init containers counted as upstream
+/// counts them), for the device manager's admission check.
+pub(crate) fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
+    pod_requests(pod, &requests::is_extended).scalar
 }
 
 /// Whether the node admits `pod`, given the pods it has admitted and not finished.

@@ -519,6 +519,8 @@ pub(crate) struct LiveSnapshots<R> {
     pub pressure: crate::base::node_pressure::PressureView,
     /// Whether the node shuts down (the Ready condition says so).
     pub shutdown: crate::kubelet::shutdown::ShutdownStatus,
+    /// The device plugins' extended resources (upstream's `GetCapacity`).
+    pub devices: Option<crate::kubelet::devices::DeviceManager>,
 }
 
 impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
@@ -590,11 +592,15 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
                 ))
             })
             .collect();
-        let cap = capacity(&machine, self.max_pods);
+        let mut cap = capacity(&machine, self.max_pods);
+        let mut alloc = allocatable(&cap, &self.reservations);
+        if let Some(devices) = &self.devices {
+            (cap.extended, alloc.extended) = devices.capacity();
+        }
         NodeSnapshot {
             node_name: self.node_name.clone(),
             internal_ip,
-            allocatable: allocatable(&cap, &self.reservations),
+            allocatable: alloc,
             capacity: cap,
             machine,
             runtime,

@@ -79,6 +79,7 @@ impl SnapshotSource for Snapshots {
             ephemeral_storage_bytes: 1 << 30,
             pods: 110,
             hugepages: vec![],
+            extended: Default::default(),
         };
         NodeSnapshot {
             node_name: "n1".into(),

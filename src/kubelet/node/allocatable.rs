@@ -20,6 +20,8 @@ pub(crate) struct Amounts {
     pub pods: i64,
     /// Page size in bytes → bytes of that size set aside.
     pub hugepages: Vec<(u64, i64)>,
+    /// Extended resources the node's device plugins offer, by name, in whole units.
+    pub extended: BTreeMap<String, i64>,
 }
 
 impl Amounts {
@@ -43,6 +45,9 @@ impl Amounts {
                 format_bytes(i64::try_from(*size).unwrap_or(i64::MAX))
             );
             out.insert(name, Quantity(format_bytes(*bytes)));
+        }
+        for (name, count) in &self.extended {
+            out.insert(name.clone(), Quantity(count.to_string()));
         }
         out
     }
@@ -69,6 +74,7 @@ pub(crate) fn capacity(machine: &MachineFacts, max_pods: u32) -> Amounts {
             .iter()
             .map(|(size, bytes)| (*size, i64::try_from(*bytes).unwrap_or(i64::MAX)))
             .collect(),
+        extended: BTreeMap::new(),
     }
 }
 
@@ -106,6 +112,8 @@ pub(crate) fn allocatable(capacity: &Amounts, reserved: &Reservations) -> Amount
         ),
         pods: capacity.pods,
         hugepages: capacity.hugepages.clone(),
+        // Device plugins give their own allocatable (the healthy devices).
+        extended: BTreeMap::new(),
     }
 }
 

@@ -73,6 +73,8 @@ pub(crate) struct NodeContext {
     /// The pods' user namespaces (`hostUsers: false`); `None` where none are set up (unit
     /// tests), which gives no user-namespace options to the runtime and refuses such pods.
     pub userns: Option<Arc<crate::kubelet::userns::UsernsManager>>,
+    /// The device plugin manager: a container's devices at its creation (`None`: no devices).
+    pub devices: Option<crate::kubelet::devices::DeviceManager>,
 }
 
 impl NodeContext {
@@ -942,6 +944,7 @@ mod cgroup_tests {
             mounter: Arc::new(crate::kubelet::volume::mounter::fake::FakeMounter::default()),
             node_labels: Default::default(),
             userns: None,
+            devices: None,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

@@ -340,8 +340,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         .await
         .map_err(|join| config_error(format!("the mount task failed: {join}")))?
         .map_err(|e| config_error(e.to_string()))?;
-        let config = translate::container_config_with_env(pod, container, &ctx, envs)
+        let mut config = translate::container_config_with_env(pod, container, &ctx, envs)
             .map_err(|e| config_error(e.to_string()))?;
+        self.add_devices(pod, container, &mut config).await?;
         let log_dir = Path::new(&sandbox_config.log_directory).join(name);
         let _ = std::fs::create_dir_all(&log_dir);
 
@@ -394,6 +395,28 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             "Container started",
         );
         self.post_start(pod, container, &id, pod_ip).await
+    }
+
+    /// The container's devices into its config, as upstream's `GetDeviceRunContainerOptions`:
+    /// allocated at its first creation, `PreStartContainer` before each start when the plugin
+    /// asks for it.
+    async fn add_devices(
+        &self,
+        pod: &Pod,
+        container: &k8s_openapi::api::core::v1::Container,
+        config: &mut crate::clients::cri::proto::ContainerConfig,
+    ) -> Result<(), WaitingReason> {
+        let Some(devices) = &self.node.devices else {
+            return Ok(());
+        };
+        let options = devices
+            .container_options(pod, container)
+            .await
+            .map_err(|e| config_error(e.to_string()))?;
+        if let Some(options) = options {
+            options.apply(config);
+        }
+        Ok(())
     }
 
     /// runAsNonRoot is checked against the user the container runs as, as upstream does: an
