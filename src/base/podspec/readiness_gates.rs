@@ -86,7 +86,9 @@ mod tests {
     /// Upstream's messages, case by case (its `TestGeneratePodReadyCondition` table).
     #[test]
     fn the_message_names_each_gate_that_holds_the_pod_back() {
-        let cases: [(&[&str], &[(&str, &str)], Option<&str>); 6] = [
+        // (gates, conditions in the status, the message)
+        type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], Option<&'a str>);
+        let cases: [Case; 6] = [
             (&[], &[], None),
             (
                 &["gate1"],
