@@ -13,6 +13,7 @@ pub(crate) mod pod;
 pub(crate) mod ports;
 pub(crate) mod qos;
 pub mod quantity;
+pub(crate) mod readiness_gates;
 pub(crate) mod resources;
 pub(crate) mod spec_hash;
 pub(crate) mod sysctl;

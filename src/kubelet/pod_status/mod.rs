@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::base::observed::{
     self, ContainerState as RtState, ObservedContainer, ObservedPod, ObservedSandbox,
 };
-use crate::base::podspec::{RestartPolicy, is_sidecar};
+use crate::base::podspec::{RestartPolicy, is_sidecar, readiness_gates};
 use crate::kubelet::prober::ProbeView;
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
@@ -362,7 +362,8 @@ pub(crate) fn compute_pod_status(
     let previous = inputs.previous;
     let phase = pod_phase(restart_policy, &inits, &apps, sandbox.is_some(), previous);
     let initialized = initialized_verdict(phase, &inits);
-    let ready = ready_verdict(phase, &inits, &apps);
+    let containers_ready = ready_verdict(phase, &inits, &apps);
+    let ready = gated(pod, &containers_ready);
     let conditions = vec![
         condition(
             previous,
@@ -373,7 +374,7 @@ pub(crate) fn compute_pod_status(
         ),
         initialized.condition(previous, inputs.now, "Initialized"),
         ready.condition(previous, inputs.now, "Ready"),
-        ready.condition(previous, inputs.now, "ContainersReady"),
+        containers_ready.condition(previous, inputs.now, "ContainersReady"),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
 
@@ -613,6 +614,29 @@ fn ready_verdict(phase: &'static str, inits: &InitStatuses, apps: &[ContainerSta
         ok: containers_ready && !terminal,
         reason,
         message,
+    }
+}
+
+/// The Ready condition from the ContainersReady one: the same while the containers are not
+/// ready; otherwise held back by any readiness gate whose condition (set by others, read from
+/// the pod the API server holds) is missing or not "True", as upstream's
+/// `GeneratePodReadyCondition`.
+fn gated(pod: &Pod, containers: &Verdict) -> Verdict {
+    let message = containers
+        .ok
+        .then(|| readiness_gates::unready_message(pod))
+        .flatten();
+    match message {
+        Some(message) => Verdict {
+            ok: false,
+            reason: Some(readiness_gates::REASON),
+            message: Some(message),
+        },
+        None => Verdict {
+            ok: containers.ok,
+            reason: containers.reason,
+            message: containers.message.clone(),
+        },
     }
 }
 

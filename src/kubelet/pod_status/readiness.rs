@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
-use super::{InitStatuses, container_id, ready_verdict};
+use super::{InitStatuses, container_id, gated, ready_verdict};
 use crate::base::podspec::is_sidecar;
 
 /// Sets the readiness of the running container instance `id` (a CRI container ID) in
@@ -59,10 +59,11 @@ pub(crate) fn apply_readiness(
         .collect();
     let inits = InitStatuses { statuses, sidecars };
     let apps = status.container_statuses.clone().unwrap_or_default();
-    let verdict = ready_verdict(phase, &inits, &apps);
+    let containers_ready = ready_verdict(phase, &inits, &apps);
+    let ready = gated(pod, &containers_ready);
     let before = status.clone();
     let conditions = status.conditions.get_or_insert_with(Vec::new);
-    for type_ in ["Ready", "ContainersReady"] {
+    for (type_, verdict) in [("Ready", &ready), ("ContainersReady", &containers_ready)] {
         let fresh = verdict.condition(Some(&before), now, type_);
         match conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(slot) => *slot = fresh,

@@ -924,3 +924,70 @@ fn qos_class() {
         assert_eq!(s.qos_class.as_deref(), Some(want), "{name}");
     }
 }
+
+/// A readiness gate holds the pod's Ready condition back (not ContainersReady) until others set
+/// its condition True in the pod's status, with upstream's reason and message; a pod whose
+/// containers are not ready keeps their reason.
+#[test]
+fn readiness_gates_hold_ready_back() {
+    use k8s_openapi::api::core::v1::PodReadinessGate;
+    let with_gates = |conditions: &[(&str, &str)]| {
+        let mut p = pod("Always", &[], &["a"]);
+        p.spec.as_mut().unwrap().readiness_gates = Some(vec![
+            PodReadinessGate {
+                condition_type: "k8s.io/test-condition1".into(),
+            },
+            PodReadinessGate {
+                condition_type: "k8s.io/test-condition2".into(),
+            },
+        ]);
+        p.status = Some(PodStatus {
+            conditions: Some(
+                conditions
+                    .iter()
+                    .map(|(t, s)| PodCondition {
+                        type_: t.to_string(),
+                        status: s.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        p
+    };
+    let none = HashMap::new();
+    let ready = observed(READY, vec![running("a", 1)]);
+    let s = compute_pod_status(&with_gates(&[]), &ready, &inputs(&none, None, 10));
+    assert_eq!(find(&s, "ContainersReady").status, "True");
+    let r = find(&s, "Ready");
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_deref()),
+        ("False", Some("ReadinessGatesNotReady"))
+    );
+    assert_eq!(
+        r.message.as_deref(),
+        Some(concat!(
+            r#"corresponding condition of pod readiness gate "k8s.io/test-condition1" does not exist., "#,
+            r#"corresponding condition of pod readiness gate "k8s.io/test-condition2" does not exist."#
+        ))
+    );
+    let one = with_gates(&[("k8s.io/test-condition1", "True")]);
+    let s = compute_pod_status(&one, &ready, &inputs(&none, None, 10));
+    assert_eq!(find(&s, "Ready").status, "False");
+    let both = with_gates(&[
+        ("k8s.io/test-condition1", "True"),
+        ("k8s.io/test-condition2", "True"),
+    ]);
+    let s = compute_pod_status(&both, &ready, &inputs(&none, None, 10));
+    assert_eq!(find(&s, "Ready").status, "True");
+    // The node's status carries only its own conditions: the gates' stay the API's.
+    assert!(!conditions_text(&s).contains("test-condition"));
+    // Containers not ready: their reason, whatever the gates say.
+    let waiting = observed(READY, vec![exited("a", 1, 1)]);
+    let s = compute_pod_status(&both, &waiting, &inputs(&none, None, 10));
+    assert_eq!(
+        find(&s, "Ready").reason.as_deref(),
+        Some("ContainersNotReady")
+    );
+}

@@ -1,4 +1,6 @@
-//! The kubelet-managed `/etc/hosts` of a pod (not used for hostNetwork pods, which see the node's).
+//! The kubelet-managed `/etc/hosts` of a pod: its own for a pod with its own network, the
+//! node's with the pod's `hostAliases` appended for a hostNetwork pod (upstream mounts one in
+//! both cases).
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -18,7 +20,6 @@ pub(crate) fn render_hosts_file(
     text.push_str("fe00::0\tip6-mcastprefix\n");
     text.push_str("fe00::1\tip6-allnodes\n");
     text.push_str("fe00::2\tip6-allrouters\n");
-    let spec = pod.spec.as_ref();
     let (hostname, domain) = pod_hostname_and_domain(pod, cluster_domain);
     if let Some(ip) = pod_ip.filter(|ip| !ip.is_empty()) {
         match domain {
@@ -26,13 +27,35 @@ pub(crate) fn render_hosts_file(
             None => text.push_str(&format!("{ip}\t{hostname}\n")),
         }
     }
-    let aliases = spec.and_then(|s| s.host_aliases.as_deref()).unwrap_or(&[]);
-    if !aliases.is_empty() {
-        text.push_str("\n# Entries added by HostAliases.\n");
-        for alias in aliases {
-            let names = alias.hostnames.as_deref().unwrap_or(&[]).join("\t");
-            text.push_str(&format!("{}\t{}\n", alias.ip, names));
-        }
+    text.push_str(&aliases_block(pod));
+    text
+}
+
+/// The hosts file of a hostNetwork pod, as upstream's `nodeHostsFileContent`: its own header,
+/// the node's hosts file as it is (`node_hosts`), then the `hostAliases` section. The pod sees
+/// the node's names and its aliases, not a pod line.
+pub(crate) fn render_host_network_hosts_file(pod: &Pod, node_hosts: &str) -> String {
+    let mut text = String::from("# Kubernetes-managed hosts file (host network).\n");
+    text.push_str(node_hosts);
+    text.push_str(&aliases_block(pod));
+    text
+}
+
+/// The `hostAliases` section, after a blank line: one line per alias, its IP then its
+/// hostnames, tab-separated; empty when the pod has none.
+fn aliases_block(pod: &Pod) -> String {
+    let aliases = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_aliases.as_deref())
+        .unwrap_or(&[]);
+    if aliases.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("\n# Entries added by HostAliases.\n");
+    for alias in aliases {
+        let names = alias.hostnames.as_deref().unwrap_or(&[]).join("\t");
+        text.push_str(&format!("{}\t{}\n", alias.ip, names));
     }
     text
 }

@@ -10,15 +10,21 @@ use k8s_openapi::api::core::v1::Pod;
 use std::time::SystemTime;
 
 use super::backoff::{BackoffPolicy, BackoffTable, Repair, decode_table};
-use super::hosts::render_hosts_file;
+use super::hosts::{render_host_network_hosts_file, render_hosts_file};
+
+/// The node's hosts file, which a hostNetwork pod's `/etc/hosts` starts from (upstream's
+/// `etcHostsPath`).
+const NODE_HOSTS: &str = "/etc/hosts";
 
 /// Where a pod's back-off state is kept.
 const BACKOFF_FILE: &str = "backoff.json";
 
 /// A pod file could not be written.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {path}: {source}")]
+#[error("cannot {action} {path}: {source}")]
 pub(crate) struct PodFileError {
+    /// What was being done: `write`, or `read` (the node's hosts file).
+    pub action: &'static str,
     pub path: PathBuf,
     #[source]
     pub source: std::io::Error,
@@ -26,14 +32,14 @@ pub(crate) struct PodFileError {
 
 /// The files a container is started with.
 pub(crate) struct ContainerFiles {
-    /// The managed `/etc/hosts` (pods with their own network only).
+    /// The managed `/etc/hosts`.
     pub hosts: Option<PathBuf>,
     /// The empty file mounted as the termination-message path.
     pub termination_log: PathBuf,
 }
 
-/// Writes `/etc/hosts` (own network only) and an empty termination-message file for one start
-/// of `container` (`restart_count` keeps each instance's message apart).
+/// Writes `/etc/hosts` and an empty termination-message file for one start of `container`
+/// (`restart_count` keeps each instance's message apart).
 pub(crate) fn prepare_container_files(
     pod_dir: &Path,
     pod: &Pod,
@@ -42,22 +48,14 @@ pub(crate) fn prepare_container_files(
     pod_ip: Option<&str>,
     cluster_domain: Option<&str>,
 ) -> Result<ContainerFiles, PodFileError> {
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
+    let hosts = write_hosts_file(pod_dir, pod, pod_ip, cluster_domain, Path::new(NODE_HOSTS))?;
     let err = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| PodFileError { path, source }
-    };
-    let hosts = if host_network {
-        None
-    } else {
-        let path = pod_dir.join("etc-hosts");
-        let text = render_hosts_file(pod, pod_ip, cluster_domain);
-        write_atomically(&path, text.as_bytes()).map_err(err(&path))?;
-        Some(path)
+        move |source| PodFileError {
+            action: "write",
+            path,
+            source,
+        }
     };
     let term_dir = pod_dir.join("containers").join(container);
     std::fs::create_dir_all(&term_dir).map_err(err(&term_dir))?;
@@ -68,9 +66,43 @@ pub(crate) fn prepare_container_files(
     std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666))
         .map_err(err(&termination_log))?;
     Ok(ContainerFiles {
-        hosts,
+        hosts: Some(hosts),
         termination_log,
     })
+}
+
+/// Writes the pod's `etc-hosts`: the managed file of a pod with its own network, or for a
+/// hostNetwork pod the node's hosts file (read from `node_hosts`, now, so a change on the node
+/// reaches the next container start) with the pod's aliases, as upstream's `ensureHostsFile`.
+fn write_hosts_file(
+    pod_dir: &Path,
+    pod: &Pod,
+    pod_ip: Option<&str>,
+    cluster_domain: Option<&str>,
+    node_hosts: &Path,
+) -> Result<PathBuf, PodFileError> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let text = if host_network {
+        let node = std::fs::read_to_string(node_hosts).map_err(|source| PodFileError {
+            action: "read",
+            path: node_hosts.to_path_buf(),
+            source,
+        })?;
+        render_host_network_hosts_file(pod, &node)
+    } else {
+        render_hosts_file(pod, pod_ip, cluster_domain)
+    };
+    let path = pod_dir.join("etc-hosts");
+    write_atomically(&path, text.as_bytes()).map_err(|source| PodFileError {
+        action: "write",
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
 }
 
 /// The back-off state saved for a pod, or an empty one (nothing saved, or unreadable: a lost
@@ -94,7 +126,11 @@ pub(crate) fn save_backoff(pod_dir: &Path, table: &BackoffTable) -> Result<(), P
     serde_json::to_vec(table)
         .map_err(std::io::Error::other)
         .and_then(|bytes| write_atomically(&path, &bytes))
-        .map_err(|source| PodFileError { path, source })
+        .map_err(|source| PodFileError {
+            action: "write",
+            path,
+            source,
+        })
 }
 
 /// Writes a file through a temporary name and a rename, so readers never see half of it.
@@ -115,6 +151,29 @@ mod tests {
 
     use super::*;
     use crate::kubelet::runtime::backoff::BackoffEntry;
+
+    /// A hostNetwork pod's hosts file is the node's, under upstream's header, with the
+    /// pod's aliases after it.
+    #[test]
+    fn a_host_network_pod_gets_the_nodes_hosts_file_with_its_aliases() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node-hosts");
+        std::fs::write(&node, "127.0.0.1\tlocalhost\n10.0.0.1\tnode1\n").unwrap();
+        let pod: Pod = crate::base::yaml::from_str(
+            "spec: {hostNetwork: true, containers: [], hostAliases: [{ip: 123.45.67.89, hostnames: [foo, bar]}]}\n",
+        )
+        .unwrap();
+        let path = write_hosts_file(dir.path(), &pod, Some("10.0.0.1"), None, &node).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(path).unwrap(),
+            "# Kubernetes-managed hosts file (host network).\n\
+             127.0.0.1\tlocalhost\n10.0.0.1\tnode1\n\
+             \n# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"
+        );
+        let gone = dir.path().join("missing");
+        let err = write_hosts_file(dir.path(), &pod, None, None, &gone).unwrap_err();
+        assert_eq!(err.action, "read");
+    }
 
     #[test]
     fn container_files_and_back_off_round_trip() {

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::defaults::{CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
 use super::validate::uid_problem;
 use super::{PodChange, SourceSnapshot, SourcesReady, full_name};
+use crate::base::podspec::readiness_gates;
 
 /// A pod one source offered under a UID another source already owns.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,9 +56,12 @@ fn annotations_without_seen(pod: &Pod) -> BTreeMap<&str, &str> {
 }
 
 /// Whether `new` differs from `old` in a way the node acts on: spec, labels, annotations
-/// (other than `config.seen`), deletion timestamp and grace period. Status is the node's own.
+/// (other than `config.seen`), deletion timestamp and grace period. Status is the node's own,
+/// except the conditions of readiness gates, which others set and which decide the pod's
+/// Ready condition (upstream's config reconciles the pod when `NeedToReconcilePodReadiness`).
 pub(crate) fn differs_meaningfully(old: &Pod, new: &Pod) -> bool {
     old.spec != new.spec
+        || readiness_gates::gate_states(old) != readiness_gates::gate_states(new)
         || old.metadata.labels != new.metadata.labels
         || annotations_without_seen(old) != annotations_without_seen(new)
         || old.metadata.deletion_timestamp != new.metadata.deletion_timestamp
@@ -338,6 +342,31 @@ mod tests {
         let c = m.apply("file", vec![]);
         assert_eq!(summary(&c), ["remove a 1", "remove b 3"]);
         assert!(m.pods().is_empty());
+    }
+
+    /// Status is the node's own, but a readiness gate's condition set by others is an update
+    /// (the pod's Ready condition depends on it); other conditions are not.
+    #[test]
+    fn a_readiness_gates_condition_is_an_update() {
+        let gated = |conditions: &str| {
+            let mut p: Pod = crate::base::yaml::from_str(&format!(
+                "metadata: {{name: a, namespace: default, uid: '1'}}\nspec: {{containers: [{{name: c, image: x}}], readinessGates: [{{conditionType: example.com/gate}}]}}\nstatus: {{conditions: [{conditions}]}}\n"
+            ))
+            .unwrap();
+            p.metadata.labels = None;
+            p
+        };
+        let mut m = Merger::new();
+        assert_eq!(summary(&m.apply("api", vec![gated("")])), ["add a 1"]);
+        let other = "{type: Ready, status: 'True'}";
+        assert!(m.apply("api", vec![gated(other)]).is_empty(), "not a gate");
+        let gate_false = "{type: example.com/gate, status: 'False'}";
+        let c = m.apply("api", vec![gated(gate_false)]);
+        assert_eq!(summary(&c), ["update a 1"], "the gate's condition appears");
+        let gate_true = "{type: example.com/gate, status: 'True'}";
+        let c = m.apply("api", vec![gated(gate_true)]);
+        assert_eq!(summary(&c), ["update a 1"], "the gate's condition flips");
+        assert!(m.apply("api", vec![gated(gate_true)]).is_empty());
     }
 
     #[test]

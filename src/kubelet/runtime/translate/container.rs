@@ -12,7 +12,6 @@ use crate::clients::cri::proto::{
 };
 use crate::kubelet::cm::pod_config::{milli_cpu_to_quota, milli_cpu_to_shares};
 
-use super::sandbox::is_host_network;
 use super::{
     ContainerContext, PodMeta, TranslateError, effective_seccomp, env, namespace_options, security,
     selinux_option,
@@ -389,12 +388,11 @@ pub(crate) fn linux_security_context(
 
 /// Volume mounts first, then the managed /etc/hosts, then the termination-message file; a
 /// managed file is skipped when a volume already covers its path.
-fn container_mounts(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Vec<Mount> {
+fn container_mounts(c: &Container, ctx: &ContainerContext) -> Vec<Mount> {
     let mut mounts = ctx.extra_mounts.clone();
     let taken = |mounts: &[Mount], path: &str| mounts.iter().any(|m| m.container_path == path);
 
     if let Some(hosts) = &ctx.etc_hosts_path
-        && !is_host_network(pod)
         && !taken(&mounts, "/etc/hosts")
     {
         mounts.push(Mount {
@@ -465,7 +463,7 @@ pub(crate) fn container_config_with_env(
             .into_iter()
             .map(|(key, value)| crate::clients::cri::proto::KeyValue { key, value })
             .collect(),
-        mounts: container_mounts(pod, container, ctx),
+        mounts: container_mounts(container, ctx),
         devices: Vec::new(),
         labels: container_labels(&meta, &container.name),
         annotations: container_annotations(pod, container, ctx.restart_count)?,
@@ -776,12 +774,13 @@ mod tests {
     }
 
     #[test]
-    fn host_network_skips_etc_hosts_and_a_volume_wins_over_managed_files() {
+    fn host_network_mounts_etc_hosts_too_and_a_volume_wins_over_managed_files() {
         let c = nginx();
         let mut pod = web_pod(vec![c.clone()]);
         pod.spec.as_mut().unwrap().host_network = Some(true);
         let cfg = container_config(&pod, &c, &ctx()).unwrap();
-        assert!(!cfg.mounts.iter().any(|m| m.container_path == "/etc/hosts"));
+        // Upstream mounts the node's hosts file with the pod's aliases (hostAliases).
+        assert!(cfg.mounts.iter().any(|m| m.container_path == "/etc/hosts"));
 
         let pod = web_pod(vec![c.clone()]);
         let mut context = ctx();
