@@ -365,7 +365,13 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
         }))
         .unwrap();
     let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
-    let _ = pvs.create(&PostParams::default(), &pv).await;
+    // A PV left by an earlier run still names that run's claim and would never bind this one.
+    let _ = pvs.delete("csi-pv", &DeleteParams::default()).await;
+    wait_until("no PV csi-pv left from an earlier run", WAIT, || async {
+        pvs.get_opt("csi-pv").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
     let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "claim"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": "csi-pv",

@@ -261,18 +261,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             objects,
             userns,
         } = *target;
-        let container = match start.kind {
-            ContainerKind::Init => pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.init_containers.as_ref())
-                .and_then(|v| v.get(start.index)),
-            ContainerKind::App => pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.get(start.index)),
-        };
-        let Some(container) = container else {
+        let Some(container) = spec_of(pod, start) else {
             return Ok(());
         };
         let name = container.name.as_str();
@@ -524,6 +513,15 @@ fn failed_event_message(waiting: &WaitingReason) -> Option<String> {
 /// The FailedMount event for volumes that could not be set up, in upstream's words: a volume
 /// whose plugin failed is named with its reason (`MountVolume.SetUp failed for volume "x" :
 /// configmap "y" not found`); a volume no plugin serves keeps the pod from mounting at all.
+/// The spec of the container a start names (init or app, by index).
+fn spec_of<'p>(pod: &'p Pod, start: &StartContainer) -> Option<&'p Container> {
+    let spec = pod.spec.as_ref()?;
+    match start.kind {
+        ContainerKind::Init => spec.init_containers.as_ref()?.get(start.index),
+        ContainerKind::App => spec.containers.get(start.index),
+    }
+}
+
 pub(super) fn failed_mount_message(message: &str, err: Option<&VolumeError>) -> String {
     match err {
         Some(VolumeError::SetUp { reason, .. }) if !matches!(**reason, VolumeProblem::Plan(_)) => {

@@ -320,5 +320,8 @@ fn unique_names_follow_upstreams_plugins() {
         },
         ..host
     };
-    assert_eq!(unique_name(&csi, "u1"), "kubernetes.io/csi/d.example.com^h1");
+    assert_eq!(
+        unique_name(&csi, "u1"),
+        "kubernetes.io/csi/d.example.com^h1"
+    );
 }
