@@ -315,7 +315,7 @@ impl DeviceManager {
         self.inner
             .lock()
             .admit(pod_uid, wanted, used)
-            .map_err(|m| (table::UNEXPECTED_ADMISSION_ERROR, m))
+            .map_err(|e| (table::UNEXPECTED_ADMISSION_ERROR, e.to_string()))
     }
 
     /// The devices `container` of `pod` gets: allocated at its first creation (then kept, in

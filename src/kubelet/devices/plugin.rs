@@ -37,15 +37,34 @@ pub(crate) struct Plugin {
 }
 
 /// Why a registration is refused, in upstream's words (the plugin sees them).
-pub(crate) fn check_request(r: &RegisterRequest) -> Result<(), String> {
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegisterRefusal {
+    #[error(
+        "requested API version {0:?} is not supported by kubelet. Supported version is [{VERSION:?}]"
+    )]
+    Version(String),
+    #[error("the ResourceName {0:?} is invalid")]
+    ResourceName(String),
+    #[error("the endpoint {0:?} is not a socket name in the device-plugins directory")]
+    Endpoint(String),
+}
+
+/// Why a registered plugin could not be reached, in upstream's words.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("failed to dial device plugin: {0}")]
+    Dial(String),
+    #[error("failed to get device plugin options: {0}")]
+    Options(String),
+}
+
+/// Checks a registration request as upstream does.
+pub(crate) fn check_request(r: &RegisterRequest) -> Result<(), RegisterRefusal> {
     if r.version != VERSION {
-        return Err(format!(
-            "requested API version {:?} is not supported by kubelet. Supported version is [{:?}]",
-            r.version, VERSION
-        ));
+        return Err(RegisterRefusal::Version(r.version.clone()));
     }
     if !is_extended_resource_name(&r.resource_name) {
-        return Err(format!("the ResourceName {:?} is invalid", r.resource_name));
+        return Err(RegisterRefusal::ResourceName(r.resource_name.clone()));
     }
     if r.endpoint.is_empty()
         || r.endpoint.contains('/')
@@ -53,10 +72,7 @@ pub(crate) fn check_request(r: &RegisterRequest) -> Result<(), String> {
         || r.endpoint == ".."
         || r.endpoint == KUBELET_SOCKET
     {
-        return Err(format!(
-            "the endpoint {:?} is not a socket name in the device-plugins directory",
-            r.endpoint
-        ));
+        return Err(RegisterRefusal::Endpoint(r.endpoint.clone()));
     }
     Ok(())
 }
@@ -114,9 +130,9 @@ impl Registration for Registrar {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let r = request.into_inner();
         tracing::info!(resource = %r.resource_name, endpoint = %r.endpoint, version = %r.version, "device plugin registration request");
-        if let Err(message) = check_request(&r) {
-            tracing::warn!(resource = %r.resource_name, error = %message, "device plugin registration refused");
-            return Err(Status::unknown(message));
+        if let Err(refusal) = check_request(&r) {
+            tracing::warn!(resource = %r.resource_name, error = %refusal, "device plugin registration refused");
+            return Err(Status::unknown(refusal.to_string()));
         }
         let socket = self.inner.dir.join(&r.endpoint);
         match connect(&socket).await {
@@ -132,9 +148,9 @@ impl Registration for Registrar {
                 ));
                 Ok(Response::new(Empty {}))
             }
-            Err(message) => {
-                tracing::warn!(resource = %r.resource_name, error = %message, "cannot connect to the device plugin");
-                Err(Status::unknown(message))
+            Err(err) => {
+                tracing::warn!(resource = %r.resource_name, error = %err, "cannot connect to the device plugin");
+                Err(Status::unknown(err.to_string()))
             }
         }
     }
@@ -143,19 +159,19 @@ impl Registration for Registrar {
 /// Dials the plugin and asks its options (upstream's `PluginConnected`).
 async fn connect(
     socket: &Path,
-) -> Result<(DevicePluginClient<Channel>, DevicePluginOptions), String> {
+) -> Result<(DevicePluginClient<Channel>, DevicePluginOptions), ConnectError> {
     let endpoint = Endpoint::from_shared(format!("unix://{}", socket.display()))
-        .map_err(|e| format!("failed to dial device plugin: {e}"))?
+        .map_err(|e| ConnectError::Dial(e.to_string()))?
         .connect_timeout(DIAL_TIMEOUT);
     let channel = tokio::time::timeout(DIAL_TIMEOUT, endpoint.connect())
         .await
-        .map_err(|_| "failed to dial device plugin: timed out".to_string())?
-        .map_err(|e| format!("failed to dial device plugin: {e}"))?;
+        .map_err(|_| ConnectError::Dial("timed out".into()))?
+        .map_err(|e| ConnectError::Dial(e.to_string()))?;
     let mut client = DevicePluginClient::new(channel);
     let options = tokio::time::timeout(DIAL_TIMEOUT, client.get_device_plugin_options(Empty {}))
         .await
-        .map_err(|_| "failed to get device plugin options: timed out".to_string())?
-        .map_err(|e| format!("failed to get device plugin options: {}", e.message()))?
+        .map_err(|_| ConnectError::Options("timed out".into()))?
+        .map_err(|e| ConnectError::Options(e.message().to_string()))?
         .into_inner();
     Ok((client, options))
 }
@@ -307,7 +323,7 @@ mod tests {
                 resource_name: name.to_string(),
                 options: None,
             };
-            let err = check_request(&r).expect_err(name);
+            let err = check_request(&r).expect_err(name).to_string();
             assert!(err.contains(want), "{err}");
         }
     }

@@ -153,7 +153,7 @@ impl Table {
         pod_uid: &str,
         wanted: &BTreeMap<String, i64>,
         used: &dyn Fn(&str) -> i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), DevicesUnavailable> {
         for (name, want) in wanted {
             let Some(resource) = self.resources.get(name) else {
                 continue;
@@ -172,9 +172,11 @@ impl Table {
             let healthy = count(resource.healthy().count());
             let available = healthy.saturating_sub(used(name)).max(0);
             if *want > available {
-                return Err(format!(
-                    "Allocate failed due to requested number of devices unavailable for {name}. Requested: {want}, Available: {available}, which is unexpected"
-                ));
+                return Err(DevicesUnavailable {
+                    resource: name.clone(),
+                    requested: *want,
+                    available,
+                });
             }
         }
         Ok(())
@@ -306,6 +308,17 @@ fn count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// A pod asks for more devices of a resource than are free (upstream's admission message).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "Allocate failed due to requested number of devices unavailable for {resource}. Requested: {requested}, Available: {available}, which is unexpected"
+)]
+pub(crate) struct DevicesUnavailable {
+    pub resource: String,
+    pub requested: i64,
+    pub available: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,7 +388,7 @@ mod tests {
             match refused {
                 None => assert!(got.is_ok(), "{wanted} with {used} used: {got:?}"),
                 Some(part) => {
-                    let msg = got.expect_err("refused");
+                    let msg = got.expect_err("refused").to_string();
                     assert!(msg.contains(part), "{msg}");
                     assert!(msg.starts_with("Allocate failed due to requested number of devices unavailable for example.com/resource."), "{msg}");
                     assert!(msg.ends_with(", which is unexpected"), "{msg}");

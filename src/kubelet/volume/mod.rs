@@ -313,13 +313,17 @@ pub(crate) fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) ->
     if let Some(c) = &volume.persistent_volume_claim {
         // The claim and its volume as read: a claim that binds changes this.
         let claim = objects.claim(&c.claim_name);
-        ("claim", version_or_error(&claim)).hash(&mut hasher);
+        "claim".hash(&mut hasher);
+        hash_read(&claim, &mut hasher);
         let pv = claim
             .as_ref()
             .ok()
             .and_then(|c| crate::kubelet::api_objects::claims::bound_volume(c))
             .map(|name| objects.persistent_volume(name));
-        ("pv", pv.as_ref().map(version_or_error)).hash(&mut hasher);
+        "pv".hash(&mut hasher);
+        if let Some(pv) = &pv {
+            hash_read(pv, &mut hasher);
+        }
     }
     if let Some(s) = &volume.secret {
         secret(s.secret_name.as_deref().unwrap_or(""), &mut hasher);
@@ -344,15 +348,17 @@ pub(crate) fn volume_inputs(pod: &Pod, volume: &Volume, objects: &PodObjects) ->
     hasher.finish()
 }
 
-/// An object's resource version, or why it could not be read.
-fn version_or_error<
+/// Hashes what a read of an object gave: its resource version, or why it could not be read.
+fn hash_read<
     T: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
 >(
     read: &Result<Arc<T>, crate::kubelet::api_objects::claims::FetchError>,
-) -> Result<Option<String>, String> {
+    hasher: &mut impl std::hash::Hasher,
+) {
+    use std::hash::Hash;
     match read {
-        Ok(o) => Ok(o.metadata().resource_version.clone()),
-        Err(e) => Err(e.to_string()),
+        Ok(o) => ("version", &o.metadata().resource_version).hash(hasher),
+        Err(e) => ("error", e.to_string()).hash(hasher),
     }
 }
 

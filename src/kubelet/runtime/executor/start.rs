@@ -80,10 +80,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let userns = match unsupported_runtime_class(pod) {
             Some(message) => Err(message),
-            None => {
-                self.pod_userns(pod, decision.create_sandbox.is_some())
-                    .await
-            }
+            None => self
+                .pod_userns(pod, decision.create_sandbox.is_some())
+                .await
+                .map_err(|refusal| refusal.to_string()),
         };
         let userns = match userns {
             Ok(userns) => userns,
