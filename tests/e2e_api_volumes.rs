@@ -64,19 +64,6 @@ fn volume_dir(root: &Path, pod: &Pod, plugin: &str, volume: &str) -> PathBuf {
         .join(volume)
 }
 
-/// Everything the pod's container `app` printed so far (the CRI log of its first run).
-fn container_log(logs: &Path, name: &str) -> String {
-    let prefix = format!("{NS}_{name}_");
-    let Ok(entries) = std::fs::read_dir(logs) else {
-        return String::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .filter_map(|e| std::fs::read_to_string(e.path().join("app/0.log")).ok())
-        .collect()
-}
-
 fn config_map(name: &str, data: serde_json::Value) -> ConfigMap {
     serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": data})).unwrap()
 }
@@ -161,7 +148,7 @@ async fn pods_read_config_maps_secrets_and_their_service_account_token() {
     // The reader runs, with its environment and mounts as asked.
     let reader = wait_running(&pods, "reader").await;
     let out = wait_until("the reader's output", WAIT, || async {
-        let log = container_log(&agent.logs_dir(), "reader");
+        let log = common::cluster::first_run_log(&agent.logs_dir(), NS, "reader", "app");
         log.contains("files").then_some(log)
     })
     .await;
@@ -344,7 +331,7 @@ async fn pods_read_config_maps_secrets_and_their_service_account_token() {
     let waited = created.elapsed();
     println!("missing configMap created -> volume set up: {set_up:?}");
     wait_until("the waiter read its file", WAIT, || async {
-        container_log(&agent.logs_dir(), "waiter")
+        common::cluster::first_run_log(&agent.logs_dir(), NS, "waiter", "app")
             .contains("at last")
             .then_some(())
     })

@@ -137,19 +137,6 @@ fn csi_pod(name: &str, node: &str, driver: &str) -> Pod {
     serde_json::from_value(value).unwrap()
 }
 
-/// Everything the pod's container `app` printed so far (the CRI log of its first run).
-fn container_log(logs: &Path, name: &str) -> String {
-    let prefix = format!("{NS}_{name}_");
-    let Ok(entries) = std::fs::read_dir(logs) else {
-        return String::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .filter_map(|e| std::fs::read_to_string(e.path().join("app/0.log")).ok())
-        .collect()
-}
-
 async fn running(pods: &Api<Pod>, name: &str) -> Pod {
     wait_until(&format!("{name} Running"), WAIT, || async {
         let p = pods.get(name).await.ok()?;
@@ -253,7 +240,7 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
     assert_eq!(data["driverName"], MOCK);
     assert_eq!(data["volumeLifecycleMode"], "Ephemeral");
     wait_until("the inline pod sees its mount", WAIT, || async {
-        let log = container_log(&agent.logs_dir(), "inline");
+        let log = common::cluster::first_run_log(&agent.logs_dir(), NS, "inline", "app");
         log.contains("MOUNTED").then_some(log)
     })
     .await;

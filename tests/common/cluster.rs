@@ -382,3 +382,17 @@ impl Drop for MetricsServer {
             .output();
     }
 }
+
+/// Everything container `container` of pod `namespace/pod` printed in its first run, as the
+/// CRI log under `logs` (the agent's pod logs dir) holds it; empty until the file exists.
+pub fn first_run_log(logs: &Path, namespace: &str, pod: &str, container: &str) -> String {
+    let prefix = format!("{namespace}_{pod}_");
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return String::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter_map(|e| std::fs::read_to_string(e.path().join(container).join("0.log")).ok())
+        .collect()
+}

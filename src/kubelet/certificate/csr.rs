@@ -268,6 +268,31 @@ pub struct Issued {
     pub csr_name: String,
 }
 
+impl Issued {
+    /// Writes the certificate and key to `store` as its newest and logs `outcome` with the
+    /// CSR, file and expiry (the client rotation and the serving request log alike); hands
+    /// the credentials back for the caller's slot.
+    pub(crate) fn keep(
+        self,
+        store: &super::FileStore,
+        outcome: &'static str,
+    ) -> Result<super::Credentials, RequestError> {
+        let path = store.store(&self.pem, clock::timestamp()).map_err(|e| {
+            RequestError::BadCertificate {
+                name: self.csr_name.clone(),
+                reason: format!("cannot store it: {e}"),
+            }
+        })?;
+        tracing::info!(
+            csr = %self.csr_name,
+            cert = %path.display(),
+            not_after = %super::bootstrap::jiff_time(self.credentials.not_after),
+            "{outcome}"
+        );
+        Ok(self.credentials)
+    }
+}
+
 /// Makes a key and a CSR, creates it and polls it (200 ms, doubling up to 2 s) until it is
 /// signed, denied, failed, or `wait` has passed. A failed GET is retried until then.
 pub async fn request_certificate<A: CsrApi>(

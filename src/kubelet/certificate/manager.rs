@@ -70,20 +70,11 @@ impl<A: CsrApi> Rotation<A> {
     async fn rotate_once(&self, cancel: &CancellationToken) -> Result<(), RequestError> {
         let issued =
             request_certificate(&self.api, &self.node_name, "csr-", CSR_WAIT, cancel).await?;
-        let path = self
-            .store
-            .store(&issued.pem, clock::timestamp())
-            .map_err(|e| RequestError::BadCertificate {
-                name: issued.csr_name.clone(),
-                reason: format!("cannot store it: {e}"),
-            })?;
-        tracing::info!(
-            csr = %issued.csr_name,
-            cert = %path.display(),
-            not_after = %jiff_time(issued.credentials.not_after),
-            "rotated the client certificate; new connections use it"
-        );
-        self.slot.set(issued.credentials);
+        let credentials = issued.keep(
+            &self.store,
+            "rotated the client certificate; new connections use it",
+        )?;
+        self.slot.set(credentials);
         Ok(())
     }
 }

@@ -171,20 +171,11 @@ impl<A: CsrApi> ServingRotation<A> {
         let object = serving_csr_object("csr-", &request);
         tracing::info!(node = %self.node_name, names = ?self.addresses, "requesting a serving certificate (kubernetes.io/kubelet-serving); it must be approved, e.g. with `kubectl certificate approve`");
         let issued = submit_and_wait(&self.api, request, &object, CSR_WAIT, cancel).await?;
-        let path = self
-            .store
-            .store(&issued.pem, clock::timestamp())
-            .map_err(|e| RequestError::BadCertificate {
-                name: issued.csr_name.clone(),
-                reason: format!("cannot store it: {e}"),
-            })?;
-        tracing::info!(
-            csr = %issued.csr_name,
-            cert = %path.display(),
-            not_after = %jiff_time(issued.credentials.not_after),
-            "got a serving certificate; the node API presents it from now on"
-        );
-        self.slot.set(issued.credentials);
+        let credentials = issued.keep(
+            &self.store,
+            "got a serving certificate; the node API presents it from now on",
+        )?;
+        self.slot.set(credentials);
         Ok(())
     }
 }

@@ -128,13 +128,6 @@ impl VolumeManager {
                 access_modes,
                 mount_options,
             } => {
-                super::check_component("volume name", &resolved.pv)?;
-                let dir = self.make_volume_dir(uid, csi::CSI_PLUGIN_DIR, &resolved.pv, 0o750)?;
-                let target = csi::mount::PodTarget {
-                    pod,
-                    dir: &dir,
-                    fs_group,
-                };
                 let pv = csi::mount::PersistentCsi {
                     pv_name: &resolved.pv,
                     source,
@@ -142,9 +135,8 @@ impl VolumeManager {
                     mount_options,
                     read_only: resolved.read_only,
                 };
-                let path = csi::mount::set_up_persistent(&self.root_dir, &target, &pv)?;
-                let read_only = resolved.read_only || source.read_only == Some(true);
-                return Ok((path, read_only));
+                let set_up = self.set_up_csi_persistent(pod, &pv)?;
+                return Ok((set_up.path, set_up.read_only));
             }
         };
         tracing::debug!(

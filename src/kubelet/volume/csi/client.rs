@@ -134,7 +134,6 @@ impl NodeClient {
         }))
     }
 
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn stage(&mut self, call: &VolumeCall) -> Result<(), CsiError> {
         let request = proto::NodeStageVolumeRequest {
             volume_id: call.volume_id.clone(),

@@ -3,7 +3,7 @@
 //! made into the node's `CSINode` object and its Node's `csi.volume.kubernetes.io/nodeid`
 //! annotation and topology labels ([`node_info`]), and the volumes they serve ([`mount`]):
 //! CSI inline ephemeral pod volumes end to end, and persistent volumes through
-//! [`mount::set_up_persistent`], the entry point the PVC → PV resolution calls.
+//! `VolumeManager::set_up_csi_persistent`, the entry point the PVC → PV resolution calls.
 //!
 //! The registered drivers are one store for the whole process, as upstream's `csiDrivers`:
 //! the volume code reaches them from its blocking threads without being handed them. What
@@ -91,7 +91,6 @@ pub(crate) enum CsiError {
         "kubernetes.io/csi: mounter.SetUpAt failed to get CSI client: driver name {0} not found in the list of registered CSI drivers"
     )]
     NotRegistered(String),
-    #[cfg_attr(not(test), allow(dead_code))]
     #[error(
         "kubernetes.io/csi: attacher.MountDevice failed to create newCsiDriverClient: driver name {0} not found in the list of registered CSI drivers"
     )]

@@ -267,8 +267,6 @@ pub(crate) fn set_up_inline(
 }
 
 /// A persistent volume whose source is `csi`, as the PVC → PV resolution hands it over.
-// Called by the PVC → PV resolution (issue 29 items 1-2, on its own branch until merged).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct PersistentCsi<'a> {
     /// The PV's name (the pod volume directory's name, as upstream).
     pub pv_name: &'a str,
@@ -282,7 +280,6 @@ pub(crate) struct PersistentCsi<'a> {
 /// Stages (when the driver can) and publishes a CSI persistent volume for a pod; returns the
 /// mount path. A CSIDriver with `attachRequired: true` (the default without one) is refused:
 /// this node does not wait for VolumeAttachments.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn set_up_persistent(
     root: &Path,
     t: &PodTarget,
@@ -382,7 +379,6 @@ impl crate::kubelet::volume::VolumeManager {
     /// The one call for a pod volume whose claim is bound to a CSI persistent volume: makes
     /// `pods/<uid>/volumes/kubernetes.io~csi/<pv name>` and stages and publishes the volume
     /// there ([`set_up_persistent`]). Its teardown is the pod's ([`tear_down_pod`]).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn set_up_csi_persistent(
         &self,
         pod: &Pod,
@@ -390,6 +386,7 @@ impl crate::kubelet::volume::VolumeManager {
     ) -> Result<crate::kubelet::volume::SetUpVolume, crate::kubelet::volume::VolumeProblem> {
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
         crate::kubelet::volume::check_component("pod UID", uid)?;
+        crate::kubelet::volume::check_component("volume name", pv.pv_name)?;
         let fs_group = FsGroup::from_pod(pod)?;
         let dir = self.make_volume_dir(uid, CSI_PLUGIN_DIR, pv.pv_name, 0o750)?;
         let target = PodTarget {
