@@ -5,6 +5,7 @@
 
 pub(crate) mod active_deadline;
 pub(crate) mod apparmor;
+pub(crate) mod ephemeral;
 pub(crate) mod expand;
 pub(crate) mod item_path;
 pub(crate) mod labels;

@@ -255,15 +255,22 @@ pub fn pod_ref(pod: &Pod) -> ObjectReference {
     }
 }
 
-/// The reference to one container of a pod: `spec.containers{name}` or
-/// `spec.initContainers{name}`, as upstream's container references.
+/// The reference to one container of a pod: `spec.containers{name}`,
+/// `spec.initContainers{name}` or `spec.ephemeralContainers{name}`, as upstream's container
+/// references.
 pub fn container_ref(pod: &Pod, container: &str) -> ObjectReference {
     let init = pod
         .spec
         .as_ref()
         .and_then(|s| s.init_containers.as_ref())
         .is_some_and(|list| list.iter().any(|c| c.name == container));
-    let list = if init { "initContainers" } else { "containers" };
+    let list = if init {
+        "initContainers"
+    } else if crate::base::podspec::ephemeral::is_ephemeral(pod, container) {
+        "ephemeralContainers"
+    } else {
+        "containers"
+    };
     ObjectReference {
         field_path: Some(format!("spec.{list}{{{container}}}")),
         ..pod_ref(pod)
@@ -365,6 +372,17 @@ mod tests {
         assert_eq!(
             init.field_path.as_deref(),
             Some("spec.initContainers{setup}")
+        );
+        let mut p = p;
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "debugger".into(),
+                ..Default::default()
+            }]);
+        let debugger = container_ref(&p, "debugger");
+        assert_eq!(
+            debugger.field_path.as_deref(),
+            Some("spec.ephemeralContainers{debugger}")
         );
     }
 

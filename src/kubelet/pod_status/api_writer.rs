@@ -357,6 +357,7 @@ impl Writer {
             reason: Some(reason),
             message: Some(format!("Pod was rejected: {message}")),
             qos_class: Some(crate::base::podspec::qos_class(pod).as_str().to_string()),
+            observed_generation: crate::kubelet::pod_status::observed_generation(pod),
             ..Default::default()
         };
         let patch = serde_json::to_value(&status).unwrap_or_default();
@@ -473,6 +474,9 @@ pub(crate) fn merge_status(
     if base.qos_class.is_some() {
         out.qos_class = base.qos_class.clone();
     }
+    // A status computed from an older spec than one already reported does not take the
+    // generation back (upstream's status manager keeps the larger one).
+    out.observed_generation = out.observed_generation.max(base.observed_generation);
 
     // Conditions: ours, keeping transition times; then every other one the API server has.
     let base_conditions = base.conditions.as_deref().unwrap_or_default();
@@ -532,6 +536,12 @@ pub(crate) fn merge_status(
         base.init_container_statuses.as_deref(),
         out.init_container_statuses.as_mut(),
         init_policy,
+    );
+    // Ephemeral containers never restart.
+    keep_terminated(
+        base.ephemeral_container_statuses.as_deref(),
+        out.ephemeral_container_statuses.as_mut(),
+        |_: &str| RestartPolicy::Never,
     );
     out
 }
@@ -885,6 +895,27 @@ mod tests {
                 ),
                 json!({"initContainerStatuses": [running("init"), running("side")]}),
                 json!({"initContainerStatuses": [terminated("init", 0), running("side")]}),
+            ),
+            (
+                "ephemeral containers never restart, whatever the pod's policy",
+                "Always",
+                Some(json!({"ephemeralContainerStatuses": [terminated("dbg", 0)]})),
+                json!({"ephemeralContainerStatuses": [running("dbg")]}),
+                json!({"ephemeralContainerStatuses": [terminated("dbg", 0)]}),
+            ),
+            (
+                "the observed generation never goes back",
+                "Always",
+                Some(json!({"observedGeneration": 3})),
+                json!({"observedGeneration": 2}),
+                json!({"observedGeneration": 3}),
+            ),
+            (
+                "a newer generation is taken",
+                "Always",
+                Some(json!({"observedGeneration": 3})),
+                json!({"observedGeneration": 4}),
+                json!({"observedGeneration": 4}),
             ),
         ];
         for (what, policy, base, new, want) in rows {

@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::base::observed::{
     self, ContainerState as RtState, ObservedContainer, ObservedPod, ObservedSandbox,
 };
-use crate::base::podspec::{RestartPolicy, is_sidecar, readiness_gates};
+use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar, readiness_gates};
 use crate::kubelet::prober::ProbeView;
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
@@ -364,7 +364,7 @@ pub(crate) fn compute_pod_status(
     let initialized = initialized_verdict(phase, &inits);
     let containers_ready = ready_verdict(phase, &inits, &apps);
     let ready = gated(pod, &containers_ready);
-    let conditions = vec![
+    let mut conditions = vec![
         condition(
             previous,
             inputs.now,
@@ -377,6 +377,10 @@ pub(crate) fn compute_pod_status(
         containers_ready.condition(previous, inputs.now, "ContainersReady"),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
+    for c in &mut conditions {
+        c.observed_generation = observed_generation(pod);
+    }
+    let ephemeral = ephemeral_statuses(pod, observed, inputs, app_default);
 
     let (pod_ip, pod_ips) = pod_ips(sandbox, inputs.host_ip.as_deref());
     let start_time = previous
@@ -397,8 +401,44 @@ pub(crate) fn compute_pod_status(
         qos_class: Some(crate::base::podspec::qos_class(pod).as_str().to_string()),
         init_container_statuses: (!inits.statuses.is_empty()).then_some(inits.statuses),
         container_statuses: Some(apps),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
+        observed_generation: observed_generation(pod),
         ..Default::default()
     }
+}
+
+/// The generation of the pod spec a status is computed from, which the status and each of the
+/// node's conditions carry as `observedGeneration` (upstream's `PodObservedGenerationTracking`,
+/// GA and locked on since 1.35). A pod without one (from a file) has none to report.
+pub(crate) fn observed_generation(pod: &Pod) -> Option<i64> {
+    pod.metadata.generation.filter(|g| *g != 0)
+}
+
+/// The ephemeral containers' statuses, as upstream computes them: like an app container's
+/// (the same default waiting reason), but never restarted, never ready, and with no `started`
+/// (the probe manager, which sets it, does not look at them).
+fn ephemeral_statuses(
+    pod: &Pod,
+    observed: &ObservedPod,
+    inputs: &StatusInputs,
+    default_waiting: &str,
+) -> Vec<ContainerStatus> {
+    ephemeral::of(pod)
+        .iter()
+        .map(|ec| {
+            let container = ephemeral::as_container(ec);
+            let mut status = container_status(
+                &container,
+                observed,
+                inputs,
+                RestartPolicy::Never,
+                default_waiting,
+            );
+            status.ready = false;
+            status.started = None;
+            status
+        })
+        .collect()
 }
 
 /// The init containers' statuses, each with whether it is a sidecar: readiness, the phase and

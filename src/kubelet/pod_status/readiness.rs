@@ -64,7 +64,8 @@ pub(crate) fn apply_readiness(
     let before = status.clone();
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     for (type_, verdict) in [("Ready", &ready), ("ContainersReady", &containers_ready)] {
-        let fresh = verdict.condition(Some(&before), now, type_);
+        let mut fresh = verdict.condition(Some(&before), now, type_);
+        fresh.observed_generation = super::observed_generation(pod);
         match conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(slot) => *slot = fresh,
             None => conditions.push(fresh),

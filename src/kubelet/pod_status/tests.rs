@@ -991,3 +991,82 @@ fn readiness_gates_hold_ready_back() {
         Some("ContainersNotReady")
     );
 }
+
+#[test]
+fn ephemeral_containers_have_statuses_of_their_own() {
+    let mut p = pod("Always", &[], &["a"]);
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(
+        ["dbg", "gone", "new"]
+            .iter()
+            .map(|n| k8s_openapi::api::core::v1::EphemeralContainer {
+                name: n.to_string(),
+                image: Some(format!("img-{n}:1")),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    let seen = observed(
+        READY,
+        vec![running("a", 0), running("dbg", 0), exited("gone", 0, 1)],
+    );
+    let waiting = HashMap::new();
+    let status = compute_pod_status(&p, &seen, &inputs(&waiting, None, 300));
+    let ephemeral = status
+        .ephemeral_container_statuses
+        .as_ref()
+        .expect("ephemeralContainerStatuses");
+    let got: Vec<(String, String)> = ephemeral
+        .iter()
+        .map(|s| (s.name.clone(), summary(s)))
+        .collect();
+    let want = [
+        ("dbg", "running rc=0"),
+        ("gone", "terminated:Error:1 rc=0"),
+        ("new", "waiting:ContainerCreating rc=0"),
+    ];
+    assert_eq!(
+        got,
+        want.map(|(n, s)| (n.to_string(), s.to_string())).to_vec()
+    );
+    // Never ready, no `started` (upstream's probe manager does not set it for them), and they
+    // change neither the phase nor the app containers' readiness.
+    assert!(ephemeral.iter().all(|s| s.started.is_none() && !s.ready));
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(find(&status, "Ready").status, "True");
+    assert_eq!(
+        ephemeral[0].container_id.as_deref(),
+        Some("containerd://dbg0")
+    );
+    let plain = compute_pod_status(
+        &pod("Always", &[], &["a"]),
+        &seen,
+        &inputs(&waiting, None, 300),
+    );
+    assert_eq!(plain.ephemeral_container_statuses, None);
+}
+
+#[test]
+fn the_status_and_its_conditions_carry_the_generation_they_were_computed_from() {
+    let mut p = pod("Always", &[], &["a"]);
+    p.metadata.generation = Some(7);
+    let waiting = HashMap::new();
+    let seen = observed(READY, vec![running("a", 0)]);
+    let status = compute_pod_status(&p, &seen, &inputs(&waiting, None, 300));
+    assert_eq!(status.observed_generation, Some(7));
+    let conditions = status.conditions.as_ref().unwrap();
+    assert_eq!(conditions.len(), 5);
+    for c in conditions {
+        assert_eq!(c.observed_generation, Some(7), "{}", c.type_);
+    }
+    // A pod with no generation (from a file) reports none.
+    let file = pod("Always", &[], &["a"]);
+    let status = compute_pod_status(&file, &seen, &inputs(&waiting, None, 300));
+    assert_eq!(status.observed_generation, None);
+    assert!(
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .all(|c| c.observed_generation.is_none())
+    );
+}

@@ -12,7 +12,7 @@ use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use crate::base::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
-use crate::base::podspec::{RestartPolicy, is_sidecar};
+use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar};
 use crate::kubelet::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
@@ -20,13 +20,15 @@ use crate::kubelet::prober::{ProbeView, Unhealthy};
 pub(crate) enum ContainerKind {
     Init,
     App,
+    /// `spec.ephemeralContainers` (`kubectl debug`): started once, never restarted.
+    Ephemeral,
 }
 
 /// A container instance to create and start.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct StartContainer {
     pub kind: ContainerKind,
-    /// Index in `spec.initContainers` or `spec.containers`.
+    /// Index in `spec.initContainers`, `spec.containers` or `spec.ephemeralContainers`.
     pub index: usize,
     pub name: String,
     /// The new instance's restart count (its CRI attempt).
@@ -176,6 +178,7 @@ pub(crate) fn compute_pod_actions(
         return actions;
     };
     actions.sandbox_id = Some(sandbox.id.clone());
+    plan_ephemeral_containers(&mut actions, pod, observed);
     if plan_init_containers(&mut actions, ctx, pod, spec, observed, sandbox) == InitStep::Next {
         for (index, c) in spec.containers.iter().enumerate() {
             let latest = observed
@@ -187,6 +190,25 @@ pub(crate) fn compute_pod_actions(
     }
     collect_garbage(&mut actions, observed);
     actions
+}
+
+/// Ephemeral containers start in the kept sandbox, even before the init containers are done,
+/// and only once: one with an instance in any state, in any sandbox, is never started again
+/// (upstream's `computePodActions`). None starts in a new sandbox; they are not part of the
+/// pod's restart. They are started first, as upstream does, so that a debugger runs even when
+/// an init container cannot start.
+fn plan_ephemeral_containers(actions: &mut PodActions, pod: &Pod, observed: &ObservedPod) {
+    for (index, ec) in ephemeral::of(pod).iter().enumerate() {
+        if observed.instances(&ec.name).is_empty() {
+            actions.start_containers.push(StartContainer {
+                kind: ContainerKind::Ephemeral,
+                index,
+                name: ec.name.clone(),
+                restart_count: 0,
+                backoff: None,
+            });
+        }
+    }
 }
 
 /// What the sandbox decision looks at, gathered once: the newest sandbox, how many sandboxes are

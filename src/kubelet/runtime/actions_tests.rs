@@ -1067,3 +1067,103 @@ fn liveness_failures_kill_the_instance() {
         }
     );
 }
+
+// ---- ephemeral containers -------------------------------------------------------------------
+
+fn with_ephemeral(mut p: Pod, names: &[&str]) -> Pod {
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(
+        names
+            .iter()
+            .map(|n| k8s_openapi::api::core::v1::EphemeralContainer {
+                name: n.to_string(),
+                image: Some(format!("img-{n}:1")),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    p
+}
+
+fn debug(index: usize, name: &str) -> StartContainer {
+    StartContainer {
+        kind: ContainerKind::Ephemeral,
+        ..app(index, name, 0)
+    }
+}
+
+#[test]
+fn ephemeral_containers_start_once_in_the_running_sandbox() {
+    run(vec![
+        row(
+            "added to a running pod: started in its sandbox",
+            with_ephemeral(always(&["a"]), &["dbg"]),
+            observed(vec![ready("s0", 0)], vec![running("a0", "s0", "a", 0)]),
+            PodActions {
+                sandbox_id: Some("s0".into()),
+                start_containers: vec![debug(0, "dbg")],
+                ..Default::default()
+            },
+        ),
+        row(
+            "a second one added: only the new one starts, by its index",
+            with_ephemeral(always(&["a"]), &["dbg", "dbg2"]),
+            observed(
+                vec![ready("s0", 0)],
+                vec![running("a0", "s0", "a", 0), running("d0", "s0", "dbg", 0)],
+            ),
+            PodActions {
+                sandbox_id: Some("s0".into()),
+                start_containers: vec![debug(1, "dbg2")],
+                ..Default::default()
+            },
+        ),
+        row(
+            "one that exited, even with a failure, is never started again",
+            with_ephemeral(always(&["a"]), &["dbg"]),
+            observed(
+                vec![ready("s0", 0)],
+                vec![
+                    running("a0", "s0", "a", 0),
+                    exited("d0", "s0", "dbg", 0, 1, 900),
+                ],
+            ),
+            keep("s0"),
+        ),
+        row(
+            "while an init container still runs: started before it is done, as upstream",
+            with_ephemeral(pod("Always", &["i1"], &["a"]), &["dbg"]),
+            observed(vec![ready("s0", 0)], vec![running("i0", "s0", "i1", 0)]),
+            PodActions {
+                sandbox_id: Some("s0".into()),
+                start_containers: vec![debug(0, "dbg")],
+                ..Default::default()
+            },
+        ),
+        row(
+            "a new sandbox: only the pod's own containers start in it",
+            with_ephemeral(always(&["a"]), &["dbg"]),
+            nothing(),
+            PodActions {
+                create_sandbox: Some(0),
+                start_containers: vec![app(0, "a", 0)],
+                ..Default::default()
+            },
+        ),
+        row(
+            "a running ephemeral container does not keep a finished pod going",
+            with_ephemeral(pod("Never", &[], &["a"]), &["dbg"]),
+            observed(
+                vec![ready("s0", 0)],
+                vec![
+                    exited("a0", "s0", "a", 0, 0, 900),
+                    running("d0", "s0", "dbg", 0),
+                ],
+            ),
+            PodActions {
+                kill_pod: Some(ALL_DONE.into()),
+                terminal: true,
+                ..Default::default()
+            },
+        ),
+    ]);
+}

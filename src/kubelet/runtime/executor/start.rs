@@ -1,6 +1,7 @@
 //! Starting a pod: its volumes first (as upstream: nothing runs until they are ready), then its
 //! sandbox, then each container (image, files, mounts, create, start, postStart).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -24,6 +25,7 @@ use super::super::pod_files;
 use super::super::translate::{self, ContainerContext};
 use super::{Executor, PodSyncState, grace_period, pod_name, pod_namespace, pod_uid};
 use crate::base::observed::ObservedPod;
+use crate::base::podspec::ephemeral;
 
 /// Where a container is started: its sandbox, that sandbox's config and IP, the pod's volumes.
 #[derive(Clone, Copy)]
@@ -36,6 +38,34 @@ struct StartTarget<'a> {
     objects: &'a PodObjects,
     /// The pod's user namespace, the same as its sandbox's.
     userns: Option<&'a crate::clients::cri::proto::UserNamespace>,
+    /// The runtime's view of the pod, where an ephemeral container finds its target.
+    observed: &'a ObservedPod,
+}
+
+/// Why a sandbox was not made: its config could not be built (the FailedCreatePodSandBox
+/// event names the reason alone, as upstream's: "Failed to create pod sandbox: failed to
+/// construct FQDN …"), or the runtime refused it.
+#[derive(Debug, thiserror::Error)]
+enum SandboxError {
+    #[error(transparent)]
+    Config(#[from] translate::TranslateError),
+    #[error(transparent)]
+    Runtime(#[from] CriError),
+}
+
+impl From<SandboxError> for CriError {
+    /// The sync fails either way and is tried again; a config error as the runtime would
+    /// have refused it.
+    fn from(err: SandboxError) -> Self {
+        match err {
+            SandboxError::Runtime(err) => err,
+            SandboxError::Config(err) => CriError::Rpc {
+                method: "RunPodSandbox",
+                code: tonic::Code::InvalidArgument,
+                message: format!("cannot build the sandbox config: {err}"),
+            },
+        }
+    }
 }
 
 fn config_error(message: impl Into<String>) -> WaitingReason {
@@ -109,7 +139,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 }
                 Err(err) => {
                     self.sandbox_failed(pod, &err.to_string());
-                    return Err(err);
+                    return Err(err.into());
                 }
             },
             (None, Some(id)) => {
@@ -142,6 +172,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 volumes: &volumes,
                 objects: &objects,
                 userns: userns.as_ref(),
+                observed,
             };
             // A restart after an exit updates the back-off, whether or not the start succeeds.
             if let Some(entry) = start.backoff {
@@ -215,18 +246,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: &Pod,
         attempt: u32,
         userns: Option<crate::clients::cri::proto::UserNamespace>,
-    ) -> Result<String, CriError> {
+    ) -> Result<String, SandboxError> {
         let uid = pod_uid(pod);
-        let config = match self.sandbox_config(pod, attempt, userns) {
-            Ok(c) => c,
-            Err(err) => {
-                return Err(CriError::Rpc {
-                    method: "RunPodSandbox",
-                    code: tonic::Code::InvalidArgument,
-                    message: format!("cannot build the sandbox config: {err}"),
-                });
-            }
-        };
+        let config = self.sandbox_config(pod, attempt, userns)?;
         let log_dir = self
             .node
             .pod_log_dir(pod_namespace(pod), pod_name(pod), uid);
@@ -260,11 +282,14 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             volumes,
             objects,
             userns,
+            observed,
         } = *target;
         let Some(container) = spec_of(pod, start) else {
             return Ok(());
         };
+        let container: &Container = &container;
         let name = container.name.as_str();
+        let pid_target = pid_target(pod, start, observed).map_err(config_error)?;
 
         let began = clock::instant();
         let image = self
@@ -305,6 +330,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             seccomp_default: self.node.seccomp_default,
             resources: self.resources.clone(),
             userns: userns.cloned(),
+            pid_target,
         };
         // Resolved once: the mounts need it (`subPathExpr`), then the container config.
         let resolved = translate::env::container_env_with(pod, container, &ctx, objects)
@@ -338,6 +364,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let container_type = match start.kind {
             ContainerKind::Init => "init_container",
             ContainerKind::App => "container",
+            ContainerKind::Ephemeral => "ephemeral_container",
         };
         let start_failed = |err: &crate::clients::cri::CriError| {
             crate::base::metrics::KUBELET
@@ -513,12 +540,46 @@ fn failed_event_message(waiting: &WaitingReason) -> Option<String> {
 /// The FailedMount event for volumes that could not be set up, in upstream's words: a volume
 /// whose plugin failed is named with its reason (`MountVolume.SetUp failed for volume "x" :
 /// configmap "y" not found`); a volume no plugin serves keeps the pod from mounting at all.
-/// The spec of the container a start names (init or app, by index).
-fn spec_of<'p>(pod: &'p Pod, start: &StartContainer) -> Option<&'p Container> {
+/// The spec of the container a start names (init, app or ephemeral, by index); an ephemeral
+/// container as the plain container it is started as.
+fn spec_of<'p>(pod: &'p Pod, start: &StartContainer) -> Option<Cow<'p, Container>> {
     let spec = pod.spec.as_ref()?;
     match start.kind {
-        ContainerKind::Init => spec.init_containers.as_ref()?.get(start.index),
-        ContainerKind::App => spec.containers.get(start.index),
+        ContainerKind::Init => spec
+            .init_containers
+            .as_ref()?
+            .get(start.index)
+            .map(Cow::Borrowed),
+        ContainerKind::App => spec.containers.get(start.index).map(Cow::Borrowed),
+        ContainerKind::Ephemeral => spec
+            .ephemeral_containers
+            .as_ref()?
+            .get(start.index)
+            .map(|ec| Cow::Owned(ephemeral::as_container(ec))),
+    }
+}
+
+/// The container whose PID namespace an ephemeral container joins: the newest instance of its
+/// `targetContainerName`, in whatever state (upstream's `getTargetID`, with its message when
+/// there is none). `None` for every other container, and for an ephemeral one without a target.
+fn pid_target(
+    pod: &Pod,
+    start: &StartContainer,
+    observed: &ObservedPod,
+) -> Result<Option<String>, String> {
+    if start.kind != ContainerKind::Ephemeral {
+        return Ok(None);
+    }
+    let Some(target) = ephemeral::of(pod)
+        .get(start.index)
+        .and_then(|ec| ec.target_container_name.as_deref())
+        .filter(|t| !t.is_empty())
+    else {
+        return Ok(None);
+    };
+    match observed.latest(target) {
+        Some(inst) => Ok(Some(inst.id.clone())),
+        None => Err(format!("unable to find target container {target}")),
     }
 }
 

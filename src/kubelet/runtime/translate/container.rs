@@ -13,8 +13,8 @@ use crate::clients::cri::proto::{
 use crate::kubelet::cm::pod_config::{milli_cpu_to_quota, milli_cpu_to_shares};
 
 use super::{
-    ContainerContext, PodMeta, TranslateError, effective_seccomp, env, namespace_options, security,
-    selinux_option,
+    ContainerContext, PodMeta, TranslateError, container_namespace_options, effective_seccomp, env,
+    namespace_options, security, selinux_option,
 };
 use crate::base::podspec::qos::{QosClass, qos_class};
 use crate::base::podspec::quantity::{self, Quantity};
@@ -102,6 +102,8 @@ fn container_annotations(
             cri_labels::CONTAINER_TYPE_ANNOTATION.to_string(),
             if is_init_container(pod, &c.name) {
                 cri_labels::CONTAINER_TYPE_INIT
+            } else if crate::base::podspec::ephemeral::is_ephemeral(pod, &c.name) {
+                cri_labels::CONTAINER_TYPE_EPHEMERAL
             } else {
                 cri_labels::CONTAINER_TYPE_REGULAR
             }
@@ -479,7 +481,11 @@ pub(crate) fn container_config_with_env(
                 &ctx.resources,
             )?),
             security_context: Some(LinuxContainerSecurityContext {
-                namespace_options: Some(namespace_options(pod, ctx.userns.as_ref())),
+                namespace_options: Some(container_namespace_options(
+                    pod,
+                    ctx.userns.as_ref(),
+                    ctx.pid_target.as_deref(),
+                )),
                 ..linux_security_context(
                     pod,
                     container,
@@ -647,7 +653,54 @@ mod tests {
             seccomp_default: false,
             resources: Default::default(),
             userns: None,
+            pid_target: None,
         }
+    }
+
+    #[test]
+    fn an_ephemeral_container_joins_its_targets_pid_namespace() {
+        let c = nginx();
+        let mut pod = web_pod(vec![c.clone()]);
+        let debugger = Container {
+            name: "debugger".into(),
+            image: Some("busybox".into()),
+            ..Default::default()
+        };
+        pod.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "debugger".into(),
+                image: Some("busybox".into()),
+                target_container_name: Some(c.name.clone()),
+                ..Default::default()
+            }]);
+        let targeted = ContainerContext {
+            pid_target: Some("abc123".into()),
+            ..ctx()
+        };
+        let cfg = container_config(&pod, &debugger, &targeted).unwrap();
+        assert_eq!(cfg.annotations["io.kubernetes.container.type"], "ephemeral");
+        let ns = |cfg: &ContainerConfig| {
+            cfg.linux
+                .clone()
+                .unwrap()
+                .security_context
+                .unwrap()
+                .namespace_options
+                .unwrap()
+        };
+        let got = ns(&cfg);
+        assert_eq!(got.pid, NamespaceMode::Target as i32);
+        assert_eq!(got.target_id, "abc123");
+        assert_eq!(got.network, NamespaceMode::Pod as i32);
+        // Without a target it has a PID namespace of its own, as any container.
+        let cfg = container_config(&pod, &debugger, &ctx()).unwrap();
+        assert_eq!(ns(&cfg).pid, NamespaceMode::Container as i32);
+        assert_eq!(ns(&cfg).target_id, "");
+        // A pod that shares one PID namespace keeps sharing it: no target then.
+        pod.spec.as_mut().unwrap().share_process_namespace = Some(true);
+        let cfg = container_config(&pod, &debugger, &targeted).unwrap();
+        assert_eq!(ns(&cfg).pid, NamespaceMode::Pod as i32);
+        assert_eq!(ns(&cfg).target_id, "");
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub(crate) struct ContainerContext {
     pub resources: crate::kubelet::cm::ContainerSettings,
     /// The pod's user namespace (`kubelet::userns`), the same as its sandbox's.
     pub userns: Option<crate::clients::cri::proto::UserNamespace>,
+    /// An ephemeral container's target: the runtime ID of the container whose PID namespace
+    /// it joins (`targetContainerName`).
+    pub pid_target: Option<String>,
 }
 
 /// Why a quantity a container refers to has no usable value.
@@ -134,6 +137,12 @@ pub(crate) enum TranslateError {
         #[source]
         source: security::AppArmorError,
     },
+
+    /// `setHostnameAsFQDN` asks for a hostname the kernel cannot hold (upstream's message).
+    #[error(
+        "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long (64 characters is the max, {len} characters requested)"
+    )]
+    FqdnTooLong { fqdn: String, len: usize },
 
     #[error("container {container:?}: cannot encode {what} as JSON: {message}")]
     Json {
@@ -227,6 +236,25 @@ pub(crate) fn namespace_options(
         userns_options: userns.cloned(),
         ..Default::default()
     }
+}
+
+/// A container's namespaces: the pod's ([`namespace_options`]), and for an ephemeral container
+/// with a target the target's PID namespace, as upstream: only where the container would have
+/// a PID namespace of its own (not with `shareProcessNamespace` or `hostPID`, which it shares
+/// already).
+pub(crate) fn container_namespace_options(
+    pod: &Pod,
+    userns: Option<&crate::clients::cri::proto::UserNamespace>,
+    pid_target: Option<&str>,
+) -> NamespaceOption {
+    let mut options = namespace_options(pod, userns);
+    if let Some(target) = pid_target
+        && options.pid == NamespaceMode::Container as i32
+    {
+        options.pid = NamespaceMode::Target as i32;
+        options.target_id = target.to_string();
+    }
+    options
 }
 
 /// CRI form of a seccomp profile. A `Localhost` profile is a file under the node's seccomp

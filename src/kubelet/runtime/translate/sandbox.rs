@@ -64,6 +64,34 @@ pub(crate) fn pod_hostname(pod: &Pod) -> String {
     cut.trim_end_matches(['-', '.']).to_string()
 }
 
+/// The longest FQDN a sandbox's hostname may be: the kernel's nodename field holds 64
+/// characters (upstream's `fqdnMaxLen`).
+const MAX_FQDN_LEN: usize = 64;
+
+/// The hostname the sandbox is given (the kernel's nodename, which `hostname` prints): the
+/// pod's hostname, or with `setHostnameAsFQDN` its FQDN when it has a domain (a `subdomain`),
+/// refused when longer than the kernel holds (upstream's `GetNodenameForKernel`).
+pub(crate) fn kernel_hostname(pod: &Pod, cluster_domain: &str) -> Result<String, TranslateError> {
+    let hostname = pod_hostname(pod);
+    let as_fqdn = pod.spec.as_ref().and_then(|s| s.set_hostname_as_fqdn) == Some(true);
+    if !as_fqdn {
+        return Ok(hostname);
+    }
+    let (_, domain) =
+        crate::kubelet::runtime::hosts::pod_hostname_and_domain(pod, Some(cluster_domain));
+    let Some(domain) = domain.filter(|d| !d.is_empty()) else {
+        return Ok(hostname);
+    };
+    let fqdn = format!("{hostname}.{domain}");
+    if fqdn.len() > MAX_FQDN_LEN {
+        return Err(TranslateError::FqdnTooLong {
+            len: fqdn.len(),
+            fqdn,
+        });
+    }
+    Ok(fqdn)
+}
+
 pub(crate) use crate::base::safe_names::pod_log_directory;
 
 /// True when the pod uses the node's network namespace.
@@ -215,7 +243,7 @@ pub(crate) fn pod_sandbox_config(
         hostname: if host_network {
             String::new()
         } else {
-            pod_hostname(pod)
+            kernel_hostname(pod, &ctx.cluster_domain)?
         },
         log_directory: pod_log_directory(&ctx.pod_logs_dir, &meta.namespace, &meta.name, &meta.uid)
             .to_string_lossy()
@@ -548,6 +576,40 @@ mod tests {
         let mut longer = web_pod();
         longer.metadata.name = Some("b".repeat(80));
         assert_eq!(pod_hostname(&longer), "b".repeat(63));
+    }
+
+    #[test]
+    fn set_hostname_as_fqdn_gives_the_sandbox_the_fqdn_when_the_pod_has_one() {
+        let with = |name: &str, subdomain: Option<&str>, fqdn: Option<bool>| {
+            let mut pod = web_pod();
+            pod.metadata.name = Some(name.into());
+            let spec = pod.spec.as_mut().unwrap();
+            spec.subdomain = subdomain.map(str::to_string);
+            spec.set_hostname_as_fqdn = fqdn;
+            pod_sandbox_config(&pod, &ctx(), 0).map(|c| c.hostname)
+        };
+        let ns = web_pod().metadata.namespace.unwrap();
+        assert_eq!(
+            with("web", Some("t"), Some(true)).unwrap(),
+            format!("web.t.{ns}.svc.cluster.local")
+        );
+        // Without a subdomain there is no FQDN: the field changes nothing.
+        assert_eq!(with("web", None, Some(true)).unwrap(), "web");
+        // Without the field the hostname stays short (`hostname -f` reads /etc/hosts).
+        assert_eq!(with("web", Some("t"), None).unwrap(), "web");
+        assert_eq!(with("web", Some("t"), Some(false)).unwrap(), "web");
+        // Longer than the kernel holds: refused with upstream's message.
+        let long = "hostfqdnveryveryveryverylongforfqdntobemorethan64bytes-1";
+        let err = with(long, Some("t"), Some(true)).unwrap_err();
+        let fqdn = format!("{long}.t.{ns}.svc.cluster.local");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is \
+                 too long (64 characters is the max, {} characters requested)",
+                fqdn.len()
+            )
+        );
     }
 
     #[test]
