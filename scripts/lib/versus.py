@@ -331,7 +331,9 @@ def cmd_runtime_return(a, agent):
         wait("containerd to stop", lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z", 30, 0.01)
         wait("the socket to refuse", lambda: not socket_accepts(sock), 10, 0.01)
         time.sleep(0.1)
-        first_list = FirstList(agent, list_successes(agent) or 0.0)
+        # A /metrics that did not answer is no baseline (it would count every earlier call).
+        baseline = wait("the kubelet's /metrics", lambda: (lambda n: n is not None and (n,))(list_successes(agent)), 10, 0.01)[0]
+        first_list = FirstList(agent, baseline)
         first_list.start()
         time.sleep(1.9)
         up = subprocess.Popen([a.testbed_cmd, "up", a.testbed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
