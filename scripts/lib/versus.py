@@ -19,7 +19,11 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   running; and the same from the moment `scripts/testbed up` returned (its
                   readiness check: the socket answers and the CRI plugin is loaded), 0 when
                   the kubelet was ok before. Upstream's kubelet never fails `/healthz` for a
-                  runtime outage, so its figures are the first poll.
+                  runtime outage, so its figures are the first poll. Like for like, from the
+                  socket accepting until the kubelet's first successful ListPodSandbox (its
+                  `/metrics`: kubelet_runtime_operations_total minus _errors_total for
+                  list_podsandbox, polled by a thread of its own), when either kubelet has
+                  reached the runtime again and listed what it holds.
   summary         the table from the files the rounds wrote.
 
 Polls every 5 ms (one HTTP request each, on a kept-alive connection), so each figure is good to
@@ -36,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 POLL = 0.005
@@ -277,6 +282,41 @@ spec:
 """
 
 
+def list_successes(agent):
+    """Successful ListPodSandbox calls so far, from the kubelet's /metrics (None if unreadable)."""
+    code, body = agent.get(agent.pods_port, "/metrics")
+    if code != 200:
+        return None
+    total = errors = 0.0
+    for line in body.decode(errors="replace").splitlines():
+        if 'operation_type="list_podsandbox"' not in line:
+            continue
+        if line.startswith("kubelet_runtime_operations_total{"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("kubelet_runtime_operations_errors_total{"):
+            errors = float(line.rsplit(" ", 1)[1])
+    return total - errors
+
+
+class FirstList(threading.Thread):
+    """Polls /metrics on connections of its own until a ListPodSandbox succeeds after `baseline`."""
+
+    def __init__(self, agent, baseline):
+        super().__init__(daemon=True)
+        self.agent = Agent(agent.pods_port, agent.healthz_port)
+        self.baseline = baseline
+        self.at = None
+        self.halt = False
+
+    def run(self):
+        while not self.halt:
+            n = list_successes(self.agent)
+            if n is not None and n > self.baseline:
+                self.at = time.monotonic()
+                return
+            time.sleep(POLL)
+
+
 def cmd_runtime_return(a, agent):
     sock = os.path.join(a.testbed, "containerd.sock")
     name = f"steady-{a.tag}"
@@ -290,7 +330,12 @@ def cmd_runtime_return(a, agent):
         os.kill(pid, signal.SIGTERM)
         wait("containerd to stop", lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z", 30, 0.01)
         wait("the socket to refuse", lambda: not socket_accepts(sock), 10, 0.01)
-        time.sleep(2.0)
+        time.sleep(0.1)
+        # A /metrics that did not answer is no baseline (it would count every earlier call).
+        baseline = wait("the kubelet's /metrics", lambda: (lambda n: n is not None and (n,))(list_successes(agent)), 10, 0.01)[0]
+        first_list = FirstList(agent, baseline)
+        first_list.start()
+        time.sleep(1.9)
         up = subprocess.Popen([a.testbed_cmd, "up", a.testbed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait("the socket to accept", lambda: socket_accepts(sock), 60, 0.001)
         t0 = time.monotonic()
@@ -306,10 +351,14 @@ def cmd_runtime_return(a, agent):
             if time.monotonic() > deadline:
                 sys.exit("versus: timed out waiting for healthz ok with the same containers")
             time.sleep(POLL)
+        first_list.join(max(0.0, deadline - time.monotonic()))
+        first_list.halt = True
+        listed = None if first_list.at is None else round(first_list.at - t0, 4)
         emit(a.out, {
             "figure": "runtime-return", "kubelet": a.kubelet, "block": a.tag, "round": n,
             "accepting_to_healthy_s": round(healthy_at - t0, 4),
             "ready_to_healthy_s": round(max(0.0, healthy_at - up_at), 4),
+            "accepting_to_listed_s": listed,
         })
 
 
@@ -318,6 +367,7 @@ FIGURES = [
     ("readiness", "answer_to_ready_ms", "  of which: the probe's answer -> Ready in /pods", "ms"),
     ("liveness", "removed_to_restarted_s", "exec liveness probe (period 1 s, failureThreshold 2): the file removed -> container restarted", "s"),
     ("runtime-return", "accepting_to_healthy_s", "containerd stopped 2 s, started again: its socket accepts -> /healthz ok with the same containers", "s"),
+    ("runtime-return", "accepting_to_listed_s", "  like for like: its socket accepts -> the kubelet's first successful ListPodSandbox (/metrics)", "s"),
     ("runtime-return", "ready_to_healthy_s", "  the same from containerd ready (`scripts/testbed up` returned: CRI plugin loaded; 0 when already ok)", "s"),
 ]
 

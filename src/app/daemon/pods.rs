@@ -127,8 +127,17 @@ fn start_pleg(
         agent.health.clone(),
         pleg_state.clone(),
     );
+    // containerd makes its socket again when it restarts: the PLEG hears it at once.
+    let runtime_socket =
+        match crate::clients::cri::parse_endpoint(&agent.config.container_runtime_endpoint) {
+            Ok(endpoint) => {
+                pleg::reconnect::SocketSignal::watching(&endpoint.socket, agent.cancel.clone())
+            }
+            Err(_) => Default::default(),
+        };
     let config = PlegConfig {
         node_name: agent.config.node_name.clone(),
+        runtime_socket,
         ..agent.tuning.pleg.clone()
     };
     let cancel = agent.cancel.clone();

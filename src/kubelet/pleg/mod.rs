@@ -277,6 +277,9 @@ pub struct PlegConfig {
     /// `/healthz` fails when no relist completed for this long (upstream: 3 minutes), or for
     /// twice the period in effect, whichever is longer.
     pub unhealthy_after: Duration,
+    /// The runtime's socket being made again (inotify on its directory), so a runtime that
+    /// comes back is asked at once; silent by default.
+    pub(crate) runtime_socket: reconnect::SocketSignal,
 }
 
 impl Default for PlegConfig {
@@ -286,6 +289,7 @@ impl Default for PlegConfig {
             period: Duration::from_secs(1),
             events_period: Duration::from_secs(300),
             unhealthy_after: Duration::from_secs(180),
+            runtime_socket: reconnect::SocketSignal::default(),
         }
     }
 }
@@ -688,7 +692,7 @@ pub async fn run<R: RuntimeService, F: EventFeed>(
     if let Some(feed) = feed {
         tokio::spawn(follow_events(
             feed,
-            rt.clone(),
+            (rt.clone(), config.runtime_socket.clone()),
             cache.clone(),
             pokes.clone(),
             state.clone(),
@@ -720,7 +724,7 @@ async fn relist_loop<R: RuntimeService>(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep_until(due), if !down => {}
-            _ = reconnect::until_answering(&rt), if down => {}
+            _ = reconnect::until_answering(&rt, &config.runtime_socket), if down => {}
             _ = state.inner.relist_now.notified() => {
                 // Asked for by the stream (a new subscription, an unknown object): soon, but
                 // never two such relists closer than the gap.
@@ -863,7 +867,7 @@ fn handle_event(event: &RuntimeEvent, cache: &RuntimeCache, pokes: &Pokes, state
 /// away; the mode says meanwhile whether events flow.
 async fn follow_events<F: EventFeed, R: RuntimeService>(
     feed: F,
-    rt: R,
+    (rt, socket): (R, reconnect::SocketSignal),
     cache: RuntimeCache,
     pokes: Pokes,
     state: PlegState,
@@ -923,7 +927,7 @@ async fn follow_events<F: EventFeed, R: RuntimeService>(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
-            _ = reconnect::back_after_outage(&rt), if !unsupported => {}
+            _ = reconnect::back_after_outage(&rt, &socket), if !unsupported => {}
         }
     }
 }
