@@ -200,6 +200,7 @@ fn container_status(
         status.container_id = Some(container_id(&inst.id));
         status.image_id = inst.image_ref.clone();
     }
+    resize_conditions::resources(container, latest.map(|i| i.state), &mut status);
     match latest.map(|i| i.state) {
         Some(RtState::Running) => {
             let inst = latest.expect("matched");
@@ -377,6 +378,7 @@ pub(crate) fn compute_pod_status(
         containers_ready.condition(previous, inputs.now, "ContainersReady"),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
+    let conditions = resize_conditions::with_resize_verdict(conditions, pod, previous, inputs.now);
 
     let (pod_ip, pod_ips) = pod_ips(sandbox, inputs.host_ip.as_deref());
     let start_time = previous
@@ -395,6 +397,9 @@ pub(crate) fn compute_pod_status(
         pod_ips,
         start_time: Some(start_time),
         qos_class: Some(crate::base::podspec::qos_class(pod).as_str().to_string()),
+        // The generation of the spec this status answers (a resize bumps it); upstream's
+        // resize specs wait for it.
+        observed_generation: pod.metadata.generation,
         init_container_statuses: (!inits.statuses.is_empty()).then_some(inits.statuses),
         container_statuses: Some(apps),
         ..Default::default()
@@ -678,3 +683,4 @@ mod tests;
 pub(crate) mod api_writer;
 pub(crate) mod published;
 pub(crate) mod readiness;
+pub(crate) mod resize_conditions;
