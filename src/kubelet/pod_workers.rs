@@ -1091,6 +1091,13 @@ async fn sync_once<R: RuntimeService + ImageService>(
             probes: &probes,
         },
     );
+    let status = crate::kubelet::pod_status::resize_conditions::with_actuated(
+        status,
+        pod,
+        &state.actuated,
+        published.as_ref().or(state.status.as_ref()),
+        clock::now(),
+    );
     state.status = Some(status.clone());
     deps.states.publish(pod.clone(), status);
     if let Some(mirrors) = &deps.mirror_pods {

@@ -33,6 +33,9 @@ use crate::kubelet::pod_workers::{FinalStatus, Kill, PodWorkers, Work};
 use crate::kubelet::shutdown::ShutdownStatus;
 use crate::kubelet::source::{PodChange, SourcesReady};
 
+mod resize;
+pub(crate) use resize::Resizes;
+
 /// The node and its usage while one batch of new pods is admitted; each admitted pod is
 /// added to the usage, so the next is admitted against it.
 struct Batch {
@@ -264,6 +267,8 @@ pub(crate) struct SyncLoop<R> {
     shutdown: ShutdownStatus,
     /// Pods being stopped for passing their `activeDeadlineSeconds`.
     past_deadline: HashSet<String>,
+    /// What the admitted pods were allocated, and the resizes not allocated yet.
+    resizes: Resizes,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -316,7 +321,14 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             control: None,
             shutdown: ShutdownStatus::default(),
             past_deadline: HashSet::new(),
+            resizes: Resizes::default(),
         }
+    }
+
+    /// Keeps the pods' allocations in `resizes` (its checkpoint, in the daemon).
+    pub(crate) fn with_resizes(mut self, resizes: Resizes) -> Self {
+        self.resizes = resizes;
+        self
     }
 
     /// Takes [`Control`] requests from `rx`, and refuses new pods while `shutdown` says the
@@ -484,6 +496,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             return;
         }
         if self.desired.contains_key(&uid) {
+            let pod = self.resized(pod);
             self.start(pod);
         } else {
             // Not admitted before (a static pod whose refusal is fixed, a pod whose worker is
@@ -528,6 +541,8 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             self.refuse(pod, reason, message, true);
             return;
         }
+        let source = pod;
+        let pod = self.as_allocated(source.clone());
         let batch = batch.get_or_insert_with(|| self.batch());
         if let Some(devices) = &self.admission.devices {
             let wanted = admission::extended_requests(&pod);
@@ -550,6 +565,8 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             Decision::Admit => {
                 batch.usage.add(&pod);
                 self.refused.remove(&uid);
+                self.allocate(&pod);
+                let pod = self.resized(source);
                 self.start(pod);
             }
         }
@@ -776,6 +793,7 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 Some(uid) = done.recv() => self.handle_done(&uid),
                 _ = housekeeping.tick() => {
                     self.enforce_active_deadlines();
+                    self.retry_deferred_resizes();
                     self.housekeeping();
                 }
                 Some(req) = next_eviction(&mut evictions) => self.evict(req),
@@ -1420,6 +1438,86 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(parts.rt.count("StopContainer"), 1, "stopped once");
         assert_eq!(parts.rt.count("StartContainer"), 1, "not started again");
+        parts.cancel.cancel();
+    }
+
+    /// A running pod whose container is resized through the API: beyond the node's capacity
+    /// the resize waits (`PodResizePending`, `Infeasible`, upstream's message) and the
+    /// container keeps running at its allocation; once it fits, the new resources are the
+    /// allocation the status shows and the condition goes.
+    #[tokio::test(start_paused = true)]
+    async fn a_resize_is_allocated_when_it_fits_and_pending_when_it_does_not() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with_cpu = |p: &Pod, cpu: &str| {
+            let mut p = p.clone();
+            p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([("cpu".into(), Quantity(cpu.into()))])),
+                ..Default::default()
+            });
+            Arc::new(p)
+        };
+        let (mut sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        parts.ready.mark_seen("file");
+        let p = with_cpu(&pod("uid-r"), "500m");
+        sl.handle_changes(vec![PodChange::Add(p.clone())]);
+        eventually("started", || async {
+            parts.rt.count("StartContainer") == 1
+        })
+        .await;
+        let pending = |sl: &SyncLoop<FakeCri>| {
+            sl.admission.states.status("uid-r").and_then(|s| {
+                s.conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "PodResizePending")
+                    .map(|c| (c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
+            })
+        };
+        let allocated_cpu = |sl: &SyncLoop<FakeCri>| {
+            sl.admission.states.status("uid-r").and_then(|s| {
+                let c = s.container_statuses?.into_iter().next()?;
+                Some(c.allocated_resources?.get("cpu")?.0.clone())
+            })
+        };
+        sl.handle_changes(vec![PodChange::Update(with_cpu(&p, "3"))]);
+        eventually("the resize pending", || async { pending(&sl).is_some() }).await;
+        assert_eq!(
+            pending(&sl),
+            Some((
+                "Infeasible".to_string(),
+                "Node didn't have enough capacity: cpu, requested: 3000, capacity: 2000"
+                    .to_string()
+            ))
+        );
+        assert_eq!(allocated_cpu(&sl).as_deref(), Some("500m"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            parts.rt.count("StopContainer"),
+            0,
+            "still running at its allocation"
+        );
+        sl.handle_changes(vec![PodChange::Update(with_cpu(&p, "1"))]);
+        eventually("the resize allocated", || async {
+            pending(&sl).is_none() && allocated_cpu(&sl).as_deref() == Some("1")
+        })
+        .await;
+        // Applied in place: the runtime is asked once, with 1 cpu's shares, and the container
+        // keeps running.
+        eventually("the container resized", || async {
+            !parts.rt.resource_updates().is_empty()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let updates = parts.rt.resource_updates();
+        assert_eq!(updates.len(), 1, "{updates:?}");
+        assert_eq!(updates[0].1.cpu_shares, 1024);
+        assert_eq!(parts.rt.count("StopContainer"), 0, "not restarted");
+        let in_progress = sl.admission.states.status("uid-r").and_then(|s| {
+            s.conditions?
+                .into_iter()
+                .find(|c| c.type_ == "PodResizeInProgress")
+        });
+        assert_eq!(in_progress, None, "the resize is done");
         parts.cancel.cancel();
     }
 }

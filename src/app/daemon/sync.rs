@@ -67,6 +67,14 @@ pub(super) fn sync_loop(
 ) -> (SyncLoop<CriClient>, ShutdownStatus) {
     let mut sync_loop =
         SyncLoop::new(workers, sources_ready, runtime_cache, admission).with_evictions(evictions);
+    // The allocations of in-place resizes, kept across restarts in the root dir.
+    let allocations = crate::kubelet::admission::allocation::Allocations::load(
+        agent
+            .config
+            .root_dir
+            .join(crate::kubelet::admission::allocation::FILE_NAME),
+    );
+    sync_loop = sync_loop.with_resizes(crate::kubelet::sync_loop::Resizes::new(allocations));
     let status = ShutdownStatus::default();
     if let Some(buckets) = &agent.plan.graceful_shutdown {
         let config = &agent.config;

@@ -16,15 +16,32 @@ pub(crate) fn fnv1a_64(data: &[u8]) -> u64 {
     })
 }
 
-/// Stable hash of everything in the container spec.
+/// Stable hash of everything in the container spec but its `resources`, which change in
+/// place (in-place pod resize) without making the container a different one. A container
+/// without resources hashes as it always did.
 ///
 /// k8s-openapi serialises struct fields in a fixed order and keeps resource maps in
 /// `BTreeMap`s, so the JSON text (and therefore the hash) is the same for equal specs.
 pub(crate) fn container_hash(container: &Container) -> u64 {
+    if container.resources.is_none() {
+        return full_hash(container);
+    }
+    let mut without = container.clone();
+    without.resources = None;
+    full_hash(&without)
+}
+
+fn full_hash(container: &Container) -> u64 {
     // Serialising a plain data struct into memory cannot fail; an empty buffer would still
     // give a stable (if useless) hash.
     let json = serde_json::to_vec(container).unwrap_or_default();
     fnv1a_64(&json)
+}
+
+/// Whether `recorded` is the hash an older Deckhand recorded for this very spec (resources
+/// included), so containers it started are not restarted by an upgrade.
+pub(crate) fn is_legacy_hash_of(recorded: &str, container: &Container) -> bool {
+    container.resources.is_some() && parse_hash(recorded) == Some(full_hash(container))
 }
 
 /// The annotation form of a hash: lowercase hex, like the upstream kubelet writes it.
@@ -70,6 +87,26 @@ mod tests {
             r#"{"command":["sleep","3600"],"image":"busybox:1.36","name":"app"}"#
         );
         assert_eq!(container_hash(&a), fnv1a_64(json.as_bytes()));
+    }
+
+    #[test]
+    fn resources_are_left_out_and_the_old_hash_still_matches() {
+        let mut a = Container {
+            name: "app".into(),
+            image: Some("busybox:1.36".into()),
+            ..Default::default()
+        };
+        let bare = container_hash(&a);
+        a.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(std::collections::BTreeMap::from([(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+            )])),
+            ..Default::default()
+        });
+        assert_eq!(container_hash(&a), bare, "a resize is not a new definition");
+        assert!(is_legacy_hash_of(&format_hash(full_hash(&a)), &a));
+        assert!(!is_legacy_hash_of(&format_hash(bare), &a));
     }
 
     #[test]

@@ -321,6 +321,25 @@ impl RuntimeService for CriClient {
         .map(drop)
     }
 
+    async fn update_container_resources(
+        &self,
+        container_id: String,
+        linux: LinuxContainerResources,
+    ) -> CriResult<()> {
+        let req = UpdateContainerResourcesRequest {
+            container_id,
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.changing(
+            "UpdateContainerResources",
+            self.timeout,
+            move |mut c| async move { c.update_container_resources(req).await },
+        )
+        .await
+        .map(drop)
+    }
+
     async fn list_containers(&self, filter: Option<ContainerFilter>) -> CriResult<Vec<Container>> {
         let req = ListContainersRequest { filter };
         call(

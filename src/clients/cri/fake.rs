@@ -61,6 +61,8 @@ struct State {
     /// The image of every container created, in order.
     created: Vec<String>,
     calls: Vec<&'static str>,
+    /// `UpdateContainerResources` calls: the container and its new resources.
+    resource_updates: Vec<(String, LinuxContainerResources)>,
     /// Every PullImage's image and credential, in order (failed ones too).
     pull_auths: Vec<(String, Option<AuthConfig>)>,
     exec_replies: std::collections::VecDeque<ExecReply>,
@@ -181,6 +183,11 @@ impl FakeCri {
     /// Every PullImage's image and credential, in order.
     pub(crate) fn pull_auths(&self) -> Vec<(String, Option<AuthConfig>)> {
         self.lock().pull_auths.clone()
+    }
+
+    /// The `UpdateContainerResources` calls, in order.
+    pub(crate) fn resource_updates(&self) -> Vec<(String, LinuxContainerResources)> {
+        self.lock().resource_updates.clone()
     }
 
     pub(crate) fn calls(&self) -> Vec<&'static str> {
@@ -395,6 +402,20 @@ impl RuntimeService for FakeCri {
             .find(|c| c.id == id)
             .ok_or_else(|| Self::not_found("StartContainer", &id))?;
         c.state = ContainerState::ContainerRunning as i32;
+        Ok(())
+    }
+
+    async fn update_container_resources(
+        &self,
+        id: String,
+        linux: LinuxContainerResources,
+    ) -> CriResult<()> {
+        self.enter("UpdateContainerResources").await?;
+        let mut st = self.lock();
+        if !st.containers.iter().any(|c| c.id == id) {
+            return Err(Self::not_found("UpdateContainerResources", &id));
+        }
+        st.resource_updates.push((id, linux));
         Ok(())
     }
 

@@ -50,6 +50,12 @@ pub trait RuntimeService: Clone + Send + Sync + 'static {
         timeout_seconds: i64,
     ) -> impl Future<Output = CriResult<()>> + Send;
     fn remove_container(&self, container_id: String) -> impl Future<Output = CriResult<()>> + Send;
+    /// Changes a running container's resources in place (in-place pod resize).
+    fn update_container_resources(
+        &self,
+        container_id: String,
+        linux: LinuxContainerResources,
+    ) -> impl Future<Output = CriResult<()>> + Send;
     fn list_containers(
         &self,
         filter: Option<ContainerFilter>,

@@ -18,11 +18,13 @@
 //! Upstream preempts (evicts) other pods to make room for a critical pod that lacks only
 //! resources; Deckhand never preempts, so such a pod is refused like any other. An extended
 //! resource the node does not have at all is not checked (upstream leaves those to
-//! cluster-level resource managers), and pods are counted at their spec's requests (there is no
-//! in-place resize here, so the spec is what was admitted).
+//! cluster-level resource managers), and pods are counted at what the node allocated them
+//! (their spec's requests, until an in-place resize is allocated: [`resize`]).
 
+pub(crate) mod allocation;
 mod node;
 pub(crate) mod requests;
+pub(crate) mod resize;
 mod selector;
 #[cfg(test)]
 mod tests;

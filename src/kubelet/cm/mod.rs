@@ -22,6 +22,7 @@ mod manager;
 pub(crate) mod orphans;
 pub(crate) mod pod_config;
 pub(crate) mod qos;
+pub(crate) mod resize;
 pub(crate) mod systemd;
 pub(crate) mod v1;
 pub(crate) mod v2;

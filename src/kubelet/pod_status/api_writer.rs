@@ -439,6 +439,13 @@ async fn patch_status(client: kube::Client, target: &Pod, status: Value) -> Resu
 // ---------------------------------------------------------------------------------------------
 // The pure part: merging the node's status with the API server's, and the patch between them.
 
+/// The resize conditions are the node's alone: one it no longer shows is cleared, as
+/// upstream's status manager clears them.
+fn resize_condition(type_: &str) -> bool {
+    use crate::kubelet::admission::resize::{RESIZE_IN_PROGRESS, RESIZE_PENDING};
+    type_ == RESIZE_PENDING || type_ == RESIZE_IN_PROGRESS
+}
+
 fn is_terminal(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
@@ -504,7 +511,7 @@ pub(crate) fn merge_status(
         }
     }
     for b in base_conditions {
-        if !conditions.iter().any(|c| c.type_ == b.type_) {
+        if !conditions.iter().any(|c| c.type_ == b.type_) && !resize_condition(&b.type_) {
             conditions.push(b.clone());
         }
     }
@@ -836,6 +843,15 @@ mod tests {
                 ),
                 json!({"conditions": [cond("Ready", "True", t1)]}),
                 json!({"conditions": [cond("Ready", "True", t1), cond("DisruptionTarget", "True", t0), cond("example.com/gate", "False", t0)]}),
+            ),
+            (
+                "a resize condition the node no longer shows is cleared",
+                "Always",
+                Some(
+                    json!({"conditions": [cond("PodResizePending", "True", t0), cond("PodResizeInProgress", "True", t0)]}),
+                ),
+                json!({"conditions": [cond("Ready", "True", t1)]}),
+                json!({"conditions": [cond("Ready", "True", t1)]}),
             ),
             (
                 "terminal from the API server: Ready is not true any more",

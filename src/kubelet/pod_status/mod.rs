@@ -200,6 +200,7 @@ fn container_status(
         status.container_id = Some(container_id(&inst.id));
         status.image_id = inst.image_ref.clone();
     }
+    resize_conditions::resources(container, latest.map(|i| i.state), &mut status);
     match latest.map(|i| i.state) {
         Some(RtState::Running) => {
             let inst = latest.expect("matched");
@@ -380,6 +381,7 @@ pub(crate) fn compute_pod_status(
     for c in &mut conditions {
         c.observed_generation = observed_generation(pod);
     }
+    let conditions = resize_conditions::with_resize_verdict(conditions, pod, previous, inputs.now);
     let ephemeral = ephemeral_statuses(pod, observed, inputs, app_default);
 
     let (pod_ip, pod_ips) = pod_ips(sandbox, inputs.host_ip.as_deref());
@@ -718,3 +720,4 @@ mod tests;
 pub(crate) mod api_writer;
 pub(crate) mod published;
 pub(crate) mod readiness;
+pub(crate) mod resize_conditions;

@@ -6,13 +6,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 
 use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use crate::base::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
-use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar};
+use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar, spec_hash};
 use crate::kubelet::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
@@ -47,6 +47,13 @@ pub(crate) struct KillContainer {
     pub grace_override: Option<i64>,
 }
 
+/// A running container whose resources change in place (`UpdateContainerResources`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ResizeContainer {
+    pub id: String,
+    pub name: String,
+}
+
 /// A container that should restart but must wait out its back-off first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BackoffWait {
@@ -66,6 +73,8 @@ pub(crate) struct PodActions {
     pub sandbox_id: Option<String>,
     pub kill_containers: Vec<KillContainer>,
     pub start_containers: Vec<StartContainer>,
+    /// Running containers whose allocated resources are applied in place.
+    pub resize_containers: Vec<ResizeContainer>,
     pub waiting: Vec<BackoffWait>,
     /// Exited instances and dead sandboxes no longer needed for status or logs.
     pub remove_containers: Vec<String>,
@@ -94,6 +103,9 @@ pub(crate) struct DecisionContext<'a> {
     /// Probe results by container name (a sidecar with a startup probe counts as started only
     /// once the probe succeeded).
     pub probes: &'a HashMap<String, ProbeView>,
+    /// The resources each running instance (by container ID) was last given; an instance
+    /// missing here runs with its spec's.
+    pub actuated: &'a HashMap<String, ResourceRequirements>,
 }
 
 /// The next restart count for a container: one more than any instance seen.
@@ -388,6 +400,8 @@ fn plan_sidecar(
         ContainerState::Running | ContainerState::Unknown => {
             if let Some(bad) = ctx.unhealthy.get(&inst.id) {
                 actions.kill_containers.push(probe_kill(inst, c, bad));
+            } else {
+                plan_sidecar_resize(actions, ctx, c, inst);
             }
             let started = c.startup_probe.is_none()
                 || ctx.probes.get(&c.name).and_then(|v| v.started) == Some(true);
@@ -506,7 +520,11 @@ fn plan_app_container(
                 // Killed now; the next sync sees it exited and restarts it per the
                 // restart policy and back-off, like any other exit.
                 actions.kill_containers.push(probe_kill(inst, c, bad));
-            } else if inst.hash.as_deref().is_some_and(|h| h != want) {
+            } else if inst
+                .hash
+                .as_deref()
+                .is_some_and(|h| h != want && !spec_hash::is_legacy_hash_of(h, c))
+            {
                 replace_instance(
                     actions,
                     observed,
@@ -514,6 +532,8 @@ fn plan_app_container(
                     inst,
                     &format!("Container {} definition changed, will be restarted", c.name),
                 );
+            } else {
+                plan_resize(actions, ctx, observed, (index, c), inst);
             }
         }
         ContainerState::Exited => {
@@ -574,6 +594,63 @@ fn replace_instance(
         restart_count: next_restart_count(observed, &container.name),
         backoff: None,
     });
+}
+
+/// A running container whose allocation differs from what it runs with: resized in place, or
+/// restarted when its `resizePolicy` asks for that ([`super::resize::resize_step`]).
+fn plan_resize(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    observed: &ObservedPod,
+    (index, c): (usize, &Container),
+    inst: &ObservedContainer,
+) {
+    let Some(actuated) = ctx.actuated.get(&inst.id) else {
+        return;
+    };
+    match super::resize::resize_step(c, actuated) {
+        None => {}
+        Some(super::resize::ResizeStep::InPlace) => {
+            actions.resize_containers.push(ResizeContainer {
+                id: inst.id.clone(),
+                name: c.name.clone(),
+            })
+        }
+        Some(super::resize::ResizeStep::Restart) => replace_instance(
+            actions,
+            observed,
+            (index, c),
+            inst,
+            &super::resize::restart_message(&c.name),
+        ),
+    }
+}
+
+/// A running sidecar's resize: in place, or a stop (its restart follows as for any exit).
+fn plan_sidecar_resize(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    c: &Container,
+    inst: &ObservedContainer,
+) {
+    let Some(actuated) = ctx.actuated.get(&inst.id) else {
+        return;
+    };
+    match super::resize::resize_step(c, actuated) {
+        None => {}
+        Some(super::resize::ResizeStep::InPlace) => {
+            actions.resize_containers.push(ResizeContainer {
+                id: inst.id.clone(),
+                name: c.name.clone(),
+            })
+        }
+        Some(super::resize::ResizeStep::Restart) => actions.kill_containers.push(KillContainer {
+            id: inst.id.clone(),
+            name: c.name.clone(),
+            reason: super::resize::restart_message(&c.name),
+            grace_override: None,
+        }),
+    }
 }
 
 /// Why an instance in state Unknown is stopped (upstream's wording).

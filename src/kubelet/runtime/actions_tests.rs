@@ -271,6 +271,7 @@ fn run(rows: Vec<Row>) {
             spec_hash: &hash_of,
             unhealthy: &HashMap::new(),
             probes: &HashMap::new(),
+            actuated: &HashMap::new(),
         };
         let got = compute_pod_actions(&r.pod, &r.observed, &ctx);
         if got != r.want {
@@ -762,6 +763,7 @@ fn backoff_remaining_is_exact_below_a_second() {
         spec_hash: &hash_of,
         unhealthy: &HashMap::new(),
         probes: &HashMap::new(),
+        actuated: &HashMap::new(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),
@@ -1048,6 +1050,7 @@ fn liveness_failures_kill_the_instance() {
         spec_hash: &hash_of,
         unhealthy: &unhealthy,
         probes: &HashMap::new(),
+        actuated: &HashMap::new(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),
@@ -1166,4 +1169,64 @@ fn ephemeral_containers_start_once_in_the_running_sandbox() {
             },
         ),
     ]);
+}
+
+/// A running container whose allocation changed: resized in place under the default policy,
+/// restarted (with upstream's message) when its `resizePolicy` asks for that; an instance with
+/// no record of what it runs with is left alone.
+#[test]
+fn an_allocated_resize_goes_in_place_or_restarts_by_policy() {
+    let cpu = |v: &str| -> k8s_openapi::api::core::v1::ResourceRequirements {
+        serde_json::from_value(serde_json::json!({"requests": {"cpu": v}})).expect("resources")
+    };
+    let table = BackoffTable::new();
+    let actuated = HashMap::from([("a-0".to_string(), cpu("100m"))]);
+    let decide = |pod: &Pod, actuated: &HashMap<String, _>| {
+        let ctx = DecisionContext {
+            now: t(1000),
+            backoff: &table,
+            policy: BackoffPolicy::default(),
+            spec_hash: &hash_of,
+            unhealthy: &HashMap::new(),
+            probes: &HashMap::new(),
+            actuated,
+        };
+        compute_pod_actions(
+            pod,
+            &observed(vec![ready("s0", 0)], vec![running("a-0", "s0", "a", 0)]),
+            &ctx,
+        )
+    };
+    let mut resized = always(&["a"]);
+    resized.spec.as_mut().unwrap().containers[0].resources = Some(cpu("200m"));
+    assert_eq!(
+        decide(&resized, &actuated),
+        PodActions {
+            resize_containers: vec![ResizeContainer {
+                id: "a-0".into(),
+                name: "a".into(),
+            }],
+            ..keep("s0")
+        }
+    );
+    assert_eq!(
+        decide(&resized, &HashMap::new()),
+        keep("s0"),
+        "nothing known"
+    );
+    resized.spec.as_mut().unwrap().containers[0].resize_policy =
+        Some(vec![k8s_openapi::api::core::v1::ContainerResizePolicy {
+            resource_name: "cpu".into(),
+            restart_policy: "RestartContainer".into(),
+        }]);
+    let got = decide(&resized, &actuated);
+    assert_eq!(got.resize_containers, vec![]);
+    assert_eq!(
+        got.kill_containers
+            .iter()
+            .map(|k| k.reason.as_str())
+            .collect::<Vec<_>>(),
+        vec!["Container a resize requires restart"]
+    );
+    assert_eq!(got.start_containers.len(), 1);
 }

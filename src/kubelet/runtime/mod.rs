@@ -8,6 +8,7 @@ pub(crate) mod hosts;
 pub(crate) mod images;
 pub mod inspect;
 pub(crate) mod pod_files;
+pub(crate) mod resize;
 pub(crate) mod revisit;
 
 pub(crate) mod termination_message;

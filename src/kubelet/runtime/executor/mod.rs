@@ -10,6 +10,7 @@
 
 mod image_pull;
 mod mount;
+mod resize;
 mod start;
 mod teardown;
 mod userns;
@@ -129,6 +130,9 @@ pub(crate) struct PodSyncState {
     /// instance the view shows running, and the kill should not wait for a read. Taken by
     /// that sync.
     pub act_on_view: bool,
+    /// What each running instance (by container ID) was last given: its spec's resources at
+    /// its start, or an in-place resize's since (upstream's actuated resources).
+    pub actuated: HashMap<String, k8s_openapi::api::core::v1::ResourceRequirements>,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -546,21 +550,23 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let backoff_before = state.backoff.clone();
         let hash = |c: &Container| spec_hash(c);
-        let decide = |observed: &ObservedPod, backoff: &BackoffTable| {
+        let decide = |observed: &ObservedPod, state: &PodSyncState| {
             actions::compute_pod_actions(
                 pod,
                 observed,
                 &DecisionContext {
                     now: clock::now(),
-                    backoff,
+                    backoff: &state.backoff,
                     policy: self.policy,
                     spec_hash: &hash,
                     unhealthy,
                     probes,
+                    actuated: &state.actuated,
                 },
             )
         };
-        let first = decide(&observed, &state.backoff);
+        resize::note_actuated(pod, &observed, state);
+        let first = decide(&observed, state);
         let settled = match self
             .step_until_settled(pod, state, Step::first(observed, behind, first), &decide)
             .await
@@ -597,7 +603,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         pod: &Pod,
         state: &mut PodSyncState,
         mut at: Step,
-        decide: &(dyn Fn(&ObservedPod, &BackoffTable) -> PodActions + Sync),
+        decide: &(dyn Fn(&ObservedPod, &PodSyncState) -> PodActions + Sync),
     ) -> Result<Step, SyncOutcome> {
         let uid = pod_uid(pod);
         loop {
@@ -644,9 +650,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             );
             // What the runtime shows now may already call for the next step: the pure
             // decision is made again on the fresh view.
-            let followup = executed
-                .is_ok()
-                .then(|| decide(&at.observed, &state.backoff));
+            resize::note_actuated(pod, &at.observed, state);
+            let followup = executed.is_ok().then(|| decide(&at.observed, state));
             let blocked = |name: &str| blocked_by_error(state, name);
             let through = revisit::went_through(&at.decision, made.sandbox.is_some(), &blocked);
             match followup {
@@ -864,6 +869,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .await?;
             }
         }
+        self.resize_in_place(pod, decision, state).await?;
         self.start(pod, observed, decision, state, made).await
     }
 }

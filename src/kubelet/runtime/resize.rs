@@ -1,0 +1,176 @@
+//! Which running containers an allocated resize reaches, and how (upstream's
+//! `computePodResizeAction`): pure.
+//!
+//! A container runs with the resources it was last given (at its start, or by the last
+//! `UpdateContainerResources`): its *actuated* resources, which the worker keeps. When the
+//! allocation (the container's spec as the node runs it) differs in what the runtime enforces
+//! (the cpu request as shares, the cpu limit, the memory limit), the container's `resizePolicy`
+//! for each changed resource says whether the change is applied in place
+//! (`NotRequired`, the default) or by restarting the container (`RestartContainer`). A change
+//! of the memory request alone is applied in place: nothing in the runtime enforces it.
+
+use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+
+use crate::base::podspec::quantity;
+
+/// How a container takes a resize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ResizeStep {
+    /// `UpdateContainerResources` with the new resources.
+    InPlace,
+    /// Stop the container and start it again with them.
+    Restart,
+}
+
+/// One amount of a resource list (0 when absent or unparseable: no request, no limit).
+fn amount(r: &ResourceRequirements, limits: bool, name: &str, milli: bool) -> i64 {
+    let list = if limits { &r.limits } else { &r.requests };
+    list.as_ref()
+        .and_then(|l| l.get(name))
+        .and_then(|q| quantity::parse(&q.0).ok())
+        .map_or(0, |q| if milli { q.milli_value() } else { q.value() })
+}
+
+/// The cpu request as the runtime enforces it: shares, where no request means the limit and
+/// neither means the minimum (upstream's `MilliCPUToShares`, with 2 as its floor).
+fn cpu_request(r: &ResourceRequirements) -> i64 {
+    let requested = r.requests.as_ref().is_some_and(|l| l.contains_key("cpu"));
+    let milli = if requested {
+        amount(r, false, "cpu", true)
+    } else {
+        amount(r, true, "cpu", true)
+    };
+    (milli * 1024 / 1000).max(2)
+}
+
+/// Whether `resource`'s change restarts the container, per its `resizePolicy`.
+fn restarts_for(c: &Container, resource: &str) -> bool {
+    c.resize_policy
+        .iter()
+        .flatten()
+        .find(|p| p.resource_name == resource)
+        .is_some_and(|p| p.restart_policy == "RestartContainer")
+}
+
+/// How the running container `c` takes its allocation, given what it runs with; `None` when
+/// nothing changed.
+pub(crate) fn resize_step(c: &Container, actuated: &ResourceRequirements) -> Option<ResizeStep> {
+    let wanted = c.resources.clone().unwrap_or_default();
+    let cpu_changed = cpu_request(&wanted) != cpu_request(actuated)
+        || amount(&wanted, true, "cpu", true) != amount(actuated, true, "cpu", true);
+    let memory_limit_changed =
+        amount(&wanted, true, "memory", false) != amount(actuated, true, "memory", false);
+    let memory_request_changed =
+        amount(&wanted, false, "memory", false) != amount(actuated, false, "memory", false);
+    if (cpu_changed && restarts_for(c, "cpu"))
+        || (memory_limit_changed && restarts_for(c, "memory"))
+    {
+        return Some(ResizeStep::Restart);
+    }
+    (cpu_changed || memory_limit_changed || memory_request_changed).then_some(ResizeStep::InPlace)
+}
+
+/// Why a container is restarted for a resize, in upstream's words.
+pub(crate) fn restart_message(name: &str) -> String {
+    format!("Container {name} resize requires restart")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn container(resources: Value, policy: Value) -> Container {
+        serde_json::from_value(json!({
+            "name": "c", "image": "busybox", "resources": resources, "resizePolicy": policy,
+        }))
+        .expect("container")
+    }
+
+    fn res(v: Value) -> ResourceRequirements {
+        serde_json::from_value(v).expect("resources")
+    }
+
+    #[test]
+    fn each_change_goes_in_place_or_by_restart_as_its_policy_says() {
+        let was = json!({"requests": {"cpu": "100m", "memory": "64Mi"},
+                         "limits": {"cpu": "200m", "memory": "128Mi"}});
+        let restart_mem = json!([{"resourceName": "memory", "restartPolicy": "RestartContainer"}]);
+        let restart_cpu = json!([{"resourceName": "cpu", "restartPolicy": "RestartContainer"},
+                                 {"resourceName": "memory", "restartPolicy": "NotRequired"}]);
+        let cases = [
+            ("nothing changed", was.clone(), json!([]), None),
+            (
+                "1000m is 1 (semantically equal)",
+                json!({"requests": {"cpu": "0.1", "memory": "64Mi"},
+                    "limits": {"cpu": "200m", "memory": "134217728"}}),
+                json!([]),
+                None,
+            ),
+            (
+                "cpu request, default policy",
+                json!({"requests": {"cpu": "150m", "memory": "64Mi"},
+                    "limits": {"cpu": "200m", "memory": "128Mi"}}),
+                json!([]),
+                Some(ResizeStep::InPlace),
+            ),
+            (
+                "cpu limit under a memory restart policy",
+                json!({"requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"cpu": "300m", "memory": "128Mi"}}),
+                restart_mem.clone(),
+                Some(ResizeStep::InPlace),
+            ),
+            (
+                "memory limit under a memory restart policy",
+                json!({"requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"cpu": "200m", "memory": "256Mi"}}),
+                restart_mem.clone(),
+                Some(ResizeStep::Restart),
+            ),
+            (
+                "memory request only, even under a memory restart policy",
+                json!({"requests": {"cpu": "100m", "memory": "96Mi"},
+                    "limits": {"cpu": "200m", "memory": "128Mi"}}),
+                restart_mem,
+                Some(ResizeStep::InPlace),
+            ),
+            (
+                "cpu under a cpu restart policy",
+                json!({"requests": {"cpu": "120m", "memory": "64Mi"},
+                    "limits": {"cpu": "200m", "memory": "128Mi"}}),
+                restart_cpu.clone(),
+                Some(ResizeStep::Restart),
+            ),
+            (
+                "memory limit under NotRequired",
+                json!({"requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"cpu": "200m", "memory": "100Mi"}}),
+                restart_cpu,
+                Some(ResizeStep::InPlace),
+            ),
+        ];
+        for (what, now, policy, want) in cases {
+            assert_eq!(
+                resize_step(&container(now, policy), &res(was.clone())),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn cpu_shares_follow_the_limit_without_a_request_and_have_a_floor() {
+        // 1m and 0 both give the floor of 2 shares: nothing for the runtime to change.
+        let tiny = container(json!({"requests": {"cpu": "1m"}}), json!([]));
+        assert_eq!(resize_step(&tiny, &res(json!({}))), None);
+        let by_limit = container(json!({"limits": {"cpu": "500m"}}), json!([]));
+        assert_eq!(
+            resize_step(
+                &by_limit,
+                &res(json!({"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}))
+            ),
+            None
+        );
+    }
+}
