@@ -660,6 +660,124 @@ fn restart_policy_by_exit_code() {
     run(rows);
 }
 
+/// `p` with app container `name` given its own `restartPolicy` and, when `rule_codes` is not
+/// empty, one `Restart` rule on those exit codes (`In`).
+fn with_container_policy(mut p: Pod, name: &str, policy: &str, rule_codes: &[i32]) -> Pod {
+    let spec = p.spec.as_mut().unwrap();
+    let c = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == name)
+        .unwrap();
+    c.restart_policy = Some(policy.into());
+    if !rule_codes.is_empty() {
+        c.restart_policy_rules = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "action": "Restart",
+                "exitCodes": {"operator": "In", "values": rule_codes},
+            }))
+            .unwrap(),
+        ]);
+    }
+    p
+}
+
+#[test]
+fn container_restart_policy_and_rules() {
+    // App container `a` exited with `code` at 990; now is 1000; no back-off entry yet. The
+    // container's own policy and rules override the pod's (ContainerRestartRules).
+    let cases: [(&str, &str, &[i32], i32, bool); 8] = [
+        ("Never", "Always", &[], 1, true),
+        ("Never", "Always", &[], 0, true),
+        ("Never", "OnFailure", &[], 1, true),
+        ("Never", "OnFailure", &[], 0, false),
+        ("Always", "Never", &[], 1, false),
+        ("OnFailure", "Never", &[], 1, false),
+        ("Never", "Never", &[42], 42, true),
+        ("Never", "Never", &[42], 1, false),
+    ];
+    let mut rows = Vec::new();
+    for (pod_policy, policy, rules, code, restarts) in cases {
+        let want = if restarts {
+            PodActions {
+                start_containers: vec![backed_off(app(0, "a", 1), 10, 990)],
+                ..keep("s0")
+            }
+        } else {
+            PodActions {
+                kill_pod: Some(ALL_DONE.into()),
+                terminal: true,
+                ..Default::default()
+            }
+        };
+        rows.push(row(
+            format!("pod {pod_policy}, container {policy}, rules {rules:?} × exit {code}"),
+            with_container_policy(pod(pod_policy, &[], &["a"]), "a", policy, rules),
+            observed(
+                vec![ready("s0", 0)],
+                vec![exited("a0", "s0", "a", 0, code, 990)],
+            ),
+            want,
+        ));
+    }
+    rows.push(row(
+        "pod Always, `a` Never exited, `b` running: `a` stays down, the pod runs on",
+        with_container_policy(pod("Always", &[], &["a", "b"]), "a", "Never", &[]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![
+                exited("a0", "s0", "a", 0, 1, 990),
+                running("b0", "s0", "b", 0),
+            ],
+        ),
+        keep("s0"),
+    ));
+    rows.push(row(
+        "pod Never, init container Always-by-rule failed: retried, not terminal",
+        with_container_policy(pod("Never", &["i"], &["a"]), "i", "Never", &[3]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![exited("i0", "s0", "i", 0, 3, 990)],
+        ),
+        PodActions {
+            start_containers: vec![backed_off(init(0, "i", 1), 10, 990)],
+            ..keep("s0")
+        },
+    ));
+    rows.push(row(
+        "pod Always, init container Never failed: the pod is done",
+        with_container_policy(pod("Always", &["i"], &["a"]), "i", "Never", &[]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![exited("i0", "s0", "i", 0, 1, 990)],
+        ),
+        PodActions {
+            kill_pod: Some(INIT_NEVER.into()),
+            terminal: true,
+            ..Default::default()
+        },
+    ));
+    rows.push(row(
+        "pod Always, OnFailure container succeeded in an earlier sandbox: not run again",
+        with_container_policy(pod("Always", &[], &["a", "b"]), "a", "OnFailure", &[]),
+        observed(
+            vec![dead("s0", 0)],
+            vec![
+                exited("a0", "s0", "a", 0, 0, 990),
+                exited("b0", "s0", "b", 0, 1, 990),
+            ],
+        ),
+        PodActions {
+            kill_pod: Some("the pod sandbox is not ready".into()),
+            create_sandbox: Some(1),
+            start_containers: vec![backed_off(app(1, "b", 1), 10, 990)],
+            ..Default::default()
+        },
+    ));
+    run(rows);
+}
+
 #[test]
 fn backoff_windows() {
     let p = || always(&["a"]);
