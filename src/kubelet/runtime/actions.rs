@@ -638,7 +638,7 @@ fn plan_restart(
             index,
             name: container.name.clone(),
             restart_count: next_restart_count(observed, &container.name),
-            backoff: Some(ctx.policy.next(entry, finished)),
+            backoff: Some(ctx.policy.next(entry, finished, ctx.now)),
         }),
     }
 }

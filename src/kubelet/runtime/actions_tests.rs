@@ -189,7 +189,8 @@ fn init(index: usize, name: &str, restart_count: u32) -> StartContainer {
     }
 }
 
-/// A start that is a restart after an exit, recording the back-off entry.
+/// A start that is a restart after an exit, recording the back-off entry: its delay, and the
+/// time of the restart (the row's now), from which the entry ages, as upstream's.
 fn backed_off(mut s: StartContainer, delay: u64, last_update: u64) -> StartContainer {
     s.backoff = Some(entry(delay, last_update));
     s
@@ -342,7 +343,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(4),
-                start_containers: vec![backed_off(app(0, "a", 3), 10, 990)],
+                start_containers: vec![backed_off(app(0, "a", 3), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -380,7 +381,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![backed_off(app(1, "b", 1), 10, 990)],
+                start_containers: vec![backed_off(app(1, "b", 1), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -449,7 +450,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![backed_off(init(0, "i1", 1), 10, 900)],
+                start_containers: vec![backed_off(init(0, "i1", 1), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -522,7 +523,7 @@ fn init_containers() {
             p("Always"),
             observed(vec![s()], vec![exited("i1-0", "s0", "i1", 0, 1, 990)]),
             PodActions {
-                start_containers: vec![backed_off(init(0, "i1", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "i1", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -537,7 +538,7 @@ fn init_containers() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(1, "i2", 1), 10, 990)],
+                start_containers: vec![backed_off(init(1, "i2", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -595,7 +596,7 @@ fn restart_policy_by_exit_code() {
         let name = format!("{policy} × exit {code}");
         let want = if restarts {
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 1), 10, 990)],
+                start_containers: vec![backed_off(app(0, "a", 1), 10, 1000)],
                 ..keep("s0")
             }
         } else {
@@ -701,7 +702,7 @@ fn container_restart_policy_and_rules() {
     for (pod_policy, policy, rules, code, restarts) in cases {
         let want = if restarts {
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 1), 10, 990)],
+                start_containers: vec![backed_off(app(0, "a", 1), 10, 1000)],
                 ..keep("s0")
             }
         } else {
@@ -741,7 +742,7 @@ fn container_restart_policy_and_rules() {
             vec![exited("i0", "s0", "i", 0, 3, 990)],
         ),
         PodActions {
-            start_containers: vec![backed_off(init(0, "i", 1), 10, 990)],
+            start_containers: vec![backed_off(init(0, "i", 1), 10, 1000)],
             ..keep("s0")
         },
     ));
@@ -771,7 +772,7 @@ fn container_restart_policy_and_rules() {
         PodActions {
             kill_pod: Some("the pod sandbox is not ready".into()),
             create_sandbox: Some(1),
-            start_containers: vec![backed_off(app(1, "b", 1), 10, 990)],
+            start_containers: vec![backed_off(app(1, "b", 1), 10, 1000)],
             ..Default::default()
         },
     ));
@@ -808,7 +809,7 @@ fn backoff_windows() {
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 40, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 40, 1015)],
                 ..keep("s0")
             },
         )
@@ -819,7 +820,7 @@ fn backoff_windows() {
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 300, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 300, 1400)],
                 ..keep("s0")
             },
         )
@@ -841,17 +842,17 @@ fn backoff_windows() {
         )
         .backoff("a", entry(160, 900)),
         row(
-            "entry older than twice the maximum: start at once with the initial delay",
+            "entry not updated for over ten minutes: start at once with the initial delay",
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 10, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 10, 1000)],
                 ..keep("s0")
             },
         )
         .backoff("a", entry(300, 394)),
         row(
-            "entry exactly twice the maximum old is still in force",
+            "entry updated exactly ten minutes ago is still in force",
             p(),
             crashed(995),
             PodActions {
@@ -1108,7 +1109,7 @@ fn sidecars() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -1124,7 +1125,7 @@ fn sidecars() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
