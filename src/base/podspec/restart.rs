@@ -129,6 +129,22 @@ mod tests {
         serde_json::from_value(serde_json::json!({"spec": spec})).unwrap()
     }
 
+    /// (pod policy, container policy, rules, exit code, restarts)
+    type ExitRow = (
+        Option<&'static str>,
+        Option<&'static str>,
+        Vec<serde_json::Value>,
+        i32,
+        bool,
+    );
+    /// (pod policy, container policy, rules, may restart)
+    type PolicyRow = (
+        Option<&'static str>,
+        Option<&'static str>,
+        Vec<serde_json::Value>,
+        bool,
+    );
+
     fn app(p: &Pod) -> &Container {
         &p.spec.as_ref().unwrap().containers[0]
     }
@@ -137,13 +153,7 @@ mod tests {
     fn should_restart_follows_rules_then_container_then_pod_policy() {
         let restart_42 = || vec![rule("Restart", "In", &[42])];
         // (pod policy, container policy, rules, exit code, restarts)
-        let rows: Vec<(
-            Option<&str>,
-            Option<&str>,
-            Vec<serde_json::Value>,
-            i32,
-            bool,
-        )> = vec![
+        let rows: Vec<ExitRow> = vec![
             // The pod's policy alone, as before.
             (None, None, vec![], 0, true),
             (Some("Always"), None, vec![], 1, true),
@@ -233,7 +243,7 @@ mod tests {
 
     #[test]
     fn may_restart_without_an_exit_code() {
-        let rows: Vec<(Option<&str>, Option<&str>, Vec<serde_json::Value>, bool)> = vec![
+        let rows: Vec<PolicyRow> = vec![
             (Some("Never"), None, vec![], false),
             (Some("OnFailure"), None, vec![], true),
             (Some("Never"), Some("Always"), vec![], true),
