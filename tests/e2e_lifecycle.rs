@@ -750,3 +750,53 @@ spec:
     let pod = agent.pod("nopull").await.unwrap();
     assert_eq!(phase(&pod), "Pending");
 }
+
+/// Container restart rules (ContainerRestartRules, on by default in upstream v1.37): a
+/// container's own `restartPolicy` and `restartPolicyRules` override the pod's. Under the pod's
+/// restartPolicy Never, `always` (its own Always) and `rule` (its own Never with a Restart rule
+/// on exit 42) both run again, `done` (no policy of its own) does not, and the pod stays
+/// Running while two of its containers keep restarting.
+#[tokio::test]
+async fn a_container_s_own_restart_policy_and_rules_override_the_pod_s() {
+    let mut agent = Agent::new("e2e-lc-rules");
+    agent.backoff("200ms", "1s");
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    agent.write_manifest(
+        "rules.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: rules}}
+spec:
+  restartPolicy: Never
+  containers:
+  - {{name: always, image: {BUSYBOX}, command: ["sh", "-c", "exit 1"], restartPolicy: Always}}
+  - name: rule
+    image: {BUSYBOX}
+    command: ["sh", "-c", "exit 42"]
+    restartPolicy: Never
+    restartPolicyRules:
+    - {{action: Restart, exitCodes: {{operator: In, values: [42]}}}}
+  - {{name: done, image: {BUSYBOX}, command: ["sh", "-c", "exit 3"]}}
+"#
+        ),
+    );
+    let restarts = |pod: &Value, name: &str| {
+        pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+            .and_then(|c| c["restartCount"].as_i64())
+    };
+    let pod = wait_until(
+        "`always` and `rule` to restart twice each under the pod's restartPolicy Never",
+        WAIT,
+        || async {
+            let pod = agent.pod("rules").await?;
+            (restarts(&pod, "always")? >= 2 && restarts(&pod, "rule")? >= 2).then_some(pod)
+        },
+    )
+    .await;
+    assert_eq!(restarts(&pod, "done"), Some(0), "{pod}");
+    assert_eq!(phase(&pod), "Running", "{pod}");
+}

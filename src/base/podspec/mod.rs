@@ -16,6 +16,7 @@ pub(crate) mod qos;
 pub mod quantity;
 pub(crate) mod readiness_gates;
 pub(crate) mod resources;
+pub(crate) mod restart;
 pub(crate) mod spec_hash;
 pub(crate) mod sysctl;
 pub mod threshold;

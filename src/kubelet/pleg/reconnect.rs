@@ -352,7 +352,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_socket_being_made_again_is_heard_at_once() {
         let socket = SocketSignal::default();
-        let (rt, _feed, health, cancel) = up_then_down(socket.clone()).await;
+        let (rt, feed, health, cancel) = up_then_down(socket.clone()).await;
         tokio::time::sleep(Duration::from_millis(2_003)).await;
         socket.made();
         rt.set_down(false);
@@ -364,7 +364,10 @@ mod tests {
             back.elapsed()
         );
 
+        // A stopping containerd ends the event streams too; with one still standing, the
+        // PLEG would relist only on its long evented period and miss the outage.
         rt.set_down(true);
+        feed.break_all();
         until("the second outage on /healthz", || !runtime_ok(&health)).await;
         tokio::time::sleep(Duration::from_millis(2_003)).await;
         socket.made();

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::base::clock;
-use crate::base::podspec::{RestartPolicy, is_sidecar};
+use crate::base::podspec::restart::{should_restart, spec_container};
 use crate::base::resync_queue::Pokes;
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
 use crate::kubelet::mirror_pods::{MirrorPods, is_static};
@@ -518,37 +518,24 @@ pub(crate) fn merge_status(
     out.conditions = (!conditions.is_empty()).then_some(conditions);
 
     // Containers that terminated for good.
-    let spec = pod.spec.as_ref();
-    let policy = RestartPolicy::of(pod);
-    let app_policy = |_: &str| policy;
-    let init_policy = |name: &str| {
-        let sidecar = spec
-            .and_then(|s| s.init_containers.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == name))
-            .is_some_and(is_sidecar);
-        if sidecar {
-            RestartPolicy::Always
-        } else if policy == RestartPolicy::Never {
-            RestartPolicy::Never
-        } else {
-            RestartPolicy::OnFailure
-        }
+    let done_for_good = |name: &str, exit: i32| {
+        spec_container(pod, name).is_some_and(|c| !should_restart(pod, c, exit))
     };
     keep_terminated(
         base.container_statuses.as_deref(),
         out.container_statuses.as_mut(),
-        app_policy,
+        done_for_good,
     );
     keep_terminated(
         base.init_container_statuses.as_deref(),
         out.init_container_statuses.as_mut(),
-        init_policy,
+        done_for_good,
     );
     // Ephemeral containers never restart.
     keep_terminated(
         base.ephemeral_container_statuses.as_deref(),
         out.ephemeral_container_statuses.as_mut(),
-        |_: &str| RestartPolicy::Never,
+        |_, _| true,
     );
     out
 }
@@ -561,11 +548,12 @@ fn terminated_exit(s: &ContainerStatus) -> Option<i32> {
 }
 
 /// Puts back the API server's entry of every container that terminated and may not run again
-/// (by its `policy`) where the new status has it running or waiting.
+/// after that exit (`should_restart`, by its own policy and rules or the pod's) where the new
+/// status has it running or waiting: the API server refuses that transition.
 fn keep_terminated(
     base: Option<&[ContainerStatus]>,
     new: Option<&mut Vec<ContainerStatus>>,
-    policy: impl Fn(&str) -> RestartPolicy,
+    stays_after: impl Fn(&str, i32) -> bool,
 ) {
     let (Some(base), Some(new)) = (base, new) else {
         return;
@@ -580,12 +568,7 @@ fn keep_terminated(
         if terminated_exit(n).is_some() {
             continue;
         }
-        let stays = match policy(&n.name) {
-            RestartPolicy::Never => true,
-            RestartPolicy::OnFailure => exit == 0,
-            RestartPolicy::Always => false,
-        };
-        if stays {
+        if stays_after(&n.name, exit) {
             *n = b.clone();
         }
     }
@@ -940,6 +923,65 @@ mod tests {
             assert_eq!(
                 serde_json::to_value(&merged).unwrap(),
                 serde_json::to_value(status(want)).unwrap(),
+                "{what}"
+            );
+        }
+    }
+
+    /// A terminated container stays terminated when its own policy and rules say it does not
+    /// run again (ContainerRestartRules), whatever the pod's policy says.
+    #[test]
+    fn a_container_s_own_policy_decides_whether_it_stays_terminated() {
+        let pod = |pod_policy: &str, app: Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+                "spec": {"restartPolicy": pod_policy, "containers": [app]},
+            }))
+            .unwrap()
+        };
+        let rule_42 =
+            json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+        // (what, pod, API server's exit code, stays terminated)
+        let rows: Vec<(&str, Pod, i32, bool)> = vec![
+            (
+                "pod Never, container Always: restarts",
+                pod("Never", json!({"name": "app", "restartPolicy": "Always"})),
+                0,
+                false,
+            ),
+            (
+                "pod Always, container Never: stays",
+                pod("Always", json!({"name": "app", "restartPolicy": "Never"})),
+                1,
+                true,
+            ),
+            (
+                "pod Never, container Never, Restart rule matched: restarts",
+                pod(
+                    "Never",
+                    json!({"name": "app", "restartPolicy": "Never", "restartPolicyRules": rule_42}),
+                ),
+                42,
+                false,
+            ),
+            (
+                "pod Never, container Never, Restart rule not matched: stays",
+                pod(
+                    "Never",
+                    json!({"name": "app", "restartPolicy": "Never", "restartPolicyRules": rule_42}),
+                ),
+                1,
+                true,
+            ),
+        ];
+        for (what, pod, code, stays) in rows {
+            let base = status(json!({"containerStatuses": [terminated("app", code)]}));
+            let new = status(json!({"containerStatuses": [running("app")]}));
+            let merged = merge_status(&pod, Some(&base), &new, &now());
+            let want = if stays { &base } else { &new };
+            assert_eq!(
+                serde_json::to_value(&merged.container_statuses).unwrap(),
+                serde_json::to_value(&want.container_statuses).unwrap(),
                 "{what}"
             );
         }

@@ -16,7 +16,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::base::observed::{
     self, ContainerState as RtState, ObservedContainer, ObservedPod, ObservedSandbox,
 };
-use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar, readiness_gates};
+use crate::base::podspec::restart::{should_restart, spec_container};
+use crate::base::podspec::{ephemeral, is_sidecar, readiness_gates};
 use crate::kubelet::prober::ProbeView;
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
@@ -175,12 +176,13 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
     }
 }
 
-/// The status of one container of the spec.
+/// The status of one container of the spec (of `pod`, whose policies say whether an exited
+/// container restarts).
 fn container_status(
+    pod: &Pod,
     container: &Container,
     observed: &ObservedPod,
     inputs: &StatusInputs,
-    restart_policy: RestartPolicy,
     default_waiting: &str,
 ) -> ContainerStatus {
     let instances = observed.instances(&container.name);
@@ -223,7 +225,7 @@ fn container_status(
         }
         Some(RtState::Exited) => {
             let inst = latest.expect("matched");
-            let restarting = restart_policy.restarts_after(inst.exit_code) && !inputs.terminating;
+            let restarting = should_restart(pod, container, inst.exit_code) && !inputs.terminating;
             match noted {
                 Some(w) if restarting => {
                     status.state = Some(waiting(w.reason.as_str(), Some(w.message.clone())));
@@ -246,20 +248,33 @@ fn container_status(
     status
 }
 
-/// Upstream's phase rules (`getPhase`), over the computed container statuses.
-fn phase(
-    restart_policy: RestartPolicy,
-    init: &[ContainerStatus],
-    app: &[ContainerStatus],
-    has_sandbox_history: bool,
-) -> &'static str {
-    // Init containers: any failure under Never fails the pod; anything unfinished keeps it pending.
+/// Whether the container of this status may run again after the exit it shows (its current
+/// state, else its last one): upstream's `ContainerShouldRestart` in `getPhase`. A status with
+/// no container in the spec, or no exit, counts as restartable.
+fn restartable(pod: &Pod, s: &ContainerStatus) -> bool {
+    let exit = s
+        .state
+        .as_ref()
+        .and_then(|st| st.terminated.as_ref())
+        .or_else(|| s.last_state.as_ref().and_then(|l| l.terminated.as_ref()))
+        .map(|t| t.exit_code);
+    match (spec_container(pod, &s.name), exit) {
+        (Some(c), Some(code)) => should_restart(pod, c, code),
+        _ => true,
+    }
+}
+
+/// Upstream's phase rules (`getPhase`, ContainerRestartRules on), over the computed container
+/// statuses: whether an exited container restarts is asked of each container's own policy.
+fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'static str {
+    // Init containers: a failure that may not restart fails the pod; anything unfinished keeps
+    // it pending.
     let mut init_pending = false;
     for s in init {
         let st = s.state.as_ref();
         match st.and_then(|st| st.terminated.as_ref()) {
             Some(t) if t.exit_code == 0 => {}
-            Some(_) if restart_policy == RestartPolicy::Never => return "Failed",
+            Some(_) if !restartable(pod, s) => return "Failed",
             _ => init_pending = true,
         }
     }
@@ -267,11 +282,14 @@ fn phase(
         return "Pending";
     }
     let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    let mut stopped_for_good = 0;
     for s in app {
         let st = s.state.as_ref();
         if st.and_then(|st| st.running.as_ref()).is_some() {
             running += 1;
-        } else if let Some(t) = st.and_then(|st| st.terminated.as_ref()) {
+            continue;
+        }
+        if let Some(t) = st.and_then(|st| st.terminated.as_ref()) {
             stopped += 1;
             if t.exit_code == 0 {
                 succeeded += 1;
@@ -285,9 +303,12 @@ fn phase(
             stopped += 1;
         } else {
             waiting += 1;
+            continue;
+        }
+        if !restartable(pod, s) {
+            stopped_for_good += 1;
         }
     }
-    let _ = has_sandbox_history;
     if waiting > 0 {
         return "Pending";
     }
@@ -295,16 +316,14 @@ fn phase(
         return "Running";
     }
     if stopped > 0 {
-        if restart_policy == RestartPolicy::Always {
+        // At least one container is on its way to running again.
+        if stopped != stopped_for_good {
             return "Running";
         }
         if stopped == succeeded {
             return "Succeeded";
         }
-        if restart_policy == RestartPolicy::Never {
-            return "Failed";
-        }
-        return "Running";
+        return "Failed";
     }
     "Pending"
 }
@@ -342,8 +361,7 @@ pub(crate) fn compute_pod_status(
     inputs: &StatusInputs,
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
-    let restart_policy = RestartPolicy::of(pod);
-    let inits = InitStatuses::compute(&spec, observed, inputs, restart_policy);
+    let inits = InitStatuses::compute(pod, &spec, observed, inputs);
     // Upstream's default waiting reason is PodInitializing for every container of a pod that has
     // init containers, even once they are done.
     let app_default = if inits.statuses.is_empty() {
@@ -354,14 +372,14 @@ pub(crate) fn compute_pod_status(
     let apps: Vec<ContainerStatus> = spec
         .containers
         .iter()
-        .map(|c| container_status(c, observed, inputs, restart_policy, app_default))
+        .map(|c| container_status(pod, c, observed, inputs, app_default))
         .collect();
 
     let sandbox = observed.newest_sandbox();
     let sandbox_ready =
         sandbox.is_some_and(|s| s.state == crate::base::observed::SandboxState::Ready);
     let previous = inputs.previous;
-    let phase = pod_phase(restart_policy, &inits, &apps, sandbox.is_some(), previous);
+    let phase = pod_phase(pod, &inits, &apps, previous);
     let initialized = initialized_verdict(phase, &inits);
     let containers_ready = ready_verdict(phase, &inits, &apps);
     let ready = gated(pod, &containers_ready);
@@ -428,14 +446,12 @@ fn ephemeral_statuses(
     ephemeral::of(pod)
         .iter()
         .map(|ec| {
-            let container = ephemeral::as_container(ec);
-            let mut status = container_status(
-                &container,
-                observed,
-                inputs,
-                RestartPolicy::Never,
-                default_waiting,
-            );
+            // Never restarted, whatever the pod's policy.
+            let container = Container {
+                restart_policy: Some("Never".into()),
+                ..ephemeral::as_container(ec)
+            };
+            let mut status = container_status(pod, &container, observed, inputs, default_waiting);
             status.ready = false;
             status.started = None;
             status
@@ -452,25 +468,13 @@ struct InitStatuses {
 
 impl InitStatuses {
     /// The statuses of the spec's init containers, in order. A regular init container restarts
-    /// on failure unless the pod says Never; a sidecar always restarts.
-    fn compute(
-        spec: &PodSpec,
-        observed: &ObservedPod,
-        inputs: &StatusInputs,
-        restart_policy: RestartPolicy,
-    ) -> Self {
+    /// only on failure and as its policy says; a sidecar always restarts.
+    fn compute(pod: &Pod, spec: &PodSpec, observed: &ObservedPod, inputs: &StatusInputs) -> Self {
         let mut statuses: Vec<ContainerStatus> = spec
             .init_containers
             .iter()
             .flatten()
-            .map(|c| {
-                let policy = if is_sidecar(c) {
-                    RestartPolicy::Always
-                } else {
-                    restart_policy_for_init(restart_policy)
-                };
-                container_status(c, observed, inputs, policy, "PodInitializing")
-            })
+            .map(|c| container_status(pod, c, observed, inputs, "PodInitializing"))
             .collect();
         let sidecars: Vec<bool> = spec
             .init_containers
@@ -513,10 +517,11 @@ impl InitStatuses {
             .all(|(s, _)| s.ready)
     }
 
-    /// A regular init container has exited with a non-zero code.
-    fn any_failed(&self) -> bool {
-        self.iter()
-            .any(|(s, sidecar)| !sidecar && exit_code(s).is_some_and(|code| code != 0))
+    /// A regular init container has exited with a non-zero code and may not restart.
+    fn any_failed_for_good(&self, pod: &Pod) -> bool {
+        self.iter().any(|(s, sidecar)| {
+            !sidecar && exit_code(s).is_some_and(|code| code != 0) && !restartable(pod, s)
+        })
     }
 }
 
@@ -549,18 +554,17 @@ fn initialized(s: &ContainerStatus, sidecar: bool) -> bool {
 }
 
 /// The pod's phase: upstream's rules once the init containers are done; before that Failed
-/// when one failed under restartPolicy Never, else Pending. A terminal phase reported before
-/// is kept, as upstream never leaves one.
+/// when one failed and may not restart, else Pending. A terminal phase reported before is
+/// kept, as upstream never leaves one.
 fn pod_phase(
-    restart_policy: RestartPolicy,
+    pod: &Pod,
     inits: &InitStatuses,
     apps: &[ContainerStatus],
-    has_sandbox: bool,
     previous: Option<&PodStatus>,
 ) -> &'static str {
     let phase = if inits.all_initialized() {
-        phase(restart_policy, &inits.regular(), apps, has_sandbox)
-    } else if inits.any_failed() && restart_policy == RestartPolicy::Never {
+        phase(pod, &inits.regular(), apps)
+    } else if inits.any_failed_for_good(pod) {
         "Failed"
     } else {
         "Pending"
@@ -703,15 +707,6 @@ fn pod_ips(
         ips
     });
     (pod_ip, pod_ips)
-}
-
-/// Init containers restart on failure unless the pod says Never.
-fn restart_policy_for_init(pod_policy: RestartPolicy) -> RestartPolicy {
-    if pod_policy == RestartPolicy::Never {
-        RestartPolicy::Never
-    } else {
-        RestartPolicy::OnFailure
-    }
 }
 
 #[cfg(test)]

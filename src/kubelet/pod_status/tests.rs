@@ -502,6 +502,98 @@ fn phases_and_container_states() {
     assert_eq!(n, 17);
 }
 
+/// `p` with container `name` given its own `restartPolicy` and, when `rule_codes` is not empty,
+/// one `Restart` rule on those exit codes (`In`).
+fn with_container_policy(mut p: Pod, name: &str, policy: &str, rule_codes: &[i32]) -> Pod {
+    let spec = p.spec.as_mut().unwrap();
+    let c = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == name)
+        .unwrap();
+    c.restart_policy = Some(policy.into());
+    if !rule_codes.is_empty() {
+        c.restart_policy_rules = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "action": "Restart",
+                "exitCodes": {"operator": "In", "values": rule_codes},
+            }))
+            .unwrap(),
+        ]);
+    }
+    p
+}
+
+#[test]
+fn container_restart_policies_decide_the_phase() {
+    // Upstream's getPhase with ContainerRestartRules: an exited container counts as restarting
+    // by its own policy and rules, not the pod's.
+    run(vec![
+        row(
+            "pod Never, container Always, in back-off: Running, CrashLoopBackOff",
+            with_container_policy(pod("Never", &[], &["a"]), "a", "Always", &[]),
+            observed(READY, vec![exited("a", 0, 1)]),
+            "Running",
+            vec![],
+            vec!["waiting:CrashLoopBackOff last=terminated:Error:1 rc=0"],
+            NOT_READY,
+        )
+        .noted("a", "CrashLoopBackOff"),
+        row(
+            "pod Never, container Never with a Restart rule on 42, exited 42: Running",
+            with_container_policy(pod("Never", &[], &["a"]), "a", "Never", &[42]),
+            observed(READY, vec![exited("a", 0, 42)]),
+            "Running",
+            vec![],
+            vec!["terminated:Error:42 rc=0"],
+            NOT_READY,
+        ),
+        row(
+            "pod Always, container Never, exited 1: Failed",
+            with_container_policy(pod("Always", &[], &["a"]), "a", "Never", &[]),
+            observed(DEAD, vec![exited("a", 0, 1)]),
+            "Failed",
+            vec![],
+            vec!["terminated:Error:1 rc=0"],
+            FAILED,
+        ),
+        row(
+            "pod Always, containers OnFailure and Never, both exited 0: Succeeded",
+            with_container_policy(
+                with_container_policy(pod("Always", &[], &["a", "b"]), "a", "OnFailure", &[]),
+                "b",
+                "Never",
+                &[],
+            ),
+            observed(DEAD, vec![exited("a", 0, 0), exited("b", 0, 0)]),
+            "Succeeded",
+            vec![],
+            vec!["terminated:Completed:0 rc=0", "terminated:Completed:0 rc=0"],
+            COMPLETED,
+        ),
+        row(
+            "pod Never, init container with a Restart rule on 3, exited 3: Pending",
+            with_container_policy(pod("Never", &["i"], &["a"]), "i", "Never", &[3]),
+            observed(READY, vec![exited("i", 0, 3)]),
+            "Pending",
+            vec!["terminated:Error:3 rc=0"],
+            vec!["waiting:PodInitializing rc=0"],
+            INITIALIZING,
+        ),
+        row(
+            "pod Always, init container Never, exited 1: Failed",
+            with_container_policy(pod("Always", &["i"], &["a"]), "i", "Never", &[]),
+            observed(DEAD, vec![exited("i", 0, 1)]),
+            "Failed",
+            vec!["terminated:Error:1 rc=0"],
+            vec!["waiting:PodInitializing rc=0"],
+            "PodReadyToStartContainers=False Initialized=False/ContainersNotInitialized \
+             Ready=False/PodFailed ContainersReady=False/PodFailed PodScheduled=True",
+        ),
+    ]);
+}
+
 #[test]
 fn waiting_reasons_from_the_worker() {
     let mut rows = Vec::new();

@@ -12,6 +12,7 @@ use super::backoff::{BackoffEntry, BackoffPolicy, BackoffTable};
 use crate::base::observed::{
     ContainerState, ObservedContainer, ObservedPod, ObservedSandbox, SandboxState,
 };
+use crate::base::podspec::restart::{container_policy, may_restart, should_restart};
 use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar, spec_hash};
 use crate::kubelet::prober::{ProbeView, Unhealthy};
 
@@ -130,36 +131,36 @@ fn app_containers_finished(pod: &Pod, observed: &ObservedPod) -> bool {
         Some(s) => s,
         None => return false,
     };
-    let policy = RestartPolicy::of(pod);
     !spec.containers.is_empty()
         && spec
             .containers
             .iter()
             .all(|c| match observed.latest(&c.name) {
                 Some(inst) => {
-                    inst.state == ContainerState::Exited && !policy.restarts_after(inst.exit_code)
+                    inst.state == ContainerState::Exited && !should_restart(pod, c, inst.exit_code)
                 }
                 None => false,
             })
 }
 
-/// Has an init container failed for good (restartPolicy Never)?
+/// Has an init container failed for good (it may not restart after its exit: restartPolicy
+/// Never, the pod's or its own, and no rule asking for a restart)?
 fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
     let spec = match &pod.spec {
         Some(s) => s,
         None => return false,
     };
-    RestartPolicy::of(pod) == RestartPolicy::Never
-        && spec
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| !is_sidecar(c))
-            .any(|c| {
-                observed
-                    .latest(&c.name)
-                    .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code != 0)
+    spec.init_containers
+        .iter()
+        .flatten()
+        .filter(|c| !is_sidecar(c))
+        .any(|c| {
+            observed.latest(&c.name).is_some_and(|i| {
+                i.state == ContainerState::Exited
+                    && i.exit_code != 0
+                    && !should_restart(pod, c, i.exit_code)
             })
+        })
 }
 
 /// Decides what to do for `pod` given what the runtime shows.
@@ -307,9 +308,12 @@ fn plan_new_sandbox(
     observed: &ObservedPod,
     view: &SandboxView,
 ) {
-    let policy = RestartPolicy::of(pod);
-    // A pod under restartPolicy Never whose sandbox died after its containers ran is done.
-    if policy == RestartPolicy::Never && view.newest.is_some() && !observed.containers.is_empty() {
+    // A pod under restartPolicy Never whose sandbox died after its containers ran is done. Upstream
+    // asks the pod's policy here, not the containers'.
+    if RestartPolicy::of(pod) == RestartPolicy::Never
+        && view.newest.is_some()
+        && !observed.containers.is_empty()
+    {
         if observed.is_running() {
             actions.kill_pod = Some("the pod sandbox is gone and restartPolicy is Never".into());
         }
@@ -337,7 +341,11 @@ fn plan_new_sandbox(
         }
         None => {
             for (index, c) in spec.containers.iter().enumerate() {
-                if policy == RestartPolicy::OnFailure && succeeded(observed, &c.name) {
+                // A container that runs to success (OnFailure, its own or the pod's) and did
+                // is not started again.
+                if container_policy(pod, c) == RestartPolicy::OnFailure
+                    && succeeded(observed, &c.name)
+                {
                     continue;
                 }
                 start_in_new_sandbox(actions, ctx, pod, (ContainerKind::App, index), c, observed);
@@ -490,11 +498,10 @@ fn plan_app_container(
     (index, c): (usize, &Container),
     latest: Option<&ObservedContainer>,
 ) {
-    let policy = RestartPolicy::of(pod);
     let Some(inst) = latest else {
         // Done for good in an earlier sandbox (succeeded under OnFailure): not run again.
         if observed.latest(&c.name).is_some_and(|i| {
-            i.state == ContainerState::Exited && !policy.restarts_after(i.exit_code)
+            i.state == ContainerState::Exited && !should_restart(pod, c, i.exit_code)
         }) {
             return;
         }
@@ -508,10 +515,10 @@ fn plan_app_container(
         return;
     };
     match inst.state {
-        ContainerState::Unknown if policy != RestartPolicy::Never => {
+        ContainerState::Unknown if may_restart(pod, c) => {
             // Nobody knows whether it runs: kill it before starting a new instance, so two
-            // never run at once (upstream does the same). Under Never it is left alone, as
-            // upstream does not restart it either.
+            // never run at once (upstream does the same). A container that may never restart
+            // (restartPolicy Never, its own or the pod's) is left alone.
             replace_instance(actions, observed, (index, c), inst, UNKNOWN_STATE);
         }
         ContainerState::Running | ContainerState::Unknown => {
@@ -537,7 +544,7 @@ fn plan_app_container(
             }
         }
         ContainerState::Exited => {
-            if policy.restarts_after(inst.exit_code) {
+            if should_restart(pod, c, inst.exit_code) {
                 plan_restart(
                     actions,
                     ctx,
@@ -730,7 +737,7 @@ fn plan_restart(
             index,
             name: container.name.clone(),
             restart_count: next_restart_count(observed, &container.name),
-            backoff: Some(ctx.policy.next(entry, finished)),
+            backoff: Some(ctx.policy.next(entry, finished, ctx.now)),
         }),
     }
 }

@@ -189,7 +189,8 @@ fn init(index: usize, name: &str, restart_count: u32) -> StartContainer {
     }
 }
 
-/// A start that is a restart after an exit, recording the back-off entry.
+/// A start that is a restart after an exit, recording the back-off entry: its delay, and the
+/// time of the restart (the row's now), from which the entry ages, as upstream's.
 fn backed_off(mut s: StartContainer, delay: u64, last_update: u64) -> StartContainer {
     s.backoff = Some(entry(delay, last_update));
     s
@@ -343,7 +344,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(4),
-                start_containers: vec![backed_off(app(0, "a", 3), 10, 990)],
+                start_containers: vec![backed_off(app(0, "a", 3), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -381,7 +382,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![backed_off(app(1, "b", 1), 10, 990)],
+                start_containers: vec![backed_off(app(1, "b", 1), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -450,7 +451,7 @@ fn sandbox_lifecycle() {
             PodActions {
                 kill_pod: Some(NOT_READY.into()),
                 create_sandbox: Some(1),
-                start_containers: vec![backed_off(init(0, "i1", 1), 10, 900)],
+                start_containers: vec![backed_off(init(0, "i1", 1), 10, 1000)],
                 ..Default::default()
             },
         ),
@@ -523,7 +524,7 @@ fn init_containers() {
             p("Always"),
             observed(vec![s()], vec![exited("i1-0", "s0", "i1", 0, 1, 990)]),
             PodActions {
-                start_containers: vec![backed_off(init(0, "i1", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "i1", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -538,7 +539,7 @@ fn init_containers() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(1, "i2", 1), 10, 990)],
+                start_containers: vec![backed_off(init(1, "i2", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -596,7 +597,7 @@ fn restart_policy_by_exit_code() {
         let name = format!("{policy} × exit {code}");
         let want = if restarts {
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 1), 10, 990)],
+                start_containers: vec![backed_off(app(0, "a", 1), 10, 1000)],
                 ..keep("s0")
             }
         } else {
@@ -661,6 +662,124 @@ fn restart_policy_by_exit_code() {
     run(rows);
 }
 
+/// `p` with app container `name` given its own `restartPolicy` and, when `rule_codes` is not
+/// empty, one `Restart` rule on those exit codes (`In`).
+fn with_container_policy(mut p: Pod, name: &str, policy: &str, rule_codes: &[i32]) -> Pod {
+    let spec = p.spec.as_mut().unwrap();
+    let c = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == name)
+        .unwrap();
+    c.restart_policy = Some(policy.into());
+    if !rule_codes.is_empty() {
+        c.restart_policy_rules = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "action": "Restart",
+                "exitCodes": {"operator": "In", "values": rule_codes},
+            }))
+            .unwrap(),
+        ]);
+    }
+    p
+}
+
+#[test]
+fn container_restart_policy_and_rules() {
+    // App container `a` exited with `code` at 990; now is 1000; no back-off entry yet. The
+    // container's own policy and rules override the pod's (ContainerRestartRules).
+    let cases: [(&str, &str, &[i32], i32, bool); 8] = [
+        ("Never", "Always", &[], 1, true),
+        ("Never", "Always", &[], 0, true),
+        ("Never", "OnFailure", &[], 1, true),
+        ("Never", "OnFailure", &[], 0, false),
+        ("Always", "Never", &[], 1, false),
+        ("OnFailure", "Never", &[], 1, false),
+        ("Never", "Never", &[42], 42, true),
+        ("Never", "Never", &[42], 1, false),
+    ];
+    let mut rows = Vec::new();
+    for (pod_policy, policy, rules, code, restarts) in cases {
+        let want = if restarts {
+            PodActions {
+                start_containers: vec![backed_off(app(0, "a", 1), 10, 1000)],
+                ..keep("s0")
+            }
+        } else {
+            PodActions {
+                kill_pod: Some(ALL_DONE.into()),
+                terminal: true,
+                ..Default::default()
+            }
+        };
+        rows.push(row(
+            format!("pod {pod_policy}, container {policy}, rules {rules:?} × exit {code}"),
+            with_container_policy(pod(pod_policy, &[], &["a"]), "a", policy, rules),
+            observed(
+                vec![ready("s0", 0)],
+                vec![exited("a0", "s0", "a", 0, code, 990)],
+            ),
+            want,
+        ));
+    }
+    rows.push(row(
+        "pod Always, `a` Never exited, `b` running: `a` stays down, the pod runs on",
+        with_container_policy(pod("Always", &[], &["a", "b"]), "a", "Never", &[]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![
+                exited("a0", "s0", "a", 0, 1, 990),
+                running("b0", "s0", "b", 0),
+            ],
+        ),
+        keep("s0"),
+    ));
+    rows.push(row(
+        "pod Never, init container Always-by-rule failed: retried, not terminal",
+        with_container_policy(pod("Never", &["i"], &["a"]), "i", "Never", &[3]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![exited("i0", "s0", "i", 0, 3, 990)],
+        ),
+        PodActions {
+            start_containers: vec![backed_off(init(0, "i", 1), 10, 1000)],
+            ..keep("s0")
+        },
+    ));
+    rows.push(row(
+        "pod Always, init container Never failed: the pod is done",
+        with_container_policy(pod("Always", &["i"], &["a"]), "i", "Never", &[]),
+        observed(
+            vec![ready("s0", 0)],
+            vec![exited("i0", "s0", "i", 0, 1, 990)],
+        ),
+        PodActions {
+            kill_pod: Some(INIT_NEVER.into()),
+            terminal: true,
+            ..Default::default()
+        },
+    ));
+    rows.push(row(
+        "pod Always, OnFailure container succeeded in an earlier sandbox: not run again",
+        with_container_policy(pod("Always", &[], &["a", "b"]), "a", "OnFailure", &[]),
+        observed(
+            vec![dead("s0", 0)],
+            vec![
+                exited("a0", "s0", "a", 0, 0, 990),
+                exited("b0", "s0", "b", 0, 1, 990),
+            ],
+        ),
+        PodActions {
+            kill_pod: Some("the pod sandbox is not ready".into()),
+            create_sandbox: Some(1),
+            start_containers: vec![backed_off(app(1, "b", 1), 10, 1000)],
+            ..Default::default()
+        },
+    ));
+    run(rows);
+}
+
 #[test]
 fn backoff_windows() {
     let p = || always(&["a"]);
@@ -691,7 +810,7 @@ fn backoff_windows() {
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 40, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 40, 1015)],
                 ..keep("s0")
             },
         )
@@ -702,7 +821,7 @@ fn backoff_windows() {
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 300, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 300, 1400)],
                 ..keep("s0")
             },
         )
@@ -724,17 +843,17 @@ fn backoff_windows() {
         )
         .backoff("a", entry(160, 900)),
         row(
-            "entry older than twice the maximum: start at once with the initial delay",
+            "entry not updated for over ten minutes: start at once with the initial delay",
             p(),
             crashed(995),
             PodActions {
-                start_containers: vec![backed_off(app(0, "a", 4), 10, 995)],
+                start_containers: vec![backed_off(app(0, "a", 4), 10, 1000)],
                 ..keep("s0")
             },
         )
         .backoff("a", entry(300, 394)),
         row(
-            "entry exactly twice the maximum old is still in force",
+            "entry updated exactly ten minutes ago is still in force",
             p(),
             crashed(995),
             PodActions {
@@ -992,7 +1111,7 @@ fn sidecars() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),
@@ -1008,7 +1127,7 @@ fn sidecars() {
                 ],
             ),
             PodActions {
-                start_containers: vec![backed_off(init(0, "side", 1), 10, 990)],
+                start_containers: vec![backed_off(init(0, "side", 1), 10, 1000)],
                 ..keep("s0")
             },
         ),

@@ -1,9 +1,12 @@
 //! Crash-loop back-off, as a pure calculation over explicit times.
 //!
-//! Upstream's rule: the first restart after an exit is immediate; each further exit waits the
-//! current delay (10s, doubling, capped at the maximum, 300s by default) counted from the exit;
-//! an entry older than twice the maximum is forgotten, so a container that ran cleanly for ten
-//! minutes starts again from the initial delay.
+//! Upstream's rule (`flowcontrol.Backoff` as the kubelet sets it up): the first restart after an
+//! exit is immediate; each further exit waits the current delay (10s, doubling, capped at the
+//! maximum, 300s by default or `crashLoopBackOff.maxContainerRestartPeriod`) counted from the
+//! exit. The entry is stamped with the time of the restart, and an exit more than ten minutes
+//! after it (the kubelet's `HasExpiredFunc`, whatever the maximum) forgets it: a container that
+//! ran cleanly for ten minutes starts again from the initial delay. Image pulls back off the
+//! same way (upstream's 2 × 300 s is the same ten minutes).
 //!
 //! The table is kept across restarts in the pod's `backoff.json`, a file anything with root on
 //! the node can edit. [`decode_table`] reads it back entry by entry and [`sanitize`] clamps what
@@ -43,12 +46,17 @@ pub struct BackoffEntry {
 /// Back-off state of one pod's containers, keyed by container name.
 pub(crate) type BackoffTable = HashMap<String, BackoffEntry>;
 
+/// How long after its last restart an entry is forgotten: upstream's crash-loop
+/// `HasExpiredFunc` (a fixed 600 s, not twice the configured maximum).
+pub(crate) const STABLE_AFTER: Duration = Duration::from_secs(600);
+
 impl BackoffPolicy {
-    /// True when the entry has aged out (no exit for twice the maximum).
+    /// True when the entry has aged out: `event` (an exit) came more than [`STABLE_AFTER`]
+    /// after the entry's last update (the restart).
     fn expired(&self, entry: &BackoffEntry, event: SystemTime) -> bool {
         event
             .duration_since(entry.last_update)
-            .is_ok_and(|d| d > self.max.saturating_mul(2))
+            .is_ok_and(|d| d > STABLE_AFTER)
     }
 
     /// How long a restart for an exit at `finished` must still wait at `now`; `None` = go.
@@ -71,15 +79,22 @@ impl BackoffPolicy {
         }
     }
 
-    /// The entry to record when a restart for an exit at `finished` goes ahead.
-    pub fn next(&self, entry: Option<&BackoffEntry>, finished: SystemTime) -> BackoffEntry {
+    /// The entry to record when a restart for an exit at `finished` goes ahead at `now`: the
+    /// delay doubled (or the initial one when the entry aged out), stamped with `now`, as
+    /// upstream's `Next` stamps the clock's time.
+    pub fn next(
+        &self,
+        entry: Option<&BackoffEntry>,
+        finished: SystemTime,
+        now: SystemTime,
+    ) -> BackoffEntry {
         let delay = match entry {
             Some(e) if !self.expired(e, finished) => e.delay.saturating_mul(2).min(self.max),
             _ => self.initial.min(self.max),
         };
         BackoffEntry {
             delay,
-            last_update: finished,
+            last_update: now,
         }
     }
 }
@@ -205,7 +220,7 @@ mod tests {
         let p = BackoffPolicy::default();
         // First exit: no entry, restart at once; the entry starts at the initial delay.
         assert_eq!(p.remaining(None, t(0), t(0)), None);
-        let e1 = p.next(None, t(0));
+        let e1 = p.next(None, t(0), t(0));
         assert_eq!(e1.delay, Duration::from_secs(10));
         // Second exit at 5s: must wait 10s from the exit.
         assert_eq!(
@@ -213,18 +228,80 @@ mod tests {
             Some(Duration::from_secs(9))
         );
         assert_eq!(p.remaining(Some(&e1), t(5), t(15)), None);
-        let e2 = p.next(Some(&e1), t(5));
+        let e2 = p.next(Some(&e1), t(5), t(15));
         assert_eq!(e2.delay, Duration::from_secs(20));
         // Doubling stops at the cap.
         let mut e = e2;
         for i in 0..10 {
-            e = p.next(Some(&e), t(10 + i));
+            e = p.next(Some(&e), t(10 + i), t(10 + i));
         }
         assert_eq!(e.delay, Duration::from_secs(300));
         // Ten quiet minutes (more than 2 × max) forget the entry.
         let later = e.last_update + Duration::from_secs(601);
         assert_eq!(p.remaining(Some(&e), later, later), None);
-        assert_eq!(p.next(Some(&e), later).delay, Duration::from_secs(10));
+        assert_eq!(
+            p.next(Some(&e), later, later).delay,
+            Duration::from_secs(10)
+        );
+    }
+
+    /// Upstream's cap and reset, pinned: 10 s doubling to the 300 s cap, the cap held; the
+    /// entry ages from the restart, not the exit, and after ten minutes whatever the maximum.
+    #[test]
+    fn cap_and_reset_as_upstream() {
+        let p = BackoffPolicy::default();
+        // A container that exits 5 s after each start, restarted as soon as allowed.
+        let (mut entry, mut exit, mut delays) = (None, 0u64, Vec::new());
+        for _ in 0..9 {
+            let wait = p
+                .remaining(entry.as_ref(), t(exit), t(exit))
+                .unwrap_or_default();
+            let restart = exit + wait.as_secs();
+            assert_eq!(p.remaining(entry.as_ref(), t(exit), t(restart)), None);
+            entry = Some(p.next(entry.as_ref(), t(exit), t(restart)));
+            delays.push(wait.as_secs());
+            exit = restart + 5;
+        }
+        assert_eq!(delays, [0, 10, 20, 40, 80, 160, 300, 300, 300]);
+        let capped = entry.unwrap();
+        assert_eq!(capped.last_update, t(exit - 5), "stamped at the restart");
+        // Ran 305 s after a restart that came 300 s after the exit before it: 605 s since that
+        // exit, but only 305 s since the restart, so the cap still holds.
+        let e = BackoffEntry {
+            delay: Duration::from_secs(300),
+            last_update: t(300),
+        };
+        assert_eq!(
+            p.remaining(Some(&e), t(605), t(605)),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            p.next(Some(&e), t(605), t(905)).delay,
+            Duration::from_secs(300)
+        );
+        // Ten clean minutes after the restart: forgotten.
+        assert_eq!(p.remaining(Some(&e), t(901), t(901)), None);
+        assert_eq!(
+            p.next(Some(&e), t(901), t(901)).delay,
+            Duration::from_secs(10)
+        );
+        // A configured maximum of 60 s does not shorten the ten minutes.
+        let short = BackoffPolicy {
+            max: Duration::from_secs(60),
+            ..p
+        };
+        let e = BackoffEntry {
+            delay: Duration::from_secs(60),
+            last_update: t(100),
+        };
+        assert_eq!(
+            short.remaining(Some(&e), t(250), t(250)),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            short.next(Some(&e), t(250), t(310)).delay,
+            Duration::from_secs(60)
+        );
     }
 
     #[test]
@@ -233,10 +310,10 @@ mod tests {
             initial: Duration::from_millis(200),
             max: Duration::from_millis(800),
         };
-        let mut e = p.next(None, t(0));
+        let mut e = p.next(None, t(0), t(0));
         let mut seen = vec![e.delay.as_millis()];
         for i in 1..5 {
-            e = p.next(Some(&e), t(i));
+            e = p.next(Some(&e), t(i), t(i));
             seen.push(e.delay.as_millis());
         }
         assert_eq!(seen, vec![200, 400, 800, 800, 800]);
@@ -246,7 +323,7 @@ mod tests {
     fn round_trips_what_serde_writes() {
         let p = BackoffPolicy::default();
         let table: BackoffTable = [
-            ("a".to_string(), p.next(None, t(0))),
+            ("a".to_string(), p.next(None, t(0), t(0))),
             (
                 "b".to_string(),
                 BackoffEntry {
@@ -353,12 +430,12 @@ mod tests {
             last_update: t(0),
         };
         assert_eq!(p.remaining(Some(&huge), t(1), t(1)), Some(p.max));
-        assert_eq!(p.next(Some(&huge), t(1)).delay, p.max);
+        assert_eq!(p.next(Some(&huge), t(1), t(1)).delay, p.max);
         let wide = BackoffPolicy {
             initial: Duration::MAX,
             max: Duration::MAX,
         };
-        assert_eq!(wide.next(Some(&huge), t(1)).delay, Duration::MAX);
+        assert_eq!(wide.next(Some(&huge), t(1), t(1)).delay, Duration::MAX);
         assert!(wide.remaining(Some(&huge), t(1), t(1)).is_some());
         // A last update in the future is never "expired" and still bounded by the maximum.
         let future = BackoffEntry {

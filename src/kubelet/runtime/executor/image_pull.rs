@@ -100,7 +100,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     reason::FAILED,
                     format!("Failed to pull image {image:?}: {err}"),
                 );
-                let entry = self.policy.next(backoff.get(&key), now);
+                let entry = self.policy.next(backoff.get(&key), now, now);
                 backoff.insert(key.clone(), entry);
                 pull_errors.insert(key, err.to_string());
                 return Err(WaitingReason::new(
@@ -152,7 +152,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                         ),
                     );
                 }
-                let entry = self.policy.next(backoff.get(&key), now);
+                let entry = self.policy.next(backoff.get(&key), now, now);
                 backoff.insert(key.clone(), entry);
                 let message = format!("failed to pull image {image:?}: {err}");
                 pull_errors.insert(key, message.clone());
