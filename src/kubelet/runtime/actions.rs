@@ -612,24 +612,9 @@ fn plan_resize(
     (index, c): (usize, &Container),
     inst: &ObservedContainer,
 ) {
-    let Some(actuated) = ctx.actuated.get(&inst.id) else {
-        return;
-    };
-    match super::resize::resize_step(c, actuated) {
-        None => {}
-        Some(super::resize::ResizeStep::InPlace) => {
-            actions.resize_containers.push(ResizeContainer {
-                id: inst.id.clone(),
-                name: c.name.clone(),
-            })
-        }
-        Some(super::resize::ResizeStep::Restart) => replace_instance(
-            actions,
-            observed,
-            (index, c),
-            inst,
-            &super::resize::restart_message(&c.name),
-        ),
+    if resize_needs_restart(actions, ctx, c, inst) {
+        let message = super::resize::restart_message(&c.name);
+        replace_instance(actions, observed, (index, c), inst, &message);
     }
 }
 
@@ -640,23 +625,38 @@ fn plan_sidecar_resize(
     c: &Container,
     inst: &ObservedContainer,
 ) {
-    let Some(actuated) = ctx.actuated.get(&inst.id) else {
-        return;
-    };
-    match super::resize::resize_step(c, actuated) {
-        None => {}
-        Some(super::resize::ResizeStep::InPlace) => {
-            actions.resize_containers.push(ResizeContainer {
-                id: inst.id.clone(),
-                name: c.name.clone(),
-            })
-        }
-        Some(super::resize::ResizeStep::Restart) => actions.kill_containers.push(KillContainer {
+    if resize_needs_restart(actions, ctx, c, inst) {
+        actions.kill_containers.push(KillContainer {
             id: inst.id.clone(),
             name: c.name.clone(),
             reason: super::resize::restart_message(&c.name),
             grace_override: None,
-        }),
+        });
+    }
+}
+
+/// Plans the in-place resize of a running instance whose allocation changed; true when its
+/// `resizePolicy` asks for a restart instead, which the caller plans as its kind of container
+/// needs. Nothing for an instance with no record of what it runs with.
+fn resize_needs_restart(
+    actions: &mut PodActions,
+    ctx: &DecisionContext,
+    c: &Container,
+    inst: &ObservedContainer,
+) -> bool {
+    let Some(actuated) = ctx.actuated.get(&inst.id) else {
+        return false;
+    };
+    match super::resize::resize_step(c, actuated) {
+        None => false,
+        Some(super::resize::ResizeStep::InPlace) => {
+            actions.resize_containers.push(ResizeContainer {
+                id: inst.id.clone(),
+                name: c.name.clone(),
+            });
+            false
+        }
+        Some(super::resize::ResizeStep::Restart) => true,
     }
 }
 

@@ -7,7 +7,8 @@
 //! (the cpu request as shares, the cpu limit, the memory limit), the container's `resizePolicy`
 //! for each changed resource says whether the change is applied in place
 //! (`NotRequired`, the default) or by restarting the container (`RestartContainer`). A change
-//! of the memory request alone is applied in place: nothing in the runtime enforces it.
+//! of the memory request alone counts too, as upstream: under `NotRequired` it is recorded in
+//! place (nothing in the runtime enforces it), under `RestartContainer` the container restarts.
 
 use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
 
@@ -63,7 +64,7 @@ pub(crate) fn resize_step(c: &Container, actuated: &ResourceRequirements) -> Opt
     let memory_request_changed =
         amount(&wanted, false, "memory", false) != amount(actuated, false, "memory", false);
     if (cpu_changed && restarts_for(c, "cpu"))
-        || (memory_limit_changed && restarts_for(c, "memory"))
+        || ((memory_limit_changed || memory_request_changed) && restarts_for(c, "memory"))
     {
         return Some(ResizeStep::Restart);
     }
@@ -129,10 +130,17 @@ mod tests {
                 Some(ResizeStep::Restart),
             ),
             (
-                "memory request only, even under a memory restart policy",
+                "memory request only under a memory restart policy (upstream restarts)",
                 json!({"requests": {"cpu": "100m", "memory": "96Mi"},
                     "limits": {"cpu": "200m", "memory": "128Mi"}}),
                 restart_mem,
+                Some(ResizeStep::Restart),
+            ),
+            (
+                "memory request only under the default policy",
+                json!({"requests": {"cpu": "100m", "memory": "96Mi"},
+                    "limits": {"cpu": "200m", "memory": "128Mi"}}),
+                json!([]),
                 Some(ResizeStep::InPlace),
             ),
             (
