@@ -289,7 +289,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         };
         let container: &Container = &container;
         let name = container.name.as_str();
-        let pid_target = pid_target(pod, start, observed).map_err(config_error)?;
+        let pid_target =
+            pid_target(pod, start, observed).map_err(|e| config_error(e.to_string()))?;
 
         let began = clock::instant();
         let image = self
@@ -559,6 +560,12 @@ fn spec_of<'p>(pod: &'p Pod, start: &StartContainer) -> Option<Cow<'p, Container
     }
 }
 
+/// An ephemeral container's `targetContainerName` names no container of the pod (upstream's
+/// message).
+#[derive(Debug, thiserror::Error)]
+#[error("unable to find target container {0}")]
+struct TargetNotFound(String);
+
 /// The container whose PID namespace an ephemeral container joins: the newest instance of its
 /// `targetContainerName`, in whatever state (upstream's `getTargetID`, with its message when
 /// there is none). `None` for every other container, and for an ephemeral one without a target.
@@ -566,7 +573,7 @@ fn pid_target(
     pod: &Pod,
     start: &StartContainer,
     observed: &ObservedPod,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, TargetNotFound> {
     if start.kind != ContainerKind::Ephemeral {
         return Ok(None);
     }
@@ -579,7 +586,7 @@ fn pid_target(
     };
     match observed.latest(target) {
         Some(inst) => Ok(Some(inst.id.clone())),
-        None => Err(format!("unable to find target container {target}")),
+        None => Err(TargetNotFound(target.to_string())),
     }
 }
 
