@@ -5,14 +5,16 @@ One kubelet (Deckhand or upstream's) runs on the testbed; this program drives ro
 its read-only `/pods` and `/healthz` and appends one JSON object per round to OUT:
 
   readiness       the pod `ready-<tag>` (readiness: exec `test -f /w/ready`, period 1 s) is not
-                  ready; after a random wait the file is made; seconds until `/pods` shows the pod
-                  Ready. The probe's command also touches /w/answered the first time it
-                  succeeds: its mtime is when the probe answered, so the time from the answer to
-                  `/pods` (the kubelet's own part) is measured too.
+                  ready; the file is made at a fixed phase after a probe has run (below);
+                  seconds until `/pods` shows the pod Ready. The probe's command also touches
+                  /w/answered the first time it succeeds: its mtime is when the probe
+                  answered, so the time from the answer to `/pods` (the kubelet's own part)
+                  is measured too.
   liveness        a fresh pod per round (`live-<tag>-<n>`: liveness exec `test -f /w/alive`,
-                  period 1 s, failureThreshold 2), running; after a random wait the file is
-                  removed; seconds until `/pods` shows the container running again with
-                  restartCount 1 (each pod is new, so no crash-loop back-off applies).
+                  period 1 s, failureThreshold 2), running; the file is removed at the fixed
+                  phase after a probe has run; seconds until `/pods` shows the container
+                  running again with restartCount 1 (each pod is new, so no crash-loop
+                  back-off applies).
   runtime-return  the pod `steady-<tag>` running; containerd is stopped (SIGTERM), 2 s
                   later started again (`scripts/testbed up`); from the moment its socket accepts
                   again, seconds until `/healthz` says ok and `/pods` shows the same container IDs
@@ -25,6 +27,14 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   list_podsandbox, polled by a thread of its own), when either kubelet has
                   reached the runtime again and listed what it holds.
   summary         the table from the files the rounds wrote.
+
+Phase: each probe command also touches /w/probed, so its mtime is when the kubelet last ran the
+probe. The file is made (or removed) BENCH_PHASE seconds (0.3) after a probe was seen to run.
+Where in the probe period the change falls otherwise decides most of the figure (anything from
+0 to 1 s), and ten rounds of a random phase gave medians that differed by 0.3 s between two
+kubelets that both probe every second; at a fixed phase the figure is the period's remainder
+plus what the kubelet adds (its timer's accuracy, the verdict's way to `/pods`, for liveness the
+kill and the restart). BENCH_PHASE=random restores the random wait.
 
 Polls every 5 ms (one HTTP request each, on a kept-alive connection), so each figure is good to
 about 5 ms. Standard library only.
@@ -140,7 +150,7 @@ spec:
     volumeMounts: [{{name: w, mountPath: /w}}]
     readinessProbe:
       exec:
-        command: ["sh", "-c", "test -f /w/ready && {{ test -e /w/answered || touch /w/answered; }}"]
+        command: ["sh", "-c", "touch /w/probed; test -f /w/ready && {{ test -e /w/answered || touch /w/answered; }}"]
       periodSeconds: 1
       failureThreshold: 1
 """
@@ -163,7 +173,7 @@ spec:
     volumeMounts: [{{name: w, mountPath: /w}}]
     livenessProbe:
       exec:
-        command: ["test", "-f", "/w/alive"]
+        command: ["sh", "-c", "touch /w/probed; test -f /w/alive"]
       periodSeconds: 1
       failureThreshold: 2
 """
@@ -183,6 +193,26 @@ def remove(path):
         pass
 
 
+def phase_wait(hostdir, rng, timeout=30):
+    """Waits for the next probe run (a fresh mtime of hostdir/probed), then until BENCH_PHASE
+    seconds after it; with BENCH_PHASE=random, a random 1-2 s instead."""
+    phase = os.environ.get("BENCH_PHASE", "0.3")
+    if phase == "random":
+        time.sleep(1.0 + rng.random())
+        return
+    probed = os.path.join(hostdir, "probed")
+
+    def mtime():
+        try:
+            return os.stat(probed).st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    seen = mtime()
+    wait("a probe to run", lambda: mtime() > seen, timeout, 0.002)
+    time.sleep(max(0.0, mtime() + float(phase) - time.time()))
+
+
 def cmd_readiness(a, agent):
     hostdir = os.path.join(a.shared, f"ready-{a.tag}")
     os.makedirs(hostdir, exist_ok=True)
@@ -196,7 +226,7 @@ def cmd_readiness(a, agent):
     for n in range(a.rounds):
         wait("the pod to be not ready", lambda: (lambda p: p and not is_ready(p))(pod_named(agent.pods(), prefix)), 30, 0.02)
         remove(answered)
-        time.sleep(1.0 + rng.random())
+        phase_wait(hostdir, rng)
         t_file = time.time()
         with open(ready, "w"):
             pass
@@ -232,8 +262,9 @@ def cmd_liveness(a, agent):
             return bool(c and (c.get("state") or {}).get("running") and c.get("restartCount", 0) >= restarts)
 
         wait(f"pod {name} to run", lambda: running(0), 180, 0.05)
-        # Two probe periods: the liveness worker runs and has seen the file.
-        time.sleep(2.0 + rng.random())
+        # The liveness worker runs and has seen the file (two periods), then the phase.
+        time.sleep(2.0)
+        phase_wait(hostdir, rng)
         t_rm = time.time()
         remove(alive)
         wait(f"pod {name} restarted", lambda: running(1), 60)
