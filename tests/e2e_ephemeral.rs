@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::cluster::{
     admin, bound_pod_with, cluster_dir, create_namespace, event_reasons, joined_agent,
-    sleeping_spec, wait_node_ready,
+    sleeping_spec, wait_node_ready, wait_phase,
 };
 use common::{HostAddress, wait_until};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -62,11 +62,7 @@ async fn an_ephemeral_container_runs_once_in_its_targets_pid_namespace() {
     )
     .await
     .unwrap();
-    wait_until("target running", WAIT, || async {
-        let p = pods.get("target").await.ok()?;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    wait_phase(&pods, "target", "Running", WAIT).await;
 
     let patch = serde_json::json!({"spec": {"ephemeralContainers": [{
         "name": "debugger",

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::cluster::{
     admin, bound_pod_with, create_namespace, first_waiting, joined_agent, sleeping_spec,
-    wait_node_ready,
+    wait_node_ready, wait_phase,
 };
 use common::wait_until;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -22,14 +22,6 @@ const WAIT: Duration = Duration::from_secs(60);
 
 async fn status_of(pods: &Api<Pod>, name: &str) -> Option<k8s_openapi::api::core::v1::PodStatus> {
     pods.get(name).await.ok()?.status
-}
-
-async fn wait_phase(pods: &Api<Pod>, name: &str, phase: &str, within: Duration) -> Pod {
-    wait_until(&format!("{name} {phase}"), within, || async {
-        let p = pods.get(name).await.ok()?;
-        (p.status.as_ref()?.phase.as_deref() == Some(phase)).then_some(p)
-    })
-    .await
 }
 
 /// A sleeping pod whose container first runs `script` with `/out` a host directory.

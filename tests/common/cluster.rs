@@ -220,6 +220,15 @@ pub fn bound_pod_with(name: &str, node: &str, mut spec: serde_json::Value) -> Po
     .unwrap()
 }
 
+/// Waits up to `within` for the pod `name` to be in `phase` and returns it as last read.
+pub async fn wait_phase(pods: &Api<Pod>, name: &str, phase: &str, within: Duration) -> Pod {
+    super::wait_until(&format!("{name} {phase}"), within, || async {
+        let p = pods.get(name).await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some(phase)).then_some(p)
+    })
+    .await
+}
+
 pub async fn create_namespace(client: &kube::Client, ns: &str) -> NamespaceCleanup {
     create_namespace_waiting(client, ns, Duration::from_secs(60)).await
 }
