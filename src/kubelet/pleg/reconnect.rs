@@ -218,40 +218,18 @@ mod tests {
     /// (1 s) or the subscription back-off (250 ms doubling); one relist is enough.
     #[tokio::test(start_paused = true)]
     async fn the_runtime_is_picked_up_again_within_two_polls_of_its_return() {
-        let (rt, _, _) = crate::kubelet::runtime::inspect::test_support::one_pod("node-a").await;
-        let feed = OwnFeed {
-            rt: rt.clone(),
-            senders: Arc::default(),
-        };
-        let (health, state, cancel) = (
-            Health::default(),
-            PlegState::default(),
-            CancellationToken::new(),
-        );
-        tokio::spawn(run(
-            rt.clone(),
-            Some(feed.clone()),
-            DetailCache::default(),
-            RuntimeCache::default(),
-            Pokes::default(),
-            health.clone(),
-            state.clone(),
-            PlegConfig {
-                node_name: "node-a".into(),
-                ..Default::default()
-            },
-            cancel.clone(),
-        ));
-        until("events and a relist", || {
-            state.events_live() && runtime_ok(&health)
-        })
-        .await;
+        let up = Up::start(SocketSignal::default()).await;
+        let Up {
+            rt,
+            health,
+            state,
+            cancel,
+            ..
+        } = &up;
         tokio::time::sleep(Duration::from_secs(3)).await;
 
         // containerd stops: its streams end, the relist fails, `/healthz` says so.
-        rt.set_down(true);
-        feed.break_all();
-        until("the outage on /healthz", || !runtime_ok(&health)).await;
+        up.stop_runtime().await;
         assert!(!state.events_live());
         tokio::time::sleep(Duration::from_millis(2_000)).await;
 
@@ -305,42 +283,59 @@ mod tests {
         assert_eq!(rt.count("Version"), 1 + 1 + 1 + 10, "one call per poll");
     }
 
-    /// Starts the PLEG on the fake runtime with `socket`, waits for it to relist and follow
-    /// events, then stops the runtime and waits for `/healthz` to say so.
-    async fn up_then_down(socket: SocketSignal) -> (FakeCri, OwnFeed, Health, CancellationToken) {
-        let (rt, _, _) = crate::kubelet::runtime::inspect::test_support::one_pod("node-a").await;
-        let feed = OwnFeed {
-            rt: rt.clone(),
-            senders: Arc::default(),
-        };
-        let (health, state, cancel) = (
-            Health::default(),
-            PlegState::default(),
-            CancellationToken::new(),
-        );
-        tokio::spawn(run(
-            rt.clone(),
-            Some(feed.clone()),
-            DetailCache::default(),
-            RuntimeCache::default(),
-            Pokes::default(),
-            health.clone(),
-            state.clone(),
-            PlegConfig {
-                node_name: "node-a".into(),
-                runtime_socket: socket,
-                ..Default::default()
-            },
-            cancel.clone(),
-        ));
-        until("events and a relist", || {
-            state.events_live() && runtime_ok(&health)
-        })
-        .await;
-        rt.set_down(true);
-        feed.break_all();
-        until("the outage on /healthz", || !runtime_ok(&health)).await;
-        (rt, feed, health, cancel)
+    /// The PLEG running on a one-pod fake runtime.
+    struct Up {
+        rt: FakeCri,
+        feed: OwnFeed,
+        health: Health,
+        state: PlegState,
+        cancel: CancellationToken,
+    }
+
+    impl Up {
+        /// Starts the PLEG with `socket` and waits for it to relist and follow events.
+        async fn start(socket: SocketSignal) -> Up {
+            let (rt, _, _) =
+                crate::kubelet::runtime::inspect::test_support::one_pod("node-a").await;
+            let up = Up {
+                feed: OwnFeed {
+                    rt: rt.clone(),
+                    senders: Arc::default(),
+                },
+                rt,
+                health: Health::default(),
+                state: PlegState::default(),
+                cancel: CancellationToken::new(),
+            };
+            tokio::spawn(run(
+                up.rt.clone(),
+                Some(up.feed.clone()),
+                DetailCache::default(),
+                RuntimeCache::default(),
+                Pokes::default(),
+                up.health.clone(),
+                up.state.clone(),
+                PlegConfig {
+                    node_name: "node-a".into(),
+                    runtime_socket: socket,
+                    ..Default::default()
+                },
+                up.cancel.clone(),
+            ));
+            until("events and a relist", || {
+                up.state.events_live() && runtime_ok(&up.health)
+            })
+            .await;
+            up
+        }
+
+        /// Stops the runtime as containerd stops (its event streams end too) and waits for
+        /// `/healthz` to say so.
+        async fn stop_runtime(&self) {
+            self.rt.set_down(true);
+            self.feed.break_all();
+            until("the outage on /healthz", || !runtime_ok(&self.health)).await;
+        }
     }
 
     /// containerd makes its socket again when it starts, and its CRI plugin answers a moment
@@ -352,7 +347,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_socket_being_made_again_is_heard_at_once() {
         let socket = SocketSignal::default();
-        let (rt, feed, health, cancel) = up_then_down(socket.clone()).await;
+        let up = Up::start(socket.clone()).await;
+        let Up {
+            rt, health, cancel, ..
+        } = &up;
+        up.stop_runtime().await;
         tokio::time::sleep(Duration::from_millis(2_003)).await;
         socket.made();
         rt.set_down(false);
@@ -366,9 +365,7 @@ mod tests {
 
         // A stopping containerd ends the event streams too; with one still standing, the
         // PLEG would relist only on its long evented period and miss the outage.
-        rt.set_down(true);
-        feed.break_all();
-        until("the second outage on /healthz", || !runtime_ok(&health)).await;
+        up.stop_runtime().await;
         tokio::time::sleep(Duration::from_millis(2_003)).await;
         socket.made();
         tokio::time::sleep(Duration::from_millis(1)).await;
