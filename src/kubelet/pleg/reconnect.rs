@@ -236,7 +236,7 @@ mod tests {
         rt.set_down(false);
         let back = Instant::now();
         let relists = rt.count("ListPodSandbox");
-        until("/healthz ok again", || runtime_ok(&health)).await;
+        until("/healthz ok again", || runtime_ok(health)).await;
         let healthy = back.elapsed();
         until("the event stream again", || state.events_live()).await;
         let subscribed = back.elapsed();
@@ -356,7 +356,7 @@ mod tests {
         socket.made();
         rt.set_down(false);
         let back = Instant::now();
-        until("/healthz ok again", || runtime_ok(&health)).await;
+        until("/healthz ok again", || runtime_ok(health)).await;
         assert!(
             back.elapsed() <= Duration::from_millis(1),
             "/healthz ok {:?} after the socket was made by a runtime that answers",
@@ -371,7 +371,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         rt.set_down(false);
         let answering = Instant::now();
-        until("/healthz ok again", || runtime_ok(&health)).await;
+        until("/healthz ok again", || runtime_ok(health)).await;
         assert!(
             answering.elapsed() <= FRESH_POLL,
             "/healthz ok {:?} after the runtime answered, its socket made 1 ms before",
