@@ -93,7 +93,7 @@ pub(crate) fn container_waiting(
         .iter()
         .flatten()
         .filter_map(|m| failed.get(&m.name))
-        .last()
+        .next_back()
         .cloned()
 }
 
