@@ -2364,6 +2364,10 @@ mod tests {
 mod step_tests;
 
 #[cfg(test)]
+#[path = "pod_workers_image_volume_tests.rs"]
+mod image_volume_tests;
+
+#[cfg(test)]
 mod task_size {
     use super::*;
     use crate::clients::cri::CriClient;

@@ -144,7 +144,7 @@ fn start_pleg(
     agent.tasks.spawn("pleg", move || {
         pleg::run(
             cri.clone(),
-            Some(pleg::feed::RuntimeFeed::new(cri.channel())),
+            Some(pleg::feed::RuntimeFeed::on_own_thread(&cri)),
             details.clone(),
             runtime_cache.clone(),
             pokes.clone(),

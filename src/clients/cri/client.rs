@@ -121,6 +121,12 @@ impl CriClient {
         self.channel.clone()
     }
 
+    /// Another connection to the same endpoint, opened on first use; its I/O runs on the async
+    /// runtime it is made in (the PLEG's event thread).
+    pub fn new_connection(&self) -> Result<Channel, CriError> {
+        Ok(Self::endpoint(&self.endpoint, self.timeout)?.connect_lazy())
+    }
+
     /// The per-call deadline.
     pub fn timeout(&self) -> Duration {
         self.timeout

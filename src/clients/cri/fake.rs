@@ -60,6 +60,8 @@ struct State {
     progress: Option<PullProgress>,
     /// The image of every container created, in order.
     created: Vec<String>,
+    /// The mounts of every container created, in order, by container name.
+    created_mounts: Vec<(String, Vec<Mount>)>,
     calls: Vec<&'static str>,
     /// `UpdateContainerResources` calls: the container and its new resources.
     resource_updates: Vec<(String, LinuxContainerResources)>,
@@ -197,6 +199,11 @@ impl FakeCri {
     /// The image of every container created so far, in order.
     pub(crate) fn created_images(&self) -> Vec<String> {
         self.lock().created.clone()
+    }
+
+    /// The mounts of every container created so far, in order, with the container's name.
+    pub(crate) fn created_mounts(&self) -> Vec<(String, Vec<Mount>)> {
+        self.lock().created_mounts.clone()
     }
 
     /// How often `method` was called.
@@ -378,6 +385,9 @@ impl RuntimeService for FakeCri {
             .unwrap_or_default();
         let mut st = self.lock();
         st.created.push(image);
+        let name = config.metadata.as_ref().map(|m| m.name.clone());
+        st.created_mounts
+            .push((name.unwrap_or_default(), config.mounts.clone()));
         st.containers.push(Container {
             id: id.clone(),
             pod_sandbox_id: req.pod_sandbox_id,

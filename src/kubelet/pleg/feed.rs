@@ -18,8 +18,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::Stream;
@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+use crate::clients::cri::CriClient;
 use crate::clients::cri::proto::{self, ContainerEventType};
 use crate::clients::cri::pull_progress::CRI_NAMESPACE;
 
@@ -142,6 +143,11 @@ pub trait EventFeed: Clone + Send + Sync + 'static {
     fn subscribe(
         &self,
     ) -> impl Future<Output = Result<(FeedSource, EventStream), FeedError>> + Send;
+
+    /// Whether the PLEG follows this feed on a thread of its own (see `pleg::run`).
+    fn own_thread(&self) -> bool {
+        false
+    }
 }
 
 /// The topics Deckhand subscribes to on containerd's event service.
@@ -296,20 +302,61 @@ const SUBSCRIBE_GRACE: Duration = Duration::from_millis(500);
 /// Events held while the PLEG is busy; beyond it the stream waits (containerd queues).
 const BUFFER: usize = 1024;
 
-/// The runtime's own event streams over the CRI connection.
+/// The runtime's own event streams on its CRI socket.
 #[derive(Clone)]
 pub struct RuntimeFeed {
-    channel: Channel,
+    connection: Connection,
     /// The runtime answered `Unimplemented` to CRI events (perhaps only after the grace, on a
     /// busy node): later subscriptions go to containerd's event service at once.
     cri_unimplemented: Arc<AtomicBool>,
 }
 
+/// The connection the streams use.
+#[derive(Clone)]
+enum Connection {
+    /// Given, and followed on the caller's runtime.
+    Given(Channel),
+    /// The feed's own to the client's endpoint, made on first use (on the PLEG's event thread).
+    Own {
+        cri: Box<CriClient>,
+        made: Arc<OnceLock<Channel>>,
+    },
+}
+
 impl RuntimeFeed {
+    /// Streams over `channel`, followed on the caller's runtime.
     pub fn new(channel: Channel) -> Self {
         RuntimeFeed {
-            channel,
+            connection: Connection::Given(channel),
             cri_unimplemented: Arc::default(),
+        }
+    }
+
+    /// Streams over a connection of the feed's own to `cri`'s endpoint, followed by the PLEG on
+    /// a thread of its own: the connection is made there, on first use, so that reading an
+    /// event never waits for the agent's busy worker threads (nor for other calls' frames on
+    /// the shared connection).
+    pub fn on_own_thread(cri: &CriClient) -> Self {
+        RuntimeFeed {
+            connection: Connection::Own {
+                cri: Box::new(cri.clone()),
+                made: Arc::default(),
+            },
+            cri_unimplemented: Arc::default(),
+        }
+    }
+
+    fn channel(&self) -> Channel {
+        match &self.connection {
+            Connection::Given(channel) => channel.clone(),
+            Connection::Own { cri, made } => made
+                .get_or_init(|| {
+                    cri.new_connection().unwrap_or_else(|err| {
+                        tracing::warn!(error = %err, "cannot open a connection for the runtime's events; sharing the agent's");
+                        cri.channel()
+                    })
+                })
+                .clone(),
         }
     }
 }
@@ -331,8 +378,7 @@ impl RuntimeFeed {
     /// The runtime's name, asked again at each subscription (a restarted endpoint may be
     /// another runtime); `None` if it does not answer in time.
     async fn runtime_name(&self) -> Option<String> {
-        let mut cri =
-            proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
+        let mut cri = proto::runtime_service_client::RuntimeServiceClient::new(self.channel());
         let call = cri.version(proto::VersionRequest {
             version: "v1".into(),
         });
@@ -351,8 +397,7 @@ impl RuntimeFeed {
         if self.cri_unimplemented.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let mut cri =
-            proto::runtime_service_client::RuntimeServiceClient::new(self.channel.clone());
+        let mut cri = proto::runtime_service_client::RuntimeServiceClient::new(self.channel());
         let call = async move { cri.get_container_events(proto::GetEventsRequest {}).await };
         let flag = Some(self.cri_unimplemented.clone());
         match open(
@@ -377,7 +422,7 @@ impl RuntimeFeed {
 
     /// containerd's event service; `Ok(None)` when the runtime has none.
     async fn subscribe_containerd(&self) -> Result<Option<EventStream>, FeedError> {
-        let mut events = events_proto::events_client::EventsClient::new(self.channel.clone());
+        let mut events = events_proto::events_client::EventsClient::new(self.channel());
         let request = events_proto::SubscribeRequest {
             filters: subscribe_filters(),
         };
@@ -407,6 +452,10 @@ impl EventFeed for RuntimeFeed {
             }
         }
         Err(FeedError::Unsupported)
+    }
+
+    fn own_thread(&self) -> bool {
+        matches!(self.connection, Connection::Own { .. })
     }
 }
 

@@ -5,6 +5,7 @@ pub(crate) mod backoff;
 pub(crate) mod executor;
 pub(crate) mod hooks;
 pub(crate) mod hosts;
+pub(crate) mod image_volumes;
 pub(crate) mod images;
 pub mod inspect;
 pub(crate) mod pod_files;

@@ -285,6 +285,10 @@ pub fn apply_api_defaults(pod: &mut Pod) {
         {
             projected.default_mode = Some(0o644);
         }
+        if let Some(image) = volume.image.as_mut() {
+            let reference = image.reference.as_deref().unwrap_or_default();
+            set_if_empty(&mut image.pull_policy, default_image_pull_policy(reference));
+        }
     }
 }
 

@@ -339,11 +339,60 @@ fn validate_volume(v: &Volume, field: &str, errors: &mut Errors) {
             }
         }
     }
+    if let Some(image) = &v.image {
+        if image.reference.as_deref().unwrap_or_default().is_empty() {
+            errors.push(format!("{field}.image.reference"), "required");
+        }
+        if let Some(policy) = image.pull_policy.as_deref()
+            && !PULL_POLICIES.contains(&policy)
+        {
+            errors.push(
+                format!("{field}.image.pullPolicy"),
+                format!("{policy:?} is not one of {PULL_POLICIES:?}"),
+            );
+        }
+    }
     if let Some(empty_dir) = &v.empty_dir
         && let Some(limit) = &empty_dir.size_limit
         && let Some(problem) = quantity_problem("sizeLimit", limit)
     {
         errors.push(format!("{field}.emptyDir.sizeLimit"), problem);
+    }
+}
+
+/// Upstream's rule for mounts of image volumes: a `subPath` is a path inside the image (the
+/// runtime checks it), a `subPathExpr` is refused.
+fn validate_image_mounts(spec: &k8s_openapi::api::core::v1::PodSpec, errors: &mut Errors) {
+    let images: HashSet<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.image.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    if images.is_empty() {
+        return;
+    }
+    let containers = [
+        (
+            "initContainers",
+            spec.init_containers.as_deref().unwrap_or_default(),
+        ),
+        ("containers", spec.containers.as_slice()),
+    ];
+    for (kind, list) in containers {
+        for (i, c) in list.iter().enumerate() {
+            for (j, m) in c.volume_mounts.iter().flatten().enumerate() {
+                if let Some(expr) = m.sub_path_expr.as_deref().filter(|e| !e.is_empty())
+                    && images.contains(m.name.as_str())
+                {
+                    errors.push(
+                        format!("spec.{kind}[{i}].volumeMounts[{j}].subPathExpr"),
+                        format!("{expr:?}: not allowed in image volume sources"),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -464,6 +513,7 @@ pub fn validate_pod(pod: &Pod, node: &NodeSecurity) -> Result<(), Vec<Validation
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         validate_volume(v, &format!("spec.volumes[{i}]"), &mut errors);
     }
+    validate_image_mounts(spec, &mut errors);
     if let Some(policy) = spec.restart_policy.as_deref()
         && !RESTART_POLICIES.contains(&policy)
     {
@@ -789,6 +839,31 @@ spec:
             let p = pod(&format!("metadata: {{name: p}}\nspec: {spec}\n"));
             assert_eq!(static_pod_api_refusal(&p).as_deref(), *want, "{what}");
         }
+    }
+
+    #[test]
+    fn image_volumes_need_a_reference_a_known_policy_and_no_sub_path_expr() {
+        let p = pod(
+            "metadata: {name: a, namespace: default, uid: u1}\nspec:\n  \
+             initContainers: [{name: i, image: x, volumeMounts: [{name: img, mountPath: /i, subPathExpr: $(X)}]}]\n  \
+             containers: [{name: c, image: x, volumeMounts: [{name: img, mountPath: /a, subPath: etc}, \
+             {name: e, mountPath: /e, subPathExpr: $(X)}, {name: bad, mountPath: /b}]}]\n  \
+             volumes: [{name: img, image: {reference: busybox, pullPolicy: Always}}, {name: e, emptyDir: {}}, \
+             {name: bad, image: {pullPolicy: Sometimes}}]\n",
+        );
+        assert_eq!(
+            fields(validate_pod(&p, &NodeSecurity::default())),
+            [
+                "spec.volumes[2].image.reference",
+                "spec.volumes[2].image.pullPolicy",
+                "spec.initContainers[0].volumeMounts[0].subPathExpr",
+            ]
+        );
+        let errors = validate_pod(&p, &NodeSecurity::default()).unwrap_err();
+        assert_eq!(
+            errors[2].to_string(),
+            "spec.initContainers[0].volumeMounts[0].subPathExpr: \"$(X)\": not allowed in image volume sources"
+        );
     }
 
     #[test]

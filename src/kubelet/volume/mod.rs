@@ -33,6 +33,10 @@
 //! `persistentVolumeClaim` is resolved to its bound volume, and `local`, `hostPath` and `csi`
 //! persistent volumes are served (see [`persistent`]); everything else (network filesystems,
 //! in-tree cloud disks, …) fails to set up with a message saying so.
+//!
+//! An image volume (`image`) has nothing on the node to set up: the runtime mounts the image
+//! the executor pulled (`crate::kubelet::runtime::image_volumes`), and its mounts are CRI
+//! image mounts (see [`VolumeManager::container_mounts`]).
 
 pub(crate) mod atomic_writer;
 pub(crate) mod backoff;
@@ -58,7 +62,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::base::clock;
 use crate::base::podspec::resources::NodeAllocatable;
-use crate::clients::cri::proto::{Mount, MountPropagation};
+use crate::clients::cri::proto::{ImageSpec, Mount, MountPropagation};
 use crate::kubelet::api_objects::{ObjectError, PodObjects, TokenError};
 use mounter::Mounter;
 use ownership::FsGroup;
@@ -159,6 +163,13 @@ pub(crate) enum VolumeProblem {
     Persistent(#[from] persistent::PersistentError),
     #[error(transparent)]
     Local(#[from] persistent_setup::LocalError),
+    /// The executor had no pulled image for the volume (its pull is what the container waits
+    /// for; this is reached only if that step was skipped).
+    #[error("image volume {0:?} has no pulled image")]
+    ImageNotPulled(String),
+    /// Upstream's validation refuses `subPathExpr` into an image volume.
+    #[error("subPathExpr: Invalid value: {0:?}: not allowed in image volume sources")]
+    ImageSubPathExpr(String),
 }
 
 /// The files of a downwardAPI, projected, configMap or secret volume could not be written.
@@ -236,6 +247,8 @@ pub(crate) struct PodVolumes {
     pub paths: HashMap<String, PathBuf>,
     /// Volumes that are always mounted read-only (downwardAPI, projected, configMap, secret).
     pub read_only: HashSet<String>,
+    /// Image volumes: mounted by the runtime from the pulled image, not from a node path.
+    pub images: HashSet<String>,
 }
 
 impl PodVolumes {
@@ -243,6 +256,9 @@ impl PodVolumes {
     pub(crate) fn add(&mut self, name: String, volume: SetUpVolume) {
         if volume.read_only {
             self.read_only.insert(name.clone());
+        }
+        if volume.image {
+            self.images.insert(name.clone());
         }
         self.paths.insert(name, volume.path);
     }
@@ -254,6 +270,8 @@ pub(crate) struct SetUpVolume {
     pub path: PathBuf,
     /// Always mounted read-only (downwardAPI, projected, configMap, secret).
     pub read_only: bool,
+    /// An image volume: no node path (`path` is empty), the runtime mounts the image.
+    pub image: bool,
 }
 
 /// What one try at setting up a volume came to.
@@ -280,6 +298,8 @@ pub(crate) fn plugin_name(volume: &Volume) -> &'static str {
         "kubernetes.io/secret"
     } else if volume.csi.is_some() {
         csi::CSI_PLUGIN_NAME
+    } else if volume.image.is_some() {
+        "kubernetes.io/image"
     } else {
         "unsupported"
     }
@@ -391,6 +411,8 @@ enum Plan<'a> {
     Empty(&'static str),
     /// Published by a registered CSI driver (an inline ephemeral volume).
     Csi(&'a k8s_openapi::api::core::v1::CSIVolumeSource),
+    /// An image the runtime mounts: nothing to do on the node.
+    Image,
 }
 
 impl VolumeManager {
@@ -580,8 +602,19 @@ impl VolumeManager {
                 }
                 (dir, true)
             }
+            Plan::Image => {
+                return Ok(SetUpVolume {
+                    path: PathBuf::new(),
+                    read_only: true,
+                    image: true,
+                });
+            }
         };
-        Ok(SetUpVolume { path, read_only })
+        Ok(SetUpVolume {
+            path,
+            read_only,
+            image: false,
+        })
     }
 
     /// The files of a downwardAPI, projected, configMap or secret volume. Errors are
@@ -699,13 +732,14 @@ impl VolumeManager {
     }
 
     /// The CRI mounts for one container's `volumeMounts`; `env` is the container's resolved
-    /// environment, for `subPathExpr`.
+    /// environment, for `subPathExpr`; `images` the pulled image of each image volume.
     pub(crate) fn container_mounts(
         &self,
         pod: &Pod,
         container: &Container,
         volumes: &PodVolumes,
         env: &HashMap<String, String>,
+        images: &HashMap<String, ImageSpec>,
     ) -> Result<Vec<Mount>, VolumeError> {
         let mut out = Vec::new();
         let mut pod_dir: Option<PathBuf> = None;
@@ -721,6 +755,10 @@ impl VolumeManager {
                     container: container.name.clone(),
                 }));
             };
+            if volumes.images.contains(&vm.name) {
+                out.push(image_mount(vm, images.get(&vm.name)).map_err(fail)?);
+                continue;
+            }
             let mut sub = vm.sub_path.clone().unwrap_or_default();
             if let Some(expr) = vm.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
                 sub = subpath::expand_expr(expr, env).map_err(|e| fail(e.into()))?;
@@ -1062,6 +1100,34 @@ pub(crate) fn remove_checked(
     }
 }
 
+/// The CRI mount of an image volume, as upstream's `makeMounts`: the pulled image, always
+/// read-only, the volume mount's `subPath` (a path inside the image) as `image_sub_path`, which
+/// the runtime refuses when the image has no such path.
+fn image_mount(
+    vm: &k8s_openapi::api::core::v1::VolumeMount,
+    image: Option<&ImageSpec>,
+) -> Result<Mount, VolumeProblem> {
+    if let Some(expr) = vm.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+        return Err(VolumeProblem::ImageSubPathExpr(expr.to_string()));
+    }
+    let Some(image) = image else {
+        return Err(VolumeProblem::ImageNotPulled(vm.name.clone()));
+    };
+    let container_path = if vm.mount_path.starts_with('/') {
+        vm.mount_path.clone()
+    } else {
+        format!("/{}", vm.mount_path)
+    };
+    Ok(Mount {
+        container_path,
+        readonly: true,
+        propagation: MountPropagation::PropagationPrivate as i32,
+        image: Some(image.clone()),
+        image_sub_path: vm.sub_path.clone().unwrap_or_default(),
+        ..Default::default()
+    })
+}
+
 /// Which plugin serves a volume, or why none can. `api`: objects can be read from an API
 /// server (else configMap, secret and token sources cannot be served, as before there was
 /// one).
@@ -1077,6 +1143,9 @@ fn plan(volume: &Volume, api: bool) -> Result<Plan<'_>, PlanError> {
     }
     if let Some(s) = &volume.persistent_volume_claim {
         return Ok(Plan::Claim(s));
+    }
+    if volume.image.is_some() {
+        return Ok(Plan::Image);
     }
     if volume.downward_api.is_some() {
         return Ok(Plan::Files(DOWNWARD_API_PLUGIN));

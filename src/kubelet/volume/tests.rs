@@ -390,7 +390,9 @@ fn container_mounts_map_volume_mounts() {
         ]),
         ..Default::default()
     };
-    let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
+    let mounts = m
+        .container_mounts(&p, &c, &vols, &env, &HashMap::new())
+        .unwrap();
     let info = vols.paths["info"].canonicalize().unwrap();
     let subpaths = tmp
         .path()
@@ -457,7 +459,8 @@ fn container_mounts_map_volume_mounts() {
     ];
     assert_eq!(fake.calls(), bound);
     // Asked again, the mounts that show what is wanted are kept.
-    m.container_mounts(&p, &c, &vols, &env).unwrap();
+    m.container_mounts(&p, &c, &vols, &env, &HashMap::new())
+        .unwrap();
     assert_eq!(fake.calls(), bound, "no second bind");
 
     let one = |vm: VolumeMount| {
@@ -466,7 +469,7 @@ fn container_mounts_map_volume_mounts() {
             volume_mounts: Some(vec![vm]),
             ..Default::default()
         };
-        m.container_mounts(&p, &c, &vols, &env)
+        m.container_mounts(&p, &c, &vols, &env, &HashMap::new())
             .map_err(|e| e.to_string())
     };
     assert_eq!(
@@ -511,7 +514,9 @@ fn container_mounts_map_volume_mounts() {
         privileged: Some(true),
         ..Default::default()
     });
-    let mounts = m.container_mounts(&p, &c, &vols, &env).unwrap();
+    let mounts = m
+        .container_mounts(&p, &c, &vols, &env, &HashMap::new())
+        .unwrap();
     assert_eq!(
         mounts[0].propagation,
         MountPropagation::PropagationBidirectional as i32
@@ -814,7 +819,10 @@ fn hostile_uids_and_symlinked_pod_dirs_touch_nothing_outside() {
         ..Default::default()
     };
     std::fs::create_dir(tmp.path().join("fake")).unwrap();
-    assert!(m.container_mounts(&p, &c, &fake, &HashMap::new()).is_err());
+    assert!(
+        m.container_mounts(&p, &c, &fake, &HashMap::new(), &HashMap::new())
+            .is_err()
+    );
 
     assert_eq!(listing(), vec!["keep".to_string()]);
     assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"keep");
@@ -1295,4 +1303,94 @@ fn a_read_write_once_pod_local_volume_is_mounted_by_one_pod_only() {
     m.teardown("first").unwrap();
     m.setup_with(&claim_pod("second"), &objects)
         .expect("free once the first pod is gone");
+}
+
+#[test]
+fn image_volumes_are_mounted_by_the_runtime_read_only_from_the_pulled_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manager(&tmp.path().join("root"));
+    let image = Volume {
+        name: "img".into(),
+        image: Some(k8s_openapi::api::core::v1::ImageVolumeSource {
+            reference: Some("busybox:1.35".into()),
+            pull_policy: Some("IfNotPresent".into()),
+        }),
+        ..Default::default()
+    };
+    let p = pod("u-img", vec![image, empty_dir("cache", None, None)]);
+    // Nothing to set up on the node: no directory under the pod's volumes.
+    let vols = m.setup(&p).unwrap();
+    assert!(vols.images.contains("img"));
+    assert!(
+        !m.pod_volumes_dir("u-img")
+            .join("kubernetes.io~image")
+            .exists()
+    );
+    let spec = ImageSpec {
+        image: "sha256:abc".into(),
+        user_specified_image: "busybox:1.35".into(),
+        ..Default::default()
+    };
+    let images = HashMap::from([("img".to_string(), spec.clone())]);
+    let c = Container {
+        name: "app".into(),
+        volume_mounts: Some(vec![
+            mount("img", "/img"),
+            VolumeMount {
+                sub_path: Some("etc".into()),
+                read_only: Some(false),
+                ..mount("img", "/etc-of-image")
+            },
+            mount("cache", "/cache"),
+        ]),
+        ..Default::default()
+    };
+    let mounts = m
+        .container_mounts(&p, &c, &vols, &HashMap::new(), &images)
+        .unwrap();
+    let seen: Vec<(&str, &str, bool, Option<&str>, &str)> = mounts
+        .iter()
+        .map(|m| {
+            (
+                m.container_path.as_str(),
+                m.host_path.as_str(),
+                m.readonly,
+                m.image.as_ref().map(|i| i.image.as_str()),
+                m.image_sub_path.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(seen[0], ("/img", "", true, Some("sha256:abc"), ""));
+    // readOnly: false does not make an image writable.
+    assert_eq!(
+        seen[1],
+        ("/etc-of-image", "", true, Some("sha256:abc"), "etc")
+    );
+    assert_eq!(seen[2].3, None);
+    // No pulled image, or a subPathExpr: no mount.
+    let err = m
+        .container_mounts(&p, &c, &vols, &HashMap::new(), &HashMap::new())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("image volume \"img\" has no pulled image"),
+        "{err}"
+    );
+    let expr = Container {
+        name: "app".into(),
+        volume_mounts: Some(vec![VolumeMount {
+            sub_path_expr: Some("$(X)".into()),
+            ..mount("img", "/img")
+        }]),
+        ..Default::default()
+    };
+    let err = m
+        .container_mounts(&p, &expr, &vols, &HashMap::new(), &images)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("not allowed in image volume sources"),
+        "{err}"
+    );
+    m.teardown("u-img").unwrap();
 }

@@ -21,10 +21,18 @@ use super::super::backoff::BackoffTable;
 use super::super::images::{ImageStep, PullPolicy, backoff_key, image_step};
 use super::Executor;
 
+/// An image to make present, and whose it is: a container's (the events name the container)
+/// or an image volume's (`container: None`: the events are the pod's, as upstream pulls
+/// volumes with the pod's reference).
+pub(super) struct PullFor<'a> {
+    pub image: &'a str,
+    pub policy: PullPolicy,
+    pub container: Option<&'a str>,
+}
+
 impl<R: RuntimeService + ImageService> Executor<R> {
-    /// Makes sure the image is present, as the container's pull policy says. Returns the
-    /// image's record when it was already there (its user is needed for `runAsNonRoot`).
-    /// Pull failures are recorded in `backoff` under the image's key.
+    /// Makes sure the container's image is present, as its pull policy says (see
+    /// [`Self::ensure_image_for`]).
     pub(super) async fn ensure_image(
         &self,
         pod: &Pod,
@@ -34,10 +42,31 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         backoff: &mut BackoffTable,
         pull_errors: &mut HashMap<String, String>,
     ) -> Result<Option<Image>, WaitingReason> {
-        let image = container.image.clone().unwrap_or_default();
-        let event = |kind, why, message: String| {
-            self.events
-                .container(pod, &container.name, kind, why, message)
+        let target = PullFor {
+            image: container.image.as_deref().unwrap_or_default(),
+            policy: PullPolicy::of(container),
+            container: Some(&container.name),
+        };
+        self.ensure_image_for(pod, &target, sandbox_config, objects, backoff, pull_errors)
+            .await
+    }
+
+    /// Makes sure the image is present, as the policy says. Returns the image's record when it
+    /// was already there (its user is needed for `runAsNonRoot`). Pull failures are recorded
+    /// in `backoff` under the image's key, shared by the pod's containers and image volumes.
+    pub(super) async fn ensure_image_for(
+        &self,
+        pod: &Pod,
+        target: &PullFor<'_>,
+        sandbox_config: &PodSandboxConfig,
+        objects: &PodObjects,
+        backoff: &mut BackoffTable,
+        pull_errors: &mut HashMap<String, String>,
+    ) -> Result<Option<Image>, WaitingReason> {
+        let image = target.image.to_string();
+        let event = |kind, why, message: String| match target.container {
+            Some(name) => self.events.container(pod, name, kind, why, message),
+            None => self.events.pod(pod, kind, why, message),
         };
         let found = self.rt.image_status(image.clone()).await.map_err(|err| {
             event(
@@ -54,7 +83,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let now = clock::now();
         match image_step(
             &image,
-            PullPolicy::of(container),
+            target.policy,
             found.is_some(),
             backoff.get(&key),
             self.policy,

@@ -9,6 +9,7 @@
 //! failing container never stops the others from being tried.
 
 mod image_pull;
+mod image_volumes;
 mod mount;
 mod resize;
 mod start;

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::base::clock;
 use crate::clients::cri::proto::{
-    CreateContainerRequest, Image, PodSandboxConfig, RunPodSandboxRequest,
+    CreateContainerRequest, Image, ImageSpec, Mount, PodSandboxConfig, RunPodSandboxRequest,
 };
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::api_objects::PodObjects;
@@ -20,9 +20,11 @@ use crate::kubelet::volume::{PodVolumes, VolumeError, VolumeProblem};
 
 use super::super::actions::{ContainerKind, PodActions, StartContainer};
 use super::super::hooks::{HookKind, run_hook};
+use super::super::image_volumes::container_waiting;
 use super::super::inspect::Made;
 use super::super::pod_files;
 use super::super::translate::{self, ContainerContext};
+use super::image_volumes::ImageVolumePulls;
 use super::{Executor, PodSyncState, grace_period, pod_name, pod_namespace, pod_uid};
 use crate::base::observed::ObservedPod;
 use crate::base::podspec::ephemeral;
@@ -40,6 +42,8 @@ struct StartTarget<'a> {
     userns: Option<&'a crate::clients::cri::proto::UserNamespace>,
     /// The runtime's view of the pod, where an ephemeral container finds its target.
     observed: &'a ObservedPod,
+    /// The pod's image volumes, pulled for this start.
+    image_volumes: &'a ImageVolumePulls,
 }
 
 /// Why a sandbox was not made: its config could not be built (the FailedCreatePodSandBox
@@ -164,6 +168,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
         };
         let pod_ip = self.pod_ip_for_start(pod, observed, &sandbox_id).await;
+        let image_volumes = self
+            .pull_image_volumes(pod, &sandbox_config, &objects, state)
+            .await;
         for start in &decision.start_containers {
             let target = StartTarget {
                 sandbox_id: &sandbox_id,
@@ -173,6 +180,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 objects: &objects,
                 userns: userns.as_ref(),
                 observed,
+                image_volumes: &image_volumes,
             };
             // A restart after an exit updates the back-off, whether or not the start succeeds.
             if let Some(entry) = start.backoff {
@@ -283,6 +291,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             objects,
             userns,
             observed,
+            image_volumes,
         } = *target;
         let Some(container) = spec_of(pod, start) else {
             return Ok(());
@@ -291,6 +300,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let name = container.name.as_str();
         let pid_target =
             pid_target(pod, start, observed).map_err(|e| config_error(e.to_string()))?;
+        // As upstream: an image volume it mounts that could not be had fails the container
+        // before its own image is looked at.
+        if let Some(waiting) = container_waiting(container, &image_volumes.failed) {
+            return Err(waiting);
+        }
 
         let began = clock::instant();
         let image = self
@@ -346,16 +360,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         }
         let envs = resolved.vars;
         let env: HashMap<String, String> = envs.iter().cloned().collect();
-        // subPath mounts are system calls: made on a blocking thread.
-        let manager = self.volumes.clone();
-        let (owned_pod, owned_container, owned_volumes) =
-            (pod.clone(), container.clone(), volumes.clone());
-        ctx.extra_mounts = tokio::task::spawn_blocking(move || {
-            manager.container_mounts(&owned_pod, &owned_container, &owned_volumes, &env)
-        })
-        .await
-        .map_err(|join| config_error(format!("the mount task failed: {join}")))?
-        .map_err(|e| config_error(e.to_string()))?;
+        ctx.extra_mounts = self
+            .container_mounts(pod, container, volumes, env, &image_volumes.specs)
+            .await?;
         let mut config = translate::container_config_with_env(pod, container, &ctx, envs)
             .map_err(|e| config_error(e.to_string()))?;
         self.add_devices(pod, container, &mut config).await?;
@@ -412,6 +419,26 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             "Container started",
         );
         self.post_start(pod, container, &id, pod_ip).await
+    }
+
+    /// The container's CRI mounts. subPath mounts are system calls: made on a blocking thread.
+    async fn container_mounts(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        volumes: &PodVolumes,
+        env: HashMap<String, String>,
+        images: &HashMap<String, ImageSpec>,
+    ) -> Result<Vec<Mount>, WaitingReason> {
+        let manager = self.volumes.clone();
+        let (pod, container, volumes) = (pod.clone(), container.clone(), volumes.clone());
+        let images = images.clone();
+        tokio::task::spawn_blocking(move || {
+            manager.container_mounts(&pod, &container, &volumes, &env, &images)
+        })
+        .await
+        .map_err(|join| config_error(format!("the mount task failed: {join}")))?
+        .map_err(|e| config_error(e.to_string()))
     }
 
     /// The container's devices into its config, as upstream's `GetDeviceRunContainerOptions`:

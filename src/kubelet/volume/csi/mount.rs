@@ -396,7 +396,11 @@ impl crate::kubelet::volume::VolumeManager {
         };
         let path = set_up_persistent(&self.root_dir, &target, pv)?;
         let read_only = pv.read_only || pv.source.read_only == Some(true);
-        Ok(crate::kubelet::volume::SetUpVolume { path, read_only })
+        Ok(crate::kubelet::volume::SetUpVolume {
+            path,
+            read_only,
+            image: false,
+        })
     }
 }
 
