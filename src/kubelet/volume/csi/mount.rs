@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, CSIVolumeSource, Pod
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use super::client::{NodeClient, VolumeCall};
-use super::{CSI_PLUGIN_DIR, CsiError, block_on, driver, host};
+use super::{CSI_PLUGIN_DIR, CsiError, attach, block_on, driver, host};
 use crate::kubelet::volume::ownership::{self, FsGroup};
 
 const VOL_DATA: &str = "vol_data.json";
@@ -278,8 +278,9 @@ pub(crate) struct PersistentCsi<'a> {
 }
 
 /// Stages (when the driver can) and publishes a CSI persistent volume for a pod; returns the
-/// mount path. A CSIDriver with `attachRequired: true` (the default without one) is refused:
-/// this node does not wait for VolumeAttachments.
+/// mount path. A volume whose CSIDriver has `attachRequired: true` (the default without one)
+/// is reported in use and must be attached by the controller first ([`super::attach`]); the
+/// attachment's metadata is the publish context of both calls, as upstream.
 pub(crate) fn set_up_persistent(
     root: &Path,
     t: &PodTarget,
@@ -289,17 +290,21 @@ pub(crate) fn set_up_persistent(
     let driver_name = source.driver.clone();
     let object = block_on(read_driver(driver_name.clone()))??;
     check_mode(&driver_name, object.as_ref(), PERSISTENT)?;
-    if object
+    let handle = source.volume_handle.clone();
+    let publish_context = if object
         .as_ref()
         .is_none_or(|o| o.spec.attach_required != Some(false))
     {
-        return Err(CsiError::AttachRequired {
-            driver: driver_name,
-        });
-    }
+        let unique = attach::unique_name(&driver_name, &handle);
+        attach::want(t.pod.metadata.uid.as_deref().unwrap_or(""), &unique);
+        let node = host().map(|h| h.node_name.clone()).unwrap_or_default();
+        let name = attachment_name(&handle, &driver_name, &node);
+        block_on(attach::attached(unique, name))??
+    } else {
+        HashMap::new()
+    };
     let registered =
         driver(&driver_name).ok_or_else(|| CsiError::NotRegisteredStage(driver_name.clone()))?;
-    let handle = source.volume_handle.clone();
     let attributes: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -326,6 +331,7 @@ pub(crate) fn set_up_persistent(
             .cloned()
             .unwrap_or_else(|| "ReadWriteOnce".into()),
         volume_context: attributes.clone(),
+        publish_context,
         secrets: secret("NodeStageSecretRef", &source.node_stage_secret_ref)?,
         ..Default::default()
     };
