@@ -332,14 +332,28 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
     }
 }
 
+/// Where a pod's `csi-pv` volume is published.
+fn volume_target(agent: &common::Agent, uid: &str) -> String {
+    agent
+        .root_dir()
+        .join(format!("pods/{uid}/volumes/kubernetes.io~csi/csi-pv/mount"))
+        .display()
+        .to_string()
+}
+
 /// A static PV + PVC of the mock driver, staged and published with upstream's paths and
 /// order: the pod's `persistentVolumeClaim` is resolved to the PV (`volume::persistent`) and
-/// handed to `volume::csi::mount::set_up_persistent`.
+/// handed to `volume::csi::mount::set_up_persistent`; its `NodeGetVolumeStats` figures in
+/// `/stats/summary` and the claim's `kubelet_volume_stats_*` gauges.
 #[tokio::test]
 async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     let client = admin().await;
     let node = "csi-pv-node";
     let (mut agent, _node_cleanup) = joined_agent(node);
+    // The volume stats are measured on this period (60 s by default).
+    let config = agent.dir.path().join("config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}volumeStatsAggPeriod: 2s\n")).unwrap();
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let _ns_cleanup = create_namespace(&client, NS).await;
@@ -385,6 +399,49 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     .await
     .unwrap();
     let p = running(&pods, "pv-user").await;
+
+    // NodeGetVolumeStats (the mock advertises GET_VOLUME_STATS and gives the volume's total,
+    // 100 GiB): the pod's volume in /stats/summary with its claim, and the claim's gauges.
+    let base = format!("http://{}:{}", agent.address, agent.read_only_port);
+    let uid = p.metadata.uid.clone().unwrap();
+    let volume = wait_until("the CSI volume in /stats/summary", WAIT, || async {
+        let (_, body) = common::http_get(&format!("{base}/stats/summary")).await?;
+        let summary: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let pod = summary["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["uid"] == uid.as_str())?
+            .clone();
+        pod["volume"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "scratch")
+            .cloned()
+    })
+    .await;
+    assert_eq!(volume["capacityBytes"], 107374182400u64, "{volume}");
+    assert_eq!(
+        volume["pvcRef"],
+        serde_json::json!({"name": "claim", "namespace": NS}),
+        "{volume}"
+    );
+    assert!(
+        driver
+            .calls()
+            .iter()
+            .any(|(m, r)| m.ends_with("NodeGetVolumeStats")
+                && r["volume_path"] == volume_target(&agent, &uid)),
+        "NodeGetVolumeStats asked for the published path"
+    );
+    let (_, metrics) = common::http_get(&format!("{base}/metrics")).await.unwrap();
+    let series = format!(
+        "kubelet_volume_stats_capacity_bytes{{namespace=\"{NS}\",persistentvolumeclaim=\"claim\"}} 107374182400"
+    );
+    assert!(
+        metrics.lines().any(|l| l == series),
+        "{series} in\n{metrics}"
+    );
+
     pods.delete("pv-user", &DeleteParams::default())
         .await
         .unwrap();

@@ -14,6 +14,7 @@ pub(crate) mod attach;
 pub(crate) mod client;
 pub(crate) mod mount;
 pub(crate) mod node_info;
+pub(crate) mod stats;
 
 use std::collections::HashMap;
 use std::future::Future;

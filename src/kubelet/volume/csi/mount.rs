@@ -215,7 +215,10 @@ pub(crate) fn set_up_inline(
         driver(&driver_name).ok_or_else(|| CsiError::NotRegistered(driver_name.clone()))?;
     let uid = t.pod.metadata.uid.clone().unwrap_or_default();
     let handle = inline_volume_handle(&uid, name);
-    write_vol_data(t.dir, &vol_data(name, &handle, &driver_name, EPHEMERAL))?;
+    let mut data = vol_data(name, &handle, &driver_name, EPHEMERAL);
+    let namespace = t.pod.metadata.namespace.clone().unwrap_or_default();
+    data.insert(super::stats::NAMESPACE_KEY, namespace);
+    write_vol_data(t.dir, &data)?;
     let mut context: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -275,6 +278,10 @@ pub(crate) struct PersistentCsi<'a> {
     pub mount_options: &'a [String],
     /// The claim's or the pod volume's `readOnly`, on top of the source's.
     pub read_only: bool,
+    /// The pod's volume and the claim it names (what `/stats/summary` and the volume
+    /// metrics call the volume).
+    pub pod_volume: &'a str,
+    pub claim: &'a str,
 }
 
 /// Stages (when the driver can) and publishes a CSI persistent volume for a pod; returns the
@@ -353,10 +360,14 @@ pub(crate) fn set_up_persistent(
         let stage_call = call.clone();
         client = block_on(async move { client.stage(&stage_call).await.map(|()| client) })??;
     }
-    write_vol_data(
-        t.dir,
-        &vol_data(pv.pv_name, &handle, &driver_name, PERSISTENT),
-    )?;
+    let mut data = vol_data(pv.pv_name, &handle, &driver_name, PERSISTENT);
+    // Deckhand's own keys (upstream's volume manager knows these from the pod): what the
+    // volume stats name the volume by.
+    data.insert(super::stats::POD_VOLUME_KEY, pv.pod_volume.to_string());
+    data.insert(super::stats::CLAIM_KEY, pv.claim.to_string());
+    let namespace = t.pod.metadata.namespace.clone().unwrap_or_default();
+    data.insert(super::stats::NAMESPACE_KEY, namespace);
+    write_vol_data(t.dir, &data)?;
     if object.as_ref().and_then(|o| o.spec.pod_info_on_mount) == Some(true) {
         call.volume_context.extend(pod_info(t.pod, false));
     }
