@@ -230,7 +230,8 @@ mod tests {
         let b = "kubernetes.io/csi/d^b";
         let c = "kubernetes.io/csi/c^z";
         // (desired, mounted, attached) → reported
-        let rows: &[(&[&str], &[&str], &[&str], &[&str])] = &[
+        type Row<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+        let rows: &[Row] = &[
             (&[], &[], &[], &[]),
             // To be mounted: reported before the controller attached it.
             (&[b, a], &[], &[], &[a, b]),

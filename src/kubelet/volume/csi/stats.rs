@@ -137,9 +137,11 @@ async fn measure(root: &Path, p: &Published) -> Option<Figures> {
         let staged = global
             .parent()
             .is_some_and(|p| p.join("vol_data.json").exists());
-        staged
-            .then(|| global.display().to_string())
-            .unwrap_or_default()
+        if staged {
+            global.display().to_string()
+        } else {
+            String::new()
+        }
     } else {
         String::new()
     };
