@@ -20,6 +20,7 @@ use super::client::NodeClient;
 use super::proto::VolumeUsage;
 use super::proto::volume_usage::Unit;
 use super::{CSI_PLUGIN_DIR, driver};
+use crate::base::metrics::family::escape;
 
 /// Deckhand's keys in a persistent volume's `vol_data.json`: the pod's volume name, the
 /// claim, and the pod's namespace.
@@ -251,13 +252,6 @@ const GAUGES: [Gauge; 6] = [
     ),
 ];
 
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// Upstream's `kubelet_volume_stats_*` gauges of the claims among `kept` (pure): one series
 /// per namespace and claim (the first pod's figures when several pods use one claim, as
 /// upstream's collector keeps the first), a figure the driver did not give left out.
@@ -278,8 +272,8 @@ pub(crate) fn render_metrics(kept: &[Measured]) -> String {
                 let v = pick(f)?;
                 Some(format!(
                     "{name}{{namespace=\"{}\",persistentvolumeclaim=\"{}\"}} {v}\n",
-                    label(ns),
-                    label(claim)
+                    escape(ns),
+                    escape(claim)
                 ))
             })
             .collect();
