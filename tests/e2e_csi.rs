@@ -65,15 +65,20 @@ struct Driver {
 
 impl Driver {
     fn start(dir: &Path, root: &Path) -> Driver {
+        Driver::start_as(dir, root, MOCK)
+    }
+
+    /// The mock driver under another name (its own CSIDriver object).
+    fn start_as(dir: &Path, root: &Path, name: &str) -> Driver {
         let log = dir.join("csi-mock.log");
         let registration = root
             .join("plugins_registry")
-            .join(format!("{MOCK}-reg.sock"));
+            .join(format!("{name}-reg.sock"));
         std::fs::create_dir_all(registration.parent().unwrap()).unwrap();
         let child = Command::new(mock_driver())
             .arg(format!("--csi-address={}", dir.join("csi.sock").display()))
             .arg(format!("--registration-socket={}", registration.display()))
-            .args(["--name", MOCK, "-v=5", "--logtostderr"])
+            .args(["--name", name, "-v=5", "--logtostderr"])
             .args(["--enable-topology", "--attach-limit=5"])
             .stderr(std::fs::File::create(&log).unwrap())
             .stdout(Stdio::null())
@@ -327,14 +332,28 @@ async fn a_registered_csi_driver_serves_inline_volumes_and_an_unregistered_one_w
     }
 }
 
+/// Where a pod's `csi-pv` volume is published.
+fn volume_target(agent: &common::Agent, uid: &str) -> String {
+    agent
+        .root_dir()
+        .join(format!("pods/{uid}/volumes/kubernetes.io~csi/csi-pv/mount"))
+        .display()
+        .to_string()
+}
+
 /// A static PV + PVC of the mock driver, staged and published with upstream's paths and
 /// order: the pod's `persistentVolumeClaim` is resolved to the PV (`volume::persistent`) and
-/// handed to `volume::csi::mount::set_up_persistent`.
+/// handed to `volume::csi::mount::set_up_persistent`; its `NodeGetVolumeStats` figures in
+/// `/stats/summary` and the claim's `kubelet_volume_stats_*` gauges.
 #[tokio::test]
 async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     let client = admin().await;
     let node = "csi-pv-node";
     let (mut agent, _node_cleanup) = joined_agent(node);
+    // The volume stats are measured on this period (60 s by default).
+    let config = agent.dir.path().join("config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}volumeStatsAggPeriod: 2s\n")).unwrap();
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let _ns_cleanup = create_namespace(&client, NS).await;
@@ -380,6 +399,49 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     .await
     .unwrap();
     let p = running(&pods, "pv-user").await;
+
+    // NodeGetVolumeStats (the mock advertises GET_VOLUME_STATS and gives the volume's total,
+    // 100 GiB): the pod's volume in /stats/summary with its claim, and the claim's gauges.
+    let base = format!("http://{}:{}", agent.address, agent.read_only_port);
+    let uid = p.metadata.uid.clone().unwrap();
+    let volume = wait_until("the CSI volume in /stats/summary", WAIT, || async {
+        let (_, body) = common::http_get(&format!("{base}/stats/summary")).await?;
+        let summary: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let pod = summary["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["uid"] == uid.as_str())?
+            .clone();
+        pod["volume"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "scratch")
+            .cloned()
+    })
+    .await;
+    assert_eq!(volume["capacityBytes"], 107374182400u64, "{volume}");
+    assert_eq!(
+        volume["pvcRef"],
+        serde_json::json!({"name": "claim", "namespace": NS}),
+        "{volume}"
+    );
+    assert!(
+        driver
+            .calls()
+            .iter()
+            .any(|(m, r)| m.ends_with("NodeGetVolumeStats")
+                && r["volume_path"] == volume_target(&agent, &uid)),
+        "NodeGetVolumeStats asked for the published path"
+    );
+    let (_, metrics) = common::http_get(&format!("{base}/metrics")).await.unwrap();
+    let series = format!(
+        "kubelet_volume_stats_capacity_bytes{{namespace=\"{NS}\",persistentvolumeclaim=\"claim\"}} 107374182400"
+    );
+    assert!(
+        metrics.lines().any(|l| l == series),
+        "{series} in\n{metrics}"
+    );
+
     pods.delete("pv-user", &DeleteParams::default())
         .await
         .unwrap();
@@ -421,4 +483,217 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
                 && r["target_path"] == target.display().to_string())
     );
     let _ = pvs.delete("csi-pv", &DeleteParams::default()).await;
+}
+
+/// A driver whose CSIDriver requires attachment (a name of its own: CSIDriver objects are
+/// cluster-wide and the other tests' says `attachRequired: false`).
+const ATTACHED: &str = "attach.csi.mock";
+const ATTACH_NS: &str = "e2e-csi-attach";
+/// What the test's attacher writes as the attachment's metadata (the publish context).
+const DEVICE: &str = "/dev/mock-attached";
+
+/// Plays the external attacher (the `csi-attacher` sidecar, which is the driver's, not the
+/// kubelet's): marks every VolumeAttachment of `ATTACHED` for `node` attached with
+/// `attachmentMetadata`, as the sidecar does after ControllerPublishVolume. The attach/detach
+/// controller in the real controller-manager creates and deletes the VolumeAttachments.
+async fn attacher(client: kube::Client, node: String) {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    let vas: Api<VolumeAttachment> = Api::all(client);
+    loop {
+        for va in vas
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let pending = va.status.as_ref().is_none_or(|s| !s.attached);
+            if va.spec.attacher == ATTACHED && va.spec.node_name == node && pending {
+                let patch = serde_json::json!({"status": {
+                    "attached": true, "attachmentMetadata": {"device": DEVICE}}});
+                let name = va.metadata.name.clone().unwrap_or_default();
+                let _ = vas
+                    .patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&patch))
+                    .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn in_use(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.volumes_in_use.clone())
+        .unwrap_or_default()
+}
+
+fn attached_volumes(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.volumes_attached.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| a.name)
+        .collect()
+}
+
+/// `attachRequired: true`: the node reports the claim's volume in `volumesInUse` at once; the
+/// pod waits in ContainerCreating with upstream's message while the controller has not
+/// attached it; once the VolumeAttachment is attached and the Node lists the volume in
+/// `volumesAttached`, it is staged and published with the attachment's metadata as the
+/// publish context and the pod runs; after the pod is deleted the volume leaves
+/// `volumesInUse` and the controller detaches it.
+#[tokio::test]
+async fn an_attach_required_volume_waits_for_the_controller_and_is_detached_after_the_pod() {
+    use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    let client = admin().await;
+    let node = "csi-attach-node";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent
+        .extra_args
+        .push("--node-status-update-frequency=2s".into());
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let _ns_cleanup = create_namespace(&client, ATTACH_NS).await;
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    let _ = drivers.delete(ATTACHED, &DeleteParams::default()).await;
+    let mut object = csi_driver(ATTACHED);
+    object.spec.attach_required = Some(true);
+    drivers
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let driver = Driver::start_as(agent.dir.path(), &agent.root_dir(), ATTACHED);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pv_name = "csi-attach-pv";
+    let _ = pvs.delete(pv_name, &DeleteParams::default()).await;
+    wait_until(
+        "no PV csi-attach-pv left from an earlier run",
+        WAIT,
+        || async { pvs.get_opt(pv_name).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                 "csi": {"driver": ATTACHED, "volumeHandle": "2"}}
+    }))
+    .unwrap();
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "claim"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ATTACH_NS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ATTACH_NS);
+    let mut value = serde_json::to_value(csi_pod("attached", node, ATTACHED)).unwrap();
+    value["spec"]["volumes"] =
+        serde_json::json!([{"name": "scratch", "persistentVolumeClaim": {"claimName": "claim"}}]);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(value).unwrap(),
+    )
+    .await
+    .unwrap();
+    let unique = format!("kubernetes.io/csi/{ATTACHED}^2");
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    // Not attached yet (no attacher runs): reported in use, waiting with upstream's message.
+    wait_until("the Node reports the volume in use", WAIT, || async {
+        in_use(&nodes.get(node).await.ok()?)
+            .contains(&unique)
+            .then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), ATTACH_NS);
+    let wanted = "Unable to attach or mount volumes: unmounted volumes=[scratch], unattached volumes=[scratch], failed to process volumes=[]";
+    let message = wait_until(
+        "a FailedMount event naming the unattached volume",
+        WAIT,
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("FailedMount"))
+                .filter_map(|e| e.message)
+                .find(|m| m.starts_with(wanted))
+        },
+    )
+    .await;
+    assert!(
+        message.contains("not attached") || message.contains("VolumesInUse"),
+        "{message}"
+    );
+    let p = pods.get("attached").await.unwrap();
+    let waiting = p
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default();
+    assert!(
+        waiting.iter().all(|c| c
+            .state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some("ContainerCreating"))),
+        "the pod waits in ContainerCreating: {waiting:?}"
+    );
+    assert!(
+        !driver
+            .calls()
+            .iter()
+            .any(|(m, _)| m.ends_with("NodeStageVolume")),
+        "nothing is staged before the attach"
+    );
+
+    // The attacher marks the controller's VolumeAttachment attached: the pod runs.
+    let attaching = tokio::spawn(attacher(client.clone(), node.to_string()));
+    running(&pods, "attached").await;
+    let n = nodes.get(node).await.unwrap();
+    assert!(attached_volumes(&n).contains(&unique), "{:?}", n.status);
+    assert!(in_use(&n).contains(&unique));
+    for call in ["NodeStageVolume", "NodePublishVolume"] {
+        let (_, request) = driver
+            .calls()
+            .into_iter()
+            .find(|(m, _)| m.ends_with(call))
+            .unwrap_or_else(|| panic!("{call} in the driver's log"));
+        assert_eq!(
+            request["publish_context"]["device"], DEVICE,
+            "{call} carries the attachment's metadata: {request}"
+        );
+    }
+
+    // The pod goes: the volume leaves volumesInUse, then the controller detaches it.
+    pods.delete("attached", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("the volume no longer in use", WAIT, || async {
+        (!in_use(&nodes.get(node).await.ok()?).contains(&unique)).then_some(())
+    })
+    .await;
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    wait_until("the controller detached the volume", WAIT, || async {
+        let n = nodes.get(node).await.ok()?;
+        let list = vas.list(&Default::default()).await.ok()?;
+        let left = list.items.iter().any(|va| va.spec.node_name == node);
+        (!left && !attached_volumes(&n).contains(&unique)).then_some(())
+    })
+    .await;
+    assert!(
+        driver
+            .calls()
+            .iter()
+            .any(|(m, _)| m.ends_with("NodeUnstageVolume")),
+        "unstaged before the detach"
+    );
+    attaching.abort();
+    let _ = pvs.delete(pv_name, &DeleteParams::default()).await;
+    let _ = drivers.delete(ATTACHED, &DeleteParams::default()).await;
 }

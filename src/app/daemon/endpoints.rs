@@ -36,6 +36,16 @@ pub(super) fn stats_provider(
         pod_cgroups,
         config.volume_stats_agg_period,
     );
+    // The CSI volumes' NodeGetVolumeStats, on the same period; scrapes read what it kept.
+    let (root, period, cancel) = (
+        config.root_dir.clone(),
+        config.volume_stats_agg_period,
+        agent.cancel.clone(),
+    );
+    agent.tasks.spawn("csi-volume-stats", move || {
+        let (root, cancel) = (root.clone(), cancel.clone());
+        crate::kubelet::volume::csi::stats::run(root, period, cancel)
+    });
     Arc::new(
         StatsProvider::new(
             Arc::new(agent.cri.clone()),

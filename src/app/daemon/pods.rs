@@ -314,7 +314,12 @@ fn workers(
         let node_name = agent.config.node_name.clone();
         let pleg_state = pleg_state.clone();
         agent.metrics.register("/metrics", move || {
-            let own = format!("{}{}", stats.render(), pleg_state.render_metrics());
+            let own = format!(
+                "{}{}{}",
+                stats.render(),
+                pleg_state.render_metrics(),
+                crate::kubelet::volume::csi::stats::metrics()
+            );
             crate::base::metrics::render(&current_state(&cache, &node_name), &own)
         });
     }

@@ -531,10 +531,11 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
     async fn gather(&self) -> NodeSnapshot {
         let root_dir = self.root_dir.clone();
         let configured_ip = self.node_ip;
-        let (machine, internal_ip) = tokio::task::spawn_blocking(move || {
+        let (machine, internal_ip, mounted) = tokio::task::spawn_blocking(move || {
             (
                 MachineFacts::read(&root_dir),
                 super::facts::detect_host_ip(configured_ip),
+                crate::kubelet::volume::csi::attach::on_disk(&root_dir),
             )
         })
         .await
@@ -618,6 +619,10 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
             },
             kubelet_port: self.kubelet_port,
             shutting_down: self.shutdown.shutting_down(),
+            volumes: super::status::VolumeReport {
+                desired: crate::kubelet::volume::csi::attach::desired(),
+                mounted,
+            },
         }
     }
 }

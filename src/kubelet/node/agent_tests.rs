@@ -94,6 +94,7 @@ impl SnapshotSource for Snapshots {
             pressure: Pressure::default(),
             shutting_down: false,
             kubelet_port: 10250,
+            volumes: Default::default(),
         }
     }
 }

@@ -110,6 +110,18 @@ pub(crate) struct NodeSnapshot {
     pub kubelet_port: u16,
     /// The node shutdown manager is stopping pods for a shutdown: the node is not ready.
     pub shutting_down: bool,
+    /// The attachable volumes pods are to mount, and the CSI volumes mounted on disk
+    /// (`volumesInUse`, see `volume::csi::attach`).
+    pub volumes: VolumeReport,
+}
+
+/// What `volumesInUse` is made from: the unique names of the attachable volumes pods are to
+/// mount, and of the persistent CSI volumes mounted or staged on disk (reported only while
+/// the controller lists them attached: only an attachable volume ever is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct VolumeReport {
+    pub desired: std::collections::BTreeSet<String>,
+    pub mounted: std::collections::BTreeSet<String>,
 }
 
 /// Upstream reports at most this many names per image.
@@ -239,6 +251,13 @@ pub(crate) fn compute_node_status(
         }),
         runtime_handlers,
         features,
+        volumes_in_use: Some(crate::kubelet::volume::csi::attach::volumes_in_use(
+            &snap.volumes.desired,
+            &snap.volumes.mounted,
+            previous
+                .and_then(|p| p.volumes_attached.as_deref())
+                .unwrap_or_default(),
+        )),
         ..Default::default()
     }
 }
@@ -412,6 +431,8 @@ pub(crate) fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
         || known.node_info != ours.node_info
         || known.images.as_deref().unwrap_or_default() != ours.images.as_deref().unwrap_or_default()
         || known.daemon_endpoints != ours.daemon_endpoints
+        || known.volumes_in_use.as_deref().unwrap_or_default()
+            != ours.volumes_in_use.as_deref().unwrap_or_default()
         // A runtime that did not answer says nothing of its handlers: the known ones stand.
         || (ours.runtime_handlers.is_some() && known.runtime_handlers != ours.runtime_handlers)
         || (ours.features.is_some() && known.features != ours.features)
@@ -497,6 +518,7 @@ mod tests {
             pressure: Pressure::default(),
             shutting_down: false,
             kubelet_port: 10250,
+            volumes: VolumeReport::default(),
         }
     }
 
@@ -653,6 +675,43 @@ mod tests {
         assert_eq!(s.allocatable.as_ref().unwrap()["memory"].0, "8092Mi");
         // containerd 1.6 reports neither handlers nor features.
         assert_eq!((s.runtime_handlers, s.features), (None, None));
+    }
+
+    /// `volumesInUse`: the volumes pods are to mount, and those mounted that the controller
+    /// lists attached (from the Node as last read), sorted; a change is sent.
+    #[test]
+    fn volumes_in_use_are_reported_and_a_change_is_sent() {
+        let mut snap = snapshot(runtime_up(true));
+        let (a, b) = ("kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b");
+        snap.volumes.desired.insert(b.to_string());
+        snap.volumes.mounted.insert(a.to_string());
+        let known = compute_node_status(&snap, None, t(0));
+        assert_eq!(known.volumes_in_use, Some(vec![b.to_string()]));
+        let attached = NodeStatus {
+            volumes_attached: Some(vec![k8s_openapi::api::core::v1::AttachedVolume {
+                name: a.to_string(),
+                device_path: String::new(),
+            }]),
+            ..known.clone()
+        };
+        let ours = compute_node_status(&snap, Some(&attached), t(1));
+        assert_eq!(
+            ours.volumes_in_use,
+            Some(vec![a.to_string(), b.to_string()])
+        );
+        assert!(
+            status_changed(&known, &ours),
+            "a volume newly in use is sent"
+        );
+        snap.volumes = VolumeReport::default();
+        let none = compute_node_status(&snap, Some(&attached), t(2));
+        assert_eq!(none.volumes_in_use, Some(vec![]));
+        assert!(
+            status_changed(&ours, &none),
+            "a volume no longer in use is sent"
+        );
+        let patch = super::super::registration::status_patch(&none);
+        assert_eq!(patch["status"]["volumesInUse"], serde_json::json!([]));
     }
 
     #[test]

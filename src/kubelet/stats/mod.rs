@@ -263,6 +263,8 @@ pub struct PodHostSample {
     pub network_at_ns: i64,
     pub network: Option<Vec<InterfaceSample>>,
     pub volumes: Vec<VolumeSample>,
+    /// The CSI volumes' figures, as their drivers last gave them (`volume::csi::stats`).
+    pub(crate) csi_volumes: Vec<crate::kubelet::volume::csi::stats::Measured>,
     /// Container name → its log files' use.
     pub logs: HashMap<String, DiskUsage>,
     /// The pod's `/etc/hosts` file, which is on the node's disk too.
@@ -524,6 +526,7 @@ impl HostReader for HostFiles {
             network_at_ns,
             network,
             volumes,
+            csi_volumes: crate::kubelet::volume::csi::stats::of_pod(&pod.uid),
             logs,
             etc_hosts,
         }
@@ -878,11 +881,35 @@ fn pod_figures(
                     ..fs_figures(v.fs.as_ref(), v.at_ns)
                 },
                 name: v.name.clone(),
+                pvc_ref: None,
             })
+            .chain(host.csi_volumes.iter().map(csi_volume_stats))
             .collect();
     }
     pod.ephemeral_storage = ephemeral_storage(&pod.containers, host, &reading.node);
     pod
+}
+
+/// A CSI volume as its driver's `NodeGetVolumeStats` gave it, named as upstream: the pod's
+/// volume name, and the claim for a `persistentVolumeClaim`.
+fn csi_volume_stats(m: &crate::kubelet::volume::csi::stats::Measured) -> VolumeStats {
+    let f = &m.figures;
+    VolumeStats {
+        fs: FsStats {
+            time: time_ns(m.at_ns),
+            available_bytes: f.available_bytes,
+            capacity_bytes: f.capacity_bytes,
+            used_bytes: f.used_bytes,
+            inodes_free: f.inodes_free,
+            inodes: f.inodes,
+            inodes_used: f.inodes_used,
+        },
+        name: m.volume.clone(),
+        pvc_ref: m.claim.as_ref().map(|c| types::PvcReference {
+            name: c.clone(),
+            namespace: m.namespace.clone(),
+        }),
+    }
 }
 
 /// The node's figures: CPU, memory, network, filesystems, process limits, and the `pods`
@@ -2038,6 +2065,18 @@ mod tests {
                 tx_errors: 2,
             }]),
             volumes: vec![volume("cache", 4096, true), volume("token", 100, false)],
+            csi_volumes: vec![crate::kubelet::volume::csi::stats::Measured {
+                pod_uid: "u1".into(),
+                volume: "data".into(),
+                namespace: "ns".into(),
+                claim: Some("claim".into()),
+                figures: crate::kubelet::volume::csi::stats::Figures {
+                    capacity_bytes: Some(5000),
+                    used_bytes: Some(0),
+                    ..Default::default()
+                },
+                at_ns: 90 * s,
+            }],
             logs: HashMap::from([(
                 "app".to_string(),
                 DiskUsage {
@@ -2081,6 +2120,14 @@ mod tests {
         assert_eq!(p["volume"][0]["usedBytes"], 4096);
         assert_eq!(p["volume"][0]["capacityBytes"], 1000);
         assert_eq!(p["volume"][1]["name"], "token");
+        // A CSI volume as its driver told it, with its claim; not in the ephemeral storage.
+        assert_eq!(p["volume"][2]["name"], "data");
+        assert_eq!(p["volume"][2]["capacityBytes"], 5000);
+        assert_eq!(
+            p["volume"][2]["pvcRef"],
+            serde_json::json!({"name": "claim", "namespace": "ns"})
+        );
+        assert_eq!(p["volume"][2].get("inodes"), None);
         // Logs of the container.
         assert_eq!(p["containers"][0]["logs"]["usedBytes"], 16);
         assert_eq!(p["containers"][0]["rootfs"]["usedBytes"], 8);

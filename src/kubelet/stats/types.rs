@@ -92,6 +92,16 @@ pub struct VolumeStats {
     #[serde(flatten)]
     pub fs: FsStats,
     pub name: String,
+    /// The claim of a `persistentVolumeClaim` volume.
+    #[serde(rename = "pvcRef", default, skip_serializing_if = "Option::is_none")]
+    pub pvc_ref: Option<PvcReference>,
+}
+
+/// The claim a volume comes from (`pvcRef`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PvcReference {
+    pub name: String,
+    pub namespace: String,
 }
 
 /// How many processes a pod runs.

@@ -107,6 +107,16 @@ pub(crate) enum VolumeError {
         #[source]
         reason: Box<persistent::PersistentError>,
     },
+    /// An attachable volume the attach/detach controller has not attached to this node yet
+    /// (upstream's `WaitForAttachAndMount` names it unmounted and unattached).
+    #[error(
+        "unmounted volumes=[{volume}], unattached volumes=[{volume}], failed to process volumes=[]: {reason}"
+    )]
+    Unattached {
+        volume: String,
+        #[source]
+        reason: Box<VolumeProblem>,
+    },
     /// The persistent volume's node affinity leaves this node out.
     #[error(
         "MountVolume.NodeAffinity check failed for volume {pv:?} : no matching NodeSelectorTerms"
@@ -882,11 +892,15 @@ impl VolumeManager {
             reason: Box::new(reason),
         };
         let Some(pod_dir) = self.existing_pod_dir(uid).map_err(|e| fail(e.into()))? else {
+            csi::attach::forget_pod(uid);
             return Ok(());
         };
         let mounter = &*self.mounter;
         subpath::clean(mounter, &pod_dir).map_err(|e| fail(e.into()))?;
         csi::mount::tear_down_pod(&self.root_dir, &pod_dir).map_err(|e| fail(e.into()))?;
+        // Unpublished: no longer reported in use for this pod (what another pod uses, or is
+        // still staged, stays reported).
+        csi::attach::forget_pod(uid);
         remove_checked(mounter, &pod_dir.join("volumes"), &pod_dir).map_err(|e| fail(e.into()))
     }
 
@@ -961,6 +975,10 @@ fn setup_error(volume: &str, reason: VolumeProblem) -> VolumeError {
         VolumeProblem::Persistent(p) => VolumeError::Process {
             volume: volume.to_string(),
             reason: Box::new(p),
+        },
+        VolumeProblem::Csi(csi::CsiError::NotAttached(_)) => VolumeError::Unattached {
+            volume: volume.to_string(),
+            reason: Box::new(reason),
         },
         VolumeProblem::Csi(ref e) if e.is_new_mounter() => VolumeError::NewMounter {
             volume: volume.to_string(),

@@ -113,10 +113,7 @@ pub(crate) fn unique_name(resolved: &Resolved, pod_uid: &str) -> String {
         Served::Local { .. } => format!("kubernetes.io/local-volume/{}", resolved.pv),
         Served::HostPath { .. } => format!("kubernetes.io/host-path/{pod_uid}-{}", resolved.pv),
         Served::Csi { ref source, .. } => {
-            format!(
-                "kubernetes.io/csi/{}^{}",
-                source.driver, source.volume_handle
-            )
+            super::csi::attach::unique_name(&source.driver, &source.volume_handle)
         }
     }
 }

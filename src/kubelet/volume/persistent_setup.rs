@@ -106,6 +106,7 @@ impl VolumeManager {
             &|selector| check(selector),
         )?;
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        let claim_name = &source.claim_name;
         let path = match &resolved.served {
             Served::HostPath { path, kind } => {
                 let path = PathBuf::from(path);
@@ -134,6 +135,8 @@ impl VolumeManager {
                     access_modes,
                     mount_options,
                     read_only: resolved.read_only,
+                    pod_volume: &volume.name,
+                    claim: claim_name,
                 };
                 let set_up = self.set_up_csi_persistent(pod, &pv)?;
                 return Ok((set_up.path, set_up.read_only));

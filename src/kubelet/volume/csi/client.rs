@@ -134,6 +134,41 @@ impl NodeClient {
         }))
     }
 
+    /// Whether the driver advertises `GET_VOLUME_STATS`.
+    pub(crate) async fn supports_stats(&mut self) -> Result<bool, CsiError> {
+        use proto::node_service_capability::{Type, rpc::Type as Rpc};
+        let caps = self
+            .raw
+            .node_get_capabilities(proto::NodeGetCapabilitiesRequest {})
+            .await
+            .map_err(failed("NodeGetCapabilities"))?
+            .into_inner();
+        Ok(caps.capabilities.iter().any(
+            |c| matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == Rpc::GetVolumeStats as i32),
+        ))
+    }
+
+    /// `NodeGetVolumeStats` of the volume published at `volume_path`.
+    pub(crate) async fn volume_stats(
+        &mut self,
+        volume_id: &str,
+        volume_path: &str,
+        staging: &str,
+    ) -> Result<Vec<proto::VolumeUsage>, CsiError> {
+        let request = proto::NodeGetVolumeStatsRequest {
+            volume_id: volume_id.to_string(),
+            volume_path: volume_path.to_string(),
+            staging_target_path: staging.to_string(),
+        };
+        let answer = self
+            .raw
+            .node_get_volume_stats(request)
+            .await
+            .map_err(failed("NodeGetVolumeStats"))?
+            .into_inner();
+        Ok(answer.usage)
+    }
+
     pub(crate) async fn stage(&mut self, call: &VolumeCall) -> Result<(), CsiError> {
         let request = proto::NodeStageVolumeRequest {
             volume_id: call.volume_id.clone(),

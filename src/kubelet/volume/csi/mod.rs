@@ -10,9 +10,11 @@
 //! the volume code reads of the cluster (`CSIDriver` objects, secrets) goes through the
 //! [`CsiHost`] the daemon installs once; without one (standalone) no CSIDriver is known.
 
+pub(crate) mod attach;
 pub(crate) mod client;
 pub(crate) mod mount;
 pub(crate) mod node_info;
+pub(crate) mod stats;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -95,10 +97,11 @@ pub(crate) enum CsiError {
         "kubernetes.io/csi: attacher.MountDevice failed to create newCsiDriverClient: driver name {0} not found in the list of registered CSI drivers"
     )]
     NotRegisteredStage(String),
-    #[error(
-        "CSIDriver {driver:?} requires attachment (attachRequired: true); this node does not wait for VolumeAttachments yet"
-    )]
-    AttachRequired { driver: String },
+    /// An attachable volume the controller has not attached to this node yet.
+    #[error(transparent)]
+    NotAttached(#[from] attach::NotAttached),
+    #[error("reading the {what} for the volume's attachment: {reason}")]
+    ReadAttachment { what: &'static str, reason: String },
     #[error("fetching {what} {namespace}/{name} failed: {reason}")]
     Secret {
         what: &'static str,

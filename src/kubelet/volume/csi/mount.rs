@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, CSIVolumeSource, Pod
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use super::client::{NodeClient, VolumeCall};
-use super::{CSI_PLUGIN_DIR, CsiError, block_on, driver, host};
+use super::{CSI_PLUGIN_DIR, CsiError, attach, block_on, driver, host};
 use crate::kubelet::volume::ownership::{self, FsGroup};
 
 const VOL_DATA: &str = "vol_data.json";
@@ -215,7 +215,10 @@ pub(crate) fn set_up_inline(
         driver(&driver_name).ok_or_else(|| CsiError::NotRegistered(driver_name.clone()))?;
     let uid = t.pod.metadata.uid.clone().unwrap_or_default();
     let handle = inline_volume_handle(&uid, name);
-    write_vol_data(t.dir, &vol_data(name, &handle, &driver_name, EPHEMERAL))?;
+    let mut data = vol_data(name, &handle, &driver_name, EPHEMERAL);
+    let namespace = t.pod.metadata.namespace.clone().unwrap_or_default();
+    data.insert(super::stats::NAMESPACE_KEY, namespace);
+    write_vol_data(t.dir, &data)?;
     let mut context: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -275,11 +278,16 @@ pub(crate) struct PersistentCsi<'a> {
     pub mount_options: &'a [String],
     /// The claim's or the pod volume's `readOnly`, on top of the source's.
     pub read_only: bool,
+    /// The pod's volume and the claim it names (what `/stats/summary` and the volume
+    /// metrics call the volume).
+    pub pod_volume: &'a str,
+    pub claim: &'a str,
 }
 
 /// Stages (when the driver can) and publishes a CSI persistent volume for a pod; returns the
-/// mount path. A CSIDriver with `attachRequired: true` (the default without one) is refused:
-/// this node does not wait for VolumeAttachments.
+/// mount path. A volume whose CSIDriver has `attachRequired: true` (the default without one)
+/// is reported in use and must be attached by the controller first ([`super::attach`]); the
+/// attachment's metadata is the publish context of both calls, as upstream.
 pub(crate) fn set_up_persistent(
     root: &Path,
     t: &PodTarget,
@@ -289,17 +297,21 @@ pub(crate) fn set_up_persistent(
     let driver_name = source.driver.clone();
     let object = block_on(read_driver(driver_name.clone()))??;
     check_mode(&driver_name, object.as_ref(), PERSISTENT)?;
-    if object
+    let handle = source.volume_handle.clone();
+    let publish_context = if object
         .as_ref()
         .is_none_or(|o| o.spec.attach_required != Some(false))
     {
-        return Err(CsiError::AttachRequired {
-            driver: driver_name,
-        });
-    }
+        let unique = attach::unique_name(&driver_name, &handle);
+        attach::want(t.pod.metadata.uid.as_deref().unwrap_or(""), &unique);
+        let node = host().map(|h| h.node_name.clone()).unwrap_or_default();
+        let name = attachment_name(&handle, &driver_name, &node);
+        block_on(attach::attached(unique, name))??
+    } else {
+        HashMap::new()
+    };
     let registered =
         driver(&driver_name).ok_or_else(|| CsiError::NotRegisteredStage(driver_name.clone()))?;
-    let handle = source.volume_handle.clone();
     let attributes: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -326,6 +338,7 @@ pub(crate) fn set_up_persistent(
             .cloned()
             .unwrap_or_else(|| "ReadWriteOnce".into()),
         volume_context: attributes.clone(),
+        publish_context,
         secrets: secret("NodeStageSecretRef", &source.node_stage_secret_ref)?,
         ..Default::default()
     };
@@ -347,10 +360,14 @@ pub(crate) fn set_up_persistent(
         let stage_call = call.clone();
         client = block_on(async move { client.stage(&stage_call).await.map(|()| client) })??;
     }
-    write_vol_data(
-        t.dir,
-        &vol_data(pv.pv_name, &handle, &driver_name, PERSISTENT),
-    )?;
+    let mut data = vol_data(pv.pv_name, &handle, &driver_name, PERSISTENT);
+    // Deckhand's own keys (upstream's volume manager knows these from the pod): what the
+    // volume stats name the volume by.
+    data.insert(super::stats::POD_VOLUME_KEY, pv.pod_volume.to_string());
+    data.insert(super::stats::CLAIM_KEY, pv.claim.to_string());
+    let namespace = t.pod.metadata.namespace.clone().unwrap_or_default();
+    data.insert(super::stats::NAMESPACE_KEY, namespace);
+    write_vol_data(t.dir, &data)?;
     if object.as_ref().and_then(|o| o.spec.pod_info_on_mount) == Some(true) {
         call.volume_context.extend(pod_info(t.pod, false));
     }

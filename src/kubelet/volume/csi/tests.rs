@@ -296,6 +296,8 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
                 access_modes: &modes,
                 mount_options: &[],
                 read_only: false,
+                pod_volume: "data",
+                claim: "claim",
             };
             let set_up = manager.set_up_csi_persistent(&pod(uid), &pv).unwrap();
             assert_eq!((set_up.path, set_up.read_only), (dir.join("mount"), false));
