@@ -7,6 +7,10 @@
 //! shares the claim (prepared once); the claim is unprepared after the last pod; with the
 //! driver killed a new pod waits with the driver's error while the running pod keeps running.
 //!
+//! A second case shows CDI on the testbed without DRA: upstream's sample device plugin in its
+//! CDI mode answers `Allocate` with a CDI device name, whose spec (an environment variable and
+//! a mount) the test writes into the testbed's CDI directory; both reach the container.
+//!
 //! Needs the containerd 2.x testbed (CDI): `DECKHAND_TESTBED_DIR` names it, its `testbed.env`
 //! its CDI directory.
 
@@ -17,8 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::{
-    admin, cluster_dir, create_namespace, event_reasons, joined_agent, sleeping_spec,
-    wait_node_ready,
+    admin, bound_pod_with, cluster_dir, create_namespace, event_reasons, joined_agent,
+    sleeping_spec, wait_node_ready,
 };
 use common::{containers_of, cri, wait_until};
 use deckhand::clients::cri::RuntimeService;
@@ -286,6 +290,23 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         "{state}"
     );
 
+    // SIGKILL and start again: the claim stays prepared (the checkpoint), the pods run on,
+    // and nothing is prepared again.
+    let (a, b) = (
+        running_container(&cri, "dra-a").await,
+        running_container(&cri, "dra-b").await,
+    );
+    let registered = count(&agent.log(), "DRA driver registered");
+    agent.kill();
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    wait_until("the DRA driver registered again", WAIT, || async {
+        (count(&agent.log(), "DRA driver registered") > registered).then_some(())
+    })
+    .await;
+    assert_eq!(running_container(&cri, "dra-a").await, a);
+    assert_eq!(running_container(&cri, "dra-b").await, b);
+
     // Unprepared after the last pod only.
     pods.delete("dra-a", &DeleteParams::default())
         .await
@@ -357,5 +378,150 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         running_container(&cri, "dra-c").await.as_deref(),
         Some(running.as_str()),
         "dra-c untouched by the driver's end"
+    );
+}
+
+/// The sample device plugin, built or reused by `scripts/cluster build-devices`.
+fn sample_plugin_binary() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster");
+    let out = Command::new(script)
+        .arg("build-devices")
+        .output()
+        .expect("run scripts/cluster build-devices");
+    assert!(
+        out.status.success(),
+        "scripts/cluster build-devices failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(
+        text.lines()
+            .last()
+            .expect("the build printed its dir")
+            .trim(),
+    )
+    .join("sample-device-plugin")
+}
+
+/// The sample plugin in CDI mode, in a mount namespace of its own where the agent's
+/// `device-plugins` is its `/var/lib/kubelet/device-plugins` and a scratch dir its
+/// `/var/run/cdi` (where it writes a spec of its own, which containerd never reads).
+fn start_cdi_sample_plugin(
+    binary: &Path,
+    device_plugins: &Path,
+    scratch: &Path,
+    log: &Path,
+) -> TestDriver {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mkdir -p /var/lib/kubelet/device-plugins /var/run/cdi \
+             && mount --bind \"$1\" /var/lib/kubelet/device-plugins \
+             && mount --bind \"$2\" /var/run/cdi && exec \"$3\"",
+        )
+        .arg("sh")
+        .arg(device_plugins)
+        .arg(scratch)
+        .arg(binary)
+        .env("PLUGIN_SOCK_DIR", "/var/lib/kubelet/device-plugins")
+        .env("CDI_ENABLED", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start the sample device plugin under unshare");
+    TestDriver { child }
+}
+
+/// Removes the test's CDI spec from the testbed when the test ends.
+struct SpecCleanup(PathBuf);
+
+impl Drop for SpecCleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdi_device_named_by_a_device_plugin_reaches_the_container() {
+    const CDI_NODE: &str = "e2e-cdi";
+    const CDI_NS: &str = "e2e-cdi";
+    let binary = sample_plugin_binary();
+    let cdi = cdi_dir();
+    let client = admin().await;
+    let cri = cri().await;
+    let (mut agent, _node) = joined_agent(CDI_NODE);
+    agent
+        .extra_args
+        .push("--eviction-hard=memory.available<100Mi".into());
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    wait_node_ready(&client, CDI_NODE, &agent).await;
+    // The spec the plugin's names resolve to: per device an env var and a mounted file.
+    let files = agent.dir.path().join("cdi-files");
+    std::fs::create_dir_all(&files).unwrap();
+    let devices: Vec<serde_json::Value> = ["Dev-1", "Dev-2"]
+        .iter()
+        .map(|dev| {
+            let host = files.join(dev);
+            std::fs::write(&host, format!("mounted {dev}\n")).unwrap();
+            serde_json::json!({
+                "name": format!("CDI-{dev}"),
+                "containerEdits": {
+                    "env": [format!("DECKHAND_CDI={dev}")],
+                    "mounts": [{"hostPath": host, "containerPath": "/cdi/mounted", "options": ["ro", "bind"]}]
+                }
+            })
+        })
+        .collect();
+    let spec = cdi.join("deckhand-e2e-example.com.json");
+    let spec_json = serde_json::json!({"cdiVersion": "0.6.0", "kind": "example.com/resource", "devices": devices});
+    std::fs::write(&spec, serde_json::to_vec(&spec_json).unwrap()).unwrap();
+    let _spec = SpecCleanup(spec);
+    let scratch = agent.dir.path().join("plugin-cdi");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let log = agent.dir.path().join("plugin.log");
+    let _plugin = start_cdi_sample_plugin(
+        &binary,
+        &agent.root_dir().join("device-plugins"),
+        &scratch,
+        &log,
+    );
+    wait_until("the sample plugin reported its devices", WAIT, || async {
+        (count(&agent.log(), "device plugin reported devices") > 0).then_some(())
+    })
+    .await;
+
+    let _ns = create_namespace(&client, CDI_NS).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CDI_NS);
+    let mut spec = sleeping_spec(1);
+    spec["containers"][0]["resources"] =
+        serde_json::json!({"limits": {"example.com/resource": "1"}});
+    pods.create(
+        &PostParams::default(),
+        &bound_pod_with("cdi-one", CDI_NODE, spec),
+    )
+    .await
+    .unwrap();
+    wait_running(&pods, "cdi-one", &agent, &log).await;
+    let dev = env_in(&cri, "cdi-one", "DECKHAND_CDI").await;
+    assert!(
+        dev == "Dev-1" || dev == "Dev-2",
+        "the CDI env inside: {dev:?}"
+    );
+    let id = running_container(&cri, "cdi-one").await.unwrap();
+    let out = cri
+        .exec_sync(id, vec!["cat".into(), "/cdi/mounted".into()], 10)
+        .await
+        .expect("exec cat");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("mounted {dev}\n")
     );
 }
