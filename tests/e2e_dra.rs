@@ -284,6 +284,31 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     wait_running(&pods, "dra-b", &agent, &driver_log).await;
     assert_eq!(env_in(&cri, "dra-b", "claim_shared_gpu").await, "true");
     assert_eq!(count(&agent.log(), "DRA driver prepared claims"), 1);
+    // Upstream's pod-resources client lists the claim with the driver's device.
+    let out = Command::new(devices_dir().join("devices"))
+        .arg(root.join("pod-resources/kubelet.sock"))
+        .arg("list")
+        .output()
+        .expect("run the pod-resources client");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let dynamic: Vec<&serde_json::Value> = list["pod_resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"] == "dra-a" && p["namespace"] == NS)
+        .flat_map(|p| p["containers"].as_array().into_iter().flatten())
+        .flat_map(|c| c["dynamic_resources"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(dynamic.len(), 1, "dra-a's claims in pod-resources: {list}");
+    assert_eq!(dynamic[0]["claim_name"], "shared");
+    let resource = &dynamic[0]["claim_resources"][0];
+    assert_eq!(resource["driver_name"], DRIVER, "{list}");
+    assert!(
+        resource["cdi_devices"][0]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(&format!("{DRIVER}/test=claim-"))),
+        "{list}"
+    );
     let state = std::fs::read_to_string(root.join("dra_manager_state")).unwrap();
     assert!(
         state.contains("DRACheckpoint") && state.contains("shared"),
@@ -381,8 +406,9 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     );
 }
 
-/// The sample device plugin, built or reused by `scripts/cluster build-devices`.
-fn sample_plugin_binary() -> PathBuf {
+/// The dir of the sample device plugin and the pod-resources client (`devices`), built or
+/// reused by `scripts/cluster build-devices`.
+fn devices_dir() -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster");
     let out = Command::new(script)
         .arg("build-devices")
@@ -401,7 +427,6 @@ fn sample_plugin_binary() -> PathBuf {
             .expect("the build printed its dir")
             .trim(),
     )
-    .join("sample-device-plugin")
 }
 
 /// The sample plugin in CDI mode, in a mount namespace of its own where the agent's
@@ -452,7 +477,7 @@ impl Drop for SpecCleanup {
 async fn a_cdi_device_named_by_a_device_plugin_reaches_the_container() {
     const CDI_NODE: &str = "e2e-cdi";
     const CDI_NS: &str = "e2e-cdi";
-    let binary = sample_plugin_binary();
+    let binary = devices_dir().join("sample-device-plugin");
     let cdi = cdi_dir();
     let client = admin().await;
     let cri = cri().await;

@@ -12,7 +12,8 @@
 //! keep its pod terminating as upstream's does; the pod's teardown goes on, the claim stays in
 //! the cache without pods and its unprepare is tried again when a driver registers and at
 //! every later unprepare. Only `v1.DRAPlugin` is spoken (not `v1beta1.DRAPlugin`), and the
-//! drivers' health service and the pod-resources API's DRA devices are not read.
+//! drivers' health service is not read. The pod-resources API lists the prepared claims
+//! through [`DraManager::container_claim_infos`].
 
 pub(crate) mod claims;
 pub(crate) mod state;
@@ -351,6 +352,17 @@ impl DraManager {
             }
         }
         out
+    }
+
+    /// The cached claims the container uses (upstream's `GetContainerClaimInfos`), for the
+    /// pod-resources API.
+    pub(crate) fn container_claim_infos(&self, pod: &Pod, container: &Container) -> Vec<ClaimInfo> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let cache = self.claims();
+        claims::container_claims(pod, container)
+            .into_iter()
+            .filter_map(|(name, _)| cache.get(&(namespace.clone(), name)).cloned())
+            .collect()
     }
 
     /// The pod is gone: it no longer uses its claims, and those no pod uses are unprepared
