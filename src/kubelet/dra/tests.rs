@@ -16,10 +16,13 @@ use crate::clients::apiserver::fake::FakeApiServer;
 
 const DRIVER: &str = "test-driver.cdi.k8s.io";
 
+/// One recorded call: its method and the claims' names.
+type Call = (&'static str, Vec<String>);
+
 /// A DRA driver that records its calls and answers with one CDI device per claim, or fails.
 #[derive(Clone, Default)]
 struct FakeDriver {
-    calls: Arc<StdMutex<Vec<(&'static str, Vec<String>)>>>,
+    calls: Arc<StdMutex<Vec<Call>>>,
     fail: Arc<StdMutex<Option<String>>>,
 }
 
@@ -196,7 +199,7 @@ fn setup() -> Setup {
     }
 }
 
-fn calls(driver: &FakeDriver) -> Vec<(&'static str, Vec<String>)> {
+fn calls(driver: &FakeDriver) -> Vec<Call> {
     driver.calls.lock().unwrap().clone()
 }
 
