@@ -4,7 +4,8 @@
 //! the agent's `plugins_registry`, publishes its devices as ResourceSlices and writes its CDI
 //! specs into the testbed's CDI directory. The real scheduler allocates a ResourceClaim from a
 //! DeviceClass; the pod runs with the driver's CDI environment variable inside; a second pod
-//! shares the claim (prepared once); the claim is unprepared after the last pod; with the
+//! shares the claim (prepared once); the claim is unprepared after the last pod (and after a
+//! pod that finishes); a SIGKILL of the agent keeps it prepared; with the
 //! driver killed a new pod waits with the driver's error while the running pod keeps running.
 //!
 //! A second case shows CDI on the testbed without DRA: upstream's sample device plugin in its
@@ -348,6 +349,28 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         (count(&agent.log(), "DRA driver unprepared claims") == 1).then_some(())
     })
     .await;
+
+    // A pod that finishes releases its claim without being deleted.
+    claims
+        .create(&PostParams::default(), &claim("once"))
+        .await
+        .unwrap();
+    let mut once = claim_pod("dra-once", "once");
+    let spec = once.spec.as_mut().unwrap();
+    spec.restart_policy = Some("Never".into());
+    spec.containers[0].command = Some(vec!["true".into()]);
+    pods.create(&PostParams::default(), &once).await.unwrap();
+    wait_until("the finished pod's claim unprepared", WAIT, || async {
+        (count(&agent.log(), "DRA driver unprepared claims") == 2).then_some(())
+    })
+    .await;
+    let phase = pods
+        .get("dra-once")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.phase);
+    assert_eq!(phase.as_deref(), Some("Succeeded"));
 
     // The driver killed: a running pod keeps running, a new one waits with the driver's error.
     claims
