@@ -373,10 +373,15 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     assert_eq!(phase.as_deref(), Some("Succeeded"));
 
     // The driver killed: a running pod keeps running, a new one waits with the driver's error.
-    claims
+    let solo = claims
         .create(&PostParams::default(), &claim("solo"))
         .await
         .unwrap();
+    // The killed driver cannot remove the claim's CDI spec: the test does.
+    let _solo_spec = SpecCleanup(cdi.join(format!(
+        "{DRIVER}-{}-gpu.json",
+        solo.metadata.uid.unwrap_or_default()
+    )));
     pods.create(&PostParams::default(), &claim_pod("dra-c", "solo"))
         .await
         .unwrap();
@@ -487,7 +492,7 @@ fn start_cdi_sample_plugin(
     TestDriver { child }
 }
 
-/// Removes the test's CDI spec from the testbed when the test ends.
+/// Removes a CDI spec from the testbed when the test ends.
 struct SpecCleanup(PathBuf);
 
 impl Drop for SpecCleanup {
