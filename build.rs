@@ -11,7 +11,8 @@
 //! registration protocol (`proto/pluginregistration/v1`) and the CSI Node service's subset
 //! (`proto/csi/v1`) serve `src/kubelet/plugin_watcher` and `src/kubelet/volume/csi`; the
 //! device plugin API (`proto/deviceplugin/v1beta1`) and pod-resources API
-//! (`proto/podresources/v1`) are served and called by `src/kubelet/devices`.
+//! (`proto/podresources/v1`) are served and called by `src/kubelet/devices`; DRA drivers'
+//! `proto/dra/v1` is called by `src/kubelet/dra`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -36,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "csi/v1/csi.proto",
             "deviceplugin/v1beta1/api.proto",
             "podresources/v1/api.proto",
+            "dra/v1/api.proto",
         ],
         ["proto"],
     )?;

@@ -64,7 +64,7 @@ const LAYERS: &[Layer] = &[
                 "userns",
             ],
             // The pod sources, and what a pod's sync needs below the runtime manager.
-            &["prober", "shutdown", "source", "volume"],
+            &["dra", "prober", "shutdown", "source", "volume"],
             &["admission", "mirror_pods", "stats"],
             &["pod_status"],
             &["runtime"],

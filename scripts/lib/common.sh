@@ -35,6 +35,9 @@ tb_paths() {
     # registry write its entry here, containerd reads it at each pull.
     TB_CERTS_D=$TB_DIR/certs.d
     TB_IPAM=$TB_DIR/cni/ipam
+    # CDI spec files (containerd 2.x reads only these, not the machine's /etc/cdi or
+    # /var/run/cdi): tests and DRA drivers write their specs here.
+    TB_CDI=$TB_DIR/cdi
     TB_ENV=$TB_DIR/testbed.env
     TB_NETNS_BEFORE=$TB_DIR/netns.before
     TB_OWNED=$TB_DIR/owned
@@ -48,7 +51,7 @@ tb_paths() {
 # so that leftovers and a second down still know the bridge, netns and sandbox ids).
 tb_state_entries() {
     printf '%s\n' "$TB_CONFIG" "$TB_SOCK" "$TB_TTRPC" "$TB_PIDFILE" "$TB_LOG" "$TB_ROOT" \
-        "$TB_STATE" "$TB_RUNC" "$TB_OPT" "$TB_CNI" "$TB_CERTS_D" "$TB_NETNS_BEFORE" "$TB_LOCK"
+        "$TB_STATE" "$TB_RUNC" "$TB_OPT" "$TB_CNI" "$TB_CERTS_D" "$TB_CDI" "$TB_NETNS_BEFORE" "$TB_LOCK"
 }
 
 # tb_lock: serialise up/down on one DIR (fd 9). The fd must not leak into containerd,
@@ -60,10 +63,13 @@ tb_lock() {
 }
 
 # env_write: record bridge/subnet/network name and the runtime (2 or 1.6, and the dirs of its
-# programs, empty for the packaged 1.6) in DIR/testbed.env (KEY=VALUE lines).
+# programs, empty for the packaged 1.6) in DIR/testbed.env (KEY=VALUE lines); CDI_DIR is the
+# CDI spec directory containerd reads (empty on 1.6, which has no CDI).
 env_write() {
-    printf 'BRIDGE=%s\nSUBNET=%s\nNETNAME=%s\nSOCKET=%s\nRUNTIME=%s\nRUNTIME_PATH=%s\n' \
-        "$BRIDGE" "$SUBNET" "$NETNAME" "$TB_SOCK" "${RUNTIME:-1.6}" "${RUNTIME_PATH:-}" >"$TB_ENV.tmp"
+    local cdi=""
+    [[ ${RUNTIME:-1.6} == 1.6 ]] || cdi=$TB_CDI
+    printf 'BRIDGE=%s\nSUBNET=%s\nNETNAME=%s\nSOCKET=%s\nRUNTIME=%s\nRUNTIME_PATH=%s\nCDI_DIR=%s\n' \
+        "$BRIDGE" "$SUBNET" "$NETNAME" "$TB_SOCK" "${RUNTIME:-1.6}" "${RUNTIME_PATH:-}" "$cdi" >"$TB_ENV.tmp"
     mv "$TB_ENV.tmp" "$TB_ENV"
 }
 

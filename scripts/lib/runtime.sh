@@ -136,6 +136,9 @@ imports = []
     disable_hugetlb_controller = true
     tolerate_missing_hugetlb_controller = true
     netns_mounts_under_state_dir = $NETNS_UNDER_STATE
+    # CDI devices (CRI's CDIDevices) from the testbed's own spec directory only.
+    enable_cdi = true
+    cdi_spec_dirs = ["$TB_CDI"]
 
     [plugins."io.containerd.cri.v1.runtime".containerd]
       default_runtime_name = "runc"

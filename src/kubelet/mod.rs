@@ -13,6 +13,7 @@ pub(crate) mod api_objects;
 pub mod certificate;
 pub mod cm;
 pub(crate) mod devices;
+pub(crate) mod dra;
 pub mod events;
 pub mod eviction;
 pub mod gc;

@@ -1039,6 +1039,7 @@ async fn kill_once<R: RuntimeService + ImageService>(
     if let Err(err) = deps.executor.unmount_volumes(uid).await {
         tracing::warn!(error = %err, "cannot unmount the killed pod's volumes");
     }
+    deps.executor.release_claims(uid).await;
     Ok(())
 }
 
@@ -1193,6 +1194,7 @@ pub(crate) mod test_support {
             node_labels: Default::default(),
             userns: None,
             devices: None,
+            dra: None,
         });
         let cancel = CancellationToken::new();
         let stats = WorkerStats::default();

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::Agent;
+use crate::kubelet::devices::api::podresources::{CdiDevice, ClaimResource, DynamicResource};
 use crate::kubelet::devices::podresources::{self, Providers};
+use crate::kubelet::dra::DraManager;
 use crate::kubelet::pod_status::published::PodStates;
 use crate::kubelet::source::SourcesReady;
 
@@ -23,6 +25,39 @@ fn pods(states: &PodStates) -> Vec<(Arc<k8s_openapi::api::core::v1::Pod>, bool)>
         .into_iter()
         .filter_map(|uid| states.get(&uid))
         .map(|(pod, status)| (pod, is_active(&status)))
+        .collect()
+}
+
+/// The DRA claims a container uses as pod-resources lists them (upstream's
+/// `getDynamicResources`): every device each driver prepared for the claim.
+fn dynamic_resources(
+    dra: &DraManager,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> Vec<DynamicResource> {
+    dra.container_claim_infos(pod, container)
+        .into_iter()
+        .map(|info| DynamicResource {
+            claim_name: info.claim_name,
+            claim_namespace: info.namespace,
+            claim_resources: info
+                .drivers
+                .iter()
+                .flat_map(|(driver, state)| {
+                    state.devices.iter().map(move |d| ClaimResource {
+                        cdi_devices: d
+                            .cdi_device_ids
+                            .iter()
+                            .map(|name| CdiDevice { name: name.clone() })
+                            .collect(),
+                        driver_name: driver.clone(),
+                        pool_name: d.pool_name.clone(),
+                        device_name: d.device_name.clone(),
+                        share_id: d.share_id.clone(),
+                    })
+                })
+                .collect(),
+        })
         .collect()
 }
 
@@ -43,9 +78,13 @@ pub(super) fn start(agent: &Agent, sources_ready: &SourcesReady) {
         devices.clone().serve_registration(cancel.clone())
     });
     let states = agent.states.clone();
+    let dra = agent.dra.clone();
     let providers = Providers {
         pods: Arc::new(move || pods(&states)),
         devices: agent.devices.clone(),
+        dynamic: Some(Arc::new(move |pod, container| {
+            dynamic_resources(&dra, pod, container)
+        })),
     };
     let (root, cancel) = (agent.config.root_dir.clone(), agent.cancel.clone());
     agent.tasks.spawn("pod-resources", move || {

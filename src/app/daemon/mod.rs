@@ -115,6 +115,8 @@ struct Agent {
     states: PodStates,
     /// The device plugin manager (upstream's `cm/devicemanager`).
     devices: DeviceManager,
+    /// The DRA manager (upstream's `cm/dra`), its claims restored from the checkpoint.
+    dra: crate::kubelet::dra::DraManager,
     metrics: Metrics,
     /// Every task of the agent but the HTTP servers, so shutdown can wait for them.
     tracker: TaskTracker,
@@ -137,6 +139,10 @@ impl Agent {
         let health = Health::default();
         // Before any pod is admitted: the checkpoint says which devices running containers hold.
         let devices = DeviceManager::new(&config.root_dir);
+        let dra = crate::kubelet::dra::DraManager::new(
+            &config.root_dir,
+            api.as_ref().map(|api| api.general.clone()),
+        );
         let tasks = Supervisor::new(
             tracker.clone(),
             cancel.clone(),
@@ -154,6 +160,7 @@ impl Agent {
             health,
             states: PodStates::default(),
             devices,
+            dra,
             metrics: Metrics::default(),
             tracker,
             tasks,

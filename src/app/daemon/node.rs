@@ -101,6 +101,7 @@ pub(super) fn context(agent: &Agent, facts: &NodeFacts) -> Arc<NodeContext> {
         ),
         userns: Some(facts.userns.clone()),
         devices: Some(agent.devices.clone()),
+        dra: Some(agent.dra.clone()),
     });
     tracing::info!(host_ip = ?facts.host_ip, node = %config.node_name, "node facts");
     if agent.plan.cluster_dns_missing {

@@ -91,7 +91,7 @@ pub(super) async fn build(
     }
 }
 
-/// The plugin watcher on `<root-dir>/plugins_registry`, with the CSI handler; the CSI volume
+/// The plugin watcher on `<root-dir>/plugins_registry`, with the CSI and DRA handlers; the CSI volume
 /// code's view of the cluster (CSIDriver objects, secrets) is installed here.
 fn start_plugin_watcher(agent: &Agent) {
     use crate::kubelet::plugin_watcher::{self, CSI_PLUGIN, Handlers, PluginHandler};
@@ -102,7 +102,14 @@ fn start_plugin_watcher(agent: &Agent) {
     };
     csi::install_host(host.clone());
     let handler: Arc<dyn PluginHandler> = CsiHandler::new(host);
-    let handlers: Handlers = [(CSI_PLUGIN.to_string(), handler)].into();
+    let dra: Arc<dyn PluginHandler> = Arc::new(crate::kubelet::dra::DraHandler {
+        manager: agent.dra.clone(),
+    });
+    let handlers: Handlers = [
+        (CSI_PLUGIN.to_string(), handler),
+        (crate::kubelet::dra::DRA_PLUGIN.to_string(), dra),
+    ]
+    .into();
     let dir = agent.config.root_dir.join("plugins_registry");
     let cancel = agent.cancel.clone();
     agent.tasks.spawn("plugin-watcher", move || {

@@ -6,8 +6,9 @@
 //!
 //! Devices come from the device plugin manager. With no CPU or memory manager policy (Deckhand
 //! has neither) upstream reports no CPU IDs and no memory, for containers and in
-//! `GetAllocatableResources`; so does this. `dynamic_resources` stays empty until DRA is built:
-//! [`Providers::dynamic`] is where its claims will come from.
+//! `GetAllocatableResources`; so does this. `dynamic_resources` comes from the DRA manager
+//! through [`Providers::dynamic`] (a function the daemon gives, as the DRA manager is a
+//! manager of a higher tier), each prepared claim a container uses with all its devices.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -37,17 +38,26 @@ const BURST: f64 = 10.0;
 /// The node's pods: each with whether it is active (admitted and not finished).
 pub(crate) type PodsProvider = Arc<dyn Fn() -> Vec<(Arc<Pod>, bool)> + Send + Sync>;
 
+/// The DRA claims a container uses, as the pod-resources API lists them.
+pub(crate) type DynamicProvider =
+    Arc<dyn Fn(&Pod, &Container) -> Vec<DynamicResource> + Send + Sync>;
+
 /// Where the answers come from.
 #[derive(Clone)]
 pub(crate) struct Providers {
     pub pods: PodsProvider,
     pub devices: DeviceManager,
+    /// `None`: no DRA claims are listed.
+    pub dynamic: Option<DynamicProvider>,
 }
 
 impl Providers {
-    /// The DRA claims a container uses: the seam for the DRA manager (none yet).
-    fn dynamic(&self, _pod: &Pod, _container: &Container) -> Vec<DynamicResource> {
-        Vec::new()
+    /// The DRA claims a container uses.
+    fn dynamic(&self, pod: &Pod, container: &Container) -> Vec<DynamicResource> {
+        self.dynamic
+            .as_ref()
+            .map(|f| f(pod, container))
+            .unwrap_or_default()
     }
 }
 

@@ -57,6 +57,8 @@ pub(crate) mod reason {
     pub(crate) const FAILED_MOUNT: &str = "FailedMount";
     pub(crate) const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
     pub(crate) const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+    /// A DRA driver could not prepare the pod's claims (or they are not usable yet).
+    pub(crate) const FAILED_PREPARE_DYNAMIC_RESOURCES: &str = "FailedPrepareDynamicResources";
     /// The pod's cgroup could not be made or set.
     pub(crate) const FAILED_TO_CREATE_POD_CONTAINER: &str = "FailedToCreatePodContainer";
     pub(crate) const SANDBOX_CHANGED: &str = "SandboxChanged";

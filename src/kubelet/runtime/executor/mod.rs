@@ -8,6 +8,7 @@
 //! upstream (`ErrImagePull`, `CreateContainerConfigError`, …) and recorded for the status; one
 //! failing container never stops the others from being tried.
 
+mod dra;
 mod image_pull;
 mod image_volumes;
 mod mount;
@@ -77,6 +78,8 @@ pub(crate) struct NodeContext {
     pub userns: Option<Arc<crate::kubelet::userns::UsernsManager>>,
     /// The device plugin manager: a container's devices at its creation (`None`: no devices).
     pub devices: Option<crate::kubelet::devices::DeviceManager>,
+    /// The DRA manager: a pod's claims prepared before its sandbox (`None`: no DRA).
+    pub dra: Option<crate::kubelet::dra::DraManager>,
 }
 
 impl NodeContext {
@@ -952,6 +955,7 @@ mod cgroup_tests {
             node_labels: Default::default(),
             userns: None,
             devices: None,
+            dra: None,
         });
         let (recorder, events) = crate::kubelet::events::Recorder::to_api("node-a");
         (

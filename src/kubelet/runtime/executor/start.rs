@@ -132,6 +132,10 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 return Ok(());
             }
         };
+        // The pod's DRA claims are prepared before its sandbox, as upstream's SyncPod does.
+        if decision.create_sandbox.is_some() && !self.prepare_claims(pod, decision, state).await {
+            return Ok(());
+        }
         let (sandbox_id, attempt) = match (decision.create_sandbox, &decision.sandbox_id) {
             (Some(attempt), _) => match self.create_sandbox(pod, attempt, userns.clone()).await {
                 Ok(id) => {
@@ -451,6 +455,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         config: &mut crate::clients::cri::proto::ContainerConfig,
     ) -> Result<(), WaitingReason> {
         let Some(devices) = &self.node.devices else {
+            self.add_claim_devices(pod, container, config);
             return Ok(());
         };
         let options = devices
@@ -460,6 +465,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         if let Some(options) = options {
             options.apply(config);
         }
+        self.add_claim_devices(pod, container, config);
         Ok(())
     }
 

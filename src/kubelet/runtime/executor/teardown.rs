@@ -457,6 +457,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 "Container runtime did not kill the pod within specified grace period.",
             );
         }
+        // After every container stopped, as upstream: the pod no longer uses its claims.
+        self.release_claims(uid).await;
         for c in &observed.containers {
             self.remove_container(&c.id).await;
         }

@@ -1,0 +1,427 @@
+use std::sync::Mutex as StdMutex;
+
+use k8s_openapi::api::core::v1::{
+    PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus,
+    ResourceClaim as ContainerResourceClaim, ResourceRequirements,
+};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+    ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::proto::dra_plugin_server::{DraPlugin, DraPluginServer};
+use super::*;
+use crate::clients::apiserver::fake::FakeApiServer;
+
+const DRIVER: &str = "test-driver.cdi.k8s.io";
+
+/// One recorded call: its method and the claims' names.
+type Call = (&'static str, Vec<String>);
+
+/// A DRA driver that records its calls and answers with one CDI device per claim, or fails.
+#[derive(Clone, Default)]
+struct FakeDriver {
+    calls: Arc<StdMutex<Vec<Call>>>,
+    fail: Arc<StdMutex<Option<String>>>,
+}
+
+#[tonic::async_trait]
+impl DraPlugin for FakeDriver {
+    async fn node_prepare_resources(
+        &self,
+        request: tonic::Request<proto::NodePrepareResourcesRequest>,
+    ) -> Result<tonic::Response<proto::NodePrepareResourcesResponse>, tonic::Status> {
+        let claims = request.into_inner().claims;
+        self.calls
+            .lock()
+            .unwrap()
+            .push((PREPARE, claims.iter().map(|c| c.name.clone()).collect()));
+        let error = self.fail.lock().unwrap().clone().unwrap_or_default();
+        let answer = claims
+            .iter()
+            .map(|c| {
+                let device = proto::Device {
+                    request_names: vec!["req".into()],
+                    pool_name: "node".into(),
+                    device_name: "device-00".into(),
+                    cdi_device_ids: vec![format!("{DRIVER}/test={}", c.uid)],
+                    share_id: None,
+                };
+                let result = proto::NodePrepareResourceResponse {
+                    devices: vec![device],
+                    error: error.clone(),
+                };
+                (c.uid.clone(), result)
+            })
+            .collect();
+        Ok(tonic::Response::new(proto::NodePrepareResourcesResponse {
+            claims: answer,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: tonic::Request<proto::NodeUnprepareResourcesRequest>,
+    ) -> Result<tonic::Response<proto::NodeUnprepareResourcesResponse>, tonic::Status> {
+        let claims = request.into_inner().claims;
+        self.calls
+            .lock()
+            .unwrap()
+            .push((UNPREPARE, claims.iter().map(|c| c.name.clone()).collect()));
+        let answer = claims
+            .iter()
+            .map(|c| {
+                (
+                    c.uid.clone(),
+                    proto::NodeUnprepareResourceResponse::default(),
+                )
+            })
+            .collect();
+        Ok(tonic::Response::new(
+            proto::NodeUnprepareResourcesResponse { claims: answer },
+        ))
+    }
+}
+
+fn serve(driver: &FakeDriver, socket: &std::path::Path) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    let service = DraPluginServer::new(driver.clone());
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await;
+    })
+}
+
+fn pod(name: &str, uid: &str, claim: PodResourceClaim) -> Pod {
+    let container = Container {
+        name: "c".into(),
+        resources: Some(ResourceRequirements {
+            claims: Some(vec![ContainerResourceClaim {
+                name: claim.name.clone(),
+                request: None,
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            resource_claims: Some(vec![claim]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn by_name(claim: &str) -> PodResourceClaim {
+    PodResourceClaim {
+        name: "gpu".into(),
+        resource_claim_name: Some(claim.into()),
+        ..Default::default()
+    }
+}
+
+fn claim(name: &str, uid: &str, reserved_for: &[&str]) -> ResourceClaim {
+    let result = DeviceRequestAllocationResult {
+        driver: DRIVER.into(),
+        pool: "node".into(),
+        device: "device-00".into(),
+        request: "req".into(),
+        ..Default::default()
+    };
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![result]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(
+                reserved_for
+                    .iter()
+                    .map(|u| ResourceClaimConsumerReference {
+                        resource: "pods".into(),
+                        name: "p".into(),
+                        uid: (*u).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    api: FakeApiServer,
+    driver: FakeDriver,
+    manager: DraManager,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let api = FakeApiServer::new();
+    let driver = FakeDriver::default();
+    let socket = root.join("dra.sock");
+    let server = serve(&driver, &socket);
+    let manager = DraManager::new(&root, Some(api.client()));
+    manager.set_driver(DRIVER, Some(socket.to_str().unwrap()));
+    Setup {
+        _dir: dir,
+        root,
+        api,
+        driver,
+        manager,
+        _server: server,
+    }
+}
+
+fn calls(driver: &FakeDriver) -> Vec<Call> {
+    driver.calls.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_shared_claim_is_prepared_once_and_unprepared_after_its_last_pod() {
+    let s = setup();
+    s.api.apply(&claim("shared", "cu1", &["p1", "p2"]));
+    let (a, b) = (
+        pod("a", "p1", by_name("shared")),
+        pod("b", "p2", by_name("shared")),
+    );
+    s.manager.prepare(&a).await.unwrap();
+    s.manager.prepare(&b).await.unwrap();
+    assert_eq!(
+        calls(&s.driver),
+        vec![(PREPARE, vec!["shared".to_string()])]
+    );
+    let container = &a.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        s.manager.cdi_devices(&b, container),
+        vec![format!("{DRIVER}/test=cu1")]
+    );
+    s.manager.unprepare("p1").await.unwrap();
+    assert_eq!(calls(&s.driver).len(), 1, "still used by the second pod");
+    s.manager.unprepare("p2").await.unwrap();
+    assert_eq!(calls(&s.driver)[1], (UNPREPARE, vec!["shared".to_string()]));
+    assert!(s.manager.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_not_reserved_for_the_pod_waits_with_upstreams_message() {
+    let s = setup();
+    s.api.apply(&claim("c", "cu1", &["someone-else"]));
+    let err = s
+        .manager
+        .prepare(&pod("a", "p1", by_name("c")))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "pod a (p1) is not allowed to use ResourceClaim c (cu1)"
+    );
+    assert!(calls(&s.driver).is_empty());
+    assert!(
+        s.manager.snapshot().is_empty(),
+        "nothing cached for a failed check"
+    );
+}
+
+#[tokio::test]
+async fn an_absent_driver_and_a_failing_driver_give_upstreams_errors() {
+    let s = setup();
+    s.api.apply(&claim("c", "cu1", &["p1"]));
+    s.manager.set_driver(DRIVER, None);
+    let p = pod("a", "p1", by_name("c"));
+    let err = s.manager.prepare(&p).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("DRA driver {DRIVER} is not registered")
+    );
+    s.manager
+        .set_driver(DRIVER, Some(s.root.join("dra.sock").to_str().unwrap()));
+    *s.driver.fail.lock().unwrap() = Some("no such device".into());
+    let err = s.manager.prepare(&p).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "NodePrepareResources failed for ResourceClaim c: no such device"
+    );
+    *s.driver.fail.lock().unwrap() = None;
+    s.manager.prepare(&p).await.unwrap();
+    assert_eq!(
+        calls(&s.driver).len(),
+        2,
+        "the failed claim is prepared again"
+    );
+}
+
+#[tokio::test]
+async fn a_generated_claim_is_found_through_the_pod_status_and_must_be_owned() {
+    let s = setup();
+    let template = PodResourceClaim {
+        name: "gpu".into(),
+        resource_claim_template_name: Some("t".into()),
+        ..Default::default()
+    };
+    let mut p = pod("a", "p1", template);
+    let err = s.manager.prepare(&p).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "pod \"ns/a\": ResourceClaim not created yet"
+    );
+    p.status = Some(PodStatus {
+        resource_claim_statuses: Some(vec![PodResourceClaimStatus {
+            name: "gpu".into(),
+            resource_claim_name: Some("a-gpu-x".into()),
+        }]),
+        ..Default::default()
+    });
+    let mut generated = claim("a-gpu-x", "cu9", &["p1"]);
+    s.api.apply(&generated);
+    let err = s.manager.prepare(&p).await.unwrap_err();
+    assert!(err.to_string().contains("(Pod is not owner)"), "{err}");
+    generated.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: "a".into(),
+        uid: "p1".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    s.api.apply(&generated);
+    s.manager.prepare(&p).await.unwrap();
+    let container = &p.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        s.manager.cdi_devices(&p, container),
+        vec![format!("{DRIVER}/test=cu9")]
+    );
+}
+
+#[tokio::test]
+async fn the_checkpoint_keeps_prepared_claims_across_a_restart() {
+    let s = setup();
+    s.api.apply(&claim("c", "cu1", &["p1"]));
+    let p = pod("a", "p1", by_name("c"));
+    s.manager.prepare(&p).await.unwrap();
+    let again = DraManager::new(&s.root, Some(s.api.client()));
+    let container = &p.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        again.cdi_devices(&p, container),
+        vec![format!("{DRIVER}/test=cu1")]
+    );
+    again.set_driver(DRIVER, Some(s.root.join("dra.sock").to_str().unwrap()));
+    again.unprepare("p1").await.unwrap();
+    assert_eq!(calls(&s.driver).last().unwrap().0, UNPREPARE);
+}
+
+#[test]
+fn the_checkpoint_is_upstreams_format() {
+    let mut info = ClaimInfo {
+        claim_uid: "cu1".into(),
+        claim_name: "c".into(),
+        namespace: "ns".into(),
+        ..Default::default()
+    };
+    info.pod_uids.insert("p1".into());
+    info.drivers.insert(
+        DRIVER.into(),
+        state::DriverState {
+            devices: vec![state::Device {
+                pool_name: "node".into(),
+                device_name: "device-00".into(),
+                share_id: None,
+                request_names: vec!["req".into()],
+                cdi_device_ids: vec!["v/c=d".into()],
+            }],
+            skip_node_operations: vec![],
+        },
+    );
+    let bytes = state::encode(std::slice::from_ref(&info));
+    let file: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let data = file["Data"].as_str().unwrap();
+    assert_eq!(
+        data,
+        r#"{"kind":"DRACheckpoint","apiVersion":"checkpoint.dra.kubelet.k8s.io/v1","ClaimInfoStateList":[{"ClaimUID":"cu1","ClaimName":"c","Namespace":"ns","PodUIDs":{"p1":{}},"DriverState":{"test-driver.cdi.k8s.io":{"Devices":[{"PoolName":"node","DeviceName":"device-00","ShareID":null,"RequestNames":["req"],"CDIDeviceIDs":["v/c=d"]}]}}}]}"#
+    );
+    assert_eq!(
+        file["Checksum"].as_u64().unwrap(),
+        u64::from(state::crc32_ieee(data.as_bytes()))
+    );
+    // Go's crc32.ChecksumIEEE("123456789") is 0xCBF43926.
+    assert_eq!(state::crc32_ieee(b"123456789"), 0xCBF4_3926);
+    let back = state::decode(std::path::Path::new("x"), &bytes).unwrap();
+    assert_eq!(back, vec![info]);
+}
+
+#[test]
+fn driver_services_are_checked_as_upstream() {
+    assert!(
+        validate_services(
+            "d",
+            "/e",
+            &["v1beta1.DRAPlugin".into(), "v1.DRAPlugin".into()]
+        )
+        .is_ok()
+    );
+    let err = validate_services("d", "/e", &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid supported gRPC versions of DRA driver plugin d at endpoint /e: empty list of supported gRPC services (aka supported versions)"
+    );
+    assert!(validate_services("d", "/e", &["v1beta1.DRAPlugin".into()]).is_err());
+}
+
+#[test]
+fn a_container_gets_only_its_claims_and_requests() {
+    let mut info = ClaimInfo {
+        claim_uid: "u".into(),
+        claim_name: "c".into(),
+        namespace: "ns".into(),
+        ..Default::default()
+    };
+    let device = |req: &str, id: &str| state::Device {
+        request_names: vec![req.into()],
+        cdi_device_ids: vec![id.into()],
+        ..Default::default()
+    };
+    info.drivers.insert(
+        DRIVER.into(),
+        state::DriverState {
+            devices: vec![device("a", "v/c=1"), device("b/sub", "v/c=2")],
+            skip_node_operations: vec![],
+        },
+    );
+    let cases: &[(&[&str], &[&str])] = &[
+        (&[""], &["v/c=1", "v/c=2"]),
+        (&["a"], &["v/c=1"]),
+        (&["b"], &["v/c=2"]),
+        (&["b/sub"], &["v/c=2"]),
+        (&["z"], &[]),
+    ];
+    for (requests, want) in cases {
+        let requests: Vec<String> = requests.iter().map(|s| s.to_string()).collect();
+        assert_eq!(claims::cdi_devices(&info, &requests), *want, "{requests:?}");
+    }
+}
