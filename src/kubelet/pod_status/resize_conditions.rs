@@ -40,24 +40,23 @@ pub(crate) fn with_resize_verdict(
     conditions
 }
 
-/// A container's `allocatedResources` (the requests the node allocated it) and, while it
-/// runs, its `resources` (what it runs with). The container is the spec as the node runs it,
-/// so its resources are the allocation.
+/// A container's `allocatedResources` (the requests the node allocated it) and, once it has an
+/// instance, its `resources`: the allocation (the container is the spec as the node runs it),
+/// which [`with_actuated`] replaces by what a running instance was last given. A container
+/// with no requests or limits shows `resources: {}`, as upstream's
+/// `convertContainerStatusResources` writes it (the resize e2e specs read it as given); one
+/// never created shows none.
 pub(crate) fn resources(
     container: &Container,
     state: Option<RtState>,
     status: &mut ContainerStatus,
 ) {
-    let Some(allocated) = container.resources.as_ref() else {
-        return;
-    };
+    let allocated = container.resources.clone().unwrap_or_default();
     status.allocated_resources = allocated.requests.clone().filter(|r| !r.is_empty());
-    if state == Some(RtState::Running)
-        && (allocated.requests.is_some() || allocated.limits.is_some())
-    {
+    if state.is_some() {
         status.resources = Some(ResourceRequirements {
-            requests: allocated.requests.clone(),
-            limits: allocated.limits.clone(),
+            requests: allocated.requests,
+            limits: allocated.limits,
             claims: None,
         });
     }
@@ -94,8 +93,7 @@ pub(crate) fn with_actuated(
         if !crate::kubelet::admission::resize::same_resources(&allocated, given) {
             in_progress = true;
         }
-        let empty = given.requests.is_none() && given.limits.is_none();
-        cs.resources = (!empty).then(|| ResourceRequirements {
+        cs.resources = Some(ResourceRequirements {
             requests: given.requests.clone(),
             limits: given.limits.clone(),
             claims: None,
@@ -152,6 +150,69 @@ mod tests {
             .iter()
             .flatten()
             .any(|c| c.type_ == RESIZE_IN_PROGRESS && c.status == "True")
+    }
+
+    #[test]
+    fn every_created_container_shows_its_resources_an_empty_list_as_empty() {
+        let best_effort = Container {
+            name: "be".into(),
+            ..Default::default()
+        };
+        let burstable = Container {
+            name: "b".into(),
+            resources: Some(res(json!({"requests": {"cpu": "20m"}}))),
+            ..Default::default()
+        };
+        let cases = [
+            // (what, container, state, resources shown, allocatedResources shown)
+            (
+                "BestEffort, running",
+                &best_effort,
+                Some(RtState::Running),
+                Some(res(json!({}))),
+                None,
+            ),
+            (
+                "BestEffort, exited",
+                &best_effort,
+                Some(RtState::Exited),
+                Some(res(json!({}))),
+                None,
+            ),
+            (
+                "never created",
+                &burstable,
+                None,
+                None,
+                Some(json!({"cpu": "20m"})),
+            ),
+            (
+                "exited: the allocation",
+                &burstable,
+                Some(RtState::Exited),
+                Some(res(json!({"requests": {"cpu": "20m"}}))),
+                Some(json!({"cpu": "20m"})),
+            ),
+        ];
+        for (what, c, state, want, want_allocated) in cases {
+            let mut status = ContainerStatus::default();
+            resources(c, state, &mut status);
+            assert_eq!(status.resources, want, "{what}");
+            let allocated = status
+                .allocated_resources
+                .map(|a| serde_json::to_value(a).unwrap());
+            assert_eq!(allocated, want_allocated, "{what}");
+        }
+        // What a running BestEffort container was given (nothing) is shown as `{}` too.
+        let mut s = status();
+        s.container_statuses.as_mut().unwrap()[0].resources = Some(res(json!({})));
+        let given = std::collections::HashMap::from([("c1".to_string(), res(json!({})))]);
+        let s = with_actuated(s, &Pod::default(), &given, None, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            s.container_statuses.as_ref().unwrap()[0].resources,
+            Some(res(json!({})))
+        );
+        assert!(!in_progress(&s));
     }
 
     #[test]

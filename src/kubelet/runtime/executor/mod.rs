@@ -869,7 +869,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .await?;
             }
         }
-        self.resize_in_place(pod, decision, state).await?;
+        self.resize_in_place(pod, observed, decision, state).await?;
         self.start(pod, observed, decision, state, made).await
     }
 }
@@ -965,7 +965,7 @@ mod cgroup_tests {
         )
     }
 
-    fn manager(cgroups: &Path) -> Arc<CgroupManager> {
+    pub(super) fn manager(cgroups: &Path) -> Arc<CgroupManager> {
         for h in ["cpu", "memory", "pids"] {
             std::fs::create_dir_all(cgroups.join(h)).unwrap();
             // What marks a mounted hierarchy.

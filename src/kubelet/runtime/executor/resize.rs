@@ -46,38 +46,55 @@ pub(super) fn note_actuated(pod: &Pod, observed: &ObservedPod, state: &mut PodSy
     }
 }
 
-/// The pod as it ran before the resize: each resized container at its actuated resources.
-fn before_resize(pod: &Pod, decision: &PodActions, state: &PodSyncState) -> Pod {
+/// The pod as its cgroup was last sized, when a running instance (in `observed`, the view the
+/// step was decided on) was given other resources than its container is allocated now: those
+/// instances at what they were given. `None` when every running instance has its allocation,
+/// so the pod's cgroup has nothing to follow. Instances the step stops for a resize count as
+/// well: their restart runs with the new resources, which the pod's cgroup must hold first
+/// (upstream's `UpdatePodResources`: on cgroup v1 a container's CFS quota above its pod's is
+/// refused).
+fn before_resize(
+    pod: &Pod,
+    observed: &ObservedPod,
+    actuated: &HashMap<String, ResourceRequirements>,
+) -> Option<Pod> {
     let mut before = pod.clone();
-    if let Some(spec) = before.spec.as_mut() {
-        for r in &decision.resize_containers {
-            let c = spec
-                .containers
-                .iter_mut()
-                .chain(spec.init_containers.iter_mut().flatten())
-                .find(|c| c.name == r.name);
-            if let Some(c) = c
-                && let Some(was) = state.actuated.get(&r.id)
-            {
-                c.resources = Some(was.clone());
-            }
+    let mut differs = false;
+    let spec = before.spec.as_mut()?;
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        let given = observed
+            .containers
+            .iter()
+            .filter(|i| i.name == c.name && i.state == ContainerState::Running)
+            .find_map(|i| actuated.get(&i.id));
+        let Some(given) = given else {
+            continue;
+        };
+        if crate::kubelet::runtime::resize::resize_step(c, given).is_some() {
+            c.resources = Some(given.clone());
+            differs = true;
         }
     }
-    before
+    differs.then_some(before)
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {
-    /// Resizes the decision's containers in place, the pod cgroup around them.
+    /// Resizes the decision's containers in place, the pod cgroup around them (also when the
+    /// resize only restarts containers: before they start again).
     pub(super) async fn resize_in_place(
         &self,
         pod: &Pod,
+        observed: &ObservedPod,
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
-        if decision.resize_containers.is_empty() {
+        let Some(before) = before_resize(pod, observed, &state.actuated) else {
             return Ok(());
-        }
-        let before = before_resize(pod, decision, state);
+        };
         self.set_pod_cgroup(&before, pod, true).await;
         for r in &decision.resize_containers {
             let Some(c) = pod.spec.as_ref().and_then(|s| {
@@ -133,5 +150,139 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
             Err(error) => tracing::warn!(error = %error, "the pod cgroup task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::{Value, json};
+
+    use super::super::cgroup_tests::{IMAGE, executor, manager};
+    use super::*;
+    use crate::base::observed::ObservedContainer;
+    use crate::clients::cri::fake::FakeCri;
+
+    fn res(v: Value) -> ResourceRequirements {
+        serde_json::from_value(v).expect("resources")
+    }
+
+    /// A Burstable pod `uid` on the fixture node whose container `app` asks for `cpu`
+    /// (request) and `limit`, its cpu resized by a restart.
+    fn pod(uid: &str, cpu: &str, limit: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": uid},
+            "spec": {"nodeName": "node-a", "containers": [{
+                "name": "app", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                "resources": {"requests": {"cpu": cpu, "memory": "32Mi"},
+                              "limits": {"cpu": limit, "memory": "64Mi"}},
+                "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "RestartContainer"}],
+            }]},
+        }))
+        .expect("pod")
+    }
+
+    fn instance(id: &str, state: ContainerState) -> ObservedContainer {
+        ObservedContainer {
+            id: id.into(),
+            sandbox_id: "s".into(),
+            name: "app".into(),
+            attempt: 0,
+            state,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            hash: None,
+            image: IMAGE.into(),
+            image_ref: String::new(),
+            grace_period: None,
+            is_init: false,
+            pre_stop: None,
+        }
+    }
+
+    #[test]
+    fn the_pod_before_a_resize_has_each_running_instance_at_what_it_was_given() {
+        let now = pod("u", "25m", "35m");
+        let was = res(json!({"requests": {"cpu": "20m", "memory": "32Mi"},
+                             "limits": {"cpu": "30m", "memory": "64Mi"}}));
+        let same = now.spec.as_ref().unwrap().containers[0]
+            .resources
+            .clone()
+            .unwrap();
+        let running = ObservedPod {
+            containers: vec![instance("c1", ContainerState::Running)],
+            ..Default::default()
+        };
+        let exited = ObservedPod {
+            containers: vec![instance("c1", ContainerState::Exited)],
+            ..Default::default()
+        };
+        let given = |r: &ResourceRequirements| HashMap::from([("c1".to_string(), r.clone())]);
+        let cases = [
+            // The instance the step stops for its restart counts: its pod cgroup is the old one.
+            (
+                "running at the old size",
+                &running,
+                given(&was),
+                Some(was.clone()),
+            ),
+            ("running at its allocation", &running, given(&same), None),
+            (
+                "no record of what it was given",
+                &running,
+                HashMap::new(),
+                None,
+            ),
+            ("exited", &exited, given(&was), None),
+        ];
+        for (what, observed, actuated, want) in cases {
+            let before = before_resize(&now, observed, &actuated);
+            let got = before.map(|p| p.spec.unwrap().containers[0].resources.clone().unwrap());
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resize_by_restart_resizes_the_pod_cgroup_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cgroup");
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_cgroups(manager(&cgroups));
+        let mut state = PodSyncState::default();
+        executor
+            .sync_pod(
+                &pod("uid-r", "20m", "30m"),
+                &mut state,
+                &HashMap::new(),
+                &HashMap::new(),
+            )
+            .await;
+        let quota = cgroups.join("cpu/kubepods/burstable/poduid-r/cpu.cfs_quota_us");
+        assert_eq!(std::fs::read_to_string(&quota).unwrap(), "3000");
+        let first = rt.containers()[0].id.clone();
+
+        executor
+            .sync_pod(
+                &pod("uid-r", "25m", "35m"),
+                &mut state,
+                &HashMap::new(),
+                &HashMap::new(),
+            )
+            .await;
+        assert_eq!(
+            rt.stopped(),
+            vec![first],
+            "restarted, as its resizePolicy says"
+        );
+        assert_eq!(rt.count("CreateContainer"), 2);
+        assert!(rt.resource_updates().is_empty(), "nothing resized in place");
+        // A v1 kernel refuses a container quota above its pod's: 35m must be there first.
+        assert_eq!(std::fs::read_to_string(&quota).unwrap(), "3500");
     }
 }
