@@ -12,6 +12,10 @@ use k8s_openapi::api::core::v1::{
 use crate::base::observed::ContainerState as RtState;
 use crate::kubelet::admission::resize::{RESIZE_IN_PROGRESS, RESIZE_PENDING};
 
+/// `PodResizeInProgress`'s reason when the last try to carry the resize out failed
+/// (upstream's `PodReasonError`).
+const RESIZE_ERROR: &str = "Error";
+
 /// The conditions with the pod's `PodResizePending` verdict added, its transition time kept
 /// from the previous status while the condition stays (the reason may change meanwhile, as
 /// upstream keeps it).
@@ -65,11 +69,13 @@ pub(crate) fn resources(
 /// The status with what the running containers run with: each running container's
 /// `resources` as it was last given (`actuated`, by container ID), and `PodResizeInProgress`
 /// while one of them runs with other resources than it was allocated (upstream clears it once
-/// every container has its allocation).
+/// every container has its allocation), with reason `Error` and the error as its message when
+/// the last try to carry the resize out failed (`error`).
 pub(crate) fn with_actuated(
     mut status: PodStatus,
     pod: &Pod,
     actuated: &std::collections::HashMap<String, ResourceRequirements>,
+    error: Option<&str>,
     previous: Option<&PodStatus>,
     now: SystemTime,
 ) -> PodStatus {
@@ -109,6 +115,8 @@ pub(crate) fn with_actuated(
         conditions.push(PodCondition {
             type_: RESIZE_IN_PROGRESS.to_string(),
             status: "True".to_string(),
+            reason: error.map(|_| RESIZE_ERROR.to_string()),
+            message: error.map(str::to_string),
             last_transition_time: Some(kept.unwrap_or_else(|| super::time(now))),
             observed_generation: super::observed_generation(pod),
             ..Default::default()
@@ -207,7 +215,14 @@ mod tests {
         let mut s = status();
         s.container_statuses.as_mut().unwrap()[0].resources = Some(res(json!({})));
         let given = std::collections::HashMap::from([("c1".to_string(), res(json!({})))]);
-        let s = with_actuated(s, &Pod::default(), &given, None, SystemTime::UNIX_EPOCH);
+        let s = with_actuated(
+            s,
+            &Pod::default(),
+            &given,
+            None,
+            None,
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(
             s.container_statuses.as_ref().unwrap()[0].resources,
             Some(res(json!({})))
@@ -223,15 +238,34 @@ mod tests {
             "c1".to_string(),
             res(json!({"requests": {"cpu": "100m"}})),
         )]);
-        let s = with_actuated(status(), &pod, &old, None, now);
+        let s = with_actuated(status(), &pod, &old, None, None, now);
         assert!(in_progress(&s));
         let shown = s.container_statuses.as_ref().unwrap()[0].resources.clone();
         assert_eq!(shown, Some(res(json!({"requests": {"cpu": "100m"}}))));
+        let s = with_actuated(
+            status(),
+            &pod,
+            &old,
+            Some("cannot decrease memory limits: x"),
+            None,
+            now,
+        );
+        let c = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == RESIZE_IN_PROGRESS)
+            .unwrap();
+        assert_eq!(c.reason.as_deref(), Some("Error"), "a failed try is told");
+        assert_eq!(
+            c.message.as_deref(),
+            Some("cannot decrease memory limits: x")
+        );
         let applied = std::collections::HashMap::from([(
             "c1".to_string(),
             res(json!({"requests": {"cpu": "0.2"}})),
         )]);
-        let s = with_actuated(status(), &pod, &applied, None, now);
+        let s = with_actuated(status(), &pod, &applied, None, None, now);
         assert!(!in_progress(&s), "cleared once applied");
     }
 }

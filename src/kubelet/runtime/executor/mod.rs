@@ -133,6 +133,10 @@ pub(crate) struct PodSyncState {
     /// What each running instance (by container ID) was last given: its spec's resources at
     /// its start, or an in-place resize's since (upstream's actuated resources).
     pub actuated: HashMap<String, k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Why the allocated resize could not be carried out at the last try (a memory limit
+    /// below what its container uses, a runtime refusal); the status shows it on
+    /// `PodResizeInProgress` until a try goes through.
+    pub resize_error: Option<String>,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod

@@ -6,22 +6,28 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 
 use super::{Executor, PodSyncState};
 use crate::base::observed::{ContainerState, ObservedPod};
+use crate::clients::cri::proto::ContainerStatsFilter;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::runtime::actions::PodActions;
+use crate::kubelet::runtime::resize::{below_usage, lowered_memory_limit, memory_resize_error};
 use crate::kubelet::runtime::translate::container::linux_resources;
 
-/// The resources of the spec's container `name` (app container or sidecar).
-fn spec_resources(pod: &Pod, name: &str) -> Option<ResourceRequirements> {
+/// The spec's container `name` (app container or init container).
+fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     let spec = pod.spec.as_ref()?;
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .find(|c| c.name == name)
-        .map(|c| c.resources.clone().unwrap_or_default())
+}
+
+/// The resources of the spec's container `name` (app container or sidecar).
+fn spec_resources(pod: &Pod, name: &str) -> Option<ResourceRequirements> {
+    spec_container(pod, name).map(|c| c.resources.clone().unwrap_or_default())
 }
 
 /// Records what the running instances run with: an instance not known yet (just started, or
@@ -93,16 +99,19 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
         let Some(before) = before_resize(pod, observed, &state.actuated) else {
+            state.resize_error = None;
             return Ok(());
         };
+        if let Some(error) = self.memory_limits_too_low(pod, decision, state).await {
+            // Nothing is changed; the status says why until the resize goes through or
+            // another replaces it (upstream goes on with the rest of the sync as well).
+            tracing::warn!(error = %error, "the allocated resize cannot be carried out now");
+            state.resize_error = Some(error);
+            return Ok(());
+        }
         self.set_pod_cgroup(&before, pod, true).await;
         for r in &decision.resize_containers {
-            let Some(c) = pod.spec.as_ref().and_then(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-                    .find(|c| c.name == r.name)
-            }) else {
+            let Some(c) = spec_container(pod, &r.name) else {
                 continue;
             };
             let linux = match linux_resources(pod, c, self.node.node_memory_bytes, &self.resources)
@@ -114,15 +123,59 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 }
             };
             tracing::info!(container = %r.name, container_id = %r.id, "resizing the container in place");
-            self.rt
+            if let Err(error) = self
+                .rt
                 .update_container_resources(r.id.clone(), linux)
-                .await?;
+                .await
+            {
+                state.resize_error = Some(error.to_string());
+                return Err(error);
+            }
             state
                 .actuated
                 .insert(r.id.clone(), c.resources.clone().unwrap_or_default());
         }
         self.set_pod_cgroup(&before, pod, false).await;
+        state.resize_error = None;
         Ok(())
+    }
+
+    /// Why the decision's in-place resizes cannot go through: a memory limit lowered to what
+    /// its container already uses or less (upstream's `validateMemoryResizeAction`, which
+    /// checks them all before anything changes, so no resize is left half done).
+    async fn memory_limits_too_low(
+        &self,
+        pod: &Pod,
+        decision: &PodActions,
+        state: &PodSyncState,
+    ) -> Option<String> {
+        let mut errors = Vec::new();
+        for r in &decision.resize_containers {
+            let lowered = spec_container(pod, &r.name)
+                .zip(state.actuated.get(&r.id))
+                .and_then(|(c, actuated)| lowered_memory_limit(c, actuated));
+            let Some(limit) = lowered else {
+                continue;
+            };
+            match self.memory_usage(&r.id).await {
+                Some(usage) => errors.extend(below_usage(&r.name, limit, usage)),
+                None => errors.push(format!("missing container {:?} memory usage", r.name)),
+            }
+        }
+        (!errors.is_empty()).then(|| memory_resize_error(&errors))
+    }
+
+    /// What the container `id` uses of memory now, as the runtime's stats say.
+    async fn memory_usage(&self, id: &str) -> Option<u64> {
+        let filter = ContainerStatsFilter {
+            id: id.to_string(),
+            ..Default::default()
+        };
+        let stats = self.rt.list_container_stats(Some(filter)).await.ok()?;
+        let own = stats
+            .into_iter()
+            .find(|s| s.attributes.as_ref().is_some_and(|a| a.id == id))?;
+        own.memory?.usage_bytes.map(|v| v.value)
     }
 
     /// Writes the pod cgroup's settings for a resize from `before` to `after`: during it
@@ -284,5 +337,64 @@ mod tests {
         assert!(rt.resource_updates().is_empty(), "nothing resized in place");
         // A v1 kernel refuses a container quota above its pod's: 35m must be there first.
         assert_eq!(std::fs::read_to_string(&quota).unwrap(), "3500");
+    }
+
+    /// A Guaranteed pod on the fixture node whose one container has `memory` as request and
+    /// limit, resized in place.
+    fn memory_pod(memory: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "uid-m"},
+            "spec": {"nodeName": "node-a", "containers": [{
+                "name": "c1", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                "resources": {"requests": {"cpu": "20m", "memory": memory},
+                              "limits": {"cpu": "20m", "memory": memory}},
+            }]},
+        }))
+        .expect("pod")
+    }
+
+    #[tokio::test]
+    async fn a_memory_limit_below_what_the_container_uses_is_refused_and_told() {
+        use crate::clients::cri::proto::{ContainerStats, MemoryUsage, UInt64Value};
+        let dir = tempfile::tempdir().unwrap();
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let mut state = PodSyncState::default();
+        let sync = async |executor: &Executor<FakeCri>, p: &Pod, state: &mut PodSyncState| {
+            executor
+                .sync_pod(p, state, &HashMap::new(), &HashMap::new())
+                .await;
+        };
+        sync(&executor, &memory_pod("30Mi"), &mut state).await;
+        let id = rt.containers()[0].id.clone();
+        let usage = 2 << 20;
+        rt.set_container_stats(
+            &id,
+            ContainerStats {
+                memory: Some(MemoryUsage {
+                    usage_bytes: Some(UInt64Value { value: usage }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+
+        sync(&executor, &memory_pod("10Ki"), &mut state).await;
+        assert!(rt.resource_updates().is_empty(), "nothing changed");
+        assert_eq!(
+            state.resize_error.as_deref(),
+            Some(
+                "cannot decrease memory limits: attempting to set container \"c1\" memory limit \
+                 (10240) below current usage (2097152)"
+            )
+        );
+        let was = state.actuated[&id].limits.as_ref().unwrap()["memory"].clone();
+        assert_eq!(was.0, "30Mi", "still runs with what it was given");
+
+        // Above what it uses, the resize goes through and the error is gone.
+        sync(&executor, &memory_pod("20Mi"), &mut state).await;
+        assert_eq!(rt.resource_updates().len(), 1);
+        assert_eq!(rt.resource_updates()[0].1.memory_limit_in_bytes, 20 << 20);
+        assert_eq!(state.resize_error, None);
     }
 }
