@@ -1096,6 +1096,7 @@ async fn sync_once<R: RuntimeService + ImageService>(
         status,
         pod,
         &state.actuated,
+        state.resize_error.as_deref(),
         published.as_ref().or(state.status.as_ref()),
         clock::now(),
     );

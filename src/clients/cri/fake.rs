@@ -157,6 +157,11 @@ impl FakeCri {
     }
 
     /// Puts a container in, as a relist would find it (GC and rotation tests).
+    /// What `ListContainerStats` reports of the container `id`.
+    pub(crate) fn set_container_stats(&self, id: &str, stats: ContainerStats) {
+        self.lock().container_stats.insert(id.to_string(), stats);
+    }
+
     pub(crate) fn add_container(&self, container: Container) {
         self.lock().containers.push(container);
     }

@@ -12,6 +12,10 @@ use k8s_openapi::api::core::v1::{
 use crate::base::observed::ContainerState as RtState;
 use crate::kubelet::admission::resize::{RESIZE_IN_PROGRESS, RESIZE_PENDING};
 
+/// `PodResizeInProgress`'s reason when the last try to carry the resize out failed
+/// (upstream's `PodReasonError`).
+const RESIZE_ERROR: &str = "Error";
+
 /// The conditions with the pod's `PodResizePending` verdict added, its transition time kept
 /// from the previous status while the condition stays (the reason may change meanwhile, as
 /// upstream keeps it).
@@ -40,24 +44,23 @@ pub(crate) fn with_resize_verdict(
     conditions
 }
 
-/// A container's `allocatedResources` (the requests the node allocated it) and, while it
-/// runs, its `resources` (what it runs with). The container is the spec as the node runs it,
-/// so its resources are the allocation.
+/// A container's `allocatedResources` (the requests the node allocated it) and, once it has an
+/// instance, its `resources`: the allocation (the container is the spec as the node runs it),
+/// which [`with_actuated`] replaces by what a running instance was last given. A container
+/// with no requests or limits shows `resources: {}`, as upstream's
+/// `convertContainerStatusResources` writes it (the resize e2e specs read it as given); one
+/// never created shows none.
 pub(crate) fn resources(
     container: &Container,
     state: Option<RtState>,
     status: &mut ContainerStatus,
 ) {
-    let Some(allocated) = container.resources.as_ref() else {
-        return;
-    };
+    let allocated = container.resources.clone().unwrap_or_default();
     status.allocated_resources = allocated.requests.clone().filter(|r| !r.is_empty());
-    if state == Some(RtState::Running)
-        && (allocated.requests.is_some() || allocated.limits.is_some())
-    {
+    if state.is_some() {
         status.resources = Some(ResourceRequirements {
-            requests: allocated.requests.clone(),
-            limits: allocated.limits.clone(),
+            requests: allocated.requests,
+            limits: allocated.limits,
             claims: None,
         });
     }
@@ -66,11 +69,13 @@ pub(crate) fn resources(
 /// The status with what the running containers run with: each running container's
 /// `resources` as it was last given (`actuated`, by container ID), and `PodResizeInProgress`
 /// while one of them runs with other resources than it was allocated (upstream clears it once
-/// every container has its allocation).
+/// every container has its allocation), with reason `Error` and the error as its message when
+/// the last try to carry the resize out failed (`error`).
 pub(crate) fn with_actuated(
     mut status: PodStatus,
     pod: &Pod,
     actuated: &std::collections::HashMap<String, ResourceRequirements>,
+    error: Option<&str>,
     previous: Option<&PodStatus>,
     now: SystemTime,
 ) -> PodStatus {
@@ -94,8 +99,7 @@ pub(crate) fn with_actuated(
         if !crate::kubelet::admission::resize::same_resources(&allocated, given) {
             in_progress = true;
         }
-        let empty = given.requests.is_none() && given.limits.is_none();
-        cs.resources = (!empty).then(|| ResourceRequirements {
+        cs.resources = Some(ResourceRequirements {
             requests: given.requests.clone(),
             limits: given.limits.clone(),
             claims: None,
@@ -111,6 +115,8 @@ pub(crate) fn with_actuated(
         conditions.push(PodCondition {
             type_: RESIZE_IN_PROGRESS.to_string(),
             status: "True".to_string(),
+            reason: error.map(|_| RESIZE_ERROR.to_string()),
+            message: error.map(str::to_string),
             last_transition_time: Some(kept.unwrap_or_else(|| super::time(now))),
             observed_generation: super::observed_generation(pod),
             ..Default::default()
@@ -155,6 +161,76 @@ mod tests {
     }
 
     #[test]
+    fn every_created_container_shows_its_resources_an_empty_list_as_empty() {
+        let best_effort = Container {
+            name: "be".into(),
+            ..Default::default()
+        };
+        let burstable = Container {
+            name: "b".into(),
+            resources: Some(res(json!({"requests": {"cpu": "20m"}}))),
+            ..Default::default()
+        };
+        let cases = [
+            // (what, container, state, resources shown, allocatedResources shown)
+            (
+                "BestEffort, running",
+                &best_effort,
+                Some(RtState::Running),
+                Some(res(json!({}))),
+                None,
+            ),
+            (
+                "BestEffort, exited",
+                &best_effort,
+                Some(RtState::Exited),
+                Some(res(json!({}))),
+                None,
+            ),
+            (
+                "never created",
+                &burstable,
+                None,
+                None,
+                Some(json!({"cpu": "20m"})),
+            ),
+            (
+                "exited: the allocation",
+                &burstable,
+                Some(RtState::Exited),
+                Some(res(json!({"requests": {"cpu": "20m"}}))),
+                Some(json!({"cpu": "20m"})),
+            ),
+        ];
+        for (what, c, state, want, want_allocated) in cases {
+            let mut status = ContainerStatus::default();
+            resources(c, state, &mut status);
+            assert_eq!(status.resources, want, "{what}");
+            let allocated = status
+                .allocated_resources
+                .map(|a| serde_json::to_value(a).unwrap());
+            assert_eq!(allocated, want_allocated, "{what}");
+        }
+        // What a running BestEffort container was given (nothing) is shown as `{}` too.
+        let mut s = status();
+        s.container_statuses.as_mut().unwrap()[0].resources = Some(res(json!({})));
+        let given = std::collections::HashMap::from([("c1".to_string(), res(json!({})))]);
+        let s = with_actuated(
+            s,
+            &Pod::default(),
+            &given,
+            None,
+            None,
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(
+            s.container_statuses.as_ref().unwrap()[0].resources,
+            Some(res(json!({})))
+        );
+        assert!(!in_progress(&s));
+    }
+
+    #[test]
     fn resources_show_what_runs_and_the_resize_is_in_progress_until_applied() {
         let pod = Pod::default();
         let now = SystemTime::UNIX_EPOCH;
@@ -162,15 +238,34 @@ mod tests {
             "c1".to_string(),
             res(json!({"requests": {"cpu": "100m"}})),
         )]);
-        let s = with_actuated(status(), &pod, &old, None, now);
+        let s = with_actuated(status(), &pod, &old, None, None, now);
         assert!(in_progress(&s));
         let shown = s.container_statuses.as_ref().unwrap()[0].resources.clone();
         assert_eq!(shown, Some(res(json!({"requests": {"cpu": "100m"}}))));
+        let s = with_actuated(
+            status(),
+            &pod,
+            &old,
+            Some("cannot decrease memory limits: x"),
+            None,
+            now,
+        );
+        let c = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == RESIZE_IN_PROGRESS)
+            .unwrap();
+        assert_eq!(c.reason.as_deref(), Some("Error"), "a failed try is told");
+        assert_eq!(
+            c.message.as_deref(),
+            Some("cannot decrease memory limits: x")
+        );
         let applied = std::collections::HashMap::from([(
             "c1".to_string(),
             res(json!({"requests": {"cpu": "0.2"}})),
         )]);
-        let s = with_actuated(status(), &pod, &applied, None, now);
+        let s = with_actuated(status(), &pod, &applied, None, None, now);
         assert!(!in_progress(&s), "cleared once applied");
     }
 }

@@ -71,6 +71,38 @@ pub(crate) fn resize_step(c: &Container, actuated: &ResourceRequirements) -> Opt
     (cpu_changed || memory_limit_changed || memory_request_changed).then_some(ResizeStep::InPlace)
 }
 
+/// The memory limit an in-place resize sets on a running container when that limit goes down
+/// (or appears): the container must use less than it, or the kernel refuses the write.
+/// `None` when the memory limit does not go down.
+pub(crate) fn lowered_memory_limit(c: &Container, actuated: &ResourceRequirements) -> Option<i64> {
+    let wanted = amount(
+        &c.resources.clone().unwrap_or_default(),
+        true,
+        "memory",
+        false,
+    );
+    let was = amount(actuated, true, "memory", false);
+    (wanted != 0 && (was == 0 || wanted < was)).then_some(wanted)
+}
+
+/// Why a container's memory limit cannot go down to `limit` while it uses `usage` bytes, in
+/// upstream's words (`validateMemoryResizeAction`); `None` when it can.
+pub(crate) fn below_usage(name: &str, limit: i64, usage: u64) -> Option<String> {
+    (usage >= u64::try_from(limit).unwrap_or(0)).then(|| {
+        format!("attempting to set container {name:?} memory limit ({limit}) below current usage ({usage})")
+    })
+}
+
+/// The resize error of the memory limits that cannot go down (upstream's aggregate: one
+/// error as it is, several in brackets).
+pub(crate) fn memory_resize_error(errors: &[String]) -> String {
+    let all = match errors {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    };
+    format!("cannot decrease memory limits: {all}")
+}
+
 /// Why a container is restarted for a resize, in upstream's words.
 pub(crate) fn restart_message(name: &str) -> String {
     format!("Container {name} resize requires restart")
@@ -165,6 +197,47 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn a_memory_limit_goes_down_only_above_what_the_container_uses() {
+        let was = res(json!({"limits": {"memory": "30Mi"}}));
+        let cases = [
+            (
+                "lowered",
+                json!({"limits": {"memory": "10Ki"}}),
+                &was,
+                Some(10240),
+            ),
+            ("raised", json!({"limits": {"memory": "35Mi"}}), &was, None),
+            (
+                "unchanged",
+                json!({"limits": {"memory": "30Mi"}}),
+                &was,
+                None,
+            ),
+            ("removed", json!({}), &was, None),
+        ];
+        for (what, now, actuated, want) in cases {
+            let c = container(now, json!([]));
+            assert_eq!(lowered_memory_limit(&c, actuated), want, "{what}");
+        }
+        let added = container(json!({"limits": {"memory": "64Mi"}}), json!([]));
+        assert_eq!(
+            lowered_memory_limit(&added, &res(json!({}))),
+            Some(64 << 20)
+        );
+        assert_eq!(below_usage("c1", 10240, 10239), None);
+        let error = below_usage("c1", 10240, 10240).expect("at the usage");
+        assert_eq!(
+            memory_resize_error(std::slice::from_ref(&error)),
+            "cannot decrease memory limits: attempting to set container \"c1\" memory limit \
+             (10240) below current usage (10240)"
+        );
+        assert_eq!(
+            memory_resize_error(&["a".into(), "b".into()]),
+            "cannot decrease memory limits: [a, b]"
+        );
     }
 
     #[test]

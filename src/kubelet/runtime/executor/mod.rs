@@ -137,6 +137,10 @@ pub(crate) struct PodSyncState {
     /// What each running instance (by container ID) was last given: its spec's resources at
     /// its start, or an in-place resize's since (upstream's actuated resources).
     pub actuated: HashMap<String, k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Why the allocated resize could not be carried out at the last try (a memory limit
+    /// below what its container uses, a runtime refusal); the status shows it on
+    /// `PodResizeInProgress` until a try goes through.
+    pub resize_error: Option<String>,
 }
 
 /// What the executor needs to know of the PLEG's event stream to decide when to look at a pod
@@ -873,7 +877,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .await?;
             }
         }
-        self.resize_in_place(pod, decision, state).await?;
+        self.resize_in_place(pod, observed, decision, state).await?;
         self.start(pod, observed, decision, state, made).await
     }
 }
@@ -970,7 +974,7 @@ mod cgroup_tests {
         )
     }
 
-    fn manager(cgroups: &Path) -> Arc<CgroupManager> {
+    pub(super) fn manager(cgroups: &Path) -> Arc<CgroupManager> {
         for h in ["cpu", "memory", "pids"] {
             std::fs::create_dir_all(cgroups.join(h)).unwrap();
             // What marks a mounted hierarchy.

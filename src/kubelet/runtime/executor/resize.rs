@@ -6,22 +6,28 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 
 use super::{Executor, PodSyncState};
 use crate::base::observed::{ContainerState, ObservedPod};
+use crate::clients::cri::proto::ContainerStatsFilter;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::runtime::actions::PodActions;
+use crate::kubelet::runtime::resize::{below_usage, lowered_memory_limit, memory_resize_error};
 use crate::kubelet::runtime::translate::container::linux_resources;
 
-/// The resources of the spec's container `name` (app container or sidecar).
-fn spec_resources(pod: &Pod, name: &str) -> Option<ResourceRequirements> {
+/// The spec's container `name` (app container or init container).
+fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     let spec = pod.spec.as_ref()?;
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .find(|c| c.name == name)
-        .map(|c| c.resources.clone().unwrap_or_default())
+}
+
+/// The resources of the spec's container `name` (app container or sidecar).
+fn spec_resources(pod: &Pod, name: &str) -> Option<ResourceRequirements> {
+    spec_container(pod, name).map(|c| c.resources.clone().unwrap_or_default())
 }
 
 /// Records what the running instances run with: an instance not known yet (just started, or
@@ -46,46 +52,66 @@ pub(super) fn note_actuated(pod: &Pod, observed: &ObservedPod, state: &mut PodSy
     }
 }
 
-/// The pod as it ran before the resize: each resized container at its actuated resources.
-fn before_resize(pod: &Pod, decision: &PodActions, state: &PodSyncState) -> Pod {
+/// The pod as its cgroup was last sized, when a running instance (in `observed`, the view the
+/// step was decided on) was given other resources than its container is allocated now: those
+/// instances at what they were given. `None` when every running instance has its allocation,
+/// so the pod's cgroup has nothing to follow. Instances the step stops for a resize count as
+/// well: their restart runs with the new resources, which the pod's cgroup must hold first
+/// (upstream's `UpdatePodResources`: on cgroup v1 a container's CFS quota above its pod's is
+/// refused).
+fn before_resize(
+    pod: &Pod,
+    observed: &ObservedPod,
+    actuated: &HashMap<String, ResourceRequirements>,
+) -> Option<Pod> {
     let mut before = pod.clone();
-    if let Some(spec) = before.spec.as_mut() {
-        for r in &decision.resize_containers {
-            let c = spec
-                .containers
-                .iter_mut()
-                .chain(spec.init_containers.iter_mut().flatten())
-                .find(|c| c.name == r.name);
-            if let Some(c) = c
-                && let Some(was) = state.actuated.get(&r.id)
-            {
-                c.resources = Some(was.clone());
-            }
+    let mut differs = false;
+    let spec = before.spec.as_mut()?;
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        let given = observed
+            .containers
+            .iter()
+            .filter(|i| i.name == c.name && i.state == ContainerState::Running)
+            .find_map(|i| actuated.get(&i.id));
+        let Some(given) = given else {
+            continue;
+        };
+        if crate::kubelet::runtime::resize::resize_step(c, given).is_some() {
+            c.resources = Some(given.clone());
+            differs = true;
         }
     }
-    before
+    differs.then_some(before)
 }
 
 impl<R: RuntimeService + ImageService> Executor<R> {
-    /// Resizes the decision's containers in place, the pod cgroup around them.
+    /// Resizes the decision's containers in place, the pod cgroup around them (also when the
+    /// resize only restarts containers: before they start again).
     pub(super) async fn resize_in_place(
         &self,
         pod: &Pod,
+        observed: &ObservedPod,
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
-        if decision.resize_containers.is_empty() {
+        let Some(before) = before_resize(pod, observed, &state.actuated) else {
+            state.resize_error = None;
+            return Ok(());
+        };
+        if let Some(error) = self.memory_limits_too_low(pod, decision, state).await {
+            // Nothing is changed; the status says why until the resize goes through or
+            // another replaces it (upstream goes on with the rest of the sync as well).
+            tracing::warn!(error = %error, "the allocated resize cannot be carried out now");
+            state.resize_error = Some(error);
             return Ok(());
         }
-        let before = before_resize(pod, decision, state);
         self.set_pod_cgroup(&before, pod, true).await;
         for r in &decision.resize_containers {
-            let Some(c) = pod.spec.as_ref().and_then(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-                    .find(|c| c.name == r.name)
-            }) else {
+            let Some(c) = spec_container(pod, &r.name) else {
                 continue;
             };
             let linux = match linux_resources(pod, c, self.node.node_memory_bytes, &self.resources)
@@ -97,15 +123,59 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 }
             };
             tracing::info!(container = %r.name, container_id = %r.id, "resizing the container in place");
-            self.rt
+            if let Err(error) = self
+                .rt
                 .update_container_resources(r.id.clone(), linux)
-                .await?;
+                .await
+            {
+                state.resize_error = Some(error.to_string());
+                return Err(error);
+            }
             state
                 .actuated
                 .insert(r.id.clone(), c.resources.clone().unwrap_or_default());
         }
         self.set_pod_cgroup(&before, pod, false).await;
+        state.resize_error = None;
         Ok(())
+    }
+
+    /// Why the decision's in-place resizes cannot go through: a memory limit lowered to what
+    /// its container already uses or less (upstream's `validateMemoryResizeAction`, which
+    /// checks them all before anything changes, so no resize is left half done).
+    async fn memory_limits_too_low(
+        &self,
+        pod: &Pod,
+        decision: &PodActions,
+        state: &PodSyncState,
+    ) -> Option<String> {
+        let mut errors = Vec::new();
+        for r in &decision.resize_containers {
+            let lowered = spec_container(pod, &r.name)
+                .zip(state.actuated.get(&r.id))
+                .and_then(|(c, actuated)| lowered_memory_limit(c, actuated));
+            let Some(limit) = lowered else {
+                continue;
+            };
+            match self.memory_usage(&r.id).await {
+                Some(usage) => errors.extend(below_usage(&r.name, limit, usage)),
+                None => errors.push(format!("missing container {:?} memory usage", r.name)),
+            }
+        }
+        (!errors.is_empty()).then(|| memory_resize_error(&errors))
+    }
+
+    /// What the container `id` uses of memory now, as the runtime's stats say.
+    async fn memory_usage(&self, id: &str) -> Option<u64> {
+        let filter = ContainerStatsFilter {
+            id: id.to_string(),
+            ..Default::default()
+        };
+        let stats = self.rt.list_container_stats(Some(filter)).await.ok()?;
+        let own = stats
+            .into_iter()
+            .find(|s| s.attributes.as_ref().is_some_and(|a| a.id == id))?;
+        own.memory?.usage_bytes.map(|v| v.value)
     }
 
     /// Writes the pod cgroup's settings for a resize from `before` to `after`: during it
@@ -133,5 +203,198 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
             Err(error) => tracing::warn!(error = %error, "the pod cgroup task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::{Value, json};
+
+    use super::super::cgroup_tests::{IMAGE, executor, manager};
+    use super::*;
+    use crate::base::observed::ObservedContainer;
+    use crate::clients::cri::fake::FakeCri;
+
+    fn res(v: Value) -> ResourceRequirements {
+        serde_json::from_value(v).expect("resources")
+    }
+
+    /// A Burstable pod `uid` on the fixture node whose container `app` asks for `cpu`
+    /// (request) and `limit`, its cpu resized by a restart.
+    fn pod(uid: &str, cpu: &str, limit: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": uid},
+            "spec": {"nodeName": "node-a", "containers": [{
+                "name": "app", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                "resources": {"requests": {"cpu": cpu, "memory": "32Mi"},
+                              "limits": {"cpu": limit, "memory": "64Mi"}},
+                "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "RestartContainer"}],
+            }]},
+        }))
+        .expect("pod")
+    }
+
+    fn instance(id: &str, state: ContainerState) -> ObservedContainer {
+        ObservedContainer {
+            id: id.into(),
+            sandbox_id: "s".into(),
+            name: "app".into(),
+            attempt: 0,
+            state,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            hash: None,
+            image: IMAGE.into(),
+            image_ref: String::new(),
+            grace_period: None,
+            is_init: false,
+            pre_stop: None,
+        }
+    }
+
+    #[test]
+    fn the_pod_before_a_resize_has_each_running_instance_at_what_it_was_given() {
+        let now = pod("u", "25m", "35m");
+        let was = res(json!({"requests": {"cpu": "20m", "memory": "32Mi"},
+                             "limits": {"cpu": "30m", "memory": "64Mi"}}));
+        let same = now.spec.as_ref().unwrap().containers[0]
+            .resources
+            .clone()
+            .unwrap();
+        let running = ObservedPod {
+            containers: vec![instance("c1", ContainerState::Running)],
+            ..Default::default()
+        };
+        let exited = ObservedPod {
+            containers: vec![instance("c1", ContainerState::Exited)],
+            ..Default::default()
+        };
+        let given = |r: &ResourceRequirements| HashMap::from([("c1".to_string(), r.clone())]);
+        let cases = [
+            // The instance the step stops for its restart counts: its pod cgroup is the old one.
+            (
+                "running at the old size",
+                &running,
+                given(&was),
+                Some(was.clone()),
+            ),
+            ("running at its allocation", &running, given(&same), None),
+            (
+                "no record of what it was given",
+                &running,
+                HashMap::new(),
+                None,
+            ),
+            ("exited", &exited, given(&was), None),
+        ];
+        for (what, observed, actuated, want) in cases {
+            let before = before_resize(&now, observed, &actuated);
+            let got = before.map(|p| p.spec.unwrap().containers[0].resources.clone().unwrap());
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resize_by_restart_resizes_the_pod_cgroup_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cgroup");
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_cgroups(manager(&cgroups));
+        let mut state = PodSyncState::default();
+        executor
+            .sync_pod(
+                &pod("uid-r", "20m", "30m"),
+                &mut state,
+                &HashMap::new(),
+                &HashMap::new(),
+            )
+            .await;
+        let quota = cgroups.join("cpu/kubepods/burstable/poduid-r/cpu.cfs_quota_us");
+        assert_eq!(std::fs::read_to_string(&quota).unwrap(), "3000");
+        let first = rt.containers()[0].id.clone();
+
+        executor
+            .sync_pod(
+                &pod("uid-r", "25m", "35m"),
+                &mut state,
+                &HashMap::new(),
+                &HashMap::new(),
+            )
+            .await;
+        assert_eq!(
+            rt.stopped(),
+            vec![first],
+            "restarted, as its resizePolicy says"
+        );
+        assert_eq!(rt.count("CreateContainer"), 2);
+        assert!(rt.resource_updates().is_empty(), "nothing resized in place");
+        // A v1 kernel refuses a container quota above its pod's: 35m must be there first.
+        assert_eq!(std::fs::read_to_string(&quota).unwrap(), "3500");
+    }
+
+    /// A Guaranteed pod on the fixture node whose one container has `memory` as request and
+    /// limit, resized in place.
+    fn memory_pod(memory: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "uid-m"},
+            "spec": {"nodeName": "node-a", "containers": [{
+                "name": "c1", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                "resources": {"requests": {"cpu": "20m", "memory": memory},
+                              "limits": {"cpu": "20m", "memory": memory}},
+            }]},
+        }))
+        .expect("pod")
+    }
+
+    #[tokio::test]
+    async fn a_memory_limit_below_what_the_container_uses_is_refused_and_told() {
+        use crate::clients::cri::proto::{ContainerStats, MemoryUsage, UInt64Value};
+        let dir = tempfile::tempdir().unwrap();
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let mut state = PodSyncState::default();
+        let sync = async |executor: &Executor<FakeCri>, p: &Pod, state: &mut PodSyncState| {
+            executor
+                .sync_pod(p, state, &HashMap::new(), &HashMap::new())
+                .await;
+        };
+        sync(&executor, &memory_pod("30Mi"), &mut state).await;
+        let id = rt.containers()[0].id.clone();
+        let usage = 2 << 20;
+        rt.set_container_stats(
+            &id,
+            ContainerStats {
+                memory: Some(MemoryUsage {
+                    usage_bytes: Some(UInt64Value { value: usage }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+
+        sync(&executor, &memory_pod("10Ki"), &mut state).await;
+        assert!(rt.resource_updates().is_empty(), "nothing changed");
+        assert_eq!(
+            state.resize_error.as_deref(),
+            Some(
+                "cannot decrease memory limits: attempting to set container \"c1\" memory limit \
+                 (10240) below current usage (2097152)"
+            )
+        );
+        let was = state.actuated[&id].limits.as_ref().unwrap()["memory"].clone();
+        assert_eq!(was.0, "30Mi", "still runs with what it was given");
+
+        // Above what it uses, the resize goes through and the error is gone.
+        sync(&executor, &memory_pod("20Mi"), &mut state).await;
+        assert_eq!(rt.resource_updates().len(), 1);
+        assert_eq!(rt.resource_updates()[0].1.memory_limit_in_bytes, 20 << 20);
+        assert_eq!(state.resize_error, None);
     }
 }
