@@ -234,3 +234,95 @@ spec:
     agent.kill();
     common::remove_node_pods(&client, &agent.node).await;
 }
+
+/// Two agents on one containerd never wake each other (issue 28): one agent's crash loop
+/// makes exits and new container IDs that reach the other agent's event stream too; that
+/// agent settles each unknown ID with at most one relist (after which the ID is foreign) and
+/// wakes none of its pod workers for it, and its own pod is left as it was.
+#[tokio::test]
+async fn two_agents_on_one_containerd_never_wake_each_other() {
+    const POKES: &str = "deckhand_pleg_event_pokes_total";
+    const RELISTS: &str = "kubelet_pleg_relist_duration_seconds_count";
+    let mut quiet = Agent::new("e2e-pleg-quiet");
+    quiet
+        .env
+        .push(("DECKHAND_RELIST_PERIOD".into(), "60s".into()));
+    quiet.start();
+    let mut busy = Agent::new("e2e-pleg-busy");
+    busy.backoff("500ms", "1s");
+    busy.start();
+    quiet.wait_healthy(WAIT).await;
+    busy.wait_healthy(WAIT).await;
+    quiet.write_manifest("steady.yaml", &common::sleeping_pod("steady"));
+    let steady = wait_until("the quiet agent's pod to run", WAIT, || async {
+        let pod = quiet.pod("steady").await?;
+        let status = &pod["status"]["containerStatuses"][0];
+        let id = status["containerID"].as_str()?;
+        status["state"]["running"]
+            .is_object()
+            .then(|| id.to_string())
+    })
+    .await;
+    // Only exits and removals wake a worker, and the quiet pod has none.
+    let pokes_before = metric(&quiet, POKES)
+        .await
+        .expect("the quiet agent's pokes");
+    let relists_before = metric(&quiet, RELISTS)
+        .await
+        .expect("the quiet agent's relists");
+
+    busy.write_manifest(
+        "crash.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: crash}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: crash, image: {BUSYBOX}, command: ["sh", "-c", "sleep 0.2; exit 3"]}}
+"#
+        ),
+    );
+    let restart_count =
+        |pod: serde_json::Value| pod["status"]["containerStatuses"][0]["restartCount"].as_i64();
+    wait_until("the busy agent's pod to restart 3 times", WAIT, || async {
+        let n = restart_count(busy.pod("crash").await?)?;
+        (n >= 3).then_some(())
+    })
+    .await;
+    let pokes_after = metric(&quiet, POKES)
+        .await
+        .expect("the quiet agent's pokes");
+    let relists_after = metric(&quiet, RELISTS)
+        .await
+        .expect("the quiet agent's relists");
+    // Read after the quiet agent's figures, so every ID it may have seen is counted.
+    let restarts =
+        restart_count(busy.pod("crash").await.expect("the busy pod")).expect("its restart count");
+    let busy_pokes = metric(&busy, POKES).await.unwrap_or(0.0);
+    assert!(
+        busy_pokes >= 3.0,
+        "the busy agent's own exits wake it: {busy_pokes}"
+    );
+    assert_eq!(
+        pokes_after, pokes_before,
+        "the quiet agent was woken by another agent's pod ({restarts} restarts)"
+    );
+    // The foreign IDs that exited: one container per run, and the sandbox; two more for a
+    // periodic relist and one ID being settled as the window closes.
+    let foreign_ids = restarts as f64 + 2.0;
+    let relists = relists_after - relists_before;
+    assert!(
+        relists <= foreign_ids + 2.0,
+        "{relists} relists for {foreign_ids} foreign IDs"
+    );
+    let pod = quiet.pod("steady").await.expect("the quiet agent's pod");
+    let status = &pod["status"]["containerStatuses"][0];
+    assert_eq!(
+        status["containerID"].as_str(),
+        Some(steady.as_str()),
+        "{pod}"
+    );
+    assert_eq!(status["restartCount"], 0, "{pod}");
+}

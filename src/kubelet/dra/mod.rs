@@ -105,15 +105,27 @@ impl std::fmt::Debug for DraManager {
 
 type DraClient = proto::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
 
-async fn connect(endpoint: &str) -> Result<DraClient, String> {
+/// Why a registered driver's socket could not be reached.
+#[derive(Debug, thiserror::Error)]
+#[error("connect to {path}: {source}")]
+struct ConnectError {
+    path: String,
+    source: tonic::transport::Error,
+}
+
+async fn connect(endpoint: &str) -> Result<DraClient, ConnectError> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    let failed = |source| ConnectError {
+        path: path.to_string(),
+        source,
+    };
     let channel = tonic::transport::Endpoint::from_shared(format!("unix://{path}"))
-        .map_err(|e| e.to_string())?
+        .map_err(failed)?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(CALL_TIMEOUT)
         .connect()
         .await
-        .map_err(|e| format!("connect to {path}: {e}"))?;
+        .map_err(failed)?;
     Ok(proto::dra_plugin_client::DraPluginClient::new(channel))
 }
 
@@ -286,7 +298,9 @@ impl DraManager {
         let endpoint = self
             .endpoint(driver)
             .ok_or_else(|| DraError::NotRegistered(driver.to_string()))?;
-        let mut client = connect(&endpoint).await.map_err(call_err)?;
+        let mut client = connect(&endpoint)
+            .await
+            .map_err(|e| call_err(e.to_string()))?;
         let started = crate::base::clock::instant();
         let answer = client
             .node_prepare_resources(proto::NodePrepareResourcesRequest {
@@ -419,7 +433,9 @@ impl DraManager {
         let endpoint = self
             .endpoint(driver)
             .ok_or_else(|| DraError::NotRegistered(driver.to_string()))?;
-        let mut client = connect(&endpoint).await.map_err(call_err)?;
+        let mut client = connect(&endpoint)
+            .await
+            .map_err(|e| call_err(e.to_string()))?;
         let answer = client
             .node_unprepare_resources(proto::NodeUnprepareResourcesRequest {
                 claims: batch.to_vec(),
