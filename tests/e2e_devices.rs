@@ -20,7 +20,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::{
-    admin, bound_pod_with, create_namespace, get_node, joined_agent, sleeping_spec, wait_node_ready,
+    admin, bound_pod_with, built_dir, create_namespace, get_node, joined_agent, sleeping_spec,
+    wait_node_ready,
 };
 use common::{containers_of, cri, wait_until};
 use deckhand::clients::cri::RuntimeService;
@@ -35,24 +36,7 @@ const NS: &str = "e2e-devices";
 /// The dir with `sample-device-plugin` and `devices` (the pod-resources client), built or
 /// reused by `scripts/cluster build-devices`.
 fn binaries() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster");
-    let out = Command::new(script)
-        .arg("build-devices")
-        .output()
-        .expect("run scripts/cluster build-devices");
-    assert!(
-        out.status.success(),
-        "scripts/cluster build-devices failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(
-        text.lines()
-            .last()
-            .expect("the build printed its dir")
-            .trim(),
-    )
+    built_dir("build-devices")
 }
 
 /// The sample plugin as a host process in its own mount namespace; stopped (SIGTERM, as its

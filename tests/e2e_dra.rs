@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::{
-    admin, bound_pod_with, cluster_dir, create_namespace, event_reasons, joined_agent,
+    admin, bound_pod_with, built_dir, cluster_dir, create_namespace, event_reasons, joined_agent,
     sleeping_spec, wait_node_ready,
 };
 use common::{containers_of, cri, wait_until};
@@ -39,25 +39,7 @@ const CLASS: &str = "e2e-dra.deckhand.test";
 
 /// The dir with `test-driver`, built or reused by `scripts/cluster build-dra`.
 fn driver_binary() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster");
-    let out = Command::new(script)
-        .arg("build-dra")
-        .output()
-        .expect("run scripts/cluster build-dra");
-    assert!(
-        out.status.success(),
-        "scripts/cluster build-dra failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(
-        text.lines()
-            .last()
-            .expect("the build printed its dir")
-            .trim(),
-    )
-    .join("test-driver")
+    built_dir("build-dra").join("test-driver")
 }
 
 /// The testbed's CDI directory, from its `testbed.env`; fails when the testbed has none.
@@ -437,24 +419,7 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
 /// The dir of the sample device plugin and the pod-resources client (`devices`), built or
 /// reused by `scripts/cluster build-devices`.
 fn devices_dir() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster");
-    let out = Command::new(script)
-        .arg("build-devices")
-        .output()
-        .expect("run scripts/cluster build-devices");
-    assert!(
-        out.status.success(),
-        "scripts/cluster build-devices failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(
-        text.lines()
-            .last()
-            .expect("the build printed its dir")
-            .trim(),
-    )
+    built_dir("build-devices")
 }
 
 /// The sample plugin in CDI mode, in a mount namespace of its own where the agent's

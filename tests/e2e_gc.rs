@@ -50,16 +50,7 @@ async fn container_gc_keeps_one_dead_instance_of_a_crash_loop() {
     agent.wait_healthy(WAIT).await;
     agent.write_manifest(
         "crash.yaml",
-        &format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {{name: crash}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - {{name: crash, image: {BUSYBOX}, command: ["sh", "-c", "echo attempt; sleep 1; exit 1"]}}
-"#
-        ),
+        &common::crashing_pod("echo attempt; sleep 1; exit 1"),
     );
     let full = agent.pod_name("crash");
     let started = Instant::now();

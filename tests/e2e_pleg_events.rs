@@ -271,19 +271,7 @@ async fn two_agents_on_one_containerd_never_wake_each_other() {
         .await
         .expect("the quiet agent's relists");
 
-    busy.write_manifest(
-        "crash.yaml",
-        &format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {{name: crash}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - {{name: crash, image: {BUSYBOX}, command: ["sh", "-c", "sleep 0.2; exit 3"]}}
-"#
-        ),
-    );
+    busy.write_manifest("crash.yaml", &common::crashing_pod("sleep 0.2; exit 3"));
     let restart_count =
         |pod: serde_json::Value| pod["status"]["containerStatuses"][0]["restartCount"].as_i64();
     wait_until("the busy agent's pod to restart 3 times", WAIT, || async {

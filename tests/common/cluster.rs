@@ -24,8 +24,9 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster")
 }
 
-/// Runs `scripts/cluster ARGS...` and fails the test with its output when it fails.
-pub fn cluster_cmd(args: &[&str]) {
+/// Runs `scripts/cluster ARGS...` and fails the test with its output when it fails; its
+/// standard output.
+pub fn cluster_cmd(args: &[&str]) -> String {
     let out = Command::new(script())
         .args(args)
         .output()
@@ -36,6 +37,19 @@ pub fn cluster_cmd(args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The cache dir of an upstream program `scripts/cluster BUILD` builds or reuses (`build-dra`,
+/// `build-devices`): the last line the build prints.
+pub fn built_dir(build: &str) -> PathBuf {
+    let text = cluster_cmd(&[build]);
+    PathBuf::from(
+        text.lines()
+            .last()
+            .expect("the build printed its dir")
+            .trim(),
+    )
 }
 
 /// A kubeconfig with the client certificate of node `name` (`system:node:<name>`).

@@ -39,6 +39,21 @@ spec:
     )
 }
 
+/// A static pod `crash` whose one container `crash` runs `script` in `sh -c` (each exit is a
+/// crash to restart; 1 s of grace).
+pub fn crashing_pod(script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: crash}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: crash, image: {BUSYBOX}, command: ["sh", "-c", "{script}"]}}
+"#
+    )
+}
+
 /// The runtime endpoint of the private testbed, or a failure that says how to get one.
 pub fn runtime_endpoint() -> String {
     match std::env::var("DECKHAND_TEST_RUNTIME") {
