@@ -143,11 +143,7 @@ fn csi_pod(name: &str, node: &str, driver: &str) -> Pod {
 }
 
 async fn running(pods: &Api<Pod>, name: &str) -> Pod {
-    wait_until(&format!("{name} Running"), WAIT, || async {
-        let p = pods.get(name).await.ok()?;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
-    })
-    .await
+    common::cluster::wait_phase(pods, name, "Running", WAIT).await
 }
 
 #[tokio::test]

@@ -95,11 +95,7 @@ fn claim_pod(name: &str, node: &str, claim_name: &str, read_only: bool, script: 
 }
 
 async fn wait_running(pods: &Api<Pod>, name: &str) -> Pod {
-    wait_until(&format!("{name} Running"), WAIT, || async {
-        let p = pods.get(name).await.ok()?;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
-    })
-    .await
+    common::cluster::wait_phase(pods, name, "Running", WAIT).await
 }
 
 /// Waits for a FailedMount event about `pod` whose message is `want`.
