@@ -80,15 +80,15 @@ async fn healthz_names_a_failing_check_with_500() {
     // A bound healthz with an unreachable read-only address is not a thing we can fail on
     // purpose, so this asserts the format through the library.
     let health = deckhand::base::health::Health::default();
-    health.register("runtime", || {
-        Err("the container runtime is not answering".into())
+    health.register("syncloop", || {
+        Err("the sync loop has not turned for 400s".into())
     });
     let report = health.report();
     assert!(!report.healthy());
     assert!(
         report
             .render(false)
-            .contains("[-]runtime failed: the container runtime is not answering")
+            .contains("[-]syncloop failed: the sync loop has not turned for 400s")
     );
 }
 

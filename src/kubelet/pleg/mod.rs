@@ -14,8 +14,9 @@
 //!
 //! The newest view is kept in a [`RuntimeCache`] (which also maps object IDs to pods for the
 //! events), and `/healthz` turns unhealthy when no relist has completed for three minutes (or
-//! twice the period in effect), or when the last one could not reach the runtime. `/healthz?verbose`
-//! and `/metrics` say which mode is on.
+//! twice the period in effect). A runtime that does not answer is named on `/healthz?verbose`'s
+//! `runtime` line without failing it (the Node's Ready condition carries the outage, as
+//! upstream's does). `/healthz?verbose` and `/metrics` say which mode is on.
 
 pub mod feed;
 pub(crate) mod reconnect;
@@ -680,13 +681,16 @@ pub async fn run<R: RuntimeService, F: EventFeed>(
         });
     }
     {
+        // A note, never a failure: `/healthz` is about the agent, as upstream's is, so a
+        // watchdog or a liveness check on it never restarts the agent for containerd's outage
+        // (which a restart cannot mend). The outage shows here in the verbose report, on the
+        // Node's Ready condition ("container runtime is down") and in the log; the PLEG check
+        // above fails once the outage outlasts its threshold, as upstream's sync loop check
+        // does after five minutes.
         let progress = progress.clone();
-        health.register("runtime", move || {
+        health.register_noted("runtime", move || {
             let p = progress.read().unwrap_or_else(|e| e.into_inner());
-            match &p.last_error {
-                Some(err) => Err(format!("the container runtime is not answering: {err}").into()),
-                None => Ok(()),
-            }
+            Ok(runtime_note(p.last_error.as_deref()))
         });
     }
     if let Some(feed) = feed {
@@ -821,6 +825,13 @@ async fn relist_loop<R: RuntimeService>(
             }
         }
     }
+}
+
+/// What `/healthz?verbose` says on its `runtime` line: nothing while the runtime answers.
+fn runtime_note(last_error: Option<&str>) -> Option<String> {
+    last_error.map(|err| {
+        format!("the container runtime is not answering (the node is NotReady): {err}")
+    })
 }
 
 /// Handles one event: pokes the owner, or asks for a relist to find it.

@@ -3,9 +3,9 @@
 //! While the runtime does not answer, the PLEG asks it again on a short fixed period instead of
 //! waiting out the relist period or a growing back-off: a `Version` call every [`DOWN_POLL`]
 //! (on a closed or missing socket it fails at once, so this costs next to nothing), and the
-//! moment one is answered the relist runs (and with it `/healthz` turns ok) and the event stream
-//! is subscribed to again. Upstream's kubelet never fails `/healthz` for a runtime outage; Deckhand
-//! does, so it must notice the return as soon as the runtime answers again.
+//! moment one is answered the relist runs (and with it the Node's Ready condition and
+//! `/healthz?verbose`'s `runtime` line turn back) and the event stream is subscribed to again, so
+//! pods are seen, probed and synced again as soon as the runtime answers.
 //!
 //! The socket's directory is watched too ([`SocketSignal`]): containerd binds its socket a few
 //! tens of milliseconds before its CRI plugin answers (it recovers its containers first), so
@@ -208,9 +208,10 @@ mod tests {
         }
     }
 
+    /// The runtime line without an outage note: the relist after the return has run.
     fn runtime_ok(health: &Health) -> bool {
         let report = health.report().render(true);
-        report.contains("[+]runtime ok") && report.contains("[+]pleg ok")
+        report.contains("[+]runtime ok\n") && report.contains("[+]pleg ok")
     }
 
     /// containerd stopped for 2 s and started again: the relist that turns `/healthz` ok and
@@ -228,9 +229,17 @@ mod tests {
         } = &up;
         tokio::time::sleep(Duration::from_secs(3)).await;
 
-        // containerd stops: its streams end, the relist fails, `/healthz` says so.
+        // containerd stops: its streams end, the relist fails, `/healthz?verbose` names the
+        // outage and `/healthz` stays ok (it is about the agent, as upstream's is).
         up.stop_runtime().await;
         assert!(!state.events_live());
+        let report = health.report();
+        let verbose = report.render(true);
+        assert!(report.healthy(), "{verbose}");
+        assert!(
+            verbose.contains("[+]runtime ok: the container runtime is not answering"),
+            "{verbose}"
+        );
         tokio::time::sleep(Duration::from_millis(2_000)).await;
 
         rt.set_down(false);
@@ -330,7 +339,7 @@ mod tests {
         }
 
         /// Stops the runtime as containerd stops (its event streams end too) and waits for
-        /// `/healthz` to say so.
+        /// `/healthz?verbose` to say so.
         async fn stop_runtime(&self) {
             self.rt.set_down(true);
             self.feed.break_all();
