@@ -15,6 +15,12 @@
 //!   `imagefs.available` threshold; the eviction manager removes the unused image (and only
 //!   it), which alone takes the signal back over the threshold, and no pod is evicted.
 //!
+//! - Local storage limits (upstream's `evicted pods should be terminal`, and an emptyDir
+//!   `sizeLimit`): with no node pressure at all, a pod writing 10 MiB into its writable layer
+//!   under a 5Mi `ephemeral-storage` limit and a pod writing 2 MiB into a `sizeLimit: 1Mi`
+//!   emptyDir are evicted (Failed, reason Evicted, upstream's messages and events, counted
+//!   under upstream's signals), and a pod without limits writing as much keeps running.
+//!
 //! All need root (tmpfs, cgroups) and a cluster (`DECKHAND_TEST_CLUSTER`): evicted pods come
 //! from the API server, since static pods are never evicted.
 
@@ -450,4 +456,104 @@ async fn imagefs_pressure_removes_the_unused_image_before_evicting_pods() {
     drop(agent);
     drop(tb);
     drop(mounts);
+}
+
+/// Waits for `name` to be Failed with reason Evicted and returns its status message.
+async fn evicted_message(pods: &Api<Pod>, name: &str, within: Duration) -> String {
+    let evicted = wait_until(&format!("{name} evicted"), within, || async {
+        let p = pods.get(name).await.ok()?;
+        (phase_reason(&p) == (Some("Failed".into()), Some("Evicted".into()))).then_some(p)
+    })
+    .await;
+    evicted.status.and_then(|s| s.message).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn pods_over_their_local_storage_limits_are_evicted_without_node_pressure() {
+    let client = admin().await;
+    let node = "dev-local-storage";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    // Thresholds no machine here meets: only the pods' own limits can evict.
+    quick_rounds(
+        &mut agent,
+        "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
+        "5s",
+        "1s",
+    );
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let ns = "e2e-evict-local-storage";
+    let _ns: NamespaceCleanup = create_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+    let write = |to: &str| {
+        serde_json::json!([
+            "sh",
+            "-c",
+            format!("dd if=/dev/zero of={to} bs=1M count=10; sleep 600")
+        ])
+    };
+    // Upstream's spec: 10 MiB into the writable layer under a 5Mi limit.
+    let mut layer = sleeping_spec(1);
+    layer["restartPolicy"] = "OnFailure".into();
+    layer["containers"][0]["command"] = write("/file");
+    layer["containers"][0]["resources"] =
+        serde_json::json!({"limits": {"ephemeral-storage": "5Mi"}});
+    // 2 MiB into an emptyDir limited to 1Mi (no container limit).
+    let mut dir = sleeping_spec(1);
+    dir["volumes"] = serde_json::json!([{"name": "cache", "emptyDir": {"sizeLimit": "1Mi"}}]);
+    dir["containers"][0]["volumeMounts"] =
+        serde_json::json!([{"name": "cache", "mountPath": "/cache"}]);
+    dir["containers"][0]["command"] = serde_json::json!([
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/cache/f bs=1M count=2; sleep 600"
+    ]);
+    // The same 10 MiB without any limit.
+    let mut free = sleeping_spec(1);
+    free["containers"][0]["command"] = write("/file");
+    for (name, spec) in [("layer", layer), ("dir", dir), ("free", free)] {
+        pods.create(
+            &PostParams::default(),
+            &common::cluster::bound_pod_with(name, node, spec),
+        )
+        .await
+        .unwrap();
+    }
+
+    // containerd measures writable layers on a period of its own (10 s by default).
+    let within = Duration::from_secs(90);
+    let message = evicted_message(&pods, "layer", within).await;
+    assert_eq!(
+        message,
+        "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. "
+    );
+    let dir_message = evicted_message(&pods, "dir", within).await;
+    assert_eq!(
+        dir_message,
+        "Usage of EmptyDir volume \"cache\" exceeds the limit \"1Mi\". "
+    );
+    for (name, want) in [("layer", &message), ("dir", &dir_message)] {
+        wait_until(&format!("the Evicted event of {name}"), WAIT, || async {
+            common::cluster::event_reasons(&client, ns, name)
+                .await
+                .into_iter()
+                .any(|(reason, m)| reason == "Evicted" && &m == want)
+                .then_some(())
+        })
+        .await;
+    }
+    assert!(
+        running(&pods, "free").await,
+        "the pod without limits keeps running"
+    );
+    for signal in ["ephemeralpodfs.limit", "emptydirfs.limit"] {
+        let prefix = format!("kubelet_evictions{{eviction_signal=\"{signal}\"}}");
+        let line = metrics_line(&agent, &prefix).await.unwrap_or_default();
+        assert_eq!(
+            line,
+            format!("{prefix} 1"),
+            "one eviction counted under {signal}"
+        );
+    }
 }

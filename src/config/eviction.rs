@@ -38,6 +38,9 @@ pub struct EvictionSettings {
     /// `kernelMemcgNotification`: also run a round when the kernel says memory usage crossed
     /// a `memory.available` threshold (cgroup v1), instead of only every monitoring period.
     pub kernel_memcg_notification: bool,
+    /// `localStorageCapacityIsolation` (true): evict a pod over its own ephemeral-storage
+    /// limits or an emptyDir `sizeLimit`. Upstream has no flag for it, only the field.
+    pub local_storage_capacity_isolation: bool,
 }
 
 impl Default for EvictionSettings {
@@ -49,6 +52,7 @@ impl Default for EvictionSettings {
             pressure_transition_period: DEFAULT_PRESSURE_TRANSITION_PERIOD,
             max_pod_grace_period_seconds: 0,
             kernel_memcg_notification: false,
+            local_storage_capacity_isolation: true,
         }
     }
 }
@@ -167,6 +171,9 @@ pub(super) fn eviction_settings(
         .kernel_memcg_notification
         .or(f.kernel_memcg_notification)
         .unwrap_or(d.kernel_memcg_notification);
+    let local_storage_capacity_isolation = f
+        .local_storage_capacity_isolation
+        .unwrap_or(d.local_storage_capacity_isolation);
     Ok(EvictionSettings {
         soft,
         soft_grace_period,
@@ -174,6 +181,7 @@ pub(super) fn eviction_settings(
         pressure_transition_period,
         max_pod_grace_period_seconds,
         kernel_memcg_notification,
+        local_storage_capacity_isolation,
     })
 }
 

@@ -77,6 +77,7 @@ pub struct KubeletConfigurationFile {
     pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
     pub eviction_max_pod_grace_period: Option<i64>,
     pub kernel_memcg_notification: Option<bool>,
+    pub local_storage_capacity_isolation: Option<bool>,
     pub container_log_max_size: Option<String>,
     pub container_log_max_files: Option<i64>,
     pub container_log_max_workers: Option<i64>,

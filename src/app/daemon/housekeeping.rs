@@ -88,6 +88,7 @@ pub(super) fn start_eviction(
             .eviction_monitoring_period
             .unwrap_or(eviction::MONITORING_PERIOD),
         node_name: config.node_name.clone(),
+        local_storage_capacity_isolation: config.eviction.local_storage_capacity_isolation,
     };
     let observer = LiveObserver {
         cgroups,

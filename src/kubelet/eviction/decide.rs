@@ -174,11 +174,24 @@ pub struct PodUsage {
     pub logs_bytes: u64,
     /// Bytes of its local volumes (emptyDir and the like).
     pub volumes_bytes: u64,
+    /// Each disk-backed emptyDir's bytes by volume name (measured for its `sizeLimit`; empty
+    /// when not measured).
+    pub volume_bytes: BTreeMap<String, u64>,
     /// Inodes the above use.
     pub inodes: u64,
     /// Processes (and threads) in the pod; `None` when unknown.
     pub processes: Option<u64>,
     pub containers: Vec<ContainerUsage>,
+}
+
+impl PodUsage {
+    /// Its ephemeral storage as upstream's pod stats sum it: the writable layers, the logs
+    /// and the local volumes.
+    pub fn ephemeral_bytes(&self) -> u64 {
+        self.rootfs_bytes
+            .saturating_add(self.logs_bytes)
+            .saturating_add(self.volumes_bytes)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

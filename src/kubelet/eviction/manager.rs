@@ -15,8 +15,9 @@ use super::decide::{
     Candidate, EvictionState, Observations, REASON, Round, eviction_message, grace_period,
     is_critical, rank, reclaim_steps, thresholds_met,
 };
+use super::local_storage;
 use super::memcg::{self, MemcgNotifier, Trigger};
-use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer};
+use super::observe::{ActivePods, EvictionError, Evictor, Measure, Observer, Reading, Reclaimer};
 use super::signals::{Condition, ThresholdSpec};
 use crate::base::clock;
 use crate::base::podspec::full_name;
@@ -33,6 +34,9 @@ pub struct ManagerSettings {
     pub max_pod_grace_period_seconds: i64,
     pub monitoring_period: Duration,
     pub node_name: String,
+    /// `localStorageCapacityIsolation`: pods over their own ephemeral-storage limits or
+    /// emptyDir `sizeLimit`s are evicted ([`local_storage`]).
+    pub local_storage_capacity_isolation: bool,
 }
 
 /// What the last round saw, for `/debug/eviction`.
@@ -95,6 +99,9 @@ pub enum Outcome {
     NoneEvictable,
 }
 
+/// A round's outcome, and on an eviction the receiver that fires when the pod is cleaned up.
+type Evicted = (Outcome, Option<tokio::sync::oneshot::Receiver<()>>);
+
 /// The manager: decisions in [`EvictionState`], I/O through the traits.
 pub struct Manager<O, R, E, P> {
     pub settings: ManagerSettings,
@@ -145,8 +152,10 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
     /// Runs rounds until `cancel`. After an eviction it waits for the pod's cleanup (at most
     /// [`POD_CLEANUP_TIMEOUT`]) and goes again at once; otherwise every monitoring period.
     pub async fn run(&mut self, cancel: CancellationToken) {
-        if self.settings.thresholds.is_empty() {
-            tracing::info!("eviction manager: no thresholds configured; not monitoring");
+        if self.settings.thresholds.is_empty() && !self.settings.local_storage_capacity_isolation {
+            tracing::info!(
+                "eviction manager: no thresholds configured and local storage limits off; not monitoring"
+            );
             return;
         }
         tracing::info!(
@@ -209,11 +218,13 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
     ///
     /// Reads the node and sets the pressure conditions; when a threshold is met, reclaims
     /// node resources first and evicts one pod only when that was not enough.
-    pub async fn round(
-        &mut self,
-    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
-        let reading = self.observer.observe(false).await?;
+    pub async fn round(&mut self) -> Result<Evicted, EvictionError> {
+        let reading = self.observer.observe(Measure::Node).await?;
         let round = self.update_pressure(&reading);
+        // As upstream: a pod over its own limits goes first, and then nothing else this round.
+        if let Some(evicted) = self.enforce_local_storage().await? {
+            return Ok(evicted);
+        }
         let Some(threshold) = round.to_reclaim(&self.settings.thresholds).cloned() else {
             return Ok((Outcome::Nothing, None));
         };
@@ -330,7 +341,7 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
                 }
             }
         }
-        let after = self.observer.observe(false).await?;
+        let after = self.observer.observe(Measure::Node).await?;
         let still = thresholds_met(thresholds, 0..thresholds.len(), &after.observations, true);
         record.took_ms = began.elapsed().as_secs_f64() * 1000.0;
         record.enough = still.is_empty();
@@ -353,11 +364,11 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
         threshold: &ThresholdSpec,
         reading: &Reading,
         act_on: &[usize],
-    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
+    ) -> Result<Evicted, EvictionError> {
         let resource = threshold.signal.resource();
         // The pods' usage is read only now that one must be chosen; each round would
         // otherwise walk every pod's volumes and logs for nothing.
-        let usage = self.observer.observe(true).await?;
+        let usage = self.observer.observe(Measure::AllPods).await?;
         let active: Vec<Arc<Pod>> = self.pods.active();
         let evictable: Vec<&Arc<Pod>> = active.iter().filter(|p| !is_critical(p)).collect();
         let mut candidates: Vec<Candidate<'_>> = evictable
@@ -388,20 +399,68 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
             act_on,
             &reading.observations,
         );
-        self.evict(threshold, victim.pod, message).await
+        let grace = grace_period(
+            threshold,
+            victim.pod,
+            self.settings.max_pod_grace_period_seconds,
+        );
+        self.evict(threshold.signal.as_str(), grace, victim.pod, message)
+            .await
+    }
+
+    /// Upstream's local storage limits: measures the pods that set any (only those) and
+    /// evicts the first one over a limit with a grace period of one second. The next round
+    /// follows its cleanup at once, so several offenders go one after the other.
+    async fn enforce_local_storage(&self) -> Result<Option<Evicted>, EvictionError> {
+        if !self.settings.local_storage_capacity_isolation {
+            return Ok(None);
+        }
+        let active = self.pods.active();
+        let limited: Vec<&Arc<Pod>> = active
+            .iter()
+            .filter(|p| !is_critical(p) && local_storage::has_limits(p))
+            .collect();
+        let uids: std::collections::HashSet<String> = limited
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        if uids.is_empty() {
+            return Ok(None);
+        }
+        let reading = self.observer.observe(Measure::Pods(uids)).await?;
+        for pod in limited {
+            let usage = pod
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| reading.pods.get(u));
+            let Some(usage) = usage else { continue };
+            if let Some(over) = local_storage::exceeded(pod, usage, reading.dedicated_imagefs) {
+                let evicted = self
+                    .evict(
+                        over.limit.signal(),
+                        local_storage::GRACE_SECONDS,
+                        pod,
+                        over.message,
+                    )
+                    .await?;
+                return Ok(Some(evicted));
+            }
+        }
+        Ok(None)
     }
 
     /// Evicts the chosen pod: tells it in the log and an event, hands it to the evictor with
-    /// the threshold's grace period, counts it and notes it for `/debug/eviction`.
+    /// `grace`, counts it under `signal` and notes it for `/debug/eviction`.
     async fn evict(
         &self,
-        threshold: &ThresholdSpec,
+        signal: &str,
+        grace: i64,
         pod: &Pod,
         message: String,
-    ) -> Result<(Outcome, Option<tokio::sync::oneshot::Receiver<()>>), EvictionError> {
+    ) -> Result<Evicted, EvictionError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let grace = grace_period(threshold, pod, self.settings.max_pod_grace_period_seconds);
-        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, grace_seconds = grace, signal = threshold.signal.as_str(), %message, "eviction manager: evicting a pod");
+        tracing::warn!(pod = %full_name(pod), pod_uid = %uid, grace_seconds = grace, signal, %message, "eviction manager: evicting a pod");
         self.events
             .pod(pod, EventType::Warning, REASON, message.clone());
         let done = self.evictor.evict(&uid, grace, message).await?;
@@ -409,15 +468,13 @@ impl<O: Observer, R: Reclaimer, E: Evictor, P: ActivePods> Manager<O, R, E, P> {
         if let Some(d) = handoff {
             tracing::info!(pod = %full_name(pod), pod_uid = %uid, handoff_ms = d.as_secs_f64() * 1e3, "eviction manager: evicted on a memory threshold notification");
         }
-        crate::base::metrics::KUBELET
-            .evictions
-            .inc(&[threshold.signal.as_str()]);
+        crate::base::metrics::KUBELET.evictions.inc(&[signal]);
         let name = full_name(pod);
         self.note(|l| {
             l.action = format!("evicted {name}");
             l.last_eviction = Some(EvictionNote {
                 pod: name,
-                signal: threshold.signal.as_str().to_string(),
+                signal: signal.to_string(),
                 trigger: self.trigger.as_str(),
                 notification_to_handoff_ms: handoff.map(|d| d.as_secs_f64() * 1e3),
             });

@@ -806,7 +806,7 @@ mod tests {
     use crate::kubelet::eviction::decide::Reclaim;
     use crate::kubelet::eviction::manager::{Manager, ManagerSettings};
     use crate::kubelet::eviction::observe::{
-        ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer,
+        ActivePods, EvictionError, Evictor, Measure, Observer, Reading, Reclaimer,
     };
     use futures::future::BoxFuture;
     use k8s_openapi::api::core::v1::Pod;
@@ -819,7 +819,7 @@ mod tests {
     }
 
     impl Observer for Node {
-        fn observe(&self, _pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+        fn observe(&self, _measure: Measure) -> BoxFuture<'_, Result<Reading, EvictionError>> {
             let mut r = self.readings.lock().unwrap();
             let observations = if r.len() > 1 {
                 r.remove(0)
@@ -890,6 +890,7 @@ mod tests {
                 // No periodic round within the test.
                 monitoring_period: Duration::from_secs(3600),
                 node_name: "node-a".into(),
+                local_storage_capacity_isolation: true,
             },
             node.clone(),
             node.clone(),

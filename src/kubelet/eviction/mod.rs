@@ -5,6 +5,8 @@
 //! - [`signals`]: signals, resources, conditions, thresholds, quantity formatting.
 //! - [`decide`]: every decision, pure and table-tested (thresholds met, grace periods,
 //!   minimum reclaim, transition period, ranking, messages, admission).
+//! - [`local_storage`]: the pods over their own ephemeral-storage limits or emptyDir
+//!   `sizeLimit`s, evicted whatever the node's pressure (pure, table-tested).
 //! - [`observe`]: the I/O behind small traits: the node's signals and pods' usage
 //!   ([`observe::LiveObserver`], from the stats code of the node API), reclaiming through the
 //!   GC passes, evicting through the sync loop.
@@ -15,6 +17,7 @@
 //! evictions through [`EvictRequest`]s that the sync loop carries out.
 
 pub mod decide;
+pub mod local_storage;
 pub mod manager;
 pub mod memcg;
 pub mod observe;

@@ -3,7 +3,7 @@
 //! listing the pods that run ([`ActivePods`]). The real implementations come first; the
 //! tests use their own.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,11 +47,37 @@ pub struct Reading {
     pub dedicated_imagefs: bool,
 }
 
-/// Reads the node's signals and, when `pods` is true, the pods' usage.
+/// Whose usage a reading measures besides the node's signals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Measure {
+    /// The node alone: every round.
+    Node,
+    /// Every pod: when one must be chosen under pressure.
+    AllPods,
+    /// These pods (UIDs): the ones with local storage limits, every round.
+    Pods(HashSet<String>),
+}
+
+impl Measure {
+    pub fn any_pods(&self) -> bool {
+        *self != Measure::Node
+    }
+
+    fn includes(&self, uid: &str) -> bool {
+        match self {
+            Measure::Node => false,
+            Measure::AllPods => true,
+            Measure::Pods(uids) => uids.contains(uid),
+        }
+    }
+}
+
+/// Reads the node's signals and the usage of the pods `measure` names.
 pub trait Observer: Send + Sync + 'static {
     /// The pods' usage costs a walk of each pod's volumes and logs, a read of its cgroup and
-    /// the runtime's container stats: it is asked for only when a pod must be chosen.
-    fn observe(&self, pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>>;
+    /// the runtime's container stats: it is asked for only when a pod must be chosen, and for
+    /// the pods whose local storage limits are checked.
+    fn observe(&self, measure: Measure) -> BoxFuture<'_, Result<Reading, EvictionError>>;
 }
 
 /// Frees node resources; answers how many objects went.
@@ -127,6 +153,27 @@ fn disk_use(dir: &Path) -> (u64, u64) {
         .map_or((0, 0), |u| (u.bytes, u.inodes))
 }
 
+/// Each disk-backed emptyDir of the pod whose volumes are under `volumes`, by volume name:
+/// its bytes as [`disk_use`] counts them. A memory-backed one (a mount of its own) is left
+/// out, as the walk of the whole pod leaves it out.
+fn empty_dir_use(volumes: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(dev) = std::fs::symlink_metadata(volumes).map(|m| m.dev()) else {
+        return out;
+    };
+    let dir = volumes.join(crate::kubelet::volume::EMPTY_DIR_PLUGIN);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let same_fs = entry.metadata().is_ok_and(|m| m.is_dir() && m.dev() == dev);
+        if let (true, Some(name)) = (same_fs, entry.file_name().to_str()) {
+            out.insert(name.to_string(), disk_use(&entry.path()).0);
+        }
+    }
+    out
+}
+
 fn statvfs_observations(path: &Path) -> Option<(Observation, Observation, u64)> {
     let st = nix::sys::statvfs::statvfs(path).ok()?;
     let frag = st.fragment_size() as u64;
@@ -160,9 +207,9 @@ fn pids(proc_root: &Path) -> Option<Observation> {
 }
 
 impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
-    fn observe(&self, with_pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+    fn observe(&self, measure: Measure) -> BoxFuture<'_, Result<Reading, EvictionError>> {
         Box::pin(async move {
-            let summary = if with_pods {
+            let summary = if measure.any_pods() {
                 self.stats.summary(false).await?
             } else {
                 crate::kubelet::stats::types::Summary {
@@ -197,6 +244,7 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
             let pods: Vec<(String, String, String, Vec<_>)> = summary
                 .pods
                 .iter()
+                .filter(|p| measure.includes(&p.pod_ref.uid))
                 .map(|p| {
                     (
                         p.pod_ref.uid.clone(),
@@ -210,6 +258,8 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
             let logs_dir = self.pod_logs_dir.clone();
             let proc_root = self.proc_root.clone();
             let cgroups = self.cgroups.clone();
+            // Each emptyDir is walked on its own only for the pods whose limits are checked.
+            let limits_checked = matches!(measure, Measure::Pods(_));
             let (node_fs, image_fs, pid, usages) = tokio::task::spawn_blocking(move || {
                 let node_fs = statvfs_observations(&root_dir);
                 let image_fs = image_mount.as_deref().and_then(statvfs_observations);
@@ -241,9 +291,13 @@ impl<R: RuntimeService + ImageService + Clone> Observer for LiveObserver<R> {
                     }
                     usage.processes = cgroups.as_ref().and_then(|c| c.pod_process_count(&uid));
                     if crate::base::safe_names::component_problem(&uid).is_none() {
-                        let (b, i) = disk_use(&root_dir.join("pods").join(&uid).join("volumes"));
+                        let volumes = root_dir.join("pods").join(&uid).join("volumes");
+                        let (b, i) = disk_use(&volumes);
                         usage.volumes_bytes = b;
                         usage.inodes += i;
+                        if limits_checked {
+                            usage.volume_bytes = empty_dir_use(&volumes);
+                        }
                     }
                     usages.insert(uid, usage);
                 }

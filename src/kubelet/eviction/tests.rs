@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::decide::*;
 use super::manager::{Manager, ManagerSettings, Outcome};
-use super::observe::{ActivePods, EvictionError, Evictor, Observer, Reading, Reclaimer};
+use super::observe::{ActivePods, EvictionError, Evictor, Measure, Observer, Reading, Reclaimer};
 use super::signals::*;
 use super::*;
 use crate::base::clock::Instant;
@@ -605,9 +605,9 @@ struct Fakes {
 }
 
 impl Observer for Fakes {
-    fn observe(&self, pods: bool) -> BoxFuture<'_, Result<Reading, EvictionError>> {
+    fn observe(&self, measure: Measure) -> BoxFuture<'_, Result<Reading, EvictionError>> {
         let mut last = self.last.lock().unwrap();
-        let next = match (&*last, pods) {
+        let next = match (&*last, measure.any_pods()) {
             (Some(last), true) => {
                 *self.with_pods.lock().unwrap() += 1;
                 last.clone()
@@ -668,6 +668,7 @@ fn manager(fakes: &Fakes, flag: &str) -> Manager<Fakes, Fakes, Fakes, Fakes> {
             max_pod_grace_period_seconds: 0,
             monitoring_period: Duration::from_secs(1),
             node_name: "node-a".into(),
+            local_storage_capacity_isolation: true,
         },
         fakes.clone(),
         fakes.clone(),
@@ -799,4 +800,227 @@ async fn memory_pressure_evicts_the_top_ranked_pod_but_never_a_static_one() {
     *fakes.pods.lock().unwrap() = vec![Arc::new(static_pod("static"))];
     let (outcome, _) = m.round().await.unwrap();
     assert_eq!(outcome, Outcome::NoneEvictable);
+}
+
+/// A pod with `ephemeral-storage` limits on its containers (name, limit) and emptyDirs
+/// (name, sizeLimit, medium).
+fn storage_pod(name: &str, containers: &[(&str, &str)], dirs: &[(&str, &str, &str)]) -> Pod {
+    let mut p = pod(name, &[], None);
+    let spec = p.spec.as_mut().unwrap();
+    spec.containers = containers
+        .iter()
+        .map(|(c, limit)| Container {
+            name: c.to_string(),
+            resources: (!limit.is_empty()).then(|| ResourceRequirements {
+                limits: Some(BTreeMap::from([(
+                    "ephemeral-storage".to_string(),
+                    KQuantity(limit.to_string()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    spec.volumes = Some(
+        dirs.iter()
+            .map(|(v, size, medium)| k8s_openapi::api::core::v1::Volume {
+                name: v.to_string(),
+                empty_dir: Some(k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                    size_limit: (!size.is_empty()).then(|| KQuantity(size.to_string())),
+                    medium: (!medium.is_empty()).then(|| medium.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    p
+}
+
+/// Usage: each container's (name, rootfs, logs) and each emptyDir's (name, bytes).
+fn storage_usage(containers: &[(&str, u64, u64)], dirs: &[(&str, u64)]) -> PodUsage {
+    PodUsage {
+        rootfs_bytes: containers.iter().map(|c| c.1).sum(),
+        logs_bytes: containers.iter().map(|c| c.2).sum(),
+        volumes_bytes: dirs.iter().map(|d| d.1).sum(),
+        volume_bytes: dirs.iter().map(|(n, b)| (n.to_string(), *b)).collect(),
+        containers: containers
+            .iter()
+            .map(|(n, r, l)| ContainerUsage {
+                name: n.to_string(),
+                rootfs_bytes: Some(*r),
+                logs_bytes: Some(*l),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn local_storage_limits_decide_in_upstreams_order() {
+    use super::local_storage::{Limit, exceeded, has_limits};
+    let m = MI as u64;
+    struct Case {
+        name: &'static str,
+        pod: Pod,
+        usage: PodUsage,
+        dedicated_imagefs: bool,
+        want: Option<(Limit, &'static str)>,
+    }
+    let cases = [
+        Case {
+            name: "no limits: never",
+            pod: storage_pod("p", &[("app", "")], &[("scratch", "", "")]),
+            usage: storage_usage(&[("app", 900 * m, 0)], &[("scratch", 900 * m)]),
+            dedicated_imagefs: false,
+            want: None,
+        },
+        Case {
+            name: "the upstream spec: 10Mi written under a 5Mi container limit",
+            pod: storage_pod("p", &[("bar", "5Mi")], &[]),
+            usage: storage_usage(&[("bar", 10 * m, 0)], &[]),
+            dedicated_imagefs: false,
+            // The pod's limit (the sum, 5Mi) is met first, as upstream checks it first.
+            want: Some((
+                Limit::Pod,
+                "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. ",
+            )),
+        },
+        Case {
+            name: "a container over its own limit while the pod is under the sum",
+            pod: storage_pod("p", &[("a", "5Mi"), ("b", "100Mi")], &[]),
+            usage: storage_usage(&[("a", 4 * m, 2 * m), ("b", 0, 0)], &[]),
+            dedicated_imagefs: false,
+            want: Some((
+                Limit::Container,
+                "Container a exceeded its local ephemeral storage limit \"5Mi\". ",
+            )),
+        },
+        Case {
+            name: "with a dedicated image filesystem only the logs count for a container",
+            pod: storage_pod("p", &[("a", "5Mi"), ("b", "100Mi")], &[]),
+            usage: storage_usage(&[("a", 4 * m, 2 * m), ("b", 0, 0)], &[]),
+            dedicated_imagefs: true,
+            want: None,
+        },
+        Case {
+            name: "exactly at the limit is not over it",
+            pod: storage_pod("p", &[("a", "5Mi")], &[]),
+            usage: storage_usage(&[("a", 5 * m, 0)], &[]),
+            dedicated_imagefs: false,
+            want: None,
+        },
+        Case {
+            name: "an emptyDir over its sizeLimit comes first",
+            pod: storage_pod("p", &[("a", "5Mi")], &[("cache", "1Mi", "")]),
+            usage: storage_usage(&[("a", 9 * m, 0)], &[("cache", 2 * m)]),
+            dedicated_imagefs: false,
+            want: Some((
+                Limit::EmptyDir,
+                "Usage of EmptyDir volume \"cache\" exceeds the limit \"1Mi\". ",
+            )),
+        },
+        Case {
+            name: "a memory-backed emptyDir is left to its tmpfs",
+            pod: storage_pod("p", &[("a", "")], &[("shm", "1Mi", "Memory")]),
+            usage: storage_usage(&[("a", 0, 0)], &[("shm", 2 * m)]),
+            dedicated_imagefs: false,
+            want: None,
+        },
+        Case {
+            name: "an emptyDir not measured is not judged",
+            pod: storage_pod("p", &[("a", "")], &[("cache", "1Mi", "")]),
+            usage: storage_usage(&[("a", 0, 0)], &[]),
+            dedicated_imagefs: false,
+            want: None,
+        },
+    ];
+    for c in cases {
+        let got = exceeded(&c.pod, &c.usage, c.dedicated_imagefs).map(|e| (e.limit, e.message));
+        let want = c.want.map(|(l, m)| (l, m.to_string()));
+        assert_eq!(got, want, "{}", c.name);
+    }
+    assert!(!has_limits(&storage_pod(
+        "p",
+        &[("a", "")],
+        &[("d", "", "")]
+    )));
+    assert!(!has_limits(&storage_pod(
+        "p",
+        &[("a", "")],
+        &[("d", "1Mi", "Memory")]
+    )));
+    assert!(has_limits(&storage_pod(
+        "p",
+        &[("a", "")],
+        &[("d", "1Mi", "")]
+    )));
+    assert!(has_limits(&storage_pod("p", &[("a", "1Gi")], &[])));
+}
+
+#[tokio::test]
+async fn a_pod_over_its_ephemeral_storage_limit_is_evicted_without_node_pressure() {
+    let fakes = Fakes::default();
+    let over = storage_pod("over", &[("bar", "5Mi")], &[]);
+    *fakes.pods.lock().unwrap() = vec![Arc::new(pod("unlimited", &[], None)), Arc::new(over)];
+    *fakes.readings.lock().unwrap() = vec![reading(
+        Signal::MemoryAvailable,
+        900 * MI,
+        &[
+            ("unlimited", storage_usage(&[("app", 900 << 20, 0)], &[])),
+            ("over", storage_usage(&[("bar", 10 << 20, 0)], &[])),
+        ],
+    )];
+    let mut m = manager(&fakes, "memory.available<100Mi");
+    let (outcome, done) = m.round().await.unwrap();
+    assert_eq!(outcome, Outcome::Evicted("uid-over".into()));
+    assert!(done.is_some());
+    let evicted = fakes.evicted.lock().unwrap().clone();
+    assert_eq!(
+        evicted,
+        vec![(
+            "uid-over".to_string(),
+            1,
+            "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. "
+                .to_string()
+        )]
+    );
+    assert!(!m.pressure.has(Condition::MemoryPressure));
+    assert_eq!(
+        m.last
+            .lock()
+            .unwrap()
+            .last_eviction
+            .as_ref()
+            .unwrap()
+            .signal,
+        "ephemeralpodfs.limit"
+    );
+}
+
+#[tokio::test]
+async fn pods_without_local_storage_limits_are_not_measured_and_the_check_can_be_off() {
+    let fakes = Fakes::default();
+    *fakes.pods.lock().unwrap() = vec![Arc::new(pod("unlimited", &[], None))];
+    *fakes.readings.lock().unwrap() = vec![reading(Signal::MemoryAvailable, 900 * MI, &[])];
+    let mut m = manager(&fakes, "memory.available<100Mi");
+    assert_eq!(m.round().await.unwrap().0, Outcome::Nothing);
+    assert_eq!(
+        *fakes.with_pods.lock().unwrap(),
+        0,
+        "no pod's usage was read"
+    );
+
+    let fakes = Fakes::default();
+    *fakes.pods.lock().unwrap() = vec![Arc::new(storage_pod("over", &[("bar", "5Mi")], &[]))];
+    *fakes.readings.lock().unwrap() = vec![reading(
+        Signal::MemoryAvailable,
+        900 * MI,
+        &[("over", storage_usage(&[("bar", 10 << 20, 0)], &[]))],
+    )];
+    let mut m = manager(&fakes, "memory.available<100Mi");
+    m.settings.local_storage_capacity_isolation = false;
+    assert_eq!(m.round().await.unwrap().0, Outcome::Nothing);
+    assert!(fakes.evicted.lock().unwrap().is_empty());
 }

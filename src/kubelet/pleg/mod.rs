@@ -829,9 +829,8 @@ async fn relist_loop<R: RuntimeService>(
 
 /// What `/healthz?verbose` says on its `runtime` line: nothing while the runtime answers.
 fn runtime_note(last_error: Option<&str>) -> Option<String> {
-    last_error.map(|err| {
-        format!("the container runtime is not answering (the node is NotReady): {err}")
-    })
+    last_error
+        .map(|err| format!("the container runtime is not answering (the node is NotReady): {err}"))
 }
 
 /// Handles one event: pokes the owner, or asks for a relist to find it.
