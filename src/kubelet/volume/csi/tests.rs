@@ -247,6 +247,7 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
     install_host(CsiHost {
         node_name: "node1".into(),
         client: Some(FAKE.client()),
+        tokens: None,
     });
     FAKE.apply(&CSIDriver {
         metadata: kube::api::ObjectMeta {
@@ -298,6 +299,7 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
                 read_only: false,
                 pod_volume: "data",
                 claim: "claim",
+                remount: false,
             };
             let set_up = manager.set_up_csi_persistent(&pod(uid), &pv).unwrap();
             assert_eq!((set_up.path, set_up.read_only), (dir.join("mount"), false));
