@@ -8,7 +8,9 @@
 //! whose driver is not registered waits with upstream's message while another pod runs; a
 //! restart of Deckhand registers the driver again and the volume is still unpublished when its
 //! pod goes; the driver is deregistered when its socket goes away, and registered again when
-//! the socket is made again.
+//! the socket is made again. A driver whose CSIDriver has `tokenRequests` and
+//! `requiresRepublish` is handed the pod's tokens, and its volume is published again while
+//! the pod runs.
 //!
 //! The mock driver is taken from `DECKHAND_CSI_MOCK_DRIVER` (`scripts/test` sets it from
 //! `scripts/build-csi-mock`, cached as the control plane is), else built with `go build` from
@@ -692,4 +694,178 @@ async fn an_attach_required_volume_waits_for_the_controller_and_is_detached_afte
     attaching.abort();
     let _ = pvs.delete(pv_name, &DeleteParams::default()).await;
     let _ = drivers.delete(ATTACHED, &DeleteParams::default()).await;
+}
+
+/// A driver whose CSIDriver asks for the pod's tokens and a republish (a name of its own:
+/// CSIDriver objects are cluster-wide).
+const TOKENS: &str = "tokens.csi.mock";
+const TOKENS_NS: &str = "e2e-csi-tokens";
+/// The audience its `tokenRequests` name (beside an empty one: the API server's own).
+const AUDIENCE: &str = "e2e-csi-vault";
+const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// The claims of a JWT (its middle part), as the API server signed them.
+fn jwt_claims(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).expect("a JWT has three parts");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .expect("the JWT's payload is base64url");
+    serde_json::from_slice(&bytes).expect("the JWT's payload is JSON")
+}
+
+/// The tokens a NodePublishVolume request carries, by audience.
+fn published_tokens(request: &serde_json::Value) -> serde_json::Value {
+    let text = request["volume_context"][TOKENS_KEY]
+        .as_str()
+        .unwrap_or_else(|| panic!("{TOKENS_KEY} in the volume context: {request}"));
+    serde_json::from_str(text).expect("the tokens are JSON")
+}
+
+/// Checks a token handed to the driver: issued by the API server for `pod` (bound to it),
+/// for `audience` when one is named, and its `expirationTimestamp` the JWT's `exp`.
+fn check_token(entry: &serde_json::Value, pod: &Pod, audience: Option<&str>) {
+    let claims = jwt_claims(entry["token"].as_str().expect("a token"));
+    let bound = &claims["kubernetes.io"]["pod"];
+    assert_eq!(
+        bound["name"],
+        pod.metadata.name.as_deref().unwrap(),
+        "{claims}"
+    );
+    assert_eq!(
+        bound["uid"],
+        pod.metadata.uid.as_deref().unwrap(),
+        "{claims}"
+    );
+    let aud: Vec<&str> = claims["aud"]
+        .as_array()
+        .expect("aud is a list")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    match audience {
+        Some(audience) => assert_eq!(aud, [audience], "{claims}"),
+        // The API server's own audiences.
+        None => assert!(!aud.is_empty() && !aud.contains(&AUDIENCE), "{claims}"),
+    }
+    let exp = claims["exp"].as_i64().expect("exp");
+    let expires = jiff::Timestamp::from_second(exp)
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    assert_eq!(entry["expirationTimestamp"], expires.as_str(), "{claims}");
+}
+
+/// `tokenRequests` and `requiresRepublish`: NodePublishVolume carries the pod's tokens in
+/// the volume context under `csi.storage.k8s.io/serviceAccount.tokens` (for the named
+/// audience, with its `expirationSeconds`, and for the empty one, the API server's
+/// audiences), tokens the API server issued bound to the pod; the volume is published again
+/// on the pod's syncs (upstream's remount, at least once per `syncFrequency`, here 2 s), with
+/// tokens, while the pod keeps running, and unpublished only when the pod goes.
+#[tokio::test]
+async fn token_requests_reach_the_driver_and_its_volumes_are_published_again() {
+    use k8s_openapi::api::storage::v1::TokenRequest;
+    let client = admin().await;
+    let node = "csi-token-node";
+    let (mut agent, _node_cleanup) = joined_agent(node);
+    agent.extra_args.push("--sync-frequency=2s".into());
+    agent.start();
+    wait_node_ready(&client, node, &agent).await;
+    let _ns_cleanup = create_namespace(&client, TOKENS_NS).await;
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    let _ = drivers.delete(TOKENS, &DeleteParams::default()).await;
+    let mut object = csi_driver(TOKENS);
+    object.spec.token_requests = Some(vec![
+        TokenRequest {
+            audience: AUDIENCE.into(),
+            expiration_seconds: Some(600),
+        },
+        TokenRequest {
+            audience: String::new(),
+            expiration_seconds: None,
+        },
+    ]);
+    object.spec.requires_republish = Some(true);
+    drivers
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let driver = Driver::start_as(agent.dir.path(), &agent.root_dir(), TOKENS);
+    let csi_nodes: Api<CSINode> = Api::all(client.clone());
+    wait_until("the CSINode lists the token driver", WAIT, || async {
+        let csi_node = csi_nodes.get(node).await.ok()?;
+        csi_node.spec.drivers.into_iter().find(|d| d.name == TOKENS)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), TOKENS_NS);
+    pods.create(&PostParams::default(), &csi_pod("tokens", node, TOKENS))
+        .await
+        .unwrap();
+    let pod = running(&pods, "tokens").await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let target = agent
+        .root_dir()
+        .join(format!(
+            "pods/{uid}/volumes/kubernetes.io~csi/scratch/mount"
+        ))
+        .display()
+        .to_string();
+    let calls_for = |method: &'static str| {
+        let target = target.clone();
+        driver
+            .calls()
+            .into_iter()
+            .filter(move |(m, r)| m == method && r["target_path"] == target.as_str())
+            .map(|(_, r)| r)
+            .collect::<Vec<_>>()
+    };
+    const PUBLISH: &str = "/csi.v1.Node/NodePublishVolume";
+    const UNPUBLISH: &str = "/csi.v1.Node/NodeUnpublishVolume";
+
+    // The first publish carries both tokens, bound to the pod.
+    let first = wait_until("NodePublishVolume in the driver's log", WAIT, || async {
+        calls_for(PUBLISH).into_iter().next()
+    })
+    .await;
+    let tokens = published_tokens(&first);
+    check_token(&tokens[AUDIENCE], &pod, Some(AUDIENCE));
+    check_token(&tokens[""], &pod, None);
+    let claims = jwt_claims(tokens[AUDIENCE]["token"].as_str().unwrap());
+    let lifetime = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
+    assert_eq!(lifetime, 600, "the expirationSeconds asked for: {claims}");
+
+    // Published again while the pod runs, each time with the tokens; never unpublished.
+    let publishes = wait_until(
+        "three NodePublishVolume calls for the volume",
+        WAIT,
+        || async { Some(calls_for(PUBLISH)).filter(|p| p.len() >= 3) },
+    )
+    .await;
+    for request in &publishes {
+        check_token(&published_tokens(request)[AUDIENCE], &pod, Some(AUDIENCE));
+    }
+    assert!(
+        calls_for(UNPUBLISH).is_empty(),
+        "no unpublish while the pod runs"
+    );
+    let now = pods.get("tokens").await.unwrap();
+    let status = now.status.unwrap_or_default();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    let restarts: Vec<i32> = status
+        .container_statuses
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.restart_count)
+        .collect();
+    assert_eq!(restarts, [0], "the pod keeps running as it was");
+
+    // The pod goes: unpublished once.
+    pods.delete("tokens", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("NodeUnpublishVolume in the driver's log", WAIT, || async {
+        Some(calls_for(UNPUBLISH)).filter(|u| !u.is_empty())
+    })
+    .await;
+    let _ = drivers.delete(TOKENS, &DeleteParams::default()).await;
 }

@@ -64,12 +64,13 @@ pub(super) async fn build(
     )
     .await;
     let api_pods = start_api_pods(agent);
-    start_plugin_watcher(agent);
+    let objects = api_objects(agent, &pokes);
+    start_plugin_watcher(agent, objects.as_ref().map(|o| o.tokens()));
     // Every refusal, the API server source's and admission's, is told the same way: an
     // event, and the pod's status in the API server.
     let refusals = Refusals::new(agent.events.clone(), api_pods.status_sync.clone());
     let (changes, sources_ready) = start_sources(agent, security, &api_pods, &refusals);
-    let executor = executor(agent, node, details, &pleg_state, facts, &pokes);
+    let executor = executor(agent, node, details, &pleg_state, facts, objects);
     let prober = prober(agent, node, &pokes);
     let (workers, done) = workers(
         agent,
@@ -92,13 +93,14 @@ pub(super) async fn build(
 }
 
 /// The plugin watcher on `<root-dir>/plugins_registry`, with the CSI and DRA handlers; the CSI volume
-/// code's view of the cluster (CSIDriver objects, secrets) is installed here.
-fn start_plugin_watcher(agent: &Agent) {
+/// code's view of the cluster (CSIDriver objects, secrets, the pods' tokens) is installed here.
+fn start_plugin_watcher(agent: &Agent, tokens: Option<crate::kubelet::api_objects::TokenManager>) {
     use crate::kubelet::plugin_watcher::{self, CSI_PLUGIN, Handlers, PluginHandler};
     use crate::kubelet::volume::csi::{self, CsiHandler, CsiHost};
     let host = CsiHost {
         node_name: agent.config.node_name.clone(),
         client: agent.api.as_ref().map(|api| api.general.clone()),
+        tokens,
     };
     csi::install_host(host.clone());
     let handler: Arc<dyn PluginHandler> = CsiHandler::new(host);
@@ -239,7 +241,7 @@ fn executor(
     details: DetailCache,
     pleg_state: &PlegState,
     facts: &NodeFacts,
-    pokes: &Pokes,
+    objects: Option<crate::kubelet::api_objects::ApiObjects>,
 ) -> Executor<CriClient> {
     let mut executor = Executor::new(
         agent.cri.clone(),
@@ -257,23 +259,30 @@ fn executor(
         ));
         executor = executor.with_cgroups(cgroups.clone());
     }
-    if let Some(api) = &agent.api {
-        use crate::kubelet::api_objects::services::{ServiceView, watch};
-        use crate::kubelet::api_objects::{ApiObjects, KubeObjectApi};
-        let objects = KubeObjectApi::new(api.watch.clone(), api.general.clone());
-        // The Services, for the service environment variables of every container.
-        let services = ServiceView::default();
-        agent.tracker.spawn(watch(
-            services.clone(),
-            api.watch.clone(),
-            agent.cancel.clone(),
-        ));
-        executor = executor.with_api_objects(
-            ApiObjects::new(Arc::new(objects), pokes.clone(), agent.cancel.clone())
-                .with_services(services),
-        );
+    if let Some(objects) = objects {
+        executor = executor.with_api_objects(objects);
     }
     executor
+}
+
+/// With a kubeconfig, the objects pods refer to: the configMaps, secrets and tokens (the
+/// token manager is the CSI drivers' too), and the Services for every container's service
+/// variables.
+fn api_objects(agent: &Agent, pokes: &Pokes) -> Option<crate::kubelet::api_objects::ApiObjects> {
+    use crate::kubelet::api_objects::services::{ServiceView, watch};
+    use crate::kubelet::api_objects::{ApiObjects, KubeObjectApi};
+    let api = agent.api.as_ref()?;
+    let objects = KubeObjectApi::new(api.watch.clone(), api.general.clone());
+    let services = ServiceView::default();
+    agent.tracker.spawn(watch(
+        services.clone(),
+        api.watch.clone(),
+        agent.cancel.clone(),
+    ));
+    Some(
+        ApiObjects::new(Arc::new(objects), pokes.clone(), agent.cancel.clone())
+            .with_services(services),
+    )
 }
 
 /// The probe manager, with its pages: `/metrics/probes` and `/debug/probes` (failing probes).

@@ -269,6 +269,12 @@ impl ApiObjects {
         self
     }
 
+    /// The token manager, shared with the CSI volume code (a CSIDriver's `tokenRequests`):
+    /// one cache of tokens for the node, as upstream's.
+    pub(crate) fn tokens(&self) -> TokenManager {
+        self.tokens.clone()
+    }
+
     #[cfg(test)]
     pub(crate) fn cache(&self) -> &ObjectCache {
         &self.cache

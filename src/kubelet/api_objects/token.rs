@@ -103,6 +103,13 @@ impl TokenManager {
     /// from the API server (bound to the pod). A failed refresh keeps a token that has not
     /// expired yet.
     pub(crate) async fn get(&self, pod: &Pod, want: &TokenWant) -> Result<String, TokenError> {
+        self.issue(pod, want).await.map(|issued| issued.token)
+    }
+
+    /// [`Self::get`] with the token's expiry: CSI drivers are handed both (a CSIDriver's
+    /// `tokenRequests`), from the same cache as projected volumes, as upstream's kubelet has
+    /// one token manager for both.
+    pub(crate) async fn issue(&self, pod: &Pod, want: &TokenWant) -> Result<Issued, TokenError> {
         let key = Key {
             want: want.clone(),
             pod_name: pod.metadata.name.clone().unwrap_or_default(),
@@ -113,7 +120,7 @@ impl TokenManager {
         if let Some(issued) = &cached
             && !requires_refresh(now, issued, jitter())
         {
-            return Ok(issued.token.clone());
+            return Ok(issued.clone());
         }
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
@@ -144,9 +151,8 @@ impl TokenManager {
                     lifetime_s = issued.lifetime.as_secs(),
                     "service account token issued"
                 );
-                let token = issued.token.clone();
-                self.cache().insert(key, issued);
-                Ok(token)
+                self.cache().insert(key, issued.clone());
+                Ok(issued)
             }
             (Err(reason), None) => Err(TokenError::Fetch(reason)),
             (Err(reason), Some(old)) if now > old.expires => {
@@ -159,7 +165,7 @@ impl TokenManager {
             }
             (Err(reason), Some(old)) => {
                 tracing::warn!(service_account = %want.service_account, pod_uid = %key.pod_uid, %reason, "couldn't update token; the current one is kept");
-                Ok(old.token)
+                Ok(old)
             }
         }
     }

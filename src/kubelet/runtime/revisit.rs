@@ -58,6 +58,9 @@ pub(crate) struct SyncFacts<'a> {
     /// The start waits for volumes that are backed off: nothing can start before the first
     /// back-off ends (or the pod is poked), however ready the rest looks.
     pub start_blocked: Option<Duration>,
+    /// A CSI volume's republish failed: tried again when its back-off ends, though nothing
+    /// else calls for a look (the pod runs as it is).
+    pub republish_after: Option<Duration>,
 }
 
 /// The wait before the next look; `None` means only events and the resync bring it.
@@ -68,6 +71,9 @@ pub(crate) fn next_look(facts: &SyncFacts) -> Option<Duration> {
     // sandbox or containers still to start are no progress that could be made now.
     let blocked = facts.start_blocked.is_some();
     if let Some(wait) = facts.start_blocked {
+        sooner(wait);
+    }
+    if let Some(wait) = facts.republish_after {
         sooner(wait);
     }
     if facts.failed || (facts.error_waiting && !blocked) {
@@ -188,6 +194,7 @@ mod tests {
             events_live: false,
             exit_pending: false,
             start_blocked: None,
+            republish_after: None,
         };
         fn live(f: SyncFacts<'_>) -> SyncFacts<'_> {
             SyncFacts {
@@ -198,6 +205,12 @@ mod tests {
         fn pending(f: SyncFacts<'_>) -> SyncFacts<'_> {
             SyncFacts {
                 exit_pending: true,
+                ..f
+            }
+        }
+        fn republish_wait(ms: u64, f: SyncFacts<'_>) -> SyncFacts<'_> {
+            SyncFacts {
+                republish_after: Some(Duration::from_millis(ms)),
                 ..f
             }
         }
@@ -304,6 +317,16 @@ mod tests {
                     facts(&new_sandbox, true, true, Some(&new_sandbox), nobody, false),
                 ),
                 Some(ERROR_RETRY),
+            ),
+            (
+                "a running pod whose CSI republish failed: after its back-off",
+                republish_wait(500, facts(&none, false, false, None, nobody, false)),
+                Some(ms(500)),
+            ),
+            (
+                "a republish back-off, a crash-loop wait ends sooner",
+                republish_wait(8000, facts(&waits_3, false, false, None, nobody, false)),
+                Some(Duration::from_secs(3)),
             ),
         ];
         for (name, f, want) in rows {

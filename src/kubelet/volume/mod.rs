@@ -487,13 +487,43 @@ impl VolumeManager {
         objects: &PodObjects,
         due: &dyn Fn(&str) -> bool,
     ) -> Vec<VolumeAttempt> {
+        self.attempt_each(pod, objects, due, false)
+    }
+
+    /// Publishes again the CSI volumes `due` names, published before (`requiresRepublish`,
+    /// see [`csi::republish`]): `NodePublishVolume` with fresh tokens, no stage; timed as
+    /// upstream times its remounts, as `volume_mount`.
+    pub(crate) fn republish_each(
+        &self,
+        pod: &Pod,
+        objects: &PodObjects,
+        due: &dyn Fn(&str) -> bool,
+    ) -> Vec<VolumeAttempt> {
+        self.attempt_each(pod, objects, due, true)
+    }
+
+    /// The pod's published CSI volumes, each with whether its driver asks for a republish.
+    pub(crate) fn csi_published(&self, uid: &str) -> Vec<csi::republish::Published> {
+        match self.existing_pod_dir(uid) {
+            Ok(Some(dir)) => csi::mount::published(&dir),
+            _ => Vec::new(),
+        }
+    }
+
+    fn attempt_each(
+        &self,
+        pod: &Pod,
+        objects: &PodObjects,
+        due: &dyn Fn(&str) -> bool,
+        remount: bool,
+    ) -> Vec<VolumeAttempt> {
         let mut mounts: Option<Vec<mountinfo::MountEntry>> = None;
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         let mut out = Vec::new();
         for volume in volumes.filter(|v| due(&v.name)) {
             let started = clock::instant();
             let result = self
-                .setup_one(pod, volume, objects, &mut mounts)
+                .setup_one(pod, volume, objects, &mut mounts, remount)
                 .map_err(|reason| setup_error(&volume.name, reason));
             let plugin = plugin_name(volume);
             let status = if result.is_ok() {
@@ -521,13 +551,15 @@ impl VolumeManager {
         self.make_pod_dir(uid)
     }
 
-    /// Sets up one volume. `mounts`: the mount table, read once for all volumes that need it.
+    /// Sets up one volume. `mounts`: the mount table, read once for all volumes that need it;
+    /// `remount`: a CSI volume published before is published again.
     fn setup_one(
         &self,
         pod: &Pod,
         volume: &Volume,
         objects: &PodObjects,
         mounts: &mut Option<Vec<mountinfo::MountEntry>>,
+        remount: bool,
     ) -> Result<SetUpVolume, VolumeProblem> {
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
         check_component("pod UID", uid)?;
@@ -569,7 +601,8 @@ impl VolumeManager {
             }
             Plan::Claim(source) => {
                 let table = mount_table()?;
-                self.set_up_claim(pod, volume, source, objects, fs_group, &table)?
+                let how = persistent_setup::ClaimSetUp { fs_group, remount };
+                self.set_up_claim(pod, volume, source, objects, how, &table)?
             }
             Plan::Files(plugin) => {
                 // The content first: a missing object leaves nothing behind, as upstream.
@@ -600,6 +633,7 @@ impl VolumeManager {
                     pod,
                     dir: &dir,
                     fs_group,
+                    remount,
                 };
                 let path = csi::mount::set_up_inline(&target, &volume.name, source)?;
                 (path, source.read_only == Some(true))

@@ -76,6 +76,15 @@ fn usage(pod: &Pod, name: &str) -> VolumeUse {
     out
 }
 
+/// How a claim's volume is set up: with the pod's fsGroup, and, for a CSI volume published
+/// before, published again without staging (`requiresRepublish`, see
+/// `csi::republish`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ClaimSetUp {
+    pub fs_group: Option<FsGroup>,
+    pub remount: bool,
+}
+
 impl VolumeManager {
     /// Resolves the claim and sets its volume up; the volume's path and whether it is mounted
     /// read-only.
@@ -85,9 +94,10 @@ impl VolumeManager {
         volume: &Volume,
         source: &PersistentVolumeClaimVolumeSource,
         objects: &PodObjects,
-        fs_group: Option<FsGroup>,
+        how: ClaimSetUp,
         table: &[MountEntry],
     ) -> Result<(PathBuf, bool), VolumeProblem> {
+        let ClaimSetUp { fs_group, remount } = how;
         let namespace = crate::base::podspec::pod::namespace(pod);
         let claim = objects.claim(&source.claim_name);
         let pv = claim
@@ -137,6 +147,7 @@ impl VolumeManager {
                     read_only: resolved.read_only,
                     pod_volume: &volume.name,
                     claim: claim_name,
+                    remount,
                 };
                 let set_up = self.set_up_csi_persistent(pod, &pv)?;
                 return Ok((set_up.path, set_up.read_only));

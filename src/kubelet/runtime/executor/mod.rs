@@ -130,6 +130,13 @@ pub(crate) struct PodSyncState {
     /// The start could not go on because the volumes are not ready: look again after this
     /// long (the first volume's back-off), or when poked. Taken at the end of the sync.
     pub start_blocked: Option<Duration>,
+    /// The failed republishes of the pod's CSI volumes (`requiresRepublish`) and when each is
+    /// tried again; apart from `mounts`, as a volume that fails to be published again stays
+    /// mounted and keeps nothing from starting.
+    pub republish: crate::kubelet::volume::backoff::MountBackoff,
+    /// A republish failed: look again after this long (its back-off). Taken at the end of the
+    /// sync.
+    pub republish_retry: Option<Duration>,
     /// The next sync starts from the view without reading the pod: a probe asked to kill an
     /// instance the view shows running, and the kill should not wait for a read. Taken by
     /// that sync.
@@ -742,6 +749,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             ..
         } = settled;
         let start_blocked = state.start_blocked.take();
+        let republish_after = state.republish_retry.take();
         let blocked = |name: &str| blocked_by_error(state, name);
         let init_running = revisit::init_running(pod, &observed);
         let retry = revisit::next_look(&SyncFacts {
@@ -754,6 +762,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             events_live: self.pleg.as_ref().is_some_and(|p| p.events_live()),
             exit_pending: behind,
             start_blocked,
+            republish_after,
         });
         // The next look is for what the runtime may show with no event come (an init
         // container's exit whose event got lost, an exit the view lags): it reads the pod.

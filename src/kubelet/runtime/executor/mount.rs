@@ -17,7 +17,7 @@ use crate::kubelet::api_objects::PodObjects;
 use crate::kubelet::events::{EventType, reason};
 use crate::kubelet::pod_status::{WaitReason, WaitingReason};
 use crate::kubelet::volume::backoff::{POD_DIR, Turn};
-use crate::kubelet::volume::{self, PodVolumes, VolumeAttempt, VolumeSetupError};
+use crate::kubelet::volume::{self, PodVolumes, VolumeAttempt, VolumeSetupError, csi};
 
 use super::super::actions::PodActions;
 use super::super::revisit::ERROR_RETRY;
@@ -166,6 +166,83 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             }
         }
         volumes
+    }
+}
+
+impl<R: RuntimeService + ImageService> Executor<R> {
+    /// Publishes again the running pod's CSI volumes whose driver asks for it
+    /// (`requiresRepublish`, see `volume::csi::republish`): on every sync, as upstream's
+    /// remount, so at least once per `syncFrequency`. A failure is told in a `FailedMount`
+    /// event and tried again after its back-off; the volume stays mounted and the pod runs on.
+    pub(super) async fn republish_csi(
+        &self,
+        pod: &Pod,
+        objects: &PodObjects,
+        state: &mut PodSyncState,
+    ) {
+        let specs: Vec<&Volume> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .collect();
+        state
+            .republish
+            .retain(|name| specs.iter().any(|v| v.name == name));
+        // Only a CSI volume, or a claim's, can be one: the others need no look at the disk.
+        if !specs
+            .iter()
+            .any(|v| v.csi.is_some() || v.persistent_volume_claim.is_some())
+        {
+            return;
+        }
+        let manager = self.volumes.clone();
+        let uid = pod_uid(pod).to_string();
+        let published = tokio::task::spawn_blocking(move || manager.csi_published(&uid))
+            .await
+            .unwrap_or_default();
+        let now = clock::instant();
+        let due = csi::republish::due(&published, &state.republish, now);
+        if !due.is_empty() {
+            let due: HashSet<String> = due.into_iter().collect();
+            let (manager, owned, owned_objects) =
+                (self.volumes.clone(), pod.clone(), objects.clone());
+            let attempts = tokio::task::spawn_blocking(move || {
+                manager.republish_each(&owned, &owned_objects, &|name| due.contains(name))
+            })
+            .await
+            .unwrap_or_default();
+            self.note_republished(pod, attempts, now, state);
+        }
+        state.republish_retry = state.republish.next_try(now);
+    }
+
+    /// Keeps each republish's outcome in its back-off and tells each failure in one event
+    /// (upstream's remount failure: `MountVolume.SetUp failed for volume …`).
+    fn note_republished(
+        &self,
+        pod: &Pod,
+        attempts: Vec<VolumeAttempt>,
+        now: Instant,
+        state: &mut PodSyncState,
+    ) {
+        for attempt in attempts {
+            match attempt.result {
+                Ok(_) => {
+                    state.republish.succeeded(&attempt.name);
+                    tracing::debug!(volume = %attempt.name, "CSI volume published again");
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    let wait = state
+                        .republish
+                        .failed(&attempt.name, 0, now, message.clone());
+                    // The event's own line is the one warning of this try.
+                    tracing::debug!(volume = %attempt.name, retry_in_ms = wait.as_millis() as u64, "CSI volume republish failed; backing off");
+                    self.events
+                        .pod(pod, EventType::Warning, reason::FAILED_MOUNT, message);
+                }
+            }
+        }
     }
 }
 

@@ -90,10 +90,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             if decision.sandbox_id.is_some() {
                 let objects = self.pod_objects(pod).await;
                 let volumes = self.volumes.clone();
-                let owned = pod.clone();
+                let (owned, read) = (pod.clone(), objects.clone());
                 let refreshed =
-                    tokio::task::spawn_blocking(move || volumes.refresh_with(&owned, &objects))
-                        .await;
+                    tokio::task::spawn_blocking(move || volumes.refresh_with(&owned, &read)).await;
                 if let Ok(Err(err)) = refreshed {
                     // The event's line is the warning.
                     tracing::debug!(error = %err, "cannot refresh the pod's volumes");
@@ -104,6 +103,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                         err.to_string(),
                     );
                 }
+                self.republish_csi(pod, &objects, state).await;
             }
             return Ok(());
         }

@@ -4,6 +4,9 @@
 //! annotation and topology labels ([`node_info`]), and the volumes they serve ([`mount`]):
 //! CSI inline ephemeral pod volumes end to end, and persistent volumes through
 //! `VolumeManager::set_up_csi_persistent`, the entry point the PVC → PV resolution calls.
+//! A CSIDriver's `tokenRequests` hand the pod's service-account tokens to the driver
+//! ([`tokens`]); its `requiresRepublish` has the volumes published again on each sync of a
+//! running pod ([`republish`]).
 //!
 //! The registered drivers are one store for the whole process, as upstream's `csiDrivers`:
 //! the volume code reaches them from its blocking threads without being handed them. What
@@ -14,7 +17,9 @@ pub(crate) mod attach;
 pub(crate) mod client;
 pub(crate) mod mount;
 pub(crate) mod node_info;
+pub(crate) mod republish;
 pub(crate) mod stats;
+pub(crate) mod tokens;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,6 +69,8 @@ pub(crate) struct CsiHost {
     pub node_name: String,
     /// `None` standalone.
     pub client: Option<kube::Client>,
+    /// The node's token manager (the projected volumes' too); `None` standalone.
+    pub tokens: Option<crate::kubelet::api_objects::TokenManager>,
 }
 
 static HOST: OnceLock<CsiHost> = OnceLock::new();
@@ -117,6 +124,12 @@ pub(crate) enum CsiError {
         path: String,
         reason: String,
     },
+    /// A token of the CSIDriver's `tokenRequests` could not be had (upstream's message, its
+    /// spelling included).
+    #[error(
+        "kubernetes.io/csi: mounter.SetUpAt failed to get service accoount token attributes: {0}"
+    )]
+    Tokens(#[source] crate::kubelet::api_objects::TokenError),
     #[error("reading CSIDriver {driver}: {reason}")]
     ReadDriver { driver: String, reason: String },
     #[error("no async runtime to call the CSI driver from")]

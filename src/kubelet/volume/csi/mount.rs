@@ -17,7 +17,8 @@ use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, CSIVolumeSource, Pod
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use super::client::{NodeClient, VolumeCall};
-use super::{CSI_PLUGIN_DIR, CsiError, attach, block_on, driver, host};
+use super::republish::Published;
+use super::{CSI_PLUGIN_DIR, CsiError, attach, block_on, driver, host, tokens};
 use crate::kubelet::volume::ownership::{self, FsGroup};
 
 const VOL_DATA: &str = "vol_data.json";
@@ -183,6 +184,26 @@ pub(crate) struct PodTarget<'a> {
     /// `<root>/pods/<uid>/volumes/kubernetes.io~csi/<name>`.
     pub dir: &'a Path,
     pub fs_group: Option<FsGroup>,
+    /// Published before, published again (`requiresRepublish`, see [`super::republish`]): a
+    /// persistent volume is not staged again, as upstream's remount finds it staged.
+    pub remount: bool,
+}
+
+/// The driver's `tokenRequests` tokens for the pod, put where the driver reads them
+/// ([`super::tokens`]); nothing to ask without a CSIDriver or with no requests.
+fn add_tokens(
+    pod: &Pod,
+    object: Option<&CSIDriver>,
+    context: &mut HashMap<String, String>,
+    secrets: &mut HashMap<String, String>,
+) -> Result<(), CsiError> {
+    let Some(object) = object.filter(|o| o.spec.token_requests.iter().flatten().next().is_some())
+    else {
+        return Ok(());
+    };
+    let issued = block_on(tokens::fetch(pod.clone(), object.clone()))??;
+    tokens::hand_over(object, &issued, context, secrets);
+    Ok(())
 }
 
 fn vol_data(
@@ -229,7 +250,7 @@ pub(crate) fn set_up_inline(
         context.extend(pod_info(t.pod, true));
     }
     let namespace = t.pod.metadata.namespace.clone().unwrap_or_default();
-    let secrets = match source.node_publish_secret_ref.as_ref() {
+    let mut secrets = match source.node_publish_secret_ref.as_ref() {
         Some(r) => block_on(read_secret(
             "NodePublishSecretRef",
             namespace,
@@ -237,6 +258,7 @@ pub(crate) fn set_up_inline(
         ))??,
         None => HashMap::new(),
     };
+    add_tokens(t.pod, object.as_ref(), &mut context, &mut secrets)?;
     let target = t.dir.join("mount");
     let call = VolumeCall {
         volume_id: handle,
@@ -282,6 +304,8 @@ pub(crate) struct PersistentCsi<'a> {
     /// metrics call the volume).
     pub pod_volume: &'a str,
     pub claim: &'a str,
+    /// Published before: published again without staging ([`PodTarget::remount`]).
+    pub remount: bool,
 }
 
 /// Stages (when the driver can) and publishes a CSI persistent volume for a pod; returns the
@@ -348,17 +372,10 @@ pub(crate) fn set_up_persistent(
     client = returned;
     if stages? {
         let global = global_mount_path(root, &driver_name, &handle);
-        std::fs::create_dir_all(&global)
-            .map_err(|e| files_error("attacher.MountDevice failed to create dir", &global, e))?;
-        let parent = global.parent().unwrap_or(root);
-        let data = BTreeMap::from([
-            ("volumeHandle", handle.clone()),
-            ("driverName", driver_name.clone()),
-        ]);
-        write_vol_data(parent, &data)?;
         call.staging_path = global.display().to_string();
-        let stage_call = call.clone();
-        client = block_on(async move { client.stage(&stage_call).await.map(|()| client) })??;
+        if !t.remount {
+            client = stage(root, client, &global, &call, &driver_name)?;
+        }
     }
     let mut data = vol_data(pv.pv_name, &handle, &driver_name, PERSISTENT);
     // Deckhand's own keys (upstream's volume manager knows these from the pod): what the
@@ -372,6 +389,12 @@ pub(crate) fn set_up_persistent(
         call.volume_context.extend(pod_info(t.pod, false));
     }
     call.secrets = secret("NodePublishSecretRef", &source.node_publish_secret_ref)?;
+    add_tokens(
+        t.pod,
+        object.as_ref(),
+        &mut call.volume_context,
+        &mut call.secrets,
+    )?;
     call.read_only = read_only;
     let target = t.dir.join("mount");
     call.target_path = target.display().to_string();
@@ -392,6 +415,27 @@ pub(crate) fn set_up_persistent(
     Ok(target)
 }
 
+/// Stages a persistent volume at `global` (upstream's `MountDevice`), beside the
+/// `vol_data.json` its unstage reads; hands the client back.
+fn stage(
+    root: &Path,
+    mut client: NodeClient,
+    global: &Path,
+    call: &VolumeCall,
+    driver_name: &str,
+) -> Result<NodeClient, CsiError> {
+    std::fs::create_dir_all(global)
+        .map_err(|e| files_error("attacher.MountDevice failed to create dir", global, e))?;
+    let parent = global.parent().unwrap_or(root);
+    let data = BTreeMap::from([
+        ("volumeHandle", call.volume_id.clone()),
+        ("driverName", driver_name.to_string()),
+    ]);
+    write_vol_data(parent, &data)?;
+    let stage_call = call.clone();
+    block_on(async move { client.stage(&stage_call).await.map(|()| client) })?
+}
+
 impl crate::kubelet::volume::VolumeManager {
     /// The one call for a pod volume whose claim is bound to a CSI persistent volume: makes
     /// `pods/<uid>/volumes/kubernetes.io~csi/<pv name>` and stages and publishes the volume
@@ -410,6 +454,7 @@ impl crate::kubelet::volume::VolumeManager {
             pod,
             dir: &dir,
             fs_group,
+            remount: pv.remount,
         };
         let path = set_up_persistent(&self.root_dir, &target, pv)?;
         let read_only = pv.read_only || pv.source.read_only == Some(true);
@@ -418,6 +463,46 @@ impl crate::kubelet::volume::VolumeManager {
             read_only,
             image: false,
         })
+    }
+}
+
+/// The pod's CSI volumes that are published (their `vol_data.json` is there), each with
+/// whether its driver's CSIDriver asks for a republish. A CSIDriver that cannot be read asks
+/// for none, as upstream's `RequiresRemount` answers then.
+pub(crate) fn published(pod_dir: &Path) -> Vec<Published> {
+    let plugin_dir = pod_dir.join("volumes").join(CSI_PLUGIN_DIR);
+    let Ok(entries) = std::fs::read_dir(&plugin_dir) else {
+        return Vec::new();
+    };
+    let mut republish: HashMap<String, bool> = HashMap::new();
+    let mut out = Vec::new();
+    for data in entries.flatten().filter_map(|e| read_vol_data(&e.path())) {
+        let get = |k: &str| data.get(k).cloned().unwrap_or_default();
+        // A persistent volume's directory is the PV's; the pod's volume name is kept beside.
+        let volume = data
+            .get(super::stats::POD_VOLUME_KEY)
+            .cloned()
+            .unwrap_or_else(|| get("specVolID"));
+        let driver_name = get("driverName");
+        let requires = *republish
+            .entry(driver_name.clone())
+            .or_insert_with(|| requires_republish(&driver_name));
+        out.push(Published {
+            volume,
+            requires_republish: requires,
+        });
+    }
+    out
+}
+
+/// The driver's CSIDriver says `requiresRepublish: true`.
+fn requires_republish(driver_name: &str) -> bool {
+    match block_on(read_driver(driver_name.to_string())).and_then(|read| read) {
+        Ok(object) => object.is_some_and(|o| o.spec.requires_republish == Some(true)),
+        Err(err) => {
+            tracing::debug!(driver = %driver_name, error = %err, "cannot read the CSIDriver; no republish");
+            false
+        }
     }
 }
 

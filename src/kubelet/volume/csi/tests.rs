@@ -247,6 +247,7 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
     install_host(CsiHost {
         node_name: "node1".into(),
         client: Some(FAKE.client()),
+        tokens: None,
     });
     FAKE.apply(&CSIDriver {
         metadata: kube::api::ObjectMeta {
@@ -298,6 +299,7 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
                 read_only: false,
                 pod_volume: "data",
                 claim: "claim",
+                remount: false,
             };
             let set_up = manager.set_up_csi_persistent(&pod(uid), &pv).unwrap();
             assert_eq!((set_up.path, set_up.read_only), (dir.join("mount"), false));
@@ -306,6 +308,27 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
             assert_eq!(data["volumeLifecycleMode"], "Persistent");
             assert_eq!(data["specVolID"], "pv1");
         }
+        // A republish (`requiresRepublish`): published again at the same path with the
+        // staging path, not staged again; the published volume is found by its pod volume.
+        let again = PersistentCsi {
+            pv_name: "pv1",
+            source: &source,
+            access_modes: &modes,
+            mount_options: &[],
+            read_only: false,
+            pod_volume: "data",
+            claim: "claim",
+            remount: true,
+        };
+        manager.set_up_csi_persistent(&pod("u2"), &again).unwrap();
+        let published = manager.csi_published("u2");
+        assert_eq!(
+            published,
+            [republish::Published {
+                volume: "data".into(),
+                requires_republish: false,
+            }]
+        );
         manager.teardown("u1").unwrap();
         assert!(
             !root2.join("pods/u1/volumes").exists(),
@@ -328,6 +351,7 @@ async fn persistent_volume_is_staged_published_and_torn_down_in_order() {
             format!("NodeStageVolume h {g}"),
             format!("NodePublishVolume h {g} {}", t("u1")),
             format!("NodeStageVolume h {g}"),
+            format!("NodePublishVolume h {g} {}", t("u2")),
             format!("NodePublishVolume h {g} {}", t("u2")),
             format!("NodeUnpublishVolume h {}", t("u1")),
             format!("NodeUnpublishVolume h {}", t("u2")),
