@@ -7,6 +7,8 @@
 //! shares the claim (prepared once); the claim is unprepared after the last pod (and after a
 //! pod that finishes); a SIGKILL of the agent keeps it prepared; with the
 //! driver killed a new pod waits with the driver's error while the running pod keeps running.
+//! Upstream's `dra_*` metrics count the driver calls, the pods' prepares and unprepares, and
+//! the claims in use, along the way.
 //!
 //! A second case shows CDI on the testbed without DRA: upstream's sample device plugin in its
 //! CDI mode answers `Allocate` with a CDI device name, whose spec (an environment variable and
@@ -211,6 +213,29 @@ fn count(log: &str, line: &str) -> usize {
     log.matches(line).count()
 }
 
+/// The value of one series (name and labels as the page prints them) on the agent's
+/// `/metrics`; fails naming the series when the page lacks it.
+async fn metric(agent: &common::Agent, series: &str) -> f64 {
+    let line = common::pressure::metrics_line(agent, &format!("{series} "))
+        .await
+        .unwrap_or_else(|| panic!("{series} is not on /metrics"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+/// `dra_grpc_operations_duration_seconds_count` of the test driver's `method` ending in `code`.
+fn grpc_count(method: &str, code: &str) -> String {
+    format!(
+        "dra_grpc_operations_duration_seconds_count{{driver_name=\"{DRIVER}\",grpc_status_code=\"{code}\",method_name=\"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}\"}}"
+    )
+}
+
+/// `dra_operations_duration_seconds_count` of `operation` that failed or not.
+fn operation_count(operation: &str, failed: bool) -> String {
+    format!(
+        "dra_operations_duration_seconds_count{{is_error=\"{failed}\",operation_name=\"{operation}\"}}"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     let binary = driver_binary();
@@ -267,6 +292,16 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     wait_running(&pods, "dra-b", &agent, &driver_log).await;
     assert_eq!(env_in(&cri, "dra-b", "claim_shared_gpu").await, "true");
     assert_eq!(count(&agent.log(), "DRA driver prepared claims"), 1);
+    // Upstream's DRA metrics: one driver call, two pods' prepares, one claim in use.
+    assert_eq!(
+        metric(&agent, &grpc_count("NodePrepareResources", "OK")).await,
+        1.0
+    );
+    assert!(metric(&agent, &operation_count("PrepareResources", false)).await >= 2.0);
+    for driver in ["<any>", DRIVER] {
+        let series = format!("dra_resource_claims_in_use{{driver_name=\"{driver}\"}}");
+        assert_eq!(metric(&agent, &series).await, 1.0, "{series}");
+    }
     // Upstream's pod-resources client lists the claim with the driver's device.
     let out = Command::new(devices_dir().join("devices"))
         .arg(root.join("pod-resources/kubelet.sock"))
@@ -331,6 +366,15 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         (count(&agent.log(), "DRA driver unprepared claims") == 1).then_some(())
     })
     .await;
+    assert_eq!(
+        metric(&agent, &grpc_count("NodeUnprepareResources", "OK")).await,
+        1.0
+    );
+    assert!(metric(&agent, &operation_count("UnprepareResources", false)).await >= 2.0);
+    assert_eq!(
+        metric(&agent, "dra_resource_claims_in_use{driver_name=\"<any>\"}").await,
+        0.0
+    );
 
     // A pod that finishes releases its claim without being deleted.
     claims
@@ -414,6 +458,9 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         Some(running.as_str()),
         "dra-c untouched by the driver's end"
     );
+    // The failed calls and prepares are timed too, under gRPC's code.
+    assert!(metric(&agent, &grpc_count("NodePrepareResources", "Unavailable")).await >= 1.0);
+    assert!(metric(&agent, &operation_count("PrepareResources", true)).await >= 1.0);
 }
 
 /// The dir of the sample device plugin and the pod-resources client (`devices`), built or

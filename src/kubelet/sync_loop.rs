@@ -24,6 +24,7 @@ use crate::base::podspec::pod::phase_is_terminal;
 use crate::base::resync_queue::Pokes;
 use crate::clients::cri::{ImageService, RuntimeService};
 use crate::kubelet::admission::{self, Decision, NodeInfo, NodeSource, Usage};
+use crate::kubelet::dra::DraManager;
 use crate::kubelet::events::{EventType, Recorder};
 use crate::kubelet::eviction::{EvictRequest, PressureView};
 use crate::kubelet::pleg::RuntimeCache;
@@ -269,6 +270,9 @@ pub(crate) struct SyncLoop<R> {
     past_deadline: HashSet<String>,
     /// What the admitted pods were allocated, and the resizes not allocated yet.
     resizes: Resizes,
+    /// The DRA manager, whose claims of pods gone while the agent was down housekeeping
+    /// releases.
+    dra: Option<DraManager>,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -322,12 +326,19 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
             shutdown: ShutdownStatus::default(),
             past_deadline: HashSet::new(),
             resizes: Resizes::default(),
+            dra: None,
         }
     }
 
     /// Keeps the pods' allocations in `resizes` (its checkpoint, in the daemon).
     pub(crate) fn with_resizes(mut self, resizes: Resizes) -> Self {
         self.resizes = resizes;
+        self
+    }
+
+    /// Lets housekeeping release the DRA claims of pods that are gone.
+    pub(crate) fn with_dra(mut self, dra: DraManager) -> Self {
+        self.dra = Some(dra);
         self
     }
 
@@ -761,6 +772,38 @@ impl<R: RuntimeService + ImageService> SyncLoop<R> {
                 );
             }
         }
+        self.release_absent_claims();
+    }
+
+    /// The DRA claims held for pods that no source has, no worker runs and the runtime shows
+    /// nothing of (they went while the agent was down: no teardown will release them) are
+    /// released, as upstream's reconcile loop does; on a task of its own, so the loop never
+    /// waits for a driver.
+    fn release_absent_claims(&self) {
+        let Some(dra) = &self.dra else {
+            return;
+        };
+        let runtime: HashSet<String> = self.runtime_cache.pod_uids().into_iter().collect();
+        let absent: HashSet<String> = dra
+            .pod_uids()
+            .into_iter()
+            .filter(|uid| {
+                !self.desired.contains_key(uid) && !self.workers.has(uid) && !runtime.contains(uid)
+            })
+            .collect();
+        if absent.is_empty() {
+            return;
+        }
+        tracing::info!(
+            pods = absent.len(),
+            "releasing the DRA claims of pods that are gone"
+        );
+        let dra = dra.clone();
+        tokio::spawn(async move {
+            if let Err(err) = dra.release_pods(&absent).await {
+                tracing::warn!(error = %err, "cannot unprepare the DRA claims of pods that are gone; trying again later");
+            }
+        });
     }
 
     /// Runs until `cancel` fires. An input that closes is simply no longer read (the
@@ -958,6 +1001,57 @@ mod tests {
         parts.ready.mark_seen("file");
         sl.housekeeping();
         assert!(sl.workers.has("orphan-1"), "the orphan is torn down");
+        parts.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn housekeeping_releases_the_dra_claims_of_pods_that_are_gone() {
+        use crate::kubelet::dra::state::{self, ClaimInfo, DriverState};
+        let root = tempfile::tempdir().unwrap();
+        // Claims whose driver skips unprepare, so that releasing one needs no driver.
+        let claim = |name: &str, pod: &str| ClaimInfo {
+            claim_uid: format!("cu-{name}"),
+            claim_name: name.into(),
+            namespace: "ns".into(),
+            pod_uids: [pod.to_string()].into(),
+            drivers: [(
+                "d.example.com".to_string(),
+                DriverState {
+                    devices: vec![],
+                    skip_node_operations: vec!["All".into()],
+                },
+            )]
+            .into(),
+            prepared: false,
+        };
+        let checkpoint = root.path().join(state::FILE_NAME);
+        let claims = [
+            claim("of-a-source", "uid-a"),
+            claim("of-the-runtime", "orphan-1"),
+            claim("of-nobody", "gone"),
+        ];
+        state::write(&checkpoint, &claims).unwrap();
+        let dra = DraManager::new(root.path(), None);
+        let (sl, parts) = sync_loop(harness(FakeCri::with_images(&[IMAGE])));
+        let mut sl = sl.with_dra(dra.clone());
+        add_started(&mut sl, &parts, "uid-a").await;
+        parts.cache.store_relist(orphan_relist("orphan-1"));
+        sl.housekeeping();
+        assert_eq!(dra.pod_uids().len(), 3, "before every source has spoken");
+        parts.ready.mark_seen("file");
+        sl.housekeeping();
+        eventually("the absent pod's claim released", || async {
+            dra.pod_uids().len() == 2
+        })
+        .await;
+        assert!(!dra.pod_uids().contains("gone"));
+        let names: Vec<String> = state::read(&checkpoint)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|c| c.claim_name)
+            .collect();
+        assert_eq!(names, ["of-a-source", "of-the-runtime"]);
         parts.cancel.cancel();
     }
 

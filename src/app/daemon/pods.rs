@@ -329,12 +329,14 @@ fn workers(
         let cache = runtime_cache.clone();
         let node_name = agent.config.node_name.clone();
         let pleg_state = pleg_state.clone();
+        let dra = agent.dra.clone();
         agent.metrics.register("/metrics", move || {
             let own = format!(
-                "{}{}{}",
+                "{}{}{}{}",
                 stats.render(),
                 pleg_state.render_metrics(),
-                crate::kubelet::volume::csi::stats::metrics()
+                crate::kubelet::volume::csi::stats::metrics(),
+                dra.render_metrics()
             );
             crate::base::metrics::render(&current_state(&cache, &node_name), &own)
         });

@@ -74,7 +74,9 @@ pub(super) fn sync_loop(
             .root_dir
             .join(crate::kubelet::admission::allocation::FILE_NAME),
     );
-    sync_loop = sync_loop.with_resizes(crate::kubelet::sync_loop::Resizes::new(allocations));
+    sync_loop = sync_loop
+        .with_resizes(crate::kubelet::sync_loop::Resizes::new(allocations))
+        .with_dra(agent.dra.clone());
     let status = ShutdownStatus::default();
     if let Some(buckets) = &agent.plan.graceful_shutdown {
         let config = &agent.config;

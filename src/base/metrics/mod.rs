@@ -47,6 +47,10 @@ pub(crate) struct KubeletMetrics {
     pub image_garbage_collected: Family,
     pub garbage_collected: Family,
     pub log_rotations: Family,
+    pub dra_operations_duration: Family,
+    pub dra_grpc_operations_duration: Family,
+    pub dra_node_prepare_skips: Family,
+    pub dra_node_unprepare_skips: Family,
     /// Deckhand's own: panics caught in supervised background tasks.
     pub task_panics: Family,
 }
@@ -159,7 +163,56 @@ pub(crate) static KUBELET: LazyLock<KubeletMetrics> = LazyLock::new(|| KubeletMe
         "Container log rotations, by result (rotated, failed).",
         &["result"],
     ),
+    // The DRA families' labels are in the order client_golang prints them (sorted by name).
+    dra_operations_duration: Family::histogram(
+        "dra_operations_duration_seconds",
+        "How long preparing (when its sandbox is made) or unpreparing (when it stops) all the \
+         ResourceClaims of one pod took, by operation (PrepareResources, UnprepareResources) \
+         and whether it failed; a pod without claims counts too.",
+        &["is_error", "operation_name"],
+        DRA_BUCKETS.to_vec(),
+    ),
+    dra_grpc_operations_duration: Family::histogram(
+        "dra_grpc_operations_duration_seconds",
+        "How long each call to a DRA driver took (connecting included), by driver, full gRPC \
+         method name and gRPC status code.",
+        &["driver_name", "grpc_status_code", "method_name"],
+        DRA_BUCKETS.to_vec(),
+    ),
+    dra_node_prepare_skips: Family::counter(
+        "dra_node_prepare_skips_total",
+        "NodePrepareResources calls not made because the allocation's skipNodeOperations said so, by driver.",
+        &["driver_name"],
+    ),
+    dra_node_unprepare_skips: Family::counter(
+        "dra_node_unprepare_skips_total",
+        "NodeUnprepareResources calls not made because the allocation's skipNodeOperations said so, by driver.",
+        &["driver_name"],
+    ),
 });
+
+/// Upstream's buckets for DRA durations: 0.1 s to 40 s (just under a driver call's 45 s
+/// deadline) in 15 equal factors, client_golang's `ExponentialBucketsRange(.1, 40, 15)` as Go
+/// computes it. Written out because Go's `math.Pow` and the C library's `pow` differ in the
+/// last bit for six of them, which would print other `le` values.
+#[rustfmt::skip]
+const DRA_BUCKETS: &[f64] = &[
+    0.1,
+    0.1534127404634391,
+    0.23535468936502524,
+    0.36106407876409946,
+    0.5539182980610752,
+    0.849781240983936,
+    1.303672689737678,
+    1.9999999999999993,
+    3.0682548092687805,
+    4.7070937873005025,
+    7.221281575281985,
+    11.078365961221499,
+    16.995624819678714,
+    26.07345379475354,
+    39.99999999999997,
+];
 
 const HTTP_LABELS: &[&str] = &["method", "path", "server_type", "long_running"];
 
@@ -319,6 +372,10 @@ pub(crate) fn render(state: &CurrentState, extra: &str) -> String {
         &k.image_garbage_collected,
         &k.garbage_collected,
         &k.log_rotations,
+        &k.dra_operations_duration,
+        &k.dra_grpc_operations_duration,
+        &k.dra_node_prepare_skips,
+        &k.dra_node_unprepare_skips,
         &k.task_panics,
     ] {
         f.render(&mut out);

@@ -8,6 +8,14 @@
 //! `NodeUnprepareResources` once the last pod using a claim is gone. The claim-info cache is
 //! checkpointed on every change in upstream's format (`state.rs`).
 //!
+//! The cache's lock is held to read or change it and to write the checkpoint, never across a
+//! driver call. Each claim has an operation lock of its own, held from the cache change to the
+//! drivers' answers, so that pods sharing a claim see it prepared once (the second waits for
+//! the first's prepare), while a driver that does not answer (up to its 45 s deadline) holds up
+//! only the pods of its own claims. Housekeeping releases the claims of pods that went while
+//! the agent was down ([`DraManager::release_pods`], upstream's reconcile loop). Upstream's
+//! `dra_*` metrics are in `metrics.rs`.
+//!
 //! Where Deckhand differs: a claim whose driver cannot unprepare it (stopped, failing) does not
 //! keep its pod terminating as upstream's does; the pod's teardown goes on, the claim stays in
 //! the cache without pods and its unprepare is tried again when a driver registers and at
@@ -16,9 +24,10 @@
 //! through [`DraManager::container_claim_infos`].
 
 pub(crate) mod claims;
+pub(crate) mod metrics;
 pub(crate) mod state;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,16 +86,23 @@ pub(crate) enum DraError {
 }
 
 type Key = (String, String);
+type ClaimGuard = tokio::sync::OwnedMutexGuard<()>;
+
+fn key_of(info: &ClaimInfo) -> Key {
+    (info.namespace.clone(), info.claim_name.clone())
+}
 
 struct Inner {
     checkpoint: PathBuf,
     client: Option<kube::Client>,
-    /// The claims by namespace and name (upstream's claim-info cache).
+    /// The claims by namespace and name (upstream's claim-info cache). Held only to read or
+    /// change them and to write the checkpoint, never across a driver call.
     claims: Mutex<BTreeMap<Key, ClaimInfo>>,
     /// The registered drivers' endpoints by name.
     drivers: Mutex<HashMap<String, String>>,
-    /// One prepare or unprepare at a time, so a shared claim is prepared once.
-    ops: tokio::sync::Mutex<()>,
+    /// One prepare or unprepare of a claim at a time, so a shared claim is prepared once; by
+    /// claim, so that a driver that does not answer holds up only the pods of its own claims.
+    ops: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The DRA manager; cheap to clone.
@@ -122,20 +138,24 @@ async fn connect(endpoint: &str) -> Result<DraClient, ConnectError> {
     let channel = tonic::transport::Endpoint::from_shared(format!("unix://{path}"))
         .map_err(failed)?
         .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(CALL_TIMEOUT)
         .connect()
         .await
         .map_err(failed)?;
     Ok(proto::dra_plugin_client::DraPluginClient::new(channel))
 }
 
-/// Which claims to send to each driver for one operation (pure): the claims' drivers that
-/// do not skip it.
-fn batches(claims: &[&ClaimInfo], operation: &str) -> BTreeMap<String, Vec<proto::Claim>> {
+/// Which claims to send to each driver for one operation, and the drivers whose call
+/// `skipNodeOperations` leaves out (pure).
+fn batches(
+    claims: &[ClaimInfo],
+    operation: &str,
+) -> (BTreeMap<String, Vec<proto::Claim>>, Vec<String>) {
     let mut out: BTreeMap<String, Vec<proto::Claim>> = BTreeMap::new();
+    let mut skipped = Vec::new();
     for info in claims {
         for (driver, state) in &info.drivers {
             if state.skips(operation) {
+                skipped.push(driver.clone());
                 continue;
             }
             out.entry(driver.clone()).or_default().push(proto::Claim {
@@ -145,7 +165,48 @@ fn batches(claims: &[&ClaimInfo], operation: &str) -> BTreeMap<String, Vec<proto
             });
         }
     }
-    out
+    (out, skipped)
+}
+
+/// Upstream's words for a failed call: `rpc error: code = … desc = …`, or its deadline.
+fn status_reason(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {} desc = {}",
+        metrics::grpc_code_name(status.code()),
+        status.message()
+    )
+}
+
+/// Checks a driver's answer against the claims sent (pure): every result names a claim sent
+/// and carries no error, and none is missing; upstream's messages.
+fn check_results<'a>(
+    call: &'static str,
+    batch: &'a [proto::Claim],
+    results: impl IntoIterator<Item = (&'a String, &'a str)>,
+) -> Result<(), DraError> {
+    let mut answered = 0;
+    for (claim_uid, error) in results {
+        let claim = batch
+            .iter()
+            .find(|c| &c.uid == claim_uid)
+            .ok_or_else(|| DraError::UnknownClaim(claim_uid.clone(), call))?;
+        if !error.is_empty() {
+            return Err(DraError::ClaimFailed {
+                call,
+                name: claim.name.clone(),
+                reason: error.to_string(),
+            });
+        }
+        answered += 1;
+    }
+    let unfinished = batch.len().saturating_sub(answered);
+    if unfinished != 0 {
+        return Err(DraError::Skipped {
+            call,
+            count: unfinished,
+        });
+    }
+    Ok(())
 }
 
 impl DraManager {
@@ -160,17 +221,14 @@ impl DraManager {
                 Vec::new()
             }
         };
-        let claims = restored
-            .into_iter()
-            .map(|c| ((c.namespace.clone(), c.claim_name.clone()), c))
-            .collect();
+        let claims = restored.into_iter().map(|c| (key_of(&c), c)).collect();
         DraManager {
             inner: Arc::new(Inner {
                 checkpoint,
                 client,
                 claims: Mutex::new(claims),
                 drivers: Mutex::new(HashMap::new()),
-                ops: tokio::sync::Mutex::new(()),
+                ops: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -184,11 +242,33 @@ impl DraManager {
         drivers.get(driver).cloned()
     }
 
-    fn save(&self) {
-        let list: Vec<ClaimInfo> = self.claims().values().cloned().collect();
+    /// Writes the checkpoint; called with the cache's lock held, so writes land in the order
+    /// of the changes.
+    fn save(&self, cache: &BTreeMap<Key, ClaimInfo>) {
+        let list: Vec<ClaimInfo> = cache.values().cloned().collect();
         if let Err(err) = state::write(&self.inner.checkpoint, &list) {
             tracing::error!(error = %err, "cannot write the DRA checkpoint");
         }
+    }
+
+    /// The claim's operation lock (made on first use; those nobody holds or waits for are
+    /// dropped here, so the map stays as small as the claims in work).
+    fn op_lock(&self, key: &Key) -> Arc<tokio::sync::Mutex<()>> {
+        let mut ops = self.inner.ops.lock().unwrap_or_else(|e| e.into_inner());
+        ops.retain(|_, lock| Arc::strong_count(lock) > 1);
+        ops.entry(key.clone()).or_default().clone()
+    }
+
+    /// Waits for the claims' operation locks, in key order, so that two pods sharing claims
+    /// never wait for each other.
+    async fn lock_claims(&self, keys: impl IntoIterator<Item = Key>) -> Vec<(Key, ClaimGuard)> {
+        let keys: BTreeSet<Key> = keys.into_iter().collect();
+        let mut guards = Vec::with_capacity(keys.len());
+        for key in keys {
+            let guard = self.op_lock(&key).lock_owned().await;
+            guards.push((key, guard));
+        }
+        guards
     }
 
     /// Records a driver's endpoint (`None`: it went away).
@@ -204,6 +284,11 @@ impl DraManager {
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> Vec<ClaimInfo> {
         self.claims().values().cloned().collect()
+    }
+
+    /// `dra_resource_claims_in_use`, from the cache as it is now.
+    pub(crate) fn render_metrics(&self) -> String {
+        metrics::render_claims_in_use(&metrics::claims_in_use(self.claims().values()))
     }
 
     async fn fetch(&self, namespace: &str, name: &str) -> Result<ResourceClaim, DraError> {
@@ -244,107 +329,134 @@ impl DraManager {
         Ok(out)
     }
 
-    /// Prepares the pod's claims before its sandbox is made (upstream's `PrepareResources`);
-    /// claims already prepared for another pod only get the pod added.
+    /// Prepares the pod's claims before its sandbox is made (upstream's `PrepareResources`,
+    /// timed into `dra_operations_duration_seconds` for every pod, as upstream's).
     pub(crate) async fn prepare(&self, pod: &Pod) -> Result<(), DraError> {
+        let started = crate::base::clock::instant();
+        let result = self.prepare_pod(pod).await;
+        metrics::record_operation(
+            metrics::PREPARE_OPERATION,
+            started.elapsed(),
+            result.is_err(),
+        );
+        result
+    }
+
+    /// Claims already prepared for another pod only get the pod added. Each of the pod's
+    /// claims is locked from the cache change to the drivers' answers: a second pod sharing
+    /// one waits for the first's prepare and then finds it prepared.
+    async fn prepare_pod(&self, pod: &Pod) -> Result<(), DraError> {
         if !claims::has_claims(pod) {
             return Ok(());
         }
         let read = self.read_claims(pod).await?;
-        let _op = self.inner.ops.lock().await;
+        let _locked = self.lock_claims(read.iter().map(key_of)).await;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let mut todo: Vec<ClaimInfo> = Vec::new();
-        {
-            let mut cache = self.claims();
-            for info in read {
-                let key = (info.namespace.clone(), info.claim_name.clone());
-                let entry = cache.entry(key).or_insert_with(|| info.clone());
-                if entry.claim_uid != info.claim_uid {
-                    return Err(DraError::OldClaim {
-                        name: info.claim_name,
-                        uid: entry.claim_uid.clone(),
-                    });
-                }
-                entry.pod_uids.insert(uid.clone());
-                if !entry.prepared {
-                    todo.push(entry.clone());
-                }
-            }
-        }
-        self.save();
-        let refs: Vec<&ClaimInfo> = todo.iter().collect();
-        for (driver, batch) in batches(&refs, PREPARE) {
+        let todo = self.add_pod(&uid, read)?;
+        let (calls, skipped) = batches(&todo, PREPARE);
+        metrics::record_skips(true, &skipped);
+        for (driver, batch) in calls {
             self.prepare_batch(&driver, batch).await?;
         }
-        {
-            let mut cache = self.claims();
-            for info in &todo {
-                if let Some(entry) =
-                    cache.get_mut(&(info.namespace.clone(), info.claim_name.clone()))
-                {
-                    entry.prepared = true;
-                }
+        let mut cache = self.claims();
+        for info in &todo {
+            if let Some(entry) = cache.get_mut(&key_of(info)) {
+                entry.prepared = true;
             }
         }
-        self.save();
+        self.save(&cache);
         Ok(())
     }
 
-    async fn prepare_batch(&self, driver: &str, batch: Vec<proto::Claim>) -> Result<(), DraError> {
-        let call_err = |reason: String| DraError::Call {
-            call: PREPARE,
-            reason,
-        };
+    /// Puts the pod on its claims in the cache (caching the new ones) and checkpoints that
+    /// before any driver is called; returns the claims still to prepare.
+    fn add_pod(&self, uid: &str, read: Vec<ClaimInfo>) -> Result<Vec<ClaimInfo>, DraError> {
+        let mut cache = self.claims();
+        let mut todo = Vec::new();
+        let mut result = Ok(());
+        for info in read {
+            let entry = cache.entry(key_of(&info)).or_insert_with(|| info.clone());
+            if entry.claim_uid != info.claim_uid {
+                result = Err(DraError::OldClaim {
+                    name: info.claim_name,
+                    uid: entry.claim_uid.clone(),
+                });
+                break;
+            }
+            entry.pod_uids.insert(uid.to_string());
+            if !entry.prepared {
+                todo.push(entry.clone());
+            }
+        }
+        self.save(&cache);
+        result.map(|()| todo)
+    }
+
+    /// One call to a driver, connecting first, within upstream's deadline; timed into
+    /// `dra_grpc_operations_duration_seconds` however it ends.
+    async fn call<T, F, Fut>(&self, driver: &str, call: &'static str, rpc: F) -> Result<T, DraError>
+    where
+        F: FnOnce(DraClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let endpoint = self
             .endpoint(driver)
             .ok_or_else(|| DraError::NotRegistered(driver.to_string()))?;
-        let mut client = connect(&endpoint)
-            .await
-            .map_err(|e| call_err(e.to_string()))?;
         let started = crate::base::clock::instant();
-        let answer = client
-            .node_prepare_resources(proto::NodePrepareResourcesRequest {
-                claims: batch.clone(),
+        let answer = tokio::time::timeout(CALL_TIMEOUT, async {
+            match connect(&endpoint).await {
+                Ok(client) => rpc(client).await,
+                Err(err) => Err(tonic::Status::unavailable(err.to_string())),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(
+                "context deadline exceeded",
+            ))
+        });
+        let code = answer
+            .as_ref()
+            .map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+        metrics::record_call(driver, call, started.elapsed(), code);
+        answer
+            .map(tonic::Response::into_inner)
+            .map_err(|status| DraError::Call {
+                call,
+                reason: status_reason(&status),
             })
-            .await
-            .map_err(|s| {
-                call_err(format!(
-                    "rpc error: code = {:?} desc = {}",
-                    s.code(),
-                    s.message()
-                ))
-            })?
-            .into_inner();
+    }
+
+    async fn prepare_batch(&self, driver: &str, batch: Vec<proto::Claim>) -> Result<(), DraError> {
+        let started = crate::base::clock::instant();
+        let request = proto::NodePrepareResourcesRequest {
+            claims: batch.clone(),
+        };
+        let answer = self
+            .call(driver, PREPARE, |mut client| async move {
+                client.node_prepare_resources(request).await
+            })
+            .await?;
         tracing::info!(
             driver,
             claims = batch.len(),
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "DRA driver prepared claims"
         );
+        let results = answer
+            .claims
+            .iter()
+            .map(|(uid, result)| (uid, result.error.as_str()));
+        check_results(PREPARE, &batch, results)?;
+        let mut cache = self.claims();
         for (claim_uid, result) in &answer.claims {
-            let claim = batch
-                .iter()
-                .find(|c| &c.uid == claim_uid)
-                .ok_or_else(|| DraError::UnknownClaim(claim_uid.clone(), PREPARE))?;
-            if !result.error.is_empty() {
-                return Err(DraError::ClaimFailed {
-                    call: PREPARE,
-                    name: claim.name.clone(),
-                    reason: result.error.clone(),
-                });
-            }
-            let mut cache = self.claims();
+            let Some(claim) = batch.iter().find(|c| &c.uid == claim_uid) else {
+                continue;
+            };
             if let Some(entry) = cache.get_mut(&(claim.namespace.clone(), claim.name.clone())) {
                 let state = entry.drivers.entry(driver.to_string()).or_default();
                 state.devices = result.devices.iter().map(device_of).collect();
             }
-        }
-        let unfinished = batch.len().saturating_sub(answer.claims.len());
-        if unfinished != 0 {
-            return Err(DraError::Skipped {
-                call: PREPARE,
-                count: unfinished,
-            });
         }
         Ok(())
     }
@@ -380,103 +492,142 @@ impl DraManager {
     }
 
     /// The pod is gone: it no longer uses its claims, and those no pod uses are unprepared
-    /// (upstream's `UnprepareResources`). A claim whose driver fails stays cached without pods
-    /// and is tried again later ([`Self::retry_unprepared`]).
+    /// (upstream's `UnprepareResources`, timed for every pod as upstream's). A claim whose
+    /// driver fails stays cached without pods and is tried again later
+    /// ([`Self::retry_unprepared`]).
     pub(crate) async fn unprepare(&self, pod_uid: &str) -> Result<(), DraError> {
-        let _op = self.inner.ops.lock().await;
-        let touched = {
-            let mut cache = self.claims();
-            let mut touched = false;
-            for info in cache.values_mut() {
-                touched |= info.pod_uids.remove(pod_uid);
-            }
-            touched
-        };
-        if !touched {
-            return Ok(());
-        }
-        self.save();
-        self.unprepare_unused().await
+        let started = crate::base::clock::instant();
+        let result = self.release(|uid| uid == pod_uid).await;
+        metrics::record_operation(
+            metrics::UNPREPARE_OPERATION,
+            started.elapsed(),
+            result.is_err(),
+        );
+        result
     }
 
-    /// Unprepares every cached claim no pod uses.
-    async fn unprepare_unused(&self) -> Result<(), DraError> {
-        let unused: Vec<ClaimInfo> = self
-            .claims()
+    /// The pods the cache holds claims for.
+    pub(crate) fn pod_uids(&self) -> BTreeSet<String> {
+        let cache = self.claims();
+        cache
             .values()
-            .filter(|c| c.pod_uids.is_empty())
-            .cloned()
+            .flat_map(|c| c.pod_uids.iter().cloned())
+            .collect()
+    }
+
+    /// Releases the claims of pods that no longer exist, and nothing of which is left to tear
+    /// down (they went while the agent was down): upstream's reconcile loop.
+    pub(crate) async fn release_pods(&self, uids: &HashSet<String>) -> Result<(), DraError> {
+        self.release(|uid| uids.contains(uid)).await
+    }
+
+    /// Takes the pods `gone` names off their claims; then unprepares the claims that left
+    /// without pods (waiting for their locks) and any other claim no pod uses whose lock is
+    /// free (one a failing driver kept).
+    async fn release(&self, gone: impl Fn(&str) -> bool) -> Result<(), DraError> {
+        let freed = {
+            let mut cache = self.claims();
+            let mut touched = false;
+            let mut freed = Vec::new();
+            for (key, info) in cache.iter_mut() {
+                let before = info.pod_uids.len();
+                info.pod_uids.retain(|uid| !gone(uid));
+                if info.pod_uids.len() != before {
+                    touched = true;
+                    if info.pod_uids.is_empty() {
+                        freed.push(key.clone());
+                    }
+                }
+            }
+            if !touched {
+                return Ok(());
+            }
+            self.save(&cache);
+            freed
+        };
+        let mut locked = self.lock_claims(freed).await;
+        let others = self.try_lock_unused(&locked);
+        locked.extend(others);
+        self.unprepare_locked(locked).await
+    }
+
+    /// The claims no pod uses, but those in `held`, whose locks are free now (a busy one is in
+    /// someone's prepare or unprepare already).
+    fn try_lock_unused(&self, held: &[(Key, ClaimGuard)]) -> Vec<(Key, ClaimGuard)> {
+        let unused: Vec<Key> = self
+            .claims()
+            .iter()
+            .filter(|(key, info)| info.pod_uids.is_empty() && !held.iter().any(|(k, _)| k == *key))
+            .map(|(key, _)| key.clone())
             .collect();
-        let refs: Vec<&ClaimInfo> = unused.iter().collect();
+        unused
+            .into_iter()
+            .filter_map(|key| {
+                let guard = self.op_lock(&key).try_lock_owned().ok()?;
+                Some((key, guard))
+            })
+            .collect()
+    }
+
+    /// Unprepares the locked claims that are still cached without pods; those whose driver
+    /// failed stay cached, the rest leave the cache.
+    async fn unprepare_locked(&self, locked: Vec<(Key, ClaimGuard)>) -> Result<(), DraError> {
+        let unused: Vec<ClaimInfo> = {
+            let cache = self.claims();
+            locked
+                .iter()
+                .filter_map(|(key, _)| cache.get(key))
+                .filter(|c| c.pod_uids.is_empty())
+                .cloned()
+                .collect()
+        };
+        if unused.is_empty() {
+            return Ok(());
+        }
+        let (calls, skipped) = batches(&unused, UNPREPARE);
+        metrics::record_skips(false, &skipped);
         let mut first_err = None;
         let mut failed: Vec<String> = Vec::new();
-        for (driver, batch) in batches(&refs, UNPREPARE) {
+        for (driver, batch) in calls {
             if let Err(err) = self.unprepare_batch(&driver, &batch).await {
                 tracing::warn!(driver, error = %err, "cannot unprepare ResourceClaims; trying again later");
                 failed.extend(batch.iter().map(|c| c.uid.clone()));
                 first_err.get_or_insert(err);
             }
         }
-        {
-            let mut cache = self.claims();
-            cache.retain(|_, c| !c.pod_uids.is_empty() || failed.contains(&c.claim_uid));
+        let mut cache = self.claims();
+        for info in &unused {
+            if !failed.contains(&info.claim_uid) {
+                cache.remove(&key_of(info));
+            }
         }
-        self.save();
+        self.save(&cache);
         first_err.map_or(Ok(()), Err)
     }
 
     async fn unprepare_batch(&self, driver: &str, batch: &[proto::Claim]) -> Result<(), DraError> {
-        let call_err = |reason: String| DraError::Call {
-            call: UNPREPARE,
-            reason,
+        let request = proto::NodeUnprepareResourcesRequest {
+            claims: batch.to_vec(),
         };
-        let endpoint = self
-            .endpoint(driver)
-            .ok_or_else(|| DraError::NotRegistered(driver.to_string()))?;
-        let mut client = connect(&endpoint)
-            .await
-            .map_err(|e| call_err(e.to_string()))?;
-        let answer = client
-            .node_unprepare_resources(proto::NodeUnprepareResourcesRequest {
-                claims: batch.to_vec(),
+        let answer = self
+            .call(driver, UNPREPARE, |mut client| async move {
+                client.node_unprepare_resources(request).await
             })
-            .await
-            .map_err(|s| {
-                call_err(format!(
-                    "rpc error: code = {:?} desc = {}",
-                    s.code(),
-                    s.message()
-                ))
-            })?
-            .into_inner();
-        for (claim_uid, result) in &answer.claims {
-            let claim = batch
-                .iter()
-                .find(|c| &c.uid == claim_uid)
-                .ok_or_else(|| DraError::UnknownClaim(claim_uid.clone(), UNPREPARE))?;
-            if !result.error.is_empty() {
-                return Err(DraError::ClaimFailed {
-                    call: UNPREPARE,
-                    name: claim.name.clone(),
-                    reason: result.error.clone(),
-                });
-            }
-        }
+            .await?;
+        let results = answer
+            .claims
+            .iter()
+            .map(|(uid, result)| (uid, result.error.as_str()));
+        check_results(UNPREPARE, batch, results)?;
         tracing::info!(driver, claims = batch.len(), "DRA driver unprepared claims");
-        let unfinished = batch.len().saturating_sub(answer.claims.len());
-        if unfinished != 0 {
-            return Err(DraError::Skipped {
-                call: UNPREPARE,
-                count: unfinished,
-            });
-        }
         Ok(())
     }
 
-    /// Tries again to unprepare the claims no pod uses (a driver came back).
+    /// Tries again to unprepare the claims no pod uses (a driver came back), but those
+    /// another operation holds.
     pub(crate) async fn retry_unprepared(&self) {
-        let _op = self.inner.ops.lock().await;
-        let _ = self.unprepare_unused().await;
+        let locked = self.try_lock_unused(&[]);
+        let _ = self.unprepare_locked(locked).await;
     }
 }
 

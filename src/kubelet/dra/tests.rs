@@ -1,4 +1,5 @@
 use std::sync::Mutex as StdMutex;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus,
@@ -19,11 +20,23 @@ const DRIVER: &str = "test-driver.cdi.k8s.io";
 /// One recorded call: its method and the claims' names.
 type Call = (&'static str, Vec<String>);
 
-/// A DRA driver that records its calls and answers with one CDI device per claim, or fails.
+/// A DRA driver that records its calls and answers with one CDI device per claim, or fails;
+/// while a test holds `held` for writing, it records calls but answers none.
 #[derive(Clone, Default)]
 struct FakeDriver {
     calls: Arc<StdMutex<Vec<Call>>>,
     fail: Arc<StdMutex<Option<String>>>,
+    held: Arc<tokio::sync::RwLock<()>>,
+}
+
+impl FakeDriver {
+    /// Holds every answer back until the guard is dropped.
+    fn hold(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.held
+            .clone()
+            .try_write_owned()
+            .expect("the driver is held once")
+    }
 }
 
 #[tonic::async_trait]
@@ -37,6 +50,7 @@ impl DraPlugin for FakeDriver {
             .lock()
             .unwrap()
             .push((PREPARE, claims.iter().map(|c| c.name.clone()).collect()));
+        let _answer = self.held.read().await;
         let error = self.fail.lock().unwrap().clone().unwrap_or_default();
         let answer = claims
             .iter()
@@ -69,6 +83,7 @@ impl DraPlugin for FakeDriver {
             .lock()
             .unwrap()
             .push((UNPREPARE, claims.iter().map(|c| c.name.clone()).collect()));
+        let _answer = self.held.read().await;
         let answer = claims
             .iter()
             .map(|c| {
@@ -132,8 +147,12 @@ fn by_name(claim: &str) -> PodResourceClaim {
 }
 
 fn claim(name: &str, uid: &str, reserved_for: &[&str]) -> ResourceClaim {
+    claim_of(DRIVER, name, uid, reserved_for)
+}
+
+fn claim_of(driver: &str, name: &str, uid: &str, reserved_for: &[&str]) -> ResourceClaim {
     let result = DeviceRequestAllocationResult {
-        driver: DRIVER.into(),
+        driver: driver.into(),
         pool: "node".into(),
         device: "device-00".into(),
         request: "req".into(),
@@ -227,6 +246,139 @@ async fn a_shared_claim_is_prepared_once_and_unprepared_after_its_last_pod() {
     s.manager.unprepare("p2").await.unwrap();
     assert_eq!(calls(&s.driver)[1], (UNPREPARE, vec!["shared".to_string()]));
     assert!(s.manager.snapshot().is_empty());
+}
+
+/// How long a call that must not wait for a held driver may take (it takes milliseconds; the
+/// held driver's deadline is 45 s).
+const AT_ONCE: Duration = Duration::from_secs(5);
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = crate::base::clock::instant() + Duration::from_secs(10);
+    while !check() {
+        assert!(
+            crate::base::clock::instant() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn spawn_prepare(manager: &DraManager, pod: Pod) -> tokio::task::JoinHandle<Result<(), DraError>> {
+    let manager = manager.clone();
+    tokio::spawn(async move { manager.prepare(&pod).await })
+}
+
+#[tokio::test]
+async fn a_driver_that_does_not_answer_holds_up_only_its_own_claims() {
+    const OTHER: &str = "other.example.com";
+    let s = setup();
+    let other = FakeDriver::default();
+    let socket = s.root.join("other.sock");
+    let _other_server = serve(&other, &socket);
+    s.manager.set_driver(OTHER, Some(socket.to_str().unwrap()));
+    s.api.apply(&claim("stuck", "cu1", &["p1", "p3"]));
+    s.api.apply(&claim_of(OTHER, "free", "cu2", &["p2"]));
+    let held = s.driver.hold();
+    let first = spawn_prepare(&s.manager, pod("a", "p1", by_name("stuck")));
+    wait_for("the held driver's call", || calls(&s.driver).len() == 1).await;
+    let sharer = spawn_prepare(&s.manager, pod("c", "p3", by_name("stuck")));
+
+    let free = pod("b", "p2", by_name("free"));
+    tokio::time::timeout(AT_ONCE, s.manager.prepare(&free))
+        .await
+        .expect("another driver's claim waits for the held driver")
+        .unwrap();
+    tokio::time::timeout(AT_ONCE, s.manager.unprepare("p2"))
+        .await
+        .expect("another driver's unprepare waits for the held driver")
+        .unwrap();
+    assert_eq!(
+        calls(&other),
+        vec![
+            (PREPARE, vec!["free".to_string()]),
+            (UNPREPARE, vec!["free".to_string()])
+        ]
+    );
+    assert!(!first.is_finished() && !sharer.is_finished());
+
+    drop(held);
+    first.await.unwrap().unwrap();
+    sharer.await.unwrap().unwrap();
+    assert_eq!(
+        calls(&s.driver),
+        vec![(PREPARE, vec!["stuck".to_string()])],
+        "the second pod of the claim waited for the first's prepare instead of calling again"
+    );
+    let cached = s.manager.snapshot();
+    assert_eq!(cached.len(), 1);
+    assert!(cached[0].prepared);
+    assert_eq!(cached[0].pod_uids.len(), 2);
+}
+
+#[tokio::test]
+async fn claims_of_pods_gone_while_the_agent_was_down_are_released() {
+    let s = setup();
+    s.api.apply(&claim("gone", "cu1", &["p1"]));
+    s.api.apply(&claim("kept", "cu2", &["p2"]));
+    s.manager
+        .prepare(&pod("a", "p1", by_name("gone")))
+        .await
+        .unwrap();
+    s.manager
+        .prepare(&pod("b", "p2", by_name("kept")))
+        .await
+        .unwrap();
+    let again = DraManager::new(&s.root, Some(s.api.client()));
+    again.set_driver(DRIVER, Some(s.root.join("dra.sock").to_str().unwrap()));
+    assert_eq!(
+        again.pod_uids(),
+        BTreeSet::from(["p1".to_string(), "p2".to_string()])
+    );
+    again
+        .release_pods(&HashSet::from(["p1".to_string()]))
+        .await
+        .unwrap();
+    assert_eq!(
+        calls(&s.driver).last().unwrap(),
+        &(UNPREPARE, vec!["gone".to_string()])
+    );
+    let left: Vec<String> = again.snapshot().into_iter().map(|c| c.claim_name).collect();
+    assert_eq!(left, vec!["kept".to_string()]);
+    let on_disk = state::read(&s.root.join(state::FILE_NAME))
+        .unwrap()
+        .unwrap();
+    assert_eq!(on_disk.len(), 1, "the checkpoint follows");
+}
+
+#[tokio::test]
+async fn driver_calls_and_claims_in_use_show_in_the_metrics() {
+    let s = setup();
+    s.api.apply(&claim("c", "cu1", &["p1"]));
+    let p = pod("a", "p1", by_name("c"));
+    s.manager.prepare(&p).await.unwrap();
+    assert!(
+        s.manager.render_metrics().contains(&format!(
+            "dra_resource_claims_in_use{{driver_name=\"{DRIVER}\"}} 1\n"
+        )),
+        "{}",
+        s.manager.render_metrics()
+    );
+    s.manager.unprepare("p1").await.unwrap();
+    assert!(
+        s.manager
+            .render_metrics()
+            .contains("dra_resource_claims_in_use{driver_name=\"<any>\"} 0\n")
+    );
+    let mut page = String::new();
+    crate::base::metrics::KUBELET
+        .dra_grpc_operations_duration
+        .render(&mut page);
+    for method in [PREPARE, UNPREPARE] {
+        let want = format!(
+            "dra_grpc_operations_duration_seconds_count{{driver_name=\"{DRIVER}\",grpc_status_code=\"OK\",method_name=\"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}\"}} "
+        );
+        assert!(page.contains(&want), "{want} missing from:\n{page}");
+    }
 }
 
 #[tokio::test]
