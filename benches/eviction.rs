@@ -286,14 +286,17 @@ async fn main() {
 
     // Part 2: the observations.
     let observer = LiveObserver::new(cri.clone(), node.clone(), root.clone(), logs.clone());
-    let first = observer.observe(true).await.expect("a reading");
+    let first = observer.observe(Measure::AllPods).await.expect("a reading");
     assert_eq!(first.pods.len(), n, "every pod measured");
     let rounds = 20;
     // A round's signals alone, and a reading with every pod's usage (when one is chosen).
-    for (what, pods) in [("signals only", false), ("with the pods' usage", true)] {
+    for (what, pods) in [
+        ("signals only", Measure::Node),
+        ("with the pods' usage", Measure::AllPods),
+    ] {
         let (wall0, cpu0) = (Instant::now(), cpu_time());
         for _ in 0..rounds {
-            std::hint::black_box(observer.observe(pods).await.unwrap());
+            std::hint::black_box(observer.observe(pods.clone()).await.unwrap());
         }
         let (wall, cpu) = (wall0.elapsed() / rounds, (cpu_time() - cpu0) / rounds);
         println!(
@@ -327,6 +330,7 @@ async fn main() {
                 max_pod_grace_period_seconds: 0,
                 monitoring_period: period,
                 node_name: node.clone(),
+                local_storage_capacity_isolation: true,
             },
             LiveObserver::new(cri.clone(), node.clone(), root.clone(), logs.clone()),
             NoReclaim,

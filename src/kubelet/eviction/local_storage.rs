@@ -143,7 +143,7 @@ fn pod_exceeded(pod: &Pod, usage: &PodUsage) -> Option<Exceeded> {
         limit: Limit::Pod,
         message: format!(
             "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
-            crate::kubelet::node::allocatable::format_bytes(limit)
+            super::signals::format_binary(limit)
         ),
     })
 }
