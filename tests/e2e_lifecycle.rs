@@ -803,3 +803,94 @@ spec:
     assert_eq!(restarts(&pod, "done"), Some(0), "{pod}");
     assert_eq!(phase(&pod), "Running", "{pod}");
 }
+
+/// `RestartAllContainers`: an exit its rule matches runs every container again, init
+/// containers first, in the same sandbox; each counts a restart and shows the earlier round's
+/// exit as its last state; the pod does not fail although its policy is Never.
+#[tokio::test]
+async fn an_exit_matching_a_restart_all_rule_runs_every_container_again_in_the_same_sandbox() {
+    let mut agent = Agent::new("e2e-lc-restart-all");
+    agent.backoff("200ms", "1s");
+    agent.start();
+    agent.wait_healthy(WAIT).await;
+    agent.write_manifest(
+        "all.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: all}}
+spec:
+  restartPolicy: Never
+  volumes: [{{name: work, emptyDir: {{}}}}]
+  initContainers:
+  - {{name: init, image: {BUSYBOX}, command: ["sh", "-c", "exit 0"]}}
+  - {{name: sidecar, image: {BUSYBOX}, command: ["sleep", "10000"], restartPolicy: Always}}
+  containers:
+  - name: source
+    image: {BUSYBOX}
+    command: ["sh", "-c", "if [ -f /w/done ]; then sleep 10000; else touch /w/done; exit 42; fi"]
+    volumeMounts: [{{name: work, mountPath: /w}}]
+    restartPolicy: Never
+    restartPolicyRules:
+    - {{action: RestartAllContainers, exitCodes: {{operator: In, values: [42]}}}}
+  - {{name: regular, image: {BUSYBOX}, command: ["sleep", "10000"]}}
+"#
+        ),
+    );
+    let statuses = |pod: &Value| -> Vec<Value> {
+        ["initContainerStatuses", "containerStatuses"]
+            .iter()
+            .flat_map(|k| pod["status"][k].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let pod = wait_until(
+        "all four containers to restart once, with the source and regular running again",
+        WAIT,
+        || async {
+            let pod = agent.pod("all").await?;
+            let all = statuses(&pod);
+            let restarted = all.len() == 4
+                && all.iter().all(|c| {
+                    c["restartCount"].as_i64() == Some(1)
+                        && c["lastState"]["terminated"].is_object()
+                });
+            let running = all
+                .iter()
+                .filter(|c| c["name"] == "source" || c["name"] == "regular")
+                .all(|c| c["state"]["running"].is_object());
+            (restarted && running).then_some(pod)
+        },
+    )
+    .await;
+    assert_eq!(phase(&pod), "Running", "{pod}");
+    let conditions = pod["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let restarting = conditions
+        .iter()
+        .find(|c| c["type"] == "AllContainersRestarting")
+        .unwrap_or_else(|| panic!("no AllContainersRestarting condition: {pod}"));
+    assert_eq!(restarting["status"], "False", "the round is over: {pod}");
+    let source = statuses(&pod)
+        .into_iter()
+        .find(|c| c["name"] == "source")
+        .unwrap();
+    assert_eq!(source["lastState"]["terminated"]["exitCode"], 42, "{pod}");
+    let full = agent.pod_name("all");
+    let client = cri().await;
+    assert_eq!(
+        sandboxes_of(&client, &full).await.len(),
+        1,
+        "the round runs in the sandbox it started in"
+    );
+    let init_runs = instance_times(&full)
+        .await
+        .into_iter()
+        .filter(|(name, ..)| name == "init")
+        .count();
+    assert_eq!(
+        init_runs, 2,
+        "the init container ran again, and its first run is kept"
+    );
+}

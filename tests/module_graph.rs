@@ -37,7 +37,7 @@ const LAYERS: &[Layer] = &[
                 "safe_names",
                 "yaml",
             ],
-            &["cri_labels", "metrics"],
+            &["cri_labels", "metrics", "restart_round"],
             &["supervisor"],
         ],
     },

@@ -54,6 +54,10 @@ pub const POD_TERMINATION_GRACE_PERIOD_ANNOTATION: &str =
 /// Pod's metadata.deletionGracePeriodSeconds, when set.
 pub const POD_DELETION_GRACE_PERIOD_ANNOTATION: &str = "io.kubernetes.pod.deletionGracePeriod";
 
+/// The ID of the exited container whose `RestartAllContainers` rule started the round this
+/// container was made for (Deckhand's own: upstream removes the earlier rounds' containers).
+pub const RESTART_ROUND_ANNOTATION: &str = "deckhand.io/restart-round";
+
 /// Values of [`CONTAINER_TYPE_ANNOTATION`].
 pub const CONTAINER_TYPE_INIT: &str = "init";
 pub const CONTAINER_TYPE_REGULAR: &str = "container";

@@ -10,6 +10,7 @@ pub(crate) mod metrics;
 pub(crate) mod node_pressure;
 pub(crate) mod observed;
 pub mod podspec;
+pub(crate) mod restart_round;
 pub(crate) mod resync_queue;
 pub(crate) mod safe_names;
 pub(crate) mod supervisor;

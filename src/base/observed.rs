@@ -64,6 +64,9 @@ pub struct ObservedContainer {
     pub is_init: bool,
     /// The preStop handler recorded on the instance (JSON), for stopping orphans.
     pub pre_stop: Option<String>,
+    /// The `RestartAllContainers` round the instance was made for: the ID of the exited
+    /// instance that started it (`base::restart_round`); None outside of any.
+    pub round: Option<String>,
 }
 
 impl ObservedContainer {

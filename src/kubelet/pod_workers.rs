@@ -1095,7 +1095,13 @@ async fn sync_once<R: RuntimeService + ImageService>(
     let status = crate::kubelet::pod_status::resize_conditions::with_actuated(
         status,
         pod,
-        &state.actuated,
+        (
+            &state.actuated,
+            match &state.actuated_pod {
+                Some(given) => given.as_ref(),
+                None => crate::base::podspec::pod_level::pod_resources(pod),
+            },
+        ),
         state.resize_error.as_deref(),
         published.as_ref().or(state.status.as_ref()),
         clock::now(),

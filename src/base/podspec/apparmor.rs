@@ -105,19 +105,12 @@ pub(crate) fn apparmor_profile(
 /// other than `Unconfined` (upstream refuses such a pod on a node without AppArmor).
 #[cfg(test)]
 pub(crate) fn requires_apparmor(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .any(|c| match apparmor_profile(pod, c) {
-            Ok(Some(a)) => a != AppArmor::Unconfined,
-            Ok(None) => false,
-            // A malformed setting is reported by validation on its own.
-            Err(_) => true,
-        })
+    super::pod::init_and_app_containers(pod).any(|c| match apparmor_profile(pod, c) {
+        Ok(Some(a)) => a != AppArmor::Unconfined,
+        Ok(None) => false,
+        // A malformed setting is reported by validation on its own.
+        Err(_) => true,
+    })
 }
 
 /// A non-empty relative path that stays below its base (no `..` part), as upstream requires

@@ -11,6 +11,7 @@ pub(crate) mod item_path;
 pub(crate) mod labels;
 pub(crate) mod origin;
 pub(crate) mod pod;
+pub(crate) mod pod_level;
 pub(crate) mod ports;
 pub(crate) mod qos;
 pub mod quantity;
@@ -21,5 +22,6 @@ pub(crate) mod spec_hash;
 pub(crate) mod sysctl;
 pub mod threshold;
 
+pub(crate) use pod::init_and_app_containers;
 pub use pod::{RestartPolicy, full_name, is_sidecar};
 pub use qos::{QosClass, qos_class};

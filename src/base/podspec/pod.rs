@@ -48,6 +48,17 @@ pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
+/// Every init container (sidecars included), then every app container, in spec order; none
+/// for a pod without a spec. Ephemeral containers are not among them.
+pub(crate) fn init_and_app_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    let spec = pod.spec.as_ref();
+    let inits = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    let apps = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    inits.iter().chain(apps)
+}
+
 /// The pod's namespace; an unset or empty one is `default`, as the API server defaults it.
 pub(crate) fn namespace(pod: &Pod) -> &str {
     pod.metadata

@@ -5,10 +5,16 @@
 //! requests equal the summed limits → Guaranteed; anything else → Burstable. A request left out
 //! but with a limit given counts as equal to the limit (API-server defaulting, which pods read
 //! from files never went through).
+//!
+//! A pod with pod-level resources (`spec.resources` naming cpu, memory or huge pages) takes its
+//! class from them alone (upstream's `ComputePodQOS` with `PodLevelResourcesFixKubeletQOSClass`):
+//! each of cpu and memory is Guaranteed when its request equals a non-zero limit, BestEffort
+//! when neither is set, Burstable otherwise; the pod is Guaranteed or BestEffort only when both
+//! agree.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 
 use super::quantity;
 
@@ -56,16 +62,32 @@ pub(crate) fn request_and_limit(container: &Container, name: &str) -> (Option<i1
     (request, limit)
 }
 
+/// The class one set of requirements makes (upstream's `requirementsQOS`), a request left out
+/// counting as its limit.
+fn requirements_qos(r: &ResourceRequirements) -> QosClass {
+    let mut classes = QOS_RESOURCES.iter().map(|name| {
+        let limit = amount(r.limits.as_ref(), name);
+        let request = amount(r.requests.as_ref(), name).or(limit);
+        match (request, limit) {
+            (None, None) => QosClass::BestEffort,
+            (Some(a), Some(b)) if a == b => QosClass::Guaranteed,
+            _ => QosClass::Burstable,
+        }
+    });
+    let first = classes.next().unwrap_or(QosClass::BestEffort);
+    if classes.all(|c| c == first) {
+        first
+    } else {
+        QosClass::Burstable
+    }
+}
+
 /// The QoS class of a pod.
 pub fn qos_class(pod: &Pod) -> QosClass {
-    let Some(spec) = pod.spec.as_ref() else {
-        return QosClass::BestEffort;
-    };
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter());
+    if let Some(pod_level) = super::pod_level::pod_resources(pod) {
+        return requirements_qos(pod_level);
+    }
+    let containers = super::pod::init_and_app_containers(pod);
 
     let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
     let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
@@ -211,6 +233,64 @@ mod tests {
                 "other resources are ignored",
                 pod(vec![], vec![c("a", &[("ephemeral-storage", "1Gi")], &[])]),
                 QosClass::BestEffort,
+            ),
+        ];
+        for (what, pod, want) in cases {
+            assert_eq!(qos_class(&pod), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn pod_level_resources_decide_the_class_alone() {
+        let with = |pod_level: serde_json::Value, containers: Vec<Container>| {
+            let mut p = pod(vec![], containers);
+            p.spec.as_mut().expect("spec").resources =
+                Some(serde_json::from_value(pod_level).expect("resources"));
+            p
+        };
+        let both = [("cpu", "500m"), ("memory", "64Mi")];
+        let cases = [
+            (
+                "equal requests and limits, containers without resources",
+                with(
+                    serde_json::json!({"requests": {"cpu": "1", "memory": "1Gi"},
+                                       "limits": {"cpu": "1", "memory": "1Gi"}}),
+                    vec![c("a", &[], &[])],
+                ),
+                QosClass::Guaranteed,
+            ),
+            (
+                "only limits (requests default to them)",
+                with(
+                    serde_json::json!({"limits": {"cpu": "1", "memory": "1Gi"}}),
+                    vec![c("a", &[], &[])],
+                ),
+                QosClass::Guaranteed,
+            ),
+            (
+                "a cpu request alone, guaranteed containers",
+                with(
+                    serde_json::json!({"requests": {"cpu": "1"}}),
+                    vec![c("a", &both, &both)],
+                ),
+                QosClass::Burstable,
+            ),
+            (
+                "request below limit",
+                with(
+                    serde_json::json!({"requests": {"cpu": "1", "memory": "1Gi"},
+                                       "limits": {"cpu": "2", "memory": "1Gi"}}),
+                    vec![c("a", &[], &[])],
+                ),
+                QosClass::Burstable,
+            ),
+            (
+                "unsupported pod-level resources fall back to the containers",
+                with(
+                    serde_json::json!({"requests": {"ephemeral-storage": "1Gi"}}),
+                    vec![c("a", &both, &both)],
+                ),
+                QosClass::Guaranteed,
             ),
         ];
         for (what, pod, want) in cases {

@@ -8,14 +8,13 @@
 //! policy decides, and without one the pod's. A sidecar is the special case of an init
 //! container whose policy is `Always`.
 //!
-//! `RestartAllContainers` (the action that restarts every container of the pod in place) is
-//! not implemented: Deckhand does not declare the feature on its Node, so the scheduler does not
-//! place such pods here, and for a static pod the rule is passed over as upstream does with its
-//! gate off (the container's own policy decides).
+//! Action `RestartAllContainers` (upstream's RestartAllContainersOnContainerExits, beta and on by
+//! default since v1.36) also counts as running again: the exit starts a new round of every init,
+//! sidecar and app container of the pod in its sandbox (`base::restart_round`).
 
 use k8s_openapi::api::core::v1::{Container, ContainerRestartRule, Pod};
 
-use super::pod::{RestartPolicy, is_sidecar};
+use super::pod::{RestartPolicy, init_and_app_containers, is_sidecar};
 
 /// The policy that governs one container: its own `restartPolicy` when it has a known one (a
 /// sidecar's `Always`), the pod's otherwise.
@@ -60,11 +59,31 @@ pub(crate) fn should_restart(pod: &Pod, container: &Container, exit_code: i32) -
     }
     if container.restart_policy.is_some()
         && let Some(rule) = matching_rule(container, exit_code)
-        && rule.action == "Restart"
+        && (rule.action == "Restart" || rule.action == RESTART_ALL)
     {
         return true;
     }
     container_policy(pod, container).restarts_after(exit_code)
+}
+
+/// The rule action that restarts every container of the pod.
+const RESTART_ALL: &str = "RestartAllContainers";
+
+/// Does this exit of `container` restart every container of the pod: its first rule that
+/// matches the code says `RestartAllContainers` (rules count only with a container-level
+/// policy, as the API requires)?
+pub(crate) fn restarts_all(container: &Container, exit_code: i32) -> bool {
+    container.restart_policy.is_some()
+        && matching_rule(container, exit_code).is_some_and(|r| r.action == RESTART_ALL)
+}
+
+/// Does any container of the pod carry a `RestartAllContainers` rule (upstream's
+/// `AllContainersCouldRestart`: such a pod gets the `AllContainersRestarting` condition)?
+pub(crate) fn any_restart_all_rule(pod: &Pod) -> bool {
+    init_and_app_containers(pod)
+        .filter(|c| c.restart_policy.is_some())
+        .flat_map(|c| c.restart_policy_rules.iter().flatten())
+        .any(|r| r.action == RESTART_ALL)
 }
 
 /// Can the container ever run again (upstream's `IsContainerRestartable`): a `Restart` rule, or
@@ -92,12 +111,7 @@ fn is_regular_init(pod: &Pod, container: &Container) -> bool {
 
 /// The spec's container (init or app) of that name.
 pub(crate) fn spec_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    let spec = pod.spec.as_ref()?;
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .find(|c| c.name == name)
+    init_and_app_containers(pod).find(|c| c.name == name)
 }
 
 #[cfg(test)]
@@ -200,12 +214,20 @@ mod tests {
                 3,
                 false,
             ),
-            // RestartAllContainers is not implemented: the container's policy decides.
+            // RestartAllContainers runs the container again (with every other one); an exit it
+            // does not match leaves the container's policy to decide.
             (
                 Some("Never"),
                 Some("Never"),
                 vec![rule("RestartAllContainers", "In", &[42])],
                 42,
+                true,
+            ),
+            (
+                Some("Never"),
+                Some("Never"),
+                vec![rule("RestartAllContainers", "In", &[42])],
+                1,
                 false,
             ),
             // Rules without a container-level policy (refused by the API) are not read.

@@ -125,6 +125,7 @@ mod tests {
                     ..Default::default()
                 },
             )]),
+            pod: None,
         }
     }
 

@@ -10,10 +10,12 @@
 //! - `Deferred` when it fits the node but not beside the other pods' allocations (the
 //!   admission's own "Node didn't have enough resource: …"); it is tried again as pods leave.
 //!
-//! The containers whose resources can be resized are the app containers and the sidecars
-//! (restartable init containers), as upstream's `IsResizableContainer` with the
-//! `InPlacePodVerticalScalingInitContainers` gate off; an ordinary init container keeps its
-//! spec.
+//! Every container's resources can be resized: app containers, sidecars and ordinary init
+//! containers, as upstream's `IsResizableContainer` with `InPlacePodVerticalScalingInitContainers`
+//! (GA and locked on in v1.37; the Node declares it). An allocation checkpointed before init
+//! containers were resizable does not name them, and their spec stays as it was allocated. The
+//! pod-level resources (`spec.resources`, `InPlacePodLevelResourcesVerticalScaling`) are
+//! allocated with them: the pod's requests admission counts are the pod-level ones where set.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +25,6 @@ use serde::{Deserialize, Serialize};
 
 use super::requests::{CPU, MEMORY, pod_requests};
 use super::{Decision, NodeInfo, Usage, admit_with_usage};
-use crate::base::podspec::is_sidecar;
 
 /// The condition a resize the node has not allocated yet shows on the pod.
 pub(crate) const RESIZE_PENDING: &str = "PodResizePending";
@@ -39,6 +40,11 @@ pub(crate) const DEFERRED: &str = "Deferred";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Allocation {
     pub containers: BTreeMap<String, ResourceRequirements>,
+    /// The pod-level resources (`spec.resources`, empty for a pod without them) allocated, as
+    /// upstream's `PodLevelResources` in its checkpoint; `None` only in checkpoints written
+    /// before they were kept, where the spec's stand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<ResourceRequirements>,
 }
 
 /// A resize the node did not allocate, and why.
@@ -62,15 +68,14 @@ pub(crate) enum Verdict {
 
 fn resizable(pod: &Pod) -> impl Iterator<Item = &Container> {
     let spec = pod.spec.as_ref();
-    let sidecars = spec
+    let inits = spec
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default()
-        .iter()
-        .filter(|c| is_sidecar(c));
+        .iter();
     spec.map(|s| s.containers.as_slice())
         .unwrap_or_default()
         .iter()
-        .chain(sidecars)
+        .chain(inits)
 }
 
 /// The allocation the spec asks for.
@@ -79,7 +84,28 @@ pub(crate) fn allocation_of(pod: &Pod) -> Allocation {
         containers: resizable(pod)
             .map(|c| (c.name.clone(), c.resources.clone().unwrap_or_default()))
             .collect(),
+        pod: Some(
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.resources.clone())
+                .unwrap_or_default(),
+        ),
     }
+}
+
+/// Whether the pod-level resources the spec asks for differ from the allocation's (a pod
+/// without them and an empty set are the same). A checkpoint written before they were kept
+/// knows nothing of them: the spec's stand.
+fn pod_level_differs(pod: &Pod, allocation: &Allocation) -> bool {
+    let Some(allocated) = &allocation.pod else {
+        return false;
+    };
+    let asked = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.clone())
+        .unwrap_or_default();
+    !same_resources(&asked, allocated)
 }
 
 /// A quantity as a comparable number (thousandths), so `1` and `1000m` are the same, as
@@ -112,29 +138,33 @@ pub(crate) fn same_resources(a: &ResourceRequirements, b: &ResourceRequirements)
 }
 
 /// Whether the spec's resources differ from the allocation's, for a container the
-/// allocation knows (a container it does not know keeps its spec).
+/// allocation knows (a container it does not know keeps its spec), or at pod level.
 pub(crate) fn differs(pod: &Pod, allocation: &Allocation) -> bool {
-    resizable(pod).any(|c| {
-        allocation
-            .containers
-            .get(&c.name)
-            .is_some_and(|a| !same_resources(&c.resources.clone().unwrap_or_default(), a))
-    })
+    pod_level_differs(pod, allocation)
+        || resizable(pod).any(|c| {
+            allocation
+                .containers
+                .get(&c.name)
+                .is_some_and(|a| !same_resources(&c.resources.clone().unwrap_or_default(), a))
+        })
 }
 
-/// The pod with its resizable containers' resources replaced by the allocation's (upstream's
-/// `updatePodFromAllocation`): what the node runs, whatever the spec asks.
+/// The pod with its resizable containers' and its pod-level resources replaced by the
+/// allocation's (upstream's `updatePodFromAllocation`, `updatePodLevelResourcesFromAllocation`):
+/// what the node runs, whatever the spec asks.
 pub(crate) fn with_allocation(pod: &Pod, allocation: &Allocation) -> Pod {
     let mut out = pod.clone();
     let Some(spec) = out.spec.as_mut() else {
         return out;
     };
-    let sidecars = spec
-        .init_containers
-        .iter_mut()
-        .flatten()
-        .filter(|c| is_sidecar(c));
-    for c in spec.containers.iter_mut().chain(sidecars) {
+    if pod_level_differs(pod, allocation) {
+        spec.resources = allocation
+            .pod
+            .clone()
+            .filter(|r| r != &ResourceRequirements::default());
+    }
+    let inits = spec.init_containers.iter_mut().flatten();
+    for c in spec.containers.iter_mut().chain(inits) {
         if let Some(a) = allocation.containers.get(&c.name) {
             c.resources = (a != &ResourceRequirements::default()).then(|| a.clone());
         }

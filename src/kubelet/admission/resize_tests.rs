@@ -50,14 +50,28 @@ fn req(cpu: &str, mem: &str) -> Value {
 }
 
 #[test]
-fn the_allocation_holds_app_containers_and_sidecars_only() {
+fn the_allocation_holds_every_container_init_containers_too() {
     let p = pod("a", req("100m", "64Mi"), req("50m", "32Mi"));
     let a = allocation_of(&p);
     assert_eq!(
         a.containers.keys().collect::<Vec<_>>(),
-        vec!["app", "side"],
-        "an ordinary init container is not resizable"
+        vec!["app", "init", "side"],
+        "an ordinary init container is resizable (InPlacePodVerticalScalingInitContainers)"
     );
+    // An allocation from before names no ordinary init container: its spec stays allocated.
+    let mut old = a.clone();
+    old.containers.remove("init");
+    let mut resized = p.clone();
+    resized
+        .spec
+        .as_mut()
+        .unwrap()
+        .init_containers
+        .as_mut()
+        .unwrap()[0]
+        .resources = serde_json::from_value(req("2", "64Mi")).ok();
+    assert!(!differs(&resized, &old));
+    assert!(differs(&resized, &a));
 }
 
 #[test]
@@ -187,4 +201,79 @@ fn the_pending_condition_names_the_generation() {
         ("PodResizePending", "True", Some("Deferred"), Some("m"))
     );
     assert_eq!(c.observed_generation, Some(3));
+}
+
+/// `p` with pod-level `resources`.
+fn with_pod_level(mut p: Pod, resources: Value) -> Pod {
+    p.spec.as_mut().expect("spec").resources =
+        Some(serde_json::from_value(resources).expect("resources"));
+    p
+}
+
+#[test]
+fn pod_level_resources_are_allocated_and_resized_with_the_containers() {
+    let base = pod("a", json!({}), json!({}));
+    let before = with_pod_level(base.clone(), req("200m", "128Mi"));
+    let allocation = allocation_of(&before);
+    assert_eq!(
+        allocation.pod,
+        Some(serde_json::from_value(req("200m", "128Mi")).expect("resources"))
+    );
+    assert_eq!(
+        decide(&before, &allocation, &node(), &Usage::default()),
+        Verdict::Unchanged
+    );
+    let same_amount = with_pod_level(base.clone(), req("0.2", "134217728"));
+    assert!(!differs(&same_amount, &allocation), "1000m is 1");
+
+    let resized = with_pod_level(base.clone(), req("400m", "128Mi"));
+    assert!(differs(&resized, &allocation));
+    assert_eq!(
+        decide(&resized, &allocation, &node(), &Usage::default()),
+        Verdict::Allocate
+    );
+    let runs = with_allocation(&resized, &allocation);
+    assert_eq!(
+        runs.spec.as_ref().and_then(|s| s.resources.clone()),
+        allocation.pod,
+        "a pending resize runs at the allocation"
+    );
+
+    let too_big = with_pod_level(base, req("3", "128Mi"));
+    match decide(&too_big, &allocation, &node(), &Usage::default()) {
+        Verdict::Pending(p) => assert_eq!(
+            (p.reason, p.message.as_str()),
+            (
+                INFEASIBLE,
+                "Node didn't have enough capacity: cpu, requested: 3000, capacity: 2000"
+            )
+        ),
+        other => panic!("want Infeasible, got {other:?}"),
+    }
+
+    let old_checkpoint: Allocation =
+        serde_json::from_value(json!({"containers": {"app": {}, "side": {}}}))
+            .expect("an older checkpoint reads");
+    assert_eq!(old_checkpoint.pod, None);
+    assert!(
+        !differs(&before, &old_checkpoint),
+        "an older checkpoint leaves the pod-level resources to the spec"
+    );
+    let plain = allocation_of(&pod("b", json!({}), json!({})));
+    assert_eq!(
+        plain.pod,
+        Some(Default::default()),
+        "none is recorded as none"
+    );
+    let added = with_pod_level(pod("b", json!({}), json!({})), req("100m", "64Mi"));
+    assert!(
+        differs(&added, &plain),
+        "pod-level resources added by a resize"
+    );
+    assert_eq!(
+        with_allocation(&added, &plain)
+            .spec
+            .and_then(|s| s.resources),
+        None
+    );
 }

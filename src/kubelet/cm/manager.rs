@@ -207,6 +207,22 @@ impl CgroupManager {
         })
     }
 
+    /// What the pod's cgroup uses of memory now (`memory.usage_in_bytes` on v1,
+    /// `memory.current` on v2), for the check before a pod-level memory limit goes down;
+    /// `None` when it cannot be read.
+    pub(crate) fn pod_memory_usage(&self, pod: &Pod) -> Option<u64> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if crate::base::safe_names::component_problem(uid).is_some() {
+            return None;
+        }
+        let dir = self.dir_of("memory", &self.pod_cgroup(qos_class(pod), uid));
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.usage_in_bytes",
+            CgroupVersion::V2 => "memory.current",
+        };
+        self.fs.read(&dir, file).ok()?.trim().parse().ok()
+    }
+
     /// Whether the cgroup exists everywhere it should (every hierarchy on v1).
     pub fn exists(&self, cgroup: &str) -> bool {
         self.dirs(cgroup).iter().all(|d| self.fs.is_dir(d))

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use crate::base::podspec::qos::{QosClass, qos_class};
 use crate::base::podspec::quantity;
 use crate::base::podspec::resources::{add_amounts, sum_over_containers};
+use crate::base::podspec::{init_and_app_containers, pod_level};
 
 /// The kernel's bounds for `cpu.shares`.
 pub(crate) const MIN_SHARES: u64 = 2;
@@ -113,19 +114,43 @@ fn container_limits(c: &Container) -> BTreeMap<String, i128> {
     parse_list(c.resources.as_ref().and_then(|r| r.limits.as_ref()))
 }
 
+/// The containers' summed requests, without pod-level requests or overhead (upstream's
+/// `AggregateContainerRequests`).
+pub(crate) fn container_requests_sum(pod: &Pod) -> BTreeMap<String, i128> {
+    sum_over_containers(pod, container_requests)
+}
+
+/// The pod-level amounts of `list` (requests or limits) that stand for the containers' sum:
+/// cpu, memory and huge pages (upstream's `applyPodLevelResources`).
+fn pod_level_list(list: Option<&BTreeMap<String, ApiQuantity>>) -> BTreeMap<String, i128> {
+    let mut out = parse_list(list);
+    out.retain(|name, _| pod_level::is_supported(name));
+    out
+}
+
 /// The pod's summed requests (pod overhead included), by resource name; CPU in millicores,
-/// the rest in bytes.
+/// the rest in bytes. Pod-level requests replace the containers' sum of what they name
+/// (upstream's `PodRequests`).
 pub(crate) fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
     let mut reqs = sum_over_containers(pod, container_requests);
+    if pod_level::requests_set(pod)
+        && let Some(r) = pod_level::pod_resources(pod)
+    {
+        reqs.extend(pod_level_list(r.requests.as_ref()));
+    }
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
         add_amounts(&mut reqs, &parse_list(Some(overhead)));
     }
     reqs
 }
 
-/// The pod's summed limits; overhead is added to limits that are set.
+/// The pod's summed limits, pod-level limits replacing the sum of what they name (upstream's
+/// `PodLimits`); overhead is added to limits that are set.
 pub(crate) fn pod_limits(pod: &Pod) -> BTreeMap<String, i128> {
     let mut limits = sum_over_containers(pod, container_limits);
+    if let Some(r) = pod_level::pod_resources(pod) {
+        limits.extend(pod_level_list(r.limits.as_ref()));
+    }
     if let Some(overhead) = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()) {
         for (k, v) in parse_list(Some(overhead)) {
             if let Some(l) = limits.get_mut(&k).filter(|l| **l != 0) {
@@ -157,16 +182,20 @@ fn clamp_i64(v: i128) -> i64 {
     v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }
 
-/// Whether every container (init ones included) sets a non-zero limit for `resource`.
-fn every_container_limits(pod: &Pod, resource: &str) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
+/// Whether `resource` is limited for the whole pod: by a non-zero pod-level limit, or by every
+/// container (init ones included) setting a non-zero limit (upstream's `cpuLimitsDeclared`,
+/// `memoryLimitsDeclared`).
+fn limits_declared(pod: &Pod, resource: &str) -> bool {
+    if pod.spec.is_none() {
         return false;
-    };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .all(|c| container_limits(c).get(resource).is_some_and(|v| *v != 0))
+    }
+    let pod_level = pod_level::pod_resources(pod)
+        .map(|r| pod_level_list(r.limits.as_ref()))
+        .and_then(|l| l.get(resource).copied())
+        .is_some_and(|v| v != 0);
+    pod_level
+        || init_and_app_containers(pod)
+            .all(|c| container_limits(c).get(resource).is_some_and(|v| *v != 0))
 }
 
 /// The pod cgroup's settings (without the pids limit, which is the node's `podPidsLimit`):
@@ -176,6 +205,8 @@ fn every_container_limits(pod: &Pod, resource: &str) -> bool {
 /// - BestEffort: the minimum shares.
 ///
 /// With `cpuCFSQuota` off the quota is -1 (none). Huge pages are limited to what is requested.
+/// Pod-level resources take the place of the containers' sums for what they name, and a
+/// pod-level limit limits the pod whatever its containers set.
 pub(crate) fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceConfig {
     let reqs = pod_requests(pod);
     let limits = pod_limits(pod);
@@ -202,11 +233,11 @@ pub(crate) fn resource_config_for_pod(pod: &Pod, cfs: CfsSettings) -> ResourceCo
         }
         QosClass::Burstable => {
             out.cpu_shares = Some(shares);
-            if every_container_limits(pod, "cpu") {
+            if limits_declared(pod, "cpu") {
                 out.cpu_quota = Some(quota);
                 out.cpu_period = Some(cfs.period_us);
             }
-            if every_container_limits(pod, "memory") {
+            if limits_declared(pod, "memory") {
                 out.memory = Some(memory_limit);
             }
         }
@@ -460,6 +491,94 @@ mod tests {
         ];
         for (what, pod, cfs, want) in rows {
             assert_eq!(resource_config_for_pod(&pod, cfs), want, "{what}");
+        }
+    }
+
+    /// The pod `containers` with pod-level `requests` and `limits`.
+    fn with_pod_level(
+        containers: Vec<Container>,
+        requests: &[(&str, &str)],
+        limits: &[(&str, &str)],
+    ) -> Pod {
+        let mut p = pod(vec![], containers);
+        p.spec.as_mut().expect("spec").resources = Some(ResourceRequirements {
+            requests: list(requests),
+            limits: list(limits),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn pod_level_resources_size_the_pod_cgroup() {
+        let on = CfsSettings::default();
+        let rows: Vec<(&str, Pod, ResourceConfig)> = vec![
+            (
+                // The e2e specs' guaranteed case: the containers' sum is smaller.
+                "guaranteed at pod level, containers below",
+                with_pod_level(
+                    vec![c(
+                        "a",
+                        &[("cpu", "20m"), ("memory", "20Mi")],
+                        &[("cpu", "20m"), ("memory", "20Mi")],
+                    )],
+                    &[("cpu", "80m"), ("memory", "95Mi")],
+                    &[("cpu", "80m"), ("memory", "95Mi")],
+                ),
+                ResourceConfig {
+                    cpu_shares: Some(81),
+                    cpu_quota: Some(8_000),
+                    cpu_period: Some(100_000),
+                    memory: Some(95 * MI),
+                    ..Default::default()
+                },
+            ),
+            (
+                "containers without resources, pod-level limits",
+                with_pod_level(
+                    vec![c("a", &[], &[]), c("b", &[], &[])],
+                    &[("cpu", "100m"), ("memory", "64Mi")],
+                    &[("cpu", "200m"), ("memory", "128Mi")],
+                ),
+                ResourceConfig {
+                    cpu_shares: Some(102),
+                    cpu_quota: Some(20_000),
+                    cpu_period: Some(100_000),
+                    memory: Some(128 * MI),
+                    ..Default::default()
+                },
+            ),
+            (
+                // Nothing limits the pod: no quota, no memory limit.
+                "pod-level requests only",
+                with_pod_level(
+                    vec![c("a", &[], &[])],
+                    &[("cpu", "4m"), ("memory", "10Mi")],
+                    &[],
+                ),
+                ResourceConfig {
+                    cpu_shares: Some(4),
+                    ..Default::default()
+                },
+            ),
+            (
+                "a pod-level cpu limit over containers without one",
+                with_pod_level(
+                    vec![c("a", &[("cpu", "50m")], &[("memory", "32Mi")])],
+                    &[("cpu", "100m")],
+                    &[("cpu", "300m")],
+                ),
+                ResourceConfig {
+                    cpu_shares: Some(102),
+                    cpu_quota: Some(30_000),
+                    cpu_period: Some(100_000),
+                    memory: Some(32 * MI),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (what, p, want) in rows {
+            assert_eq!(resource_config_for_pod(&p, on), want, "{what}");
         }
     }
 

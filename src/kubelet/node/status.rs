@@ -127,6 +127,19 @@ pub(crate) struct VolumeReport {
 /// Upstream reports at most this many names per image.
 const MAX_NAMES_PER_IMAGE: usize = 5;
 
+/// The features this agent declares on its Node (`status.declaredFeatures`, upstream's
+/// NodeDeclaredFeatures, GA in v1.37), sorted as upstream's kubelet writes them. The scheduler
+/// places a pod that needs one only on a node that declares it, and the API server lets an
+/// update that needs one (a resize of an init container or of pod-level resources) through
+/// only then. Upstream's v1.37 kubelet also declares `ExtendWebSocketsToKubelet` (the API
+/// server then passes exec, attach and port-forward websockets straight through to the node),
+/// which Deckhand does not claim: that path is not tested against it.
+pub(crate) const DECLARED_FEATURES: [&str; 3] = [
+    "InPlacePodLevelResourcesVerticalScaling",
+    "InPlacePodVerticalScalingInitContainers",
+    "RestartAllContainersOnContainerExits",
+];
+
 /// The condition types the node agent owns; others (NetworkUnavailable, …) belong to others.
 pub(crate) const OWN_CONDITIONS: [&str; 4] =
     ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
@@ -251,6 +264,7 @@ pub(crate) fn compute_node_status(
         }),
         runtime_handlers,
         features,
+        declared_features: Some(DECLARED_FEATURES.iter().map(|f| f.to_string()).collect()),
         volumes_in_use: Some(crate::kubelet::volume::csi::attach::volumes_in_use(
             &snap.volumes.desired,
             &snap.volumes.mounted,
@@ -436,6 +450,7 @@ pub(crate) fn status_changed(known: &NodeStatus, ours: &NodeStatus) -> bool {
         // A runtime that did not answer says nothing of its handlers: the known ones stand.
         || (ours.runtime_handlers.is_some() && known.runtime_handlers != ours.runtime_handlers)
         || (ours.features.is_some() && known.features != ours.features)
+        || known.declared_features != ours.declared_features
 }
 
 /// The status of condition `kind`, if present.
@@ -760,6 +775,19 @@ mod tests {
             json["features"],
             serde_json::json!({"supplementalGroupsPolicy": true})
         );
+        // The features the agent declares, whatever the runtime says; a Node without them (an
+        // agent before this one) is sent them.
+        assert_eq!(
+            json["declaredFeatures"],
+            serde_json::json!([
+                "InPlacePodLevelResourcesVerticalScaling",
+                "InPlacePodVerticalScalingInitContainers",
+                "RestartAllContainersOnContainerExits"
+            ])
+        );
+        let mut undeclared = s.clone();
+        undeclared.declared_features = None;
+        assert!(status_changed(&undeclared, &s));
         // A change of them is sent; a runtime that does not answer leaves the known ones.
         let old = compute_node_status(&snapshot(runtime_up(true)), None, t(0));
         assert!(status_changed(&old, &s));

@@ -996,6 +996,7 @@ mod tests {
             grace_period: None,
             is_init: false,
             pre_stop: None,
+            round: None,
         }
     }
 

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::base::clock;
-use crate::base::podspec::restart::{should_restart, spec_container};
+use crate::base::podspec::restart::{any_restart_all_rule, should_restart, spec_container};
 use crate::base::resync_queue::Pokes;
 use crate::clients::apiserver::{Problem, ProblemKind, ProblemLog};
 use crate::kubelet::mirror_pods::{MirrorPods, is_static};
@@ -517,9 +517,11 @@ pub(crate) fn merge_status(
     }
     out.conditions = (!conditions.is_empty()).then_some(conditions);
 
-    // Containers that terminated for good.
+    // Containers that terminated for good. In a pod with a `RestartAllContainers` rule every
+    // container may run again, whatever its own policy (the API server lets them all go).
+    let restart_all = any_restart_all_rule(pod);
     let done_for_good = |name: &str, exit: i32| {
-        spec_container(pod, name).is_some_and(|c| !should_restart(pod, c, exit))
+        !restart_all && spec_container(pod, name).is_some_and(|c| !should_restart(pod, c, exit))
     };
     keep_terminated(
         base.container_statuses.as_deref(),
@@ -972,6 +974,21 @@ mod tests {
                 ),
                 1,
                 true,
+            ),
+            (
+                "pod Never, container Never, another container restarts them all: restarts",
+                serde_json::from_value(json!({
+                    "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+                    "spec": {"restartPolicy": "Never", "containers": [
+                        {"name": "app"},
+                        {"name": "src", "restartPolicy": "Never", "restartPolicyRules": [
+                            {"action": "RestartAllContainers",
+                             "exitCodes": {"operator": "In", "values": [42]}}]},
+                    ]},
+                }))
+                .unwrap(),
+                137,
+                false,
             ),
         ];
         for (what, pod, code, stays) in rows {

@@ -16,8 +16,9 @@ use k8s_openapi::jiff::Timestamp;
 use crate::base::observed::{
     self, ContainerState as RtState, ObservedContainer, ObservedPod, ObservedSandbox,
 };
-use crate::base::podspec::restart::{should_restart, spec_container};
+use crate::base::podspec::restart::{any_restart_all_rule, should_restart, spec_container};
 use crate::base::podspec::{ephemeral, is_sidecar, readiness_gates};
+use crate::base::restart_round;
 use crate::kubelet::prober::ProbeView;
 
 /// The reasons upstream shows for a container that is waiting, which the pod worker records.
@@ -380,7 +381,7 @@ pub(crate) fn compute_pod_status(
         sandbox.is_some_and(|s| s.state == crate::base::observed::SandboxState::Ready);
     let previous = inputs.previous;
     let phase = pod_phase(pod, &inits, &apps, previous);
-    let initialized = initialized_verdict(phase, &inits);
+    let initialized = initialized_verdict(phase, &inits, previous);
     let containers_ready = ready_verdict(phase, &inits, &apps);
     let ready = gated(pod, &containers_ready);
     let mut conditions = vec![
@@ -396,6 +397,9 @@ pub(crate) fn compute_pod_status(
         containers_ready.condition(previous, inputs.now, "ContainersReady"),
         condition(previous, inputs.now, "PodScheduled", true, None),
     ];
+    if any_restart_all_rule(pod) {
+        conditions.push(all_containers_restarting(pod, observed, inputs));
+    }
     for c in &mut conditions {
         c.observed_generation = observed_generation(pod);
     }
@@ -425,6 +429,25 @@ pub(crate) fn compute_pod_status(
         observed_generation: observed_generation(pod),
         ..Default::default()
     }
+}
+
+/// `AllContainersRestarting`, which a pod with a `RestartAllContainers` rule carries: true, with
+/// upstream's reason and message, while a round of it stops what of the earlier ones still runs.
+fn all_containers_restarting(
+    pod: &Pod,
+    observed: &ObservedPod,
+    inputs: &StatusInputs,
+) -> PodCondition {
+    let restarting = restart_round::restarting(pod, observed);
+    let mut c = condition(
+        inputs.previous,
+        inputs.now,
+        "AllContainersRestarting",
+        restarting,
+        restarting.then_some("RestartAllContainersStarted"),
+    );
+    c.message = restarting.then(|| "container exited with restart policy rule".to_string());
+    c
 }
 
 /// The generation of the pod spec a status is computed from, which the status and each of the
@@ -600,8 +623,9 @@ impl Verdict {
 
 /// The Initialized condition: true once the init containers are done (or the pod succeeded);
 /// otherwise it lists the init containers that are not, formatted like Go prints a string
-/// slice.
-fn initialized_verdict(phase: &str, inits: &InitStatuses) -> Verdict {
+/// slice. A pod once initialized stays so while its init containers run again (a round of
+/// `RestartAllContainers`, a new sandbox), as upstream's with that feature on.
+fn initialized_verdict(phase: &str, inits: &InitStatuses, previous: Option<&PodStatus>) -> Verdict {
     if phase == "Succeeded" {
         return Verdict {
             ok: true,
@@ -609,7 +633,13 @@ fn initialized_verdict(phase: &str, inits: &InitStatuses) -> Verdict {
             message: None,
         };
     }
-    if inits.all_initialized() {
+    let was_initialized = previous
+        .and_then(|p| p.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Initialized" && c.status == "True")
+        });
+    if inits.all_initialized() || was_initialized {
         return Verdict {
             ok: true,
             reason: None,

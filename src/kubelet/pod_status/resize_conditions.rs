@@ -3,11 +3,13 @@
 //! (`kubelet::sync_loop`'s resize part), and each container's `allocatedResources` and
 //! `resources`. Pure.
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, Pod, PodCondition, PodStatus, ResourceRequirements,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::base::observed::ContainerState as RtState;
 use crate::kubelet::admission::resize::{RESIZE_IN_PROGRESS, RESIZE_PENDING};
@@ -69,17 +71,22 @@ pub(crate) fn resources(
 /// The status with what the running containers run with: each running container's
 /// `resources` as it was last given (`actuated`, by container ID), and `PodResizeInProgress`
 /// while one of them runs with other resources than it was allocated (upstream clears it once
-/// every container has its allocation), with reason `Error` and the error as its message when
-/// the last try to carry the resize out failed (`error`).
+/// every container has its allocation), or the pod's cgroup with other pod-level resources
+/// (`actuated_pod`, what it was last given), with reason `Error` and the error as its message
+/// when the last try to carry the resize out failed (`error`). The pod-level fields as
+/// [`with_pod_level`] writes them.
 pub(crate) fn with_actuated(
     mut status: PodStatus,
     pod: &Pod,
-    actuated: &std::collections::HashMap<String, ResourceRequirements>,
+    (actuated, actuated_pod): (
+        &std::collections::HashMap<String, ResourceRequirements>,
+        Option<&ResourceRequirements>,
+    ),
     error: Option<&str>,
     previous: Option<&PodStatus>,
     now: SystemTime,
 ) -> PodStatus {
-    let mut in_progress = false;
+    let mut in_progress = with_pod_level(&mut status, pod, actuated_pod);
     let statuses = status
         .container_statuses
         .iter_mut()
@@ -123,6 +130,76 @@ pub(crate) fn with_actuated(
         });
     }
     status
+}
+
+/// A pod's summed requests as quantities (upstream's `PodRequests`): sums in millicores for
+/// cpu and units for the rest, pod-level requests as the pod spells them (a `10m` of memory
+/// stays `10m`, where a sum in bytes would round it up).
+fn pod_requests(pod: &Pod) -> BTreeMap<String, Quantity> {
+    let mut out: BTreeMap<String, Quantity> = crate::kubelet::cm::pod_config::pod_requests(pod)
+        .into_iter()
+        .map(|(name, v)| {
+            let q = if name == "cpu" {
+                format!("{v}m")
+            } else {
+                v.to_string()
+            };
+            (name, Quantity(q))
+        })
+        .collect();
+    let spec = pod.spec.as_ref();
+    let no_overhead = spec
+        .and_then(|s| s.overhead.as_ref())
+        .is_none_or(|o| o.is_empty());
+    if no_overhead && crate::base::podspec::pod_level::requests_set(pod) {
+        let pod_level = spec
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref());
+        for (name, q) in pod_level.into_iter().flatten() {
+            if crate::base::podspec::pod_level::is_supported(name) {
+                out.insert(name.clone(), q.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Writes the pod-level fields of a running pod's status (upstream's
+/// `InPlacePodLevelResourcesVerticalScaling` ones): `allocatedResources`, the pod's requests
+/// at its allocation, pod-level requests standing for what they name; and, for a pod with
+/// pod-level resources, `resources`: what the pod's cgroup was last given (`actuated_pod`; the
+/// allocation's while none is recorded), its memory request the containers' sum when the pod
+/// sets none. Upstream reads these values back from the cgroup; they are what was written to
+/// it. True when the cgroup's pod-level resources are not the allocation's yet.
+fn with_pod_level(
+    status: &mut PodStatus,
+    pod: &Pod,
+    actuated_pod: Option<&ResourceRequirements>,
+) -> bool {
+    let requests = pod_requests(pod);
+    status.allocated_resources = (!requests.is_empty()).then(|| requests.clone());
+    let Some(wanted) = crate::base::podspec::pod_level::pod_resources(pod) else {
+        return false;
+    };
+    let given = actuated_pod.unwrap_or(wanted);
+    let mut shown = ResourceRequirements {
+        claims: None,
+        ..given.clone()
+    };
+    if let Some(memory) = requests.get("memory") {
+        shown
+            .requests
+            .get_or_insert_with(BTreeMap::new)
+            .entry("memory".to_string())
+            .or_insert_with(|| memory.clone());
+    }
+    status.resources = Some(shown);
+    let running = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .any(|cs| cs.state.as_ref().is_some_and(|s| s.running.is_some()));
+    running && !crate::kubelet::admission::resize::same_resources(wanted, given)
 }
 
 #[cfg(test)]
@@ -218,7 +295,7 @@ mod tests {
         let s = with_actuated(
             s,
             &Pod::default(),
-            &given,
+            (&given, None),
             None,
             None,
             SystemTime::UNIX_EPOCH,
@@ -238,14 +315,14 @@ mod tests {
             "c1".to_string(),
             res(json!({"requests": {"cpu": "100m"}})),
         )]);
-        let s = with_actuated(status(), &pod, &old, None, None, now);
+        let s = with_actuated(status(), &pod, (&old, None), None, None, now);
         assert!(in_progress(&s));
         let shown = s.container_statuses.as_ref().unwrap()[0].resources.clone();
         assert_eq!(shown, Some(res(json!({"requests": {"cpu": "100m"}}))));
         let s = with_actuated(
             status(),
             &pod,
-            &old,
+            (&old, None),
             Some("cannot decrease memory limits: x"),
             None,
             now,
@@ -265,7 +342,45 @@ mod tests {
             "c1".to_string(),
             res(json!({"requests": {"cpu": "0.2"}})),
         )]);
-        let s = with_actuated(status(), &pod, &applied, None, None, now);
+        let s = with_actuated(status(), &pod, (&applied, None), None, None, now);
         assert!(!in_progress(&s), "cleared once applied");
+    }
+
+    #[test]
+    fn pod_level_fields_show_the_allocation_and_what_the_pod_cgroup_was_given() {
+        let now = SystemTime::UNIX_EPOCH;
+        let pod: Pod = serde_json::from_value(json!({"spec": {
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "200m"}}}],
+            "resources": {"requests": {"cpu": "5m", "memory": "25m"}},
+        }}))
+        .expect("pod");
+        let was = res(json!({"requests": {"cpu": "4m", "memory": "10m"}}));
+        let given = std::collections::HashMap::from([(
+            "c1".to_string(),
+            res(json!({"requests": {"cpu": "200m"}})),
+        )]);
+        let s = with_actuated(status(), &pod, (&given, Some(&was)), None, None, now);
+        assert_eq!(
+            serde_json::to_value(&s.allocated_resources).unwrap(),
+            json!({"cpu": "5m", "memory": "25m"}),
+            "the pod-level requests as spelled"
+        );
+        assert_eq!(s.resources, Some(was.clone()));
+        assert!(in_progress(&s), "the pod cgroup is not resized yet");
+        let pod_level = pod.spec.as_ref().unwrap().resources.clone().unwrap();
+        let s = with_actuated(status(), &pod, (&given, Some(&pod_level)), None, None, now);
+        assert!(!in_progress(&s));
+
+        let plain: Pod = serde_json::from_value(json!({"spec": {"containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "50m"}}},
+        ]}}))
+        .expect("pod");
+        let s = with_actuated(status(), &plain, (&given, None), None, None, now);
+        assert_eq!(
+            serde_json::to_value(&s.allocated_resources).unwrap(),
+            json!({"cpu": "150m", "memory": "67108864"})
+        );
+        assert_eq!(s.resources, None, "no pod-level resources, nothing shown");
     }
 }

@@ -96,6 +96,7 @@ pub(super) fn instance(name: &str, attempt: u32, state: Rt) -> ObservedContainer
         grace_period: Some(30),
         is_init: false,
         pre_stop: None,
+        round: None,
     }
 }
 
@@ -1161,4 +1162,69 @@ fn the_status_and_its_conditions_carry_the_generation_they_were_computed_from() 
             .flatten()
             .all(|c| c.observed_generation.is_none())
     );
+}
+
+/// `p` with container `name` (policy Never) restarting every container on exit code 42.
+fn with_restart_all(mut p: Pod, name: &str) -> Pod {
+    p = with_container_policy(p, name, "Never", &[]);
+    let spec = p.spec.as_mut().unwrap();
+    let c = spec.containers.iter_mut().find(|c| c.name == name).unwrap();
+    c.restart_policy_rules = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "action": "RestartAllContainers",
+            "exitCodes": {"operator": "In", "values": [42]},
+        }))
+        .unwrap(),
+    ]);
+    p
+}
+
+fn find_condition<'a>(s: &'a PodStatus, type_: &str) -> Option<&'a PodCondition> {
+    s.conditions.as_ref()?.iter().find(|c| c.type_ == type_)
+}
+
+#[test]
+fn a_round_of_restart_all_containers_shows_in_the_conditions() {
+    let none = HashMap::new();
+    let p = with_restart_all(pod("Never", &["i"], &["src", "reg"]), "src");
+    let mut init_done = exited("i", 0, 0);
+    init_done.finished_at = ns(15);
+    // `src` exited 42 at 200; `reg` (made at 10) still runs: the round is starting.
+    let starting = observed(
+        READY,
+        vec![init_done.clone(), exited("src", 0, 42), running("reg", 0)],
+    );
+    let s = compute_pod_status(&p, &starting, &inputs(&none, None, 1000));
+    let c = find_condition(&s, "AllContainersRestarting").expect("the condition");
+    assert_eq!(c.status, "True");
+    assert_eq!(c.reason.as_deref(), Some("RestartAllContainersStarted"));
+    assert_eq!(
+        c.message.as_deref(),
+        Some("container exited with restart policy rule")
+    );
+    assert_eq!(s.phase.as_deref(), Some("Running"), "src will run again");
+
+    // Everything stopped and the round's init container runs: false again; the pod, once
+    // initialized, stays so; the pod is pending while its init container runs.
+    let mut reg_stopped = exited("reg", 0, 137);
+    reg_stopped.finished_at = ns(201);
+    let mut init_again = running("i", 1);
+    init_again.round = Some("src0".into());
+    let round = observed(
+        READY,
+        vec![init_done, exited("src", 0, 42), reg_stopped, init_again],
+    );
+    let s2 = compute_pod_status(&p, &round, &inputs(&none, Some(&s), 1010));
+    let c = find_condition(&s2, "AllContainersRestarting").expect("the condition");
+    assert_eq!((c.status.as_str(), c.reason.as_deref()), ("False", None));
+    assert_eq!(find_condition(&s2, "Initialized").unwrap().status, "True");
+    assert_eq!(s2.phase.as_deref(), Some("Pending"));
+
+    // A pod without such a rule has no such condition.
+    let plain = compute_pod_status(
+        &pod("Never", &[], &["a"]),
+        &starting,
+        &inputs(&none, None, 1000),
+    );
+    assert!(find_condition(&plain, "AllContainersRestarting").is_none());
 }

@@ -527,6 +527,7 @@ mod tests {
                 grace_period: None,
                 is_init: false,
                 pre_stop: None,
+                round: None,
             }],
             names: None,
         }

@@ -14,6 +14,7 @@ use crate::base::observed::{
 };
 use crate::base::podspec::restart::{container_policy, may_restart, should_restart};
 use crate::base::podspec::{RestartPolicy, ephemeral, is_sidecar, spec_hash};
+use crate::base::restart_round;
 use crate::kubelet::prober::{ProbeView, Unhealthy};
 
 /// Which list of the spec a container comes from.
@@ -36,6 +37,9 @@ pub(crate) struct StartContainer {
     pub restart_count: u32,
     /// Back-off state to record when this start is a restart after an exit.
     pub backoff: Option<BackoffEntry>,
+    /// The `RestartAllContainers` round the instance is made for (its trigger's ID), recorded
+    /// on it ([`crate::base::cri_labels::RESTART_ROUND_ANNOTATION`]).
+    pub round: Option<String>,
 }
 
 /// A running container instance to stop.
@@ -107,6 +111,9 @@ pub(crate) struct DecisionContext<'a> {
     /// The resources each running instance (by container ID) was last given; an instance
     /// missing here runs with its spec's.
     pub actuated: &'a HashMap<String, ResourceRequirements>,
+    /// The pod-level resources the allocation sets and those the pod's cgroup was last given,
+    /// under which a container without limits of its own is resized.
+    pub pod_level: super::resize::PodLevel<'a>,
 }
 
 /// The next restart count for a container: one more than any instance seen.
@@ -165,9 +172,11 @@ fn init_failed_for_good(pod: &Pod, observed: &ObservedPod) -> bool {
 
 /// Decides what to do for `pod` given what the runtime shows.
 ///
-/// The checks go in order of precedence: a pod that will never run again is only made sure to
-/// be stopped; a pod whose sandbox must be replaced starts over in a new one; otherwise its init
-/// containers run, one at a time, before its app containers are looked at.
+/// The checks go in order of precedence: a round of `RestartAllContainers` first stops what of
+/// the earlier rounds still runs; a pod that will never run again is only made sure to be
+/// stopped; a pod whose sandbox must be replaced starts over in a new one; otherwise its init
+/// containers run, one at a time, before its app containers are looked at. Within a round
+/// everything is decided over the round's own instances (`base::restart_round`).
 pub(crate) fn compute_pod_actions(
     pod: &Pod,
     observed: &ObservedPod,
@@ -178,12 +187,21 @@ pub(crate) fn compute_pod_actions(
         return actions;
     };
     let view = SandboxView::of(spec, observed);
-    let terminal = init_failed_for_good(pod, observed) || app_containers_finished(pod, observed);
-    actions.terminal = terminal;
     actions.remove_sandboxes = unneeded_sandboxes(observed, view.newest);
-
-    if terminal {
-        stop_terminal_pod(&mut actions, pod, observed);
+    let trigger = view
+        .kept()
+        .and_then(|s| restart_round::trigger(pod, observed, &s.id));
+    if let Some(trigger) = trigger
+        && stop_earlier_round(&mut actions, pod, observed, trigger)
+    {
+        actions.sandbox_id = view.kept().map(|s| s.id.clone());
+        return actions;
+    }
+    let round = trigger.map(|t| restart_round::current(pod, observed, t));
+    let planned = round.as_ref().unwrap_or(observed);
+    actions.terminal = init_failed_for_good(pod, planned) || app_containers_finished(pod, planned);
+    if actions.terminal {
+        stop_terminal_pod(&mut actions, pod, planned);
         return actions;
     }
     let Some(sandbox) = view.kept() else {
@@ -191,18 +209,58 @@ pub(crate) fn compute_pod_actions(
         return actions;
     };
     actions.sandbox_id = Some(sandbox.id.clone());
-    plan_ephemeral_containers(&mut actions, pod, observed);
-    if plan_init_containers(&mut actions, ctx, pod, spec, observed, sandbox) == InitStep::Next {
+    plan_ephemeral_containers(&mut actions, pod, planned);
+    if plan_init_containers(&mut actions, ctx, pod, spec, planned, sandbox) == InitStep::Next {
         for (index, c) in spec.containers.iter().enumerate() {
-            let latest = observed
+            let latest = planned
                 .instances(&c.name)
                 .into_iter()
                 .find(|i| i.sandbox_id == sandbox.id);
-            plan_app_container(&mut actions, ctx, pod, observed, (index, c), latest);
+            plan_app_container(&mut actions, ctx, pod, planned, (index, c), latest);
         }
     }
-    collect_garbage(&mut actions, observed);
+    if let Some(trigger) = trigger {
+        // Made for the round, and counting on from the earlier rounds' attempts.
+        for start in &mut actions.start_containers {
+            if start.kind != ContainerKind::Ephemeral {
+                start.restart_count = next_restart_count(observed, &start.name);
+                start.round = Some(trigger.id.clone());
+            }
+        }
+    }
+    collect_garbage(&mut actions, observed, trigger.map(|t| t.id.as_str()));
     actions
+}
+
+/// The first step of a round of `RestartAllContainers`: the earlier rounds' instances that
+/// still run are stopped at once (no grace period, as upstream), app containers first, then
+/// the init containers, the last started first; the ones made and never started are removed.
+/// True when something is left to stop, so the round waits for the next look.
+fn stop_earlier_round(
+    actions: &mut PodActions,
+    pod: &Pod,
+    observed: &ObservedPod,
+    trigger: &ObservedContainer,
+) -> bool {
+    let mut left = restart_round::left_over(pod, observed, trigger);
+    left.sort_by_key(|i| (i.is_init, std::cmp::Reverse(i.created_at)));
+    for inst in left {
+        if inst.state == ContainerState::Created {
+            actions.remove_containers.push(inst.id.clone());
+            continue;
+        }
+        actions.kill_containers.push(KillContainer {
+            id: inst.id.clone(),
+            name: inst.name.clone(),
+            reason: format!(
+                "Container {} exited with code {}, which its restart rule maps to \
+                 RestartAllContainers: every container of the pod runs again",
+                trigger.name, trigger.exit_code
+            ),
+            grace_override: Some(0),
+        });
+    }
+    !actions.kill_containers.is_empty()
 }
 
 /// Ephemeral containers start in the kept sandbox, even before the init containers are done,
@@ -219,6 +277,7 @@ fn plan_ephemeral_containers(actions: &mut PodActions, pod: &Pod, observed: &Obs
                 name: ec.name.clone(),
                 restart_count: 0,
                 backoff: None,
+                round: None,
             });
         }
     }
@@ -460,7 +519,17 @@ fn plan_init_container(
     };
     match inst.state {
         ContainerState::Exited if inst.exit_code == 0 => InitStep::Next,
-        ContainerState::Running | ContainerState::Unknown => InitStep::Wait,
+        ContainerState::Running => {
+            plan_resize(
+                actions,
+                ctx,
+                observed,
+                (ContainerKind::Init, index, c),
+                inst,
+            );
+            InitStep::Wait
+        }
+        ContainerState::Unknown => InitStep::Wait,
         ContainerState::Exited => {
             // Failed: retried with back-off (Never was handled as terminal above).
             plan_restart(
@@ -511,6 +580,7 @@ fn plan_app_container(
             name: c.name.clone(),
             restart_count: next_restart_count(observed, &c.name),
             backoff: None,
+            round: None,
         });
         return;
     };
@@ -519,7 +589,13 @@ fn plan_app_container(
             // Nobody knows whether it runs: kill it before starting a new instance, so two
             // never run at once (upstream does the same). A container that may never restart
             // (restartPolicy Never, its own or the pod's) is left alone.
-            replace_instance(actions, observed, (index, c), inst, UNKNOWN_STATE);
+            replace_instance(
+                actions,
+                observed,
+                (ContainerKind::App, index, c),
+                inst,
+                UNKNOWN_STATE,
+            );
         }
         ContainerState::Running | ContainerState::Unknown => {
             let want = (ctx.spec_hash)(c);
@@ -535,12 +611,12 @@ fn plan_app_container(
                 replace_instance(
                     actions,
                     observed,
-                    (index, c),
+                    (ContainerKind::App, index, c),
                     inst,
                     &format!("Container {} definition changed, will be restarted", c.name),
                 );
             } else {
-                plan_resize(actions, ctx, observed, (index, c), inst);
+                plan_resize(actions, ctx, observed, (ContainerKind::App, index, c), inst);
             }
         }
         ContainerState::Exited => {
@@ -584,7 +660,7 @@ fn probe_kill(inst: &ObservedContainer, container: &Container, bad: &Unhealthy) 
 fn replace_instance(
     actions: &mut PodActions,
     observed: &ObservedPod,
-    (index, container): (usize, &Container),
+    (kind, index, container): (ContainerKind, usize, &Container),
     inst: &ObservedContainer,
     reason: &str,
 ) {
@@ -595,26 +671,30 @@ fn replace_instance(
         grace_override: None,
     });
     actions.start_containers.push(StartContainer {
-        kind: ContainerKind::App,
+        kind,
         index,
         name: container.name.clone(),
         restart_count: next_restart_count(observed, &container.name),
         backoff: None,
+        round: None,
     });
 }
 
 /// A running container whose allocation differs from what it runs with: resized in place, or
-/// restarted when its `resizePolicy` asks for that ([`super::resize::resize_step`]).
+/// restarted when its `resizePolicy` asks for that ([`super::resize::resize_step`]): stopped and
+/// started again in the same step. This is how app containers and ordinary init containers
+/// are resized (upstream's InPlacePodVerticalScalingInitContainers, GA in v1.37; a stop alone
+/// would read as the init container's failure).
 fn plan_resize(
     actions: &mut PodActions,
     ctx: &DecisionContext,
     observed: &ObservedPod,
-    (index, c): (usize, &Container),
+    (kind, index, c): (ContainerKind, usize, &Container),
     inst: &ObservedContainer,
 ) {
     if resize_needs_restart(actions, ctx, c, inst) {
         let message = super::resize::restart_message(&c.name);
-        replace_instance(actions, observed, (index, c), inst, &message);
+        replace_instance(actions, observed, (kind, index, c), inst, &message);
     }
 }
 
@@ -647,7 +727,7 @@ fn resize_needs_restart(
     let Some(actuated) = ctx.actuated.get(&inst.id) else {
         return false;
     };
-    match super::resize::resize_step(c, actuated) {
+    match super::resize::resize_step_under(c, actuated, ctx.pod_level) {
         None => false,
         Some(super::resize::ResizeStep::InPlace) => {
             actions.resize_containers.push(ResizeContainer {
@@ -684,6 +764,7 @@ fn start_in_new_sandbox(
             name: container.name.clone(),
             restart_count: next_restart_count(observed, &container.name),
             backoff: None,
+            round: None,
         }),
     }
 }
@@ -706,6 +787,7 @@ fn start_afresh(
         name: container.name.clone(),
         restart_count: next_restart_count(observed, &container.name),
         backoff: None,
+        round: None,
     });
 }
 
@@ -720,7 +802,8 @@ fn plan_restart(
     observed: &ObservedPod,
 ) {
     let finished = exited.finished_time().unwrap_or(ctx.now);
-    let entry = ctx.backoff.get(&container.name);
+    let key = super::backoff::container_key(&container.name, &(ctx.spec_hash)(container));
+    let entry = ctx.backoff.get(&key);
     match ctx.policy.remaining(entry, finished, ctx.now) {
         Some(remaining) => actions.waiting.push(BackoffWait {
             name: container.name.clone(),
@@ -738,6 +821,7 @@ fn plan_restart(
             name: container.name.clone(),
             restart_count: next_restart_count(observed, &container.name),
             backoff: Some(ctx.policy.next(entry, finished, ctx.now)),
+            round: None,
         }),
     }
 }
@@ -766,9 +850,12 @@ pub(crate) fn format_delay(d: Duration) -> String {
 }
 
 /// Keeps the two newest instances of each container name (the current one, and the one before
-/// it for `lastState`, logs and the restart count); older exited instances go.
-fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod) {
-    let keep = kept_instances(observed);
+/// it for `lastState`, logs and the restart count), and the exit that started the current
+/// `RestartAllContainers` round (it tells the round's instances from the earlier ones); older
+/// exited instances go.
+fn collect_garbage(actions: &mut PodActions, observed: &ObservedPod, trigger: Option<&str>) {
+    let mut keep = kept_instances(observed);
+    keep.extend(trigger);
     let removing_sandbox: HashSet<&str> = actions
         .remove_sandboxes
         .iter()

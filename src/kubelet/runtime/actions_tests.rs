@@ -122,6 +122,7 @@ fn instance(
         grace_period: Some(30),
         is_init: false,
         pre_stop: None,
+        round: None,
     }
 }
 
@@ -179,6 +180,7 @@ fn app(index: usize, name: &str, restart_count: u32) -> StartContainer {
         name: name.into(),
         restart_count,
         backoff: None,
+        round: None,
     }
 }
 
@@ -264,7 +266,17 @@ impl Row {
 fn run(rows: Vec<Row>) {
     let mut failures = Vec::new();
     for r in rows {
-        let table: BackoffTable = r.backoff.iter().map(|(n, e)| (n.to_string(), *e)).collect();
+        let table: BackoffTable = r
+            .backoff
+            .iter()
+            .map(|(n, e)| {
+                let key = crate::kubelet::runtime::backoff::container_key(
+                    n,
+                    &hash_of(&spec_container(n)),
+                );
+                (key, *e)
+            })
+            .collect();
         let ctx = DecisionContext {
             now: t(r.now),
             backoff: &table,
@@ -273,6 +285,7 @@ fn run(rows: Vec<Row>) {
             unhealthy: &HashMap::new(),
             probes: &HashMap::new(),
             actuated: &HashMap::new(),
+            pod_level: Default::default(),
         };
         let got = compute_pod_actions(&r.pod, &r.observed, &ctx);
         if got != r.want {
@@ -806,6 +819,20 @@ fn backoff_windows() {
         )
         .backoff("a", entry(20, 980)),
         row(
+            "inside the window, but the container's image changed: start now, back off afresh",
+            {
+                let mut p = p();
+                p.spec.as_mut().unwrap().containers[0].image = Some("img-a:2".into());
+                p
+            },
+            crashed(995),
+            PodActions {
+                start_containers: vec![backed_off(app(0, "a", 4), 10, 1000)],
+                ..keep("s0")
+            },
+        )
+        .backoff("a", entry(20, 980)),
+        row(
             "window just ended: start with the doubled delay",
             p(),
             crashed(995),
@@ -874,7 +901,8 @@ fn backoff_windows() {
 fn backoff_remaining_is_exact_below_a_second() {
     let mut inst = exited("a0", "s0", "a", 0, 1, 995);
     inst.finished_at += 250_000_000;
-    let table: BackoffTable = [("a".to_string(), entry(10, 990))].into();
+    let key = crate::kubelet::runtime::backoff::container_key("a", &hash_of(&spec_container("a")));
+    let table: BackoffTable = [(key, entry(10, 990))].into();
     let ctx = DecisionContext {
         now: t(1004),
         backoff: &table,
@@ -883,6 +911,7 @@ fn backoff_remaining_is_exact_below_a_second() {
         unhealthy: &HashMap::new(),
         probes: &HashMap::new(),
         actuated: &HashMap::new(),
+        pod_level: Default::default(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),
@@ -1170,6 +1199,7 @@ fn liveness_failures_kill_the_instance() {
         unhealthy: &unhealthy,
         probes: &HashMap::new(),
         actuated: &HashMap::new(),
+        pod_level: Default::default(),
     };
     let got = compute_pod_actions(
         &always(&["a"]),
@@ -1293,33 +1323,62 @@ fn ephemeral_containers_start_once_in_the_running_sandbox() {
 /// A running container whose allocation changed: resized in place under the default policy,
 /// restarted (with upstream's message) when its `resizePolicy` asks for that; an instance with
 /// no record of what it runs with is left alone.
+fn cpu_request(v: &str) -> k8s_openapi::api::core::v1::ResourceRequirements {
+    serde_json::from_value(serde_json::json!({"requests": {"cpu": v}})).expect("resources")
+}
+
+/// The decision for `pod` whose container `name` runs as instance `<name>-0`, given what the
+/// running instances were given.
+fn decide_running(
+    pod: &Pod,
+    name: &str,
+    actuated: &HashMap<String, k8s_openapi::api::core::v1::ResourceRequirements>,
+) -> PodActions {
+    let table = BackoffTable::new();
+    let ctx = DecisionContext {
+        now: t(1000),
+        backoff: &table,
+        policy: BackoffPolicy::default(),
+        spec_hash: &hash_of,
+        unhealthy: &HashMap::new(),
+        probes: &HashMap::new(),
+        actuated,
+        pod_level: Default::default(),
+    };
+    let id = format!("{name}-0");
+    compute_pod_actions(
+        pod,
+        &observed(vec![ready("s0", 0)], vec![running(&id, "s0", name, 0)]),
+        &ctx,
+    )
+}
+
+fn restart_on_cpu_resize(c: &mut Container) {
+    c.resize_policy = Some(vec![k8s_openapi::api::core::v1::ContainerResizePolicy {
+        resource_name: "cpu".into(),
+        restart_policy: "RestartContainer".into(),
+    }]);
+}
+
+fn first_init(p: &mut Pod) -> &mut Container {
+    &mut p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0]
+}
+
+fn kill_reasons(actions: &PodActions) -> Vec<&str> {
+    actions
+        .kill_containers
+        .iter()
+        .map(|k| k.reason.as_str())
+        .collect()
+}
+
 #[test]
 fn an_allocated_resize_goes_in_place_or_restarts_by_policy() {
-    let cpu = |v: &str| -> k8s_openapi::api::core::v1::ResourceRequirements {
-        serde_json::from_value(serde_json::json!({"requests": {"cpu": v}})).expect("resources")
-    };
-    let table = BackoffTable::new();
-    let actuated = HashMap::from([("a-0".to_string(), cpu("100m"))]);
-    let decide = |pod: &Pod, actuated: &HashMap<String, _>| {
-        let ctx = DecisionContext {
-            now: t(1000),
-            backoff: &table,
-            policy: BackoffPolicy::default(),
-            spec_hash: &hash_of,
-            unhealthy: &HashMap::new(),
-            probes: &HashMap::new(),
-            actuated,
-        };
-        compute_pod_actions(
-            pod,
-            &observed(vec![ready("s0", 0)], vec![running("a-0", "s0", "a", 0)]),
-            &ctx,
-        )
-    };
+    let actuated = HashMap::from([("a-0".to_string(), cpu_request("100m"))]);
     let mut resized = always(&["a"]);
-    resized.spec.as_mut().unwrap().containers[0].resources = Some(cpu("200m"));
+    resized.spec.as_mut().unwrap().containers[0].resources = Some(cpu_request("200m"));
     assert_eq!(
-        decide(&resized, &actuated),
+        decide_running(&resized, "a", &actuated),
         PodActions {
             resize_containers: vec![ResizeContainer {
                 id: "a-0".into(),
@@ -1329,23 +1388,202 @@ fn an_allocated_resize_goes_in_place_or_restarts_by_policy() {
         }
     );
     assert_eq!(
-        decide(&resized, &HashMap::new()),
+        decide_running(&resized, "a", &HashMap::new()),
         keep("s0"),
         "nothing known"
     );
-    resized.spec.as_mut().unwrap().containers[0].resize_policy =
-        Some(vec![k8s_openapi::api::core::v1::ContainerResizePolicy {
-            resource_name: "cpu".into(),
-            restart_policy: "RestartContainer".into(),
-        }]);
-    let got = decide(&resized, &actuated);
+    restart_on_cpu_resize(&mut resized.spec.as_mut().unwrap().containers[0]);
+    let got = decide_running(&resized, "a", &actuated);
     assert_eq!(got.resize_containers, vec![]);
     assert_eq!(
-        got.kill_containers
-            .iter()
-            .map(|k| k.reason.as_str())
-            .collect::<Vec<_>>(),
+        kill_reasons(&got),
         vec!["Container a resize requires restart"]
     );
     assert_eq!(got.start_containers.len(), 1);
+}
+
+#[test]
+fn a_running_init_container_is_resized_in_place_or_restarted_in_the_same_step() {
+    let actuated = HashMap::from([("i-0".to_string(), cpu_request("100m"))]);
+    let mut resized = pod("Never", &["i"], &["a"]);
+    first_init(&mut resized).resources = Some(cpu_request("200m"));
+    assert_eq!(
+        decide_running(&resized, "i", &actuated),
+        PodActions {
+            resize_containers: vec![ResizeContainer {
+                id: "i-0".into(),
+                name: "i".into(),
+            }],
+            ..keep("s0")
+        },
+        "in place, and the app containers still wait"
+    );
+    restart_on_cpu_resize(first_init(&mut resized));
+    let got = decide_running(&resized, "i", &actuated);
+    assert_eq!(got.resize_containers, vec![]);
+    assert_eq!(
+        kill_reasons(&got),
+        vec!["Container i resize requires restart"]
+    );
+    assert_eq!(got.start_containers, vec![init(0, "i", 1)]);
+    assert!(
+        !got.terminal,
+        "a restart for a resize is no failure under Never"
+    );
+}
+
+/// `p` with container `name` given its own `restartPolicy` and one `RestartAllContainers` rule
+/// on exit code 42.
+fn with_restart_all(mut p: Pod, name: &str, policy: &str) -> Pod {
+    p = with_container_policy(p, name, policy, &[]);
+    let spec = p.spec.as_mut().unwrap();
+    let c = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == name)
+        .unwrap();
+    c.restart_policy_rules = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "action": "RestartAllContainers",
+            "exitCodes": {"operator": "In", "values": [42]},
+        }))
+        .unwrap(),
+    ]);
+    p
+}
+
+/// An instance made at `made` seconds.
+fn made_at(mut c: ObservedContainer, made: u64) -> ObservedContainer {
+    c.created_at = ns(made);
+    c
+}
+
+#[test]
+fn restart_all_containers_runs_a_new_round_in_the_same_sandbox() {
+    // Pod Never: init `i`, sidecar `sc`, apps `src` (Never, RestartAllContainers on 42) and
+    // `reg`. The first round ran at 10-15; `src` exited 42 at 100; now is 1000.
+    let p = || {
+        let p = pod("Never", &["i", "sc"], &["src", "reg"]);
+        with_restart_all(
+            with_container_policy(p, "sc", "Always", &[]),
+            "src",
+            "Never",
+        )
+    };
+    let first_round = || {
+        vec![
+            made_at(exited("i0", "s0", "i", 0, 0, 12), 10),
+            made_at(running("sc0", "s0", "sc", 0), 13),
+            made_at(exited("src0", "s0", "src", 0, 42, 100), 14),
+            made_at(running("reg0", "s0", "reg", 0), 15),
+        ]
+    };
+    let stop = |id: &str, name: &str, trigger: &str| KillContainer {
+        id: id.into(),
+        name: name.into(),
+        reason: format!(
+            "Container {trigger} exited with code 42, which its restart rule maps to \
+             RestartAllContainers: every container of the pod runs again"
+        ),
+        grace_override: Some(0),
+    };
+    let of_round = |mut c: ObservedContainer, round: &str| {
+        c.round = Some(round.into());
+        c
+    };
+    let for_round = |mut s: StartContainer, round: &str| {
+        s.round = Some(round.into());
+        s
+    };
+    let stopped = || {
+        let mut v = first_round();
+        v[1] = made_at(exited("sc0", "s0", "sc", 0, 137, 101), 13);
+        v[3] = made_at(exited("reg0", "s0", "reg", 0, 137, 101), 15);
+        v
+    };
+    let mut late = first_round();
+    // Made after the exit by a sync that had not seen it yet: an earlier round's.
+    late[3] = made_at(running("reg0", "s0", "reg", 0), 105);
+    let mut initialized = stopped();
+    initialized.push(of_round(
+        made_at(exited("i1", "s0", "i", 1, 0, 112), 110),
+        "src0",
+    ));
+    initialized.push(of_round(
+        made_at(running("sc1", "s0", "sc", 1), 113),
+        "src0",
+    ));
+    let mut never_started = first_round();
+    never_started[1] = made_at(exited("sc0", "s0", "sc", 0, 137, 101), 13);
+    never_started[3] = made_at(created("reg0", "s0", "reg", 0), 15);
+    let mut again = initialized.clone();
+    again.push(of_round(
+        made_at(exited("src1", "s0", "src", 1, 42, 200), 120),
+        "src0",
+    ));
+    again.push(of_round(
+        made_at(running("reg1", "s0", "reg", 1), 121),
+        "src0",
+    ));
+    run(vec![
+        row(
+            "the exit stops what still runs at once, apps first, and nothing starts yet",
+            p(),
+            observed(vec![ready("s0", 0)], first_round()),
+            PodActions {
+                kill_containers: vec![stop("reg0", "reg", "src"), stop("sc0", "sc", "src")],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "a container started after the exit, before the agent saw it, is stopped too",
+            p(),
+            observed(vec![ready("s0", 0)], late),
+            PodActions {
+                kill_containers: vec![stop("reg0", "reg", "src"), stop("sc0", "sc", "src")],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "all stopped: the round starts at the first init container, counting on",
+            p(),
+            observed(vec![ready("s0", 0)], stopped()),
+            PodActions {
+                start_containers: vec![for_round(init(0, "i", 1), "src0")],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "the round's init containers done: every app container starts, none backed off",
+            p(),
+            observed(vec![ready("s0", 0)], initialized),
+            PodActions {
+                start_containers: vec![
+                    for_round(app(0, "src", 1), "src0"),
+                    for_round(app(1, "reg", 1), "src0"),
+                ],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "a container made and never started in the earlier round is removed",
+            p(),
+            observed(vec![ready("s0", 0)], never_started),
+            PodActions {
+                remove_containers: vec!["reg0".into()],
+                start_containers: vec![for_round(init(0, "i", 1), "src0")],
+                ..keep("s0")
+            },
+        ),
+        row(
+            "another matching exit starts another round",
+            p(),
+            observed(vec![ready("s0", 0)], again),
+            PodActions {
+                kill_containers: vec![stop("reg1", "reg", "src"), stop("sc1", "sc", "src")],
+                ..keep("s0")
+            },
+        ),
+    ]);
 }

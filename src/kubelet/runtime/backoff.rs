@@ -43,8 +43,15 @@ pub struct BackoffEntry {
     pub last_update: SystemTime,
 }
 
-/// Back-off state of one pod's containers, keyed by container name.
+/// Back-off state of one pod's containers, keyed by [`container_key`] (and of its image pulls,
+/// keyed by image).
 pub(crate) type BackoffTable = HashMap<String, BackoffEntry>;
+
+/// A container's crash-loop back-off key: its name and the hash of its spec, as upstream keys
+/// it, so a changed container (a new image) starts afresh instead of inheriting the wait.
+pub(crate) fn container_key(name: &str, spec_hash: &str) -> String {
+    format!("{name}@{spec_hash}")
+}
 
 /// How long after its last restart an entry is forgotten: upstream's crash-loop
 /// `HasExpiredFunc` (a fixed 600 s, not twice the configured maximum).

@@ -362,6 +362,10 @@ fn observed_container(c: ContainerFacts<'_>, detail: ContainerDetail) -> Option<
             .annotations
             .get(cri_labels::CONTAINER_PRE_STOP_HANDLER_ANNOTATION)
             .cloned(),
+        round: c
+            .annotations
+            .get(cri_labels::RESTART_ROUND_ANNOTATION)
+            .cloned(),
         image: c.image.map(|i| i.image.clone()).unwrap_or_default(),
         image_ref: if detail.image_ref.is_empty() {
             c.image_ref.to_string()
@@ -635,6 +639,7 @@ mod tests {
             grace_period: None,
             is_init: false,
             pre_stop: None,
+            round: None,
         }
     }
 

@@ -9,9 +9,16 @@
 //! (`NotRequired`, the default) or by restarting the container (`RestartContainer`). A change
 //! of the memory request alone counts too, as upstream: under `NotRequired` it is recorded in
 //! place (nothing in the runtime enforces it), under `RestartContainer` the container restarts.
+//!
+//! Under pod-level resources (`spec.resources`) a container without a cpu or memory limit of
+//! its own runs limited by the pod's, so a pod-level resize reaches it too: both sides are
+//! compared with the pod's limits standing in ([`PodLevel`], upstream's
+//! `containerResourcesFromRequirements`), and the pod-level resources themselves resize the
+//! pod's cgroup ([`pod_level_changed`]).
 
 use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
 
+use crate::base::podspec::pod_level::effective_resources;
 use crate::base::podspec::quantity;
 
 /// How a container takes a resize.
@@ -53,6 +60,82 @@ fn restarts_for(c: &Container, resource: &str) -> bool {
         .is_some_and(|p| p.restart_policy == "RestartContainer")
 }
 
+/// The pod-level resources a container's resize is judged under: what the allocation sets
+/// (`wanted`) and what the pod's cgroup was last given (`actuated`); both `None` without
+/// pod-level resources.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PodLevel<'a> {
+    pub wanted: Option<&'a ResourceRequirements>,
+    pub actuated: Option<&'a ResourceRequirements>,
+}
+
+impl PodLevel<'_> {
+    /// The container as the runtime limits it at the allocation, and what it runs with, both
+    /// with the pod's limits standing in for those it does not set.
+    fn effective(
+        &self,
+        c: &Container,
+        actuated: &ResourceRequirements,
+    ) -> (Container, ResourceRequirements) {
+        let own = c.resources.clone().unwrap_or_default();
+        let wanted = Container {
+            resources: Some(effective_resources(self.wanted, &own)),
+            ..c.clone()
+        };
+        (wanted, effective_resources(self.actuated, actuated))
+    }
+
+    fn is_set(&self) -> bool {
+        self.wanted.is_some() || self.actuated.is_some()
+    }
+}
+
+/// [`resize_step`] under pod-level resources.
+pub(crate) fn resize_step_under(
+    c: &Container,
+    actuated: &ResourceRequirements,
+    pod: PodLevel,
+) -> Option<ResizeStep> {
+    if !pod.is_set() {
+        return resize_step(c, actuated);
+    }
+    let (wanted, actuated) = pod.effective(c, actuated);
+    resize_step(&wanted, &actuated)
+}
+
+/// [`lowered_memory_limit`] under pod-level resources.
+pub(crate) fn lowered_memory_limit_under(
+    c: &Container,
+    actuated: &ResourceRequirements,
+    pod: PodLevel,
+) -> Option<i64> {
+    if !pod.is_set() {
+        return lowered_memory_limit(c, actuated);
+    }
+    let (wanted, actuated) = pod.effective(c, actuated);
+    lowered_memory_limit(&wanted, &actuated)
+}
+
+/// Whether the pod-level resources the pod's cgroup was given differ from the allocation's
+/// (upstream's `computePodLevelResourcesResizeAction`), semantically.
+pub(crate) fn pod_level_changed(pod: PodLevel) -> bool {
+    let wanted = pod.wanted.cloned().unwrap_or_default();
+    let actuated = pod.actuated.cloned().unwrap_or_default();
+    !crate::kubelet::admission::resize::same_resources(&wanted, &actuated)
+}
+
+/// The pod-level memory limit an in-place resize lowers the pod's cgroup to (or sets where
+/// there was none); `None` when it does not go down.
+pub(crate) fn lowered_pod_memory_limit(pod: PodLevel) -> Option<i64> {
+    lowered_memory(pod.wanted, pod.actuated)
+}
+
+/// Why the pod's memory limit cannot go down to `limit` while the pod uses `usage` bytes, in
+/// upstream's words; `None` when it can.
+pub(crate) fn pod_below_usage(limit: i64, usage: u64) -> Option<String> {
+    limit_below_usage("pod", limit, usage)
+}
+
 /// How the running container `c` takes its allocation, given what it runs with; `None` when
 /// nothing changed.
 pub(crate) fn resize_step(c: &Container, actuated: &ResourceRequirements) -> Option<ResizeStep> {
@@ -75,21 +158,32 @@ pub(crate) fn resize_step(c: &Container, actuated: &ResourceRequirements) -> Opt
 /// (or appears): the container must use less than it, or the kernel refuses the write.
 /// `None` when the memory limit does not go down.
 pub(crate) fn lowered_memory_limit(c: &Container, actuated: &ResourceRequirements) -> Option<i64> {
-    let wanted = amount(
-        &c.resources.clone().unwrap_or_default(),
-        true,
-        "memory",
-        false,
-    );
-    let was = amount(actuated, true, "memory", false);
+    lowered_memory(c.resources.as_ref(), Some(actuated))
+}
+
+/// The memory limit `wanted` sets when it lowers the one `was` set (or sets one where there
+/// was none); `None` when it does not go down. Missing requirements set no limit.
+fn lowered_memory(
+    wanted: Option<&ResourceRequirements>,
+    was: Option<&ResourceRequirements>,
+) -> Option<i64> {
+    let limit =
+        |r: Option<&ResourceRequirements>| r.map_or(0, |r| amount(r, true, "memory", false));
+    let (wanted, was) = (limit(wanted), limit(was));
     (wanted != 0 && (was == 0 || wanted < was)).then_some(wanted)
 }
 
 /// Why a container's memory limit cannot go down to `limit` while it uses `usage` bytes, in
 /// upstream's words (`validateMemoryResizeAction`); `None` when it can.
 pub(crate) fn below_usage(name: &str, limit: i64, usage: u64) -> Option<String> {
+    limit_below_usage(&format!("container {name:?}"), limit, usage)
+}
+
+/// Upstream's words for a memory limit of `subject` (`container "c1"`, `pod`) that cannot go
+/// down to `limit` while `usage` bytes are in use; `None` when it can.
+fn limit_below_usage(subject: &str, limit: i64, usage: u64) -> Option<String> {
     (usage >= u64::try_from(limit).unwrap_or(0)).then(|| {
-        format!("attempting to set container {name:?} memory limit ({limit}) below current usage ({usage})")
+        format!("attempting to set {subject} memory limit ({limit}) below current usage ({usage})")
     })
 }
 
@@ -237,6 +331,70 @@ mod tests {
         assert_eq!(
             memory_resize_error(&["a".into(), "b".into()]),
             "cannot decrease memory limits: [a, b]"
+        );
+    }
+
+    #[test]
+    fn a_pod_level_resize_reaches_containers_without_limits_of_their_own() {
+        let pod_was = res(json!({"requests": {"cpu": "40m", "memory": "100Mi"},
+                                 "limits": {"cpu": "40m", "memory": "100Mi"}}));
+        let pod_cpu = res(json!({"requests": {"cpu": "80m", "memory": "100Mi"},
+                                 "limits": {"cpu": "80m", "memory": "100Mi"}}));
+        let restart_cpu = json!([{"resourceName": "cpu", "restartPolicy": "RestartContainer"}]);
+        let own = json!({"requests": {"cpu": "20m", "memory": "20Mi"},
+                         "limits": {"cpu": "20m", "memory": "20Mi"}});
+        let cases = [
+            (
+                "no limits, default policy",
+                json!({}),
+                json!([]),
+                Some(ResizeStep::InPlace),
+            ),
+            (
+                "no limits, cpu restart",
+                json!({}),
+                restart_cpu.clone(),
+                Some(ResizeStep::Restart),
+            ),
+            ("its own limits: untouched", own.clone(), restart_cpu, None),
+        ];
+        for (what, c, policy, want) in cases {
+            let pod = PodLevel {
+                wanted: Some(&pod_cpu),
+                actuated: Some(&pod_was),
+            };
+            let actuated = res(c.clone());
+            assert_eq!(
+                resize_step_under(&container(c, policy), &actuated, pod),
+                want,
+                "{what}"
+            );
+        }
+        let same = PodLevel {
+            wanted: Some(&pod_was),
+            actuated: Some(&pod_was),
+        };
+        assert!(!pod_level_changed(same));
+        let changed = PodLevel {
+            wanted: Some(&pod_cpu),
+            actuated: Some(&pod_was),
+        };
+        assert!(pod_level_changed(changed));
+        assert_eq!(lowered_pod_memory_limit(changed), None);
+        let lowered = res(json!({"limits": {"memory": "10Ki"}}));
+        let down = PodLevel {
+            wanted: Some(&lowered),
+            actuated: Some(&pod_was),
+        };
+        assert_eq!(lowered_pod_memory_limit(down), Some(10240));
+        assert_eq!(
+            lowered_memory_limit_under(&container(json!({}), json!([])), &res(json!({})), down),
+            Some(10240),
+            "a container without a limit of its own follows the pod's down"
+        );
+        assert_eq!(
+            pod_below_usage(10240, 5_000_000).as_deref(),
+            Some("attempting to set pod memory limit (10240) below current usage (5000000)")
         );
     }
 

@@ -159,6 +159,7 @@ mod tests {
             name: name.into(),
             restart_count: 0,
             backoff: None,
+            round: None,
         }
     }
 

@@ -144,6 +144,10 @@ pub(crate) struct PodSyncState {
     /// What each running instance (by container ID) was last given: its spec's resources at
     /// its start, or an in-place resize's since (upstream's actuated resources).
     pub actuated: HashMap<String, k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// The pod-level resources (`spec.resources`, `None` without them) the pod's cgroup was
+    /// last given: the pod's at the first sync, an in-place resize's since (upstream's actuated
+    /// pod-level resources). `None` until the first sync records them.
+    pub actuated_pod: Option<Option<k8s_openapi::api::core::v1::ResourceRequirements>>,
     /// Why the allocated resize could not be carried out at the last try (a memory limit
     /// below what its container uses, a runtime refusal); the status shows it on
     /// `PodResizeInProgress` until a try goes through.
@@ -577,6 +581,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     unhealthy,
                     probes,
                     actuated: &state.actuated,
+                    pod_level: resize::pod_level(pod, state),
                 },
             )
         };

@@ -2,7 +2,9 @@
 //! grown first, `UpdateContainerResources` for each container the decision resizes in place,
 //! then the pod cgroup's new settings (which shrinks what shrank). What each container was
 //! given is kept in the worker's state (upstream's actuated resources), which the next
-//! decision and the status read.
+//! decision and the status read. A pod-level resize (`spec.resources`) resizes the pod's cgroup
+//! the same way, and reaches the containers that have no limit of their own; the pod-level
+//! resources the cgroup was given are kept beside the containers'.
 
 use std::collections::HashMap;
 
@@ -10,10 +12,14 @@ use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 
 use super::{Executor, PodSyncState};
 use crate::base::observed::{ContainerState, ObservedPod};
+use crate::base::podspec::pod_level::pod_resources;
 use crate::clients::cri::proto::ContainerStatsFilter;
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::runtime::actions::PodActions;
-use crate::kubelet::runtime::resize::{below_usage, lowered_memory_limit, memory_resize_error};
+use crate::kubelet::runtime::resize::{
+    PodLevel, below_usage, lowered_memory_limit_under, lowered_pod_memory_limit,
+    memory_resize_error, pod_below_usage, pod_level_changed, resize_step_under,
+};
 use crate::kubelet::runtime::translate::container::linux_resources;
 
 /// The spec's container `name` (app container or init container).
@@ -30,10 +36,27 @@ fn spec_resources(pod: &Pod, name: &str) -> Option<ResourceRequirements> {
     spec_container(pod, name).map(|c| c.resources.clone().unwrap_or_default())
 }
 
+/// The pod-level resources a sync judges resizes under: the allocation's and what the pod's
+/// cgroup was last given (the allocation's while nothing is recorded).
+pub(super) fn pod_level<'a>(pod: &'a Pod, state: &'a PodSyncState) -> PodLevel<'a> {
+    let wanted = pod_resources(pod);
+    PodLevel {
+        wanted,
+        actuated: match &state.actuated_pod {
+            Some(given) => given.as_ref(),
+            None => wanted,
+        },
+    }
+}
+
 /// Records what the running instances run with: an instance not known yet (just started, or
 /// adopted after a restart of the agent) runs with its spec's resources as the pod has them
-/// now. Instances no longer running are forgotten.
+/// now. Instances no longer running are forgotten. The pod-level resources are recorded at the
+/// first sync, as the pod has them then.
 pub(super) fn note_actuated(pod: &Pod, observed: &ObservedPod, state: &mut PodSyncState) {
+    if state.actuated_pod.is_none() {
+        state.actuated_pod = Some(pod_resources(pod).cloned());
+    }
     let running: HashMap<&str, &str> = observed
         .containers
         .iter()
@@ -54,8 +77,9 @@ pub(super) fn note_actuated(pod: &Pod, observed: &ObservedPod, state: &mut PodSy
 
 /// The pod as its cgroup was last sized, when a running instance (in `observed`, the view the
 /// step was decided on) was given other resources than its container is allocated now: those
-/// instances at what they were given. `None` when every running instance has its allocation,
-/// so the pod's cgroup has nothing to follow. Instances the step stops for a resize count as
+/// instances at what they were given, and the pod-level resources at what the cgroup was given.
+/// `None` when every running instance and the pod's cgroup have their allocation, so the pod's
+/// cgroup has nothing to follow. Instances the step stops for a resize count as
 /// well: their restart runs with the new resources, which the pod's cgroup must hold first
 /// (upstream's `UpdatePodResources`: on cgroup v1 a container's CFS quota above its pod's is
 /// refused).
@@ -63,10 +87,14 @@ fn before_resize(
     pod: &Pod,
     observed: &ObservedPod,
     actuated: &HashMap<String, ResourceRequirements>,
+    level: PodLevel,
 ) -> Option<Pod> {
     let mut before = pod.clone();
-    let mut differs = false;
     let spec = before.spec.as_mut()?;
+    let mut differs = pod_level_changed(level);
+    if differs {
+        spec.resources = level.actuated.cloned();
+    }
     let containers = spec
         .containers
         .iter_mut()
@@ -80,7 +108,7 @@ fn before_resize(
         let Some(given) = given else {
             continue;
         };
-        if crate::kubelet::runtime::resize::resize_step(c, given).is_some() {
+        if resize_step_under(c, given, level).is_some() {
             c.resources = Some(given.clone());
             differs = true;
         }
@@ -98,7 +126,8 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         decision: &PodActions,
         state: &mut PodSyncState,
     ) -> Result<(), CriError> {
-        let Some(before) = before_resize(pod, observed, &state.actuated) else {
+        let level = pod_level(pod, state);
+        let Some(before) = before_resize(pod, observed, &state.actuated, level) else {
             state.resize_error = None;
             return Ok(());
         };
@@ -136,24 +165,40 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 .insert(r.id.clone(), c.resources.clone().unwrap_or_default());
         }
         self.set_pod_cgroup(&before, pod, false).await;
+        state.actuated_pod = Some(pod_resources(pod).cloned());
         state.resize_error = None;
         Ok(())
     }
 
     /// Why the decision's in-place resizes cannot go through: a memory limit lowered to what
-    /// its container already uses or less (upstream's `validateMemoryResizeAction`, which
-    /// checks them all before anything changes, so no resize is left half done).
+    /// its container (or, for the pod-level limit, the pod) already uses or less (upstream's
+    /// `validateMemoryResizeAction`, which checks them all before anything changes, so no
+    /// resize is left half done).
     async fn memory_limits_too_low(
         &self,
         pod: &Pod,
         decision: &PodActions,
         state: &PodSyncState,
     ) -> Option<String> {
+        let level = pod_level(pod, state);
         let mut errors = Vec::new();
+        if let Some(limit) = lowered_pod_memory_limit(level)
+            && let Some(cgroups) = self.cgroups.clone()
+        {
+            let owned = pod.clone();
+            let usage = tokio::task::spawn_blocking(move || cgroups.pod_memory_usage(&owned))
+                .await
+                .ok()
+                .flatten();
+            match usage {
+                Some(usage) => errors.extend(pod_below_usage(limit, usage)),
+                None => errors.push("missing pod memory usage".to_string()),
+            }
+        }
         for r in &decision.resize_containers {
             let lowered = spec_container(pod, &r.name)
                 .zip(state.actuated.get(&r.id))
-                .and_then(|(c, actuated)| lowered_memory_limit(c, actuated));
+                .and_then(|(c, actuated)| lowered_memory_limit_under(c, actuated, level));
             let Some(limit) = lowered else {
                 continue;
             };
@@ -255,6 +300,7 @@ mod tests {
             grace_period: None,
             is_init: false,
             pre_stop: None,
+            round: None,
         }
     }
 
@@ -294,7 +340,7 @@ mod tests {
             ("exited", &exited, given(&was), None),
         ];
         for (what, observed, actuated, want) in cases {
-            let before = before_resize(&now, observed, &actuated);
+            let before = before_resize(&now, observed, &actuated, PodLevel::default());
             let got = before.map(|p| p.spec.unwrap().containers[0].resources.clone().unwrap());
             assert_eq!(got, want, "{what}");
         }
@@ -395,6 +441,68 @@ mod tests {
         sync(&executor, &memory_pod("20Mi"), &mut state).await;
         assert_eq!(rt.resource_updates().len(), 1);
         assert_eq!(rt.resource_updates()[0].1.memory_limit_in_bytes, 20 << 20);
+        assert_eq!(state.resize_error, None);
+    }
+
+    /// A Guaranteed pod by its pod-level resources (`cpu`, `memory` as requests and limits)
+    /// whose one container sets none of its own.
+    fn pod_level_pod(cpu: &str, memory: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "uid-p"},
+            "spec": {"nodeName": "node-a",
+                "resources": {"requests": {"cpu": cpu, "memory": memory},
+                              "limits": {"cpu": cpu, "memory": memory}},
+                "containers": [{"name": "c1", "image": IMAGE, "imagePullPolicy": "IfNotPresent"}]},
+        }))
+        .expect("pod")
+    }
+
+    #[tokio::test]
+    async fn a_pod_level_resize_resizes_the_pod_cgroup_and_the_containers_without_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroups = dir.path().join("cgroup");
+        let rt = FakeCri::with_images(&[IMAGE]);
+        let (executor, _events) = executor(dir.path(), rt.clone());
+        let executor = executor.with_cgroups(manager(&cgroups));
+        let mut state = PodSyncState::default();
+        let sync = async |executor: &Executor<FakeCri>, p: &Pod, state: &mut PodSyncState| {
+            executor
+                .sync_pod(p, state, &HashMap::new(), &HashMap::new())
+                .await;
+        };
+        sync(&executor, &pod_level_pod("40m", "64Mi"), &mut state).await;
+        // Guaranteed by its pod-level resources: the pod cgroup sits under kubepods.
+        let pod_cgroup = cgroups.join("cpu/kubepods/poduid-p");
+        let read = |file: &str| std::fs::read_to_string(pod_cgroup.join(file)).unwrap();
+        assert_eq!(read("cpu.cfs_quota_us"), "4000");
+        let memory = cgroups.join("memory/kubepods/poduid-p/memory.limit_in_bytes");
+        assert_eq!(
+            std::fs::read_to_string(&memory).unwrap(),
+            (64u64 << 20).to_string()
+        );
+        assert_eq!(
+            state.actuated_pod,
+            Some(pod_resources(&pod_level_pod("40m", "64Mi")).cloned())
+        );
+
+        sync(&executor, &pod_level_pod("80m", "96Mi"), &mut state).await;
+        assert_eq!(read("cpu.cfs_quota_us"), "8000");
+        assert_eq!(
+            std::fs::read_to_string(&memory).unwrap(),
+            (96u64 << 20).to_string()
+        );
+        let updates = rt.resource_updates();
+        assert_eq!(
+            updates.len(),
+            1,
+            "the container without limits follows in place"
+        );
+        assert_eq!(updates[0].1.cpu_quota, 8000);
+        assert_eq!(updates[0].1.memory_limit_in_bytes, 96 << 20);
+        assert_eq!(
+            state.actuated_pod,
+            Some(pod_resources(&pod_level_pod("80m", "96Mi")).cloned())
+        );
         assert_eq!(state.resize_error, None);
     }
 }

@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use crate::base::clock;
 use crate::clients::cri::proto::{
-    CreateContainerRequest, Image, ImageSpec, Mount, PodSandboxConfig, RunPodSandboxRequest,
+    ContainerConfig, CreateContainerRequest, Image, ImageSpec, Mount, PodSandboxConfig,
+    RunPodSandboxRequest,
 };
 use crate::clients::cri::{CriError, ImageService, RuntimeService};
 use crate::kubelet::api_objects::PodObjects;
@@ -19,6 +20,7 @@ use crate::kubelet::pod_status::{WaitReason, WaitingReason};
 use crate::kubelet::volume::{PodVolumes, VolumeError, VolumeProblem};
 
 use super::super::actions::{ContainerKind, PodActions, StartContainer};
+use super::super::backoff;
 use super::super::hooks::{HookKind, run_hook};
 use super::super::image_volumes::container_waiting;
 use super::super::inspect::Made;
@@ -187,8 +189,9 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 image_volumes: &image_volumes,
             };
             // A restart after an exit updates the back-off, whether or not the start succeeds.
-            if let Some(entry) = start.backoff {
-                state.backoff.insert(start.name.clone(), entry);
+            if let (Some(entry), Some(c)) = (start.backoff, spec_of(pod, start)) {
+                let key = backoff::container_key(&start.name, &super::spec_hash(&c));
+                state.backoff.insert(key, entry);
             }
             let span = tracing::info_span!("container", container = %start.name);
             let result = self
@@ -370,6 +373,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
         let mut config = translate::container_config_with_env(pod, container, &ctx, envs)
             .map_err(|e| config_error(e.to_string()))?;
         self.add_devices(pod, container, &mut config).await?;
+        record_round(&mut config, start.round.as_deref());
         let log_dir = Path::new(&sandbox_config.log_directory).join(name);
         let _ = std::fs::create_dir_all(&log_dir);
 
@@ -648,6 +652,17 @@ pub(super) fn unsupported_runtime_class(pod: &Pod) -> Option<String> {
         "RuntimeClass {name:?} is not supported by this node: Deckhand runs pods with the \
          container runtime's default handler only"
     ))
+}
+
+/// Records on a container the `RestartAllContainers` round it is made for, so that the next
+/// look tells it from the earlier rounds' instances (`base::restart_round`).
+fn record_round(config: &mut ContainerConfig, round: Option<&str>) {
+    if let Some(round) = round {
+        config.annotations.insert(
+            crate::base::cri_labels::RESTART_ROUND_ANNOTATION.into(),
+            round.to_string(),
+        );
+    }
 }
 
 #[cfg(test)]

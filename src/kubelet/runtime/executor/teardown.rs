@@ -624,6 +624,7 @@ mod order_tests {
             grace_period: None,
             is_init,
             pre_stop: None,
+            round: None,
         }
     }
 

@@ -209,6 +209,34 @@ fn is_node_critical(pod: &Pod) -> bool {
     is_static || is_mirror || critical_priority
 }
 
+/// What each container adds to its own memory request for the OOM score under a pod-level
+/// memory request: the part of the pod's request its containers do not request, shared
+/// equally among all of them (upstream's `remainingPodMemReqPerContainer`); 0 without one.
+fn pod_memory_request_share(pod: &Pod) -> i128 {
+    let Some(spec) = pod.spec.as_ref() else {
+        return 0;
+    };
+    if !crate::base::podspec::pod_level::requests_set(pod) {
+        return 0;
+    }
+    let pod_request = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("memory"))
+        .and_then(|q| quantity::parse(&q.0).ok())
+        .map_or(0, |q| i128::from(q.value().max(0)));
+    if pod_request == 0 {
+        return 0;
+    }
+    let summed = crate::kubelet::cm::pod_config::container_requests_sum(pod)
+        .get("memory")
+        .copied()
+        .unwrap_or(0);
+    let count = spec.containers.len() + spec.init_containers.as_ref().map_or(0, Vec::len);
+    (pod_request - summed).max(0) / i128::try_from(count.max(1)).unwrap_or(1)
+}
+
 /// OOM score adjustment of a container, by its pod's QoS class (upstream's
 /// `GetContainerOOMScoreAdjust`). A Burstable container scores
 /// `1000 - 1000 × memory request / node capacity`, kept within 3..=999 so it always ranks
@@ -231,7 +259,8 @@ pub(crate) fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64)
                     1000
                 }
             };
-            let mut adj = score(memory_request(c));
+            let share = pod_memory_request_share(pod);
+            let mut adj = score(memory_request(c) + share);
             let spec = pod.spec.as_ref();
             let is_sidecar = crate::base::podspec::is_sidecar(c)
                 && spec
@@ -240,7 +269,7 @@ pub(crate) fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64)
             if is_sidecar
                 && let Some(min) = spec.and_then(|s| s.containers.iter().map(memory_request).min())
             {
-                adj = adj.min(score(min));
+                adj = adj.min(score(min + share));
             }
             let floor = 1000 + i128::from(GUARANTEED_OOM_SCORE_ADJ);
             adj.clamp(floor, i128::from(BEST_EFFORT_OOM_SCORE_ADJ) - 1) as i64
@@ -249,12 +278,25 @@ pub(crate) fn oom_score_adj(pod: &Pod, c: &Container, node_memory_capacity: u64)
 }
 
 /// The huge page limits of a container (upstream's `GetHugepageLimitsFromResources`): every
-/// size the machine has is limited to 0 unless the container's limits name it.
+/// size the machine has is limited to 0 unless the pod-level or the container's limits name it.
 fn hugepage_limits(
+    pod_level: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
     c: &Container,
     page_sizes: &[u64],
 ) -> Result<Vec<HugepageLimit>, TranslateError> {
     let mut asked: HashMap<u64, u64> = HashMap::new();
+    // The pod's huge page limits first; the container's own, where it sets them, win.
+    for (name, q) in pod_level
+        .and_then(|r| r.limits.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(size) = crate::kubelet::cm::pod_config::hugepage_size(name)
+            && let Ok(v) = quantity::parse(&q.0)
+        {
+            asked.insert(size, u64::try_from(v.value()).unwrap_or(0));
+        }
+    }
     if let Some(limits) = c.resources.as_ref().and_then(|r| r.limits.as_ref()) {
         for name in limits.keys() {
             if let Some(size) = crate::kubelet::cm::pod_config::hugepage_size(name)
@@ -281,6 +323,9 @@ fn hugepage_limits(
 /// - with `cpuCFSQuota`, the configured period always and the quota of the CPU limit
 ///   (0, no quota, without one);
 /// - the memory limit; the OOM score; huge page limits;
+/// - under pod-level resources, the pod's cpu and memory limits (and huge page limits) for
+///   those the container does not set, and its cpu shares from the pod's cpu limit when it
+///   requests no cpu (upstream's `getCPULimit`, `getMemoryLimit`);
 /// - on cgroup v2 the unified map upstream sends at its defaults: `memory.oom.group` 1
 ///   (the whole container is killed on OOM) and no memory protection (`memory.min`,
 ///   `memory.low` 0).
@@ -290,20 +335,29 @@ pub(crate) fn linux_resources(
     node_memory_capacity: u64,
     settings: &crate::kubelet::cm::ContainerSettings,
 ) -> Result<LinuxContainerResources, TranslateError> {
-    let cpu_limit = resource(c, "limits", "cpu")?;
+    // Under pod-level resources the pod's limits stand in for those the container lacks.
+    let pod_level = crate::base::podspec::pod_level::pod_resources(pod);
+    let limited = Container {
+        resources: Some(crate::base::podspec::pod_level::effective_resources(
+            pod_level,
+            &c.resources.clone().unwrap_or_default(),
+        )),
+        ..c.clone()
+    };
+    let cpu_limit = resource(&limited, "limits", "cpu")?;
     // A request given (zero included) wins; a missing one defaults to the limit.
     let cpu_request = match resource_any(c, "requests", "cpu")? {
         Some(q) => Some(q),
         None => cpu_limit,
     };
-    let memory_limit = resource(c, "limits", "memory")?;
+    let memory_limit = resource(&limited, "limits", "memory")?;
     resource(c, "requests", "memory")?; // validate it even though only the OOM score uses it
 
     let mut out = LinuxContainerResources {
         cpu_shares: cpu_request.map_or(2, |q| milli_cpu_to_shares(q.milli_value()) as i64),
         memory_limit_in_bytes: memory_limit.map_or(0, |q| q.value()),
         oom_score_adj: oom_score_adj(pod, c, node_memory_capacity),
-        hugepage_limits: hugepage_limits(c, &settings.page_sizes)?,
+        hugepage_limits: hugepage_limits(pod_level, c, &settings.page_sizes)?,
         ..Default::default()
     };
     if settings.cfs.enforce_cpu_limits {
@@ -955,6 +1009,71 @@ mod tests {
                 ),
                 (*shares, *quota, *period, *memory, *oom),
                 "row {i}: requests {req:?} limits {lim:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pod_level_limits_stand_in_for_the_containers_own() {
+        // (container requests, container limits, pod requests, pod limits) →
+        // (shares, quota, memory limit, oom score adj)
+        type Row<'a> = (
+            &'a [(&'a str, &'a str)],
+            &'a [(&'a str, &'a str)],
+            &'a [(&'a str, &'a str)],
+            &'a [(&'a str, &'a str)],
+            (i64, i64, i64, i64),
+        );
+        let rows: [Row; 4] = [
+            // No resources of its own: the pod's limits, shares from the pod's cpu limit.
+            (
+                &[],
+                &[],
+                &[("cpu", "100m"), ("memory", "1Gi")],
+                &[("cpu", "100m"), ("memory", "1Gi")],
+                (102, 10_000, 1 << 30, -997),
+            ),
+            // Its own limits win.
+            (
+                &[("cpu", "20m"), ("memory", "20Mi")],
+                &[("cpu", "20m"), ("memory", "20Mi")],
+                &[("cpu", "100m"), ("memory", "1Gi")],
+                &[("cpu", "100m"), ("memory", "1Gi")],
+                (20, 2_000, 20 << 20, -997),
+            ),
+            // Burstable: a request of its own keeps its shares; the pod's memory request
+            // beyond the containers' counts for the OOM score (1Gi of 4Gi).
+            (
+                &[("cpu", "50m")],
+                &[],
+                &[("cpu", "100m"), ("memory", "1Gi")],
+                &[("cpu", "200m")],
+                (51, 20_000, 0, 750),
+            ),
+            // Requests only at pod level: nothing limits the container.
+            (
+                &[],
+                &[],
+                &[("cpu", "4m"), ("memory", "10Mi")],
+                &[],
+                (2, 0, 0, 998),
+            ),
+        ];
+        for (i, (req, lim, pod_req, pod_lim, want)) in rows.iter().enumerate() {
+            let c = with_resources(req, lim);
+            let mut pod = web_pod(vec![c.clone()]);
+            let level = with_resources(pod_req, pod_lim).resources;
+            pod.spec.as_mut().unwrap().resources = level;
+            let got = linux_resources(&pod, &c, 4 * GI, &Default::default()).unwrap();
+            assert_eq!(
+                (
+                    got.cpu_shares,
+                    got.cpu_quota,
+                    got.memory_limit_in_bytes,
+                    got.oom_score_adj
+                ),
+                *want,
+                "row {i}"
             );
         }
     }
