@@ -22,6 +22,6 @@ pub(crate) mod spec_hash;
 pub(crate) mod sysctl;
 pub mod threshold;
 
-pub(crate) use pod::init_and_app_containers;
 pub use pod::{RestartPolicy, full_name, is_sidecar};
+pub(crate) use pod::{init_and_app_containers, spec_init_and_app_containers};
 pub use qos::{QosClass, qos_class};

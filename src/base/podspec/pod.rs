@@ -1,6 +1,6 @@
 //! A pod's identity, priority and restart rules.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 /// `restartPolicy` of a pod (or of a container, for sidecars).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,12 +51,15 @@ pub fn is_sidecar(c: &Container) -> bool {
 /// Every init container (sidecars included), then every app container, in spec order; none
 /// for a pod without a spec. Ephemeral containers are not among them.
 pub(crate) fn init_and_app_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    let spec = pod.spec.as_ref();
-    let inits = spec
-        .and_then(|s| s.init_containers.as_deref())
-        .unwrap_or_default();
-    let apps = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
-    inits.iter().chain(apps)
+    pod.spec.iter().flat_map(spec_init_and_app_containers)
+}
+
+/// [`init_and_app_containers`] of a spec on its own.
+pub(crate) fn spec_init_and_app_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
 }
 
 /// The pod's namespace; an unset or empty one is `default`, as the API server defaults it.

@@ -1,5 +1,6 @@
 //! Container resources as the downward API reads them (`resourceFieldRef`), with the node's
-//! allocatable amounts standing in for limits a container does not set.
+//! allocatable amounts (or the pod's own cpu and memory limits, under pod-level resources)
+//! standing in for limits a container does not set.
 
 use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 
@@ -41,7 +42,8 @@ pub(crate) enum ResourceFieldError {
 
 /// The value of a `resourceFieldRef`, as upstream computes it: the amount divided by the
 /// divisor (default 1), rounded up; CPU in millicores before the division, the rest in bytes.
-/// A limit the container does not set (or sets to zero) is the node's allocatable amount.
+/// A limit the container does not set (or sets to zero) is the node's allocatable amount, or
+/// the pod's own limit for cpu and memory when it sets one (see [`fallback_limits`]).
 ///
 /// `current` is the container the reference belongs to (env vars); `containerName` in the
 /// selector, when set, picks another container of the pod (volumes always name it).
@@ -76,6 +78,7 @@ pub(crate) fn resource_field_value(
         }
         _ => one,
     };
+    let node = &fallback_limits(pod, node)?;
     let resources = container.resources.as_ref();
     let amount =
         |map: Option<
@@ -162,6 +165,39 @@ pub(crate) fn resource_field_value(
         ));
     }
     Ok(ceil_div(value, per).to_string())
+}
+
+/// What stands in for a limit a container does not set: the node's allocatable amounts, with
+/// the pod's cpu and memory limits in their place when the pod sets them (upstream's
+/// `defaultPodLimitsForDownwardAPI` under `PodLevelResources`: a container without a limit of
+/// its own can use the pod's budget, not the node's).
+fn fallback_limits(
+    pod: &Pod,
+    node: &NodeAllocatable,
+) -> Result<NodeAllocatable, ResourceFieldError> {
+    let mut out = *node;
+    let Some(limits) = super::pod_level::pod_resources(pod).and_then(|r| r.limits.as_ref()) else {
+        return Ok(out);
+    };
+    for (name, slot, milli) in [
+        ("cpu", &mut out.cpu_millis, true),
+        ("memory", &mut out.memory_bytes, false),
+    ] {
+        let Some(q) = limits.get(name) else { continue };
+        let parsed = quantity::parse(&q.0).map_err(|source| ResourceFieldError::BadQuantity {
+            name: name.to_string(),
+            value: q.0.clone(),
+            source,
+        })?;
+        if !parsed.is_zero() {
+            *slot = if milli {
+                parsed.milli_value()
+            } else {
+                parsed.value()
+            };
+        }
+    }
+    Ok(out)
 }
 
 /// `a / b` rounded towards +∞ (b > 0).

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::token::TokenWant;
 use super::{Kind, ObjectKey, TokenSlot};
-use crate::base::podspec::pod::namespace;
+use crate::base::podspec::{self, pod::namespace};
 
 /// Upstream's default lifetime of a projected service-account token.
 pub(crate) const DEFAULT_TOKEN_SECONDS: i64 = 3600;
@@ -48,12 +48,7 @@ pub(crate) fn referenced(pod: &Pod) -> BTreeSet<ObjectKey> {
             }
         }
     }
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter());
-    for container in containers {
+    for container in podspec::spec_init_and_app_containers(spec) {
         container_refs(container, &mut add);
     }
     for ephemeral in spec.ephemeral_containers.iter().flatten() {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::base::podspec::{item_path, quantity};
+use crate::base::podspec::{self, item_path, quantity};
 
 #[path = "validate_security.rs"]
 pub(crate) mod validate_security;
@@ -575,11 +575,7 @@ pub fn api_object_reference(pod: &Pod) -> Result<Option<&'static str>, ApiRefere
         return Ok(Some("serviceaccounts"));
     }
     let volumes = spec.volumes.as_deref().unwrap_or_default();
-    let envs = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
+    let envs = podspec::spec_init_and_app_containers(spec)
         .map(|c| (c.env.as_deref(), c.env_from.as_deref()))
         .chain(
             spec.ephemeral_containers

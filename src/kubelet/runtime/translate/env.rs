@@ -794,6 +794,50 @@ mod tests {
     }
 
     #[test]
+    fn under_pod_level_limits_a_container_without_its_own_reads_the_pods() {
+        let node = NodeAllocatable {
+            cpu_millis: 4000,
+            memory_bytes: 8 * 1024 * 1024 * 1024,
+            ephemeral_storage_bytes: 100_000_000_000,
+        };
+        let mut pod = test_pod();
+        let pod_limits = resources(&[("cpu", "1500m"), ("memory", "0")], &[]);
+        pod.spec.as_mut().unwrap().resources = pod_limits.resources;
+        let own_memory = resources(&[("memory", "64Mi")], &[]);
+        let cases: &[(&str, &Container, &str, &str)] = &[
+            ("no cpu limit: the pod's", &own_memory, "limits.cpu", "1500"),
+            (
+                "its own memory limit wins",
+                &own_memory,
+                "limits.memory",
+                "64",
+            ),
+            // A zero pod limit is as good as none: the node's amount.
+            (
+                "the pod's zero memory limit: the node's",
+                &resources(&[], &[]),
+                "limits.memory",
+                "8192",
+            ),
+            (
+                "ephemeral storage is not pod-level",
+                &own_memory,
+                "limits.ephemeral-storage",
+                "100000000000",
+            ),
+        ];
+        for (what, c, resource, want) in cases {
+            let divisor = match *resource {
+                "limits.cpu" => Some("1m"),
+                "limits.memory" => Some("1Mi"),
+                _ => None,
+            };
+            let got = resource_field_value(&pod, Some(c), &selector(resource, divisor), &node);
+            assert_eq!(got.as_deref(), Ok(*want), "{what}");
+        }
+    }
+
+    #[test]
     fn resource_field_ref_env_shows_the_limit() {
         let mut c = resources(&[("memory", "64Mi")], &[]);
         c.env = Some(vec![EnvVar {
