@@ -12,7 +12,8 @@
 //! (`proto/csi/v1`) serve `src/kubelet/plugin_watcher` and `src/kubelet/volume/csi`; the
 //! device plugin API (`proto/deviceplugin/v1beta1`) and pod-resources API
 //! (`proto/podresources/v1`) are served and called by `src/kubelet/devices`; DRA drivers'
-//! `proto/dra/v1` is called by `src/kubelet/dra`.
+//! `proto/dra/v1` and their optional device health service (`proto/drahealth/v1alpha1`) are
+//! called by `src/kubelet/dra`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -38,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "deviceplugin/v1beta1/api.proto",
             "podresources/v1/api.proto",
             "dra/v1/api.proto",
+            "drahealth/v1alpha1/api.proto",
         ],
         ["proto"],
     )?;

@@ -8,11 +8,16 @@
 //! pod that finishes); a SIGKILL of the agent keeps it prepared; with the
 //! driver killed a new pod waits with the driver's error while the running pod keeps running.
 //! Upstream's `dra_*` metrics count the driver calls, the pods' prepares and unprepares, and
-//! the claims in use, along the way.
+//! the claims in use, along the way. The driver's health stream is read: the claim's device
+//! shows in the container's `allocatedResourcesStatus` (`Unknown`: the driver reports no
+//! device). A DeviceClass with an `extendedResourceName` lets a pod ask for the driver's
+//! devices as an extended resource: the scheduler makes the claim, the node prepares it and
+//! the container gets the driver's variable for the claim's request.
 //!
 //! A second case shows CDI on the testbed without DRA: upstream's sample device plugin in its
 //! CDI mode answers `Allocate` with a CDI device name, whose spec (an environment variable and
-//! a mount) the test writes into the testbed's CDI directory; both reach the container.
+//! a mount) the test writes into the testbed's CDI directory; both reach the container, and
+//! the device's health (`Healthy`) its status.
 //!
 //! Needs the containerd 2.x testbed (CDI): `DECKHAND_TESTBED_DIR` names it, its `testbed.env`
 //! its CDI directory.
@@ -38,6 +43,9 @@ const NODE: &str = "e2e-dra";
 const NS: &str = "e2e-dra";
 const DRIVER: &str = "test-driver.cdi.k8s.io";
 const CLASS: &str = "e2e-dra.deckhand.test";
+/// The class that backs an extended resource with the driver's devices.
+const EXTENDED_CLASS: &str = "e2e-dra-extended.deckhand.test";
+const EXTENDED_RESOURCE: &str = "deckhand.test/dra-gpu";
 
 /// The dir with `test-driver`, built or reused by `scripts/cluster build-dra`.
 fn driver_binary() -> PathBuf {
@@ -111,31 +119,73 @@ impl Drop for TestDriver {
     }
 }
 
-/// Deletes the DeviceClass when the test ends.
-struct ClassCleanup(kube::Client);
+/// Deletes the named DeviceClass when the test ends.
+struct ClassCleanup(kube::Client, &'static str);
 
 impl Drop for ClassCleanup {
     fn drop(&mut self) {
-        let client = self.0.clone();
+        let (client, name) = (self.0.clone(), self.1);
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async {
                 let api: Api<DeviceClass> = Api::all(client);
-                let _ = api.delete(CLASS, &DeleteParams::default()).await;
+                let _ = api.delete(name, &DeleteParams::default()).await;
             });
         })
         .join();
     }
 }
 
-fn device_class() -> DeviceClass {
+/// The DeviceClass of the driver's devices; with `extended`, also the extended resource
+/// name pods may ask for it by (the scheduler then makes a claim for them).
+fn device_class(name: &str, extended: Option<&str>) -> DeviceClass {
+    let mut spec = serde_json::json!({
+        "selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]
+    });
+    if let Some(resource) = extended {
+        spec["extendedResourceName"] = resource.into();
+    }
     serde_json::from_value(serde_json::json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
+        "metadata": {"name": name},
+        "spec": spec,
     }))
     .unwrap()
+}
+
+/// Creates a DeviceClass afresh, deleted when the returned guard drops.
+async fn create_class(client: &kube::Client, class: DeviceClass) -> ClassCleanup {
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let name = class.metadata.name.clone().unwrap_or_default();
+    let _ = classes.delete(&name, &DeleteParams::default()).await;
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    ClassCleanup(
+        client.clone(),
+        if name == CLASS { CLASS } else { EXTENDED_CLASS },
+    )
+}
+
+/// The `allocatedResourcesStatus` of the pod's first container, as (name, resource ID,
+/// health) rows, once the API server shows any.
+async fn allocated_resources(pods: &Api<Pod>, name: &str) -> Option<Vec<(String, String, String)>> {
+    let pod = pods.get(name).await.ok()?;
+    let status = pod.status?.container_statuses?.into_iter().next()?;
+    let rows: Vec<(String, String, String)> = status
+        .allocated_resources_status?
+        .into_iter()
+        .flat_map(|s| {
+            let name = s.name.clone();
+            s.resources
+                .into_iter()
+                .flatten()
+                .map(move |r| (name.clone(), r.resource_id, r.health.unwrap_or_default()))
+        })
+        .collect();
+    (!rows.is_empty()).then_some(rows)
 }
 
 fn claim(name: &str) -> ResourceClaim {
@@ -265,13 +315,7 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
             .then_some(())
     })
     .await;
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    let _ = classes.delete(CLASS, &DeleteParams::default()).await;
-    classes
-        .create(&PostParams::default(), &device_class())
-        .await
-        .unwrap();
-    let _class = ClassCleanup(client.clone());
+    let _class = create_class(&client, device_class(CLASS, None)).await;
     let _ns = create_namespace(&client, NS).await;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -286,6 +330,24 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         .unwrap();
     wait_running(&pods, "dra-a", &agent, &driver_log).await;
     assert_eq!(env_in(&cri, "dra-a", "claim_shared_gpu").await, "true");
+    // The driver serves the health service but reports no device: the claim's device reads
+    // Unknown in the container's status, under its CDI ID.
+    assert!(
+        count(&agent.log(), "reading the DRA driver's device health") > 0,
+        "the health stream opened: {}",
+        tail(&agent.log())
+    );
+    let health = wait_until("dra-a's allocatedResourcesStatus", WAIT, || async {
+        allocated_resources(&pods, "dra-a").await
+    })
+    .await;
+    assert_eq!(health.len(), 1, "{health:?}");
+    assert_eq!(health[0].0, "claim:gpu");
+    assert!(
+        health[0].1.starts_with(&format!("{DRIVER}/test=claim-")),
+        "{health:?}"
+    );
+    assert_eq!(health[0].2, "Unknown");
     pods.create(&PostParams::default(), &claim_pod("dra-b", "shared"))
         .await
         .unwrap();
@@ -397,6 +459,52 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         .status
         .and_then(|s| s.phase);
     assert_eq!(phase.as_deref(), Some("Succeeded"));
+
+    // An extended resource backed by the driver: the scheduler makes the claim, the node
+    // prepares it and gives the container the devices of its requests.
+    let _extended = create_class(
+        &client,
+        device_class(EXTENDED_CLASS, Some(EXTENDED_RESOURCE)),
+    )
+    .await;
+    let mut spec = sleeping_spec(1);
+    spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": NODE});
+    spec["containers"][0]["resources"] = serde_json::json!({"limits": {EXTENDED_RESOURCE: "1"}});
+    let ext: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-ext"}, "spec": spec,
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &ext).await.unwrap();
+    wait_running(&pods, "dra-ext", &agent, &driver_log).await;
+    let status = pods.get("dra-ext").await.unwrap().status.unwrap();
+    let made = status
+        .extended_resource_claim_status
+        .expect("the scheduler made a claim for the extended resource");
+    let id = running_container(&cri, "dra-ext").await.unwrap();
+    let env = cri
+        .exec_sync(id, vec!["env".into()], 10)
+        .await
+        .expect("exec env");
+    let env = String::from_utf8_lossy(&env.stdout).to_string();
+    // The driver's variable: claim_<claim>_<base request>, every other character `_`.
+    let request = &made.request_mappings[0].request_name;
+    let base = request.split('/').next().unwrap_or_default();
+    let wanted: String = format!("claim_{}_{base}", made.resource_claim_name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect::<String>()
+        + "=true";
+    assert!(
+        env.lines().any(|l| l == wanted),
+        "{wanted} in the container's env:\n{env}"
+    );
+    pods.delete("dra-ext", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("the extended resource's claim unprepared", WAIT, || async {
+        (count(&agent.log(), "DRA driver unprepared claims") == 3).then_some(())
+    })
+    .await;
 
     // The driver killed: a running pod keeps running, a new one waits with the driver's error.
     let solo = claims
@@ -588,5 +696,18 @@ async fn a_cdi_device_named_by_a_device_plugin_reaches_the_container() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("mounted {dev}\n")
+    );
+    // The device's health, as the plugin reports it, in the container's status.
+    let health = wait_until("cdi-one's allocatedResourcesStatus", WAIT, || async {
+        allocated_resources(&pods, "cdi-one").await
+    })
+    .await;
+    assert_eq!(
+        health,
+        vec![(
+            "example.com/resource".to_string(),
+            dev.clone(),
+            "Healthy".to_string()
+        )]
     );
 }

@@ -1106,6 +1106,15 @@ async fn sync_once<R: RuntimeService + ImageService>(
         published.as_ref().or(state.status.as_ref()),
         clock::now(),
     );
+    let app_containers = pod
+        .spec
+        .as_ref()
+        .map_or(&[][..], |s| s.containers.as_slice());
+    let status = crate::kubelet::pod_status::allocated_resources::with_allocated_resources(
+        status,
+        app_containers,
+        &|c| deps.executor.allocated_resources_status(pod, c),
+    );
     state.status = Some(status.clone());
     deps.states.publish(pod.clone(), status);
     if let Some(mirrors) = &deps.mirror_pods {

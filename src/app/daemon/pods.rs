@@ -55,8 +55,12 @@ pub(super) async fn build(
     runtime_cache: &RuntimeCache,
 ) -> PodPipeline {
     let details = DetailCache::default();
-    // The PLEG and the probe workers ask for looks at pods through one coalescing set.
+    // The PLEG, the probe workers and the device managers ask for looks at pods through one
+    // coalescing set.
     let pokes = Pokes::default();
+    // A change in the health of devices a pod holds asks for a look at it too.
+    agent.devices.set_status_pokes(pokes.clone());
+    agent.dra.set_status_pokes(pokes.clone());
     let pleg_state = start_pleg(agent, &details, runtime_cache, &pokes);
     let security = source::validate::validate_security::detect_node_security(
         &agent.config.allowed_unsafe_sysctls,

@@ -10,7 +10,9 @@
 //! [`DeviceManager::container_options`], which asks `GetPreferredAllocation` when offered,
 //! `Allocate` once per container and `PreStartContainer` before every start when asked). The
 //! allocations go to upstream's checkpoint file (`checkpoint.rs`) on every change, so a
-//! restart keeps them. The pod-resources server (`podresources.rs`) reads the same table.
+//! restart keeps them. The pod-resources server (`podresources.rs`) reads the same table, and
+//! so does each container's `allocatedResourcesStatus` ([`DeviceManager::resources_status`]);
+//! a report that changes a held device's health pokes the pods holding it.
 //!
 //! Where Deckhand differs: upstream chooses the devices and calls `Allocate` during admission;
 //! here admission checks the count (the sync loop admits without waiting on I/O) and the
@@ -109,6 +111,9 @@ pub(crate) struct Inner {
     active: Mutex<Option<ActivePods>>,
     /// Serialises allocations, so two containers never get the same device.
     allocating: tokio::sync::Mutex<()>,
+    /// Where a health change of devices a pod holds is told (the pods' pokes), so its
+    /// status shows it within a sync.
+    status_pokes: std::sync::OnceLock<crate::base::resync_queue::Pokes>,
 }
 
 /// The device plugin manager; cheap to clone.
@@ -197,8 +202,24 @@ impl Inner {
             healthy,
             "device plugin reported devices"
         );
-        self.lock().update_devices(resource, devices);
+        let holders = {
+            let mut table = self.lock();
+            let changed = table.health_changes(resource, &devices);
+            table.update_devices(resource, devices);
+            table.pods_holding(resource, &changed)
+        };
         self.save();
+        self.poke(holders);
+    }
+
+    /// Asks for a look at the pods (their devices' health changed).
+    fn poke(&self, pods: std::collections::BTreeSet<String>) {
+        let Some(pokes) = self.status_pokes.get() else {
+            return;
+        };
+        for uid in pods {
+            pokes.poke(&uid);
+        }
     }
 
     pub(crate) fn plugin_gone(&self, resource: &str, generation: u64) {
@@ -213,7 +234,22 @@ impl Inner {
                 resource,
                 "device plugin disconnected; its devices are unhealthy until it registers again"
             );
-            self.lock().disconnected(resource, clock::instant());
+            let holders = {
+                let mut table = self.lock();
+                let before: Vec<table::Device> = table
+                    .resources
+                    .get(resource)
+                    .map(|r| r.devices.values().cloned().collect())
+                    .unwrap_or_default();
+                table.disconnected(resource, clock::instant());
+                let ids = before
+                    .into_iter()
+                    .filter(|d| d.healthy)
+                    .map(|d| d.id)
+                    .collect();
+                table.pods_holding(resource, &ids)
+            };
+            self.poke(holders);
         }
     }
 
@@ -233,6 +269,20 @@ impl DeviceManager {
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         plugin::serve(self.inner, stop)
+    }
+
+    /// Where health changes are told (the pod pipeline's pokes); set once.
+    pub(crate) fn set_status_pokes(&self, pokes: crate::base::resync_queue::Pokes) {
+        let _ = self.inner.status_pokes.set(pokes);
+    }
+
+    /// The container's `allocatedResourcesStatus` entries for the devices it holds.
+    pub(crate) fn resources_status(
+        &self,
+        pod_uid: &str,
+        container: &str,
+    ) -> Vec<k8s_openapi::api::core::v1::ResourceStatus> {
+        self.inner.lock().resources_status(pod_uid, container)
     }
 
     /// Where the active pods come from (see [`ActivePods`]).
@@ -285,6 +335,7 @@ impl DeviceManager {
                 generations: std::sync::atomic::AtomicU64::new(0),
                 active: Mutex::new(None),
                 allocating: tokio::sync::Mutex::new(()),
+                status_pokes: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{ResourceHealth, ResourceStatus};
 use tokio::time::Instant;
 
 /// How long a resource whose plugin went away stays in the Node's capacity (with allocatable
@@ -271,6 +272,69 @@ impl Table {
         out
     }
 
+    /// The container's `allocatedResourcesStatus` (upstream's `UpdateAllocatedResourcesStatus`):
+    /// one entry per resource it holds devices of, each device `Healthy` unless its plugin
+    /// reports it unhealthy or went away (a device the plugin no longer lists reads `Healthy`,
+    /// as upstream's), in ID order.
+    pub(crate) fn resources_status(&self, pod_uid: &str, container: &str) -> Vec<ResourceStatus> {
+        let mut out: Vec<ResourceStatus> = Vec::new();
+        for a in self
+            .allocations
+            .iter()
+            .filter(|a| a.pod_uid == pod_uid && a.container == container)
+        {
+            let known = self.resources.get(&a.resource);
+            let ids: BTreeSet<&str> = a.ids().collect();
+            let resources = ids
+                .into_iter()
+                .map(|id| {
+                    let healthy = known
+                        .and_then(|r| r.devices.get(id))
+                        .is_none_or(|d| d.healthy);
+                    ResourceHealth {
+                        health: Some(if healthy { "Healthy" } else { "Unhealthy" }.to_string()),
+                        message: None,
+                        resource_id: id.to_string(),
+                    }
+                })
+                .collect();
+            out.push(ResourceStatus {
+                name: a.resource.clone(),
+                resources: Some(resources),
+            });
+        }
+        out
+    }
+
+    /// The resource's devices whose health reads differently in `after` than now (a device
+    /// that appears or leaves counts: it reads `Healthy` when not listed).
+    pub(crate) fn health_changes(&self, resource: &str, after: &[Device]) -> BTreeSet<String> {
+        let reads = |d: Option<&Device>| d.is_none_or(|d| d.healthy);
+        let before = self.resources.get(resource).map(|r| &r.devices);
+        let ids = before
+            .into_iter()
+            .flat_map(|d| d.keys().cloned())
+            .chain(after.iter().map(|d| d.id.clone()));
+        ids.filter(|id| {
+            let was = reads(before.and_then(|d| d.get(id)));
+            was != reads(after.iter().find(|d| &d.id == id))
+        })
+        .collect()
+    }
+
+    /// The pods holding one of the resource's `devices`.
+    pub(crate) fn pods_holding(
+        &self,
+        resource: &str,
+        devices: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        self.allocations
+            .iter()
+            .filter(|a| a.resource == resource && a.ids().any(|id| devices.contains(id)))
+            .map(|a| a.pod_uid.clone())
+            .collect()
+    }
+
     /// Records a container's devices (replacing what it held of the resource).
     pub(crate) fn record(&mut self, allocation: Allocation) {
         self.allocations.retain(|a| {
@@ -481,5 +545,52 @@ mod tests {
         t.update_devices(R, vec![dev("a", true)]);
         assert!(t.held("p", "c", R).is_some());
         assert_eq!(t.free_for(R, "q", &|_| true).1, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_containers_devices_show_their_health_and_a_change_names_their_holders() {
+        let mut t = table(&[("a", true), ("b", false), ("c", true)]);
+        t.record(alloc("p1", "app", &["b", "a"]));
+        t.record(alloc("p2", "app", &["c"]));
+        let status = t.resources_status("p1", "app");
+        assert_eq!(status.len(), 1);
+        assert_eq!(status[0].name, R);
+        let read: Vec<(String, String)> = status[0]
+            .resources
+            .iter()
+            .flatten()
+            .map(|r| (r.resource_id.clone(), r.health.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            read,
+            vec![
+                ("a".into(), "Healthy".into()),
+                ("b".into(), "Unhealthy".into())
+            ]
+        );
+        assert!(t.resources_status("p1", "other").is_empty());
+        // a turns unhealthy, b healthy, c unchanged; d new and healthy reads as before.
+        let after = vec![
+            dev("a", false),
+            dev("b", true),
+            dev("c", true),
+            dev("d", true),
+        ];
+        let changed = t.health_changes(R, &after);
+        assert_eq!(changed, BTreeSet::from(["a".to_string(), "b".to_string()]));
+        assert_eq!(
+            t.pods_holding(R, &changed),
+            BTreeSet::from(["p1".to_string()])
+        );
+        // The plugin goes: every device it listed turns unhealthy.
+        t.update_devices(R, after);
+        t.disconnected(R, Instant::now());
+        let unhealthy = t.resources_status("p2", "app");
+        assert_eq!(
+            unhealthy[0].resources.as_ref().unwrap()[0]
+                .health
+                .as_deref(),
+            Some("Unhealthy")
+        );
     }
 }

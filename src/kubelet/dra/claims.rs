@@ -1,7 +1,9 @@
 //! What a pod's claims mean, without I/O (upstream's `resourceclaim` helpers and the DRA
 //! manager's checks): which `ResourceClaim` each of the pod's `spec.resourceClaims` names,
 //! whether a claim read from the API server may be used by the pod now, and which of its
-//! drivers must prepare it.
+//! drivers must prepare it. Besides the claims the spec names, a pod may have one the
+//! scheduler made for its extended resources backed by DRA
+//! (`status.extendedResourceClaimStatus`, [`extended_claim`]).
 
 use std::collections::BTreeMap;
 
@@ -159,8 +161,56 @@ pub(crate) fn claim_info(claim: &ResourceClaim) -> Result<ClaimInfo, ClaimError>
     })
 }
 
+/// The name of the claim the scheduler made for the pod's extended resources backed by DRA
+/// (`status.extendedResourceClaimStatus`); it is the pod's without owning it, as upstream
+/// reads it.
+pub(crate) fn extended_claim(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.as_str())
+        .filter(|name| !name.is_empty())
+}
+
+/// Upstream's `IsDRAExtendedResourceName`: an extended resource, or a device class's
+/// implicit one (`deviceclass.resource.kubernetes.io/<class>`).
+fn is_dra_extended(name: &str) -> bool {
+    crate::kubelet::devices::plugin::is_extended_resource_name(name)
+        || name.starts_with("deviceclass.resource.kubernetes.io/")
+}
+
+/// The requests of the extended-resource claim that serve the container: the scheduler's
+/// mappings for it whose resource the container requests (a non-zero amount).
+pub(crate) fn extended_requests(pod: &Pod, container: &Container) -> Vec<String> {
+    let Some(status) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+    else {
+        return Vec::new();
+    };
+    let requests = container
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref());
+    let requested = |name: &str| {
+        is_dra_extended(name)
+            && requests
+                .and_then(|r| r.get(name))
+                .and_then(|q| crate::base::podspec::quantity::parse(&q.0).ok())
+                .is_some_and(|q| q.value() != 0)
+    };
+    status
+        .request_mappings
+        .iter()
+        .filter(|m| m.container_name == container.name && requested(&m.resource_name))
+        .map(|m| m.request_name.clone())
+        .collect()
+}
+
 /// The claims (by `ResourceClaim` name) and their requests a container uses, from its
-/// `resources.claims` (an empty request: every request of the claim), as upstream's
+/// `resources.claims` (an empty request: every request of the claim) and, for its extended
+/// resources backed by DRA, the extended-resource claim's requests, as upstream's
 /// `GetResources`.
 pub(crate) fn container_claims(pod: &Pod, container: &Container) -> Vec<(String, Vec<String>)> {
     let used: Vec<(&str, &str)> = container
@@ -183,13 +233,21 @@ pub(crate) fn container_claims(pod: &Pod, container: &Container) -> Vec<(String,
             continue;
         }
         if let Ok(Some((name, _))) = claim_name(pod, pod_claim) {
-            match out.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, r)) => r.extend(requests),
-                None => out.push((name, requests)),
-            }
+            add_requests(&mut out, name, requests);
         }
     }
+    let extended = extended_requests(pod, container);
+    if let (Some(name), false) = (extended_claim(pod), extended.is_empty()) {
+        add_requests(&mut out, name.to_string(), extended);
+    }
     out
+}
+
+fn add_requests(out: &mut Vec<(String, Vec<String>)>, name: String, requests: Vec<String>) {
+    match out.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, r)) => r.extend(requests),
+        None => out.push((name, requests)),
+    }
 }
 
 /// The CDI device IDs of a prepared claim for the given requests (an empty request name: all
@@ -218,10 +276,12 @@ pub(crate) fn cdi_devices(info: &ClaimInfo, requests: &[String]) -> Vec<String> 
     out
 }
 
-/// Whether the pod names any claim at all.
+/// Whether the pod has any claim at all: in its spec, or for its extended resources.
 pub(crate) fn has_claims(pod: &Pod) -> bool {
-    pod.spec
+    let in_spec = pod
+        .spec
         .as_ref()
         .and_then(|s| s.resource_claims.as_ref())
-        .is_some_and(|c| !c.is_empty())
+        .is_some_and(|c| !c.is_empty());
+    in_spec || extended_claim(pod).is_some()
 }

@@ -19,11 +19,14 @@
 //! Where Deckhand differs: a claim whose driver cannot unprepare it (stopped, failing) does not
 //! keep its pod terminating as upstream's does; the pod's teardown goes on, the claim stays in
 //! the cache without pods and its unprepare is tried again when a driver registers and at
-//! every later unprepare. Only `v1.DRAPlugin` is spoken (not `v1beta1.DRAPlugin`), and the
-//! drivers' health service is not read. The pod-resources API lists the prepared claims
-//! through [`DraManager::container_claim_infos`].
+//! every later unprepare. Only `v1.DRAPlugin` is spoken (not `v1beta1.DRAPlugin`). A driver
+//! that lists a `DRAResourceHealth` service has its device health read (`health_watch.rs`) into
+//! the containers' `allocatedResourcesStatus` ([`DraManager::resources_status`]). The
+//! pod-resources API lists the prepared claims through [`DraManager::container_claim_infos`].
 
 pub(crate) mod claims;
+pub(crate) mod health;
+pub(crate) mod health_watch;
 pub(crate) mod metrics;
 pub(crate) mod state;
 
@@ -103,6 +106,12 @@ struct Inner {
     /// One prepare or unprepare of a claim at a time, so a shared claim is prepared once; by
     /// claim, so that a driver that does not answer holds up only the pods of its own claims.
     ops: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    /// What the drivers' health streams last said of their devices.
+    health: Mutex<health::HealthCache>,
+    /// The running health streams by driver, to stop them when it goes.
+    health_watches: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
+    /// Where a health change that touches a pod's devices is told (the pods' pokes).
+    status_pokes: std::sync::OnceLock<crate::base::resync_queue::Pokes>,
 }
 
 /// The DRA manager; cheap to clone.
@@ -130,18 +139,24 @@ struct ConnectError {
 }
 
 async fn connect(endpoint: &str) -> Result<DraClient, ConnectError> {
+    Ok(proto::dra_plugin_client::DraPluginClient::new(
+        channel(endpoint).await?,
+    ))
+}
+
+/// A channel to the driver's socket (a `unix://` prefix or a bare path).
+async fn channel(endpoint: &str) -> Result<tonic::transport::Channel, ConnectError> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
     let failed = |source| ConnectError {
         path: path.to_string(),
         source,
     };
-    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{path}"))
+    tonic::transport::Endpoint::from_shared(format!("unix://{path}"))
         .map_err(failed)?
         .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await
-        .map_err(failed)?;
-    Ok(proto::dra_plugin_client::DraPluginClient::new(channel))
+        .map_err(failed)
 }
 
 /// Which claims to send to each driver for one operation, and the drivers whose call
@@ -229,6 +244,9 @@ impl DraManager {
                 claims: Mutex::new(claims),
                 drivers: Mutex::new(HashMap::new()),
                 ops: Mutex::new(HashMap::new()),
+                health: Mutex::new(health::HealthCache::default()),
+                health_watches: Mutex::new(HashMap::new()),
+                status_pokes: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -316,17 +334,31 @@ impl DraManager {
             let Some((name, must_own)) = claims::claim_name(pod, pod_claim)? else {
                 continue;
             };
-            let claim = self.fetch(&namespace, &name).await?;
-            claims::check_usable(pod, &claim, must_own)?;
-            let info = claims::claim_info(&claim)?;
-            for (driver, state) in &info.drivers {
-                if !state.skips(PREPARE) && self.endpoint(driver).is_none() {
-                    return Err(DraError::NotRegistered(driver.clone()));
-                }
-            }
-            out.push(info);
+            out.push(self.read_claim(pod, &namespace, &name, must_own).await?);
+        }
+        if let Some(name) = claims::extended_claim(pod) {
+            out.push(self.read_claim(pod, &namespace, name, false).await?);
         }
         Ok(out)
+    }
+
+    /// Reads one claim and checks that the pod may use it now and its drivers are here.
+    async fn read_claim(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        name: &str,
+        must_own: bool,
+    ) -> Result<ClaimInfo, DraError> {
+        let claim = self.fetch(namespace, name).await?;
+        claims::check_usable(pod, &claim, must_own)?;
+        let info = claims::claim_info(&claim)?;
+        for (driver, state) in &info.drivers {
+            if !state.skips(PREPARE) && self.endpoint(driver).is_none() {
+                return Err(DraError::NotRegistered(driver.clone()));
+            }
+        }
+        Ok(info)
     }
 
     /// Prepares the pod's claims before its sandbox is made (upstream's `PrepareResources`,
@@ -693,7 +725,17 @@ impl PluginHandler for DraHandler {
         Box::pin(async move {
             self.validate(name, endpoint, versions)?;
             self.manager.set_driver(name, Some(endpoint));
-            tracing::info!(driver = name, endpoint, "DRA driver registered");
+            let health = health_watch::pick_health_service(versions);
+            tracing::info!(
+                driver = name,
+                endpoint,
+                health_service = health.unwrap_or("none"),
+                "DRA driver registered"
+            );
+            match health {
+                Some(service) => self.manager.start_health_watch(name, endpoint, service),
+                None => self.manager.stop_health_watch(name),
+            }
             let manager = self.manager.clone();
             tokio::spawn(async move { manager.retry_unprepared().await });
             Ok(())
@@ -703,6 +745,7 @@ impl PluginHandler for DraHandler {
     fn deregister<'a>(&'a self, name: &'a str, _endpoint: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             self.manager.set_driver(name, None);
+            self.manager.stop_health_watch(name);
             tracing::info!(driver = name, "DRA driver deregistered");
         })
     }

@@ -15,7 +15,7 @@ use super::proto::dra_plugin_server::{DraPlugin, DraPluginServer};
 use super::*;
 use crate::clients::apiserver::fake::FakeApiServer;
 
-const DRIVER: &str = "test-driver.cdi.k8s.io";
+pub(super) const DRIVER: &str = "test-driver.cdi.k8s.io";
 
 /// One recorded call: its method and the claims' names.
 type Call = (&'static str, Vec<String>);
@@ -23,7 +23,7 @@ type Call = (&'static str, Vec<String>);
 /// A DRA driver that records its calls and answers with one CDI device per claim, or fails;
 /// while a test holds `held` for writing, it records calls but answers none.
 #[derive(Clone, Default)]
-struct FakeDriver {
+pub(super) struct FakeDriver {
     calls: Arc<StdMutex<Vec<Call>>>,
     fail: Arc<StdMutex<Option<String>>>,
     held: Arc<tokio::sync::RwLock<()>>,
@@ -110,7 +110,7 @@ fn serve(driver: &FakeDriver, socket: &std::path::Path) -> tokio::task::JoinHand
     })
 }
 
-fn pod(name: &str, uid: &str, claim: PodResourceClaim) -> Pod {
+pub(super) fn pod(name: &str, uid: &str, claim: PodResourceClaim) -> Pod {
     let container = Container {
         name: "c".into(),
         resources: Some(ResourceRequirements {
@@ -138,7 +138,7 @@ fn pod(name: &str, uid: &str, claim: PodResourceClaim) -> Pod {
     }
 }
 
-fn by_name(claim: &str) -> PodResourceClaim {
+pub(super) fn by_name(claim: &str) -> PodResourceClaim {
     PodResourceClaim {
         name: "gpu".into(),
         resource_claim_name: Some(claim.into()),
@@ -146,7 +146,7 @@ fn by_name(claim: &str) -> PodResourceClaim {
     }
 }
 
-fn claim(name: &str, uid: &str, reserved_for: &[&str]) -> ResourceClaim {
+pub(super) fn claim(name: &str, uid: &str, reserved_for: &[&str]) -> ResourceClaim {
     claim_of(DRIVER, name, uid, reserved_for)
 }
 
@@ -190,16 +190,16 @@ fn claim_of(driver: &str, name: &str, uid: &str, reserved_for: &[&str]) -> Resou
     }
 }
 
-struct Setup {
+pub(super) struct Setup {
     _dir: tempfile::TempDir,
-    root: PathBuf,
-    api: FakeApiServer,
+    pub(super) root: PathBuf,
+    pub(super) api: FakeApiServer,
     driver: FakeDriver,
-    manager: DraManager,
+    pub(super) manager: DraManager,
     _server: tokio::task::JoinHandle<()>,
 }
 
-fn setup() -> Setup {
+pub(super) fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let api = FakeApiServer::new();
@@ -252,7 +252,7 @@ async fn a_shared_claim_is_prepared_once_and_unprepared_after_its_last_pod() {
 /// held driver's deadline is 45 s).
 const AT_ONCE: Duration = Duration::from_secs(5);
 
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+pub(super) async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = crate::base::clock::instant() + Duration::from_secs(10);
     while !check() {
         assert!(
@@ -576,4 +576,80 @@ fn a_container_gets_only_its_claims_and_requests() {
         let requests: Vec<String> = requests.iter().map(|s| s.to_string()).collect();
         assert_eq!(claims::cdi_devices(&info, &requests), *want, "{requests:?}");
     }
+}
+
+/// A pod whose container `c` asks for `amount` of an extended resource the scheduler
+/// mapped to request `req` of claim `ext`, besides a container `other` that asks for none.
+fn extended_pod(amount: &str) -> Pod {
+    use k8s_openapi::api::core::v1::{
+        ContainerExtendedResourceRequest, PodExtendedResourceClaimStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    const RESOURCE: &str = "deckhand.test/dra-gpu";
+    let requests = [(RESOURCE.to_string(), Quantity(amount.into()))].into();
+    let asking = Container {
+        name: "c".into(),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mapping = |container: &str| ContainerExtendedResourceRequest {
+        container_name: container.into(),
+        resource_name: RESOURCE.into(),
+        request_name: "req".into(),
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some("a".into()),
+            namespace: Some("ns".into()),
+            uid: Some("p1".into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![
+                asking,
+                Container {
+                    name: "other".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            extended_resource_claim_status: Some(PodExtendedResourceClaimStatus {
+                resource_claim_name: "ext".into(),
+                request_mappings: vec![mapping("c"), mapping("other")],
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+#[tokio::test]
+async fn the_claim_made_for_extended_resources_is_prepared_for_the_containers_requesting_them() {
+    let s = setup();
+    s.api.apply(&claim("ext", "cu-ext", &["p1"]));
+    let p = extended_pod("1");
+    assert!(claims::has_claims(&p));
+    s.manager.prepare(&p).await.unwrap();
+    assert_eq!(calls(&s.driver), vec![(PREPARE, vec!["ext".to_string()])]);
+    let containers = &p.spec.as_ref().unwrap().containers;
+    assert_eq!(
+        s.manager.cdi_devices(&p, &containers[0]),
+        vec![format!("{DRIVER}/test=cu-ext")]
+    );
+    assert!(
+        s.manager.cdi_devices(&p, &containers[1]).is_empty(),
+        "a mapping for a container that requests none of the resource gives nothing"
+    );
+    let zero = extended_pod("0");
+    assert!(
+        s.manager
+            .cdi_devices(&zero, &zero.spec.as_ref().unwrap().containers[0])
+            .is_empty()
+    );
+    s.manager.unprepare("p1").await.unwrap();
+    assert_eq!(calls(&s.driver)[1], (UNPREPARE, vec!["ext".to_string()]));
 }

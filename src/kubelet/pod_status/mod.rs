@@ -742,6 +742,7 @@ fn pod_ips(
 #[cfg(test)]
 mod tests;
 
+pub(crate) mod allocated_resources;
 pub(crate) mod api_writer;
 pub(crate) mod published;
 pub(crate) mod readiness;

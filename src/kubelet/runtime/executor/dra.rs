@@ -1,9 +1,10 @@
 //! A pod's DRA claims (`kubelet::dra`): prepared before its sandbox is made, and each
-//! container's CDI devices put into its config.
+//! container's CDI devices put into its config; and the health of a container's devices, from
+//! both the device plugins and the DRA drivers, for its status.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceStatus};
 
 use crate::clients::cri::proto::{CdiDevice, ContainerConfig};
 use crate::clients::cri::{ImageService, RuntimeService};
@@ -68,6 +69,25 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 config.cdi_devices.push(CdiDevice { name });
             }
         }
+    }
+
+    /// The container's `allocatedResourcesStatus` entries: the health of the device plugins'
+    /// devices it holds, then of its claims' devices (upstream's container manager asks both
+    /// managers in that order).
+    pub(crate) fn allocated_resources_status(
+        &self,
+        pod: &Pod,
+        container: &Container,
+    ) -> Vec<ResourceStatus> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let mut out = match &self.node.devices {
+            Some(devices) => devices.resources_status(uid, &container.name),
+            None => Vec::new(),
+        };
+        if let Some(dra) = &self.node.dra {
+            out.extend(dra.resources_status(pod, container));
+        }
+        out
     }
 
     /// The pod is gone or finished: its claims are released (upstream's
