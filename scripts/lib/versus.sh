@@ -100,7 +100,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
 EOF
-        "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" \
+        # --cert-dir: its self-signed serving certificate goes to /var/lib/kubelet/pki otherwise.
+        "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" --cert-dir="$dir/pki" \
             --hostname-override="$VS_NODE" --v=2 >"$dir/kubelet.log" 2>&1 &
     fi
     VS_PID=$!
@@ -196,6 +197,20 @@ vs_run() {
     done
 }
 
+# vs_logs_clean: upstream's kubelet links each container's log into /var/log/containers
+# whatever its podLogsDir, and leaves the links of its last pods when it stops: removes the
+# links into VS_WORK, and the directory if it was not there before vs_main (VS_LOGDIR_MADE=1)
+# and is empty now.
+VS_LOGDIR_MADE=0
+vs_logs_clean() {
+    local l
+    [[ -n ${VS_WORK:-} && -d /var/log/containers ]] || return 0
+    for l in /var/log/containers/*.log; do
+        if [[ -L $l && $(readlink "$l") == "$VS_WORK"/* ]]; then rm -f "$l"; fi
+    done
+    if ((VS_LOGDIR_MADE)); then rmdir /var/log/containers 2>/dev/null || true; fi
+}
+
 # vs_cleanup: the caller's vs_cleanup_extra if defined, stops a kubelet still running (on
 # failure), removes the cgroup roots.
 vs_cleanup() {
@@ -206,6 +221,7 @@ vs_cleanup() {
     fi
     VS_PID=
     vs_unmount
+    vs_logs_clean
     vs_cgroup_remove "$VS_CG_DECKHAND"
     vs_cgroup_remove "$VS_CG_UPSTREAM"
 }
@@ -240,6 +256,7 @@ vs_main() {
         VS_DECKHAND=${CARGO_TARGET_DIR:-$root/target}/release/deckhand
     fi
     VS_KUBELET=$("$root/scripts/cluster" build-kubelet) || return 1
+    [[ -e /var/log/containers ]] || VS_LOGDIR_MADE=1
     rm -rf "$VS_WORK"
     mkdir -p "$VS_WORK/bin"
     # Private copies: a rebuild during the run must not swap the binaries.
