@@ -32,8 +32,8 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   example.com/resource (limits: 1), and `plain-<tag>-<n>`, the same pod
                   without it, the floor; each from its manifest written until `/pods` shows its
                   container running, then the manifest removed and the pod gone before the
-                  next. The ratio device / plain of the same round is the device's extra cost
-                  with the round's own load taken out. With --plugin-log (the device plugin's
+                  next. The ratio device / plain of the same round (and the difference) is
+                  the device's extra cost with the round's own load taken out. With --plugin-log (the device plugin's
                   log, upstream's sample plugin), the `"Allocate"` lines it gained over each
                   pod's life (created until gone) are the Allocate calls for that pod. One
                   unrecorded warm-up round runs first (the kubelet's first pod pays for what
@@ -472,6 +472,7 @@ def cmd_device_start(a, agent):
             "figure": "device-start", "kubelet": a.kubelet, "block": a.tag, "round": n,
             "device_s": got["dev"][0], "plain_s": got["plain"][0],
             "ratio": round(got["dev"][0] / got["plain"][0], 3) if got["plain"][0] > 0 else None,
+            "extra_ms": round((got["dev"][0] - got["plain"][0]) * 1000, 1),
             "allocate_calls": got["dev"][1] if a.plugin_log else None,
             "allocate_calls_plain": got["plain"][1] if a.plugin_log else None,
             "first": "plain" if n % 2 == 0 else "device",
@@ -488,6 +489,7 @@ FIGURES = [
     ("device-start", "device_s", "a static pod with 1 device of example.com/resource: manifest written -> container running in /pods", "s"),
     ("device-start", "plain_s", "  the same pod without the device, in the same round (the floor)", "s"),
     ("device-start", "ratio", "  device / plain, per round", "x"),
+    ("device-start", "extra_ms", "  device - plain, per round", "ms"),
     ("device-start", "allocate_calls", "  Allocate calls per device pod (1 container; the plugin's log)", "calls"),
     ("device-start", "allocate_calls_plain", "  Allocate calls per plain pod", "calls"),
 ]
@@ -509,7 +511,8 @@ def cmd_summary(a):
                 cells.append("-")
                 continue
             fmt = FORMATS.get(unit, "{:.3f}").format
-            cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}-{fmt(max(vals))}, n={len(vals)})")
+            sep = " to " if min(vals) < 0 else "-"
+            cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}{sep}{fmt(max(vals))}, n={len(vals)})")
         if any(c != "-" for c in cells):
             out.append(f"| {label} | {cells[0]} | {cells[1]} |")
     print("\n".join(out))
