@@ -30,14 +30,15 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
   device-start    per round two fresh pods, one after the other (which first alternates by
                   round): `dev-<tag>-<n>` with one container asking for 1 device of
                   example.com/resource (limits: 1), and `plain-<tag>-<n>`, the same pod
-                  without it, the floor; each from its manifest written until `/pods` shows its
-                  container running, then the manifest removed and the pod gone before the
-                  next. The ratio device / plain of the same round (and the difference) is
-                  the device's extra cost with the round's own load taken out. With --plugin-log (the device plugin's
-                  log, upstream's sample plugin), the `"Allocate"` lines it gained over each
-                  pod's life (created until gone) are the Allocate calls for that pod. One
-                  unrecorded warm-up round runs first (the kubelet's first pod pays for what
-                  later ones reuse).
+                  without it, the floor; each from its manifest written until `/pods` shows
+                  its container running, then the manifest removed, the pod gone from `/pods`
+                  and no task left in containerd (upstream's `/pods` drops the pod before it
+                  is stopped) before the next. The ratio device / plain of the same round (and
+                  the difference) is the device's extra cost with the round's own load taken
+                  out. With --plugin-log (the device plugin's log, upstream's sample plugin),
+                  the `"Allocate"` lines it gained over each pod's life (created until gone)
+                  are the Allocate calls for that pod. One unrecorded warm-up round runs first
+                  (the kubelet's first pod pays for what later ones reuse).
   summary         the table from the files the rounds wrote.
 
 Phase: each probe command also touches /w/probed, so its mtime is when the kubelet last ran the
@@ -444,6 +445,15 @@ def allocate_lines(path):
         return 0
 
 
+def runtime_tasks(testbed):
+    """The IDs of the tasks (running containers and sandboxes) in the testbed's k8s.io namespace."""
+    out = subprocess.run(["ctr", "--address", os.path.join(testbed, "containerd.sock"), "-n", "k8s.io", "tasks", "ls", "-q"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return ["?"]  # unreadable: not known to be quiet
+    return out.stdout.split()
+
+
 def cmd_device_start(a, agent):
     def one(name, count):
         before = allocate_lines(a.plugin_log)
@@ -460,6 +470,10 @@ def cmd_device_start(a, agent):
         t_run = time.time()
         remove(os.path.join(a.manifests, f"{name}.yaml"))
         wait(f"pod {name} gone", lambda: pod_named(agent.pods(), f"{name}-") is None, 120, 0.02)
+        # Upstream's /pods drops a static pod when its manifest goes, before the pod is
+        # stopped: wait until containerd runs nothing, so the next pod's start does not
+        # overlap this one's teardown.
+        wait(f"pod {name}'s containers to stop", lambda: not runtime_tasks(a.testbed), 120, 0.02)
         return round(t_run - t0, 4), allocate_lines(a.plugin_log) - before
 
     one(f"warm-plain-{a.tag}", 0)
