@@ -78,6 +78,7 @@ vs_start() {
             --cgroup-root="/$VS_CG_DECKHAND" --v=2 --image-gc-high-threshold=100 \
             --eviction-hard="$evict" --enable-server=false >"$dir/kubelet.log" 2>&1 &
     else
+        VS_UPSTREAM_RAN=1
         vs_cgroup_root "$VS_CG_UPSTREAM"
         cat >"$dir/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -211,8 +212,42 @@ vs_logs_clean() {
     if ((VS_LOGDIR_MADE)); then rmdir /var/log/containers 2>/dev/null || true; fi
 }
 
+# vs_serving PATH: something accepts connections on the unix socket PATH.
+vs_serving() {
+    python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError:
+    sys.exit(1)' "$1"
+}
+
+# vs_mounted_anywhere PATH: PATH is a mount point in some process's mount namespace (a test's
+# device plugin binds its own directory onto /var/lib/kubelet/device-plugins so).
+vs_mounted_anywhere() {
+    awk -v p="$1" '$5 == p { found = 1; exit } END { exit !found }' /proc/[0-9]*/mountinfo 2>/dev/null
+}
+
+# vs_host_clean: upstream's kubelet serves its device manager at
+# /var/lib/kubelet/device-plugins/kubelet.sock whatever its --root-dir, and leaves the socket
+# and its checkpoint there when it stops: removes them (with the sample device plugin's
+# dp.<time> sockets, scripts/bench-devices) unless something serves the socket, and the
+# directories vs_main found missing (VS_HOST_MADE) unless a mount namespace has them as a
+# mount point.
+VS_UPSTREAM_RAN=0
+VS_HOST_MADE=()
+vs_host_clean() {
+    local dp=/var/lib/kubelet/device-plugins d
+    if ((VS_UPSTREAM_RAN)) && [[ -d $dp ]] && ! vs_serving "$dp/kubelet.sock"; then
+        rm -f "$dp/kubelet.sock" "$dp/kubelet_internal_checkpoint" "$dp"/dp.[0-9]*
+    fi
+    for d in "${VS_HOST_MADE[@]}"; do
+        if [[ -d $d ]] && ! vs_mounted_anywhere "$d"; then rmdir "$d" 2>/dev/null || true; fi
+    done
+}
+
 # vs_cleanup: the caller's vs_cleanup_extra if defined, stops a kubelet still running (on
-# failure), removes the cgroup roots.
+# failure), removes what upstream's kubelet left outside its dirs and the cgroup roots.
 vs_cleanup() {
     if declare -F vs_cleanup_extra >/dev/null; then vs_cleanup_extra || true; fi
     if [[ -n $VS_PID ]] && kill -0 "$VS_PID" 2>/dev/null; then
@@ -222,6 +257,7 @@ vs_cleanup() {
     VS_PID=
     vs_unmount
     vs_logs_clean
+    vs_host_clean
     vs_cgroup_remove "$VS_CG_DECKHAND"
     vs_cgroup_remove "$VS_CG_UPSTREAM"
 }
@@ -257,6 +293,10 @@ vs_main() {
     fi
     VS_KUBELET=$("$root/scripts/cluster" build-kubelet) || return 1
     [[ -e /var/log/containers ]] || VS_LOGDIR_MADE=1
+    local d
+    for d in /var/lib/kubelet /var/lib/kubelet/device-plugins; do
+        [[ -e $d ]] || VS_HOST_MADE=("$d" "${VS_HOST_MADE[@]}")
+    done
     rm -rf "$VS_WORK"
     mkdir -p "$VS_WORK/bin"
     # Private copies: a rebuild during the run must not swap the binaries.
