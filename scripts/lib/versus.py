@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Timing rounds for scripts/bench-probes --versus and scripts/bench-lifecycle --runtime-return.
+"""Timing rounds for scripts/bench-probes --versus, scripts/bench-lifecycle --runtime-return and
+scripts/bench-devices.
 
 One kubelet (Deckhand or upstream's) runs on the testbed; this program drives rounds against
 its read-only `/pods` and `/healthz` and appends one JSON object per round to OUT:
@@ -26,6 +27,18 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   successful ListPodSandbox (its `/metrics`: kubelet_runtime_operations_total
                   minus _errors_total for list_podsandbox, polled by a thread of its own),
                   when either kubelet has reached the runtime again and listed what it holds.
+  device-start    per round two fresh pods, one after the other (which first alternates by
+                  round): `dev-<tag>-<n>` with one container asking for 1 device of
+                  example.com/resource (limits: 1), and `plain-<tag>-<n>`, the same pod
+                  without it, the floor; each from its manifest written until `/pods` shows
+                  its container running, then the manifest removed, the pod gone from `/pods`
+                  and no task left in containerd (upstream's `/pods` drops the pod before it
+                  is stopped) before the next. The ratio device / plain of the same round (and
+                  the difference) is the device's extra cost with the round's own load taken
+                  out. With --plugin-log (the device plugin's log, upstream's sample plugin),
+                  the `"Allocate"` lines it gained over each pod's life (created until gone)
+                  are the Allocate calls for that pod. One unrecorded warm-up round runs first
+                  (the kubelet's first pod pays for what later ones reuse).
   summary         the table from the files the rounds wrote.
 
 Phase: each probe command also touches /w/probed, so its mtime is when the kubelet last ran the
@@ -404,6 +417,82 @@ def cmd_runtime_return(a, agent):
         })
 
 
+def manifest_device(name, image, count):
+    limits = f"""
+    resources:
+      limits: {{example.com/resource: {count}}}""" if count else ""
+    return f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]{limits}
+"""
+
+
+def allocate_lines(path):
+    """How many Allocate calls the sample device plugin has logged (klog: `] "Allocate" ...`)."""
+    if not path:
+        return 0
+    try:
+        with open(path, errors="replace") as f:
+            return sum(1 for line in f if '] "Allocate"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def runtime_tasks(testbed):
+    """The IDs of the tasks (running containers and sandboxes) in the testbed's k8s.io namespace."""
+    out = subprocess.run(["ctr", "--address", os.path.join(testbed, "containerd.sock"), "-n", "k8s.io", "tasks", "ls", "-q"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return ["?"]  # unreadable: not known to be quiet
+    return out.stdout.split()
+
+
+def cmd_device_start(a, agent):
+    def one(name, count):
+        before = allocate_lines(a.plugin_log)
+        t0 = time.time()
+        put_manifest(a.manifests, name, manifest_device(name, a.image, count))
+        def running():
+            p = pod_named(agent.pods(), f"{name}-")  # a static pod's name ends in -<node>
+            status = (p or {}).get("status") or {}
+            if status.get("phase") == "Failed":
+                sys.exit(f"versus: pod {name} failed: {status.get('reason')}: {status.get('message')}")
+            return p and ((container(p, "app") or {}).get("state") or {}).get("running")
+
+        wait(f"pod {name} to run", running, 120)
+        t_run = time.time()
+        remove(os.path.join(a.manifests, f"{name}.yaml"))
+        wait(f"pod {name} gone", lambda: pod_named(agent.pods(), f"{name}-") is None, 120, 0.02)
+        # Upstream's /pods drops a static pod when its manifest goes, before the pod is
+        # stopped: wait until containerd runs nothing, so the next pod's start does not
+        # overlap this one's teardown.
+        wait(f"pod {name}'s containers to stop", lambda: not runtime_tasks(a.testbed), 120, 0.02)
+        return round(t_run - t0, 4), allocate_lines(a.plugin_log) - before
+
+    one(f"warm-plain-{a.tag}", 0)
+    one(f"warm-dev-{a.tag}", 1)
+    for n in range(a.rounds):
+        got = {}
+        for kind in (("plain", "dev") if n % 2 == 0 else ("dev", "plain")):
+            got[kind] = one(f"{kind}-{a.tag}-{n}", 1 if kind == "dev" else 0)
+        emit(a.out, {
+            "figure": "device-start", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "device_s": got["dev"][0], "plain_s": got["plain"][0],
+            "ratio": round(got["dev"][0] / got["plain"][0], 3) if got["plain"][0] > 0 else None,
+            "extra_ms": round((got["dev"][0] - got["plain"][0]) * 1000, 1),
+            "allocate_calls": got["dev"][1] if a.plugin_log else None,
+            "allocate_calls_plain": got["plain"][1] if a.plugin_log else None,
+            "first": "plain" if n % 2 == 0 else "device",
+        })
+
+
 FIGURES = [
     ("readiness", "file_to_ready_s", "exec readiness probe (period 1 s): the file appears -> pod Ready in /pods", "s"),
     ("readiness", "answer_to_ready_ms", "  of which: the probe's answer -> Ready in /pods", "ms"),
@@ -411,7 +500,15 @@ FIGURES = [
     ("runtime-return", "accepting_to_healthy_s", "containerd stopped 2 s, started again: its socket accepts -> /healthz ok with the same containers", "s"),
     ("runtime-return", "accepting_to_listed_s", "  like for like: its socket accepts -> the kubelet's first successful ListPodSandbox (/metrics)", "s"),
     ("runtime-return", "ready_to_healthy_s", "  the same from containerd ready (`scripts/testbed up` returned: CRI plugin loaded; 0 when already ok)", "s"),
+    ("device-start", "device_s", "a static pod with 1 device of example.com/resource: manifest written -> container running in /pods", "s"),
+    ("device-start", "plain_s", "  the same pod without the device, in the same round (the floor)", "s"),
+    ("device-start", "ratio", "  device / plain, per round", "x"),
+    ("device-start", "extra_ms", "  device - plain, per round", "ms"),
+    ("device-start", "allocate_calls", "  Allocate calls per device pod (1 container; the plugin's log)", "calls"),
+    ("device-start", "allocate_calls_plain", "  Allocate calls per plain pod", "calls"),
 ]
+
+FORMATS = {"ms": "{:.0f}", "x": "{:.2f}", "calls": "{:g}"}
 
 
 def cmd_summary(a):
@@ -427,8 +524,9 @@ def cmd_summary(a):
             if not vals:
                 cells.append("-")
                 continue
-            fmt = (lambda v: f"{v:.0f}") if unit == "ms" else (lambda v: f"{v:.3f}")
-            cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}-{fmt(max(vals))}, n={len(vals)})")
+            fmt = FORMATS.get(unit, "{:.3f}").format
+            sep = " to " if min(vals) < 0 else "-"
+            cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}{sep}{fmt(max(vals))}, n={len(vals)})")
         if any(c != "-" for c in cells):
             out.append(f"| {label} | {cells[0]} | {cells[1]} |")
     print("\n".join(out))
@@ -437,7 +535,7 @@ def cmd_summary(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("readiness", "liveness", "runtime-return"):
+    for name in ("readiness", "liveness", "runtime-return", "device-start"):
         p = sub.add_parser(name)
         p.add_argument("--kubelet", required=True, choices=["deckhand", "upstream"])
         p.add_argument("--pods-port", type=int, required=True)
@@ -451,13 +549,15 @@ def main():
         p.add_argument("--tag", required=True, help="names this block's pods")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--out", required=True)
+        p.add_argument("--plugin-log", help="the device plugin's log, for its Allocate calls (device-start)")
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")
     a = ap.parse_args()
     if a.cmd == "summary":
         return cmd_summary(a)
     agent = Agent(a.pods_port, a.healthz_port)
-    {"readiness": cmd_readiness, "liveness": cmd_liveness, "runtime-return": cmd_runtime_return}[a.cmd](a, agent)
+    {"readiness": cmd_readiness, "liveness": cmd_liveness, "runtime-return": cmd_runtime_return,
+     "device-start": cmd_device_start}[a.cmd](a, agent)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,25 @@
 # alternate between the two kubelets; the caller sources this file and calls versus_run.
 #
 # Expects: VS_TB (testbed dir, up), VS_WORK (a fresh work dir), VS_DECKHAND (the agent's
-# binary), VS_KUBELET (upstream's kubelet binary), VS_NODE (node name).
+# binary), VS_KUBELET (upstream's kubelet binary), VS_NODE (node name). VS_CG_DECKHAND and
+# VS_CG_UPSTREAM name the kubelets' cgroup roots (deckhand-versus, upstream-versus), for two
+# runs at once.
+#
+# Per-figure hooks (optional; FIG is the figure's name with every character other than a
+# letter, digit or _ made _, e.g. vs_before_device_start for device-start), each called with
+# KIND TAG when the caller has defined it:
+#   vs_prestart_FIG  before the kubelet starts (a non-zero return fails the block)
+#   vs_before_FIG    the kubelet is up and healthy, before the rounds (a non-zero return fails
+#                    the block); it may set the array VS_EXTRA_ARGS, passed on to versus.py
+#   vs_after_FIG     after the rounds, also when they failed, before the kubelet is stopped
+# and vs_cleanup_extra (no arguments), called by vs_cleanup on exit, also on failure.
 
 VS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VS_PID=
 VS_KIND=
+VS_CG_DECKHAND=${VS_CG_DECKHAND:-deckhand-versus}
+VS_CG_UPSTREAM=${VS_CG_UPSTREAM:-upstream-versus}
+VS_EXTRA_ARGS=()
 
 vs_free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -57,21 +71,22 @@ vs_start() {
     local endpoint="unix://$VS_TB/containerd.sock"
     local evict='memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%'
     if [[ $kind == deckhand ]]; then
-        vs_cgroup_root deckhand-versus
+        vs_cgroup_root "$VS_CG_DECKHAND"
         "$VS_DECKHAND" --container-runtime-endpoint="$endpoint" --hostname-override="$VS_NODE" \
             --pod-manifest-path="$VS_MANIFESTS" --root-dir="$dir/root" --pod-logs-dir="$dir/logs" \
             --healthz-port="$VS_HZ_PORT" --read-only-port="$VS_PODS_PORT" --address=127.0.0.1 \
-            --cgroup-root=/deckhand-versus --v=2 --image-gc-high-threshold=100 \
+            --cgroup-root="/$VS_CG_DECKHAND" --v=2 --image-gc-high-threshold=100 \
             --eviction-hard="$evict" --enable-server=false >"$dir/kubelet.log" 2>&1 &
     else
-        vs_cgroup_root upstream-versus
+        VS_UPSTREAM_RAN=1
+        vs_cgroup_root "$VS_CG_UPSTREAM"
         cat >"$dir/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: $VS_MANIFESTS
 containerRuntimeEndpoint: $endpoint
 cgroupDriver: cgroupfs
-cgroupRoot: /upstream-versus
+cgroupRoot: /$VS_CG_UPSTREAM
 failSwapOn: false
 failCgroupV1: false
 address: 127.0.0.1
@@ -86,7 +101,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
 EOF
-        "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" \
+        # --cert-dir: its self-signed serving certificate goes to /var/lib/kubelet/pki otherwise.
+        "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" --cert-dir="$dir/pki" \
             --hostname-override="$VS_NODE" --v=2 >"$dir/kubelet.log" 2>&1 &
     fi
     VS_PID=$!
@@ -134,15 +150,33 @@ vs_unmount() {
     done
 }
 
+# vs_hook POINT FIGURE KIND TAG: calls vs_POINT_FIG KIND TAG if the caller defined it (see
+# the top); returns what it returns, 0 if there is none.
+vs_hook() {
+    local fn=vs_$1_${2//[!a-zA-Z0-9_]/_}
+    declare -F "$fn" >/dev/null || return 0
+    "$fn" "$3" "$4"
+}
+
 # vs_block KIND TAG FIGURE ROUNDS OUT: one kubelet, one block of rounds of FIGURE.
 vs_block() {
-    local kind=$1 tag=$2 figure=$3 rounds=$4 out=$5
+    local kind=$1 tag=$2 figure=$3 rounds=$4 out=$5 rc=0
+    VS_EXTRA_ARGS=()
+    vs_hook prestart "$figure" "$kind" "$tag" || return 1
     vs_start "$kind" "$tag" || return 1
-    python3 "$VS_HERE/versus.py" "$figure" --kubelet "$kind" --tag "$tag" \
-        --pods-port "$VS_PODS_PORT" --healthz-port "$VS_HZ_PORT" --manifests "$VS_MANIFESTS" \
-        --shared "$VS_WORK/shared" --testbed "$VS_TB" --testbed-cmd "$VS_HERE/../testbed" \
-        --rounds "$rounds" --seed "${tag//[!0-9]/}" --out "$out" >&2 || { vs_stop; return 1; }
+    if vs_hook before "$figure" "$kind" "$tag"; then
+        python3 "$VS_HERE/versus.py" "$figure" --kubelet "$kind" --tag "$tag" \
+            --pods-port "$VS_PODS_PORT" --healthz-port "$VS_HZ_PORT" --manifests "$VS_MANIFESTS" \
+            --shared "$VS_WORK/shared" --testbed "$VS_TB" --testbed-cmd "$VS_HERE/../testbed" \
+            --rounds "$rounds" --seed "${tag//[!0-9]/}" --out "$out" \
+            "${VS_EXTRA_ARGS[@]+"${VS_EXTRA_ARGS[@]}"}" >&2 || rc=1
+    else
+        rc=1
+    fi
+    vs_hook after "$figure" "$kind" "$tag" || rc=1
+    VS_EXTRA_ARGS=()
     vs_stop
+    return "$rc"
 }
 
 # vs_run OUT ROUNDS BLOCKS FIGURE...: for each figure, BLOCKS blocks of ROUNDS rounds per
@@ -164,22 +198,82 @@ vs_run() {
     done
 }
 
-# vs_cleanup: stops a kubelet still running (on failure), removes the cgroup roots.
+# vs_logs_clean: upstream's kubelet links each container's log into /var/log/containers
+# whatever its podLogsDir, and leaves the links of its last pods when it stops: removes the
+# links into VS_WORK, and the directory if it was not there before vs_main (VS_LOGDIR_MADE=1)
+# and is empty now.
+VS_LOGDIR_MADE=0
+vs_logs_clean() {
+    local l
+    [[ -n ${VS_WORK:-} && -d /var/log/containers ]] || return 0
+    for l in /var/log/containers/*.log; do
+        if [[ -L $l && $(readlink "$l") == "$VS_WORK"/* ]]; then rm -f "$l"; fi
+    done
+    if ((VS_LOGDIR_MADE)); then rmdir /var/log/containers 2>/dev/null || true; fi
+}
+
+# vs_serving PATH: something accepts connections on the unix socket PATH.
+vs_serving() {
+    python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError:
+    sys.exit(1)' "$1"
+}
+
+# vs_mounted_anywhere PATH: PATH is a mount point in some process's mount namespace (a test's
+# device plugin binds its own directory onto /var/lib/kubelet/device-plugins so).
+vs_mounted_anywhere() {
+    awk -v p="$1" '$5 == p { found = 1; exit } END { exit !found }' /proc/[0-9]*/mountinfo 2>/dev/null
+}
+
+# vs_host_clean: upstream's kubelet serves its device manager at
+# /var/lib/kubelet/device-plugins/kubelet.sock whatever its --root-dir, and leaves the socket
+# and its checkpoint there when it stops: removes them (with the sample device plugin's
+# dp.<time> sockets, scripts/bench-devices) unless something serves the socket, and the
+# directories vs_main found missing (VS_HOST_MADE) unless a mount namespace has them as a
+# mount point.
+VS_UPSTREAM_RAN=0
+VS_HOST_MADE=()
+vs_host_clean() {
+    local dp=/var/lib/kubelet/device-plugins d
+    if ((VS_UPSTREAM_RAN)) && [[ -d $dp ]] && ! vs_serving "$dp/kubelet.sock"; then
+        rm -f "$dp/kubelet.sock" "$dp/kubelet_internal_checkpoint" "$dp"/dp.[0-9]*
+    fi
+    for d in "${VS_HOST_MADE[@]}"; do
+        if [[ -d $d ]] && ! vs_mounted_anywhere "$d"; then rmdir "$d" 2>/dev/null || true; fi
+    done
+}
+
+# vs_cleanup: the caller's vs_cleanup_extra if defined, stops a kubelet still running (on
+# failure), removes what upstream's kubelet left outside its dirs and the cgroup roots.
 vs_cleanup() {
+    if declare -F vs_cleanup_extra >/dev/null; then vs_cleanup_extra || true; fi
     if [[ -n $VS_PID ]] && kill -0 "$VS_PID" 2>/dev/null; then
         kill -TERM "$VS_PID" 2>/dev/null || true
         wait "$VS_PID" 2>/dev/null || true
     fi
     VS_PID=
     vs_unmount
-    vs_cgroup_remove deckhand-versus
-    vs_cgroup_remove upstream-versus
+    vs_logs_clean
+    vs_host_clean
+    vs_cgroup_remove "$VS_CG_DECKHAND"
+    vs_cgroup_remove "$VS_CG_UPSTREAM"
+}
+
+# vs_exit: vs_cleanup, and the testbed down if vs_main brought it up (VS_TB_OURS=1).
+VS_TB_OURS=0
+vs_exit() {
+    vs_cleanup
+    if ((VS_TB_OURS)); then "$VS_HERE/../testbed" down "$VS_TB" >&2; fi
 }
 
 # vs_main NAME ROUNDS FIGURE...: the whole run for a bench script (as root): the agent (built
 # unless BENCH_AGENT names one), upstream's kubelet (`scripts/cluster build-kubelet`), a testbed
 # (BENCH_TESTBED, BENCH_BRIDGE, BENCH_SUBNET), BENCH_BLOCKS blocks (2) of ROUNDS rounds per
-# kubelet and figure, the table; everything torn down again, also on failure.
+# kubelet and figure, the table; everything torn down again, also on failure (the testbed
+# only if this run brought it up: one BENCH_TESTBED names that was up already stays).
 vs_main() {
     local name=$1 rounds=$2
     shift 2
@@ -195,15 +289,22 @@ vs_main() {
         VS_DECKHAND=$BENCH_AGENT
     else
         (cd "$root" && cargo build --locked --release --bin deckhand >&2) || return 1
-        VS_DECKHAND=$root/target/release/deckhand
+        VS_DECKHAND=${CARGO_TARGET_DIR:-$root/target}/release/deckhand
     fi
     VS_KUBELET=$("$root/scripts/cluster" build-kubelet) || return 1
+    [[ -e /var/log/containers ]] || VS_LOGDIR_MADE=1
+    local d
+    for d in /var/lib/kubelet /var/lib/kubelet/device-plugins; do
+        [[ -e $d ]] || VS_HOST_MADE=("$d" "${VS_HOST_MADE[@]}")
+    done
     rm -rf "$VS_WORK"
     mkdir -p "$VS_WORK/bin"
     # Private copies: a rebuild during the run must not swap the binaries.
     cp -p "$VS_DECKHAND" "$VS_WORK/bin/deckhand"
     VS_DECKHAND=$VS_WORK/bin/deckhand
-    trap 'vs_cleanup; "$VS_HERE/../testbed" down "$VS_TB" >&2' EXIT
+    VS_TB_OURS=1
+    if "$VS_HERE/../testbed" status "$VS_TB" >/dev/null 2>&1; then VS_TB_OURS=0; fi
+    trap vs_exit EXIT
     trap 'exit 130' INT TERM
     "$VS_HERE/../testbed" up "$VS_TB" --bridge "${BENCH_BRIDGE:-dhv0}" --subnet "${BENCH_SUBNET:-10.88.47.0/24}" >&2
     local out=$VS_WORK/rounds.jsonl
