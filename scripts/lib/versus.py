@@ -312,7 +312,8 @@ def running_ids(agent):
     return ids
 
 
-def manifest_steady(name, image):
+def manifest_steady(name, image, resources=""):
+    """A pod that sleeps until TERM; `resources` is YAML put under its container."""
     return f"""apiVersion: v1
 kind: Pod
 metadata:
@@ -322,7 +323,7 @@ spec:
   containers:
   - name: app
     image: {image}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]{resources}
 """
 
 
@@ -421,17 +422,7 @@ def manifest_device(name, image, count):
     limits = f"""
     resources:
       limits: {{example.com/resource: {count}}}""" if count else ""
-    return f"""apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: app
-    image: {image}
-    command: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]{limits}
-"""
+    return manifest_steady(name, image, limits)
 
 
 def allocate_lines(path):

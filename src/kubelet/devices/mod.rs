@@ -236,18 +236,8 @@ impl Inner {
             );
             let holders = {
                 let mut table = self.lock();
-                let before: Vec<table::Device> = table
-                    .resources
-                    .get(resource)
-                    .map(|r| r.devices.values().cloned().collect())
-                    .unwrap_or_default();
-                table.disconnected(resource, clock::instant());
-                let ids = before
-                    .into_iter()
-                    .filter(|d| d.healthy)
-                    .map(|d| d.id)
-                    .collect();
-                table.pods_holding(resource, &ids)
+                let turned = table.disconnected(resource, clock::instant());
+                table.pods_holding(resource, &turned)
             };
             self.poke(holders);
         }

@@ -100,14 +100,20 @@ impl Table {
     }
 
     /// The plugin went away: every device turns unhealthy (allocatable 0, capacity kept) and
-    /// the grace begins, as upstream's `markResourceUnhealthy`.
-    pub(crate) fn disconnected(&mut self, resource: &str, now: Instant) {
+    /// the grace begins, as upstream's `markResourceUnhealthy`. Returns the devices that were
+    /// healthy until now.
+    pub(crate) fn disconnected(&mut self, resource: &str, now: Instant) -> BTreeSet<String> {
+        let mut turned = BTreeSet::new();
         if let Some(entry) = self.resources.get_mut(resource) {
             for device in entry.devices.values_mut() {
+                if device.healthy {
+                    turned.insert(device.id.clone());
+                }
                 device.healthy = false;
             }
             entry.stopped_at = Some(now);
         }
+        turned
     }
 
     /// Capacity and allocatable of every device resource, as upstream's `GetCapacity`:
@@ -584,7 +590,12 @@ mod tests {
         );
         // The plugin goes: every device it listed turns unhealthy.
         t.update_devices(R, after);
-        t.disconnected(R, Instant::now());
+        let turned = t.disconnected(R, Instant::now());
+        assert_eq!(
+            turned,
+            BTreeSet::from(["b".to_string(), "c".to_string(), "d".to_string()]),
+            "the devices that were healthy (a was not)"
+        );
         let unhealthy = t.resources_status("p2", "app");
         assert_eq!(
             unhealthy[0].resources.as_ref().unwrap()[0]
