@@ -72,6 +72,11 @@ struct Args {
     /// Only the warm-up and the floor (after waiting for an empty runtime): for bench-cluster.
     #[arg(long)]
     floor_only: bool,
+    /// How long --floor-only waits for an empty runtime before it runs beside what is there
+    /// (seconds; 0 for scripts/bench-devices, where upstream's kubelet leaves stopped
+    /// sandboxes to its GC).
+    #[arg(long, default_value_t = 120)]
+    floor_wait_secs: u64,
     /// The floor containers' command (`sh -c SCRIPT`).
     #[arg(long, default_value = SCRIPT)]
     script: String,
@@ -498,7 +503,7 @@ impl Bench {
     /// removes may still be going), the warm-up pod, then the N pods.
     async fn floor_only(&mut self) -> Result<()> {
         let waited = Instant::now();
-        let deadline = Duration::from_secs(120);
+        let deadline = Duration::from_secs(self.args.floor_wait_secs);
         loop {
             let left = self.cri.list_pod_sandbox(None).await?.len();
             if left == 0 {

@@ -81,7 +81,7 @@ impl Driver {
             .arg(format!("--csi-address={}", dir.join("csi.sock").display()))
             .arg(format!("--registration-socket={}", registration.display()))
             .args(["--name", name, "-v=5", "--logtostderr"])
-            .args(["--enable-topology", "--attach-limit=5"])
+            .args(["--enable-topology", "--attach-limit=5", "--node-expand"])
             .stderr(std::fs::File::create(&log).unwrap())
             .stdout(Stdio::null())
             .spawn()
@@ -348,10 +348,15 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
     let client = admin().await;
     let node = "csi-pv-node";
     let (mut agent, _node_cleanup) = joined_agent(node);
-    // The volume stats are measured on this period (60 s by default).
+    // The volume stats are measured on this period (60 s by default); a running pod's claims
+    // are looked at on each sync (every syncFrequency, 1 min by default, as upstream).
     let config = agent.dir.path().join("config.yaml");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, format!("{text}volumeStatsAggPeriod: 2s\n")).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}volumeStatsAggPeriod: 2s\nsyncFrequency: 3s\n"),
+    )
+    .unwrap();
     agent.start();
     wait_node_ready(&client, node, &agent).await;
     let _ns_cleanup = create_namespace(&client, NS).await;
@@ -440,6 +445,8 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
         "{series} in\n{metrics}"
     );
 
+    expand_online(&client, &driver, &agent, &uid).await;
+
     pods.delete("pv-user", &DeleteParams::default())
         .await
         .unwrap();
@@ -481,6 +488,77 @@ async fn a_static_csi_pv_is_staged_then_published_and_torn_down_in_order() {
                 && r["target_path"] == target.display().to_string())
     );
     let _ = pvs.delete("csi-pv", &DeleteParams::default()).await;
+}
+
+/// Plays the resize controller (the external-resizer sidecar and the controller manager's
+/// expand controller, which the test cluster does not run) for `claim` on `csi-pv`: the PV
+/// grown to 2Gi, the claim's status handing the expansion to the node (`allocatedResources`
+/// 2Gi, `NodeResizePending`). Deckhand's next sync of the pod calls the driver's
+/// `NodeExpandVolume` on the published volume and writes the claim's new capacity, with
+/// upstream's event.
+async fn expand_online(client: &kube::Client, driver: &Driver, agent: &common::Agent, uid: &str) {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use kube::api::{Patch, PatchParams};
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let grow = serde_json::json!({"spec": {"capacity": {"storage": "2Gi"}}});
+    pvs.patch("csi-pv", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    let pending = serde_json::json!({"status": {
+        "allocatedResources": {"storage": "2Gi"},
+        "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+        "conditions": [{"type": "FileSystemResizePending", "status": "True"}],
+    }});
+    claims
+        .patch_status("claim", &PatchParams::default(), &Patch::Merge(&pending))
+        .await
+        .unwrap();
+    let status = wait_until(
+        "the claim's capacity 2Gi after the node's expansion",
+        WAIT,
+        || async {
+            let c = claims.get("claim").await.ok()?;
+            let status = c.status?;
+            (status.capacity?.get("storage")?.0 == "2Gi").then_some(())?;
+            Some(serde_json::json!({
+                "statuses": status.allocated_resource_statuses,
+                "conditions": status.conditions,
+            }))
+        },
+    )
+    .await;
+    assert_eq!(
+        status,
+        serde_json::json!({"statuses": null, "conditions": null}),
+        "the resize tracking and its conditions are gone"
+    );
+    let expand = driver
+        .calls()
+        .into_iter()
+        .find(|(m, _)| m == "/csi.v1.Node/NodeExpandVolume")
+        .map(|(_, r)| r)
+        .expect("NodeExpandVolume in the driver's log");
+    assert_eq!(expand["volume_id"], "1", "{expand}");
+    assert_eq!(expand["volume_path"], volume_target(agent, uid), "{expand}");
+    assert_eq!(
+        expand["capacity_range"]["required_bytes"],
+        2u64 << 30,
+        "{expand}"
+    );
+    let staged = expand["staging_target_path"].as_str().unwrap_or_default();
+    assert!(staged.ends_with("/globalmount"), "{expand}");
+    let want = (
+        "FileSystemResizeSuccessful".to_string(),
+        "MountVolume.NodeExpandVolume succeeded for volume \"csi-pv\" csi-pv-node".to_string(),
+    );
+    for object in ["pv-user", "claim"] {
+        wait_until(&format!("{want:?} about {object}"), WAIT, || async {
+            let events = common::cluster::event_reasons(client, NS, object).await;
+            events.contains(&want).then_some(())
+        })
+        .await;
+    }
 }
 
 /// A driver whose CSIDriver requires attachment (a name of its own: CSIDriver objects are

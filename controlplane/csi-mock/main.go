@@ -92,6 +92,7 @@ func main() {
 	version := flag.String("supported-version", "1.0.0", "the CSI version announced to the kubelet")
 	attachLimit := flag.Int64("attach-limit", 0, "maxVolumesPerNode (0: none)")
 	topology := flag.Bool("enable-topology", false, "report the mock's topology segment")
+	nodeExpand := flag.Bool("node-expand", false, "advertise EXPAND_VOLUME (NodeExpandVolume)")
 	klog.InitFlags(nil)
 	flag.Parse()
 
@@ -100,6 +101,8 @@ func main() {
 		DriverName:     *name,
 		AttachLimit:    *attachLimit,
 		EnableTopology: *topology,
+		// NodeExpandVolume is served either way; this advertises it to the kubelet.
+		NodeExpansionRequired: *nodeExpand,
 	})
 	// NewCSIDriver's own interceptor logs every call as "gRPCCall: {json}" (klog -v=3).
 	d := driver.NewCSIDriver(&driver.CSIDriverServers{

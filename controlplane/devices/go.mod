@@ -1,7 +1,9 @@
-// Upstream's sample device plugin (k8s.io/kubernetes/test/images/sample-device-plugin) and a small
-// pod-resources client (main.go, from k8s.io/kubelet/pkg/apis/podresources/v1), built from the
-// same k8s.io/kubernetes pin as the control plane for tests/e2e_devices.rs.
-// The staging modules are pinned to their published tags, as in ../kubernetes/go.mod.
+// Upstream's sample device plugin (k8s.io/kubernetes/test/images/sample-device-plugin), a small
+// pod-resources client (main.go, from k8s.io/kubelet/pkg/apis/podresources/v1) for
+// tests/e2e_devices.rs, and flip-device-plugin (upstream's plugin Stub with its health changed
+// on a signal) for scripts/bench-devices, built from the same k8s.io/kubernetes pin as the
+// control plane. The staging modules are pinned to their published tags, as in
+// ../kubernetes/go.mod.
 module deckhand.test/controlplane/devices
 
 go 1.26.0

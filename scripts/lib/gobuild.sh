@@ -53,7 +53,7 @@ build_dir() {
             printf 'flags: %s\n' "${flags[*]}"
             printf 'packages: %s\n' "${packages[*]}"
             if [[ -n ${CGO_ENABLED:-} ]]; then printf 'cgo: %s\n' "$CGO_ENABLED"; fi
-            for p in "$moddir"/go.mod "$moddir"/go.sum "$moddir"/*.go; do
+            for p in "$moddir"/go.mod "$moddir"/go.sum "$moddir"/*.go "$moddir"/*/*.go; do
                 if [[ -f $p ]]; then sha256sum "$p" | sed "s|$moddir/||"; fi
             done
         } | sha256sum | cut -d' ' -f1

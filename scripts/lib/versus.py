@@ -39,6 +39,24 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   the `"Allocate"` lines it gained over each pod's life (created until gone)
                   are the Allocate calls for that pod. One unrecorded warm-up round runs first
                   (the kubelet's first pod pays for what later ones reuse).
+  device-capacity the kubelet runs as a node of a test cluster (--cluster, --node) with
+                  flip-device-plugin (--plugin-pid) serving two devices of --resource. Per
+                  round, after a random wait of 0 to --period seconds (so that the change falls
+                  at a random phase of the kubelets' 10 s node status period), the plugin is
+                  told to mark one device unhealthy (SIGUSR1); seconds from then until a watch
+                  of the Node sees its allocatable drop to 1 (capacity staying 2); then, after
+                  another random wait, healthy again (SIGUSR2) until allocatable is 2. One
+                  unrecorded warm-up pair runs first.
+  pvc-start       the kubelet runs as a node of a test cluster (--cluster, --node). Per round two
+                  pods from the API server, bound to the node (spec.nodeName) one after the
+                  other (which first alternates by round): `claim-<tag>-<n>` mounting a
+                  persistentVolumeClaim already Bound to a `local` PV (a directory under
+                  --shared, node affinity for the node), and `plain-<tag>-<n>`, the same pod
+                  without it (the floor); each from its POST until a watch of it sees the
+                  container running; then while it runs, the mounts the kubelet holds for it
+                  (mountinfo entries under a `pods/<uid>/` directory); then deleted (grace 1 s)
+                  until the pod object is gone, and the claim and volume removed. One warm-up
+                  pair runs first, not recorded.
   summary         the table from the files the rounds wrote.
 
 Phase: each probe command also touches /w/probed, so its mtime is when the kubelet last ran the
@@ -60,11 +78,13 @@ import os
 import random
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 POLL = 0.005
 
@@ -484,6 +504,229 @@ def cmd_device_start(a, agent):
         })
 
 
+class ApiServer:
+    """The test cluster's API server as its admin (scripts/cluster's cluster.env and pki/)."""
+
+    def __init__(self, cluster):
+        url = None
+        with open(os.path.join(cluster, "cluster.env")) as f:
+            for line in f:
+                if line.startswith("APISERVER_URL="):
+                    url = line.split("=", 1)[1].strip().strip("'\"")
+        if not url:
+            sys.exit(f"versus: no APISERVER_URL in {cluster}/cluster.env")
+        parsed = urllib.parse.urlsplit(url)
+        self.host, self.port = parsed.hostname, parsed.port or 443
+        pki = os.path.join(cluster, "pki")
+        self.context = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
+        self.context.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
+
+    def connect(self, timeout):
+        return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
+
+    def get(self, path):
+        code, obj = self.request("GET", path)
+        return obj if code == 200 else None
+
+    def request(self, method, path, body=None):
+        """(HTTP status, decoded body); (None, None) when the request could not be made."""
+        conn = self.connect(10)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            headers = {"Content-Type": "application/json"} if data else {}
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            try:
+                return resp.status, json.loads(raw) if raw else None
+            except ValueError:
+                return resp.status, None
+        except (OSError, http.client.HTTPException):
+            return None, None
+        finally:
+            conn.close()
+
+    def must(self, method, path, body=None, ok=(200, 201, 202)):
+        code, obj = self.request(method, path, body)
+        if code not in ok:
+            sys.exit(f"versus: {method} {path}: HTTP {code}: {str(obj)[:300]}")
+        return obj
+
+    def watch(self, path, deadline):
+        """Yields each watch event's object until the stream ends or `deadline` passes."""
+        conn = self.connect(max(1.0, deadline - time.time()))
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                sys.exit(f"versus: watch {path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+            while time.time() < deadline:
+                line = resp.readline()
+                if not line:
+                    return
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    sys.exit(f"versus: watch {path}: {event.get('object')}")
+                yield event.get("object") or {}
+        finally:
+            conn.close()
+
+
+def cmd_device_capacity(a, agent):
+    api = ApiServer(a.cluster)
+    rng = random.Random(a.seed)
+
+    def amounts(node):
+        status = (node or {}).get("status") or {}
+        return ((status.get("capacity") or {}).get(a.resource), (status.get("allocatable") or {}).get(a.resource))
+
+    def until(want, sig):
+        node = api.get(f"/api/v1/nodes/{a.node}")
+        if node is None:
+            sys.exit(f"versus: cannot read Node {a.node}")
+        if sig is None and amounts(node)[1] == want:
+            return 0.0, amounts(node)[0]
+        rv = node["metadata"]["resourceVersion"]
+        path = (f"/api/v1/nodes?watch=true&resourceVersion={rv}"
+                f"&fieldSelector={urllib.parse.quote('metadata.name=' + a.node)}")
+        deadline = time.time() + 60
+        t0 = time.time()
+        if sig is not None:
+            os.kill(a.plugin_pid, sig)
+        while time.time() < deadline:
+            for obj in api.watch(path, deadline):
+                if amounts(obj)[1] == want:
+                    return round(time.time() - t0, 4), amounts(obj)[0]
+                path = (f"/api/v1/nodes?watch=true&resourceVersion={obj['metadata']['resourceVersion']}"
+                        f"&fieldSelector={urllib.parse.quote('metadata.name=' + a.node)}")
+        sys.exit(f"versus: Node {a.node}: allocatable {a.resource} not {want} within 60 s "
+                 f"(capacity, allocatable: {amounts(api.get(f'/api/v1/nodes/{a.node}'))})")
+
+    until("2", None)
+    for n in range(-1, a.rounds):
+        time.sleep(rng.uniform(0, a.period))
+        down, capacity = until("1", signal.SIGUSR1)
+        time.sleep(rng.uniform(0, a.period))
+        up, _ = until("2", signal.SIGUSR2)
+        if n < 0:
+            continue  # the warm-up pair
+        emit(a.out, {
+            "figure": "device-capacity", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "unhealthy_s": down, "healthy_s": up, "capacity_while_unhealthy": capacity,
+        })
+
+
+PVC_NS = "vs-claims"
+
+
+def claim_objects(a, name, hostdir):
+    """A local PV on `hostdir` for the node, and a claim pre-bound to it."""
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{PVC_NS}-{name}"},
+          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                   "claimRef": {"namespace": PVC_NS, "name": name},
+                   "local": {"path": hostdir},
+                   "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                       {"key": "kubernetes.io/hostname", "operator": "In", "values": [a.node]}]}]}}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+           "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                    "volumeName": f"{PVC_NS}-{name}", "resources": {"requests": {"storage": "1Gi"}}}}
+    return pv, pvc
+
+
+def api_pod(a, name, claim):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"nodeName": a.node, "terminationGracePeriodSeconds": 1,
+                    "automountServiceAccountToken": False, "enableServiceLinks": False,
+                    "containers": [{"name": "app", "image": a.image, "imagePullPolicy": "IfNotPresent",
+                                    "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]}]}}
+    if claim:
+        pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+        pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    return pod
+
+
+def pod_mounts(uid):
+    """The mount points under a `pods/<uid>/` directory, in this mount namespace."""
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for line in f if f"/pods/{uid}/" in line.split()[4])
+
+
+def watch_until(api, path, check, what, timeout=120):
+    """Follows a watch of `path` (a list path with a field selector) until `check(obj)`."""
+    deadline = time.time() + timeout
+    first = api.get(path)
+    if first is None:
+        sys.exit(f"versus: cannot list {path}")
+    for obj in first.get("items") or []:
+        if check(obj):
+            return obj
+    rv = first["metadata"]["resourceVersion"]
+    while time.time() < deadline:
+        sep = "&" if "?" in path else "?"
+        for obj in api.watch(f"{path}{sep}watch=true&resourceVersion={rv}", deadline):
+            rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+            if check(obj):
+                return obj
+    sys.exit(f"versus: {what} not within {timeout} s")
+
+
+def cmd_pvc_start(a, agent):
+    api = ApiServer(a.cluster)
+    code, _ = api.request("POST", "/api/v1/namespaces", {"metadata": {"name": PVC_NS}})
+    if code not in (201, 409):
+        sys.exit(f"versus: cannot make namespace {PVC_NS}: HTTP {code}")
+    pods = f"/api/v1/namespaces/{PVC_NS}/pods"
+    claims = f"/api/v1/namespaces/{PVC_NS}/persistentvolumeclaims"
+
+    def selector(name):
+        return f"{pods}?fieldSelector={urllib.parse.quote('metadata.name=' + name)}"
+
+    def running(obj):
+        for c in (obj.get("status") or {}).get("containerStatuses") or []:
+            if c.get("name") == "app" and (c.get("state") or {}).get("running"):
+                return True
+        if (obj.get("status") or {}).get("phase") == "Failed":
+            sys.exit(f"versus: pod {obj['metadata']['name']} failed: {obj.get('status')}")
+        return False
+
+    def one(name, with_claim):
+        if with_claim:
+            hostdir = os.path.join(a.shared, name)
+            os.makedirs(hostdir, exist_ok=True)
+            pv, pvc = claim_objects(a, name, hostdir)
+            api.must("POST", "/api/v1/persistentvolumes", pv)
+            api.must("POST", claims, pvc)
+            watch_until(api, f"{claims}?fieldSelector={urllib.parse.quote('metadata.name=' + name)}",
+                        lambda o: (o.get("status") or {}).get("phase") == "Bound", f"claim {name} bound")
+        t0 = time.time()
+        created = api.must("POST", pods, api_pod(a, name, name if with_claim else None))
+        watch_until(api, selector(name), running, f"pod {name} running")
+        took = time.time() - t0
+        mounts = pod_mounts(created["metadata"]["uid"])
+        api.must("DELETE", f"{pods}/{name}")
+        gone = lambda: api.request("GET", f"{pods}/{name}")[0] == 404
+        wait(f"pod {name} gone", gone, 120, 0.05)
+        if with_claim:
+            api.must("DELETE", f"{claims}/{name}")
+            api.must("DELETE", f"/api/v1/persistentvolumes/{PVC_NS}-{name}")
+        return round(took, 4), mounts
+
+    one(f"warm-plain-{a.tag}", False)
+    one(f"warm-claim-{a.tag}", True)
+    for n in range(a.rounds):
+        got = {}
+        for kind in (("plain", "claim") if n % 2 == 0 else ("claim", "plain")):
+            got[kind] = one(f"{kind}-{a.tag}-{n}", kind == "claim")
+        emit(a.out, {
+            "figure": "pvc-start", "kubelet": a.kubelet, "block": a.tag, "round": n,
+            "claim_s": got["claim"][0], "plain_s": got["plain"][0],
+            "ratio": round(got["claim"][0] / got["plain"][0], 3) if got["plain"][0] > 0 else None,
+            "claim_mounts": got["claim"][1], "plain_mounts": got["plain"][1],
+            "first": "plain" if n % 2 == 0 else "claim",
+        })
+
+
 FIGURES = [
     ("readiness", "file_to_ready_s", "exec readiness probe (period 1 s): the file appears -> pod Ready in /pods", "s"),
     ("readiness", "answer_to_ready_ms", "  of which: the probe's answer -> Ready in /pods", "ms"),
@@ -494,9 +737,17 @@ FIGURES = [
     ("device-start", "device_s", "a static pod with 1 device of example.com/resource: manifest written -> container running in /pods", "s"),
     ("device-start", "plain_s", "  the same pod without the device, in the same round (the floor)", "s"),
     ("device-start", "ratio", "  device / plain, per round", "x"),
+    ("device-start", "cri_floor_s", "  one pod by raw CRI calls (RunPodSandbox, CreateContainer, StartContainer), before this kubelet's blocks (the raw-CRI floor)", "s"),
     ("device-start", "extra_ms", "  device - plain, per round", "ms"),
     ("device-start", "allocate_calls", "  Allocate calls per device pod (1 container; the plugin's log)", "calls"),
     ("device-start", "allocate_calls_plain", "  Allocate calls per plain pod", "calls"),
+    ("device-capacity", "unhealthy_s", "a device plugin marks 1 of 2 devices unhealthy -> the Node's allocatable shows 1 (API server watch)", "s"),
+    ("device-capacity", "healthy_s", "  healthy again -> allocatable 2", "s"),
+    ("pvc-start", "claim_s", "an API pod on a claim Bound to a local PV: POST -> container running (API server watch)", "s"),
+    ("pvc-start", "plain_s", "  the same pod without the claim, same round (the floor)", "s"),
+    ("pvc-start", "ratio", "  claim / plain, per round", "x"),
+    ("pvc-start", "claim_mounts", "  mounts held for the claim pod while it runs (mountinfo under pods/<uid>/)", "calls"),
+    ("pvc-start", "plain_mounts", "  mounts held for the plain pod", "calls"),
 ]
 
 FORMATS = {"ms": "{:.0f}", "x": "{:.2f}", "calls": "{:g}"}
@@ -520,13 +771,22 @@ def cmd_summary(a):
             cells.append(f"{fmt(statistics.median(vals))} {unit} ({fmt(min(vals))}{sep}{fmt(max(vals))}, n={len(vals)})")
         if any(c != "-" for c in cells):
             out.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    ratios = []
+    for kubelet in ("upstream", "deckhand"):
+        def median_of(key):
+            vals = [r[key] for r in rows if r["figure"] == "device-start" and r["kubelet"] == kubelet and r.get(key) is not None]
+            return statistics.median(vals) if vals else None
+        device, floor = median_of("device_s"), median_of("cri_floor_s")
+        ratios.append(f"{device / floor:.2f} x" if device and floor else "-")
+    if any(r != "-" for r in ratios):
+        out.append(f"| device pod / raw-CRI floor (medians) | {ratios[0]} | {ratios[1]} |")
     print("\n".join(out))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("readiness", "liveness", "runtime-return", "device-start"):
+    for name in ("readiness", "liveness", "runtime-return", "device-start", "device-capacity", "pvc-start"):
         p = sub.add_parser(name)
         p.add_argument("--kubelet", required=True, choices=["deckhand", "upstream"])
         p.add_argument("--pods-port", type=int, required=True)
@@ -541,6 +801,12 @@ def main():
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--out", required=True)
         p.add_argument("--plugin-log", help="the device plugin's log, for its Allocate calls (device-start)")
+        p.add_argument("--cluster", help="the test cluster's dir (device-capacity, pvc-start)")
+        p.add_argument("--node", help="the kubelet's Node (device-capacity, pvc-start)")
+        p.add_argument("--plugin-pid", type=int, help="flip-device-plugin's PID (device-capacity)")
+        p.add_argument("--resource", default="example.com/flip", help="its resource (device-capacity)")
+        p.add_argument("--period", type=float, default=10.0,
+                       help="random wait before each change, up to this many seconds (device-capacity)")
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")
     a = ap.parse_args()
@@ -548,7 +814,8 @@ def main():
         return cmd_summary(a)
     agent = Agent(a.pods_port, a.healthz_port)
     {"readiness": cmd_readiness, "liveness": cmd_liveness, "runtime-return": cmd_runtime_return,
-     "device-start": cmd_device_start}[a.cmd](a, agent)
+     "device-start": cmd_device_start, "device-capacity": cmd_device_capacity,
+     "pvc-start": cmd_pvc_start}[a.cmd](a, agent)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@
 #                    the block); it may set the array VS_EXTRA_ARGS, passed on to versus.py
 #   vs_after_FIG     after the rounds, also when they failed, before the kubelet is stopped
 # and vs_cleanup_extra (no arguments), called by vs_cleanup on exit, also on failure.
+#
+# Cluster mode: a prestart hook that calls `vs_cluster_node KIND DIR` (or sets VS_CLUSTER, a
+# test cluster's dir that is up, and VS_NODE, a node name with DIR/NAME.kubeconfig) makes the
+# block's kubelet a node of that cluster (--kubeconfig); vs_block unsets VS_CLUSTER after it.
 
 VS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VS_PID=
@@ -25,6 +29,7 @@ VS_KIND=
 VS_CG_DECKHAND=${VS_CG_DECKHAND:-deckhand-versus}
 VS_CG_UPSTREAM=${VS_CG_UPSTREAM:-upstream-versus}
 VS_EXTRA_ARGS=()
+VS_CLUSTER=
 
 vs_free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -70,13 +75,16 @@ vs_start() {
     mkdir -p "$VS_MANIFESTS" "$dir/root" "$dir/logs"
     local endpoint="unix://$VS_TB/containerd.sock"
     local evict='memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%'
+    local -a cluster=()
+    if [[ -n $VS_CLUSTER ]]; then cluster=(--kubeconfig="$VS_CLUSTER/$VS_NODE.kubeconfig"); fi
     if [[ $kind == deckhand ]]; then
         vs_cgroup_root "$VS_CG_DECKHAND"
         "$VS_DECKHAND" --container-runtime-endpoint="$endpoint" --hostname-override="$VS_NODE" \
             --pod-manifest-path="$VS_MANIFESTS" --root-dir="$dir/root" --pod-logs-dir="$dir/logs" \
             --healthz-port="$VS_HZ_PORT" --read-only-port="$VS_PODS_PORT" --address=127.0.0.1 \
             --cgroup-root="/$VS_CG_DECKHAND" --v=2 --image-gc-high-threshold=100 \
-            --eviction-hard="$evict" --enable-server=false >"$dir/kubelet.log" 2>&1 &
+            --eviction-hard="$evict" --enable-server=false "${cluster[@]+"${cluster[@]}"}" \
+            >"$dir/kubelet.log" 2>&1 &
     else
         VS_UPSTREAM_RAN=1
         vs_cgroup_root "$VS_CG_UPSTREAM"
@@ -103,7 +111,8 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree:
 EOF
         # --cert-dir: its self-signed serving certificate goes to /var/lib/kubelet/pki otherwise.
         "$VS_KUBELET" --config="$dir/config.yaml" --root-dir="$dir/root" --cert-dir="$dir/pki" \
-            --hostname-override="$VS_NODE" --v=2 >"$dir/kubelet.log" 2>&1 &
+            --hostname-override="$VS_NODE" --v=2 "${cluster[@]+"${cluster[@]}"}" \
+            >"$dir/kubelet.log" 2>&1 &
     fi
     VS_PID=$!
     local i
@@ -176,6 +185,7 @@ vs_block() {
     vs_hook after "$figure" "$kind" "$tag" || rc=1
     VS_EXTRA_ARGS=()
     vs_stop
+    VS_CLUSTER=
     return "$rc"
 }
 
@@ -246,6 +256,25 @@ vs_host_clean() {
     done
 }
 
+# vs_cluster_node KIND DIR: the block's kubelet joins the test cluster DIR (brought up first
+# unless it is; then taken down by vs_cleanup) as the Node vs-KIND, deleted first so that
+# each block registers it afresh.
+VS_CLUSTER_OURS=
+vs_cluster_node() {
+    local kind=$1 dir=$2 kubectl
+    if ! "$VS_HERE/../cluster" status "$dir" >/dev/null 2>&1; then
+        VS_CLUSTER_OURS=$dir
+        "$VS_HERE/../cluster" up "$dir" >&2 || return 1
+    fi
+    VS_NODE=vs-$kind
+    "$VS_HERE/../cluster" node-kubeconfig "$dir" "$VS_NODE" >/dev/null || return 1
+    # shellcheck disable=SC1091 # written by scripts/cluster up
+    kubectl=$(. "$dir/cluster.env" && echo "$KUBECTL")
+    "$kubectl" --kubeconfig="$dir/admin.kubeconfig" delete node "$VS_NODE" \
+        --ignore-not-found --wait=true >&2 || return 1
+    VS_CLUSTER=$dir
+}
+
 # vs_cleanup: the caller's vs_cleanup_extra if defined, stops a kubelet still running (on
 # failure), removes what upstream's kubelet left outside its dirs and the cgroup roots.
 vs_cleanup() {
@@ -260,6 +289,7 @@ vs_cleanup() {
     vs_host_clean
     vs_cgroup_remove "$VS_CG_DECKHAND"
     vs_cgroup_remove "$VS_CG_UPSTREAM"
+    if [[ -n $VS_CLUSTER_OURS ]]; then "$VS_HERE/../cluster" down "$VS_CLUSTER_OURS" >&2 || true; fi
 }
 
 # vs_exit: vs_cleanup, and the testbed down if vs_main brought it up (VS_TB_OURS=1).

@@ -230,6 +230,7 @@ pub(super) fn start_membership(
         pressure: pressure.clone(),
         shutdown: shutdown.clone(),
         devices: Some(agent.devices.clone()),
+        devices_seen: Default::default(),
     };
     let settings = node_agent::AgentSettings {
         node_name: config.node_name.clone(),

@@ -64,6 +64,15 @@ pub(crate) trait ObjectApi: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<PersistentVolumeClaim, Problem>>;
     /// `GET persistentvolumes/<name>` (the volume bound to a claim of one of the node's pods).
     fn get_volume(&self, name: &str) -> BoxFuture<'static, Result<PersistentVolume, Problem>>;
+    /// A merge patch of `persistentvolumeclaims/<name>/status` in `namespace`: the node's
+    /// part of a volume expansion (the Node authorizer and NodeRestriction let a node write
+    /// the status of its pods' claims, and only the capacity, conditions and resize state).
+    fn patch_claim_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> BoxFuture<'static, Result<PersistentVolumeClaim, Problem>>;
 }
 
 /// [`ObjectApi`] on kube clients: kube's watcher on the client made for watching (its read
@@ -153,5 +162,22 @@ impl ObjectApi for KubeObjectApi {
         let api: Api<PersistentVolume> = Api::all(self.requests.clone());
         let name = name.to_string();
         async move { Ok(api.get(&name).await?) }.boxed()
+    }
+
+    fn patch_claim_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> BoxFuture<'static, Result<PersistentVolumeClaim, Problem>> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.requests.clone(), namespace);
+        let name = name.to_string();
+        async move {
+            let params = kube::api::PatchParams::default();
+            Ok(api
+                .patch_status(&name, &params, &kube::api::Patch::Merge(&patch))
+                .await?)
+        }
+        .boxed()
     }
 }

@@ -269,6 +269,18 @@ impl ApiObjects {
         self
     }
 
+    /// Writes the status of one of the pods' claims (a merge patch; see
+    /// [`ObjectApi::patch_claim_status`]).
+    pub(crate) async fn patch_claim_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, crate::clients::apiserver::Problem>
+    {
+        self.api.patch_claim_status(namespace, name, patch).await
+    }
+
     /// The token manager, shared with the CSI volume code (a CSIDriver's `tokenRequests`):
     /// one cache of tokens for the node, as upstream's.
     pub(crate) fn tokens(&self) -> TokenManager {

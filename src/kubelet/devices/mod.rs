@@ -114,6 +114,10 @@ pub(crate) struct Inner {
     /// Where a health change of devices a pod holds is told (the pods' pokes), so its
     /// status shows it within a sync.
     status_pokes: std::sync::OnceLock<crate::base::resync_queue::Pokes>,
+    /// Grows whenever a resource's device or healthy count changes, so the node status loop
+    /// reports the new capacity at once instead of at its next period (upstream's kubelet
+    /// waits for `nodeStatusUpdateFrequency`).
+    capacity_version: tokio::sync::watch::Sender<u64>,
 }
 
 /// The device plugin manager; cheap to clone.
@@ -190,7 +194,15 @@ impl Inner {
                     generation,
                 },
             );
-        self.lock().connected(resource);
+        let moved = {
+            let mut table = self.lock();
+            let before = table.counts(resource);
+            table.connected(resource);
+            table.counts(resource) != before
+        };
+        if moved {
+            self.capacity_moved();
+        }
         generation
     }
 
@@ -202,14 +214,25 @@ impl Inner {
             healthy,
             "device plugin reported devices"
         );
-        let holders = {
+        let (holders, moved) = {
             let mut table = self.lock();
+            let before = table.counts(resource);
             let changed = table.health_changes(resource, &devices);
             table.update_devices(resource, devices);
-            table.pods_holding(resource, &changed)
+            let moved = table.counts(resource) != before;
+            (table.pods_holding(resource, &changed), moved)
         };
         self.save();
+        if moved {
+            self.capacity_moved();
+        }
         self.poke(holders);
+    }
+
+    /// Tells the node status loop that capacity or allocatable changed.
+    fn capacity_moved(&self) {
+        self.capacity_version
+            .send_modify(|v| *v = v.wrapping_add(1));
     }
 
     /// Asks for a look at the pods (their devices' health changed).
@@ -234,11 +257,14 @@ impl Inner {
                 resource,
                 "device plugin disconnected; its devices are unhealthy until it registers again"
             );
-            let holders = {
+            let (holders, moved) = {
                 let mut table = self.lock();
                 let turned = table.disconnected(resource, clock::instant());
-                table.pods_holding(resource, &turned)
+                (table.pods_holding(resource, &turned), !turned.is_empty())
             };
+            if moved {
+                self.capacity_moved();
+            }
             self.poke(holders);
         }
     }
@@ -326,7 +352,28 @@ impl DeviceManager {
                 active: Mutex::new(None),
                 allocating: tokio::sync::Mutex::new(()),
                 status_pokes: std::sync::OnceLock::new(),
+                capacity_version: tokio::sync::watch::Sender::new(0),
             }),
+        }
+    }
+
+    /// The current capacity version (see [`Inner::capacity_version`]); read before
+    /// [`DeviceManager::capacity`], it is what [`DeviceManager::capacity_changed_since`] waits
+    /// to move past.
+    pub(crate) fn capacity_version(&self) -> u64 {
+        *self.inner.capacity_version.borrow()
+    }
+
+    /// Resolves once the capacity version is no longer `seen` (at once if it already moved).
+    pub(crate) fn capacity_changed_since(
+        &self,
+        seen: u64,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.inner.capacity_version.subscribe();
+        async move {
+            if rx.wait_for(|v| *v != seen).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 

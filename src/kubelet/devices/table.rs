@@ -116,6 +116,13 @@ impl Table {
         turned
     }
 
+    /// What the resource adds to the Node's capacity and allocatable as it stands (`None`:
+    /// not known), to tell whether a change is worth an early status report.
+    pub(crate) fn counts(&self, resource: &str) -> Option<(usize, usize)> {
+        let r = self.resources.get(resource)?;
+        Some((r.devices.len(), r.healthy().count()))
+    }
+
     /// Capacity and allocatable of every device resource, as upstream's `GetCapacity`:
     /// capacity counts every device, allocatable the healthy ones; a resource whose plugin
     /// has been gone longer than [`STOP_GRACE`] is removed and reported as 0 from then on.
@@ -426,7 +433,14 @@ mod tests {
         let now = Instant::now();
         let (cap, alloc) = t.capacity(now);
         assert_eq!((cap[R], alloc[R]), (3, 2));
+        assert_eq!(t.counts(R), Some((3, 2)));
+        assert_eq!(t.counts("example.com/other"), None);
         t.disconnected(R, now);
+        assert_eq!(
+            t.counts(R),
+            Some((3, 0)),
+            "what an early report is told about"
+        );
         let (cap, alloc) = t.capacity(now + Duration::from_secs(60));
         assert_eq!((cap[R], alloc[R]), (3, 0), "within the grace");
         let (cap, alloc) = t.capacity(now + STOP_GRACE);

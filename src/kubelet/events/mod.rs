@@ -55,6 +55,9 @@ pub(crate) mod reason {
     pub(crate) const UNHEALTHY: &str = "Unhealthy";
     pub(crate) const PROBE_WARNING: &str = "ProbeWarning";
     pub(crate) const FAILED_MOUNT: &str = "FailedMount";
+    pub(crate) const FILE_SYSTEM_RESIZE_SUCCESSFUL: &str = "FileSystemResizeSuccessful";
+    pub(crate) const FILE_SYSTEM_RESIZE_FAILED: &str = "FileSystemResizeFailed";
+    pub(crate) const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
     pub(crate) const INVALID_ENVIRONMENT_VARIABLE_NAMES: &str = "InvalidEnvironmentVariableNames";
     pub(crate) const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
     /// A DRA driver could not prepare the pod's claims (or they are not usable yet).
@@ -276,6 +279,19 @@ pub fn container_ref(pod: &Pod, container: &str) -> ObjectReference {
     ObjectReference {
         field_path: Some(format!("spec.{list}{{{container}}}")),
         ..pod_ref(pod)
+    }
+}
+
+/// The reference of a PersistentVolumeClaim (events about a volume expansion).
+pub fn claim_ref(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: claim.metadata.namespace.clone(),
+        name: claim.metadata.name.clone(),
+        uid: claim.metadata.uid.clone(),
+        resource_version: claim.metadata.resource_version.clone(),
+        ..Default::default()
     }
 }
 

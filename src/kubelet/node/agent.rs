@@ -43,6 +43,10 @@ const STATUS_UPDATE_TRIES: u32 = 5;
 const FAST_UPDATE: Duration = Duration::from_millis(100);
 /// How long the fast updates go on at most.
 const FAST_UPDATE_FOR: Duration = Duration::from_secs(120);
+/// The least time between two status rounds when a change (shutdown, device capacity) asks
+/// for one early: a device plugin that flaps cannot make the node re-read the runtime and
+/// patch its status more than about once a second.
+const EARLY_UPDATE_GAP: Duration = Duration::from_secs(1);
 
 /// How many status rounds re-read the Node after the Lease could not be renewed. While the
 /// node was cut off, the controller manager may mark the Node Unknown, and it may do so a few
@@ -75,7 +79,7 @@ impl Rereads {
 pub(crate) trait SnapshotSource: Send + Sync + 'static {
     fn gather(&self) -> impl Future<Output = NodeSnapshot> + Send;
     /// Resolves when something changed that must be reported before the next period (the
-    /// node starting to shut down); never, by default.
+    /// node starting to shut down, a device plugin's capacity); never, by default.
     fn changed(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
@@ -285,6 +289,7 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
     loop {
         let known_status = known.status.clone().unwrap_or_default();
         let ready = condition_status(&known_status, "Ready") == Some("True");
+        let gathered = clock::instant();
         let snap = snapshots.gather().await;
         let ours = compute_node_status(&snap, Some(&known_status), clock::timestamp());
         let due = last_report.elapsed() >= settings.cluster.node_status_report_frequency;
@@ -316,7 +321,9 @@ async fn sync_status<A: NodeApi, S: SnapshotSource>(
         };
         let go_on = tokio::select! {
             go_on = pause(wait, cancel) => go_on,
-            _ = snapshots.changed() => true,
+            _ = snapshots.changed() => {
+                pause(EARLY_UPDATE_GAP.saturating_sub(gathered.elapsed()), cancel).await
+            }
         };
         if !go_on {
             return;
@@ -521,11 +528,27 @@ pub(crate) struct LiveSnapshots<R> {
     pub shutdown: crate::kubelet::shutdown::ShutdownStatus,
     /// The device plugins' extended resources (upstream's `GetCapacity`).
     pub devices: Option<crate::kubelet::devices::DeviceManager>,
+    /// The device capacity version the last gather read, which `changed` waits to move past.
+    pub devices_seen: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
     fn changed(&self) -> impl Future<Output = ()> + Send {
-        self.shutdown.changed()
+        let shutdown = self.shutdown.changed();
+        let seen = self.devices_seen.load(Ordering::Relaxed);
+        let devices = self
+            .devices
+            .as_ref()
+            .map(|d| d.capacity_changed_since(seen));
+        async move {
+            match devices {
+                Some(devices) => tokio::select! {
+                    _ = shutdown => {}
+                    _ = devices => {}
+                },
+                None => shutdown.await,
+            }
+        }
     }
 
     async fn gather(&self) -> NodeSnapshot {
@@ -596,6 +619,8 @@ impl<R: RuntimeService + ImageService> SnapshotSource for LiveSnapshots<R> {
         let mut cap = capacity(&machine, self.max_pods);
         let mut alloc = allocatable(&cap, &self.reservations);
         if let Some(devices) = &self.devices {
+            self.devices_seen
+                .store(devices.capacity_version(), Ordering::Relaxed);
             (cap.extended, alloc.extended) = devices.capacity();
         }
         NodeSnapshot {

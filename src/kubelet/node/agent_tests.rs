@@ -61,17 +61,36 @@ impl Api {
     }
 }
 
-/// A snapshot whose runtime readiness the test can flip.
+/// A snapshot whose runtime readiness and extended resources the test can change; a change
+/// of the extended resources is told through `changed`, as a device plugin's is.
 #[derive(Clone)]
-struct Snapshots(Arc<Mutex<RuntimeState>>);
+struct Snapshots(
+    Arc<Mutex<RuntimeState>>,
+    Arc<Mutex<std::collections::BTreeMap<String, i64>>>,
+    Arc<tokio::sync::Notify>,
+);
 
 impl Snapshots {
     fn ready() -> Self {
-        Snapshots(Arc::new(Mutex::new(super::super::status::runtime_up(true))))
+        Snapshots(
+            Arc::new(Mutex::new(super::super::status::runtime_up(true))),
+            Default::default(),
+            Default::default(),
+        )
+    }
+
+    fn set_extended(&self, name: &str, count: i64) {
+        self.1.lock().unwrap().insert(name.into(), count);
+        self.2.notify_one();
     }
 }
 
 impl SnapshotSource for Snapshots {
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        let nudge = self.2.clone();
+        async move { nudge.notified().await }
+    }
+
     async fn gather(&self) -> NodeSnapshot {
         let amounts = Amounts {
             cpu_millis: 2000,
@@ -79,7 +98,7 @@ impl SnapshotSource for Snapshots {
             ephemeral_storage_bytes: 1 << 30,
             pods: 110,
             hugepages: vec![],
-            extended: Default::default(),
+            extended: self.1.lock().unwrap().clone(),
         };
         NodeSnapshot {
             node_name: "n1".into(),
@@ -480,4 +499,45 @@ fn the_published_node_never_goes_back_to_an_older_version() {
     assert_eq!(tier(), "gold");
     publisher.publish(&version("11", "silver"));
     assert_eq!(tier(), "silver");
+}
+
+fn allocatable_of(node: &Node, name: &str) -> Option<String> {
+    let q = node.status.as_ref()?.allocatable.as_ref()?.get(name)?;
+    Some(q.0.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_capacity_change_is_reported_at_once_but_a_flapping_one_at_most_once_a_second() {
+    const FLIP: &str = "example.com/flip";
+    let api = Api::new();
+    let snaps = Snapshots::ready();
+    let (cancel, task) = start(&api, &snaps);
+    advance(Duration::from_secs(3)).await;
+    let patches = api.calls("patch nodes/status");
+    snaps.set_extended(FLIP, 1);
+    advance(Duration::from_millis(50)).await;
+    assert_eq!(
+        allocatable_of(&api.node(), FLIP).as_deref(),
+        Some("1"),
+        "the change is reported at once, not at the 10 s period"
+    );
+    assert_eq!(api.calls("patch nodes/status"), patches + 1);
+    for n in 0..50 {
+        snaps.set_extended(FLIP, 2 + n % 2);
+        advance(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        api.calls("patch nodes/status"),
+        patches + 1,
+        "no second early round within a second of the first"
+    );
+    advance(Duration::from_millis(500)).await;
+    assert_eq!(api.calls("patch nodes/status"), patches + 2);
+    assert_eq!(
+        allocatable_of(&api.node(), FLIP).as_deref(),
+        Some("3"),
+        "the round a second later reports the latest count"
+    );
+    cancel.cancel();
+    task.await.unwrap();
 }

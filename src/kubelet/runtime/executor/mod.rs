@@ -9,6 +9,7 @@
 //! failing container never stops the others from being tried.
 
 mod dra;
+mod expand;
 mod image_pull;
 mod image_volumes;
 mod mount;
@@ -134,9 +135,15 @@ pub(crate) struct PodSyncState {
     /// tried again; apart from `mounts`, as a volume that fails to be published again stays
     /// mounted and keeps nothing from starting.
     pub republish: crate::kubelet::volume::backoff::MountBackoff,
-    /// A republish failed: look again after this long (its back-off). Taken at the end of the
-    /// sync.
+    /// A republish or an expansion failed: look again after this long (its back-off). Taken
+    /// at the end of the sync.
     pub republish_retry: Option<Duration>,
+    /// The failed online expansions of the pod's CSI volumes (`expand.rs`) and when each is
+    /// tried again.
+    pub expansion: crate::kubelet::volume::backoff::MountBackoff,
+    /// What an expansion settled for good, by `<volume>@<size>`: a read-only mount told it is
+    /// not expanded, a driver that cannot expand a volume in use.
+    pub expansion_settled: std::collections::HashSet<String>,
     /// The next sync starts from the view without reading the pod: a probe asked to kill an
     /// instance the view shows running, and the kill should not wait for a read. Taken by
     /// that sync.

@@ -106,6 +106,7 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                     );
                 }
                 self.republish_csi(pod, &objects, state).await;
+                self.expand_csi(pod, &objects, state).await;
             }
             return Ok(());
         }

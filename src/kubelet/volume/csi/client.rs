@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::CsiError;
 use super::proto;
 use super::proto::node_client::NodeClient as Raw;
+pub(crate) use super::proto::node_service_capability::rpc::Type as Rpc;
 
 /// Upstream's time-out of one CSI call.
 const CSI_TIMEOUT: Duration = Duration::from_secs(120);
@@ -120,32 +121,64 @@ impl NodeClient {
         })
     }
 
-    /// Whether the driver advertises `STAGE_UNSTAGE_VOLUME`.
-    pub(crate) async fn supports_stage(&mut self) -> Result<bool, CsiError> {
-        use proto::node_service_capability::{Type, rpc::Type as Rpc};
+    /// Whether the driver advertises the Node service capability `rpc`.
+    pub(crate) async fn supports(&mut self, rpc: Rpc) -> Result<bool, CsiError> {
+        use proto::node_service_capability::Type;
         let caps = self
             .raw
             .node_get_capabilities(proto::NodeGetCapabilitiesRequest {})
             .await
             .map_err(failed("NodeGetCapabilities"))?
             .into_inner();
-        Ok(caps.capabilities.iter().any(|c| {
-            matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == Rpc::StageUnstageVolume as i32)
-        }))
+        Ok(caps
+            .capabilities
+            .iter()
+            .any(|c| matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == rpc as i32)))
+    }
+
+    /// Whether the driver advertises `STAGE_UNSTAGE_VOLUME`.
+    pub(crate) async fn supports_stage(&mut self) -> Result<bool, CsiError> {
+        self.supports(Rpc::StageUnstageVolume).await
     }
 
     /// Whether the driver advertises `GET_VOLUME_STATS`.
     pub(crate) async fn supports_stats(&mut self) -> Result<bool, CsiError> {
-        use proto::node_service_capability::{Type, rpc::Type as Rpc};
-        let caps = self
+        self.supports(Rpc::GetVolumeStats).await
+    }
+
+    /// `NodeExpandVolume` of the volume published at `call.target_path` (the pod's mount,
+    /// upstream's `DeviceMountPath` for a volume in use) to `required_bytes`; the driver's
+    /// status code is kept, as upstream decides on it what to tell the claim.
+    pub(crate) async fn expand(
+        &mut self,
+        call: &VolumeCall,
+        required_bytes: i64,
+    ) -> Result<i64, CsiError> {
+        let request = proto::NodeExpandVolumeRequest {
+            volume_id: call.volume_id.clone(),
+            volume_path: call.target_path.clone(),
+            capacity_range: Some(proto::CapacityRange {
+                required_bytes,
+                limit_bytes: 0,
+            }),
+            staging_target_path: call.staging_path.clone(),
+            volume_capability: Some(call.capability()),
+            secrets: call.secrets.clone(),
+        };
+        let answer = self
             .raw
-            .node_get_capabilities(proto::NodeGetCapabilitiesRequest {})
+            .node_expand_volume(request)
             .await
-            .map_err(failed("NodeGetCapabilities"))?
+            .map_err(|status| CsiError::Expand {
+                code: status.code(),
+                reason: format!(
+                    "rpc error: code = {:?} desc = {}",
+                    status.code(),
+                    status.message()
+                ),
+            })?
             .into_inner();
-        Ok(caps.capabilities.iter().any(
-            |c| matches!(&c.r#type, Some(Type::Rpc(r)) if r.r#type == Rpc::GetVolumeStats as i32),
-        ))
+        Ok(answer.capacity_bytes)
     }
 
     /// `NodeGetVolumeStats` of the volume published at `volume_path`.

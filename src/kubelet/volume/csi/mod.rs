@@ -6,7 +6,8 @@
 //! `VolumeManager::set_up_csi_persistent`, the entry point the PVC → PV resolution calls.
 //! A CSIDriver's `tokenRequests` hand the pod's service-account tokens to the driver
 //! ([`tokens`]); its `requiresRepublish` has the volumes published again on each sync of a
-//! running pod ([`republish`]).
+//! running pod ([`republish`]); a claim in use whose volume grew is expanded online
+//! ([`expand`] decides, [`expander`] calls the driver).
 //!
 //! The registered drivers are one store for the whole process, as upstream's `csiDrivers`:
 //! the volume code reaches them from its blocking threads without being handed them. What
@@ -15,6 +16,8 @@
 
 pub(crate) mod attach;
 pub(crate) mod client;
+pub(crate) mod expand;
+pub(crate) mod expander;
 pub(crate) mod mount;
 pub(crate) mod node_info;
 pub(crate) mod republish;
@@ -118,6 +121,11 @@ pub(crate) enum CsiError {
     },
     #[error("kubernetes.io/csi: {call} failed: {reason}")]
     Call { call: &'static str, reason: String },
+    /// `NodeExpandVolume` failed; the code decides what the claim is told (upstream's text).
+    #[error("Expander.NodeExpand failed to expand the volume : {reason}")]
+    Expand { code: tonic::Code, reason: String },
+    #[error("NodeExpand is not supported by the CSI driver {0}")]
+    ExpandNotSupported(String),
     #[error("kubernetes.io/csi: {what} {path}: {reason}")]
     Files {
         what: &'static str,

@@ -136,7 +136,7 @@ async fn read_driver(name: String) -> Result<Option<CSIDriver>, CsiError> {
     })
 }
 
-async fn read_secret(
+pub(super) async fn read_secret(
     what: &'static str,
     namespace: String,
     name: String,
@@ -174,7 +174,7 @@ fn write_vol_data(dir: &Path, data: &BTreeMap<&str, String>) -> Result<(), CsiEr
     std::fs::write(&path, text).map_err(|e| files_error("saving volume data", &path, e))
 }
 
-fn read_vol_data(dir: &Path) -> Option<BTreeMap<String, String>> {
+pub(super) fn read_vol_data(dir: &Path) -> Option<BTreeMap<String, String>> {
     serde_json::from_slice(&std::fs::read(dir.join(VOL_DATA)).ok()?).ok()
 }
 

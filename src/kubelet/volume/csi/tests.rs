@@ -139,6 +139,8 @@ struct FakeDriver {
     calls: Arc<Mutex<Vec<String>>>,
     contexts: Arc<Mutex<Vec<HashMap<String, String>>>>,
     stage: bool,
+    /// Advertises `EXPAND_VOLUME`.
+    expand: bool,
 }
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -196,18 +198,33 @@ impl Node for FakeDriver {
     ) -> Reply<proto::NodeGetVolumeStatsResponse> {
         Err(tonic::Status::unimplemented(""))
     }
+    async fn node_expand_volume(
+        &self,
+        r: tonic::Request<proto::NodeExpandVolumeRequest>,
+    ) -> Reply<proto::NodeExpandVolumeResponse> {
+        let r = r.into_inner();
+        let bytes = r.capacity_range.map(|c| c.required_bytes).unwrap_or(0);
+        self.calls.lock().unwrap().push(format!(
+            "NodeExpandVolume {} {} {} {bytes}",
+            r.volume_id, r.volume_path, r.staging_target_path
+        ));
+        Ok(tonic::Response::new(proto::NodeExpandVolumeResponse {
+            capacity_bytes: bytes,
+        }))
+    }
     async fn node_get_capabilities(
         &self,
         _: tonic::Request<proto::NodeGetCapabilitiesRequest>,
     ) -> Reply<proto::NodeGetCapabilitiesResponse> {
+        use proto::node_service_capability::rpc::Type as Rpc;
         use proto::node_service_capability::{Rpc as RpcCap, Type};
-        let caps = self.stage.then(|| proto::NodeServiceCapability {
-            r#type: Some(Type::Rpc(RpcCap {
-                r#type: proto::node_service_capability::rpc::Type::StageUnstageVolume as i32,
-            })),
-        });
+        let cap = |rpc: Rpc| proto::NodeServiceCapability {
+            r#type: Some(Type::Rpc(RpcCap { r#type: rpc as i32 })),
+        };
+        let stage = self.stage.then(|| cap(Rpc::StageUnstageVolume));
+        let expand = self.expand.then(|| cap(Rpc::ExpandVolume));
         Ok(tonic::Response::new(proto::NodeGetCapabilitiesResponse {
-            capabilities: caps.into_iter().collect(),
+            capabilities: stage.into_iter().chain(expand).collect(),
         }))
     }
     async fn node_get_info(
@@ -392,4 +409,66 @@ async fn unregistered_driver_fails_in_upstreams_words() {
     );
     assert!(dir.join("vol_data.json").exists());
     let _ = CSIVolumeSource::default();
+}
+
+/// `NodeExpandVolume` goes to the published path with the staging path and the size, and a
+/// driver without `EXPAND_VOLUME` is not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_in_use_is_expanded_where_it_is_published() {
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().canonicalize().unwrap();
+    let source = CSIPersistentVolumeSource {
+        driver: "expand.mock".into(),
+        volume_handle: "h".into(),
+        fs_type: Some("ext4".into()),
+        ..Default::default()
+    };
+    let dir = expander::volume_dir(&root, "u1", "pv1");
+    let modes = ["ReadWriteOnce".to_string()];
+    let in_use = expander::InUse {
+        dir: dir.clone(),
+        source: &source,
+        access_modes: &modes,
+        mount_options: &[],
+    };
+    for expand in [true, false] {
+        let socket = root.join(format!("expand-{expand}.sock"));
+        let fake = FakeDriver {
+            stage: true,
+            expand,
+            ..Default::default()
+        };
+        serve(&socket, fake.clone());
+        set_driver(
+            "expand.mock",
+            Some(Driver {
+                endpoint: socket.display().to_string(),
+                version: (1, 0, 0),
+            }),
+        );
+        let got = expander::expand_in_use(&root, &in_use, 2 << 30).await;
+        let calls = fake.calls.lock().unwrap().clone();
+        if expand {
+            got.unwrap();
+            let global = mount::global_mount_path(&root, "expand.mock", "h");
+            assert_eq!(
+                calls,
+                [format!(
+                    "NodeExpandVolume h {} {} {}",
+                    dir.join("mount").display(),
+                    global.display(),
+                    2u64 << 30
+                )]
+            );
+        } else {
+            let err = got.unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "NodeExpand is not supported by the CSI driver expand.mock"
+            );
+            assert!(calls.is_empty(), "{calls:?}");
+        }
+    }
+    set_driver("expand.mock", None);
+    assert!(!expander::published(&dir), "nothing published in this test");
 }
