@@ -746,11 +746,11 @@ FIGURES = [
     ("pvc-start", "claim_s", "an API pod on a claim Bound to a local PV: POST -> container running (API server watch)", "s"),
     ("pvc-start", "plain_s", "  the same pod without the claim, same round (the floor)", "s"),
     ("pvc-start", "ratio", "  claim / plain, per round", "x"),
-    ("pvc-start", "claim_mounts", "  mounts held for the claim pod while it runs (mountinfo under pods/<uid>/)", "calls"),
-    ("pvc-start", "plain_mounts", "  mounts held for the plain pod", "calls"),
+    ("pvc-start", "claim_mounts", "  mounts held for the claim pod while it runs (mountinfo under pods/<uid>/)", "mounts"),
+    ("pvc-start", "plain_mounts", "  mounts held for the plain pod", "mounts"),
 ]
 
-FORMATS = {"ms": "{:.0f}", "x": "{:.2f}", "calls": "{:g}"}
+FORMATS = {"ms": "{:.0f}", "x": "{:.2f}", "calls": "{:g}", "mounts": "{:g}"}
 
 
 def cmd_summary(a):

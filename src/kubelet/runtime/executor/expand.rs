@@ -81,6 +81,34 @@ fn earliest(
     }
 }
 
+/// One expansion being tried: what it is about.
+struct Attempt<'a> {
+    pod: &'a Pod,
+    api: &'a ApiObjects,
+    used: &'a ClaimedCsi,
+    expansion: &'a Expansion,
+    now: Instant,
+}
+
+impl Attempt<'_> {
+    /// Writes the claim's status (a merge patch).
+    async fn patch(
+        &self,
+        claim: &PersistentVolumeClaim,
+        patch: serde_json::Value,
+    ) -> Result<PersistentVolumeClaim, crate::clients::apiserver::Problem> {
+        let (namespace, name) = claim_names(claim);
+        self.api.patch_claim_status(&namespace, &name, patch).await
+    }
+
+    /// A failed try: backed off, and said once in the log.
+    fn back_off(&self, state: &mut PodSyncState, message: String, what: &str) {
+        tracing::warn!(volume = %self.used.volume, error = %message, "{what}");
+        let volume = &self.used.volume;
+        state.expansion.failed(volume, 0, self.now, message);
+    }
+}
+
 impl<R: RuntimeService + ImageService> Executor<R> {
     /// Expands the running pod's CSI volumes whose claims grew (see the module doc).
     pub(super) async fn expand_csi(
@@ -106,12 +134,17 @@ impl<R: RuntimeService + ImageService> Executor<R> {
                 Decision::ReadOnly { size } => {
                     self.not_expanded_read_only(pod, used, &size.0, state)
                 }
-                Decision::Expand(e) => {
-                    if !state
-                        .expansion_settled
-                        .contains(&used.settled_key(&e.size.0))
-                    {
-                        self.expand_one(pod, api, used, &e, now, state).await;
+                Decision::Expand(expansion) => {
+                    let key = used.settled_key(&expansion.size.0);
+                    if !state.expansion_settled.contains(&key) {
+                        let attempt = Attempt {
+                            pod,
+                            api,
+                            used,
+                            expansion: &expansion,
+                            now,
+                        };
+                        self.expand_one(&attempt, state).await;
                     }
                 }
             }
@@ -134,57 +167,35 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             "MountVolume.NodeExpandVolume failed for volume {:?} requested read-only file system",
             used.pv_name()
         );
-        self.events.pod(
-            pod,
-            EventType::Warning,
-            reason::FILE_SYSTEM_RESIZE_FAILED,
-            message.clone(),
-        );
-        self.events.record(
-            claim_ref(&used.claim),
-            EventType::Warning,
-            reason::FILE_SYSTEM_RESIZE_FAILED,
-            message,
-        );
+        let failed = reason::FILE_SYSTEM_RESIZE_FAILED;
+        self.events
+            .pod(pod, EventType::Warning, failed, message.clone());
+        let claim = claim_ref(&used.claim);
+        self.events
+            .record(claim, EventType::Warning, failed, message);
     }
 
     /// One expansion: the claim marked in progress (when tracked), the driver's
     /// `NodeExpandVolume`, then the claim's status written or the failure told.
-    async fn expand_one(
-        &self,
-        pod: &Pod,
-        api: &ApiObjects,
-        used: &ClaimedCsi,
-        e: &Expansion,
-        now: Instant,
-        state: &mut PodSyncState,
-    ) {
+    async fn expand_one(&self, t: &Attempt<'_>, state: &mut PodSyncState) {
         let root = self.volumes.root_dir.clone();
-        let dir = expander::volume_dir(&root, pod_uid(pod), used.pv_name());
+        let dir = expander::volume_dir(&root, pod_uid(t.pod), t.used.pv_name());
         if !expander::published(&dir) {
             return;
         }
-        let (namespace, name) = claim_names(&used.claim);
-        let mut claim = (*used.claim).clone();
-        if e.tracked {
-            match api
-                .patch_claim_status(&namespace, &name, expand::in_progress_patch(&claim))
-                .await
-            {
+        let mut claim = (*t.used.claim).clone();
+        if t.expansion.tracked {
+            match t.patch(&claim, expand::in_progress_patch(&claim)).await {
                 Ok(updated) => claim = updated,
                 Err(problem) => {
                     let message = format!(
                         "MountVolume.NodeExpandVolume failed to mark node expansion in progress: {problem}"
                     );
-                    state
-                        .expansion
-                        .failed(&used.volume, 0, now, message.clone());
-                    tracing::warn!(volume = %used.volume, error = %message, "cannot start the volume expansion");
-                    return;
+                    return t.back_off(state, message, "cannot start the volume expansion");
                 }
             }
         }
-        let spec = used.pv.spec.clone().unwrap_or_default();
+        let spec = t.used.pv.spec.clone().unwrap_or_default();
         let Some(source) = spec.csi.as_ref() else {
             return;
         };
@@ -194,104 +205,81 @@ impl<R: RuntimeService + ImageService> Executor<R> {
             access_modes: spec.access_modes.as_deref().unwrap_or_default(),
             mount_options: spec.mount_options.as_deref().unwrap_or_default(),
         };
-        match expander::expand_in_use(&root, &in_use, e.bytes).await {
-            Ok(()) => self.expanded(pod, api, used, &claim, e, now, state).await,
-            Err(err) => {
-                self.expand_failed(pod, api, used, &claim, e, err, now, state)
-                    .await
-            }
+        match expander::expand_in_use(&root, &in_use, t.expansion.bytes).await {
+            Ok(()) => self.expanded(t, &claim, state).await,
+            Err(err) => self.expand_failed(t, &claim, err, state).await,
         }
     }
 
     /// The driver grew the volume: upstream's events, and the claim's new capacity.
-    #[allow(clippy::too_many_arguments)]
     async fn expanded(
         &self,
-        pod: &Pod,
-        api: &ApiObjects,
-        used: &ClaimedCsi,
+        t: &Attempt<'_>,
         claim: &PersistentVolumeClaim,
-        e: &Expansion,
-        now: Instant,
         state: &mut PodSyncState,
     ) {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+        let spec = t.pod.spec.as_ref();
+        let node = spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
         let message = format!(
             "MountVolume.NodeExpandVolume succeeded for volume {:?} {node}",
-            used.pv_name()
+            t.used.pv_name()
         );
         let ok = reason::FILE_SYSTEM_RESIZE_SUCCESSFUL;
-        self.events.pod(pod, EventType::Normal, ok, message.clone());
+        self.events
+            .pod(t.pod, EventType::Normal, ok, message.clone());
         self.events
             .record(claim_ref(claim), EventType::Normal, ok, message);
-        let (namespace, name) = claim_names(claim);
-        let patch = expand::finished_patch(claim, &e.size);
-        match api.patch_claim_status(&namespace, &name, patch).await {
-            Ok(_) => state.expansion.succeeded(&used.volume),
-            Err(problem) => {
-                // The next try expands again (the call is idempotent) and writes the status.
-                let message =
-                    format!("mountVolume.NodeExpandVolume update pvc status failed: {problem}");
-                tracing::warn!(volume = %used.volume, error = %message, "volume expanded; its claim's status not written");
-                state.expansion.failed(&used.volume, 0, now, message);
-            }
+        let patch = expand::finished_patch(claim, &t.expansion.size);
+        match t.patch(claim, patch).await {
+            Ok(_) => state.expansion.succeeded(&t.used.volume),
+            // The next try expands again (the call is idempotent) and writes the status.
+            Err(problem) => t.back_off(
+                state,
+                format!("mountVolume.NodeExpandVolume update pvc status failed: {problem}"),
+                "volume expanded; its claim's status not written",
+            ),
         }
     }
 
     /// The driver did not grow the volume: upstream's `VolumeResizeFailed` on the pod, and
     /// the claim told as upstream tells it for the driver's code.
-    #[allow(clippy::too_many_arguments)]
     async fn expand_failed(
         &self,
-        pod: &Pod,
-        api: &ApiObjects,
-        used: &ClaimedCsi,
+        t: &Attempt<'_>,
         claim: &PersistentVolumeClaim,
-        e: &Expansion,
         err: CsiError,
-        now: Instant,
         state: &mut PodSyncState,
     ) {
         let message = format!(
             "NodeExpandVolume.NodeExpandVolume failed for volume {:?} : {err}",
-            used.pv_name()
+            t.used.pv_name()
         );
-        self.events.pod(
-            pod,
-            EventType::Warning,
-            reason::VOLUME_RESIZE_FAILED,
-            message.clone(),
-        );
-        state.expansion.failed(&used.volume, 0, now, message);
+        let failed = reason::VOLUME_RESIZE_FAILED;
+        self.events
+            .pod(t.pod, EventType::Warning, failed, message.clone());
+        state.expansion.failed(&t.used.volume, 0, t.now, message);
         let failure = match &err {
             CsiError::Expand { code, .. } => expand::classify(*code),
             _ => Failure::Transient,
         };
+        let settled = t.used.settled_key(&t.expansion.size.0);
         let infeasible = match failure {
             Failure::Transient => return,
             Failure::InUse => {
-                state.expansion_settled.insert(used.settled_key(&e.size.0));
+                state.expansion_settled.insert(settled);
                 return;
             }
             Failure::Infeasible => {
-                state.expansion_settled.insert(used.settled_key(&e.size.0));
+                state.expansion_settled.insert(settled);
                 true
             }
             Failure::Final => false,
         };
-        let (namespace, name) = claim_names(claim);
-        let patch = expand::failed_patch(
-            claim,
-            &err.to_string(),
-            infeasible,
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(clock::timestamp()),
-        );
-        if let Err(problem) = api.patch_claim_status(&namespace, &name, patch).await {
-            tracing::warn!(volume = %used.volume, error = %problem, "cannot mark the claim's node expansion as failed");
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(clock::timestamp());
+        let patch = expand::failed_patch(claim, &err.to_string(), infeasible, now);
+        if let Err(problem) = t.patch(claim, patch).await {
+            let volume = &t.used.volume;
+            tracing::warn!(volume = %volume, error = %problem, "cannot mark the claim's node expansion as failed");
         }
     }
 }
