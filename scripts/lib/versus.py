@@ -57,6 +57,13 @@ its read-only `/pods` and `/healthz` and appends one JSON object per round to OU
                   (mountinfo entries under a `pods/<uid>/` directory); then deleted (grace 1 s)
                   until the pod object is gone, and the claim and volume removed. One warm-up
                   pair runs first, not recorded.
+  sts-ready       the kubelet runs as a node of a test cluster (--cluster, --node) where Rancher's
+                  local-path-provisioner runs (StorageClass local-path). Once the Node is
+                  Ready, per round a StatefulSet of --replicas replicas (Parallel, pinned to the
+                  node, one claim each from a volumeClaimTemplate on local-path: the scheduler,
+                  the provisioner and its helper pod on the node come first) from its POST
+                  until its readyReplicas is --replicas (a watch); then the StatefulSet, its
+                  pods and claims deleted and their volumes gone before the next round.
   summary         the table from the files the rounds wrote.
 
 Phase: each probe command also touches /w/probed, so its mtime is when the kubelet last ran the
@@ -634,6 +641,15 @@ def claim_objects(a, name, hostdir):
     return pv, pvc
 
 
+def ensure_namespace(api):
+    """The benches' namespace, with its default service account (pods are refused before)."""
+    code, _ = api.request("POST", "/api/v1/namespaces", {"metadata": {"name": PVC_NS}})
+    if code not in (201, 409):
+        sys.exit(f"versus: cannot make namespace {PVC_NS}: HTTP {code}")
+    sa = f"/api/v1/namespaces/{PVC_NS}/serviceaccounts/default"
+    wait(f"the service account {PVC_NS}/default", lambda: api.get(sa) is not None, 60, 0.1)
+
+
 def api_pod(a, name, claim):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
            "spec": {"nodeName": a.node, "terminationGracePeriodSeconds": 1,
@@ -673,9 +689,7 @@ def watch_until(api, path, check, what, timeout=120):
 
 def cmd_pvc_start(a, agent):
     api = ApiServer(a.cluster)
-    code, _ = api.request("POST", "/api/v1/namespaces", {"metadata": {"name": PVC_NS}})
-    if code not in (201, 409):
-        sys.exit(f"versus: cannot make namespace {PVC_NS}: HTTP {code}")
+    ensure_namespace(api)
     pods = f"/api/v1/namespaces/{PVC_NS}/pods"
     claims = f"/api/v1/namespaces/{PVC_NS}/persistentvolumeclaims"
 
@@ -727,6 +741,58 @@ def cmd_pvc_start(a, agent):
         })
 
 
+def statefulset(a, name):
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+            "spec": {"replicas": a.replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "nodeSelector": {"kubernetes.io/hostname": a.node},
+                         "automountServiceAccountToken": False, "enableServiceLinks": False,
+                         "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "app", "image": a.image, "imagePullPolicy": "IfNotPresent",
+                                         "command": ["sh", "-c", "hostname >> /data/boots; trap 'exit 0' TERM; sleep 3600 & wait"],
+                                         "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+                     "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {
+                         "accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                         "resources": {"requests": {"storage": "1Mi"}}}}]}}
+
+
+def cmd_sts_ready(a, agent):
+    api = ApiServer(a.cluster)
+    ensure_namespace(api)
+
+    def node_ready(obj):
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (obj.get("status") or {}).get("conditions") or [])
+
+    nodes = f"/api/v1/nodes?fieldSelector={urllib.parse.quote('metadata.name=' + a.node)}"
+    watch_until(api, nodes, node_ready, f"Node {a.node} Ready", 120)
+    sets = f"/apis/apps/v1/namespaces/{PVC_NS}/statefulsets"
+    claims = f"/api/v1/namespaces/{PVC_NS}/persistentvolumeclaims"
+    pods = f"/api/v1/namespaces/{PVC_NS}/pods"
+    for n in range(a.rounds):
+        name = f"db-{a.tag}-{n}"
+        ready = lambda o: ((o.get("status") or {}).get("readyReplicas") or 0) >= a.replicas
+        t0 = time.time()
+        api.must("POST", sets, statefulset(a, name))
+        watch_until(api, f"{sets}?fieldSelector={urllib.parse.quote('metadata.name=' + name)}", ready,
+                    f"StatefulSet {name} all {a.replicas} Ready", 600)
+        took = time.time() - t0
+        selector = urllib.parse.quote(f"app={name}")
+        api.must("DELETE", f"{sets}/{name}")
+        api.must("DELETE", f"{pods}?labelSelector={selector}")
+        empty = lambda path: not (api.get(path) or {"items": [1]}).get("items")
+        wait(f"pods of {name} gone", lambda: empty(f"{pods}?labelSelector={selector}"), 180, 0.2)
+        api.must("DELETE", f"{claims}?labelSelector={selector}")
+        wait(f"claims of {name} gone", lambda: empty(f"{claims}?labelSelector={selector}"), 180, 0.2)
+        left = lambda: not any((pv.get("spec") or {}).get("storageClassName") == "local-path"
+                               for pv in (api.get("/api/v1/persistentvolumes") or {"items": [{}]}).get("items") or [])
+        wait(f"volumes of {name} removed by the provisioner", left, 300, 0.5)
+        emit(a.out, {"figure": "sts-ready", "kubelet": a.kubelet, "block": a.tag, "round": n,
+                     "replicas": a.replicas, "ready_s": round(took, 3)})
+
+
 FIGURES = [
     ("readiness", "file_to_ready_s", "exec readiness probe (period 1 s): the file appears -> pod Ready in /pods", "s"),
     ("readiness", "answer_to_ready_ms", "  of which: the probe's answer -> Ready in /pods", "ms"),
@@ -748,6 +814,7 @@ FIGURES = [
     ("pvc-start", "ratio", "  claim / plain, per round", "x"),
     ("pvc-start", "claim_mounts", "  mounts held for the claim pod while it runs (mountinfo under pods/<uid>/)", "mounts"),
     ("pvc-start", "plain_mounts", "  mounts held for the plain pod", "mounts"),
+    ("sts-ready", "ready_s", "a StatefulSet with one local-path claim per replica: POST -> all replicas Ready (--replicas; the provisioner's helper pods included)", "s"),
 ]
 
 FORMATS = {"ms": "{:.0f}", "x": "{:.2f}", "calls": "{:g}", "mounts": "{:g}"}
@@ -786,7 +853,8 @@ def cmd_summary(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("readiness", "liveness", "runtime-return", "device-start", "device-capacity", "pvc-start"):
+    for name in ("readiness", "liveness", "runtime-return", "device-start", "device-capacity", "pvc-start",
+                 "sts-ready"):
         p = sub.add_parser(name)
         p.add_argument("--kubelet", required=True, choices=["deckhand", "upstream"])
         p.add_argument("--pods-port", type=int, required=True)
@@ -805,6 +873,7 @@ def main():
         p.add_argument("--node", help="the kubelet's Node (device-capacity, pvc-start)")
         p.add_argument("--plugin-pid", type=int, help="flip-device-plugin's PID (device-capacity)")
         p.add_argument("--resource", default="example.com/flip", help="its resource (device-capacity)")
+        p.add_argument("--replicas", type=int, default=20, help="the StatefulSet's replicas (sts-ready)")
         p.add_argument("--period", type=float, default=10.0,
                        help="random wait before each change, up to this many seconds (device-capacity)")
     s = sub.add_parser("summary")
@@ -815,7 +884,7 @@ def main():
     agent = Agent(a.pods_port, a.healthz_port)
     {"readiness": cmd_readiness, "liveness": cmd_liveness, "runtime-return": cmd_runtime_return,
      "device-start": cmd_device_start, "device-capacity": cmd_device_capacity,
-     "pvc-start": cmd_pvc_start}[a.cmd](a, agent)
+     "pvc-start": cmd_pvc_start, "sts-ready": cmd_sts_ready}[a.cmd](a, agent)
 
 
 if __name__ == "__main__":
