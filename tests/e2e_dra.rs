@@ -409,6 +409,18 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
         (count(&agent.log(), "DRA driver registered") > registered).then_some(())
     })
     .await;
+    // The start deleted the node's slices (upstream's start-up wipe); the driver publishes
+    // its own again.
+    assert!(
+        agent.log().contains("deleted the node's ResourceSlices"),
+        "the start-up wipe is logged"
+    );
+    wait_until(
+        "the driver's ResourceSlice published again",
+        WAIT,
+        || async { node_slices(&slices).await?.then_some(()) },
+    )
+    .await;
     assert_eq!(running_container(&cri, "dra-a").await, a);
     assert_eq!(running_container(&cri, "dra-b").await, b);
 
@@ -569,6 +581,31 @@ async fn the_dra_test_drivers_claims_reach_pods_prepared_once_and_released() {
     // The failed calls and prepares are timed too, under gRPC's code.
     assert!(metric(&agent, &grpc_count("NodePrepareResources", "Unavailable")).await >= 1.0);
     assert!(metric(&agent, &operation_count("PrepareResources", true)).await >= 1.0);
+
+    // The driver does not come back (killed, it leaves its registration socket behind; its
+    // service socket refuses): 30 s after that is seen (upstream's wiping delay) its slices
+    // are deleted, so the scheduler no longer allocates its devices here.
+    wait_until(
+        "the gone driver's ResourceSlices deleted",
+        Duration::from_secs(120),
+        || async { (!node_slices(&slices).await?).then_some(()) },
+    )
+    .await;
+    assert!(
+        agent
+            .log()
+            .contains("the DRA driver has not come back; deleting its ResourceSlices")
+    );
+}
+
+/// Whether the test driver has a ResourceSlice for the node (`None`: the list failed).
+async fn node_slices(slices: &Api<ResourceSlice>) -> Option<bool> {
+    let list = slices.list(&ListParams::default()).await.ok()?;
+    Some(
+        list.items
+            .iter()
+            .any(|s| s.spec.node_name.as_deref() == Some(NODE) && s.spec.driver == DRIVER),
+    )
 }
 
 /// The dir of the sample device plugin and the pod-resources client (`devices`), built or

@@ -143,6 +143,9 @@ impl Agent {
             &config.root_dir,
             api.as_ref().map(|api| api.general.clone()),
         );
+        // Before any driver registers: the node's slices left from before go (upstream's
+        // start-up wipe); a driver publishes its own again when it registers.
+        dra.start_slice_wipes(&config.node_name, cancel.clone());
         let tasks = Supervisor::new(
             tracker.clone(),
             cancel.clone(),

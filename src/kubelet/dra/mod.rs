@@ -28,6 +28,7 @@ pub(crate) mod claims;
 pub(crate) mod health;
 pub(crate) mod health_watch;
 pub(crate) mod metrics;
+pub(crate) mod slices;
 pub(crate) mod state;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -112,6 +113,14 @@ struct Inner {
     health_watches: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
     /// Where a health change that touches a pod's devices is told (the pods' pokes).
     status_pokes: std::sync::OnceLock<crate::base::resync_queue::Pokes>,
+    /// The node whose stale ResourceSlices are deleted, and the agent's stop ([`slices`]);
+    /// set once the daemon knows the node.
+    wipe_scope: std::sync::OnceLock<(String, tokio_util::sync::CancellationToken)>,
+    /// The deletions of a gone driver's slices that wait out [`slices::WIPING_DELAY`], by
+    /// driver; one that registers again cancels its own.
+    pending_wipes: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
+    /// The registered drivers' connection watches ([`slices::watch_connection`]), by driver.
+    connection_watches: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
 }
 
 /// The DRA manager; cheap to clone.
@@ -247,8 +256,65 @@ impl DraManager {
                 health: Mutex::new(health::HealthCache::default()),
                 health_watches: Mutex::new(HashMap::new()),
                 status_pokes: std::sync::OnceLock::new(),
+                wipe_scope: std::sync::OnceLock::new(),
+                pending_wipes: Mutex::new(HashMap::new()),
+                connection_watches: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Deletes every ResourceSlice of `node` now (no driver has registered yet), and from now
+    /// on a gone driver's slices after [`slices::WIPING_DELAY`], until `stop`. Without an API
+    /// server there is nothing to delete.
+    pub(crate) fn start_slice_wipes(&self, node: &str, stop: tokio_util::sync::CancellationToken) {
+        let Some(client) = self.inner.client.clone() else {
+            return;
+        };
+        if self
+            .inner
+            .wipe_scope
+            .set((node.to_string(), stop.clone()))
+            .is_err()
+        {
+            return;
+        }
+        let node = node.to_string();
+        tokio::spawn(async move { slices::wipe(client, &node, None, &stop).await });
+    }
+
+    /// The driver is usable again, or is not: its pending slice deletion is cancelled, or
+    /// scheduled (one already scheduled keeps its time, as upstream's).
+    fn driver_slices(&self, name: &str, usable: bool) {
+        let mut pending = self
+            .inner
+            .pending_wipes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if usable {
+            if let Some(earlier) = pending.remove(name) {
+                earlier.cancel();
+            }
+            return;
+        }
+        if pending.get(name).is_some_and(|p| !p.is_cancelled()) {
+            return;
+        }
+        let (Some(client), Some((node, stop))) =
+            (self.inner.client.clone(), self.inner.wipe_scope.get())
+        else {
+            return;
+        };
+        let cancel = stop.child_token();
+        pending.insert(name.to_string(), cancel.clone());
+        let (node, driver) = (node.clone(), name.to_string());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(slices::WIPING_DELAY) => {}
+            }
+            tracing::info!(driver = %driver, "the DRA driver has not come back; deleting its ResourceSlices");
+            slices::wipe(client, &node, Some(&driver), &cancel).await;
+        });
     }
 
     fn claims(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, ClaimInfo>> {
@@ -289,13 +355,52 @@ impl DraManager {
         guards
     }
 
-    /// Records a driver's endpoint (`None`: it went away).
-    pub(crate) fn set_driver(&self, name: &str, endpoint: Option<&str>) {
-        let mut drivers = self.inner.drivers.lock().unwrap_or_else(|e| e.into_inner());
-        match endpoint {
-            Some(e) => drivers.insert(name.to_string(), e.to_string()),
-            None => drivers.remove(name),
+    /// Watches whether the registered driver's socket still answers (see
+    /// [`slices::watch_connection`]); a watch it had before stops.
+    fn start_connection_watch(&self, name: &str, endpoint: &str) {
+        let stop = match self.inner.wipe_scope.get() {
+            Some((_, stop)) => stop.child_token(),
+            None => return,
         };
+        let mut watches = self
+            .inner
+            .connection_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = watches.insert(name.to_string(), stop.clone()) {
+            old.cancel();
+        }
+        let (manager, name, endpoint) = (self.clone(), name.to_string(), endpoint.to_string());
+        tokio::spawn(async move {
+            slices::watch_connection(&endpoint, &stop, |usable| {
+                manager.driver_slices(&name, usable)
+            })
+            .await
+        });
+    }
+
+    fn stop_connection_watch(&self, name: &str) {
+        let mut watches = self
+            .inner
+            .connection_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = watches.remove(name) {
+            old.cancel();
+        }
+    }
+
+    /// Records a driver's endpoint (`None`: it went away), and schedules or cancels the
+    /// deletion of its slices.
+    pub(crate) fn set_driver(&self, name: &str, endpoint: Option<&str>) {
+        {
+            let mut drivers = self.inner.drivers.lock().unwrap_or_else(|e| e.into_inner());
+            match endpoint {
+                Some(e) => drivers.insert(name.to_string(), e.to_string()),
+                None => drivers.remove(name),
+            };
+        }
+        self.driver_slices(name, endpoint.is_some());
     }
 
     /// A copy of the cache.
@@ -736,6 +841,7 @@ impl PluginHandler for DraHandler {
                 Some(service) => self.manager.start_health_watch(name, endpoint, service),
                 None => self.manager.stop_health_watch(name),
             }
+            self.manager.start_connection_watch(name, endpoint);
             let manager = self.manager.clone();
             tokio::spawn(async move { manager.retry_unprepared().await });
             Ok(())
@@ -746,6 +852,7 @@ impl PluginHandler for DraHandler {
         Box::pin(async move {
             self.manager.set_driver(name, None);
             self.manager.stop_health_watch(name);
+            self.manager.stop_connection_watch(name);
             tracing::info!(driver = name, "DRA driver deregistered");
         })
     }

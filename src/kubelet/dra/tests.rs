@@ -653,3 +653,44 @@ async fn the_claim_made_for_extended_resources_is_prepared_for_the_containers_re
     s.manager.unprepare("p1").await.unwrap();
     assert_eq!(calls(&s.driver)[1], (UNPREPARE, vec!["ext".to_string()]));
 }
+
+/// Upstream's wiping: the node's slices at start, a gone driver's after 30 s unless it
+/// registers again within them; other nodes' and other drivers' slices stay.
+#[tokio::test(start_paused = true)]
+async fn a_gone_drivers_slices_are_deleted_after_the_delay_unless_it_comes_back() {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let slice = |name: &str, node: &str, driver: &str| -> ResourceSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+        }))
+        .unwrap()
+    };
+    let api = FakeApiServer::new();
+    api.apply(&slice("old", "n1", DRIVER));
+    api.apply(&slice("elsewhere", "n2", DRIVER));
+    let root = tempfile::tempdir().unwrap();
+    let manager = DraManager::new(root.path(), Some(api.client()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    manager.start_slice_wipes("n1", stop.clone());
+    let there = |name: &str| api.get::<ResourceSlice>("", name).is_some();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!there("old"), "the node's slices go at start");
+    assert!(there("elsewhere"));
+
+    api.apply(&slice("mine", "n1", DRIVER));
+    api.apply(&slice("other-driver", "n1", "other.example.com"));
+    manager.set_driver(DRIVER, Some("/nowhere.sock"));
+    manager.set_driver(DRIVER, None);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(there("mine"), "not within the delay");
+    manager.set_driver(DRIVER, Some("/nowhere.sock"));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(there("mine"), "a driver that came back keeps its slices");
+    manager.set_driver(DRIVER, None);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(!there("mine"), "gone 30 s after the driver");
+    assert!(there("other-driver") && there("elsewhere"));
+    stop.cancel();
+}

@@ -6,7 +6,7 @@
 //! **The store.** Objects are JSON values by resource (group, version, plural), namespace and
 //! name. One global counter gives resourceVersions; create sets `uid` and
 //! `creationTimestamp` (and makes a name from `generateName`). The verbs:
-//! - `get`, `list` (`labelSelector`, `fieldSelector` on any dotted path: [`select`]; no paging,
+//! - `get`, `list` and `deletecollection` (`labelSelector`, `fieldSelector` on any dotted path: [`select`]; no paging,
 //!   `limit` is ignored), `watch` ([`watch`]: resourceVersion, bookmarks, 410 Gone after
 //!   [`FakeApiServer::compact`]);
 //! - `create` (409 AlreadyExists), `update` (409 Conflict on a stale resourceVersion),
@@ -896,12 +896,49 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
             }
             written(inner.state().store.delete(&key, &options), 200)
         }
-        Verb::DeleteCollection => status_response(&status(
-            405,
-            "MethodNotAllowed",
-            "the fake API server does not delete collections",
-        )),
+        Verb::DeleteCollection => delete_collection(inner, request),
     }
+}
+
+/// DELETE on a collection: every object the selectors match goes as a DELETE of it would
+/// (finalizers and graces kept); the answer lists what was matched.
+fn delete_collection(inner: &Inner, request: &Request) -> Response {
+    let selector = match select::Selector::parse(
+        request.param("labelSelector"),
+        request.param("fieldSelector"),
+    ) {
+        Ok(s) => s,
+        Err(e) => return status_response(&status(400, "BadRequest", e.to_string())),
+    };
+    let mut state = inner.state();
+    let keys: Vec<store::Key> = state
+        .store
+        .list(&request.gvr, request.namespace.as_deref())
+        .filter(|o| selector.matches(o))
+        .map(|o| store::Key {
+            gvr: request.gvr.clone(),
+            namespace: o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            name: o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        })
+        .collect();
+    let mut items = Vec::new();
+    for key in keys {
+        if let Ok(gone) = state.store.delete(&key, &json!({})) {
+            items.push(gone);
+        }
+    }
+    json_response(
+        200,
+        &json!({
+            "apiVersion": request.gvr.api_version(),
+            "kind": format!("{}List", kind_of(&request.gvr)),
+            "metadata": {"resourceVersion": state.store.rv.to_string()},
+            "items": items,
+        }),
+    )
 }
 
 fn list(inner: &Inner, request: &Request) -> Response {
