@@ -119,7 +119,10 @@ mod tests {
             watch_connection(&path, &halt, |up| record.lock().unwrap().push(up)).await
         });
         tokio::time::sleep(PROBE_PERIOD * 2 + Duration::from_millis(10)).await;
-        assert!(seen.lock().unwrap().is_empty(), "answering: nothing to tell");
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "answering: nothing to tell"
+        );
         drop(listener);
         std::fs::remove_file(&socket).unwrap();
         tokio::time::sleep(PROBE_PERIOD * 3).await;

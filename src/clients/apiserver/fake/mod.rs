@@ -900,15 +900,34 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
     }
 }
 
+/// The request's label and field selectors, or the 400 answer to a bad one.
+fn selector_of(request: &Request) -> Result<select::Selector, Response> {
+    select::Selector::parse(
+        request.param("labelSelector"),
+        request.param("fieldSelector"),
+    )
+    .map_err(|e| status_response(&status(400, "BadRequest", e.to_string())))
+}
+
+/// A list answer of `items` at the store's version `rv`.
+fn list_response(request: &Request, rv: u64, items: Vec<Value>) -> Response {
+    json_response(
+        200,
+        &json!({
+            "apiVersion": request.gvr.api_version(),
+            "kind": format!("{}List", kind_of(&request.gvr)),
+            "metadata": {"resourceVersion": rv.to_string()},
+            "items": items,
+        }),
+    )
+}
+
 /// DELETE on a collection: every object the selectors match goes as a DELETE of it would
 /// (finalizers and graces kept); the answer lists what was matched.
 fn delete_collection(inner: &Inner, request: &Request) -> Response {
-    let selector = match select::Selector::parse(
-        request.param("labelSelector"),
-        request.param("fieldSelector"),
-    ) {
+    let selector = match selector_of(request) {
         Ok(s) => s,
-        Err(e) => return status_response(&status(400, "BadRequest", e.to_string())),
+        Err(answer) => return answer,
     };
     let mut state = inner.state();
     let keys: Vec<store::Key> = state
@@ -924,30 +943,17 @@ fn delete_collection(inner: &Inner, request: &Request) -> Response {
             name: o["metadata"]["name"].as_str().unwrap_or("").to_string(),
         })
         .collect();
-    let mut items = Vec::new();
-    for key in keys {
-        if let Ok(gone) = state.store.delete(&key, &json!({})) {
-            items.push(gone);
-        }
-    }
-    json_response(
-        200,
-        &json!({
-            "apiVersion": request.gvr.api_version(),
-            "kind": format!("{}List", kind_of(&request.gvr)),
-            "metadata": {"resourceVersion": state.store.rv.to_string()},
-            "items": items,
-        }),
-    )
+    let items = keys
+        .iter()
+        .filter_map(|key| state.store.delete(key, &json!({})).ok())
+        .collect();
+    list_response(request, state.store.rv, items)
 }
 
 fn list(inner: &Inner, request: &Request) -> Response {
-    let selector = match select::Selector::parse(
-        request.param("labelSelector"),
-        request.param("fieldSelector"),
-    ) {
+    let selector = match selector_of(request) {
         Ok(s) => s,
-        Err(e) => return status_response(&status(400, "BadRequest", e.to_string())),
+        Err(answer) => return answer,
     };
     let state = inner.state();
     let items: Vec<Value> = state
@@ -956,15 +962,7 @@ fn list(inner: &Inner, request: &Request) -> Response {
         .filter(|o| selector.matches(o))
         .cloned()
         .collect();
-    json_response(
-        200,
-        &json!({
-            "apiVersion": request.gvr.api_version(),
-            "kind": format!("{}List", kind_of(&request.gvr)),
-            "metadata": {"resourceVersion": state.store.rv.to_string()},
-            "items": items,
-        }),
-    )
+    list_response(request, state.store.rv, items)
 }
 
 /// The answers of the creates nothing is stored for, until a test sets a responder:
