@@ -1,9 +1,10 @@
 # shellcheck shell=bash
-# Deckhand next to upstream's kubelet on one testbed, for scripts/bench-probes --versus and
-# scripts/bench-lifecycle --runtime-return: start either kubelet on the testbed's containerd
-# with its own root dir, cgroup root, ports and static pod directory (no API server), run a
-# block of rounds of scripts/lib/versus.py against it, remove its pods and stop it. Blocks
-# alternate between the two kubelets; the caller sources this file and calls versus_run.
+# Deckhand next to upstream's kubelet on one testbed, for scripts/bench-probes --versus,
+# scripts/bench-lifecycle --runtime-return, scripts/bench-devices and scripts/bench-claims:
+# start either kubelet on the testbed's containerd with its own root dir, cgroup root, ports
+# and static pod directory (standalone, or a node of a test cluster: "Cluster mode" below),
+# run a block of rounds of scripts/lib/versus.py against it, remove its pods and stop it.
+# Blocks alternate between the two kubelets; the caller sources this file and calls vs_main.
 #
 # Expects: VS_TB (testbed dir, up), VS_WORK (a fresh work dir), VS_DECKHAND (the agent's
 # binary), VS_KUBELET (upstream's kubelet binary), VS_NODE (node name). VS_CG_DECKHAND and
