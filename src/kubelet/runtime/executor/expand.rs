@@ -179,7 +179,11 @@ impl<R: RuntimeService + ImageService> Executor<R> {
     /// `NodeExpandVolume`, then the claim's status written or the failure told.
     async fn expand_one(&self, t: &Attempt<'_>, state: &mut PodSyncState) {
         let root = self.volumes.root_dir.clone();
-        let dir = expander::volume_dir(&root, pod_uid(t.pod), t.used.pv_name());
+        let dir = self.volumes.volume_dir(
+            pod_uid(t.pod),
+            crate::kubelet::volume::csi::CSI_PLUGIN_DIR,
+            t.used.pv_name(),
+        );
         if !expander::published(&dir) {
             return;
         }

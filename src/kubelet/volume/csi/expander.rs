@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
 
 use super::client::{NodeClient, Rpc, VolumeCall};
 use super::mount::{global_mount_path, read_secret, read_vol_data};
-use super::{CSI_PLUGIN_DIR, CsiError, driver};
+use super::{CsiError, driver};
 
 /// A CSI persistent volume a running pod uses.
 pub(crate) struct InUse<'a> {
@@ -20,15 +20,6 @@ pub(crate) struct InUse<'a> {
     pub source: &'a CSIPersistentVolumeSource,
     pub access_modes: &'a [String],
     pub mount_options: &'a [String],
-}
-
-/// The pod volume directory of a CSI persistent volume.
-pub(crate) fn volume_dir(root: &Path, pod_uid: &str, pv_name: &str) -> PathBuf {
-    root.join("pods")
-        .join(pod_uid)
-        .join("volumes")
-        .join(CSI_PLUGIN_DIR)
-        .join(pv_name)
 }
 
 /// Whether the volume is published at `dir` (its `vol_data.json` is there): a volume that

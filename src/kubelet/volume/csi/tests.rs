@@ -423,7 +423,10 @@ async fn a_volume_in_use_is_expanded_where_it_is_published() {
         fs_type: Some("ext4".into()),
         ..Default::default()
     };
-    let dir = expander::volume_dir(&root, "u1", "pv1");
+    let dir = root
+        .join("pods/u1/volumes")
+        .join(CSI_PLUGIN_DIR)
+        .join("pv1");
     let modes = ["ReadWriteOnce".to_string()];
     let in_use = expander::InUse {
         dir: dir.clone(),
