@@ -442,8 +442,11 @@ async fn container_logs(
     let (tx, rx) = tokio::sync::mpsc::channel(log_read::CHANNEL_CHUNKS);
     tracing::debug!(pod = %format!("{namespace}/{pod_name}"), container = %container, file = %file.display(), follow = options.follow, "serving container logs");
     tokio::spawn(log_read::stream_file(file, options, still_running, tx));
-    let lines =
-        tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+    // Each chunk on the wire before the next and before the end, as upstream's flushing
+    // writer does (see `flush_each` for the API server's websocket relay that needs it).
+    let lines = super::flush_each::FlushEach::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>),
+    );
     let body = match place {
         Some(place) => Body::from_stream(crate::endpoints::listener::idle_limited(lines, place)),
         None => Body::from_stream(lines),

@@ -12,7 +12,8 @@
 //!   the client CA.
 //! * [`listener`]: the TLS accept loop with the listener limits.
 //! * [`handlers`]: the router (the shared pages of [`crate::endpoints::routes`] and the node
-//!   API's own, behind the gate) and the node API's own endpoints; [`logs`]: CRI log files;
+//!   API's own, behind the gate) and the node API's own endpoints; [`logs`]: CRI log files
+//!   ([`flush_each`]: their bodies leave a chunk at a time);
 //!   [`streaming`]: the upgrade proxy to the runtime's streaming server; [`configz`]:
 //!   `/configz`; [`node_logs`]: `/logs/`.
 
@@ -20,6 +21,7 @@ pub mod attributes;
 pub mod auth;
 pub(crate) mod cache;
 pub(crate) mod configz;
+pub(crate) mod flush_each;
 pub mod handlers;
 pub(crate) mod listener;
 pub mod log_read;
