@@ -190,7 +190,8 @@ fn a_claims_status_names_its_devices_by_cdi_id_or_driver_pool_and_device() {
         message: String::new(),
     };
     // (container's request, entry name, resources)
-    let table: [(&str, &str, Vec<(&str, &str)>); 3] = [
+    type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>);
+    let table: [Row; 3] = [
         (
             "",
             "claim:c",

@@ -133,7 +133,8 @@ mod tests {
             prepared,
             ..Default::default()
         };
-        let cases: &[(&[ClaimInfo], &[(&str, u64)])] = &[
+        type Case<'a> = (&'a [ClaimInfo], &'a [(&'a str, u64)]);
+        let cases: &[Case] = &[
             (&[], &[("<any>", 0)]),
             (&[info("1", &["a"], false)], &[("<any>", 0)]),
             (

@@ -900,13 +900,14 @@ fn dispatch(inner: &Arc<Inner>, request: &Request) -> Response {
     }
 }
 
-/// The request's label and field selectors, or the 400 answer to a bad one.
-fn selector_of(request: &Request) -> Result<select::Selector, Response> {
+/// The request's label and field selectors, or the 400 answer to a bad one (boxed: an
+/// answer is far larger than a selector).
+fn selector_of(request: &Request) -> Result<select::Selector, Box<Response>> {
     select::Selector::parse(
         request.param("labelSelector"),
         request.param("fieldSelector"),
     )
-    .map_err(|e| status_response(&status(400, "BadRequest", e.to_string())))
+    .map_err(|e| Box::new(status_response(&status(400, "BadRequest", e.to_string()))))
 }
 
 /// A list answer of `items` at the store's version `rv`.
@@ -927,7 +928,7 @@ fn list_response(request: &Request, rv: u64, items: Vec<Value>) -> Response {
 fn delete_collection(inner: &Inner, request: &Request) -> Response {
     let selector = match selector_of(request) {
         Ok(s) => s,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let mut state = inner.state();
     let keys: Vec<store::Key> = state
@@ -953,7 +954,7 @@ fn delete_collection(inner: &Inner, request: &Request) -> Response {
 fn list(inner: &Inner, request: &Request) -> Response {
     let selector = match selector_of(request) {
         Ok(s) => s,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let state = inner.state();
     let items: Vec<Value> = state
