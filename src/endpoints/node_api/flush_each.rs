@@ -165,12 +165,12 @@ mod tests {
 
     #[tokio::test]
     async fn every_chunk_gets_a_write_of_its_own() {
-        let flushed = writes_for(&["one\n", "two\n", "three\n"], true).await;
-        for line in ["one\n", "two\n", "three\n"] {
+        let lines = ["one\n", "two\n", "three\n"];
+        let flushed = writes_for(&lines, true).await;
+        for line in lines {
             let carrying: Vec<&String> = flushed.iter().filter(|w| w.contains(line)).collect();
             assert_eq!(carrying.len(), 1, "{line:?} in {flushed:?}");
-            let others = ["one\n", "two\n", "three\n"].iter().filter(|l| **l != line);
-            for other in others {
+            for other in lines.iter().filter(|l| **l != line) {
                 assert!(!carrying[0].contains(other), "{flushed:?}");
             }
         }
